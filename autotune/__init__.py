@@ -1,0 +1,1 @@
+"""autotune package."""

@@ -1,0 +1,99 @@
+"""Which probe measures a trial, and how it is launched.
+
+``backend: auto`` means real probes where the devices exist, else the simulator — and the user is
+told which and why on the first line of ``autotune run``. Device presence is checked without
+importing torch (device nodes and the vendor's Python package), so the CLI stays fast and a
+machine without torch still gets a useful answer.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+
+from .spec import Spec
+from autotune.workers.protocol import TrialRequest
+
+__all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for"]
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    kind: str  # simulate | command | torch | mindspore
+    reason: str
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind == "simulate"
+
+
+def visible_devices(accelerator: str) -> int:
+    """Accelerators of this kind visible to this host (0 when none or not determinable)."""
+    if accelerator == "npu":
+        if importlib.util.find_spec("torch_npu") is None and importlib.util.find_spec("mindspore") is None:
+            return 0
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        if visible:
+            return len([d for d in visible.split(",") if d.strip()])
+        return len(glob.glob("/dev/davinci[0-9]*"))
+    if accelerator == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        return len(glob.glob("/dev/nvidia[0-9]*"))
+    return os.cpu_count() or 1
+
+
+def _torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
+    """Resolve ``auto`` (and an explicit ``--backend``) into a concrete backend with a reason."""
+    kind = override or spec.backend.kind
+    acc = spec.cluster.accelerator
+    if kind == "simulate":
+        return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
+    if kind in ("command", "torch", "mindspore"):
+        if kind == "command" and not spec.backend.argv:
+            raise ValueError("--backend command needs backend.argv in the spec")
+        return BackendChoice(kind, f"backend '{kind}' requested: every result is a measurement")
+    # auto
+    name = {"npu": "NPU", "cuda": "GPU", "cpu": "CPU"}[acc]
+    if acc != "cpu" and visible_devices(acc) == 0:
+        return BackendChoice("simulate", f"no {name} visible: using the simulator; results are predictions")
+    if not _torch_installed():
+        return BackendChoice("simulate", f"torch is not installed (pip install 'autotune[torch]'): using the simulator; "
+                                         "results are predictions")
+    have = visible_devices(acc)
+    return BackendChoice("torch", f"{have} {name}(s) visible: real torch probes; every result is a measurement")
+
+
+def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
+    """The :class:`~autotune.dispatch.ProbeLaunch` of one trial for a real backend."""
+    from .dispatch import ProbeLaunch, resources_for
+
+    backend = spec.backend
+    timeout = backend.timeout_s or spec.workload.timeout_s
+    env = {**backend.env, **request.env()}
+    params = request.params
+    if spec.workload.kind == "train":
+        devices = int(params.get("tp", 1)) * int(params.get("pp", 1)) * int(params.get("cp", 1)) * int(params.get("dp", 1))
+    else:
+        devices = int(params.get("tp", 1))
+    resources = resources_for(spec.cluster.accelerator, devices, backend.resources)
+    if choice.kind == "command":
+        return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,
+                           metric_patterns=backend.metric_patterns or None, cwd=backend.cwd)
+    if choice.kind == "torch":
+        from autotune.workers.torch_probe.launch import torchrun_argv
+
+        argv = torchrun_argv(request, backend.python or sys.executable)
+        return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
+                           cwd=backend.cwd)
+    if choice.kind == "mindspore":
+        raise ValueError("the mindspore backend is not available in this version (issue #6)")
+    raise ValueError(f"backend {choice.kind!r} is not launched as a process")

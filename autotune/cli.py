@@ -1,0 +1,456 @@
+"""The ``autotune`` command line.
+
+Like ``ray job`` and ``optuna``: logs and progress go to stderr, data to stdout, ``--json`` gives
+scripts a stable object, and the exit codes are documented:
+
+====  ==========================================================================
+0     success
+1     the study ran but no trial succeeded (see the report for the reasons)
+2     bad input: the spec, an option, or a run directory that holds no study
+3     infrastructure failure: Ray, MLflow or the Optuna storage
+130   interrupted (Ctrl-C); the study resumes with the same command
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .spec import Spec, SpecError, load_spec
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Declarative auto-tuner for large-model training and inference configurations.")
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+log = logging.getLogger("autotune")
+
+EXIT_OK, EXIT_NO_RESULT, EXIT_INPUT, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
+RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
+JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    level = logging.INFO if verbose else logging.WARNING
+    handler = RichHandler(console=err, show_path=False, show_time=False)
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
+    logging.getLogger("autotune").setLevel(logging.INFO if verbose else logging.WARNING)
+    for noisy in ("alembic", "mlflow", "optuna", "ray", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
+def _load(spec_path: Path) -> Spec:
+    try:
+        return load_spec(spec_path)
+    except SpecError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error[/red] {problem.render(exc.file)}", markup=True, highlight=False)
+        raise typer.Exit(EXIT_INPUT) from None
+
+
+def _run_dir(spec: Spec, run_dir: Optional[Path]) -> Path:
+    return (run_dir or Path("autotune_runs") / spec.name).resolve()
+
+
+def _with_overrides(spec: Spec, **changes: Any) -> Spec:
+    search = spec.search.model_copy(update={k: v for k, v in changes.items() if v is not None})
+    from .spec import SearchSpec
+
+    try:
+        search = SearchSpec.model_validate(search.model_dump())
+    except Exception as exc:
+        err.print(f"[red]error[/red] option: {exc}")
+        raise typer.Exit(EXIT_INPUT) from None
+    return spec.model_copy(update={"search": search})
+
+
+# ------------------------------------------------------------------------------------- validate
+@app.command()
+def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
+    """Check a spec; print "ok" and a one-line summary, or the errors (exit 2)."""
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        if as_json:
+            out.print_json(json.dumps({"ok": False, "errors": [p.render(exc.file) for p in exc.problems]}))
+        else:
+            for problem in exc.problems:
+                err.print(f"[red]error[/red] {problem.render(exc.file)}")
+        raise typer.Exit(EXIT_INPUT) from None
+    if as_json:
+        out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
+    else:
+        out.print(f"ok  {spec.summary()}")
+
+
+# ----------------------------------------------------------------------------------------- plan
+@app.command()
+def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to show"), as_json: bool = JsonOpt,
+         verbose: bool = typer.Option(False, "-v", "--verbose")) -> None:
+    """Space size, valid configs, configs the memory model says fit, and the predicted top N."""
+    _setup_logging(verbose)
+    spec = _load(spec_path)
+    from .context import probe_context
+    from .ranking import rank_space
+    from .space import Space
+
+    space = Space(spec)
+    objectives = spec.objective_list()
+    try:
+        enumeration = space.enumerate(limit=spec.search.exhaustive_limit)
+    except ValueError as exc:
+        err.print(f"[red]error[/red] {exc}; narrow the space or raise search.exhaustive_limit")
+        raise typer.Exit(EXIT_INPUT) from None
+    ranking = rank_space(enumeration, probe_context(spec), objectives)
+    best = ranking.top(top)
+    if as_json:
+        payload = {
+            "space_size": enumeration.space_size, "valid": enumeration.valid, "fit": ranking.fit,
+            "invalid_reasons": enumeration.invalid_reasons,
+            "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+            "top": [{"params": c, "metrics": _public_metrics(m)} for c, m in best],
+        }
+        out.print_json(json.dumps(payload, default=_json_default))
+        return
+    out.print(f"[bold]{spec.name}[/bold]: {spec.summary()}")
+    out.print(f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
+              f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
+              if len(ranking.order) else f"space: {enumeration.space_size:,} combinations, no valid config")
+    for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
+        out.print(f"  [dim]{count:,} rejected: {reason}[/dim]")
+    if not best:
+        err.print("[yellow]no config is predicted to fit; see the memory breakdown with -v[/yellow]")
+        raise typer.Exit(EXIT_NO_RESULT)
+    _print_top_table(best, objectives, title=f"predicted top {len(best)} (simulated, not measured)")
+    _print_breakdown(best[0][1])
+
+
+def _public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+
+
+def _json_default(o: Any) -> Any:
+    return o.item() if hasattr(o, "item") else str(o)
+
+
+def _short(config: dict[str, Any]) -> str:
+    keys = ["tp", "pp", "vpp", "cp", "dp", "micro_batch_size", "grad_accum", "sequence_parallel", "recompute",
+            "recompute_layers", "zero_stage", "precision", "batch_size"]
+    short = {"micro_batch_size": "mbs", "grad_accum": "ga", "sequence_parallel": "sp", "zero_stage": "zero",
+             "recompute_layers": "rl", "precision": "", "batch_size": "bs"}
+    parts = []
+    for k in keys:
+        if k not in config:
+            continue
+        v = config[k]
+        label = short.get(k, k)
+        if isinstance(v, bool):
+            if v:
+                parts.append(label)
+        elif k == "recompute":
+            if v != "none":
+                parts.append(f"rc={v}")
+        else:
+            parts.append(f"{label}{'=' if label else ''}{v}")
+    env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
+    return " ".join(parts) + (("  " + " ".join(env)) if env else "")
+
+
+def _print_top_table(rows: list[tuple[dict, dict]], objectives: list[tuple[str, str]], title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("config")
+    metric_names = [m for m, _ in objectives]
+    extra = [m for m in ("tokens_per_s_per_device", "mfu", "peak_memory_gib", "step_time_s", "ttft_ms",
+                         "decode_tokens_per_s") if m not in metric_names]
+    for m in metric_names + extra:
+        table.add_column(m, justify="right")
+    for i, (config, metrics) in enumerate(rows, start=1):
+        values = []
+        for m in metric_names + extra:
+            v = metrics.get(m)
+            values.append("" if v is None else f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}")
+        table.add_row(str(i), _short(config), *values)
+    out.print(table)
+
+
+def _print_breakdown(metrics: dict[str, Any]) -> None:
+    mem = {k[4:]: v for k, v in metrics.items() if k.startswith("mem_")}
+    tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
+    if mem:
+        total = metrics.get("peak_memory_gib")
+        out.print("memory per device of the top config (GiB, predicted): " +
+                  ", ".join(f"{k} {v:.2f}" for k, v in mem.items() if v) + (f" = {total:.2f}" if total else ""))
+    if tim:
+        out.print("step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v))
+
+
+# ------------------------------------------------------------------------------------------ run
+@app.command()
+def run(
+    spec_path: Path = SpecArg,
+    backend: Optional[str] = typer.Option(None, help="auto | simulate | command | torch (overrides the spec)"),
+    n_trials: Optional[int] = typer.Option(None, "--n-trials", help="probe budget"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", help="trials at once"),
+    seed: Optional[int] = typer.Option(None, help="sampler seed"),
+    run_dir: Optional[Path] = RunDirOpt,
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"),
+    no_tracking: bool = typer.Option(False, "--no-tracking", help="do not write MLflow runs"),
+    as_json: bool = JsonOpt,
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Run (or resume) the study: propose, probe, record; then print the best config."""
+    _setup_logging(verbose)
+    spec = _load(spec_path)
+    spec = _with_overrides(spec, n_trials=n_trials, parallel_trials=parallel, seed=seed)
+    if ray_address:
+        spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"address": ray_address})})
+    if backend and backend not in ("auto", "simulate", "command", "torch", "mindspore"):
+        err.print(f"[red]error[/red] --backend: expected auto, simulate, command, torch or mindspore, got {backend!r}")
+        raise typer.Exit(EXIT_INPUT)
+    from .backends import select_backend
+
+    try:
+        choice = select_backend(spec, backend)
+    except ValueError as exc:
+        err.print(f"[red]error[/red] {exc}")
+        raise typer.Exit(EXIT_INPUT) from None
+    err.print(f"[bold]backend: {choice.kind}[/bold] — {choice.reason}")
+    directory = _run_dir(spec, run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    from .progress import ProgressObserver
+    from .search import StudyRunner
+
+    tracker = None
+    if not no_tracking:
+        tracker = _tracker(spec, directory)
+    observer = ProgressObserver(err, spec.objective_list(), quiet=as_json)
+    runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer)
+    status = "FAILED"
+    try:
+        with observer:
+            outcome = runner.run()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: the study is saved; run the same command to resume[/yellow]")
+        status = "KILLED"
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except ValueError as exc:
+        err.print(f"[red]error[/red] {exc}")
+        raise typer.Exit(EXIT_INPUT) from None
+    except Exception as exc:  # Ray / MLflow / storage: say what failed, keep the traceback for -v
+        log.debug("study failed", exc_info=True)
+        err.print(f"[red]error[/red] the study stopped: {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+    finally:
+        runner.close()
+        if tracker and status != "FINISHED":
+            tracker.finish_parent("KILLED" if status == "KILLED" else "FAILED")
+    _finish_run(spec, directory, choice, outcome, tracker, as_json)
+
+
+def _tracker(spec: Spec, directory: Path) -> Any:
+    from .tracking import Tracker, default_tracking_uri
+
+    uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
+    try:
+        return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
+    except Exception as exc:
+        err.print(f"[red]error[/red] cannot open the MLflow store {uri}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+
+
+def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
+    from .export import write_exports
+    from .report import best_payload, improvement_line, results_rows, write_plots, write_results_csv
+    from .tracking import mlflow_ui_command
+
+    objectives = spec.objective_list()
+    rows = results_rows(outcome.records, objectives)
+    results_csv = write_results_csv(rows, directory / "results.csv")
+    plots = write_plots(outcome.study, directory / "plots", objectives)
+    best = outcome.best[0] if outcome.best else None
+    line = improvement_line(best, outcome.baseline, *objectives[0])
+    exports: dict[str, Path] = {}
+    gbs = getattr(spec.workload, "global_batch_size", None)
+    if best is not None:
+        exports = write_exports(spec.name, best, directory / "export", gbs)
+    if tracker:
+        metrics: dict[str, float] = {"probes": outcome.probes_run}
+        if best is not None:
+            for m, _ in objectives:
+                if isinstance(best.metrics.get(m), (int, float)):
+                    metrics[f"best_{m}"] = best.metrics[m]
+        if outcome.baseline is not None:
+            for m, _ in objectives:
+                if isinstance(outcome.baseline.metrics.get(m), (int, float)):
+                    metrics[f"baseline_{m}"] = outcome.baseline.metrics[m]
+        tags = {"autotune.stopped_because": outcome.stopped_because}
+        if line:
+            tags["autotune.improvement"] = line
+        if best is not None:
+            tags["autotune.best_trial"] = str(best.number)
+        tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, *exports.values()])
+        tracker.log_parent(artifacts=plots, artifact_path="plots")
+        tracker.finish_parent("FINISHED")
+    failed = sum(1 for r in outcome.records if r.probed and r.status not in ("ok", "interrupted", "duplicate"))
+    if as_json:
+        payload = {
+            "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",
+            "probes": outcome.probes_run, "failed": failed, "stopped_because": outcome.stopped_because,
+            "best": [best_payload(b) for b in outcome.best], "improvement": line, "run_dir": str(directory),
+            "exports": {k: str(v) for k, v in exports.items()},
+            "mlflow_parent_run_id": outcome.parent_run_id,
+        }
+        out.print_json(json.dumps(payload, default=_json_default))
+    else:
+        source = "simulated" if choice.simulated else "measured"
+        err.print(f"{outcome.probes_run} trials ({source}), {failed} failed; stopped: {outcome.stopped_because}")
+        if best is not None:
+            m = objectives[0][0]
+            out.print(f"[bold]best[/bold] trial {best.number}: {_short(best.config)}")
+            out.print("  " + ", ".join(f"{k} {v:,.4g}" for k, v in best.metrics.items()
+                                        if k in (m, "mfu", "peak_memory_gib", "step_time_s", "tokens_per_s_per_device",
+                                                 "ttft_ms", "decode_tokens_per_s")) + f"  ({source})")
+            if line:
+                out.print(f"  {line}")
+    if best is None:
+        err.print("[yellow]no trial succeeded: see `autotune report` for the failure reasons[/yellow]")
+    err.print("\n[bold]next steps[/bold]")
+    spec_arg = str(spec.source_path) if spec.source_path else spec.name
+    if tracker:
+        err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}")
+    err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
+    if exports:
+        err.print(f"  best config:     {exports['yaml']}   (launch args: {exports['args']}, env: {exports['env']})")
+    if choice.simulated:
+        err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
+    if best is None:
+        raise typer.Exit(EXIT_NO_RESULT)
+
+
+# --------------------------------------------------------------------------------------- report
+def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
+    from .search import open_study
+
+    directory = _run_dir(spec, run_dir)
+    if not spec.tracking.storage and not (directory / "optuna.journal").exists():
+        err.print(f"[red]error[/red] no study in {directory}; run `autotune run` first (or pass --run-dir)")
+        raise typer.Exit(EXIT_INPUT)
+    try:
+        return open_study(spec, directory, create=False)
+    except KeyError:
+        err.print(f"[red]error[/red] the storage holds no study named {spec.name!r}")
+        raise typer.Exit(EXIT_INPUT) from None
+
+
+@app.command()
+def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
+           top: int = typer.Option(20, help="rows in the table")) -> None:
+    """Every trial of the study with its status, metrics and failure reason."""
+    _setup_logging(False)
+    spec = _load(spec_path)
+    study = _open_existing(spec, run_dir)
+    from .report import best_payload, improvement_line, results_rows
+    from .search import trial_records
+
+    objectives = spec.objective_list()
+    records = trial_records(study)
+    best = _best_records(records, objectives)
+    baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
+    line = improvement_line(best[0] if best else None, baseline, *objectives[0])
+    if as_json:
+        payload = {"study": spec.name, "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+                   "trials": [r.to_json() for r in records], "best": [best_payload(b) for b in best],
+                   "baseline": best_payload(baseline) if baseline else None, "improvement": line}
+        out.print_json(json.dumps(payload, default=_json_default))
+        return
+    rows = results_rows(records, objectives)
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    out.print(f"[bold]{spec.name}[/bold]: {len(records)} trials — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())))
+    table = Table(title_justify="left")
+    for col in ("trial", "status", "source", *[m for m, _ in objectives], "peak GiB", "config", "why / failure"):
+        table.add_column(col)
+    by_number = {r.number: r for r in records}
+    for row in rows[:top]:
+        rec = by_number[row["trial"]]
+        vals = [_fmt_metric(row.get(m)) for m, _ in objectives]
+        why = rec.reason if rec.status != "ok" else rec.chosen_because
+        table.add_row(str(rec.number) + (" (baseline)" if rec.baseline else ""), rec.status, rec.source, *vals,
+                      _fmt_metric(row.get("peak_memory_gib")), _short(rec.config), why[:80])
+    out.print(table)
+    if line:
+        out.print(line)
+
+
+def _fmt_metric(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return ""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _best_records(records: list[Any], objectives: list[tuple[str, str]]) -> list[Any]:
+    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed]
+    if not ok:
+        return []
+    m, d = objectives[0]
+    return sorted(ok, key=lambda r: r.metrics.get(m, float("nan")), reverse=(d == "maximize"))[:1]
+
+
+# --------------------------------------------------------------------------------------- export
+@app.command()
+def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
+           out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
+           trial: Optional[int] = typer.Option(None, help="export this trial instead of the best")) -> None:
+    """Write the best config as YAML, an env file and Megatron/MindSpeed launch arguments."""
+    _setup_logging(False)
+    spec = _load(spec_path)
+    study = _open_existing(spec, run_dir)
+    from .export import write_exports
+    from .search import trial_records
+
+    records = trial_records(study)
+    if trial is not None:
+        chosen = next((r for r in records if r.number == trial), None)
+        if chosen is None:
+            err.print(f"[red]error[/red] --trial {trial}: the study has trials 0..{len(records) - 1}")
+            raise typer.Exit(EXIT_INPUT)
+    else:
+        best = _best_records(records, spec.objective_list())
+        if not best:
+            err.print("[red]error[/red] the study has no successful trial to export")
+            raise typer.Exit(EXIT_NO_RESULT)
+        chosen = best[0]
+    directory = out_dir or _run_dir(spec, run_dir) / "export"
+    paths = write_exports(spec.name, chosen, directory, getattr(spec.workload, "global_batch_size", None))
+    for kind, path in paths.items():
+        out.print(f"{kind}: {path}")
+
+
+def main() -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

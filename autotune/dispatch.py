@@ -1,0 +1,558 @@
+"""Dispatch of trials to probes (DESIGN.md, "The probe protocol" and "Embedded defaults").
+
+A ``Dispatcher`` takes a resolved trial (``TrialRequest``) and how to run its probe
+(``ProbeLaunch``), runs it somewhere, and hands back ``ProbeResult``s as they finish:
+
+- ``RayDispatcher`` — the default: one Ray task per trial, reserving the trial's devices as Ray
+  resources (``NPU``, ``GPU``, ``CPU``). Without an address it starts a small local Ray in-process;
+  with one (``auto``, ``ray://…``, ``host:port``) it joins that cluster. A request the cluster can
+  never satisfy is answered at once with an ``invalid`` result naming what was asked and what the
+  cluster offers: it never waits forever.
+- ``LocalProcessDispatcher`` — the same probes in threads of this process, no Ray
+  (``ray: {enabled: false}``, unit tests).
+- ``InProcessDispatcher`` — a cheap probe that is a function (the simulator), run synchronously.
+
+Usage::
+
+    with RayDispatcher(None, num_cpus=4, resources=None, run_dir=run_dir) as d:
+        h = d.submit(request, ProbeLaunch(argv=[...], resources=resources_for("npu", 8)))
+        for handle, result in d.wait_any(timeout=1.0): ...
+
+A cancelled trial still comes back through ``wait_any``, as ``pruned`` (unless it had finished).
+``ray`` is imported only inside ``RayDispatcher``, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
+
+__all__ = [
+    "Dispatcher",
+    "Handle",
+    "InProcessDispatcher",
+    "LocalProcessDispatcher",
+    "ProbeLaunch",
+    "RayDispatcher",
+    "probe_env",
+    "resources_for",
+]
+
+log = logging.getLogger(__name__)
+
+# After a non-forced Ray cancel, how long the task gets to kill its probe's process group
+# (SIGTERM, KILL_GRACE_S, SIGKILL) before the worker itself is killed.
+_FORCE_CANCEL_AFTER_S = 10.0
+_NODE_CACHE_S = 5.0
+
+
+@dataclass
+class ProbeLaunch:
+    """How to run one trial's probe.
+
+    ``argv``: the command (a list, no shell; ``{trial_file}`` is replaced by the trial file's path).
+    ``env``: extra environment for the probe (the trial's ``env.VAR`` params are added on top by
+    the dispatcher, see ``probe_env``). ``timeout_s``: wall-clock limit of the probe once started.
+    ``resources``: the Ray resource request of the task (``resources_for``); ignored by the
+    local dispatchers. ``metric_patterns``: metric name -> regex applied to the probe's log
+    (``run_probe_process``). ``cwd``: working directory of the probe on the worker.
+    """
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = 600.0
+    resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    metric_patterns: dict[str, str] | None = None
+    cwd: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resources_for(accelerator: str, devices: int, override: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Ray resource request (``.options(**request)``) of a trial using ``devices`` devices.
+
+    ``npu`` -> ``{"num_cpus": 1, "resources": {"NPU": n}}``, ``cuda``/``gpu`` ->
+    ``{"num_cpus": 1, "num_gpus": n}``, ``cpu`` -> ``{"num_cpus": n}``. ``override`` (a backend's
+    ``resources:`` mapping) replaces the request entirely: a command that submits work elsewhere,
+    or a wrapped simulator, needs no devices, e.g. ``{"num_cpus": 0}``.
+    """
+    if override is not None:
+        return dict(override)
+    if devices < 0:
+        raise ValueError(f"devices must be >= 0, got {devices}")
+    kind = accelerator.lower()
+    if kind == "npu":
+        return {"num_cpus": 1, "resources": {"NPU": devices}}
+    if kind in ("cuda", "gpu"):
+        return {"num_cpus": 1, "num_gpus": devices}
+    if kind == "cpu":
+        return {"num_cpus": devices}
+    raise ValueError(f"unknown accelerator {accelerator!r}; expected npu, cuda or cpu")
+
+
+def probe_env(request: TrialRequest, launch: ProbeLaunch) -> dict[str, str]:
+    """The environment a probe gets on top of the worker's: ``launch.env``, then the trial's own
+    ``env.VAR`` params (they win: they are what is being tuned, and allocator settings such as
+    ``PYTORCH_NPU_ALLOC_CONF`` only take effect at process start)."""
+    env = {str(k): str(v) for k, v in (launch.env or {}).items()}
+    env.update(request.env())
+    return env
+
+
+@dataclass(frozen=True, eq=False)
+class Handle:
+    """One submitted trial: its number and the dispatcher's own reference (compared by identity)."""
+
+    number: int
+    ref: Any = field(repr=False, default=None)
+
+
+class Dispatcher(ABC):
+    """Runs trials' probes and reports them as they finish."""
+
+    @abstractmethod
+    def submit(self, request: TrialRequest, launch: ProbeLaunch) -> Handle:
+        """Start (or queue) the trial; never blocks on the probe."""
+
+    @abstractmethod
+    def wait_any(self, timeout: float | None = None) -> list[tuple[Handle, ProbeResult]]:
+        """Block until at least one submitted trial has finished (or ``timeout`` seconds passed)
+        and return all finished ones, each exactly once; ``[]`` on timeout or with none pending."""
+
+    @abstractmethod
+    def cancel(self, handle: Handle) -> None:
+        """Stop the trial (kill its probe's process group); it comes back from ``wait_any`` as
+        ``pruned``, or with its own result if it had already finished."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Cancel what is still running and release everything (idempotent)."""
+
+    @property
+    @abstractmethod
+    def pending(self) -> int:
+        """Submitted trials not yet returned by ``wait_any``."""
+
+    def __enter__(self) -> "Dispatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _crash(exc: BaseException, what: str) -> ProbeResult:
+    tail = "".join(traceback.format_exception(exc))[-4000:]
+    return ProbeResult("crash", reason=f"{what}: {type(exc).__name__}: {exc}"[:500], log_tail=tail)
+
+
+def _trial_file_name(request: TrialRequest, seq: int) -> str:
+    return f"trial_{request.number:05d}.json" if request.number >= 0 else f"trial_x{seq:05d}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process (the simulator)
+
+
+class InProcessDispatcher(Dispatcher):
+    """Runs ``fn(request) -> ProbeResult`` synchronously in ``submit``; for cheap probes (the
+    analytical simulator). ``launch`` is ignored and may be omitted. An exception from ``fn`` is
+    a ``crash`` result, not an exception."""
+
+    def __init__(self, fn: Callable[[TrialRequest], ProbeResult]) -> None:
+        self._fn = fn
+        self._done: list[tuple[Handle, ProbeResult]] = []
+
+    def submit(self, request: TrialRequest, launch: ProbeLaunch | None = None) -> Handle:
+        handle = Handle(request.number)
+        t0 = time.perf_counter()
+        try:
+            result = self._fn(request)
+            if not isinstance(result, ProbeResult):
+                raise TypeError(f"probe function returned {type(result).__name__}, not ProbeResult")
+        except Exception as exc:
+            result = _crash(exc, "probe function raised")
+        if not result.wall_s:
+            result.wall_s = time.perf_counter() - t0
+        self._done.append((handle, result))
+        return handle
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[Handle, ProbeResult]]:
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, handle: Handle) -> None:
+        pass  # already finished in submit
+
+    def shutdown(self) -> None:
+        self._done.clear()
+
+    @property
+    def pending(self) -> int:
+        return len(self._done)
+
+
+# ---------------------------------------------------------------------------------------------
+# Local processes, no Ray
+
+
+class LocalProcessDispatcher(Dispatcher):
+    """Runs each probe with ``run_probe_process`` in a thread of this process, at most
+    ``max_parallel`` at a time (the rest queue). Trial files go to ``run_dir/trials/`` (a
+    temporary directory, removed at shutdown, when ``run_dir`` is None). ``on_event(number,
+    event)``, if given, receives the probes' events, from the worker threads. Resource requests
+    are not checked: this is for one machine whose devices the caller already knows."""
+
+    def __init__(self, max_parallel: int = 1, run_dir: str | Path | None = None,
+                 on_event: Callable[[int, dict[str, Any]], None] | None = None) -> None:
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="autotune-probe")
+        self._tmp = None if run_dir is not None else tempfile.mkdtemp(prefix="autotune-trials-")
+        self._trial_dir = (Path(run_dir) / "trials") if run_dir is not None else Path(self._tmp)
+        self._on_event = on_event
+        self._futures: dict[cf.Future, Handle] = {}
+        self._stops: dict[Handle, threading.Event] = {}
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, request: TrialRequest, launch: ProbeLaunch) -> Handle:
+        if self._closed:
+            raise RuntimeError("dispatcher is shut down")
+        stop = threading.Event()
+        handle = Handle(request.number, stop)
+        path = self._trial_dir / _trial_file_name(request, next(self._seq))
+        future = self._pool.submit(self._run, request, launch, path, stop)
+        with self._lock:
+            self._futures[future] = handle
+            self._stops[handle] = stop
+        return handle
+
+    def _run(self, request: TrialRequest, launch: ProbeLaunch, path: Path, stop: threading.Event) -> ProbeResult:
+        from autotune.workers.command import run_probe_process
+
+        if stop.is_set():
+            return ProbeResult("pruned", reason="cancelled before it started")
+        try:
+            write_trial_file(request, path)
+            on_event = None
+            if self._on_event is not None:
+                number, callback = request.number, self._on_event
+                on_event = lambda event: callback(number, event)  # noqa: E731
+            return run_probe_process(
+                launch.argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
+                on_event=on_event, should_stop=stop.is_set, metric_patterns=launch.metric_patterns)
+        except Exception as exc:
+            return _crash(exc, "running the probe failed")
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[Handle, ProbeResult]]:
+        with self._lock:
+            futures = list(self._futures)
+        if not futures:
+            return []
+        done, _ = cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        out = []
+        with self._lock:
+            for future in done:
+                handle = self._futures.pop(future)
+                self._stops.pop(handle, None)
+                if future.cancelled():
+                    result = ProbeResult("pruned", reason="cancelled before it started")
+                else:
+                    try:
+                        result = future.result()
+                    except BaseException as exc:  # pragma: no cover - _run catches Exception
+                        result = _crash(exc, "running the probe failed")
+                out.append((handle, result))
+        return out
+
+    def cancel(self, handle: Handle) -> None:
+        with self._lock:
+            stop = self._stops.get(handle)
+            future = next((f for f, h in self._futures.items() if h is handle), None)
+        if stop is not None:
+            stop.set()
+        if future is not None:
+            future.cancel()  # only succeeds while queued
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for stop in self._stops.values():
+                stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._futures)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+
+
+def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any]) -> dict[str, Any]:
+    """Body of the Ray task: on the worker, write the trial file to local disk and run the probe."""
+    from autotune.workers.command import run_probe_process
+    from autotune.workers.protocol import TrialRequest as _Request
+
+    request = _Request(**request_data)
+    launch = ProbeLaunch(**launch_data)
+    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+        path = write_trial_file(request, Path(tmp) / "trial.json")
+        result = run_probe_process(launch.argv, probe_env(request, launch), path, launch.timeout_s,
+                                   cwd=launch.cwd, metric_patterns=launch.metric_patterns)
+    result.info.setdefault("host", socket.gethostname())
+    for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        if os.environ.get(var):
+            result.info.setdefault(var, os.environ[var])
+    return result.to_json()
+
+
+def _requirements(resources: dict[str, Any]) -> dict[str, float]:
+    """A ``.options()`` request as Ray resource amounts (``num_cpus`` defaults to 1, as in Ray)."""
+    need: dict[str, float] = {"CPU": float(resources.get("num_cpus", 1) or 0)}
+    if resources.get("num_gpus"):
+        need["GPU"] = float(resources["num_gpus"])
+    if resources.get("memory"):
+        need["memory"] = float(resources["memory"])
+    for name, amount in (resources.get("resources") or {}).items():
+        need[str(name)] = need.get(str(name), 0.0) + float(amount)
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def _fmt(amounts: dict[str, float]) -> str:
+    def num(v: float) -> str:
+        return f"{v:g}" if v < 1e6 else f"{v / 2**30:.1f} GiB"
+    return "{" + ", ".join(f"{k}: {num(v)}" for k, v in amounts.items()) + "}"
+
+
+class RayDispatcher(Dispatcher):
+    """One Ray task per trial (``max_retries=0``, the launch's resource request as options).
+
+    ``address=None`` starts a local Ray in this process with ``num_cpus`` (default: the machine's
+    cores) and custom ``resources`` (e.g. ``{"NPU": 8}`` on an NPU node whose devices Ray cannot
+    detect), no dashboard, no log forwarding, a small object store, ``RAY_AUTH_MODE=disabled`` and
+    usage stats off (both set in ``os.environ`` unless already set). Otherwise it connects to
+    ``address`` (``auto``, ``ray://host:10001``, ``host:6379``) and ``num_cpus``/``resources`` are
+    ignored. If Ray is already initialised in this process, that instance is used and left running.
+
+    ``run_dir``: a copy of every trial file is kept in ``run_dir/trials/`` (the probe itself reads
+    one written on its worker's local disk: the driver sends the request, not a path).
+    """
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None,
+                 resources: dict[str, float] | None = None, run_dir: str | Path | None = None, *,
+                 object_store_memory: int | None = 128 * 2**20, check_feasible: bool = True) -> None:
+        import ray
+
+        self._ray = ray
+        self._owns_ray = False
+        self._check_feasible = check_feasible
+        if not ray.is_initialized():
+            self._init_ray(address, num_cpus, resources, object_store_memory)
+            self._owns_ray = True
+        self._task = ray.remote(max_retries=0)(_ray_probe_task)
+        self._trial_dir = Path(run_dir) / "trials" if run_dir is not None else None
+        self._refs: dict[Any, Handle] = {}  # ObjectRef -> Handle
+        self._ready: list[tuple[Handle, ProbeResult]] = []  # answered without running (infeasible)
+        self._cancelled: dict[Handle, float] = {}  # handle -> when the polite cancel was sent
+        self._nodes: tuple[float, list[dict[str, float]]] | None = None
+        self._seq = itertools.count()
+        self._closed = False
+
+    def _init_ray(self, address, num_cpus, resources, object_store_memory) -> None:
+        ray = self._ray
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                                      logging_level=logging.WARNING)
+        if address is None:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            kwargs.update(address="local", num_cpus=num_cpus if num_cpus is not None else (os.cpu_count() or 1))
+            if resources:
+                kwargs["resources"] = dict(resources)
+            if object_store_memory:
+                kwargs["object_store_memory"] = int(object_store_memory)
+        else:
+            if num_cpus is not None or resources:
+                log.warning("connecting to the Ray cluster at %s: num_cpus/resources are ignored "
+                            "(the cluster's nodes declare their own)", address)
+            kwargs["address"] = address
+        # Without CANN, Ray's NPU detection logs a harmless "No module named 'acl'" traceback.
+        npu_log = logging.getLogger("ray._private.accelerators.npu")
+        level = npu_log.level
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("acl") is None:
+                npu_log.setLevel(logging.CRITICAL)
+        except (ImportError, ValueError):
+            pass
+        try:
+            ray.init(**kwargs)
+        finally:
+            npu_log.setLevel(level)
+
+    # -- feasibility -------------------------------------------------------------------------
+
+    def _node_resources(self, refresh: bool = False) -> list[dict[str, float]]:
+        now = time.monotonic()
+        if refresh or self._nodes is None or now - self._nodes[0] > _NODE_CACHE_S:
+            nodes = [dict(n.get("Resources") or {}) for n in self._ray.nodes() if n.get("Alive")]
+            self._nodes = (now, nodes)
+        return self._nodes[1]
+
+    def infeasible_reason(self, resources: dict[str, Any]) -> str | None:
+        """Why a task with this request could never run on the cluster, or None if one node can
+        hold it (a single task runs on one node)."""
+        need = _requirements(resources)
+        if not need:
+            return None
+        for refresh in (False, True):  # a cached "no" is re-checked against the live cluster
+            nodes = self._node_resources(refresh)
+            if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+                return None
+        total: dict[str, float] = {}
+        for node in nodes:
+            for k, v in node.items():
+                total[k] = total.get(k, 0.0) + v
+        shown = {k: total.get(k, 0.0) for k in ("CPU", "GPU", "NPU") if k in total or k in need}
+        shown.update({k: total.get(k, 0.0) for k in need if k not in shown})
+        if all(total.get(k, 0.0) >= v for k, v in need.items()):
+            return (f"needs {_fmt(need)} on one node but no node of the Ray cluster has it "
+                    f"(the cluster offers {_fmt(shown)} over {len(nodes)} nodes)")
+        return f"needs {_fmt(need)} but the Ray cluster offers {_fmt(shown)}"
+
+    # -- Dispatcher ----------------------------------------------------------------------------
+
+    def submit(self, request: TrialRequest, launch: ProbeLaunch) -> Handle:
+        if self._closed:
+            raise RuntimeError("dispatcher is shut down")
+        seq = next(self._seq)
+        if self._trial_dir is not None:
+            write_trial_file(request, self._trial_dir / _trial_file_name(request, seq))
+        options = dict(launch.resources or {})
+        reason = self.infeasible_reason(options) if self._check_feasible else None
+        if reason is not None:
+            handle = Handle(request.number, None)
+            self._ready.append((handle, ProbeResult("invalid", reason=reason)))
+            return handle
+        try:
+            ref = self._task.options(**options).remote(request.to_json(), launch.to_json())
+        except (TypeError, ValueError) as exc:  # a malformed resource request
+            handle = Handle(request.number, None)
+            self._ready.append((handle, ProbeResult("invalid", reason=f"bad Ray resource request {options!r}: {exc}")))
+            return handle
+        handle = Handle(request.number, ref)
+        self._refs[ref] = handle
+        return handle
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[Handle, ProbeResult]]:
+        out, self._ready = self._ready, []
+        if out or not self._refs:
+            if out and self._refs:
+                out.extend(self._collect(0))
+            return out
+        return self._collect(timeout)
+
+    def _collect(self, timeout: float | None) -> list[tuple[Handle, ProbeResult]]:
+        ray = self._ray
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._escalate_cancels()
+            refs = list(self._refs)
+            step = None if end is None else max(0.0, end - time.monotonic())
+            if self._cancelled:  # wake up to escalate a cancel that the task does not honour
+                step = 1.0 if step is None else min(step, 1.0)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=step)
+            if ready:
+                break
+            if end is not None and time.monotonic() >= end:
+                return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        out = []
+        for ref in ready:
+            handle = self._refs.pop(ref)
+            cancelled = self._cancelled.pop(handle, None) is not None
+            try:
+                result = ProbeResult.from_json(ray.get(ref))
+            except Exception as exc:
+                if cancelled or isinstance(exc, ray.exceptions.TaskCancelledError) or \
+                        isinstance(getattr(exc, "cause", None), ray.exceptions.TaskCancelledError):
+                    result = ProbeResult("pruned", reason="cancelled by the driver")
+                else:
+                    result = _crash(exc, "the Ray task failed")
+            out.append((handle, result))
+        return out
+
+    def _escalate_cancels(self) -> None:
+        now = time.monotonic()
+        for handle, since in list(self._cancelled.items()):
+            if since >= 0 and now - since > _FORCE_CANCEL_AFTER_S and handle.ref in self._refs:
+                log.warning("trial %d did not stop after a cancel; killing its Ray worker", handle.number)
+                try:
+                    self._ray.cancel(handle.ref, force=True)
+                except Exception as exc:  # pragma: no cover
+                    log.debug("force cancel failed: %s", exc)
+                self._cancelled[handle] = -1.0  # escalated
+
+    def cancel(self, handle: Handle) -> None:
+        if handle.ref is None or handle.ref not in self._refs or handle in self._cancelled:
+            return
+        # Politely first: the task gets a KeyboardInterrupt and run_probe_process kills the probe's
+        # whole process group. ray.cancel(force=True) kills the worker and its direct children
+        # only (grandchildren in the probe's own session survive it; the probe's watchdog then
+        # cleans up): it is the fallback, _FORCE_CANCEL_AFTER_S later.
+        try:
+            self._ray.cancel(handle.ref, force=False)
+        except Exception as exc:  # pragma: no cover
+            log.debug("cancel failed: %s", exc)
+        self._cancelled[handle] = time.monotonic()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ray = self._ray
+        refs = list(self._refs)
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=False)
+            except Exception:  # pragma: no cover
+                pass
+        if refs:  # let the tasks kill their probes' process groups, then the workers
+            ray.wait(refs, num_returns=len(refs), timeout=_FORCE_CANCEL_AFTER_S)
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # pragma: no cover
+                    pass
+        self._refs.clear()
+        self._ready.clear()
+        self._cancelled.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    @property
+    def pending(self) -> int:
+        return len(self._refs) + len(self._ready)

@@ -1,0 +1,64 @@
+"""Live progress of a study on stderr: trials done / budget, running, best so far."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .search import TrialRecord
+
+__all__ = ["ProgressObserver"]
+
+
+class ProgressObserver:
+    """A :class:`~autotune.search.SearchObserver` drawing a rich progress bar.
+
+    Failed trials are printed above the bar as they happen (with their reason), so a user sees
+    an OOM wave early instead of at the end."""
+
+    def __init__(self, console: Console, objectives: list[tuple[str, str]], quiet: bool = False):
+        self.console = console
+        self.metric = objectives[0][0]
+        self.quiet = quiet
+        self.progress = Progress(
+            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(), console=console, transient=False, disable=quiet or not console.is_terminal and False,
+        )
+        self.task: Any = None
+        self.running = 0
+
+    def __enter__(self) -> "ProgressObserver":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def on_start(self, budget: int, done: int) -> None:
+        self.task = self.progress.add_task("trials", total=budget, completed=done, status="starting")
+
+    def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None:
+        self.running += 1
+        self._status(None)
+
+    def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None:
+        self.running = running
+        if self.task is not None:
+            self.progress.advance(self.task)
+        if record.status not in ("ok",) and not self.quiet:
+            self.progress.console.print(f"  trial {record.number}: [yellow]{record.status}[/yellow] {record.reason[:160]}")
+        self._status(best)
+
+    def on_message(self, text: str) -> None:
+        if not self.quiet:
+            self.progress.console.print(text)
+
+    def _status(self, best: TrialRecord | None) -> None:
+        if self.task is None:
+            return
+        text = f"running {self.running}"
+        if best is not None and isinstance(best.metrics.get(self.metric), (int, float)):
+            text += f" | best {self.metric} {best.metrics[self.metric]:,.4g} (trial {best.number})"
+        self.progress.update(self.task, status=text)

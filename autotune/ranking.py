@@ -1,0 +1,119 @@
+"""Rank a whole space with the analytical model: the simulator pre-screen.
+
+Simulation is cheap (tens of thousands of configs per second, vectorised), so the whole valid
+space is predicted at once; ``plan`` prints the result, the simulate backend records its top
+configs as trials, and real backends probe the predicted best first.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .context import ProbeContext
+from .space import Enumeration
+
+__all__ = ["Ranking", "rank_space", "pareto_order"]
+
+
+@dataclass
+class Ranking:
+    """Predictions for every valid config and their order: feasible by objective first, then
+    the configs predicted not to fit (by headroom), so ``order[:k]`` is always the k best bets."""
+
+    enumeration: Enumeration
+    predictions: dict[str, np.ndarray]
+    order: np.ndarray
+    objectives: list[tuple[str, str]]
+
+    @property
+    def fit(self) -> int:
+        return int(np.asarray(self.predictions["fits"], dtype=bool).sum())
+
+    def metrics_of(self, index: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in self.predictions.items():
+            value = v[index]
+            out[k] = value.item() if isinstance(value, np.generic) else value
+        return out
+
+    def top(self, k: int, feasible_only: bool = True) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        fits = np.asarray(self.predictions["fits"], dtype=bool)
+        out = []
+        for i in self.order:
+            if feasible_only and not fits[i]:
+                continue
+            out.append((self.enumeration.configs[i], self.metrics_of(int(i))))
+            if len(out) >= k:
+                break
+        return out
+
+    def write_csv(self, path: Path, metric_columns: list[str] | None = None) -> Path:
+        """The full ranking as a CSV artifact: rank, params, predicted metrics."""
+        configs = self.enumeration.configs
+        param_names = sorted({k for c in configs for k in c})
+        metric_names = metric_columns or [k for k in self.predictions if not k.startswith(("mem_", "time_"))]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["rank", *param_names, *(f"predicted_{m}" for m in metric_names)])
+            for rank, i in enumerate(self.order, start=1):
+                row = [configs[i].get(p, "") for p in param_names]
+                values = [self.predictions[m][i] for m in metric_names]
+                writer.writerow([rank, *row, *(f"{v:.6g}" if isinstance(v, (float, np.floating)) else v for v in values)])
+        return path
+
+
+def pareto_order(values: np.ndarray) -> np.ndarray:
+    """Non-dominated sorting rank per row of ``values`` (all objectives to be maximised);
+    0 is the Pareto front. Quadratic in rows per front, fine for the few hundred rows it sees."""
+    n = len(values)
+    ranks = np.full(n, -1)
+    remaining = np.arange(n)
+    level = 0
+    while remaining.size:
+        sub = values[remaining]
+        dominated = np.zeros(len(remaining), dtype=bool)
+        for j in range(len(remaining)):
+            better_eq = np.all(sub >= sub[j], axis=1)
+            strictly = np.any(sub > sub[j], axis=1)
+            dominated[j] = np.any(better_eq & strictly)
+        front = remaining[~dominated]
+        ranks[front] = level
+        remaining = remaining[dominated]
+        level += 1
+    return ranks
+
+
+def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list[tuple[str, str]]) -> Ranking:
+    from autotune.workers.simulate import columns_from_params, simulate_configs
+
+    if not enumeration.configs:
+        return Ranking(enumeration, {"fits": np.zeros(0, dtype=bool)}, np.zeros(0, dtype=int), objectives)
+    columns = columns_from_params(enumeration.configs)
+    predictions = simulate_configs(context.model, context.workload, context.hardware, context.cluster, columns)
+    fits = np.asarray(predictions["fits"], dtype=bool)
+    if "valid" in predictions:
+        fits &= np.asarray(predictions["valid"], dtype=bool)
+    signed = np.stack(
+        [np.asarray(predictions[m], dtype=float) * (1.0 if d == "maximize" else -1.0) for m, d in objectives], axis=1
+    )
+    signed = np.nan_to_num(signed, nan=-np.inf)
+    feasible = np.flatnonzero(fits)
+    infeasible = np.flatnonzero(~fits)
+    if len(objectives) == 1:
+        feas_order = feasible[np.argsort(-signed[feasible, 0], kind="stable")]
+    else:
+        # Pareto fronts, then the first objective within a front; cap the quadratic sort
+        cand = feasible[np.argsort(-signed[feasible, 0], kind="stable")]
+        head, tail = cand[:2000], cand[2000:]
+        fronts = pareto_order(signed[head])
+        feas_order = np.concatenate([head[np.lexsort((np.arange(len(head)), fronts))], tail])
+    headroom = np.asarray(predictions.get("memory_headroom_gib", np.zeros(len(fits))), dtype=float)
+    infeas_order = infeasible[np.argsort(-headroom[infeasible], kind="stable")]
+    order = np.concatenate([feas_order, infeas_order]).astype(int)
+    return Ranking(enumeration, predictions, order, objectives)

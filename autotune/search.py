@@ -1,0 +1,574 @@
+"""The search loop: an Optuna study driven by ask/tell, feeding trials to a dispatcher.
+
+Why ask/tell rather than ``study.optimize``: trials run as separate processes on remote devices,
+several at once, and a failure (OOM, timeout) is information for the sampler, not an exception.
+
+Guarantees, all backed by Optuna storage (a journal file in the run directory by default):
+
+- **Resumable.** ``load_if_exists``; trials a killed run left RUNNING are marked FAIL
+  (``autotune.status = interrupted``) and their configs re-queued, so the budget completes with no
+  trial lost.
+- **No config probed twice.** Every proposal is resolved to its canonical form
+  (:mod:`autotune.space`); a repeat is answered from the earlier result without a probe.
+- **Infeasibility reaches the sampler.** Configs rejected by the rules, and OOM / invalid / NaN
+  results, complete with ``trial.set_constraint("feasible", > 0)`` (Optuna 5), so constraint-aware
+  samplers learn the infeasible region instead of seeing silent FAIL trials.
+- **Simulated is never measured.** Each trial carries ``autotune.source``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
+
+from .backends import BackendChoice, launch_for
+from .context import ProbeContext, probe_context
+from .ranking import Ranking, rank_space
+from .space import Space, config_key
+from .spec import Spec
+
+__all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
+           "trial_records", "TrialRecord", "A"]
+
+log = logging.getLogger(__name__)
+
+
+class A:
+    """Names of the trial user attributes autotune writes (one place, so report/export agree)."""
+
+    CONFIG = "autotune.config"
+    KEY = "autotune.key"
+    STATUS = "autotune.status"
+    REASON = "autotune.reason"
+    SOURCE = "autotune.source"
+    METRICS = "autotune.metrics"
+    PREDICTED = "autotune.predicted"
+    PROBED = "autotune.probed"
+    CHOSEN = "autotune.chosen_because"
+    BASELINE = "autotune.baseline"
+    DUPLICATE_OF = "autotune.duplicate_of"
+    REQUEUED_FROM = "autotune.requeued_from"
+    MLFLOW_RUN = "autotune.mlflow_run_id"
+    WALL = "autotune.wall_s"
+    INFO = "autotune.info"
+
+
+# ------------------------------------------------------------------------------------ storage etc.
+def study_storage(spec: Spec, run_dir: Path) -> Any:
+    """The Optuna storage: the spec's URL, else a journal file in the run directory
+    (~3 ms per trial, append-only, survives SIGKILL)."""
+    if spec.tracking.storage:
+        url = spec.tracking.storage
+        if url.endswith((".journal", ".log")) and "://" not in url:
+            return _journal(Path(url))
+        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    return _journal(run_dir / "optuna.journal")
+
+
+def _journal(path: Path) -> Any:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int) -> optuna.samplers.BaseSampler:
+    name = spec.search.sampler
+    seed = spec.search.seed
+    if name in ("auto", "tpe"):
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=parallel > 1,
+                                          n_startup_trials=min(10, max(3, spec.search.n_trials // 4)))
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "gp":
+        try:
+            return optuna.samplers.GPSampler(seed=seed)
+        except ImportError as exc:  # GPSampler needs torch
+            raise ValueError(f"sampler 'gp' needs torch installed ({exc})") from None
+    if name == "grid":
+        return optuna.samplers.GridSampler(space.choices, seed=seed)
+    if name == "exhaustive":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler | None = None,
+               create: bool = True) -> optuna.Study:
+    storage = study_storage(spec, run_dir)
+    directions = [d for _, d in spec.objective_list()]
+    if not create:
+        return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+    return optuna.create_study(study_name=spec.name, storage=storage, directions=directions, sampler=sampler,
+                               load_if_exists=True)
+
+
+# ------------------------------------------------------------------------------------- records
+@dataclass
+class TrialRecord:
+    """A trial as reports and exports see it."""
+
+    number: int
+    state: str
+    config: dict[str, Any]
+    status: str
+    source: str
+    metrics: dict[str, float]
+    predicted: dict[str, float]
+    reason: str
+    probed: bool
+    baseline: bool
+    chosen_because: str
+    values: list[float] | None
+    feasible: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number, "state": self.state, "status": self.status, "params": self.config,
+            "metrics": self.metrics, "predicted": self.predicted, "source": self.source,
+            "failure": self.reason if self.status not in ("ok",) else None, "probed": self.probed,
+            "baseline": self.baseline, "chosen_because": self.chosen_because,
+        }
+
+
+def trial_records(study: optuna.Study) -> list[TrialRecord]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        feasible = all(v <= 0 for v in t.constraints.values()) if t.constraints else True
+        out.append(TrialRecord(
+            number=t.number, state=t.state.name, config=ua.get(A.CONFIG, dict(t.params)),
+            status=ua.get(A.STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
+            source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
+            reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
+            chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
+        ))
+    return out
+
+
+# ------------------------------------------------------------------------------------ observer
+class SearchObserver(Protocol):
+    """What the loop tells the user interface (a rich progress bar in the CLI, nothing in tests)."""
+
+    def on_start(self, budget: int, done: int) -> None: ...
+    def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None: ...
+    def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
+    def on_message(self, text: str) -> None: ...
+
+
+class _Quiet:
+    def on_start(self, budget: int, done: int) -> None: ...
+    def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None: ...
+    def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
+    def on_message(self, text: str) -> None:
+        log.info(text)
+
+
+@dataclass
+class StudyOutcome:
+    study: optuna.Study
+    records: list[TrialRecord]
+    best: list[TrialRecord]
+    baseline: TrialRecord | None
+    ranking: Ranking | None
+    probes_run: int
+    stopped_because: str
+    parent_run_id: str | None = None
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------- runner
+class StudyRunner:
+    """Runs one study to its budget. ``tracker`` may be None (tests, ``--no-tracking``)."""
+
+    def __init__(self, spec: Spec, run_dir: Path, backend: BackendChoice, *, tracker: Any = None,
+                 observer: SearchObserver | None = None, dispatcher: Any = None):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.backend = backend
+        self.tracker = tracker
+        self.observer = observer or _Quiet()
+        self.space = Space(spec)
+        self.context: ProbeContext = probe_context(spec)
+        self.objectives = spec.objective_list()
+        self.parallel = 1 if backend.simulated else spec.search.parallel_trials
+        self._dispatcher = dispatcher
+        self.ranking: Ranking | None = None
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def _dispatcher_for(self) -> Any:
+        if self._dispatcher is not None:
+            return self._dispatcher
+        from . import dispatch
+
+        if self.backend.simulated:
+            from autotune.workers.simulate import simulate_trial
+
+            self._dispatcher = dispatch.InProcessDispatcher(simulate_trial)
+        elif not self.spec.ray.enabled:
+            self._dispatcher = dispatch.LocalProcessDispatcher(max_parallel=self.parallel)
+        else:
+            self._dispatcher = dispatch.RayDispatcher(address=self.spec.ray.address, num_cpus=self.spec.ray.num_cpus,
+                                                      resources=None, run_dir=self.run_dir)
+        return self._dispatcher
+
+    def _rank(self) -> Ranking | None:
+        """Whole-space simulator ranking when the space is small enough to enumerate."""
+        if self.space.size > self.spec.search.exhaustive_limit:
+            self.observer.on_message(f"space of {self.space.size:,} combinations is above the exhaustive limit "
+                                     f"({self.spec.search.exhaustive_limit:,}): sampling instead of ranking")
+            return None
+        enumeration = self.space.enumerate()
+        ranking = rank_space(enumeration, self.context, self.objectives)
+        ranking.write_csv(self.run_dir / "ranking.csv")
+        self.ranking = ranking
+        return ranking
+
+    def _recover(self, study: optuna.Study) -> int:
+        """Mark trials left RUNNING by a killed run as failed and re-queue their configs."""
+        requeued = 0
+        storage = study._storage
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")
+            storage.set_trial_user_attr(t._trial_id, A.REASON, "the run was killed while this trial was running; re-queued")
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            attrs = {k: v for k, v in t.user_attrs.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
+            attrs[A.REQUEUED_FROM] = t.number
+            study.enqueue_trial(dict(t.params), user_attrs=attrs, skip_if_exists=False)
+            requeued += 1
+        if requeued:
+            self.observer.on_message(f"resuming: {requeued} trial(s) interrupted by the previous run re-queued")
+        return requeued
+
+    def _enqueue_plan(self, study: optuna.Study, ranking: Ranking | None, budget_left: int) -> None:
+        """Queue the baseline and, for ``sampler: auto``, the simulator's best bets.
+
+        A resumed study already holds its plan (waiting trials) and gets no second one."""
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return
+        already = {t.user_attrs.get(A.KEY) for t in trials}
+        if self.spec.baseline and not any(t.user_attrs.get(A.BASELINE) for t in trials):
+            params = self._params_for(self.spec.baseline)
+            resolved = self.space.resolve({**params, **self.spec.baseline})
+            study.enqueue_trial(params, user_attrs={A.BASELINE: True, A.CONFIG: resolved.config, A.KEY: resolved.key,
+                                                     A.CHOSEN: "baseline from the spec"})
+            already.add(resolved.key)
+            budget_left -= 1
+        if self.spec.search.sampler != "auto" or ranking is None or budget_left <= 0:
+            return
+        # simulate: the top n configs are the study; real probes: the top half, then the sampler
+        k = budget_left if self.backend.simulated else max(1, math.ceil(budget_left / 2))
+        queued = 0
+        for rank, (config, metrics) in enumerate(ranking.top(len(ranking.order)), start=1):
+            key = config_key(config)
+            if key in already:
+                continue
+            study.enqueue_trial(self._params_for(config), user_attrs={
+                A.CONFIG: config, A.KEY: key, A.PREDICTED: _predicted(metrics, self.objectives),
+                A.CHOSEN: f"rank {rank} by model",
+            })
+            already.add(key)
+            queued += 1
+            if queued >= k:
+                break
+
+    def _params_for(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The Optuna params (searched names only) of a config; unsearched names stay in the config."""
+        params = {}
+        for name, values in self.space.choices.items():
+            if name in config and config[name] in values:
+                params[name] = config[name]
+            else:
+                params[name] = values[0]
+        return params
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> StudyOutcome:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ranking = self._rank() if (self.spec.search.sampler == "auto") else None
+        sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
+        study = open_study(self.spec, self.run_dir, sampler)
+        self._recover(study)
+        records = trial_records(study)
+        probes_done = sum(1 for r in records if r.probed and r.status != "interrupted")
+        budget = self.spec.search.n_trials
+        self._enqueue_plan(study, ranking, budget - probes_done)
+        self._start_tracking(study)
+        self._reconcile_tracking(study)
+        self.observer.on_start(budget, probes_done)
+
+        seen: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            key = t.user_attrs.get(A.KEY)
+            if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) != "interrupted":
+                seen.setdefault(key, t.number)
+        distributions = self.space.distributions()
+        dispatcher = self._dispatcher_for()
+        pending: dict[Any, tuple[optuna.Trial, dict[str, Any]]] = {}
+        started = probes_done
+        misses = 0
+        deadline = time.monotonic() + self.spec.search.timeout_s if self.spec.search.timeout_s else None
+        stopped = "budget reached"
+        try:
+            while True:
+                while len(pending) < self.parallel and started < budget:
+                    if deadline and time.monotonic() > deadline:
+                        stopped = "search timeout reached"
+                        break
+                    if misses >= 500:
+                        stopped = "the sampler proposed only rejected or already measured configs 500 times in a row"
+                        break
+                    trial = study.ask(distributions)
+                    handled = self._pre_dispatch(study, trial, seen)
+                    if handled is None:
+                        misses += 1
+                        continue
+                    misses = 0
+                    config, why = handled
+                    request = TrialRequest(params=config, model=self.context.model, workload=self.context.workload,
+                                           cluster=self.context.cluster, study=self.spec.name, number=trial.number,
+                                           backend=self.spec.backend.model_dump())
+                    launch = None if self.backend.simulated else launch_for(self.spec, self.backend, request)
+                    trial.set_user_attr(A.PROBED, True)
+                    seen[config_key(config)] = trial.number
+                    self.observer.on_trial_started(trial.number, config, why)
+                    handle = dispatcher.submit(request, launch)
+                    pending[handle] = (trial, config)
+                    started += 1
+                if not pending:
+                    if started >= budget:
+                        stopped = "budget reached"
+                    break
+                for handle, result in dispatcher.wait_any(timeout=0.25):
+                    trial, config = pending.pop(handle)
+                    record = self._finish(study, trial, config, result)
+                    self.observer.on_trial_finished(record, self._best_single(study), len(pending))
+        except KeyboardInterrupt:
+            stopped = "interrupted by the user"
+            for handle in list(pending):
+                dispatcher.cancel(handle)
+            raise
+        records = trial_records(study)
+        best = self._best(records)
+        baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
+        return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
+                            parent_run_id=self.tracker.parent_run_id if self.tracker else None)
+
+    def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.shutdown()
+
+    def _pre_dispatch(self, study: optuna.Study, trial: optuna.Trial, seen: dict[str, int]) -> tuple[dict, str] | None:
+        """Resolve a proposal; answer rule violations and repeats without a probe."""
+        ua = trial.user_attrs
+        config = ua.get(A.CONFIG)
+        if config is None:
+            resolved = self.space.resolve(dict(trial.params))
+            if not resolved.valid:
+                trial.set_user_attr(A.CONFIG, resolved.config)
+                trial.set_user_attr(A.STATUS, "invalid")
+                reason = "; ".join(resolved.violations)
+                trial.set_user_attr(A.REASON, f"rejected by rules: {reason}")
+                trial.set_user_attr(A.SOURCE, "rules")
+                trial.set_constraint("feasible", float(len(resolved.violations)))
+                study.tell(trial, self._penalty())
+                return None
+            config = resolved.config
+            trial.set_user_attr(A.CONFIG, config)
+            trial.set_user_attr(A.KEY, resolved.key)
+            why = ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
+        else:
+            why = ua.get(A.CHOSEN, "queued")
+        key = config_key(config)
+        if key in seen:
+            original = study.trials[seen[key]] if seen[key] < len(study.trials) else None
+            trial.set_user_attr(A.DUPLICATE_OF, seen[key])
+            trial.set_user_attr(A.STATUS, "duplicate")
+            trial.set_user_attr(A.REASON, f"same canonical config as trial {seen[key]}; not probed again")
+            if original is not None and original.state == TrialState.COMPLETE and original.values:
+                for name, value in original.constraints.items():
+                    trial.set_constraint(name, value)
+                study.tell(trial, list(original.values))
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+            return None
+        if not ua.get(A.CHOSEN):
+            trial.set_user_attr(A.CHOSEN, why)
+        return config, why
+
+    def _penalty(self) -> list[float]:
+        """Objective values told for infeasible trials. They are marked infeasible by constraint,
+        so constraint-aware samplers rank them below every feasible trial whatever the value."""
+        return [0.0 if d == "maximize" else 1e9 for _, d in self.objectives]
+
+    def _finish(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult) -> TrialRecord:
+        metrics = dict(result.metrics)
+        self._derive_metrics(metrics, config, result)
+        trial.set_user_attr(A.STATUS, result.status)
+        trial.set_user_attr(A.SOURCE, result.source)
+        trial.set_user_attr(A.METRICS, metrics)
+        trial.set_user_attr(A.WALL, round(result.wall_s, 3))
+        if result.reason:
+            trial.set_user_attr(A.REASON, result.reason[:2000])
+        if result.info:
+            trial.set_user_attr(A.INFO, _jsonable(result.info))
+        self._save_trial_files(trial.number, config, result)
+        missing = [m for m, _ in self.objectives if result.ok and not _finite(metrics.get(m))]
+        if missing:
+            trial.set_user_attr(A.STATUS, "crash")
+            trial.set_user_attr(A.REASON, f"probe reported no value for objective(s) {missing}")
+            study.tell(trial, state=TrialState.FAIL)
+        elif result.ok:
+            trial.set_constraint("feasible", 0.0)
+            study.tell(trial, [float(metrics[m]) for m, _ in self.objectives])
+        elif result.status in ("oom", "invalid", "nan"):
+            trial.set_constraint("feasible", 1.0)
+            study.tell(trial, self._penalty())
+        elif result.status == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:  # crash, timeout: nothing learnt about the config itself
+            study.tell(trial, state=TrialState.FAIL)
+        record = next(r for r in trial_records_one(study, trial.number))
+        self._log_trial(study, record, result)
+        return record
+
+    def _derive_metrics(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
+        if not result.ok or result.source == "simulated":
+            return
+        from autotune.objectives import derive_metrics
+
+        derived = derive_metrics(metrics, self.context.model, self.context.workload, self.context.hardware,
+                                 self._devices(config), str(config.get("precision", "bf16")))
+        for k, v in derived.items():
+            metrics.setdefault(k, v)
+
+    def _devices(self, config: dict[str, Any]) -> int:
+        if self.space.training:
+            return int(config.get("tp", 1)) * int(config.get("pp", 1)) * int(config.get("cp", 1)) * int(config.get("dp", 1))
+        return int(config.get("tp", 1))
+
+    def _save_trial_files(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
+        folder = self.run_dir / "trials" / f"{number:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(json.dumps(_jsonable(result.to_json()), indent=1))
+        if result.log_tail:
+            (folder / "log_tail.txt").write_text(result.log_tail)
+
+    # ---- best ------------------------------------------------------------------------------------
+    def _best_single(self, study: optuna.Study) -> TrialRecord | None:
+        best = self._best(trial_records(study))
+        return best[0] if best else None
+
+    def _best(self, records: list[TrialRecord]) -> list[TrialRecord]:
+        ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed]
+        if not ok:
+            return []
+        if len(self.objectives) == 1:
+            m, d = self.objectives[0]
+            return [sorted(ok, key=lambda r: r.metrics[m], reverse=(d == "maximize"))[0]]
+        import numpy as np
+
+        from .ranking import pareto_order
+
+        values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in self.objectives] for r in ok])
+        fronts = pareto_order(values)
+        return [r for r, f in zip(ok, fronts) if f == 0]
+
+    # ---- tracking ----------------------------------------------------------------------------------
+    def _start_tracking(self, study: optuna.Study) -> None:
+        if not self.tracker:
+            return
+        previous = study.user_attrs.get("autotune.parent_run_id")
+        params = {
+            "model": self.spec.model.name, "workload": self.spec.workload.kind, "world_size": self.spec.cluster.world_size,
+            "accelerator": self.spec.cluster.accelerator, "hardware_profile": self.spec.cluster.profile_name,
+            "backend": self.backend.kind, "sampler": self.spec.search.sampler, "n_trials": self.spec.search.n_trials,
+            "parallel_trials": self.parallel, "objectives": ",".join(f"{m}:{d}" for m, d in self.objectives),
+            "space_size": self.space.size,
+        }
+        tags = {"autotune.study": self.spec.name, "autotune.backend": self.backend.kind,
+                "autotune.source": "simulated" if self.backend.simulated else "measured",
+                "autotune.backend_reason": self.backend.reason}
+        run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
+        study.set_user_attr("autotune.parent_run_id", run_id)
+        if self.spec.source_path:
+            self.tracker.log_parent(artifacts=[self.spec.source_path], artifact_path="spec")
+        if self.ranking is not None:
+            self.tracker.log_parent(metrics={"space_valid": self.ranking.enumeration.valid,
+                                             "space_fit_predicted": self.ranking.fit},
+                                    artifacts=[self.run_dir / "ranking.csv"])
+
+    def _reconcile_tracking(self, study: optuna.Study) -> None:
+        """Trials finished in Optuna but missing in MLflow (the run was killed between the two
+        writes) are logged now: nothing measured is lost."""
+        if not self.tracker:
+            return
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+            if A.MLFLOW_RUN in t.user_attrs or A.STATUS not in t.user_attrs or t.user_attrs.get(A.STATUS) == "duplicate":
+                continue
+            record = trial_records_one(study, t.number)[0]
+            path = self.run_dir / "trials" / f"{t.number:04d}" / "result.json"
+            result = ProbeResult.from_json(json.loads(path.read_text())) if path.exists() else None
+            self._log_trial(study, record, result)
+
+    def _log_trial(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
+        if not self.tracker or record.status == "duplicate":
+            return
+        metrics = {k: v for k, v in record.metrics.items() if _finite(v)}
+        for k, v in record.predicted.items():
+            if _finite(v):
+                metrics[f"predicted_{k}"] = v
+        tags = {"autotune.status": record.status, "autotune.source": record.source or "rules",
+                "autotune.backend": self.backend.kind, "autotune.chosen_because": record.chosen_because,
+                "autotune.optuna_state": record.state}
+        if record.reason:
+            tags["autotune.failure_reason"] = record.reason
+        if record.baseline:
+            tags["autotune.baseline"] = "true"
+        artifacts = [self.run_dir / "trials" / f"{record.number:04d}" / n for n in ("result.json", "log_tail.txt")]
+        run_id = self.tracker.log_trial(record.number, record.config, metrics, tags,
+                                        steps=result.steps if result else None, artifacts=artifacts,
+                                        failed=record.status not in ("ok", "pruned"))
+        trial_id = study.trials[record.number]._trial_id
+        study._storage.set_trial_user_attr(trial_id, A.MLFLOW_RUN, run_id)
+
+
+def trial_records_one(study: optuna.Study, number: int) -> list[TrialRecord]:
+    t = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    dummy = _OneTrialStudy(t)
+    return trial_records(dummy)  # type: ignore[arg-type]
+
+
+class _OneTrialStudy:
+    def __init__(self, trial: Any):
+        self._trial = trial
+
+    def get_trials(self, deepcopy: bool = False, states: Any = None) -> list[Any]:
+        return [self._trial]
+
+
+def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> dict[str, float]:
+    keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
+                                          "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
+    return {k: float(v) for k, v in metrics.items() if k in keys and _finite(v)}
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+

@@ -1,0 +1,235 @@
+"""The search space: Optuna distributions, derived values, validity rules and canonical form.
+
+A *config* is a plain dict of canonical parameter names (DESIGN.md) with the derived values
+(``dp``, ``grad_accum``) filled in. Two raw proposals that would run identically — ZeRO stage 2
+with one data-parallel rank and ZeRO stage 0, say — resolve to the same canonical config and the
+same :func:`config_key`, so the search never probes a config twice.
+
+Everything here works one config at a time (:meth:`Space.resolve`, for trials the sampler
+proposes) and on the whole space at once (:meth:`Space.enumerate`, numpy columns, for ranking
+and ``autotune plan``). ``space`` starts no cluster and logs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .safe_expr import Expression, compile_expression
+from .spec import Spec, TrainWorkload
+
+__all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS"]
+
+# Values of parameters the spec does not search (DESIGN.md defaults).
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "sequence_parallel": False,
+    "recompute": "none", "zero_stage": 0, "precision": "bf16",
+}
+INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "batch_size": 1, "precision": "bf16"}
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """Stable identity of a canonical config (JSON with sorted keys)."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass
+class Resolved:
+    """One proposal after defaults, derivation and canonicalisation."""
+
+    config: dict[str, Any]
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+    @property
+    def key(self) -> str:
+        return config_key(self.config)
+
+
+@dataclass
+class Enumeration:
+    """The whole space at once: ``space_size`` raw combinations, ``configs`` the valid unique
+    canonical ones (as dicts, in a stable order) and ``columns`` the same as numpy arrays."""
+
+    space_size: int
+    configs: list[dict[str, Any]]
+    columns: dict[str, np.ndarray]
+    invalid_reasons: dict[str, int]
+
+    @property
+    def valid(self) -> int:
+        return len(self.configs)
+
+
+class Space:
+    """Distributions, rules and canonical form for one spec."""
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.training = isinstance(spec.workload, TrainWorkload)
+        self.choices: dict[str, list[Any]] = spec.space.choices()
+        defaults = TRAIN_DEFAULTS if self.training else INFER_DEFAULTS
+        self.fixed: dict[str, Any] = {k: v for k, v in defaults.items() if k not in self.choices}
+        if not self.training and "batch_size" not in self.choices:
+            self.choices["batch_size"] = list(spec.workload.batch_sizes)  # type: ignore[union-attr]
+            self.fixed.pop("batch_size", None)
+        self.world = spec.cluster.world_size
+        model = spec.model
+        self.layers = model.num_hidden_layers
+        self.constants: dict[str, Any] = {
+            **model.aliases(),
+            "world_size": self.world,
+            "nodes": spec.cluster.nodes,
+            "devices_per_node": spec.cluster.devices_per_node,
+        }
+        w = spec.workload
+        if isinstance(w, TrainWorkload):
+            self.constants.update(seq_len=w.seq_len, global_batch_size=w.global_batch_size)
+        else:
+            self.constants.update(prompt_len=w.prompt_len, gen_len=w.gen_len)
+        self.user_constraints: list[Expression] = [compile_expression(c) for c in spec.constraints]
+
+    # ---- size and distributions ---------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        n = 1
+        for values in self.choices.values():
+            n *= len(values)
+        return n
+
+    def distributions(self) -> dict[str, Any]:
+        """Optuna distributions, one per searched parameter (ranges become int distributions)."""
+        import optuna.distributions as od
+
+        from .spec import IntRange
+
+        out: dict[str, Any] = {}
+        for name, values in self.choices.items():
+            raw = getattr(self.spec.space, name, None) if not name.startswith("env.") else None
+            if isinstance(raw, IntRange):
+                out[name] = od.IntDistribution(raw.low, raw.high, step=1 if raw.log else raw.step, log=raw.log)
+            else:
+                out[name] = od.CategoricalDistribution(values)
+        return out
+
+    # ---- one config -----------------------------------------------------------------------------
+    def resolve(self, params: dict[str, Any]) -> Resolved:
+        """Defaults + derived values + canonical form + rule check for one proposal."""
+        defaults = TRAIN_DEFAULTS if self.training else INFER_DEFAULTS
+        raw = {**defaults, **self.fixed, **params}
+        cols = {k: np.asarray([v]) for k, v in raw.items()}
+        config_cols, valid, reasons = self._derive(cols)
+        config = {k: _scalar(v[0]) for k, v in config_cols.items()}
+        config = {k: v for k, v in config.items() if v is not None}
+        violations = [msg for msg, bad in reasons.items() if bad[0]]
+        return Resolved(config, violations)
+
+    def violated_constraints(self, config: dict[str, Any]) -> list[str]:
+        return self.resolve({k: v for k, v in config.items() if k not in ("dp", "grad_accum")}).violations
+
+    # ---- the whole space ------------------------------------------------------------------------
+    def enumerate(self, limit: int | None = None) -> Enumeration:
+        """All valid canonical configs. Raises ValueError when the space exceeds ``limit``."""
+        size = self.size
+        if limit is not None and size > limit:
+            raise ValueError(f"the space has {size:,} combinations, more than the limit {limit:,}")
+        names = list(self.choices)
+        lens = [len(self.choices[n]) for n in names]
+        if names:
+            idx = np.indices(lens).reshape(len(names), -1)
+            cols = {n: _array(self.choices[n])[idx[i]] for i, n in enumerate(names)}
+        else:
+            cols = {}
+        n = size
+        for k, v in self.fixed.items():
+            cols[k] = np.full(n, v, dtype=object if isinstance(v, str) else None)
+        config_cols, valid, reasons = self._derive(cols)
+        keep = np.flatnonzero(valid)
+        kept = {k: v[keep] for k, v in config_cols.items()}
+        # de-duplicate canonical rows, keeping the first occurrence (stable order)
+        codes = np.stack([np.unique(v.astype(str), return_inverse=True)[1] for v in kept.values()], axis=1) if kept else np.zeros((0, 0))
+        if len(keep):
+            _, first = np.unique(codes, axis=0, return_index=True)
+            first.sort()
+        else:
+            first = np.zeros(0, dtype=int)
+        columns = {k: v[first] for k, v in kept.items()}
+        lists = {k: v.tolist() for k, v in columns.items()}
+        configs = [
+            {k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())
+        ] if lists else []
+        invalid_reasons = {msg: int(bad.sum()) for msg, bad in reasons.items() if bad.any()}
+        return Enumeration(size, configs, columns, invalid_reasons)
+
+    # ---- the rules, vectorised ----------------------------------------------------------------------
+    def _derive(self, cols: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+        """Derived columns, canonical form and rule violations for a batch of raw configs."""
+        n = len(next(iter(cols.values()))) if cols else 1
+        out = {k: np.asarray(v) for k, v in cols.items()}
+        reasons: dict[str, np.ndarray] = {}
+        tp = out.get("tp", np.ones(n, dtype=int)).astype(int)
+        heads, kv_heads = self.constants["heads"], self.constants["kv_heads"]
+        reasons[f"heads ({heads}) not divisible by tp"] = heads % tp != 0
+        reasons[f"kv_heads ({kv_heads}) and tp: neither divides the other"] = (kv_heads % tp != 0) & (tp % kv_heads != 0)
+        if self.training:
+            pp, cp, vpp = (out[k].astype(int) for k in ("pp", "cp", "vpp"))
+            mbs = out["micro_batch_size"].astype(int)
+            model_par = tp * pp * cp
+            reasons[f"tp*pp*cp does not divide the world size ({self.world})"] = self.world % model_par != 0
+            dp = np.maximum(self.world // model_par, 1)
+            gbs = self.constants["global_batch_size"]
+            reasons[f"global_batch_size ({gbs}) not divisible by micro_batch_size*dp"] = gbs % (mbs * dp) != 0
+            grad_accum = np.maximum(gbs // np.maximum(mbs * dp, 1), 1)
+            # canonical form: settings that cannot matter take their neutral value
+            vpp = np.where(pp == 1, 1, vpp)
+            reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = self.layers % (pp * vpp) != 0
+            reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (grad_accum % pp != 0)
+            seq = self.constants["seq_len"]
+            reasons[f"seq_len ({seq}) not divisible by 2*cp"] = (cp > 1) & (seq % (2 * cp) != 0)
+            sp = out["sequence_parallel"].astype(bool) & (tp > 1)
+            reasons[f"sequence_parallel needs seq_len ({seq}) divisible by tp"] = sp & (seq % tp != 0)
+            zero = np.where(dp * cp == 1, 0, out["zero_stage"].astype(int))
+            recompute = out["recompute"].astype(object)
+            per_stage = self.layers // np.maximum(pp, 1)
+            if "recompute_layers" in out:
+                rl = np.minimum(out["recompute_layers"].astype(int), per_stage)
+                rl_col = np.where(recompute == "full", rl, None).astype(object)
+                # recomputing every layer of a stage is plain full recompute
+                rl_col = np.where((recompute == "full") & (rl >= per_stage), None, rl_col)
+                out["recompute_layers"] = rl_col
+            out.update(tp=tp, pp=pp, cp=cp, vpp=vpp, dp=dp, micro_batch_size=mbs, grad_accum=grad_accum,
+                       sequence_parallel=sp, zero_stage=zero, recompute=recompute)
+        else:
+            reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
+            out["tp"] = tp
+        env = {**self.constants, **out}
+        for expr in self.user_constraints:
+            ok = np.broadcast_to(np.asarray(expr.evaluate(env), dtype=bool), (n,))
+            reasons[f"constraint {expr.source!r}"] = ~ok
+        valid = np.ones(n, dtype=bool)
+        for bad in reasons.values():
+            valid &= ~np.broadcast_to(bad, (n,))
+        reasons = {k: np.broadcast_to(v, (n,)) for k, v in reasons.items()}
+        return out, valid, reasons
+
+
+def _array(values: list[Any]) -> np.ndarray:
+    if all(isinstance(v, bool) for v in values):
+        return np.asarray(values, dtype=bool)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return np.asarray(values, dtype=int)
+    return np.asarray(values, dtype=object)
+
+
+def _scalar(v: Any) -> Any:
+    """numpy scalar -> plain Python value (JSON, Optuna and MLflow want plain values)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+

@@ -1,0 +1,529 @@
+"""The tuning spec: one YAML file that says what to tune, where, for what, and with what budget.
+
+Every section is a typed pydantic model with ``extra="forbid"`` so a misspelt key is an error,
+never silently ignored. :func:`load_spec` turns any problem into a :class:`SpecError` whose lines
+name the file, the line (where the YAML parser knows it), the dotted path of the field and what
+was expected, e.g.::
+
+    spec.yaml:14: space.recompute[1]: Input should be 'none', 'selective' or 'full' (got 'ful')
+
+``spec`` starts no cluster and logs nothing (DESIGN.md, data flow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .models import MODEL_ALIASES, PRESETS, ModelSpec, load_hf_config
+from .safe_expr import ExpressionError, compile_expression
+
+__all__ = [
+    "Spec",
+    "SpecError",
+    "load_spec",
+    "parse_spec",
+    "TrainWorkload",
+    "InferWorkload",
+    "ClusterSpec",
+    "BackendSpec",
+    "SpaceSpec",
+    "ObjectiveSpec",
+    "SearchSpec",
+    "TrackingSpec",
+    "RaySpec",
+    "CANONICAL_PARAMS",
+    "DERIVED_PARAMS",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# --------------------------------------------------------------------------------------- workload
+class TrainWorkload(_Strict):
+    """A pre-training / fine-tuning step: what one optimizer step processes and how to probe it."""
+
+    kind: Literal["train"] = "train"
+    seq_len: int = Field(gt=0, description="tokens per sequence")
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step, all data-parallel ranks")
+    warmup_steps: int = Field(2, ge=0, description="probe steps run before timing starts")
+    measured_steps: int = Field(5, gt=0, description="probe steps timed (median reported)")
+    timeout_s: float = Field(900.0, gt=0, description="a probe running longer is killed and recorded as timeout")
+    flash_attention: bool = Field(True, description="fused attention (no s^2 activation term)")
+    profile_step: bool = Field(False, description="profile one step and report comm_fraction (torch probe)")
+
+
+class InferWorkload(_Strict):
+    """Serving: one prefill of ``prompt_len`` tokens then ``gen_len`` decode steps per batch."""
+
+    kind: Literal["infer"] = "infer"
+    prompt_len: int = Field(gt=0)
+    gen_len: int = Field(gt=0)
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    warmup_steps: int = Field(1, ge=0)
+    measured_steps: int = Field(3, gt=0)
+    timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError("batch sizes must be positive")
+        return v
+
+
+Workload = Union[TrainWorkload, InferWorkload]
+
+
+# ---------------------------------------------------------------------------------------- cluster
+class ClusterSpec(_Strict):
+    """Where trials run. ``profile`` names a hardware profile (workers/hardware/*.yaml);
+    ``overrides`` replaces fields of it, e.g. ``device_memory_gib: 32`` for 32 GB 910B parts."""
+
+    accelerator: Literal["npu", "cuda", "cpu"] = "npu"
+    profile: str | None = Field(None, description="hardware profile; default per accelerator")
+    nodes: int = Field(1, gt=0)
+    devices_per_node: int = Field(8, gt=0)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    threads_per_rank: int | None = Field(None, gt=0, description="CPU threads per probe process (default: cores / ranks)")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile or {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "cpu": "cpu"}[self.accelerator]
+
+
+# ---------------------------------------------------------------------------------------- backend
+BackendKind = Literal["auto", "simulate", "command", "torch", "mindspore"]
+
+
+class BackendSpec(_Strict):
+    """How a trial is measured. ``command`` runs ``argv`` (``{trial_file}`` is replaced by the
+    trial file path) and reads the probe protocol's JSON lines, or ``metric_patterns`` regexes."""
+
+    kind: BackendKind = "auto"
+    argv: list[str] | None = None
+    timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every probe")
+    resources: dict[str, Any] | None = Field(
+        None, description="Ray resources per trial, replacing the default derived from the cluster"
+    )
+    metric_patterns: dict[str, str] = Field(default_factory=dict, description="metric -> regex with one group")
+    python: str | None = Field(None, description="interpreter for the mindspore/torch probe")
+    cwd: str | None = None
+
+    @model_validator(mode="after")
+    def _argv_for_command(self) -> "BackendSpec":
+        if self.kind == "command" and not self.argv:
+            raise ValueError("backend kind 'command' needs argv, a list such as [python, train.py, --trial, '{trial_file}']")
+        if self.kind != "command" and self.argv:
+            raise ValueError(f"argv is only used by backend kind 'command', not {self.kind!r}")
+        return self
+
+
+# ------------------------------------------------------------------------------------------ space
+class IntRange(_Strict):
+    """An integer range ``low..high`` (inclusive) by ``step``; ``log`` samples on a log scale."""
+
+    low: int
+    high: int
+    step: int = Field(1, gt=0)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _order(self) -> "IntRange":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.log and (self.low <= 0 or self.step != 1):
+            raise ValueError("log ranges need low > 0 and step 1")
+        return self
+
+    def values(self) -> list[int]:
+        """Every value of the range, for enumeration and grid search (``log`` only changes how
+        Optuna samples it)."""
+        return list(range(self.low, self.high + 1, self.step))
+
+
+PosInt = int
+IntChoice = Union[list[PosInt], IntRange]
+
+RECOMPUTE = ("none", "selective", "full")
+PRECISION = ("bf16", "fp16", "fp32")
+COMPILE = ("none", "default", "reduce-overhead", "max-autotune")
+
+
+class SpaceSpec(_Strict):
+    """Values per canonical parameter (DESIGN.md). A parameter left out keeps its default
+    (``tp``/``pp``/``cp``/``vpp`` 1, ``recompute`` none, ``zero_stage`` 0, ``precision`` bf16...)."""
+
+    tp: IntChoice | None = None
+    pp: IntChoice | None = None
+    cp: IntChoice | None = None
+    vpp: IntChoice | None = None
+    micro_batch_size: IntChoice | None = None
+    sequence_parallel: list[bool] | None = None
+    recompute: list[Literal["none", "selective", "full"]] | None = None
+    recompute_layers: IntChoice | None = None
+    zero_stage: list[Literal[0, 1, 2, 3]] | None = None
+    precision: list[Literal["bf16", "fp16", "fp32"]] | None = None
+    compile: list[Literal["none", "default", "reduce-overhead", "max-autotune"]] | None = None
+    graph_kernel_flags: list[str] | None = None
+    jit_level: list[Literal["O0", "O1", "O2"]] | None = None
+    mode: list[Literal["graph", "pynative"]] | None = None
+    batch_size: IntChoice | None = None
+    kv_cache_dtype: list[Literal["bf16", "fp16", "fp8", "int8"]] | None = None
+    quantization: list[Literal["none", "int8", "w8a8", "int4"]] | None = None
+    env: dict[str, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
+
+    @field_validator(
+        "tp", "pp", "cp", "vpp", "micro_batch_size", "recompute_layers", "batch_size",
+        "sequence_parallel", "recompute", "zero_stage", "precision", "compile", "graph_kernel_flags",
+        "jit_level", "mode", "kv_cache_dtype", "quantization",
+    )
+    @classmethod
+    def _non_empty_unique(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("needs at least one value")
+            if len(set(map(repr, v))) != len(v):
+                raise ValueError(f"values repeat: {v}")
+        return v
+
+    @field_validator("tp", "pp", "cp", "vpp", "micro_batch_size", "recompute_layers", "batch_size")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        low = v.low if isinstance(v, IntRange) else min(v) if isinstance(v, list) else 1
+        if low <= 0:
+            raise ValueError(f"values must be positive integers, got {v if isinstance(v, list) else f'low={low}'}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_values(cls, v: dict[str, list[Any]]) -> dict[str, list[str]]:
+        out = {}
+        for var, values in v.items():
+            if not var or not var.replace("_", "a").isalnum():
+                raise ValueError(f"environment variable name {var!r} is not a valid name")
+            if not values:
+                raise ValueError(f"env.{var} needs at least one value")
+            out[var] = [str(x) if not isinstance(x, bool) else ("1" if x else "0") for x in values]
+        return out
+
+    def choices(self) -> dict[str, list[Any]]:
+        """Every searched parameter with its values; env flattened to ``env.VAR``."""
+        out: dict[str, list[Any]] = {}
+        for name in type(self).model_fields:
+            if name == "env":
+                continue
+            value = getattr(self, name)
+            if value is None:
+                continue
+            out[name] = value.values() if isinstance(value, IntRange) else list(value)
+        for var, values in self.env.items():
+            out[f"env.{var}"] = list(values)
+        return out
+
+
+CANONICAL_PARAMS = tuple(n for n in SpaceSpec.model_fields if n != "env")
+DERIVED_PARAMS = ("dp", "grad_accum", "world_size")
+
+
+# ------------------------------------------------------------------------------------- objectives
+class ObjectiveSpec(_Strict):
+    metric: str
+    direction: Literal["maximize", "minimize"] | None = Field(None, description="default: the metric's own")
+
+
+class SearchSpec(_Strict):
+    """Budget and strategy. ``auto`` lets autotune choose (simulator ranking, then model-guided)."""
+
+    n_trials: int = Field(20, gt=0, description="probes to run (configs measured)")
+    parallel_trials: int = Field(1, gt=0)
+    sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid", "exhaustive"] = "auto"
+    seed: int | None = 0
+    timeout_s: float | None = Field(None, gt=0, description="stop starting new trials after this long")
+    exhaustive_limit: int = Field(2_000_000, gt=0, description="largest space ranked exhaustively by the simulator")
+
+
+class TrackingSpec(_Strict):
+    mlflow_uri: str | None = Field(None, description="default: SQLite file in the run directory")
+    experiment: str | None = Field(None, description="default: the spec name")
+    storage: str | None = Field(None, description="Optuna storage URL; default: a journal file in the run directory")
+
+
+class RaySpec(_Strict):
+    address: str | None = Field(None, description="None starts a local Ray; 'auto' or ray://host:port connects")
+    num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: the machine's)")
+    enabled: bool = Field(True, description="false runs real probes as local subprocesses without Ray")
+
+
+class Spec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    model: ModelSpec
+    workload: Workload = Field(discriminator="kind")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+    space: SpaceSpec = Field(default_factory=SpaceSpec)
+    constraints: list[str] = Field(default_factory=list)
+    objectives: list[ObjectiveSpec] = Field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    ray: RaySpec = Field(default_factory=RaySpec)
+
+    source_path: Path | None = Field(None, exclude=True, description="set by load_spec")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, v: Any, info: Any) -> Any:
+        base = Path((info.context or {}).get("base_dir", "."))
+        if isinstance(v, str):
+            if v in PRESETS:
+                return {"name": v, **PRESETS[v]}
+            path = Path(v) if Path(v).is_absolute() else base / v
+            if v.endswith(".json") or path.is_file():
+                if not path.is_file():
+                    raise ValueError(f"config.json file {path} does not exist")
+                return load_hf_config(path)
+            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}; or a path to a config.json")
+        if isinstance(v, dict) and "preset" in v:
+            preset = v["preset"]
+            if preset not in PRESETS:
+                raise ValueError(f"unknown model preset {preset!r}; presets: {', '.join(PRESETS)}")
+            rest = {k: x for k, x in v.items() if k != "preset"}
+            return {"name": preset, **PRESETS[preset], **rest}
+        return v
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_name(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
+    @field_validator("objectives", mode="before")
+    @classmethod
+    def _objective_names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list):
+            return [{"metric": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    # ---- derived views -----------------------------------------------------------------------
+    @property
+    def is_training(self) -> bool:
+        return self.workload.kind == "train"
+
+    def objective_list(self) -> list[tuple[str, str]]:
+        """(metric, direction) pairs with defaults applied."""
+        from autotune.objectives import get_metric
+
+        objectives = self.objectives or [
+            ObjectiveSpec(metric="tokens_per_s_per_device" if self.is_training else "decode_tokens_per_s")
+        ]
+        return [(o.metric, o.direction or get_metric(o.metric).direction) for o in objectives]
+
+    def summary(self) -> str:
+        w = self.workload
+        work = (f"train seq {w.seq_len} gbs {w.global_batch_size}" if isinstance(w, TrainWorkload)
+                else f"infer prompt {w.prompt_len} gen {w.gen_len}")
+        objs = ", ".join(f"{m} ({d[:3]})" for m, d in self.objective_list())
+        return (f"{self.name}: {self.model.name} ({self.model.num_parameters() / 1e9:.2f} B params), {work}, "
+                f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
+                f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
+                f"backend {self.backend.kind}, objectives {objs}, budget {self.search.n_trials} trials")
+
+
+# ----------------------------------------------------------------------------------------- errors
+@dataclass
+class SpecProblem:
+    loc: tuple[Any, ...]
+    message: str
+    line: int | None = None
+
+    def render(self, file: str) -> str:
+        where = f"{file}:{self.line}" if self.line else file
+        path = _dotted(self.loc)
+        return f"{where}: {path}: {self.message}" if path else f"{where}: {self.message}"
+
+
+class SpecError(ValueError):
+    """The spec cannot be used; ``problems`` has one entry per thing to fix."""
+
+    def __init__(self, file: str, problems: list[SpecProblem]):
+        self.file = file
+        self.problems = problems
+        super().__init__("\n".join(p.render(file) for p in problems))
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at ``loc``, or of its nearest existing parent."""
+    best = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            if nxt is None:
+                # an unexpected key: point at the key itself
+                key = next((k for k, _ in node.value if getattr(k, "value", None) == str(part)), None)
+                return key.start_mark.line + 1 if key is not None else best
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            nxt = node.value[part]
+        else:
+            continue  # pydantic adds union/tag names (e.g. 'train', 'list[int]') that YAML lacks
+        node = nxt
+        best = node.start_mark.line + 1
+    return best
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's union-branch labels (``list[int]``, ``IntRange``, ``train``) from a path."""
+    return tuple(p for p in loc if isinstance(p, int) or ("[" not in str(p) and str(p) not in
+                 ("IntRange", "train", "infer", "function-after[_check_shapes(), ModelSpec]", "BackendSpec")))
+
+
+def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
+    problems: list[SpecProblem] = []
+    seen: set[tuple] = set()
+    for err in exc.errors(include_url=False):
+        loc = _clean_loc(tuple(err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in err and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {err['input']!r})"
+        key = (loc, msg)
+        if key in seen:
+            continue
+        seen.add(key)
+        problems.append(SpecProblem(loc, msg))
+    # A value that fits no branch of a union yields one error per branch; keep the most specific.
+    by_loc: dict[tuple, list[SpecProblem]] = {}
+    for p in problems:
+        by_loc.setdefault(p.loc, []).append(p)
+    return [p for ps in by_loc.values() for p in ps]
+
+
+def _semantic_problems(spec: Spec) -> list[SpecProblem]:
+    """Checks across sections that field types cannot express."""
+    from autotune.objectives import METRICS
+    from autotune.workers.hardware import available_profiles, load_profile
+
+    problems: list[SpecProblem] = []
+    cluster = spec.cluster
+    if cluster.profile_name not in available_profiles():
+        problems.append(SpecProblem(("cluster", "profile"), f"unknown hardware profile {cluster.profile_name!r}; "
+                                    f"available: {', '.join(available_profiles())}"))
+    else:
+        try:
+            profile = load_profile(cluster.profile_name, cluster.overrides)
+            if profile.get("accelerator") != cluster.accelerator:
+                problems.append(SpecProblem(("cluster", "profile"), f"profile {cluster.profile_name!r} is for "
+                                            f"{profile.get('accelerator')}, but cluster.accelerator is {cluster.accelerator}"))
+        except ValueError as exc:
+            problems.append(SpecProblem(("cluster", "overrides"), str(exc)))
+
+    kind = spec.workload.kind
+    for i, obj in enumerate(spec.objectives):
+        metric = METRICS.get(obj.metric)
+        if metric is None:
+            problems.append(SpecProblem(("objectives", i, "metric"), f"unknown metric {obj.metric!r}; "
+                                        f"known: {', '.join(sorted(METRICS))}"))
+        elif metric.workload != kind:
+            problems.append(SpecProblem(("objectives", i, "metric"), f"{obj.metric} is a {metric.workload} metric "
+                                        f"but the workload is {kind}"))
+
+    choices = spec.space.choices()
+    train_only = {"tp": False, "pp": True, "cp": True, "vpp": True, "micro_batch_size": True, "sequence_parallel": True,
+                  "recompute": True, "recompute_layers": True, "zero_stage": True}
+    infer_only = {"batch_size", "kv_cache_dtype", "quantization"}
+    for name in choices:
+        if kind == "infer" and train_only.get(name):
+            problems.append(SpecProblem(("space", name), f"{name} is a training parameter; the workload is infer"))
+        if kind == "train" and name in infer_only:
+            problems.append(SpecProblem(("space", name), f"{name} is an inference parameter; the workload is train"))
+    world = cluster.world_size
+    for name in ("tp", "pp", "cp"):
+        values = choices.get(name, [])
+        if values and not any(world % v == 0 for v in values):
+            problems.append(SpecProblem(("space", name), f"no value of {values} divides the world size {world} "
+                                        f"({cluster.nodes} nodes x {cluster.devices_per_node} devices)"))
+
+    names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices)
+    names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
+    for i, source in enumerate(spec.constraints):
+        try:
+            compile_expression(source, names)
+        except ExpressionError as exc:
+            problems.append(SpecProblem(("constraints", i), str(exc)))
+
+    if spec.baseline is not None:
+        for key in spec.baseline:
+            if key not in CANONICAL_PARAMS and not key.startswith("env."):
+                problems.append(SpecProblem(("baseline", key), f"unknown parameter {key!r}; use canonical names "
+                                            f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+    if spec.backend.kind == "mindspore" and spec.cluster.accelerator == "cuda":
+        problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
+    return problems
+
+
+def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
+               root: yaml.Node | None = None) -> Spec:
+    """Validate an already-parsed mapping (``load_spec`` reads the file and keeps line numbers)."""
+    if not isinstance(data, dict):
+        raise SpecError(file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")])
+    try:
+        spec = Spec.model_validate(data, context={"base_dir": str(base_dir or Path("."))})
+    except ValidationError as exc:
+        problems = _format_pydantic(exc)
+        for p in problems:
+            p.line = _line_of(root, p.loc)
+        raise SpecError(file, problems) from None
+    problems = _semantic_problems(spec)
+    if problems:
+        for p in problems:
+            p.line = _line_of(root, p.loc)
+        raise SpecError(file, problems)
+    return spec
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read, parse (``yaml.safe_load`` semantics) and validate a spec file."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(file, [SpecProblem((), f"cannot read the spec: {exc.strerror or exc}")]) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = mark.line + 1 if mark is not None else None
+        raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc.problem} {exc.context or ''}".strip(), line)]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc}")]) from None
+    spec = parse_spec(data, file, path.parent, root)
+    spec.source_path = path.resolve()
+    return spec

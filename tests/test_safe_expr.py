@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+
+from autotune.safe_expr import ExpressionError, compile_expression
+
+
+def test_scalar_and_vector_agree():
+    expr = compile_expression("heads % tp == 0 and (pp < 4 or recompute == 'full')")
+    env = {"heads": 32, "tp": np.array([1, 3, 8, 8]), "pp": np.array([1, 1, 4, 4]),
+           "recompute": np.array(["none", "none", "none", "full"], dtype=object)}
+    vec = expr.evaluate(env)
+    assert vec.tolist() == [True, False, False, True]
+    for i in range(4):
+        scalar = expr.evaluate({k: (v[i] if isinstance(v, np.ndarray) else v) for k, v in env.items()})
+        assert bool(scalar) == vec[i]
+
+
+def test_functions_in_and_ifexp():
+    expr = compile_expression("min(tp, 4) * (2 if sp else 1) in (4, 8) and not abs(-tp) > 8")
+    assert bool(expr.evaluate({"tp": 4, "sp": True}))
+    assert not bool(expr.evaluate({"tp": 1, "sp": False}))
+
+
+def test_env_attribute_reads_flattened_name():
+    expr = compile_expression("env.HCCL_BUFFSIZE != '400'")
+    assert expr.names == {"env.HCCL_BUFFSIZE"}
+    assert bool(expr.evaluate({"env.HCCL_BUFFSIZE": "200"}))
+
+
+@pytest.mark.parametrize("source", [
+    "__import__('os').system('true')", "tp.__class__", "[x for x in tp]", "lambda: 1", "open('f')", "tp[0]",
+])
+def test_rejects_anything_outside_the_subset(source):
+    with pytest.raises(ExpressionError):
+        compile_expression(source)
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ExpressionError, match="unknown name.*'hedas'.*known names: heads, tp"):
+        compile_expression("hedas % tp == 0", {"heads", "tp"})
+
+
+def test_syntax_error_is_expression_error():
+    with pytest.raises(ExpressionError, match="not a valid expression"):
+        compile_expression("tp ==")

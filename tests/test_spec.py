@@ -1,0 +1,132 @@
+"""The spec: presets, HF config files, defaults, and errors that name file, line and field."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.spec import SpecError, load_spec
+from conftest import REPO, TINY_TRAIN
+
+
+def test_tiny_spec_loads_with_defaults(write_spec):
+    spec = load_spec(write_spec(TINY_TRAIN))
+    assert spec.model.name == "tiny-llama" and spec.model.num_key_value_heads == 4
+    assert spec.cluster.world_size == 2 and spec.cluster.profile_name == "cpu"
+    assert spec.backend.kind == "simulate"
+    assert spec.objective_list() == [("tokens_per_s_per_device", "maximize")]
+    assert spec.space.choices()["zero_stage"] == [0, 1, 3]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_validate(path):
+    spec = load_spec(path)
+    assert spec.summary()
+
+
+def test_hf_config_json_relative_to_spec(write_spec, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 1376, "vocab_size": 4096, "max_position_embeddings": 2048,
+        "rope_theta": 10000.0}))
+    spec = load_spec(write_spec(TINY_TRAIN.replace("model: tiny-llama", "model: config.json")))
+    assert spec.model.hidden_size == 512 and spec.model.num_key_value_heads == 2 and spec.model.arch == "llama"
+
+
+def test_explicit_fields_and_preset_with_changes(write_spec):
+    spec = load_spec(write_spec(TINY_TRAIN.replace(
+        "model: tiny-llama", "model: {preset: llama2-7b, num_hidden_layers: 8}")))
+    assert spec.model.num_hidden_layers == 8 and spec.model.hidden_size == 4096
+
+
+def _errors(path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    return str(info.value)
+
+
+def test_unknown_key_is_an_error_with_line(write_spec):
+    path = write_spec(TINY_TRAIN.replace("  recompute: [none, full]", "  recompute: [none, full]\n  tensor_par: [2]"))
+    msg = _errors(path)
+    assert f"{path}:12: space.tensor_par: unknown field 'tensor_par'" in msg
+
+
+def test_bad_enum_value_names_item_and_expected(write_spec):
+    path = write_spec(TINY_TRAIN.replace("recompute: [none, full]", "recompute: [none, ful]"))
+    msg = _errors(path)
+    assert f"{path}:11: space.recompute[1]:" in msg
+    assert "'none', 'selective' or 'full'" in msg and "'ful'" in msg
+
+
+def test_missing_required_field(write_spec):
+    path = write_spec(TINY_TRAIN.replace("seq_len: 128, ", ""))
+    assert "workload.seq_len: required field is missing" in _errors(path)
+
+
+def test_unknown_preset_lists_presets(write_spec):
+    msg = _errors(write_spec(TINY_TRAIN.replace("model: tiny-llama", "model: llama9-1t")))
+    assert "model: unknown model preset 'llama9-1t'" in msg and "llama2-7b" in msg
+
+
+def test_yaml_syntax_error_has_line(write_spec):
+    path = write_spec(TINY_TRAIN + "space: [unclosed\n")
+    msg = _errors(path)
+    assert f"{path}:" in msg and "invalid YAML" in msg
+
+
+def test_constraint_with_unknown_name(write_spec):
+    path = write_spec(TINY_TRAIN + "constraints: ['hedas % tp == 0']\n")
+    msg = _errors(path)
+    assert "constraints[0]" in msg and "hedas" in msg
+
+
+def test_constraint_with_unsafe_code(write_spec):
+    path = write_spec(TINY_TRAIN + "constraints: [\"__import__('os').getcwd() == tp\"]\n")
+    assert "constraints[0]" in _errors(path)
+
+
+def test_unknown_metric_and_wrong_workload_metric(write_spec):
+    msg = _errors(write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]", "objectives: [tokens_per_sec]")))
+    assert "objectives[0].metric: unknown metric 'tokens_per_sec'" in msg
+    msg = _errors(write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]", "objectives: [ttft_ms]")))
+    assert "ttft_ms is a infer metric" in msg
+
+
+def test_command_backend_needs_argv(write_spec):
+    msg = _errors(write_spec(TINY_TRAIN.replace("backend: simulate", "backend: {kind: command}")))
+    assert "backend" in msg and "needs argv" in msg
+
+
+def test_profile_override_unknown_key(write_spec):
+    msg = _errors(write_spec(TINY_TRAIN.replace(
+        "devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gb: 32}}")))
+    assert "cluster.overrides" in msg and "device_memory_gb" in msg
+
+
+def test_profile_override_applies(write_spec):
+    from autotune.context import probe_context
+
+    spec = load_spec(write_spec(TINY_TRAIN.replace(
+        "devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gib: 3}}")))
+    assert probe_context(spec).hardware["device_memory_gib"] == 3
+
+
+def test_tp_values_must_divide_world(write_spec):
+    msg = _errors(write_spec(TINY_TRAIN.replace("tp: [1, 2]", "tp: [3]")))
+    assert "space.tp: no value of [3] divides the world size 2" in msg
+
+
+def test_env_values_flatten(write_spec):
+    spec = load_spec(write_spec(TINY_TRAIN.replace("  recompute: [none, full]\n", "  recompute: [none, full]\n  env:\n    HCCL_BUFFSIZE: [120, 200]\n    FLAG: [true]\n")))
+    choices = spec.space.choices()
+    assert choices["env.HCCL_BUFFSIZE"] == ["120", "200"] and choices["env.FLAG"] == ["1"]
+
+
+def test_int_range(write_spec):
+    spec = load_spec(write_spec(TINY_TRAIN.replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 4}")))
+    assert spec.space.choices()["micro_batch_size"] == [1, 2, 3, 4]
+
+
+def test_missing_file():
+    with pytest.raises(SpecError, match="cannot read the spec"):
+        load_spec(Path("/nonexistent/spec.yaml"))

@@ -1,0 +1,170 @@
+"""The probe protocol shared by the driver and every probe (see DESIGN.md, "The probe protocol").
+
+A probe gets one resolved trial as a JSON file (path in ``AUTOTUNE_TRIAL_FILE``) and answers with
+JSON lines on stdout: ``{"event": "step", ...}`` per measured step, then exactly one
+``{"metrics": {...}}``. This module holds the value types of that exchange and the pure functions
+that read it, so that the dispatcher, the command backend and the in-repo probes agree on one
+definition. It imports only the standard library: probes run on worker nodes (or in a MindSpore
+environment) where nothing else of the driver is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "STATUSES",
+    "FAILURE_STATUSES",
+    "TRIAL_FILE_ENV",
+    "ProbeResult",
+    "TrialRequest",
+    "classify_failure",
+    "parse_output_line",
+    "read_trial_file",
+    "write_trial_file",
+]
+
+TRIAL_FILE_ENV = "AUTOTUNE_TRIAL_FILE"
+
+# ok: metrics measured; oom: allocator ran out of memory; timeout: killed at the deadline;
+# nan: the loss (numerics) broke; crash: any other failure; invalid: the config cannot run at all
+# (rejected by a rule, or the probe said so); pruned: stopped early by the driver as a loser.
+STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned")
+FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
+
+_OOM_PATTERNS = re.compile(
+    r"out of memory|OutOfMemoryError|CUDA error: out of memory|NPU out of memory|"
+    r"Cannot allocate memory|std::bad_alloc|MemoryError|ERR99999|"
+    r"Allocation on device .* would exceed|EL0004|"  # EL0004: Ascend 'Failed to allocate memory'
+    r"Killed process .* total-vm",
+    re.IGNORECASE,
+)
+_NAN_PATTERNS = re.compile(r"\bloss is (nan|inf)\b|non-finite loss|loss=nan|loss: nan|\bNaN detected", re.IGNORECASE)
+_INVALID_PATTERNS = re.compile(r"\binvalid config(uration)?\b|not divisible by", re.IGNORECASE)
+
+
+@dataclass
+class TrialRequest:
+    """One resolved trial as the probe sees it: the content of the trial file.
+
+    ``params`` holds canonical names (DESIGN.md), derived ones included (``dp``, ``grad_accum``)
+    and environment settings flattened as ``env.VAR``. ``model``, ``workload`` and ``cluster`` are
+    plain mappings (the resolved spec sections; ``cluster["hardware"]`` is the resolved hardware
+    profile), so a probe needs no import from the driver.
+    """
+
+    params: dict[str, Any]
+    model: dict[str, Any]
+    workload: dict[str, Any]
+    cluster: dict[str, Any]
+    study: str = ""
+    number: int = -1
+    backend: dict[str, Any] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """The trial's environment variables (``env.VAR`` params), as strings."""
+        return {k[4:]: str(v) for k, v in self.params.items() if k.startswith("env.")}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_trial_file(request: TrialRequest, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(request.to_json(), indent=1, sort_keys=True, default=str))
+    tmp.replace(path)
+    return path
+
+
+def read_trial_file(path: str | Path) -> TrialRequest:
+    data = json.loads(Path(path).read_text())
+    known = {k: data[k] for k in ("params", "model", "workload", "cluster", "study", "number", "backend") if k in data}
+    return TrialRequest(**known)
+
+
+@dataclass
+class ProbeResult:
+    """What one probe produced. ``source`` says whether the numbers were measured or simulated;
+    a simulated number is never presented as a measured one."""
+
+    status: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    source: str = "measured"
+    log_tail: str = ""
+    wall_s: float = 0.0
+    reason: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # e.g. software fingerprint, memory breakdown
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown probe status {self.status!r}; expected one of {STATUSES}")
+        if self.source not in ("measured", "simulated"):
+            raise ValueError(f"unknown probe source {self.source!r}; expected measured or simulated")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def feasible(self) -> bool:
+        """False when the config itself cannot run (oom, invalid): the sampler must learn that."""
+        return self.status not in ("oom", "invalid")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ProbeResult":
+        return cls(**data)
+
+
+def parse_output_line(line: str) -> dict[str, Any] | None:
+    """One line of probe output as a protocol message, or None for ordinary log text.
+
+    A message is a JSON object with either ``"event"`` or ``"metrics"``; anything else
+    (including JSON that is not an object) is log text.
+    """
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and ("event" in obj or "metrics" in obj):
+        return obj
+    return None
+
+
+def classify_failure(returncode: int | None, output: Iterable[str] | str, timed_out: bool = False) -> tuple[str, str]:
+    """Status and one-line reason for a probe that did not report metrics.
+
+    Order matters: a deadline beats everything (the output may be incomplete), then an explicit
+    ``{"event": "failure", "status": ...}`` message from the probe, then recognisable out-of-memory,
+    non-finite loss and invalid-config messages, else a crash with the exit status.
+    """
+    lines = output.splitlines() if isinstance(output, str) else list(output)
+    if timed_out:
+        return "timeout", "probe exceeded its timeout and was killed"
+    for line in reversed(lines):
+        msg = parse_output_line(line)
+        if msg and msg.get("event") == "failure" and msg.get("status") in FAILURE_STATUSES:
+            return msg["status"], str(msg.get("reason", ""))[:500]
+    for status, pattern in (("oom", _OOM_PATTERNS), ("nan", _NAN_PATTERNS), ("invalid", _INVALID_PATTERNS)):
+        for line in reversed(lines):
+            if pattern.search(line):
+                return status, line.strip()[:500]
+    if returncode is not None and returncode < 0:
+        return "crash", f"probe killed by signal {-returncode}"
+    if returncode == 137:
+        # SIGKILL from outside, usually the kernel's OOM killer on host memory
+        return "oom", "probe killed (exit 137), most likely by the host OOM killer"
+    tail = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+    return "crash", f"probe exited with status {returncode}" + (f": {tail[:300]}" if tail else "")
