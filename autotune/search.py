@@ -58,7 +58,6 @@ class A:
     BASELINE = "autotune.baseline"
     DUPLICATE_OF = "autotune.duplicate_of"
     REQUEUED_FROM = "autotune.requeued_from"
-    MLFLOW_RUN = "autotune.mlflow_run_id"
     WALL = "autotune.wall_s"
     INFO = "autotune.info"
 
@@ -315,6 +314,7 @@ class StudyRunner:
             if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) != "interrupted":
                 seen.setdefault(key, t.number)
         distributions = self.space.distributions()
+        total_valid = self._valid_count(ranking)
         dispatcher = self._dispatcher_for()
         pending: dict[Any, tuple[optuna.Trial, dict[str, Any]]] = {}
         started = probes_done
@@ -327,8 +327,11 @@ class StudyRunner:
                     if deadline and time.monotonic() > deadline:
                         stopped = "search timeout reached"
                         break
-                    if misses >= 500:
-                        stopped = "the sampler proposed only rejected or already measured configs 500 times in a row"
+                    if total_valid is not None and len(seen) >= total_valid:
+                        stopped = f"every valid config of the space ({total_valid}) has been probed"
+                        break
+                    if misses >= 200:
+                        stopped = "the sampler proposed only rejected or already measured configs 200 times in a row"
                         break
                     trial = study.ask(distributions)
                     handled = self._pre_dispatch(study, trial, seen)
@@ -365,6 +368,14 @@ class StudyRunner:
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
+
+    def _valid_count(self, ranking: Ranking | None) -> int | None:
+        """Number of valid canonical configs, when the space is small enough to count."""
+        if ranking is not None:
+            return ranking.enumeration.valid
+        if self.space.size <= min(self.spec.search.exhaustive_limit, 200_000):
+            return self.space.enumerate().valid
+        return None
 
     def close(self) -> None:
         if self._dispatcher is not None:
@@ -515,8 +526,12 @@ class StudyRunner:
         writes) are logged now: nothing measured is lost."""
         if not self.tracker:
             return
+        # MLflow itself says which trials it holds: a finished Optuna trial cannot take a user
+        # attribute any more, so the child run's ``autotune.trial`` tag is the record of it.
+        logged = {int(r.data.tags["autotune.trial"]) for r in self.tracker.child_runs()
+                  if r.data.tags.get("autotune.trial", "").isdigit()}
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-            if A.MLFLOW_RUN in t.user_attrs or A.STATUS not in t.user_attrs or t.user_attrs.get(A.STATUS) == "duplicate":
+            if t.number in logged or A.STATUS not in t.user_attrs or t.user_attrs.get(A.STATUS) == "duplicate":
                 continue
             record = trial_records_one(study, t.number)[0]
             path = self.run_dir / "trials" / f"{t.number:04d}" / "result.json"
@@ -538,11 +553,9 @@ class StudyRunner:
         if record.baseline:
             tags["autotune.baseline"] = "true"
         artifacts = [self.run_dir / "trials" / f"{record.number:04d}" / n for n in ("result.json", "log_tail.txt")]
-        run_id = self.tracker.log_trial(record.number, record.config, metrics, tags,
-                                        steps=result.steps if result else None, artifacts=artifacts,
-                                        failed=record.status not in ("ok", "pruned"))
-        trial_id = study.trials[record.number]._trial_id
-        study._storage.set_trial_user_attr(trial_id, A.MLFLOW_RUN, run_id)
+        self.tracker.log_trial(record.number, record.config, metrics, tags,
+                               steps=result.steps if result else None, artifacts=artifacts,
+                               failed=record.status not in ("ok", "pruned"))
 
 
 def trial_records_one(study: optuna.Study, number: int) -> list[TrialRecord]:

@@ -1,0 +1,169 @@
+"""Metric definitions: what each objective means, its unit and default direction, and how it is
+derived from a probe's raw measurements.
+
+Installed as ``autotune.objectives``. Pure definitions: the simulator uses the same
+``flops_per_token`` for its MFU as ``derive_metrics`` does for measured runs, so a simulated MFU
+and a measured MFU are the same quantity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = [
+    "Metric",
+    "METRICS",
+    "ALIASES",
+    "get_metric",
+    "flops_per_token",
+    "matmul_params",
+    "derive_metrics",
+]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    direction: str  # 'maximize' | 'minimize'
+    workload: str  # 'train' | 'infer'
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("maximize", "minimize"):
+            raise ValueError(f"metric {self.name}: direction must be maximize or minimize")
+        if self.workload not in ("train", "infer"):
+            raise ValueError(f"metric {self.name}: workload must be train or infer")
+
+
+_ALL = [
+    Metric("tokens_per_s_per_device", "tokens/s/device", "maximize", "train",
+           "training tokens processed per second divided by the devices the trial uses; the fair "
+           "comparison across parallel layouts"),
+    Metric("tokens_per_s", "tokens/s", "maximize", "train",
+           "training tokens (global_batch_size x seq_len) per second over the whole job"),
+    Metric("samples_per_s", "samples/s", "maximize", "train", "sequences per second over the whole job"),
+    Metric("step_time_s", "s", "minimize", "train", "wall time of one optimizer step (all micro-batches)"),
+    Metric("mfu", "fraction", "maximize", "train",
+           "model FLOPs utilisation: flops_per_token x tokens/s/device / peak of the precision "
+           "(recompute not counted; see flops_per_token)"),
+    Metric("peak_memory_gib", "GiB", "minimize", "train",
+           "peak device memory of the most loaded device, runtime and communication buffers included"),
+    Metric("memory_headroom_gib", "GiB", "maximize", "train",
+           "device memory left at the peak: device_memory_gib - peak_memory_gib"),
+    Metric("ttft_ms", "ms", "minimize", "infer", "time to first token: prefill of the whole batch"),
+    Metric("decode_tokens_per_s", "tokens/s", "maximize", "infer",
+           "generated tokens per second summed over the batch, at steady decode"),
+    Metric("time_for_100_tokens_s", "s", "minimize", "infer",
+           "time until each sequence of the batch has 100 new tokens: prefill + 100 decode steps"),
+]
+METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
+# Inference runs report memory too; the train-tagged definitions apply unchanged.
+ALIASES: dict[str, str] = {"memory_headroom": "memory_headroom_gib"}
+METRICS.update({alias: METRICS[target] for alias, target in ALIASES.items()})
+
+
+def get_metric(name: str) -> Metric:
+    """The metric called ``name`` (aliases accepted); ``ValueError`` listing the known names."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; known metrics: {', '.join(sorted(METRICS))}") from None
+
+
+def _kv_heads(model: Mapping[str, Any]) -> int:
+    return int(model.get("num_key_value_heads") or model["num_attention_heads"])
+
+
+def matmul_params(model: Mapping[str, Any]) -> tuple[float, float]:
+    """(matmul parameters per transformer layer, output-layer parameters V*h).
+
+    Only weights that take part in a matrix multiply: Q, K, V (GQA-aware), output projection and
+    the MLP (3 matrices for SwiGLU / llama, 2 for GeLU / gpt). Norms, biases and the embedding
+    lookup do no matmul work.
+    """
+    h = int(model["hidden_size"])
+    heads = int(model["num_attention_heads"])
+    head_dim = h // heads
+    kv = _kv_heads(model)
+    f = int(model["intermediate_size"])
+    attn = h * (h + 2 * kv * head_dim) + h * h
+    mlp = (3 if model.get("arch", "llama") == "llama" else 2) * h * f
+    return float(attn + mlp), float(int(model["vocab_size"]) * h)
+
+
+def flops_per_token(model: Mapping[str, Any], seq_len: int, training: bool = True) -> float:
+    """Model FLOPs per token, the Megatron-LM accounting (Narayanan et al. 2021, eq. 3;
+    Korthikanti et al. 2022) generalised to GQA and SwiGLU.
+
+    Forward = 2 x matmul parameters (every layer plus the output/logit layer) + 4 * l * h * s for
+    the attention scores QK^T and the context AV, counted without discounting causal masking
+    (as Megatron-LM, PaLM appendix B and llm-foundry do, so MFU is comparable to published
+    figures). Training = 3 x forward (backward is twice the forward); recomputation is not
+    counted (this is MFU, not hardware FLOPs utilisation). For the 12h^2-per-layer GPT this is
+    exactly Megatron's 72*l*h^2*(1 + s/(6h) + V/(12*h*l)) per token.
+    """
+    per_layer, output = matmul_params(model)
+    layers = int(model["num_hidden_layers"])
+    h = int(model["hidden_size"])
+    forward = 2.0 * (layers * per_layer + output) + 4.0 * layers * h * float(seq_len)
+    return 3.0 * forward if training else forward
+
+
+def derive_metrics(
+    raw: Mapping[str, Any],
+    model: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    world_size: int,
+    precision: str,
+) -> dict[str, Any]:
+    """Raw probe measurements completed with the derived metrics.
+
+    Training: from ``step_time_s`` (or, failing that, ``tokens_per_s``) derives tokens_per_s,
+    tokens_per_s_per_device, samples_per_s and mfu; from ``peak_memory_gib`` the headroom against
+    ``hardware['device_memory_gib']``. Inference: headroom, and ``time_for_100_tokens_s`` when
+    ``ttft_ms``, ``decode_tokens_per_s`` and ``batch_size`` are known. A value the probe reported
+    is never overwritten.
+    """
+    out: dict[str, Any] = dict(raw)
+    world = max(int(world_size), 1)
+    kind = workload.get("kind", "train")
+
+    def put(key: str, value: float) -> None:
+        if key not in out or out[key] is None:
+            out[key] = float(value)
+
+    if kind == "train":
+        seq = int(workload["seq_len"])
+        gbs = int(workload["global_batch_size"])
+        tokens = float(seq * gbs)
+        step = out.get("step_time_s")
+        if not step and out.get("tokens_per_s"):
+            put("step_time_s", tokens / float(out["tokens_per_s"]))
+        elif not step and out.get("tokens_per_s_per_device"):
+            put("step_time_s", tokens / (float(out["tokens_per_s_per_device"]) * world))
+        step = out.get("step_time_s")
+        if step and float(step) > 0:
+            step = float(step)
+            put("tokens_per_s", tokens / step)
+            put("tokens_per_s_per_device", tokens / step / world)
+            put("samples_per_s", gbs / step)
+            peak = _peak(hardware, precision)
+            if peak:
+                put("mfu", flops_per_token(model, seq, True) * float(out["tokens_per_s_per_device"]) / peak)
+    else:
+        batch = out.get("batch_size")
+        if out.get("ttft_ms") is not None and out.get("decode_tokens_per_s") and batch:
+            step = float(batch) / float(out["decode_tokens_per_s"])
+            put("time_for_100_tokens_s", float(out["ttft_ms"]) / 1e3 + 100.0 * step)
+    if out.get("peak_memory_gib") is not None and hardware.get("device_memory_gib"):
+        put("memory_headroom_gib", float(hardware["device_memory_gib"]) - float(out["peak_memory_gib"]))
+    return out
+
+
+def _peak(hardware: Mapping[str, Any], precision: str) -> float:
+    peaks = hardware.get("peak_tflops") or {}
+    value = peaks.get(precision) if isinstance(peaks, Mapping) else None
+    return float(value) * 1e12 if value else 0.0

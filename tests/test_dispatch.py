@@ -1,0 +1,248 @@
+"""Dispatch of trials: resources, the in-process, local-process and Ray dispatchers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.dispatch import (
+    Handle,
+    InProcessDispatcher,
+    LocalProcessDispatcher,
+    ProbeLaunch,
+    RayDispatcher,
+    probe_env,
+    resources_for,
+)
+from autotune.workers.protocol import ProbeResult, TrialRequest
+
+PY = sys.executable
+
+# Reads its trial file and environment, answers with them as metrics/info.
+ECHO_PROBE = textwrap.dedent("""
+    import json, os, sys
+    trial = json.load(open(os.environ["AUTOTUNE_TRIAL_FILE"]))
+    print(json.dumps({"event": "step", "step": 0}))
+    print(json.dumps({"metrics": {"number": trial["number"], "tp": trial["params"]["tp"]},
+                      "info": {"alloc": os.environ.get("PYTORCH_NPU_ALLOC_CONF"),
+                               "static": os.environ.get("STATIC_VAR"), "argv": sys.argv[1:]}}))
+""")
+
+
+def request(number: int, **params) -> TrialRequest:
+    params.setdefault("tp", number + 1)
+    return TrialRequest(params=params, model={"arch": "llama"}, workload={"kind": "train"},
+                        cluster={"accelerator": "cpu"}, study="t", number=number)
+
+
+@pytest.fixture
+def echo_launch(tmp_path: Path):
+    path = tmp_path / "echo_probe.py"
+    path.write_text(ECHO_PROBE)
+
+    def make(**kw) -> ProbeLaunch:
+        return ProbeLaunch(argv=[PY, str(path), "--trial", "{trial_file}"], env={"STATIC_VAR": "s"},
+                           timeout_s=60, **kw)
+
+    return make
+
+
+def drain(dispatcher, timeout: float = 60.0) -> dict[int, ProbeResult]:
+    out: dict[int, ProbeResult] = {}
+    end = time.monotonic() + timeout
+    while dispatcher.pending and time.monotonic() < end:
+        for handle, result in dispatcher.wait_any(timeout=1.0):
+            assert handle.number not in out, "a trial came back twice"
+            out[handle.number] = result
+    assert not dispatcher.pending, "trials never finished"
+    return out
+
+
+def grandchild_probe(tmp_path: Path, pid_file: Path) -> list[str]:
+    path = tmp_path / "sleeper.py"
+    path.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]])
+        time.sleep(60)
+    """))
+    return [PY, str(path), str(pid_file)]
+
+
+def wait_pid(path: Path, within_s: float = 30.0) -> int:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.02)
+    raise AssertionError(f"{path} was never written")
+
+
+def wait_dead(pid: int, within_s: float = 15.0) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- resources ----------------------------------------------------------------------------------
+
+
+def test_resources_for():
+    assert resources_for("npu", 8) == {"num_cpus": 1, "resources": {"NPU": 8}}
+    assert resources_for("cuda", 4) == {"num_cpus": 1, "num_gpus": 4}
+    assert resources_for("cpu", 2) == {"num_cpus": 2}
+    assert resources_for("npu", 8, override={"num_cpus": 0}) == {"num_cpus": 0}  # replaces entirely
+    with pytest.raises(ValueError, match="accelerator"):
+        resources_for("tpu", 1)
+
+
+def test_probe_env_trial_params_win():
+    launch = ProbeLaunch(argv=["x"], env={"A": "1", "PYTORCH_NPU_ALLOC_CONF": "default"})
+    req = request(0, **{"env.PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "env.HCCL_BUFFSIZE": 200})
+    assert probe_env(req, launch) == {"A": "1", "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+                                      "HCCL_BUFFSIZE": "200"}
+
+
+# -- in-process -----------------------------------------------------------------------------------
+
+
+def test_in_process_dispatcher():
+    def simulate(req: TrialRequest) -> ProbeResult:
+        if req.params["tp"] == 3:
+            raise ZeroDivisionError("model bug")
+        return ProbeResult("ok", metrics={"tp": req.params["tp"]}, source="simulated")
+
+    with InProcessDispatcher(simulate) as d:
+        handles = [d.submit(request(i)) for i in range(3)]
+        assert d.pending == 3
+        done = dict((h.number, r) for h, r in d.wait_any(timeout=0))
+        assert d.pending == 0 and d.wait_any(timeout=0) == []
+    assert [h.number for h in handles] == [0, 1, 2]
+    assert done[0].metrics == {"tp": 1.0} and done[0].source == "simulated"
+    assert done[2].status == "crash" and "ZeroDivisionError" in done[2].reason
+
+
+# -- local processes ------------------------------------------------------------------------------
+
+
+def test_local_dispatcher_runs_trials_in_parallel(tmp_path, echo_launch):
+    events = []
+    d = LocalProcessDispatcher(max_parallel=2, run_dir=tmp_path / "run", on_event=lambda n, e: events.append(n))
+    try:
+        for i in range(4):
+            d.submit(request(i, **{"env.PYTORCH_NPU_ALLOC_CONF": f"conf{i}"}), echo_launch())
+        results = drain(d)
+    finally:
+        d.shutdown()
+    assert sorted(results) == [0, 1, 2, 3]
+    for i, r in results.items():
+        assert r.status == "ok", r
+        assert r.metrics == {"number": i, "tp": i + 1}
+        assert r.info["alloc"] == f"conf{i}" and r.info["static"] == "s"
+        assert r.info["argv"] == ["--trial", str(tmp_path / "run" / "trials" / f"trial_{i:05d}.json")]
+        assert len(r.steps) == 1
+    assert sorted(events) == [0, 1, 2, 3]
+
+
+def test_local_dispatcher_cancel_and_failures(tmp_path, echo_launch):
+    pid_file = tmp_path / "gc.pid"
+    with LocalProcessDispatcher(max_parallel=1) as d:
+        running = d.submit(request(0), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60))
+        queued = d.submit(request(1), echo_launch())
+        missing = d.submit(request(2), ProbeLaunch(argv=["/no/such/launcher"]))
+        pid = wait_pid(pid_file)
+        d.cancel(queued)
+        d.cancel(running)
+        results = drain(d)
+        assert isinstance(running, Handle)
+    assert results[0].status == "pruned"
+    assert results[1].status == "pruned"
+    assert results[2].status == "invalid" and "not found" in results[2].reason
+    assert wait_dead(pid)
+
+
+def test_local_dispatcher_wait_any_timeout(tmp_path):
+    with LocalProcessDispatcher(max_parallel=1) as d:
+        assert d.wait_any(timeout=0) == []  # nothing pending
+        h = d.submit(request(0), ProbeLaunch(argv=["sleep", "30"], timeout_s=60))
+        assert d.wait_any(timeout=0.1) == []
+        d.cancel(h)
+        assert drain(d)[0].status == "pruned"
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_dispatcher(tmp_path_factory):
+    pytest.importorskip("ray")
+    d = RayDispatcher(None, num_cpus=2, resources=None, run_dir=tmp_path_factory.mktemp("ray_run"))
+    yield d
+    d.shutdown()
+
+
+def test_ray_runs_trials_in_parallel(ray_dispatcher, echo_launch):
+    d = ray_dispatcher
+    handles = [d.submit(request(i, **{"env.PYTORCH_NPU_ALLOC_CONF": f"conf{i}"}),
+                        echo_launch(resources={"num_cpus": 0.5})) for i in range(4)]
+    assert d.pending == 4
+    results = drain(d)
+    assert sorted(results) == [0, 1, 2, 3] and [h.number for h in handles] == [0, 1, 2, 3]
+    for i, r in results.items():
+        assert r.status == "ok", r
+        assert r.metrics == {"number": i, "tp": i + 1}
+        assert r.info["alloc"] == f"conf{i}" and r.info["static"] == "s"
+        assert r.info["argv"][1] != "{trial_file}" and r.info["argv"][1].endswith("trial.json")
+        assert r.info["host"]
+    # the driver keeps a copy of every trial file
+    copies = sorted(p.name for p in (d._trial_dir).iterdir())
+    assert copies[:4] == [f"trial_{i:05d}.json" for i in range(4)]
+    assert json.loads((d._trial_dir / "trial_00002.json").read_text())["params"]["tp"] == 3
+
+
+def test_ray_impossible_request_is_invalid_at_once(ray_dispatcher, echo_launch):
+    d = ray_dispatcher
+    d.submit(request(7), echo_launch(resources=resources_for("npu", 8)))
+    d.submit(request(8), echo_launch(resources={"num_cpus": 64}))
+    done = dict((h.number, r) for h, r in d.wait_any(timeout=0))  # no waiting for a node that never comes
+    assert done[7].status == "invalid"
+    assert "NPU: 8" in done[7].reason and "offers" in done[7].reason and "NPU: 0" in done[7].reason
+    assert done[8].status == "invalid" and "CPU: 64" in done[8].reason
+    assert d.pending == 0
+
+
+def test_ray_cancel_kills_the_probe_group(ray_dispatcher, tmp_path):
+    d = ray_dispatcher
+    pid_file = tmp_path / "gc.pid"
+    h = d.submit(request(11), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60,
+                                          resources={"num_cpus": 0.5}))
+    pid = wait_pid(pid_file)
+    d.cancel(h)
+    results = drain(d)
+    assert results[11].status == "pruned"
+    assert wait_dead(pid), "the probe's grandchild outlived the cancelled Ray task"
+
+
+def test_ray_probe_failure_and_timeout(ray_dispatcher, tmp_path):
+    d = ray_dispatcher
+    oom = tmp_path / "oom.py"
+    oom.write_text("import sys; print('torch.OutOfMemoryError: CUDA out of memory'); sys.exit(1)\n")
+    d.submit(request(20), ProbeLaunch(argv=[PY, str(oom)], resources={"num_cpus": 0.5}))
+    d.submit(request(21), ProbeLaunch(argv=["sleep", "30"], timeout_s=0.5, resources={"num_cpus": 0.5}))
+    results = drain(d)
+    assert results[20].status == "oom"
+    assert results[21].status == "timeout"

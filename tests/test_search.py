@@ -1,0 +1,123 @@
+"""The search loop with an in-process fake probe: resume, de-duplication, constraints."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.backends import BackendChoice
+from autotune.dispatch import InProcessDispatcher
+from autotune.search import A, StudyRunner, open_study, trial_records
+from autotune.spec import load_spec
+from autotune.workers.protocol import ProbeResult
+from conftest import TINY_TRAIN
+
+MEASURED = BackendChoice("command", "test")
+
+
+def fake_probe(calls: list):
+    """Throughput rises with micro-batch and falls with recompute; mbs 4 without recompute OOMs."""
+
+    def probe(request):
+        p = request.params
+        calls.append(dict(p))
+        if p["micro_batch_size"] == 4 and p["recompute"] == "none":
+            return ProbeResult("oom", reason="NPU out of memory. Tried to allocate 2.00 GiB (rank 0)")
+        tps = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"] / p["pp"]
+        return ProbeResult("ok", metrics={"tokens_per_s_per_device": tps, "step_time_s": 1.0})
+
+    return probe
+
+
+def _spec(write_spec, text=TINY_TRAIN, **search):
+    text = text.replace("search: {n_trials: 6, seed: 1}",
+                        "search: {" + ", ".join(f"{k}: {v}" for k, v in {"n_trials": 6, "seed": 1, **search}.items()) + "}")
+    return load_spec(write_spec(text))
+
+
+def _runner(spec, tmp_path, calls):
+    return StudyRunner(spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(fake_probe(calls)))
+
+
+def test_budget_met_and_no_config_probed_twice(write_spec, tmp_path):
+    calls: list = []
+    spec = _spec(write_spec, n_trials=12, sampler="random")
+    outcome = _runner(spec, tmp_path, calls).run()
+    keys = [tuple(sorted(c.items())) for c in calls]
+    assert len(keys) == len(set(keys)) == outcome.probes_run == 12
+    records = outcome.records
+    assert sum(r.probed for r in records) == 12
+    dup = [r for r in records if r.status == "duplicate"]
+    for r in dup:  # repeats are answered from the original, never probed
+        assert not r.probed
+
+
+def test_oom_and_rule_violations_reach_the_sampler_as_constraints(write_spec, tmp_path):
+    calls: list = []
+    spec = _spec(write_spec, n_trials=16, sampler="random")
+    outcome = _runner(spec, tmp_path, calls).run()
+    study = outcome.study
+    ooms = [t for t in study.trials if t.user_attrs.get(A.STATUS) == "oom"]
+    rejected = [t for t in study.trials if t.user_attrs.get(A.STATUS) == "invalid"]
+    assert ooms and rejected
+    for t in ooms + rejected:
+        assert t.state == TrialState.COMPLETE and t.constraints["feasible"] > 0
+    for t in rejected:
+        assert not t.user_attrs.get(A.PROBED) and "rejected by rules" in t.user_attrs[A.REASON]
+    oks = [t for t in study.trials if t.user_attrs.get(A.STATUS) == "ok"]
+    assert all(t.constraints["feasible"] == 0 for t in oks)
+    # best trial respects constraints: never an OOM one
+    assert study.best_trial.user_attrs[A.STATUS] == "ok"
+    assert not any(c["micro_batch_size"] * c["dp"] > 8 for c in calls)  # invalid configs never dispatched
+
+
+def test_resume_requeues_interrupted_trial(write_spec, tmp_path):
+    calls: list = []
+    spec = _spec(write_spec, n_trials=5, sampler="random")
+    runner = _runner(spec, tmp_path, calls)
+    runner.run()
+    # simulate a kill mid-trial: one more trial left RUNNING with a full config
+    study = open_study(spec, tmp_path / "run")
+    config = {"tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "sequence_parallel": False,
+              "recompute": "full", "zero_stage": 3, "precision": "bf16", "dp": 2, "grad_accum": 4}
+    t = study.ask({})
+    t.set_user_attr(A.CONFIG, config)
+    t.set_user_attr(A.PROBED, True)
+    calls.clear()
+    spec2 = _spec(write_spec, n_trials=7, sampler="random")
+    outcome = _runner(spec2, tmp_path, calls).run()
+    interrupted = [r for r in outcome.records if r.status == "interrupted"]
+    assert len(interrupted) == 1
+    requeued = [tr for tr in outcome.study.trials if tr.user_attrs.get(A.REQUEUED_FROM) == interrupted[0].number]
+    assert len(requeued) == 1 and requeued[0].user_attrs[A.STATUS] == "ok"
+    assert config in calls  # the interrupted config was probed on resume
+    probed = [r for r in outcome.records if r.probed and r.status != "interrupted"]
+    assert len(probed) == 7  # the budget counts completed probes only
+
+
+def test_small_space_exhausts_without_reprobing(write_spec, tmp_path):
+    text = TINY_TRAIN.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1]\n  pp: [1]\n").replace(
+        "micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2]").replace("zero_stage: [0, 1, 3]", "zero_stage: [0]")
+    calls: list = []
+    spec = _spec(write_spec, text, n_trials=10, sampler="random")
+    outcome = _runner(spec, tmp_path, calls).run()
+    assert len(calls) == 4  # 2 micro-batch x 2 recompute
+    assert "every valid config of the space (4) has been probed" in outcome.stopped_because
+
+
+def test_tpe_runs_with_constraints_without_warnings(write_spec, tmp_path, recwarn):
+    calls: list = []
+    spec = _spec(write_spec, n_trials=8, sampler="tpe")
+    outcome = _runner(spec, tmp_path, calls).run()
+    assert outcome.best and outcome.best[0].status == "ok"
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning) and "constraints_func" in str(w.message)]
+
+
+def test_baseline_runs_first_and_is_marked(write_spec, tmp_path):
+    text = TINY_TRAIN + "baseline: {tp: 2, pp: 1, micro_batch_size: 1, recompute: none}\n"
+    calls: list = []
+    spec = _spec(write_spec, text, n_trials=4, sampler="random")
+    outcome = _runner(spec, tmp_path, calls).run()
+    assert calls[0]["tp"] == 2 and calls[0]["micro_batch_size"] == 1
+    assert outcome.baseline is not None and outcome.baseline.number == 0

@@ -1,0 +1,143 @@
+"""Hardware profiles: the device figures the simulator and MFU use, kept as data.
+
+Each profile is a YAML file next to this module (package data), one per device kind, with the
+public source of every figure in its comments. A profile is read into a plain ``dict`` so probes
+on worker nodes need nothing but PyYAML. Users adjust a profile for their exact part (a 910B3
+instead of a 910B2, a cluster with fewer NICs) through ``overrides``, which are checked here so a
+typo never silently falls back to the default figure.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["PROFILE_KEYS", "ACCELERATORS", "available_profiles", "load_profile"]
+
+_DIR = Path(__file__).parent
+ACCELERATORS = ("npu", "cuda", "cpu")
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+# key -> expected type ("str", "float", "int", "peaks"); the overridable keys of every profile.
+_SCHEMA: dict[str, str] = {
+    "name": "str",
+    "accelerator": "str",
+    "description": "str",
+    "device_memory_gib": "float",
+    "peak_tflops": "peaks",
+    "memory_bandwidth_gbps": "float",
+    "memory_bandwidth_efficiency": "fraction",
+    "intra_node_bandwidth_gbps": "float",
+    "allreduce_efficiency": "fraction",
+    "allgather_efficiency": "fraction",
+    "inter_node_bandwidth_gbps": "float",
+    "inter_node_efficiency": "fraction",
+    "devices_per_node": "int",
+    "collective_latency_us": "float",
+    "kernel_launch_us": "float",
+    "gemm_efficiency": "fraction",
+    "gemm_half_dim": "float",
+    "flash_attention_efficiency": "fraction",
+    "comm_overlap_slowdown": "float",
+    "runtime_reserve_gib": "float",
+    "comm_buffer_model": "str",
+    "comm_buffer_mib_per_comm": "float",
+    "fragmentation_default": "float",
+    "fragmentation_expandable": "float",
+}
+PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
+
+
+def available_profiles() -> list[str]:
+    """Names of the bundled profiles (the YAML file stems), sorted."""
+    return sorted(p.stem for p in _DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def _read(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((_DIR / f"{name}.yaml").read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"hardware profile {name!r}: expected a mapping")
+    profile = _check(data, f"hardware profile {name!r}", require_all=True)
+    missing = [k for k in PRECISIONS if k not in profile["peak_tflops"]]
+    if missing:
+        raise ValueError(f"hardware profile {name!r}: peak_tflops lacks {', '.join(missing)}")
+    return profile
+
+
+def load_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The profile ``name`` as a fresh dict, with ``overrides`` applied and type-checked.
+
+    ``peak_tflops`` may be overridden partially (``{"peak_tflops": {"bf16": 313}}`` keeps the
+    other precisions). Raises ``ValueError`` for an unknown profile or key, or a badly typed value.
+    """
+    names = available_profiles()
+    if name not in names:
+        raise ValueError(f"unknown hardware profile {name!r}; available: {', '.join(names)}")
+    profile = copy.deepcopy(_read(name))
+    if overrides:
+        if not isinstance(overrides, dict):
+            raise ValueError(f"hardware overrides must be a mapping, got {type(overrides).__name__}")
+        checked = _check(dict(overrides), f"override of hardware profile {name!r}", require_all=False)
+        for key, value in checked.items():
+            if key == "peak_tflops":
+                profile["peak_tflops"] = {**profile["peak_tflops"], **value}
+            else:
+                profile[key] = value
+    return profile
+
+
+def _check(data: dict[str, Any], where: str, require_all: bool) -> dict[str, Any]:
+    unknown = sorted(set(data) - set(_SCHEMA))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(PROFILE_KEYS)}")
+    if require_all:
+        missing = [k for k in PROFILE_KEYS if k not in data and k != "description"]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out[key] = _coerce(key, value, _SCHEMA[key], where)
+    return out
+
+
+def _number(key: str, value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{where}: {key} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _coerce(key: str, value: Any, kind: str, where: str) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: {key} must be a string, got {value!r}")
+        if key == "accelerator" and value not in ACCELERATORS:
+            raise ValueError(f"{where}: accelerator must be one of {ACCELERATORS}, got {value!r}")
+        if key == "comm_buffer_model" and value not in ("hccl", "nccl"):
+            raise ValueError(f"{where}: comm_buffer_model must be hccl or nccl, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+        return value
+    if kind == "peaks":
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: peak_tflops must be a mapping of precision to TFLOPS, got {value!r}")
+        allowed = (*PRECISIONS, "int8")
+        bad = sorted(set(value) - set(allowed))
+        if bad:
+            raise ValueError(f"{where}: peak_tflops has unknown precision(s) {bad}; valid: {', '.join(allowed)}")
+        peaks = {k: _number(f"peak_tflops.{k}", v, where) for k, v in value.items()}
+        if any(v == 0 for v in peaks.values()):
+            raise ValueError(f"{where}: peak_tflops values must be > 0")
+        return peaks
+    number = _number(key, value, where)
+    if kind == "fraction" and not 0 < number <= 1:
+        raise ValueError(f"{where}: {key} must be in (0, 1], got {value!r}")
+    return number

@@ -1,0 +1,166 @@
+"""The ``simulate`` probe: an analytical performance and memory model of LLM training and
+inference, vectorised over many configurations.
+
+It prices a whole population of configs in one numpy pass (``simulate_configs``) so the search
+can pre-screen the space, and answers single trials through the probe protocol
+(``simulate_trial``). Numbers it produces are tagged ``source='simulated'`` and never presented
+as measured. The model: ``_memory`` (model states, activations, buffers of the most loaded
+pipeline stage), ``_timing`` (one training step), ``_infer`` (prefill and decode), ``_checks``
+(structural validity), ``_columns`` (params to columns); roofline and collective helpers in
+``_common``. Hardware figures come from ``autotune.workers.hardware`` profiles; the MFU uses
+``autotune.objectives.flops_per_token``, the same definition as for measured runs.
+
+Rank order: tp innermost, then cp, then dp, pp outermost (Megatron-LM's default), which decides
+whether a group's collectives run over the intra- or the inter-node links.
+
+Training outputs (arrays of N): step_time_s, tokens_per_s, tokens_per_s_per_device,
+samples_per_s, mfu, peak_memory_gib, memory_limit_gib, memory_headroom_gib, fits, valid, and the
+breakdowns ``mem_<component>`` (GiB, summing to peak_memory_gib) and ``time_<component>``
+(seconds per step, summing to step_time_s). Inference: ttft_ms, decode_tokens_per_s,
+time_for_100_tokens_s, the same memory columns (with mem_kv_cache) and time_prefill /
+time_decode_* breakdowns.
+
+Optional workload keys beyond the spec's: ``flash_attention`` (default true), ``dropout``
+(default: GPT yes, Llama no), ``grad_dtype`` (fp32 | bf16 | fp16 gradient buffers),
+``overlap_grad_reduce`` (default true).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import numpy as np
+from autotune.objectives import flops_per_token
+
+from ..hardware import load_profile
+from ..protocol import ProbeResult, TrialRequest
+from ._checks import prepare, row_reason, sanitize
+from ._columns import columns_from_params
+from ._common import GIB, HW, Shape
+from ._infer import infer
+from ._memory import train_memory
+from ._timing import train_time
+
+__all__ = ["simulate_configs", "columns_from_params", "simulate_trial", "resolve_hardware",
+           "TRAIN_MEM_COMPONENTS", "TRAIN_TIME_COMPONENTS"]
+
+TRAIN_MEM_COMPONENTS = ("weights", "grads", "optimizer", "activations", "logits", "zero3_gather",
+                        "comm_buffers", "runtime_reserve", "fragmentation")
+TRAIN_TIME_COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "tp_comm", "cp_comm",
+                         "pp_bubble", "pp_p2p", "dp_comm", "zero3_comm", "optimizer")
+_DEFAULT_PROFILE = {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "gpu": "a100-sxm-80gb", "cpu": "cpu"}
+
+
+def simulate_configs(model: dict, workload: dict, hardware: dict, cluster: dict,
+                     configs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Predicted metrics, memory and time breakdowns for N configs (columns of canonical params,
+    see ``columns_from_params``; missing columns take their defaults, dp and grad_accum are
+    derived from the cluster and the workload when absent). Invalid configs get ``valid=False``,
+    ``fits=False`` and NaN metrics."""
+    hw = HW.of(hardware, cluster)
+    s, c, world, checks = prepare(model, workload, cluster, configs)
+    valid = ~np.logical_or.reduce([mask for _, mask in checks])
+    if str(workload.get("kind", "train")) == "infer":
+        sanitize(c, valid, ("tp", "pp", "batch_size"))
+        out = infer(s, hw, c, workload)
+        metrics = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s")
+    else:
+        sanitize(c, valid, ("tp", "pp", "cp", "vpp", "dp", "micro_batch_size", "grad_accum"))
+        for k in ("zero_stage", "recompute", "precision"):
+            c[k] = np.where(valid, c[k], 0.0)
+        out = _train(s, hw, c, workload, model)
+        metrics = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu")
+    n = valid.size
+    limit = np.full(n, hw.mem_bytes / GIB)
+    out["memory_limit_gib"] = limit
+    out["memory_headroom_gib"] = limit - out["peak_memory_gib"]
+    out["valid"] = valid
+    out["fits"] = valid & (out["peak_memory_gib"] <= limit)
+    for key in (*metrics, "peak_memory_gib", "memory_headroom_gib"):
+        out[key] = np.where(valid, out[key], np.nan)
+    return out
+
+
+def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    params_first, mem_first = train_memory(s, hw, c, workload, first=True)
+    params_last, mem_last = train_memory(s, hw, c, workload, first=False)
+    peak_first = sum(mem_first.values())
+    peak_last = sum(mem_last.values())
+    use_last = peak_last > peak_first
+    out: dict[str, np.ndarray] = {}
+    for k in TRAIN_MEM_COMPONENTS:
+        out[f"mem_{k}"] = np.where(use_last, mem_last[k], mem_first[k]) / GIB
+    out["peak_memory_gib"] = np.maximum(peak_first, peak_last) / GIB
+    times = train_time(s, hw, c, workload, np.maximum(params_first, params_last))
+    step = sum(times[k] for k in TRAIN_TIME_COMPONENTS)
+    for k in TRAIN_TIME_COMPONENTS:
+        out[f"time_{k}"] = times[k]
+    seq = float(workload["seq_len"])
+    gbs = float(workload["global_batch_size"])
+    world = c["world"]
+    out["step_time_s"] = step
+    out["tokens_per_s"] = gbs * seq / step
+    out["tokens_per_s_per_device"] = out["tokens_per_s"] / world
+    out["samples_per_s"] = gbs / step
+    out["mfu"] = flops_per_token(model, int(seq), True) * out["tokens_per_s_per_device"] / hw.peak_of(c["precision"])
+    return out
+
+
+def resolve_hardware(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The hardware profile of a trial: ``cluster['hardware']`` as a full profile dict, a profile
+    name, or a partial dict ``{name: ..., <overrides>}``; else the default profile of
+    ``cluster['accelerator']``."""
+    hw = cluster.get("hardware")
+    if isinstance(hw, str):
+        return load_profile(hw)
+    if isinstance(hw, Mapping):
+        if "peak_tflops" in hw and "gemm_efficiency" in hw:
+            return dict(hw)
+        name = hw.get("name") or _DEFAULT_PROFILE.get(str(cluster.get("accelerator", "cuda")), "a100-sxm-80gb")
+        return load_profile(str(name), {k: v for k, v in hw.items() if k != "name"} or None)
+    accel = str(cluster.get("accelerator", "cpu"))
+    if accel not in _DEFAULT_PROFILE:
+        raise ValueError(f"no default hardware profile for accelerator {accel!r}")
+    return load_profile(_DEFAULT_PROFILE[accel])
+
+
+def simulate_trial(request: TrialRequest) -> ProbeResult:
+    """One trial through the analytical model: 'ok' with metrics, 'oom' when the predicted peak
+    exceeds the device memory, 'invalid' when the config cannot run at all. The memory and time
+    breakdowns go into ``info``."""
+    start = time.perf_counter()
+    try:
+        hardware = resolve_hardware(request.cluster)
+        workload = dict(request.workload)
+        cols = columns_from_params([request.params])
+        out = simulate_configs(request.model, workload, hardware, request.cluster, cols)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        return ProbeResult(status="invalid", source="simulated", reason=f"simulate: {exc}",
+                           wall_s=time.perf_counter() - start)
+    row = {k: (bool(v[0]) if v.dtype == bool else float(v[0])) for k, v in out.items()}
+    info = {
+        "hardware": hardware.get("name", ""),
+        "memory_gib": {k[4:]: round(v, 4) for k, v in row.items() if k.startswith("mem_")},
+        "time_s": {k[5:]: v for k, v in row.items() if k.startswith("time_")},
+        "model": "autotune analytical model (roofline GEMMs, Korthikanti activations, ring collectives)",
+    }
+    wall = time.perf_counter() - start
+    if not row["valid"]:
+        _, c, _, checks = prepare(request.model, workload, request.cluster, cols)
+        return ProbeResult(status="invalid", source="simulated", reason=row_reason(checks, c), wall_s=wall,
+                           info={"hardware": info["hardware"]})
+    peak, limit = row["peak_memory_gib"], row["memory_limit_gib"]
+    if not row["fits"]:
+        top = sorted(info["memory_gib"].items(), key=lambda kv: -kv[1])[:3]
+        detail = ", ".join(f"{k} {v:.1f}" for k, v in top)
+        info["predicted_peak_memory_gib"] = peak
+        return ProbeResult(status="oom", source="simulated", wall_s=wall, info=info,
+                           reason=f"predicted peak memory {peak:.1f} GiB exceeds the device limit {limit:.1f} GiB "
+                                  f"(largest: {detail} GiB)")
+    if workload.get("kind", "train") == "infer":
+        keys = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s", "peak_memory_gib", "memory_headroom_gib")
+    else:
+        keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu",
+                "peak_memory_gib", "memory_headroom_gib")
+    return ProbeResult(status="ok", source="simulated", metrics={k: row[k] for k in keys}, wall_s=wall, info=info)

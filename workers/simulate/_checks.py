@@ -1,0 +1,117 @@
+"""Which configs can run at all: the structural rules of Megatron-style parallelism, with a
+reason a person can act on for the first rule a config breaks. Also derives dp and grad_accum
+where the caller left them out (-1), so the rules and the model see the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ._columns import fill_defaults
+from ._common import Shape
+
+
+def world_size(cluster: Mapping[str, Any]) -> int:
+    world = cluster.get("world_size")
+    if not world:
+        world = int(cluster.get("nodes", 1) or 1) * int(cluster.get("devices_per_node", 1) or 1)
+    return int(world)
+
+
+def _is_int(x: np.ndarray) -> np.ndarray:
+    return np.isfinite(x) & (np.abs(x - np.round(x)) < 1e-9)
+
+
+def train_checks(s: Shape, workload: Mapping[str, Any], c: dict, world: int) -> list[tuple[str, np.ndarray]]:
+    """(reason, mask of configs it rules out), in the order a person would fix them."""
+    seq = int(workload["seq_len"])
+    gbs = int(workload["global_batch_size"])
+    t, p, cp, v, d = c["tp"], c["pp"], c["cp"], c["vpp"], c["dp"]
+    m, b = c["grad_accum"], c["micro_batch_size"]
+    positive = [(k, c[k]) for k in ("tp", "pp", "cp", "vpp", "dp", "micro_batch_size", "grad_accum")]
+    bad_int = np.zeros(t.shape, bool)
+    for _, x in positive:
+        bad_int |= ~_is_int(x) | (x < 1)
+    flash = bool(workload.get("flash_attention", True))
+    tpc = np.maximum(t * p * cp, 1e-9)
+    bd = np.maximum(b * d, 1e-9)
+    return [
+        (f"world_size {world} is not divisible by tp*pp*cp = {{tpc}}", np.abs(world / tpc - np.round(world / tpc)) > 1e-9),
+        (f"tp*pp*cp*dp = {{prod}} does not equal world_size {world}", np.abs(t * p * cp * d - world) > 1e-9),
+        (f"global_batch_size {gbs} is not divisible by micro_batch_size*dp = {{bd}}",
+         np.abs(gbs / bd - np.round(gbs / bd)) > 1e-9),
+        (f"global_batch_size {gbs} != micro_batch_size*dp*grad_accum = {{gbs}}", np.abs(b * d * m - gbs) > 1e-9),
+        ("parallel sizes, micro_batch_size and grad_accum must be positive integers (tp={tp}, pp={pp}, "
+         "cp={cp}, vpp={vpp}, dp={dp}, micro_batch_size={micro_batch_size}, grad_accum={grad_accum})", bad_int),
+        (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
+        (f"num_key_value_heads {s.kv_heads} is not divisible by tp={{tp}}", s.kv_heads % np.maximum(t, 1) != 0),
+        (f"intermediate_size {int(s.ffn)} is not divisible by tp={{tp}}", s.ffn % np.maximum(t, 1) != 0),
+        (f"num_hidden_layers {s.layers} is not divisible by pp*vpp={{ppv}}", s.layers % np.maximum(p * v, 1) != 0),
+        ("vpp={vpp} (interleaved 1F1B) needs pp > 1", (v > 1) & (p <= 1)),
+        ("the interleaved schedule needs grad_accum={grad_accum} divisible by pp={pp}", (v > 1) & (m % np.maximum(p, 1) != 0)),
+        (f"seq_len {seq} is not divisible by 2*cp={{cp2}} (load-balanced context parallel)",
+         (cp > 1) & (seq % np.maximum(2 * cp, 1) != 0)),
+        ("context parallel (cp={cp}) needs flash attention", (cp > 1) & (not flash)),
+        ("seq_len/cp is not divisible by tp={tp} with sequence parallel",
+         c["sp"] & ((seq / np.maximum(cp, 1)) % np.maximum(t, 1) != 0)),
+        ("zero_stage must be 0..3, got {zero_stage}", (c["zero_stage"] < 0) | (c["zero_stage"] > 3)),
+        ("recompute code {recompute} unknown", (c["recompute"] < 0) | (c["recompute"] > 2)),
+        ("precision code {precision} unknown", (c["precision"] < 0) | (c["precision"] > 2)),
+    ]
+
+
+def infer_checks(s: Shape, c: dict, world: int) -> list[tuple[str, np.ndarray]]:
+    t, p = c["tp"], c["pp"]
+    return [
+        ("tp and pp must be positive integers (tp={tp}, pp={pp})", ~_is_int(t) | ~_is_int(p) | (t < 1) | (p < 1)),
+        ("tp*pp = {tp_pp} does not divide world_size " + str(world), world % np.maximum(t * p, 1) != 0),
+        ("batch_size must be a positive integer, got {batch_size}", ~_is_int(c["batch_size"]) | (c["batch_size"] < 1)),
+        (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
+        (f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",
+         (s.kv_heads % np.maximum(t, 1) != 0) & (np.maximum(t, 1) % s.kv_heads != 0)),
+        (f"num_hidden_layers {s.layers} is not divisible by pp={{pp}}", s.layers % np.maximum(p, 1) != 0),
+    ]
+
+
+def sanitize(c: dict, valid: np.ndarray, names: tuple[str, ...]) -> None:
+    """Replace the sizes of invalid configs by 1 so the formulas stay finite (their outputs are
+    masked afterwards)."""
+    for k in names:
+        c[k] = np.where(valid, c[k], 1.0)
+
+
+def prepare(model: Mapping[str, Any], workload: Mapping[str, Any], cluster: Mapping[str, Any],
+             configs: Mapping[str, Any]):
+    """Shape, columns with derived dp / grad_accum, world size and the validity checks."""
+    s = Shape.of(model)
+    c, n = fill_defaults(dict(configs))
+    world = world_size(cluster)
+    c["world"] = np.full(n, float(world))
+    if str(workload.get("kind", "train")) == "infer":
+        return s, c, world, infer_checks(s, c, world)
+    t, p, cp = c["tp"], c["pp"], c["cp"]
+    c["dp"] = np.where(c["dp"] < 0, world / np.maximum(t * p * cp, 1.0), c["dp"])
+    gbs = float(workload["global_batch_size"])
+    c["grad_accum"] = np.where(c["grad_accum"] < 0, gbs / np.maximum(c["micro_batch_size"] * c["dp"], 1e-9), c["grad_accum"])
+    c["sp"] = c["sequence_parallel"] & (c["tp"] > 1)  # Megatron turns SP off at tp = 1
+    return s, c, world, train_checks(s, workload, c, world)
+
+
+def row_reason(checks: list[tuple[str, np.ndarray]], c: dict) -> str:
+    values = {k: (int(v[0]) if np.isfinite(v[0]) and float(v[0]).is_integer() else float(v[0]))
+              for k, v in c.items() if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "fiub"}
+    values.update(prod=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0] * c.get("dp", np.ones(1))[0]),
+                  gbs=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0] * c.get("grad_accum", np.ones(1))[0]),
+                  ppv=_fmt(c["pp"][0] * c["vpp"][0]), cp2=_fmt(2 * c["cp"][0]), tp_pp=_fmt(c["tp"][0] * c["pp"][0]),
+                  tpc=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0]),
+                  bd=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0]))
+    for template, mask in checks:
+        if bool(mask[0]):
+            return template.format(**values)
+    return "invalid configuration"
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -1,0 +1,147 @@
+"""Canonical trial params (DESIGN.md names) as numeric columns, one entry per config.
+
+The simulator works on columns so a whole sampled population (or a grid of 100k configs) is
+priced in one vectorised pass. Categorical params get small integer codes; environment strings
+are parsed once per distinct value (there are only a handful in any study).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["RECOMPUTE_CODES", "PRECISION_CODES", "QUANT_CODES", "COMPILE_CODES", "columns_from_params", "fill_defaults"]
+
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+PRECISION_CODES = {"bf16": 0, "fp16": 1, "fp32": 2}
+QUANT_CODES = {"none": 0, "int8": 1, "w8a8": 2, "int4": 3}
+COMPILE_CODES = {"none": 0, "default": 1, "reduce-overhead": 1, "max-autotune": 2}
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8": 1.0}
+
+# column -> default (dp and grad_accum: -1 = derive from the cluster and the workload;
+# recompute_layers: -1 = every layer of the stage; batch_size: 0 = training workload)
+DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "dp": -1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "grad_accum": -1,
+    "sequence_parallel": False, "recompute": 0, "recompute_layers": -1, "zero_stage": 0,
+    "precision": 0, "alloc_expandable_segments": False, "alloc_max_split_size_mb": 0.0,
+    "alloc_gc_threshold": 0.0, "hccl_buffsize_mb": 200.0, "multi_stream_memory_reuse": 1,
+    "compile": 0, "graph_kernel": False, "batch_size": 0, "kv_cache_bytes": 2.0, "quantization": 0,
+}
+_BOOL = {"sequence_parallel", "alloc_expandable_segments", "graph_kernel"}
+_FLOAT = {"alloc_max_split_size_mb", "alloc_gc_threshold", "hccl_buffsize_mb", "kv_cache_bytes"}
+_CODES = {"recompute": RECOMPUTE_CODES, "precision": PRECISION_CODES, "quantization": QUANT_CODES,
+          "compile": COMPILE_CODES}
+_PLAIN = ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "grad_accum", "recompute_layers",
+          "zero_stage", "batch_size")
+
+
+def _code(table: dict[str, int], value: Any, name: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    key = str(value).lower()
+    if key not in table:
+        raise ValueError(f"{name}: unknown value {value!r}; expected one of {', '.join(table)}")
+    return table[key]
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+@lru_cache(maxsize=256)
+def parse_alloc_conf(text: str) -> tuple[bool, float, float]:
+    """(expandable_segments, max_split_size_mb, garbage_collection_threshold) of an allocator
+    config string such as ``expandable_segments:True,max_split_size_mb:512``. Unknown options are
+    ignored here (the allocator itself reports them at process start)."""
+    expandable, split, gc = False, 0.0, 0.0
+    for part in str(text).split(","):
+        key, _, value = part.partition(":")
+        key, value = key.strip().lower(), value.strip()
+        try:
+            if key == "expandable_segments":
+                expandable = _truthy(value)
+            elif key == "max_split_size_mb":
+                split = float(value)
+            elif key == "garbage_collection_threshold":
+                gc = float(value)
+        except ValueError:
+            raise ValueError(f"allocator config {text!r}: {key} expects a number, got {value!r}") from None
+    return expandable, split, gc
+
+
+def _row_env(p: dict[str, Any]) -> tuple[bool, float, float, float, int]:
+    conf = p.get("env.PYTORCH_NPU_ALLOC_CONF")
+    if conf is None:
+        conf = p.get("env.PYTORCH_CUDA_ALLOC_CONF")
+    exp, split, gc = parse_alloc_conf(str(conf)) if conf not in (None, "") else (False, 0.0, 0.0)
+    buf = p.get("env.HCCL_BUFFSIZE")
+    reuse = p.get("env.MULTI_STREAM_MEMORY_REUSE")
+    return exp, split, gc, float(buf) if buf not in (None, "") else 200.0, int(reuse) if reuse not in (None, "") else 1
+
+
+def columns_from_params(params_list: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Canonical param dicts -> simulator columns, defaults filled (cp=1, vpp=1, no sequence
+    parallel, no recompute, all layers when full recompute, ZeRO 0, bf16, env unset)."""
+    rows = list(params_list)
+    cols: dict[str, np.ndarray] = {}
+    for name in _PLAIN:
+        default = DEFAULTS[name]
+        cols[name] = np.array([default if (v := p.get(name)) is None else v for p in rows], dtype=np.int64)
+    cols["sequence_parallel"] = np.array([_truthy(p.get("sequence_parallel", False)) for p in rows], dtype=bool)
+    for name, table in _CODES.items():
+        cols[name] = np.array([_code(table, p.get(name), name) for p in rows], dtype=np.int64)
+    cols["graph_kernel"] = np.array([bool(p.get("graph_kernel_flags")) for p in rows], dtype=bool)
+    kv = []
+    for p in rows:
+        value = p.get("kv_cache_dtype")
+        key = "auto" if value is None else str(value).lower()
+        if key not in KV_BYTES:
+            raise ValueError(f"kv_cache_dtype: unknown value {value!r}; expected one of {', '.join(KV_BYTES)}")
+        kv.append(KV_BYTES[key])
+    cols["kv_cache_bytes"] = np.array(kv, dtype=np.float64)
+    env = [_row_env(p) for p in rows]
+    if env:
+        exp, split, gc, buf, reuse = zip(*env, strict=True)
+    else:
+        exp = split = gc = buf = reuse = ()
+    cols["alloc_expandable_segments"] = np.array(exp, dtype=bool)
+    cols["alloc_max_split_size_mb"] = np.array(split, dtype=np.float64)
+    cols["alloc_gc_threshold"] = np.array(gc, dtype=np.float64)
+    cols["hccl_buffsize_mb"] = np.array(buf, dtype=np.float64)
+    cols["multi_stream_memory_reuse"] = np.array(reuse, dtype=np.int64)
+    return cols
+
+
+def fill_defaults(configs: dict[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    """Columns given by the caller, completed with defaults, all as arrays of one length N."""
+    given = {k: np.asarray(v) for k, v in configs.items()}
+    if not given:
+        raise ValueError("configs: no columns given")
+    n = max(int(v.size) for v in given.values())
+    bad = [k for k, v in given.items() if v.size not in (1, n)]
+    if bad:
+        raise ValueError(f"configs: columns of different lengths: {bad}")
+    out: dict[str, np.ndarray] = {}
+    for name, default in DEFAULTS.items():
+        value = given.get(name)
+        if value is None:
+            value = np.full(n, default)
+        elif value.dtype.kind in "OUS":  # strings: map through the code tables
+            if name in _CODES:
+                value = np.array([_code(_CODES[name], x, name) for x in value.ravel()])
+            elif name in _BOOL:
+                value = np.array([_truthy(x) for x in value.ravel()])
+        value = np.broadcast_to(value, (n,))
+        if name in _BOOL:
+            out[name] = value.astype(bool)
+        elif name in _FLOAT:
+            out[name] = value.astype(np.float64)
+        else:
+            out[name] = value.astype(np.float64)
+    return out, n

@@ -1,0 +1,197 @@
+"""Training memory per device, for the most loaded pipeline stage (first or last).
+
+Model states follow Megatron-LM / ZeRO (Rajbhandari et al. 2020); activations follow Korthikanti
+et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", section 4),
+generalised to Llama layers (SwiGLU, RMSNorm, GQA, RoPE) and flash attention. All byte counts are
+per device and per micro-batch unless stated.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ._common import HW, Shape
+
+
+def state_bytes_per_param(prec: np.ndarray, zero: np.ndarray, shard: np.ndarray, workload: Mapping[str, Any]):
+    """Bytes per parameter of (weights, grads, optimizer states) on one device.
+
+    Weights in the compute dtype (2 B; 4 B for fp32). Gradients: Megatron accumulates and reduces
+    them in an fp32 main-grad buffer for bf16 (4 B), in fp16 for fp16 (2 B, the "16 bytes per
+    parameter" of the ZeRO paper); ZeRO-3 (FSDP / DeepSpeed) keeps sharded 2 B gradients.
+    ``workload['grad_dtype']`` ('fp32' | 'bf16' | 'fp16') overrides. Adam: fp32 master copy 4 B
+    (not for fp32 training) + moments 8 B. ZeRO-1 shards the optimizer, ZeRO-2 also the gradients,
+    ZeRO-3 also the weights, over the dp x cp group (Megatron's distributed optimizer is ZeRO-1).
+    """
+    fp32 = prec == 2
+    w = np.where(fp32, 4.0, 2.0)
+    grad_dtype = workload.get("grad_dtype")
+    if grad_dtype is not None:
+        g = np.full(prec.shape, 4.0 if str(grad_dtype) == "fp32" else 2.0)
+    else:
+        g = np.where(fp32 | ((prec == 0) & (zero < 3)), 4.0, 2.0)
+    o = np.where(fp32, 8.0, 12.0)
+    w_b = np.where(zero >= 3, w / shard, w)
+    g_b = np.where(zero >= 2, g / shard, g)
+    o_b = np.where(zero >= 1, o / shard, o)
+    return w_b, g_b, o_b, w, g
+
+
+def layer_activation_bytes(s: Shape, c: dict, seq: float, flash: bool, workload: Mapping[str, Any]):
+    """(stored bytes of one layer without recompute, bytes of one checkpointed layer, bytes of
+    the core-attention part that selective recompute drops) for one micro-batch.
+
+    Korthikanti eq. 1-2 for GPT: s*b*h*(10 + 24/t + 5*a*s/(h*t)) without sequence parallelism,
+    s*b*h/t*(34 + 5*a*s/h) with it. The 10 replicated s*b*h bytes are the two LayerNorm inputs,
+    the QKV and fc1 inputs (2 B each) and two dropout masks (1 B); the sharded 24 are Q, K, V, the
+    projection input and the GeLU input and output. Llama layers store two RMSNorm inputs, the
+    QKV and MLP inputs (replicated part 8*s*b*h), Q, K, V (GQA width), the attention output, the
+    SwiGLU input (gate and up, 4*s*b*f) and the down-projection input (2*s*b*f), sharded by t.
+    Flash attention stores no s^2 tensor, only the fp32 log-sum-exp.
+    Without dropout (``workload['dropout']`` false, the default for llama) the masks go: a GPT
+    layer then stores 32*s*b*h/t with SP + selective recompute.
+    """
+    t, sp, prec = c["tp"], c["sp"], c["precision"]
+    e = np.where(prec == 2, 4.0, 2.0)
+    tok = seq / c["cp"] * c["micro_batch_size"]  # tokens of one micro-batch on this device
+    rep = np.where(sp, tok / t, tok)  # replicated width unless sequence parallel
+    kvw = 2.0 * s.kv_heads * s.head_dim
+    dropout = has_dropout(s, workload)
+    if s.arch == "llama":
+        rep_b = 4.0 * s.h * rep * e
+        shard_b = (2.0 * s.h + kvw + 3.0 * s.ffn) * tok / t * e
+    else:
+        rep_b = 4.0 * s.h * rep * e
+        shard_b = (2.0 * s.h + kvw + 2.0 * s.ffn) * tok / t * e
+    rep_b = rep_b + (2.0 * s.h * rep if dropout else 0.0)  # two 1-byte residual dropout masks
+    # softmax output; with attention dropout also its output and 1-byte mask
+    s2_elem = 2.0 * e + 1.0 if dropout else 1.0 * e
+    if flash:  # fp32 log-sum-exp per query and head instead of the s x s scores
+        s2 = np.zeros_like(tok)
+        lse = 4.0 * s.heads * tok / t
+    else:
+        s2 = s2_elem * s.heads * seq * tok / t
+        lse = np.zeros_like(tok)
+    full = rep_b + shard_b + lse + s2
+    ckpt = s.h * rep * e  # full recompute keeps only the layer input
+    return full, ckpt, s2
+
+
+def has_dropout(s: Shape, workload: Mapping[str, Any]) -> bool:
+    """Dropout in the layers: Megatron's GPT default (hidden and attention dropout 0.1); Llama
+    recipes train without. ``workload['dropout']`` overrides."""
+    value = workload.get("dropout")
+    return (s.arch == "gpt") if value is None else bool(value)
+
+
+def inflight(c: dict, first: bool) -> np.ndarray:
+    """Micro-batch x layer units of activations a stage holds at its peak, in units of its
+    layers for one micro-batch. 1F1B: rank r holds min(pp - r, m) micro-batches. Interleaved
+    (Megatron's schedule): rank r warms up 2*(pp - r - 1) + (vpp - 1)*pp chunk-micro-batches,
+    each 1/vpp of its layers; for the first stage this is Korthikanti's pp*(1 + (pp-1)/(pp*vpp)).
+    """
+    p, v, m = c["pp"], c["vpp"], c["grad_accum"]
+    r = 0.0 if first else p - 1.0
+    plain = np.minimum(p - r, m)
+    inter = np.minimum(2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0, m * v) / v
+    return np.where(v > 1, inter, plain)
+
+
+def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: bool):
+    """(parameters held, memory components in bytes) of the first (``first``) or last pipeline
+    stage of one device."""
+    seq = float(workload["seq_len"])
+    flash = bool(workload.get("flash_attention", True))
+    t, p, prec, zero = c["tp"], c["pp"], c["precision"], c["zero_stage"]
+    e = np.where(prec == 2, 4.0, 2.0)
+    layers = s.layers / p
+    shard = c["dp"] * c["cp"]
+
+    # --- parameters of this stage -------------------------------------------------------------
+    per_layer = s.layer_params(t)
+    embed = s.vocab * s.h / t  # vocab-parallel embedding
+    one_stage = p == 1
+    has_first = np.full(p.shape, True) if first else one_stage
+    has_last = one_stage if first else np.full(p.shape, True)
+    # The output layer is its own matrix unless tied; with pp > 1 a tied output layer is a copy
+    # on the last stage (Megatron keeps both and all-reduces their gradients).
+    out_layer = embed if not s.tied else np.where(one_stage, 0.0, embed)
+    final_norm = s.h * (2.0 if s.arch == "gpt" else 1.0)
+    positions = s.max_pos * s.h if s.arch == "gpt" else 0.0  # learned absolute positions
+    extra = has_first * (embed + positions) + has_last * (out_layer + final_norm)
+    params = layers * per_layer + extra
+    w_b, g_b, o_b, w_full, g_full = state_bytes_per_param(prec, zero, shard, workload)
+
+    # --- activations ---------------------------------------------------------------------------
+    full, ckpt, s2 = layer_activation_bytes(s, c, seq, flash, workload)
+    rc = c["recompute"]
+    rl = np.where(c["recompute_layers"] < 0, layers, np.minimum(c["recompute_layers"], layers))
+    per_layer_act = np.where(rc == 1, full - s2, full)
+    stage_act = np.where(rc == 2, (layers - rl) * per_layer_act + rl * ckpt, layers * per_layer_act)
+    held = inflight(c, first) * stage_act
+    # Working set of the layer in backward: its (recomputed) activations and their gradients.
+    transient = full
+    tok = seq / c["cp"] * c["micro_batch_size"]
+    rep = np.where(c["sp"], tok / t, tok)
+    # First stage: GPT's embedding dropout mask for each micro-batch in flight. Last stage: the
+    # output layer of the one micro-batch whose loss is being computed.
+    boundary = has_first * (1.0 if has_dropout(s, workload) else 0.0) * s.h * rep * inflight(c, True)
+    logits = has_last * _logits_bytes(s, tok, t, e, rep)
+    # The loss (logits peak) and the first layer's backward working set do not coexist: the
+    # larger of the two is counted.
+    loss_peak = logits > transient
+    transient = np.where(loss_peak, 0.0, transient)
+    logits = np.where(loss_peak, logits, 0.0)
+
+    # --- ZeRO-3 gather buffers: the unit in use, the prefetched one, one unsharded gradient, and
+    # the root unit (embedding / output layer) that FSDP keeps gathered through the step.
+    root = embed * (1.0 if s.tied else 2.0)
+    gather = np.where(zero >= 3, per_layer * (2.0 * w_full + g_full) + root * w_full, 0.0)
+
+    # --- communication buffers: every communicator of more than one rank that the rank uses.
+    d, cp = c["dp"], c["cp"]
+    n_comm = ((t > 1) * 1.0 + (d > 1) + (cp > 1) + ((cp > 1) & (d > 1)) + (p > 1) * 2.0
+              + ((p > 1) & (t > 1)) + (c["world"] > 1))
+    per_comm = 2.0 * c["hccl_buffsize_mb"] * 2.0**20 if hw.hccl else np.full_like(tok, hw.comm_mib * 2.0**20)
+    comm = n_comm * per_comm
+
+    dynamic = held + transient + boundary + logits + gather
+    frag = dynamic * fragmentation_fraction(hw, c)
+    return params, {
+        "weights": params * w_b,
+        "grads": params * g_b,
+        "optimizer": params * o_b,
+        "activations": held + transient + boundary,
+        "logits": logits,
+        "zero3_gather": gather,
+        "comm_buffers": comm,
+        "runtime_reserve": np.full_like(tok, hw.reserve),
+        "fragmentation": frag,
+    }
+
+
+def _logits_bytes(s: Shape, tok, t, e, rep):
+    """Peak of the output layer of one micro-batch: the logits in the compute dtype and the fp32
+    copy Megatron's vocab-parallel cross entropy works on in place (softmax kept for backward),
+    plus the final-norm and output-layer inputs. Unfused losses that keep a separate fp32
+    log-softmax need 4 B more per logit; fused ones (flash-attn's) less."""
+    return tok * s.vocab / t * (e + 4.0) + 2.0 * s.h * rep * e
+
+
+def fragmentation_fraction(hw: HW, c: dict) -> np.ndarray:
+    """Reserved-but-unusable memory of the caching allocator, as a fraction of the dynamic
+    memory. expandable_segments maps pages on demand (little fragmentation); max_split_size_mb
+    stops large cached blocks being split (about 40 % less); garbage_collection_threshold frees
+    cached blocks before the limit (about 20 % less). On Ascend, MULTI_STREAM_MEMORY_REUSE=0 keeps
+    blocks used by the communication stream until it synchronises (+5 % of the dynamic memory),
+    2 reuses them more aggressively than the default 1 (-2 %). Heuristics, documented as such.
+    """
+    base = np.where(c["alloc_expandable_segments"], hw.frag_expandable, hw.frag_default)
+    base = base * np.where(c["alloc_max_split_size_mb"] > 0, 0.6, 1.0)
+    base = base * np.where(c["alloc_gc_threshold"] > 0, 0.8, 1.0)
+    if hw.accelerator == "npu":
+        reuse = c["multi_stream_memory_reuse"]
+        base = base + np.where(reuse == 0, 0.05, np.where(reuse >= 2, -0.02, 0.0))
+    return np.maximum(base, 0.0)

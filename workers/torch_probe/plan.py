@@ -1,0 +1,309 @@
+"""Resolve and validate one trial into a ``Plan`` before any torch work starts.
+
+Every rule that makes a config impossible (heads not divisible by tp, layers not divisible by
+pp·vpp, a world that is not tp·pp·dp·cp, a batch that does not split) is checked here, once, with a
+reason that names the numbers, so the probe fails fast as ``invalid`` instead of as a shape error
+deep inside DTensor. No torch import: the rules are unit-testable anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .failures import ProbeFailure
+
+__all__ = ["ModelConfig", "Plan", "resolve_plan", "RECOMPUTE_MODES", "PRECISIONS", "COMPILE_MODES"]
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp16", "fp32")
+COMPILE_MODES = ("none", "default", "max-autotune")
+DEFAULT_SEED = 1234
+DEFAULT_LR = 1e-3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The decoder's shape (Hugging Face field names, DESIGN.md "Model fields")."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    arch: str = "llama"
+    name: str = "custom"
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        try:
+            heads = int(data["num_attention_heads"])
+            return cls(
+                hidden_size=int(data["hidden_size"]),
+                num_hidden_layers=int(data["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(data.get("num_key_value_heads") or heads),
+                intermediate_size=int(data["intermediate_size"]),
+                vocab_size=int(data["vocab_size"]),
+                max_position_embeddings=int(data.get("max_position_embeddings") or 4096),
+                tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+                arch=str(data.get("arch", "llama")),
+                name=str(data.get("name", "custom")),
+                rope_theta=float(data.get("rope_theta", 10000.0)),
+                norm_eps=float(data.get("rms_norm_eps", data.get("norm_eps", 1e-5))),
+            )
+        except KeyError as exc:
+            raise ProbeFailure("invalid", f"invalid config: model field {exc.args[0]!r} is missing") from None
+
+
+@dataclass
+class Plan:
+    """Everything the probe does, resolved: parallel sizes, batch split, memory and precision
+    settings and the workload. ``kind`` is ``train`` or ``infer``."""
+
+    kind: str
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    vpp: int = 1
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    recompute_layers: int | None = None
+    zero_stage: int = 0
+    precision: str = "fp32"
+    compile: str = "none"
+    seq_len: int = 128
+    global_batch_size: int = 1
+    warmup_steps: int = 1
+    measured_steps: int = 3
+    profile_step: bool = False
+    seed: int = DEFAULT_SEED
+    lr: float = DEFAULT_LR
+    inject_nan_at_step: int | None = None
+    # inference
+    prompt_len: int = 0
+    gen_len: int = 0
+    batch_size: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def loss_parallel(self) -> bool:
+        """Cross-entropy on vocab-sharded logits whenever tp > 1 (torchtitan's default): the full
+        logits never exist on one rank."""
+        return self.tp > 1 and self.kind == "train"
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold the same parameters and average gradients (cp ranks see different
+        tokens of the same sequences, so they reduce gradients like dp ranks)."""
+        return self.dp * self.cp
+
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+def _int(params: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = params.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ProbeFailure("invalid", f"invalid config: {name}={value!r} is not an integer")
+    return int(value)
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _choice(params: dict[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = str(params.get(name, default)).lower()
+    if value not in choices:
+        raise ProbeFailure("invalid", f"invalid config: {name}={value!r}, expected one of {', '.join(choices)}")
+    return value
+
+
+def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None = None) -> Plan:
+    """The trial's ``Plan`` for a launch of ``world_size`` processes, or ``ProbeFailure('invalid')``.
+
+    ``dp`` and ``grad_accum`` are derived when the trial does not carry them (DESIGN.md: dp =
+    world/(tp·pp·cp), grad_accum = global_batch/(micro_batch·dp)); when it does, they must agree.
+    """
+    environ = environ or {}
+    params = dict(request.params)
+    workload = dict(request.workload)
+    backend = dict(getattr(request, "backend", {}) or {})
+    model = ModelConfig.from_dict(request.model)
+    kind = str(workload.get("kind", "train")).lower()
+    if kind not in ("train", "infer"):
+        raise ProbeFailure("invalid", f"invalid config: workload.kind={kind!r}, expected train or infer")
+
+    tp = _int(params, "tp", 1)
+    pp = _int(params, "pp", 1)
+    cp = _int(params, "cp", 1)
+    vpp = _int(params, "vpp", 1)
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("vpp", vpp)):
+        if value < 1:
+            raise ProbeFailure("invalid", f"invalid config: {name}={value} must be >= 1")
+    model_parallel = tp * pp * cp
+    if world_size % model_parallel:
+        raise ProbeFailure(
+            "invalid",
+            f"invalid config: world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}",
+        )
+    dp = _int(params, "dp", world_size // model_parallel)
+    if dp < 1 or tp * pp * dp * cp != world_size:
+        raise ProbeFailure(
+            "invalid",
+            f"invalid config: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} != world size {world_size}",
+        )
+
+    inject = params.get("inject_nan_at_step", environ.get("AUTOTUNE_INJECT_NAN_STEP"))
+    plan = Plan(
+        kind=kind,
+        world_size=world_size,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        vpp=vpp,
+        sequence_parallel=_bool(params.get("sequence_parallel", False)),
+        recompute=_choice(params, "recompute", "none", RECOMPUTE_MODES),
+        recompute_layers=_int(params, "recompute_layers", None),
+        zero_stage=_int(params, "zero_stage", 0),
+        precision=_choice(params, "precision", "fp32", PRECISIONS),
+        compile=_choice(params, "compile", "none", COMPILE_MODES),
+        warmup_steps=int(workload.get("warmup_steps", 1)),
+        measured_steps=int(workload.get("measured_steps", 3)),
+        profile_step=_bool(workload.get("profile_step", False)),
+        seed=int(params.get("seed", backend.get("seed", DEFAULT_SEED))),
+        lr=float(backend.get("lr", DEFAULT_LR)),
+        inject_nan_at_step=None if inject in (None, "") else int(inject),
+    )
+    if plan.zero_stage not in (0, 1, 2, 3):
+        raise ProbeFailure("invalid", f"invalid config: zero_stage={plan.zero_stage}, expected 0-3")
+    if plan.measured_steps < 1 or plan.warmup_steps < 0:
+        raise ProbeFailure("invalid", "invalid config: need measured_steps >= 1 and warmup_steps >= 0")
+    if plan.sequence_parallel and tp == 1:
+        plan.sequence_parallel = False
+        plan.notes.append("sequence_parallel ignored: tp == 1")
+
+    _check_model(model, plan)
+    if kind == "train":
+        _resolve_train(plan, params, workload, model)
+    else:
+        _resolve_infer(plan, params, workload, model)
+    return plan
+
+
+def _check_model(model: ModelConfig, plan: Plan) -> None:
+    tp, heads, kv = plan.tp, model.num_attention_heads, model.num_key_value_heads
+    checks = [
+        (model.hidden_size % heads == 0, f"hidden_size {model.hidden_size} not divisible by num_attention_heads {heads}"),
+        (heads % kv == 0, f"num_attention_heads {heads} not divisible by num_key_value_heads {kv}"),
+        (heads % tp == 0, f"num_attention_heads {heads} not divisible by tp {tp}"),
+        (kv % tp == 0, f"num_key_value_heads {kv} not divisible by tp {tp}"),
+        (model.intermediate_size % tp == 0, f"intermediate_size {model.intermediate_size} not divisible by tp {tp}"),
+        (model.vocab_size % tp == 0, f"vocab_size {model.vocab_size} not divisible by tp {tp}"),
+        (model.arch in ("llama", "gpt"), f"arch {model.arch!r} is not llama or gpt"),
+        (plan.vpp == 1 or plan.pp > 1, f"vpp {plan.vpp} needs pp > 1"),
+        (
+            model.num_hidden_layers % (plan.pp * plan.vpp) == 0,
+            f"num_hidden_layers {model.num_hidden_layers} not divisible by pp*vpp = {plan.pp}*{plan.vpp}",
+        ),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            raise ProbeFailure("invalid", f"invalid config: {reason}")
+
+
+def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any], model: ModelConfig) -> None:
+    plan.seq_len = int(workload.get("seq_len", 128))
+    plan.global_batch_size = int(workload.get("global_batch_size", plan.dp))
+    mbs = _int(params, "micro_batch_size", None)
+    ga = _int(params, "grad_accum", None)
+    per_dp = plan.global_batch_size / plan.dp
+    if per_dp != int(per_dp) or per_dp < 1:
+        raise ProbeFailure(
+            "invalid", f"invalid config: global_batch_size {plan.global_batch_size} not divisible by dp {plan.dp}"
+        )
+    per_dp = int(per_dp)
+    if mbs is None:
+        mbs = per_dp // ga if ga else 1
+    if mbs < 1 or per_dp % mbs:
+        raise ProbeFailure(
+            "invalid",
+            f"invalid config: global_batch_size {plan.global_batch_size} / dp {plan.dp} = {per_dp} "
+            f"not divisible by micro_batch_size {mbs}",
+        )
+    if ga is None:
+        ga = per_dp // mbs
+    if mbs * ga * plan.dp != plan.global_batch_size:
+        raise ProbeFailure(
+            "invalid",
+            f"invalid config: micro_batch_size*grad_accum*dp = {mbs}*{ga}*{plan.dp} != global_batch_size "
+            f"{plan.global_batch_size}",
+        )
+    plan.micro_batch_size, plan.grad_accum = mbs, ga
+    if plan.seq_len % plan.cp:
+        raise ProbeFailure("invalid", f"invalid config: seq_len {plan.seq_len} not divisible by cp {plan.cp}")
+    if plan.sequence_parallel and (plan.seq_len // plan.cp) % plan.tp:
+        raise ProbeFailure(
+            "invalid",
+            f"invalid config: sequence_parallel needs seq_len/cp = {plan.seq_len // plan.cp} divisible by tp {plan.tp}",
+        )
+    if plan.pp > 1:
+        if plan.vpp == 1 and ga < plan.pp:
+            raise ProbeFailure(
+                "invalid", f"invalid config: 1F1B needs grad_accum (micro-batches) {ga} >= pp {plan.pp}"
+            )
+        rounds = max(1, ga // plan.pp)
+        if plan.vpp > 1 and ga % rounds:
+            raise ProbeFailure(
+                "invalid",
+                f"invalid config: interleaved 1F1B needs grad_accum {ga} divisible by its rounds {rounds}",
+            )
+    if plan.recompute_layers is not None and plan.recompute_layers < 0:
+        raise ProbeFailure("invalid", f"invalid config: recompute_layers={plan.recompute_layers} < 0")
+    if plan.inject_nan_at_step is not None and plan.inject_nan_at_step < 0:
+        raise ProbeFailure("invalid", "invalid config: inject_nan_at_step < 0")
+    if plan.seq_len > model.max_position_embeddings:
+        plan.notes.append(
+            f"seq_len {plan.seq_len} > max_position_embeddings {model.max_position_embeddings}: RoPE extended"
+        )
+
+
+def _resolve_infer(plan: Plan, params: dict[str, Any], workload: dict[str, Any], model: ModelConfig) -> None:
+    if plan.pp > 1 or plan.cp > 1:
+        raise ProbeFailure(
+            "invalid", f"invalid config: the inference probe runs tp (and dp replicas) only, got pp={plan.pp} cp={plan.cp}"
+        )
+    plan.prompt_len = int(workload.get("prompt_len", 128))
+    plan.gen_len = int(workload.get("gen_len", 32))
+    sizes = workload.get("batch_sizes") or [1]
+    bs = _int(params, "batch_size", None)
+    if bs is None:
+        bs = int(sizes[0])
+        plan.notes.append(f"no batch_size param: using workload.batch_sizes[0] = {bs}")
+    if bs < 1 or plan.prompt_len < 1 or plan.gen_len < 1:
+        raise ProbeFailure("invalid", "invalid config: batch_size, prompt_len and gen_len must be >= 1")
+    plan.batch_size = bs
+    plan.seq_len = plan.prompt_len + plan.gen_len
+    plan.global_batch_size = bs * plan.dp
+    if plan.recompute != "none" or plan.zero_stage:
+        plan.notes.append("recompute and zero_stage do not apply to inference: ignored")
+
