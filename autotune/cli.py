@@ -31,7 +31,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Declarative auto-tuner for large-model training and inference configurations.")
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and commands stay copyable
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("autotune")
 
@@ -51,6 +51,11 @@ def _setup_logging(verbose: bool) -> None:
     logging.getLogger("autotune").setLevel(logging.INFO if verbose else logging.WARNING)
     for noisy in ("alembic", "mlflow", "optuna", "ray", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+    # both configure their own loggers on import, which would undo the levels set above
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
 
 
 def _load(spec_path: Path) -> Spec:
@@ -126,7 +131,7 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
-    out.print(f"[bold]{spec.name}[/bold]: {spec.summary()}")
+    out.print(spec.summary())
     out.print(f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
               f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
               if len(ranking.order) else f"space: {enumeration.space_size:,} combinations, no valid config")
@@ -171,21 +176,18 @@ def _short(config: dict[str, Any]) -> str:
 
 
 def _print_top_table(rows: list[tuple[dict, dict]], objectives: list[tuple[str, str]], title: str) -> None:
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("config")
-    metric_names = [m for m, _ in objectives]
-    extra = [m for m in ("tokens_per_s_per_device", "mfu", "peak_memory_gib", "step_time_s", "ttft_ms",
-                         "decode_tokens_per_s") if m not in metric_names]
-    for m in metric_names + extra:
-        table.add_column(m, justify="right")
+    """One line per config, metrics first and the config last and whole: a config is only useful
+    to a reader if it can be copied, so it is never truncated or wrapped into a cell."""
+    names = [m for m, _ in objectives]
+    training = any("tokens_per_s" in k or k == "step_time_s" for k in rows[0][1]) if rows else True
+    extra = ("step_time_s", "mfu", "peak_memory_gib") if training else ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
+    names += [m for m in extra if m not in names and any(m in metrics for _, metrics in rows)]
+    widths = [max(len(m), 9) for m in names]
+    out.print(f"[bold]{title}[/bold]")
+    out.print("  #  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  config")
     for i, (config, metrics) in enumerate(rows, start=1):
-        values = []
-        for m in metric_names + extra:
-            v = metrics.get(m)
-            values.append("" if v is None else f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}")
-        table.add_row(str(i), _short(config), *values)
-    out.print(table)
+        cells = [_fmt_metric(metrics.get(m)).rjust(w) for m, w in zip(names, widths)]
+        out.print(f"{i:>3}  " + "  ".join(cells) + "  " + _short(config), markup=False)
 
 
 def _print_breakdown(metrics: dict[str, Any]) -> None:

@@ -16,7 +16,8 @@ class ProgressObserver:
     """A :class:`~autotune.search.SearchObserver` drawing a rich progress bar.
 
     Failed trials are printed above the bar as they happen (with their reason), so a user sees
-    an OOM wave early instead of at the end."""
+    an OOM wave early instead of at the end. ``quiet`` (``--json``) hides only the bar: messages
+    are logs and still go to stderr."""
 
     def __init__(self, console: Console, objectives: list[tuple[str, str]], quiet: bool = False):
         self.console = console
@@ -24,7 +25,7 @@ class ProgressObserver:
         self.quiet = quiet
         self.progress = Progress(
             TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(), console=console, transient=False, disable=quiet or not console.is_terminal and False,
+            TimeElapsedColumn(), console=console, transient=False, disable=quiet,
         )
         self.task: Any = None
         self.running = 0
@@ -47,13 +48,12 @@ class ProgressObserver:
         self.running = running
         if self.task is not None:
             self.progress.advance(self.task)
-        if record.status not in ("ok",) and not self.quiet:
+        if record.status not in ("ok",):
             self.progress.console.print(f"  trial {record.number}: [yellow]{record.status}[/yellow] {record.reason[:160]}")
         self._status(best)
 
     def on_message(self, text: str) -> None:
-        if not self.quiet:
-            self.progress.console.print(text)
+        self.progress.console.print(text)
 
     def _status(self, best: TrialRecord | None) -> None:
         if self.task is None:

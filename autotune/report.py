@@ -97,7 +97,7 @@ def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]]) ->
         try:
             fig = make()
             path = out_dir / f"{name}.html"
-            fig.write_html(str(path), include_plotlyjs="cdn")
+            fig.write_html(str(path), include_plotlyjs=True)  # self-contained: clusters are often offline
             written.append(path)
         except Exception as exc:  # optuna raises for studies it cannot plot (e.g. one trial)
             log.info("plot %s skipped: %s", name, exc)

@@ -337,7 +337,9 @@ class Spec(_Strict):
         work = (f"train seq {w.seq_len} gbs {w.global_batch_size}" if isinstance(w, TrainWorkload)
                 else f"infer prompt {w.prompt_len} gen {w.gen_len}")
         objs = ", ".join(f"{m} ({d[:3]})" for m, d in self.objective_list())
-        return (f"{self.name}: {self.model.name} ({self.model.num_parameters() / 1e9:.2f} B params), {work}, "
+        n = self.model.num_parameters()
+        size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+        return (f"{self.name}: {self.model.name} ({size} params), {work}, "
                 f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
                 f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
                 f"backend {self.backend.kind}, objectives {objs}, budget {self.search.n_trials} trials")

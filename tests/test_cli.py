@@ -1,0 +1,298 @@
+"""The ``autotune`` command line end to end: validate, plan, run, report, export, MLflow contents,
+the command backend through Ray, and resuming after SIGKILL (issue #2's acceptance lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from conftest import REPO, TINY_TRAIN
+
+runner = CliRunner()
+
+# A user's launcher: reads the trial file, logs when it ran, prints one metrics line. Throughput
+# rises with micro-batch and falls with tp; micro-batch 4 without recompute "runs out of memory".
+PROBE = r'''
+import json, os, sys, time
+trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
+p = trial["params"]
+log = os.environ["PROBE_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps({"event": "start", "t": time.time(), "pid": os.getpid(), "params": p}) + "\n")
+time.sleep(float(os.environ.get("PROBE_SLEEP", "0.3")))
+with open(log, "a") as f:
+    f.write(json.dumps({"event": "end", "t": time.time(), "pid": os.getpid()}) + "\n")
+if p["micro_batch_size"] == 4 and p["recompute"] == "none":
+    print("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB", flush=True)
+    sys.exit(1)
+tps = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"]
+print(json.dumps({"event": "step", "step": 0, "step_time_s": 0.1}))
+print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0}}))
+'''
+
+
+def _invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    return result
+
+
+def _command_spec(write_spec, tmp_path: Path, *, n_trials: int, parallel: int, ray: str, sleep: float = 0.3) -> Path:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+  kind: command
+  argv: [{sys.executable}, {script}, --trial, "{{trial_file}}"]
+  timeout_s: 60
+  resources: {{num_cpus: 1}}
+  env: {{PROBE_LOG: "{tmp_path / 'probe_log.jsonl'}", PROBE_SLEEP: "{sleep}"}}""")
+    text = text.replace("search: {n_trials: 6, seed: 1}",
+                        f"search: {{n_trials: {n_trials}, parallel_trials: {parallel}, sampler: random, seed: 3}}\n{ray}")
+    return write_spec(text, "command.yaml")
+
+
+def _probe_log(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "probe_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _mlflow_runs(run_dir: Path, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
+
+
+# ----------------------------------------------------------------------------------------- validate
+def test_validate_ok_and_errors(write_spec):
+    good = write_spec(TINY_TRAIN)
+    result = _invoke("validate", str(good))
+    assert result.exit_code == 0
+    assert result.stdout.startswith("ok  tiny:")
+
+    bad = write_spec(TINY_TRAIN.replace("pp: [1, 2]", "pp: [1, 2]\n  tensor_parallel: [2]"), "bad.yaml")
+    result = _invoke("validate", str(bad))
+    assert result.exit_code == 2
+    assert "bad.yaml" in result.stderr and "space.tensor_parallel" in result.stderr
+
+
+def test_missing_spec_file_is_exit_2(tmp_path):
+    result = _invoke("validate", str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 2
+    assert "nope.yaml" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------- plan
+def test_plan_json_counts_and_top(write_spec):
+    result = _invoke("plan", str(write_spec(TINY_TRAIN)), "--json", "--top", "3")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["space_size"] == 2 * 2 * 3 * 3 * 2
+    assert 0 < payload["fit"] <= payload["valid"] <= payload["space_size"]
+    assert len(payload["top"]) == 3
+    first = payload["top"][0]
+    assert set(first) == {"params", "metrics"}
+    assert first["params"]["dp"] * first["params"]["tp"] * first["params"]["pp"] == 2
+    values = [t["metrics"]["tokens_per_s_per_device"] for t in payload["top"]]
+    assert values == sorted(values, reverse=True)
+
+
+def test_plan_table_shows_each_config_on_one_line(write_spec):
+    result = _invoke("plan", str(write_spec(TINY_TRAIN)), "--top", "3")
+    assert result.exit_code == 0
+    assert "predicted top 3" in result.stdout
+    assert result.stdout.count("tiny:") == 1  # the summary line names the study once
+    rows = [line for line in result.stdout.splitlines() if line.strip().startswith(("1 ", "2 ", "3 "))]
+    assert len(rows) == 3 and all("tp=" in row and "mbs=" in row for row in rows)
+
+
+# ------------------------------------------------------------------------------ run (simulator)
+def test_run_simulated_report_export_and_mlflow(write_spec, tmp_path):
+    spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
+                                         "search: {n_trials: 6, seed: 1}\nbaseline: {tp: 2, pp: 1, micro_batch_size: 1, "
+                                         "zero_stage: 0, recompute: full}"))
+    run_dir = tmp_path / "study"
+    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
+    assert result.exit_code == 0, result.output
+    assert "backend: simulate" in result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["source"] == "simulated" and payload["probes"] == 6
+    assert payload["best"] and "vs baseline" in payload["improvement"]
+
+    parents, children = _mlflow_runs(run_dir, "tiny")
+    assert len(parents) == 1 and len(children) == 6
+    assert {c.data.tags["autotune.source"] for c in children} == {"simulated"}
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
+    assert {"tp", "pp", "dp", "micro_batch_size", "grad_accum"} <= set(children[0].data.params)
+    assert parents[0].info.status == "FINISHED"
+    assert "vs baseline" in parents[0].data.tags["autotune.improvement"]
+
+    report = _invoke("report", str(spec), "--run-dir", str(run_dir), "--json")
+    assert report.exit_code == 0, report.output
+    data = json.loads(report.stdout)
+    probed = [t for t in data["trials"] if t["probed"]]
+    assert len(probed) == 6
+    assert {"number", "state", "params", "metrics", "source", "failure"} <= set(data["trials"][0])
+    assert data["best"][0]["number"] == payload["best"][0]["number"]
+    assert sum(t["baseline"] for t in data["trials"]) == 1
+
+    out = tmp_path / "exported"
+    export = _invoke("export", str(spec), "--run-dir", str(run_dir), "--out", str(out))
+    assert export.exit_code == 0, export.output
+    import yaml
+
+    best = yaml.safe_load((out / "best_config.yaml").read_text())
+    assert best["params"]["tp"] == data["best"][0]["params"]["tp"]
+    assert (run_dir / "ranking.csv").exists() and (run_dir / "results.csv").exists()
+
+
+def test_rerun_of_a_finished_study_probes_nothing_more(write_spec, tmp_path):
+    spec = write_spec(TINY_TRAIN)
+    run_dir = tmp_path / "study"
+    assert _invoke("run", str(spec), "--run-dir", str(run_dir)).exit_code == 0
+    again = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["probes"] == 6
+    parents, children = _mlflow_runs(run_dir, "tiny")
+    assert len(parents) == 1 and len(children) == 6
+
+
+def test_report_without_a_study_is_exit_2(write_spec, tmp_path):
+    result = _invoke("report", str(write_spec(TINY_TRAIN)), "--run-dir", str(tmp_path / "empty"))
+    assert result.exit_code == 2
+    assert "no study" in result.stderr
+
+
+# -------------------------------------------------------------------------- run (command + Ray)
+def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
+    spec = _command_spec(write_spec, tmp_path, n_trials=8, parallel=2, ray="ray: {num_cpus: 2}")
+    run_dir = tmp_path / "study"
+    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
+    assert result.exit_code == 0, result.output
+    assert "backend: command" in result.stderr
+
+    events = _probe_log(tmp_path)
+    starts = [e for e in events if e["event"] == "start"]
+    assert len(starts) == 8  # the script ran once per trial
+    keys = [json.dumps(e["params"], sort_keys=True) for e in starts]
+    assert len(set(keys)) == 8
+    # at most parallel_trials at once, and the two slots were really used together
+    timeline = sorted([(e["t"], 1) for e in events if e["event"] == "start"] +
+                      [(e["t"], -1) for e in events if e["event"] == "end"])
+    running = peak = 0
+    for _, delta in timeline:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 2
+
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
+    probed = [t for t in report["trials"] if t["probed"]]
+    assert len(probed) == 8 and all(t["source"] == "measured" for t in probed)
+    for t in probed:
+        p = t["params"]
+        if p["micro_batch_size"] == 4 and p["recompute"] == "none":
+            assert t["status"] == "oom" and "out of memory" in t["failure"]
+        else:
+            assert t["status"] == "ok"
+            expected = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"]
+            assert t["metrics"]["tokens_per_s_per_device"] == pytest.approx(expected)
+    ok = [t for t in probed if t["status"] == "ok"]
+    assert report["best"][0]["metrics"]["tokens_per_s_per_device"] == max(
+        t["metrics"]["tokens_per_s_per_device"] for t in ok)
+
+    # an OOM is an infeasible config for the sampler, not a silently ignored failure
+    from autotune.search import open_study
+    from autotune.spec import load_spec
+
+    study = open_study(load_spec(spec), run_dir, create=False)
+    for t in study.trials:
+        if t.user_attrs.get("autotune.status") == "oom":
+            assert t.state.name == "COMPLETE" and t.constraints and all(v > 0 for v in t.constraints.values())
+
+
+# -------------------------------------------------------------------------------- SIGKILL resume
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "autotune.cli", *args], env=env, cwd=str(REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_sigkill_mid_study_then_rerun_completes_the_budget(write_spec, tmp_path):
+    spec = _command_spec(write_spec, tmp_path, n_trials=8, parallel=2, ray="ray: {enabled: false}", sleep=0.6)
+    run_dir = tmp_path / "study"
+    first = _cli("run", str(spec), "--run-dir", str(run_dir))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # kill once some trials finished and others run
+            ends = [e for e in _probe_log(tmp_path) if e["event"] == "end"]
+            if len(ends) >= 3:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first run finished no trial in 60 s: " + first.stderr.read1().decode())
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    time.sleep(0.5)  # the probes' watchdog kills the orphaned probe groups
+
+    second = _cli("run", str(spec), "--run-dir", str(run_dir), "--json")
+    stdout, stderr = second.communicate(timeout=120)
+    assert second.returncode == 0, stderr.decode()
+    assert "resuming" in stderr.decode() or "re-queued" in stderr.decode()
+
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
+    finished = [t for t in report["trials"] if t["probed"] and t["status"] in ("ok", "oom")]
+    assert len(finished) == 8  # the budget is complete
+    keys = [json.dumps(t["params"], sort_keys=True) for t in finished]
+    assert len(set(keys)) == 8  # no config measured twice
+    interrupted = [t for t in report["trials"] if t["status"] == "interrupted"]
+    # every interrupted trial's config was measured by the second run: no trial lost
+    for t in interrupted:
+        assert json.dumps(t["params"], sort_keys=True) in keys
+    events = _probe_log(tmp_path)
+    params_of = {e["pid"]: json.dumps(e["params"], sort_keys=True) for e in events if e["event"] == "start"}
+    completed = [params_of[e["pid"]] for e in events if e["event"] == "end"]
+    # a config whose result was recorded is never run again; only an interrupted trial's config
+    # is (its probe may even have finished, unrecorded, in the instant before the kill)
+    rerun = {json.dumps(t["params"], sort_keys=True) for t in interrupted}
+    for key in set(completed) - rerun:
+        assert completed.count(key) == 1
+
+    parents, children = _mlflow_runs(run_dir, "tiny")
+    assert len(parents) == 1
+    logged = sorted(int(c.data.tags["autotune.trial"]) for c in children)
+    assert len(logged) == len(set(logged))  # each trial logged once
+    assert {t["number"] for t in finished} <= set(logged)
+
+
+def test_several_objectives_give_a_pareto_front(write_spec, tmp_path):
+    spec = write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]",
+                                         "objectives:\n  - {metric: tokens_per_s_per_device}\n"
+                                         "  - {metric: peak_memory_gib, direction: minimize}"))
+    run_dir = tmp_path / "study"
+    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["best"]
+    assert best  # the Pareto front: no member is dominated by another
+    for a in best:
+        for b in best:
+            better_or_equal = (b["metrics"]["tokens_per_s_per_device"] >= a["metrics"]["tokens_per_s_per_device"]
+                               and b["metrics"]["peak_memory_gib"] <= a["metrics"]["peak_memory_gib"])
+            strictly = (b["metrics"]["tokens_per_s_per_device"] > a["metrics"]["tokens_per_s_per_device"]
+                        or b["metrics"]["peak_memory_gib"] < a["metrics"]["peak_memory_gib"])
+            assert not (better_or_equal and strictly)
+    assert (run_dir / "plots" / "pareto_front.html").exists()
