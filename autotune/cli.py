@@ -369,11 +369,11 @@ def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_js
     spec = _load(spec_path)
     study = _open_existing(spec, run_dir)
     from .report import best_payload, improvement_line, results_rows
-    from .search import trial_records
+    from .search import best_records, trial_records
 
     objectives = spec.objective_list()
     records = trial_records(study)
-    best = _best_records(records, objectives)
+    best = best_records(records, objectives)
     baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
     if as_json:
@@ -408,14 +408,6 @@ def _fmt_metric(v: Any) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def _best_records(records: list[Any], objectives: list[tuple[str, str]]) -> list[Any]:
-    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed]
-    if not ok:
-        return []
-    m, d = objectives[0]
-    return sorted(ok, key=lambda r: r.metrics.get(m, float("nan")), reverse=(d == "maximize"))[:1]
-
-
 # --------------------------------------------------------------------------------------- export
 @app.command()
 def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
@@ -426,7 +418,7 @@ def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
     spec = _load(spec_path)
     study = _open_existing(spec, run_dir)
     from .export import write_exports
-    from .search import trial_records
+    from .search import best_records, trial_records
 
     records = trial_records(study)
     if trial is not None:
@@ -435,7 +427,7 @@ def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
             err.print(f"[red]error[/red] --trial {trial}: the study has trials 0..{len(records) - 1}")
             raise typer.Exit(EXIT_INPUT)
     else:
-        best = _best_records(records, spec.objective_list())
+        best = best_records(records, spec.objective_list())
         if not best:
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)

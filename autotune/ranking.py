@@ -105,15 +105,17 @@ def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list
     signed = np.nan_to_num(signed, nan=-np.inf)
     feasible = np.flatnonzero(fits)
     infeasible = np.flatnonzero(~fits)
+    headroom = np.asarray(predictions.get("memory_headroom_gib", np.zeros(len(fits))), dtype=float)
     if len(objectives) == 1:
-        feas_order = feasible[np.argsort(-signed[feasible, 0], kind="stable")]
+        # equal predictions (settings the model prices the same): the safer config, with more
+        # memory headroom, first
+        feas_order = feasible[np.lexsort((-headroom[feasible], -signed[feasible, 0]))]
     else:
         # Pareto fronts, then the first objective within a front; cap the quadratic sort
         cand = feasible[np.argsort(-signed[feasible, 0], kind="stable")]
         head, tail = cand[:2000], cand[2000:]
         fronts = pareto_order(signed[head])
         feas_order = np.concatenate([head[np.lexsort((np.arange(len(head)), fronts))], tail])
-    headroom = np.asarray(predictions.get("memory_headroom_gib", np.zeros(len(fits))), dtype=float)
     infeas_order = infeasible[np.argsort(-headroom[infeasible], kind="stable")]
     order = np.concatenate([feas_order, infeas_order]).astype(int)
     return Ranking(enumeration, predictions, order, objectives)

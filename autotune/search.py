@@ -38,7 +38,7 @@ from .space import Space, config_key
 from .spec import Spec
 
 __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
-           "trial_records", "TrialRecord", "A"]
+           "trial_records", "best_records", "TrialRecord", "A"]
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,26 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
             chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
         ))
     return out
+
+
+def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[TrialRecord]:
+    """The best probed trials: the single best for one objective, the Pareto front for several
+    (best first by the first objective). Rule rejections and repeats are never "best"."""
+    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
+          and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
+    if not ok:
+        return []
+    m, d = objectives[0]
+    ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
+    if len(objectives) == 1:
+        return ok[:1]
+    import numpy as np
+
+    from .ranking import pareto_order
+
+    values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in objectives] for r in ok])
+    fronts = pareto_order(values)
+    return [r for r, f in zip(ok, fronts) if f == 0]
 
 
 # ------------------------------------------------------------------------------------ observer
@@ -479,23 +499,11 @@ class StudyRunner:
 
     # ---- best ------------------------------------------------------------------------------------
     def _best_single(self, study: optuna.Study) -> TrialRecord | None:
-        best = self._best(trial_records(study))
+        best = best_records(trial_records(study), self.objectives)
         return best[0] if best else None
 
     def _best(self, records: list[TrialRecord]) -> list[TrialRecord]:
-        ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed]
-        if not ok:
-            return []
-        if len(self.objectives) == 1:
-            m, d = self.objectives[0]
-            return [sorted(ok, key=lambda r: r.metrics[m], reverse=(d == "maximize"))[0]]
-        import numpy as np
-
-        from .ranking import pareto_order
-
-        values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in self.objectives] for r in ok])
-        fronts = pareto_order(values)
-        return [r for r, f in zip(ok, fronts) if f == 0]
+        return best_records(records, self.objectives)
 
     # ---- tracking ----------------------------------------------------------------------------------
     def _start_tracking(self, study: optuna.Study) -> None:
