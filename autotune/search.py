@@ -78,7 +78,61 @@ def _journal(path: Path) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=_journal_lock(path)))
+
+
+def _journal_lock(path: Path) -> Any:
+    """The journal's write lock: ``flock`` where the OS has it, else Optuna's own.
+
+    Optuna's default lock is a symlink next to the journal; a SIGKILL between its creation and
+    removal leaves it behind, and the next ``autotune run`` then waits 30 s for Optuna's grace
+    period before it takes the lock by force. The kernel releases an ``flock`` when its holder
+    dies, so resuming after a kill starts at once. Every autotune process writing the journal
+    uses this lock; plain Optuna tools that only read it need none."""
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover - Windows
+        from optuna.storages.journal import JournalFileOpenLock
+
+        return JournalFileOpenLock(str(path))
+    return _FlockJournalLock(str(path) + ".flock")
+
+
+class _FlockJournalLock:
+    """Implements Optuna's journal file lock interface (``acquire``/``release``) with ``flock``."""
+
+    def __init__(self, lock_path: str) -> None:
+        import threading
+
+        self._lock_path = lock_path
+        self._in_process = threading.Lock()  # one holder per process at a time, as flock is per fd
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        import fcntl
+        import os
+
+        self._in_process.acquire()
+        try:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._in_process.release()
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        import fcntl
+        import os
+
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        finally:
+            self._in_process.release()
 
 
 def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int) -> optuna.samplers.BaseSampler:
@@ -255,16 +309,24 @@ class StudyRunner:
         return ranking
 
     def _recover(self, study: optuna.Study) -> int:
-        """Mark trials left RUNNING by a killed run as failed and re-queue their configs."""
+        """Mark trials left RUNNING by a killed run as failed and re-queue their configs.
+
+        A trial is re-queued when its whole config is known (it was resolved, or queued from the
+        plan); one killed while Optuna was still writing its proposal, param by param, has only
+        some params and no probe behind it: it is closed and the sampler proposes afresh."""
         requeued = 0
         storage = study._storage
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            config = t.user_attrs.get(A.CONFIG)
             storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")
-            storage.set_trial_user_attr(t._trial_id, A.REASON, "the run was killed while this trial was running; re-queued")
+            storage.set_trial_user_attr(t._trial_id, A.REASON, "the run was killed while this trial was running"
+                                        + ("; re-queued" if config else " (before its probe started)"))
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if not config:
+                continue
             attrs = {k: v for k, v in t.user_attrs.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
             attrs[A.REQUEUED_FROM] = t.number
-            study.enqueue_trial(dict(t.params), user_attrs=attrs, skip_if_exists=False)
+            study.enqueue_trial(self._params_for(config), user_attrs=attrs, skip_if_exists=False)
             requeued += 1
         if requeued:
             self.observer.on_message(f"resuming: {requeued} trial(s) interrupted by the previous run re-queued")

@@ -4,6 +4,12 @@ All MLflow calls of the project live here and run in the driver only (probes nev
 The client API (``MlflowClient``) is used rather than the fluent one so that concurrent trials can
 be logged without a global "active run", and every write is a single batch call.
 
+Writes go through one background thread, in order: a child run costs MLflow ~30 ms on SQLite
+(more through a server), which would otherwise stall the search loop between probes. The loop
+only queues a finished trial; the parent-run calls wait for the queue, and ``finish_parent``
+drains it, so nothing queued is dropped. Should the process die with trials still queued, they
+are in Optuna storage already and the next run logs them (``StudyRunner._reconcile_tracking``).
+
 Defaults keep a study self-contained: the tracking store is a SQLite file in the run directory and
 the experiment's artifact location is in the run directory too (MLflow would otherwise write
 ``./mlruns`` into whatever directory the user happened to be in).
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,19 @@ class Tracker:
             self.experiment_id = exp.experiment_id
         self.experiment = experiment
         self.parent_run_id: str | None = None
+        # one writer: MLflow calls stay ordered and never hit the store concurrently
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self._queued: list[Future] = []
+
+    def flush(self) -> None:
+        """Wait until every queued write is done; a write that failed is logged, not raised
+        (the trial is safe in Optuna storage and is logged again by the next run)."""
+        queued, self._queued = self._queued, []
+        for future in queued:
+            try:
+                future.result()
+            except Exception as exc:
+                log.warning("MLflow write failed (the trial is in Optuna storage; the next run logs it): %s", exc)
 
     # ---- parent ------------------------------------------------------------------------------
     def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
@@ -74,7 +94,11 @@ class Tracker:
         self._log_batch(self.parent_run_id, params=params)
         return self.parent_run_id
 
-    def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+    def log_parent(self, *args: Any, **kwargs: Any) -> None:
+        self.flush()
+        self._writer.submit(self._log_parent, *args, **kwargs).result()
+
+    def _log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                    artifacts: list[Path] | None = None, artifact_path: str | None = None) -> None:
         assert self.parent_run_id
         self._log_batch(self.parent_run_id, metrics=metrics or {}, tags=tags or {})
@@ -85,15 +109,23 @@ class Tracker:
                 self.client.log_artifact(self.parent_run_id, str(path), artifact_path)
 
     def finish_parent(self, status: str = "FINISHED") -> None:
+        self.flush()
         if self.parent_run_id:
-            self.client.set_terminated(self.parent_run_id, status=status)
+            self._writer.submit(self.client.set_terminated, self.parent_run_id, status=status).result()
 
     # ---- children ----------------------------------------------------------------------------
     def log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
                   steps: list[dict[str, Any]] | None = None, artifacts: list[Path] | None = None,
-                  failed: bool = False) -> str:
-        """One finished trial as a child run (created and closed in one go)."""
+                  failed: bool = False) -> Future:
+        """Queue one finished trial as a child run; returns the future of its run id."""
         assert self.parent_run_id
+        future = self._writer.submit(self._log_trial, number, params, metrics, tags, steps, artifacts, failed)
+        self._queued.append(future)
+        return future
+
+    def _log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
+                   steps: list[dict[str, Any]] | None, artifacts: list[Path] | None, failed: bool) -> str:
+        """One finished trial as a child run (created and closed in one go)."""
         run = self.client.create_run(
             self.experiment_id, run_name=f"trial-{number:04d}",
             tags={"mlflow.parentRunId": self.parent_run_id, "autotune.trial": str(number), **tags},
@@ -131,6 +163,7 @@ class Tracker:
     def child_runs(self) -> list[Any]:
         """Child runs of the current parent (for reconciliation after a crash)."""
         assert self.parent_run_id
+        self.flush()
         return self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'", max_results=50000
         )

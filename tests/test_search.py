@@ -96,6 +96,22 @@ def test_resume_requeues_interrupted_trial(write_spec, tmp_path):
     assert len(probed) == 7  # the budget counts completed probes only
 
 
+def test_trial_killed_while_being_proposed_is_closed_not_requeued(write_spec, tmp_path):
+    """SIGKILL can land while Optuna writes a proposal param by param: such a trial has some
+    params, no config and no probe; it must not be re-queued as a partial config."""
+    calls: list = []
+    spec = _spec(write_spec, n_trials=3, sampler="random")
+    _runner(spec, tmp_path, calls).run()
+    study = open_study(spec, tmp_path / "run")
+    partial = study.ask({"tp": optuna.distributions.CategoricalDistribution([1, 2])})
+    spec2 = _spec(write_spec, n_trials=5, sampler="random")
+    outcome = _runner(spec2, tmp_path, calls).run()
+    closed = [r for r in outcome.records if r.number == partial.number][0]
+    assert closed.status == "interrupted" and "before its probe started" in closed.reason
+    assert not [t for t in outcome.study.trials if t.user_attrs.get(A.REQUEUED_FROM) == partial.number]
+    assert sum(1 for r in outcome.records if r.probed and r.status == "ok") == 5
+
+
 def test_small_space_exhausts_without_reprobing(write_spec, tmp_path):
     text = TINY_TRAIN.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1]\n  pp: [1]\n").replace(
         "micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2]").replace("zero_stage: [0, 1, 3]", "zero_stage: [0]")
@@ -121,3 +137,33 @@ def test_baseline_runs_first_and_is_marked(write_spec, tmp_path):
     outcome = _runner(spec, tmp_path, calls).run()
     assert calls[0]["tp"] == 2 and calls[0]["micro_batch_size"] == 1
     assert outcome.baseline is not None and outcome.baseline.number == 0
+
+
+def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
+    """A run SIGKILLed while writing the journal must leave no stale lock behind (Optuna's
+    default symlink lock made the next run wait out a 30 s grace period)."""
+    import fcntl
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    journal = tmp_path / "optuna.journal"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from pathlib import Path; from autotune.search import _journal_lock;"
+        f"_journal_lock(Path({str(journal)!r})).acquire(); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE)
+    fd = None
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        fd = os.open(str(journal) + ".flock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # really held while the holder lives
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once after the kill
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if holder.poll() is None:
+            holder.kill()
