@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,13 @@ space:
 objectives: [tokens_per_s_per_device]
 search: {n_trials: 6, seed: 1}
 """
+
+
+def read_pid(path: Path, within_s: float = 30.0) -> int:
+    """The pid a test probe wrote into ``path`` (waiting for the probe to start)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.02)
+    raise AssertionError(f"{path} was never written")

@@ -41,8 +41,14 @@ print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0
 
 
 def _invoke(*args: str):
-    result = runner.invoke(app, list(args))
-    return result
+    return runner.invoke(app, list(args))
+
+
+def _run_json(spec: Path, run_dir: Path):
+    """``autotune run SPEC --run-dir D --json``: the result (stderr inside) and its JSON payload."""
+    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
+    assert result.exit_code == 0, result.output
+    return result, json.loads(result.stdout)
 
 
 def _command_spec(write_spec, tmp_path: Path, *, n_trials: int, parallel: int, ray: str, sleep: float = 0.3) -> Path:
@@ -124,10 +130,8 @@ def test_run_simulated_report_export_and_mlflow(write_spec, tmp_path):
                                          "search: {n_trials: 6, seed: 1}\nbaseline: {tp: 2, pp: 1, micro_batch_size: 1, "
                                          "zero_stage: 0, recompute: full}"))
     run_dir = tmp_path / "study"
-    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
-    assert result.exit_code == 0, result.output
+    result, payload = _run_json(spec, run_dir)
     assert "backend: simulate" in result.stderr
-    payload = json.loads(result.stdout)
     assert payload["source"] == "simulated" and payload["probes"] == 6
     assert payload["best"] and "vs baseline" in payload["improvement"]
 
@@ -162,9 +166,7 @@ def test_rerun_of_a_finished_study_probes_nothing_more(write_spec, tmp_path):
     spec = write_spec(TINY_TRAIN)
     run_dir = tmp_path / "study"
     assert _invoke("run", str(spec), "--run-dir", str(run_dir)).exit_code == 0
-    again = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
-    assert again.exit_code == 0, again.output
-    assert json.loads(again.stdout)["probes"] == 6
+    assert _run_json(spec, run_dir)[1]["probes"] == 6
     parents, children = _mlflow_runs(run_dir, "tiny")
     assert len(parents) == 1 and len(children) == 6
 
@@ -179,8 +181,7 @@ def test_report_without_a_study_is_exit_2(write_spec, tmp_path):
 def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
     spec = _command_spec(write_spec, tmp_path, n_trials=8, parallel=2, ray="ray: {num_cpus: 2}")
     run_dir = tmp_path / "study"
-    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
-    assert result.exit_code == 0, result.output
+    result, _ = _run_json(spec, run_dir)
     assert "backend: command" in result.stderr
 
     events = _probe_log(tmp_path)
@@ -284,9 +285,7 @@ def test_several_objectives_give_a_pareto_front(write_spec, tmp_path):
                                          "objectives:\n  - {metric: tokens_per_s_per_device}\n"
                                          "  - {metric: peak_memory_gib, direction: minimize}"))
     run_dir = tmp_path / "study"
-    result = _invoke("run", str(spec), "--run-dir", str(run_dir), "--json")
-    assert result.exit_code == 0, result.output
-    best = json.loads(result.stdout)["best"]
+    best = _run_json(spec, run_dir)[1]["best"]
     assert best  # the Pareto front: no member is dominated by another
     for a in best:
         for b in best:

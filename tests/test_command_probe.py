@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.workers.command import MAX_LINE_BYTES, run_probe_process
+from conftest import read_pid
 
 PY = sys.executable
 
@@ -46,15 +47,6 @@ def wait_dead(pid: int, within_s: float = 10.0) -> bool:
     return not alive(pid)
 
 
-def read_pid(path: Path, within_s: float = 10.0) -> int:
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.02)
-    raise AssertionError(f"{path} was never written")
-
-
 @pytest.fixture
 def trial_file(tmp_path: Path) -> Path:
     path = tmp_path / "trial.json"
@@ -62,18 +54,26 @@ def trial_file(tmp_path: Path) -> Path:
     return path
 
 
-# A probe that starts a grandchild (sleeping a minute) which writes its pid to argv[1].
-GRANDCHILD = """
-    import subprocess, sys, time
-    subprocess.Popen([sys.executable, "-c",
-        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]])
-    while True:
-        try:
-            if open(sys.argv[1]).read():
-                break
-        except OSError:
-            pass
-        time.sleep(0.01)
+# The start of a probe that starts a grandchild (sleeping a minute) which writes its pid to
+# argv[1], and goes on only once the grandchild is up; ``then`` is the rest of the probe.
+def grandchild_probe(tmp_path: Path, pid_file: Path, then: str, grandchild_output: str = "") -> list[str]:
+    spawn = f"""
+        import json, subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]]
+            {grandchild_output})
+        while True:
+            try:
+                if open(sys.argv[1]).read():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
+    """
+    return script(tmp_path, textwrap.dedent(spawn) + textwrap.dedent(then)) + [str(pid_file)]
+
+
+GRANDCHILD_THEN = """
     print("started", flush=True)
     time.sleep(60)
 """
@@ -219,7 +219,7 @@ def test_missing_executable_is_invalid(tmp_path, trial_file):
 
 def test_timeout_kills_the_whole_group(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
-    result = run_probe_process(script(tmp_path, GRANDCHILD) + [str(pid_file)], {}, trial_file, 3)
+    result = run_probe_process(grandchild_probe(tmp_path, pid_file, GRANDCHILD_THEN), {}, trial_file, 3)
     assert result.status == "timeout", result
     assert "started" in result.log_tail
     assert wait_dead(read_pid(pid_file)), "the grandchild outlived the timeout"
@@ -239,23 +239,13 @@ def test_sigterm_ignored_gets_sigkill(tmp_path, trial_file):
 
 def test_should_stop_prunes_with_partial_steps(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
-    argv = script(tmp_path, """
-        import json, subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]])
-        while True:  # steps only once the grandchild is up, so that pruning finds it
-            try:
-                if open(sys.argv[1]).read():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
+    argv = grandchild_probe(tmp_path, pid_file, """
         i = 0
-        while True:
+        while True:  # steps only once the grandchild is up, so that pruning finds it
             print(json.dumps({"event": "step", "step": i, "tokens_per_s": 10.0 * i}))
             i += 1
             time.sleep(0.02)
-    """) + [str(pid_file)]
+    """)
     seen = []
     result = run_probe_process(argv, {}, trial_file, 60, on_event=seen.append, should_stop=lambda: len(seen) >= 3)
     assert result.status == "pruned", result
@@ -266,21 +256,9 @@ def test_should_stop_prunes_with_partial_steps(tmp_path, trial_file):
 
 def test_leftover_processes_are_killed_when_the_probe_exits(tmp_path, trial_file):
     pid_file = tmp_path / "straggler.pid"
-    argv = script(tmp_path, """
-        import json, subprocess, sys
-        subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import time
-        while True:
-            try:
-                if open(sys.argv[1]).read():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
+    argv = grandchild_probe(tmp_path, pid_file, """
         print(json.dumps({"metrics": {"x": 1}}))
-    """) + [str(pid_file)]
+    """, grandchild_output=", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL")
     result = run_probe_process(argv, {}, trial_file, 30)
     assert result.status == "ok", result
     assert wait_dead(read_pid(pid_file))
@@ -321,20 +299,10 @@ def test_log_tail_is_bounded(tmp_path, trial_file):
 
 def test_callback_error_still_kills_the_group(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
-    argv = script(tmp_path, """
-        import json, subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]])
-        while True:
-            try:
-                if open(sys.argv[1]).read():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
+    argv = grandchild_probe(tmp_path, pid_file, """
         print(json.dumps({"event": "step", "step": 0}), flush=True)
         time.sleep(60)
-    """) + [str(pid_file)]
+    """)
 
     def on_event(event):
         raise RuntimeError("callback bug")
@@ -347,7 +315,7 @@ def test_callback_error_still_kills_the_group(tmp_path, trial_file):
 def test_watchdog_kills_the_group_when_the_runner_dies(tmp_path, trial_file):
     """A Ray worker killed by ray.cancel(force=True) takes only its direct children with it."""
     pid_file = tmp_path / "grandchild.pid"
-    probe = script(tmp_path, GRANDCHILD) + [str(pid_file)]
+    probe = grandchild_probe(tmp_path, pid_file, GRANDCHILD_THEN)
     runner = tmp_path / "runner.py"
     runner.write_text(textwrap.dedent(f"""
         from autotune.workers.command import run_probe_process

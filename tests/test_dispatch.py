@@ -21,6 +21,7 @@ from autotune.dispatch import (
     resources_for,
 )
 from autotune.workers.protocol import ProbeResult, TrialRequest
+from conftest import read_pid
 
 PY = sys.executable
 
@@ -73,15 +74,6 @@ def grandchild_probe(tmp_path: Path, pid_file: Path) -> list[str]:
         time.sleep(60)
     """))
     return [PY, str(path), str(pid_file)]
-
-
-def wait_pid(path: Path, within_s: float = 30.0) -> int:
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.02)
-    raise AssertionError(f"{path} was never written")
 
 
 def wait_dead(pid: int, within_s: float = 15.0) -> bool:
@@ -164,7 +156,7 @@ def test_local_dispatcher_cancel_and_failures(tmp_path, echo_launch):
         running = d.submit(request(0), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60))
         queued = d.submit(request(1), echo_launch())
         missing = d.submit(request(2), ProbeLaunch(argv=["/no/such/launcher"]))
-        pid = wait_pid(pid_file)
+        pid = read_pid(pid_file)
         d.cancel(queued)
         d.cancel(running)
         results = drain(d)
@@ -230,7 +222,7 @@ def test_ray_cancel_kills_the_probe_group(ray_dispatcher, tmp_path):
     pid_file = tmp_path / "gc.pid"
     h = d.submit(request(11), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60,
                                           resources={"num_cpus": 0.5}))
-    pid = wait_pid(pid_file)
+    pid = read_pid(pid_file)
     d.cancel(h)
     results = drain(d)
     assert results[11].status == "pruned"
