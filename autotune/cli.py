@@ -23,7 +23,6 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from .spec import Spec, SpecError, load_spec
 
@@ -387,17 +386,24 @@ def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_js
     for r in records:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     out.print(f"[bold]{spec.name}[/bold]: {len(records)} trials — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())))
-    table = Table(title_justify="left")
-    for col in ("trial", "status", "source", *[m for m, _ in objectives], "peak GiB", "config", "why / failure"):
-        table.add_column(col)
+    # one line per trial, the config last and whole (copyable), like `plan`
+    names = [m for m, _ in objectives]
+    first = names[0]
+    columns = [*names, f"predicted {first}", "peak_memory_gib"]
+    widths = [max(len(c), 9) for c in columns]
+    out.print("trial     status    source     " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))
+              + "  config  —  why chosen / why failed")
     by_number = {r.number: r for r in records}
     for row in rows[:top]:
         rec = by_number[row["trial"]]
-        vals = [_fmt_metric(row.get(m)) for m, _ in objectives]
+        values = [row.get(m) for m in names] + [rec.predicted.get(first), row.get("peak_memory_gib")]
+        cells = "  ".join(_fmt_metric(v).rjust(w) for v, w in zip(values, widths))
         why = rec.reason if rec.status != "ok" else rec.chosen_because
-        table.add_row(str(rec.number) + (" (baseline)" if rec.baseline else ""), rec.status, rec.source, *vals,
-                      _fmt_metric(row.get("peak_memory_gib")), _short(rec.config), why[:80])
-    out.print(table)
+        number = f"{rec.number}{'*' if rec.baseline else ''}"
+        out.print(f"{number:<9} {rec.status:<9} {rec.source:<10} {cells}  {_short(rec.config)}  —  {why[:160]}",
+                  markup=False)
+    if any(r.baseline for r in records):
+        out.print("(* the baseline of the spec)")
     if line:
         out.print(line)
 

@@ -8,7 +8,7 @@ configs as trials, and real backends probe the predicted best first.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,19 @@ class Ranking:
     predictions: dict[str, np.ndarray]
     order: np.ndarray
     objectives: list[tuple[str, str]]
+    _by_key: dict[str, int] | None = field(default=None, repr=False)
 
     @property
     def fit(self) -> int:
         return int(np.asarray(self.predictions["fits"], dtype=bool).sum())
+
+    def index_of(self, key: str) -> int | None:
+        """Row of the config with this canonical key (``space.config_key``), if ranked."""
+        if self._by_key is None:
+            from .space import config_key
+
+            self._by_key = {config_key(c): i for i, c in enumerate(self.enumeration.configs)}
+        return self._by_key.get(key)
 
     def metrics_of(self, index: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -481,6 +481,8 @@ class StudyRunner:
             config = resolved.config
             trial.set_user_attr(A.CONFIG, config)
             trial.set_user_attr(A.KEY, resolved.key)
+            if not self.backend.simulated:  # predicted next to measured, for every probe
+                trial.set_user_attr(A.PREDICTED, self._prediction(config))
             why = ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
         else:
             why = ua.get(A.CHOSEN, "queued")
@@ -500,6 +502,18 @@ class StudyRunner:
         if not ua.get(A.CHOSEN):
             trial.set_user_attr(A.CHOSEN, why)
         return config, why
+
+    def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
+        """The simulator's prediction for one config (from the ranking when there is one)."""
+        if self.ranking is not None:
+            index = self.ranking.index_of(config_key(config))
+            if index is not None:
+                return _predicted(self.ranking.metrics_of(index), self.objectives)
+        from autotune.workers.simulate import columns_from_params, simulate_configs
+
+        c = self.context
+        predictions = simulate_configs(c.model, c.workload, c.hardware, c.cluster, columns_from_params([config]))
+        return _predicted({k: v[0] for k, v in predictions.items()}, self.objectives)
 
     def _penalty(self) -> list[float]:
         """Objective values told for infeasible trials. They are marked infeasible by constraint,

@@ -167,3 +167,17 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
             os.close(fd)
         if holder.poll() is None:
             holder.kill()
+
+
+@pytest.mark.parametrize("sampler", ["auto", "random"])
+def test_every_probe_carries_the_simulators_prediction(write_spec, tmp_path, sampler):
+    """Predicted next to measured for every probed trial, whether the model ranked it or the
+    sampler proposed it (issue #5 refits the model from these pairs)."""
+    calls: list = []
+    spec = _spec(write_spec, n_trials=8, sampler=sampler)
+    outcome = _runner(spec, tmp_path, calls).run()
+    probed = [r for r in outcome.records if r.probed]
+    assert len(probed) == 8
+    for r in probed:
+        assert r.predicted["tokens_per_s_per_device"] > 0
+        assert r.predicted["peak_memory_gib"] > 0
