@@ -85,15 +85,18 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     else:
         devices = int(params.get("tp", 1))
     resources = resources_for(spec.cluster.accelerator, devices, backend.resources)
+    cwd = backend.cwd
+    if cwd and not os.path.isabs(cwd) and spec.source_path is not None:
+        cwd = str(spec.source_path.resolve().parent / cwd)
     if choice.kind == "command":
         return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,
-                           metric_patterns=backend.metric_patterns or None, cwd=backend.cwd)
+                           metric_patterns=backend.metric_patterns or None, cwd=cwd)
     if choice.kind == "torch":
         from autotune.workers.torch_probe.launch import torchrun_argv
 
         argv = torchrun_argv(request, backend.python or sys.executable)
         return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
-                           cwd=backend.cwd)
+                           cwd=cwd)
     if choice.kind == "mindspore":
         raise ValueError("the mindspore backend is not available in this version (issue #6)")
     raise ValueError(f"backend {choice.kind!r} is not launched as a process")

@@ -119,7 +119,8 @@ class BackendSpec(_Strict):
     )
     metric_patterns: dict[str, str] = Field(default_factory=dict, description="metric -> regex with one group")
     python: str | None = Field(None, description="interpreter for the mindspore/torch probe")
-    cwd: str | None = None
+    cwd: str | None = Field(None, description="working directory of the probe; a relative path is relative to the "
+                                             "spec file (default: where autotune runs)")
 
     @model_validator(mode="after")
     def _argv_for_command(self) -> "BackendSpec":

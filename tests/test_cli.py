@@ -295,3 +295,14 @@ def test_several_objectives_give_a_pareto_front(write_spec, tmp_path):
                         or b["metrics"]["peak_memory_gib"] < a["metrics"]["peak_memory_gib"])
             assert not (better_or_equal and strictly)
     assert (run_dir / "plots" / "pareto_front.html").exists()
+
+
+def test_shipped_command_backend_example_runs_from_anywhere(tmp_path, monkeypatch):
+    """examples/command_backend: the launcher is found relative to the spec, not the cwd."""
+    monkeypatch.chdir(tmp_path)
+    result, payload = _run_json(REPO / "examples" / "command_backend" / "spec.yaml", tmp_path / "study")
+    assert payload["source"] == "measured" and payload["probes"] == 8
+    report = json.loads(_invoke("report", str(REPO / "examples" / "command_backend" / "spec.yaml"),
+                                "--run-dir", str(tmp_path / "study"), "--json").stdout)
+    statuses = {t["status"] for t in report["trials"] if t["probed"]}
+    assert statuses <= {"ok", "oom"} and "ok" in statuses
