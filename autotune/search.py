@@ -481,8 +481,6 @@ class StudyRunner:
             config = resolved.config
             trial.set_user_attr(A.CONFIG, config)
             trial.set_user_attr(A.KEY, resolved.key)
-            if not self.backend.simulated:  # predicted next to measured, for every probe
-                trial.set_user_attr(A.PREDICTED, self._prediction(config))
             why = ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
         else:
             why = ua.get(A.CHOSEN, "queued")
@@ -501,6 +499,8 @@ class StudyRunner:
             return None
         if not ua.get(A.CHOSEN):
             trial.set_user_attr(A.CHOSEN, why)
+        if not self.backend.simulated and not ua.get(A.PREDICTED):  # predicted next to measured, every probe
+            trial.set_user_attr(A.PREDICTED, self._prediction(config))
         return config, why
 
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:

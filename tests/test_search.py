@@ -174,10 +174,11 @@ def test_every_probe_carries_the_simulators_prediction(write_spec, tmp_path, sam
     """Predicted next to measured for every probed trial, whether the model ranked it or the
     sampler proposed it (issue #5 refits the model from these pairs)."""
     calls: list = []
-    spec = _spec(write_spec, n_trials=8, sampler=sampler)
+    text = TINY_TRAIN + "baseline: {tp: 2, pp: 1, micro_batch_size: 1, zero_stage: 0, recompute: full}\n"
+    spec = _spec(write_spec, text, n_trials=8, sampler=sampler)
     outcome = _runner(spec, tmp_path, calls).run()
     probed = [r for r in outcome.records if r.probed]
-    assert len(probed) == 8
+    assert len(probed) == 8 and sum(r.baseline for r in probed) == 1
     for r in probed:
         assert r.predicted["tokens_per_s_per_device"] > 0
         assert r.predicted["peak_memory_gib"] > 0
