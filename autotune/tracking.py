@@ -94,12 +94,14 @@ class Tracker:
         self._log_batch(self.parent_run_id, params=params)
         return self.parent_run_id
 
-    def log_parent(self, *args: Any, **kwargs: Any) -> None:
-        self.flush()
-        self._writer.submit(self._log_parent, *args, **kwargs).result()
-
-    def _log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+    def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                    artifacts: list[Path] | None = None, artifact_path: str | None = None) -> None:
+        """Metrics, tags and artifacts on the parent run, after every queued trial."""
+        self.flush()
+        self._writer.submit(self._log_parent, metrics, tags, artifacts, artifact_path).result()
+
+    def _log_parent(self, metrics: dict[str, float] | None, tags: dict[str, str] | None,
+                    artifacts: list[Path] | None, artifact_path: str | None) -> None:
         assert self.parent_run_id
         self._log_batch(self.parent_run_id, metrics=metrics or {}, tags=tags or {})
         for path in artifacts or []:
