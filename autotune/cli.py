@@ -200,6 +200,48 @@ def _print_breakdown(metrics: dict[str, Any]) -> None:
         out.print("step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v))
 
 
+# ------------------------------------------------------------------------------------ calibrate
+@app.command()
+def calibrate(
+    out_path: Path = typer.Option(..., "--out", help="profile file to write (YAML)"),
+    accelerator: str = typer.Option("cpu", help="cpu | cuda | npu: the device to measure, on this host"),
+    ranks: int = typer.Option(2, help="processes for the collective measurement (1: skip it)"),
+    threads: Optional[int] = typer.Option(None, help="CPU: threads per device (default cores / ranks)"),
+    quick: bool = typer.Option(False, "--quick", help="small sizes, few repeats (seconds, rough figures)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Measure this host's device (GEMM per precision, memory and collective bandwidth) and write
+    a hardware profile; use it with `cluster.profile: <file>` in a spec."""
+    _setup_logging(False)
+    if accelerator not in ("cpu", "cuda", "npu"):
+        err.print(f"[red]error[/red] --accelerator: expected cpu, cuda or npu, got {accelerator!r}")
+        raise typer.Exit(EXIT_INPUT)
+    if ranks < 1:
+        err.print(f"[red]error[/red] --ranks: expected >= 1, got {ranks}")
+        raise typer.Exit(EXIT_INPUT)
+    try:
+        from autotune.workers.calibrate import calibrate as measure, write_profile
+    except ImportError as exc:
+        err.print(f"[red]error[/red] calibrate needs torch ({exc}); pip install torch==2.13.0")
+        raise typer.Exit(EXIT_INPUT) from None
+    try:
+        result = measure(accelerator, quick=quick, ranks=ranks, threads=threads,
+                         progress=lambda text: err.print(f"measuring {text}"))
+    except (ImportError, RuntimeError) as exc:
+        err.print(f"[red]error[/red] cannot measure {accelerator}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+    path = write_profile(result, out_path)
+    profile = result["profile"]
+    if as_json:
+        out.print_json(json.dumps({"path": str(path), "profile": profile, "measured": result["measured"]},
+                                  default=_json_default))
+        return
+    peaks = ", ".join(f"{k} {v:.4g}" for k, v in profile["peak_tflops"].items() if k != "int8")
+    out.print(f"wrote {path}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
+              f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s")
+    err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {path}}}")
+
+
 # ------------------------------------------------------------------------------------------ run
 @app.command()
 def run(

@@ -87,7 +87,9 @@ class ClusterSpec(_Strict):
     ``overrides`` replaces fields of it, e.g. ``device_memory_gib: 32`` for 32 GB 910B parts."""
 
     accelerator: Literal["npu", "cuda", "cpu"] = "npu"
-    profile: str | None = Field(None, description="hardware profile; default per accelerator")
+    profile: str | None = Field(None, description="hardware profile: a bundled name, or the path of a profile file "
+                                                   "(relative to the spec), e.g. from `autotune calibrate`; "
+                                                   "default per accelerator")
     nodes: int = Field(1, gt=0)
     devices_per_node: int = Field(8, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -96,6 +98,18 @@ class ClusterSpec(_Strict):
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_file_relative_to_spec(cls, v: str | None, info: Any) -> str | None:
+        from autotune.workers.hardware import is_profile_file
+
+        if v is None or not is_profile_file(v):
+            return v
+        path = Path(v) if Path(v).is_absolute() else Path((info.context or {}).get("base_dir", ".")) / v
+        if not path.is_file():
+            raise ValueError(f"hardware profile file {path} does not exist (write one with `autotune calibrate`)")
+        return str(path.resolve())
 
     @property
     def profile_name(self) -> str:
@@ -430,11 +444,11 @@ def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
 def _semantic_problems(spec: Spec) -> list[SpecProblem]:
     """Checks across sections that field types cannot express."""
     from autotune.objectives import METRICS
-    from autotune.workers.hardware import available_profiles, load_profile
+    from autotune.workers.hardware import available_profiles, is_profile_file, load_profile
 
     problems: list[SpecProblem] = []
     cluster = spec.cluster
-    if cluster.profile_name not in available_profiles():
+    if not is_profile_file(cluster.profile_name) and cluster.profile_name not in available_profiles():
         problems.append(SpecProblem(("cluster", "profile"), f"unknown hardware profile {cluster.profile_name!r}; "
                                     f"available: {', '.join(available_profiles())}"))
     else:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PROFILE_KEYS", "ACCELERATORS", "available_profiles", "load_profile"]
+__all__ = ["PROFILE_KEYS", "ACCELERATORS", "available_profiles", "load_profile", "is_profile_file"]
 
 _DIR = Path(__file__).parent
 ACCELERATORS = ("npu", "cuda", "cpu")
@@ -57,9 +57,29 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.yaml"))
 
 
+def is_profile_file(name: str) -> bool:
+    """A profile named by a path (e.g. written by ``autotune calibrate``), not a bundled name."""
+    return name.endswith((".yaml", ".yml")) or "/" in name
+
+
 @lru_cache(maxsize=None)
 def _read(name: str) -> dict[str, Any]:
-    data = yaml.safe_load((_DIR / f"{name}.yaml").read_text())
+    return _parse(yaml.safe_load((_DIR / f"{name}.yaml").read_text()), name)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"hardware profile file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"hardware profile file {path}: invalid YAML: {exc}") from None
+    return _parse(data, path)
+
+
+def _parse(data: Any, name: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"hardware profile {name!r}: expected a mapping")
     profile = _check(data, f"hardware profile {name!r}", require_all=True)
@@ -70,15 +90,20 @@ def _read(name: str) -> dict[str, Any]:
 
 
 def load_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The profile ``name`` as a fresh dict, with ``overrides`` applied and type-checked.
+    """The profile ``name`` (a bundled profile, or the path of a profile file) as a fresh dict,
+    with ``overrides`` applied and type-checked.
 
     ``peak_tflops`` may be overridden partially (``{"peak_tflops": {"bf16": 313}}`` keeps the
     other precisions). Raises ``ValueError`` for an unknown profile or key, or a badly typed value.
     """
-    names = available_profiles()
-    if name not in names:
-        raise ValueError(f"unknown hardware profile {name!r}; available: {', '.join(names)}")
-    profile = copy.deepcopy(_read(name))
+    if is_profile_file(name):
+        profile = _read_file(name)
+    else:
+        names = available_profiles()
+        if name not in names:
+            raise ValueError(f"unknown hardware profile {name!r}; available: {', '.join(names)} "
+                             "(or the path of a profile file, e.g. from `autotune calibrate`)")
+        profile = copy.deepcopy(_read(name))
     if overrides:
         if not isinstance(overrides, dict):
             raise ValueError(f"hardware overrides must be a mapping, got {type(overrides).__name__}")
