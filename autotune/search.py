@@ -34,6 +34,7 @@ from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_fil
 from .backends import BackendChoice, launch_for
 from .context import ProbeContext, probe_context
 from .ranking import Ranking, rank_space
+from .refit import Refit, fit_refit
 from .space import Space, config_key
 from .spec import Spec
 
@@ -278,6 +279,7 @@ class StudyRunner:
         self.parallel = 1 if backend.simulated else spec.search.parallel_trials
         self._dispatcher = dispatcher
         self.ranking: Ranking | None = None
+        self.refit = Refit()  # identity until a probe is measured
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -388,6 +390,7 @@ class StudyRunner:
         self._enqueue_plan(study, ranking, budget - probes_done)
         self._start_tracking(study)
         self._reconcile_tracking(study)
+        self._refit(study)  # a resumed study starts from the fit of what it measured before
         self.observer.on_start(budget, probes_done)
 
         seen: dict[str, int] = {}
@@ -503,17 +506,38 @@ class StudyRunner:
             trial.set_user_attr(A.PREDICTED, self._prediction(config))
         return config, why
 
+    def _refit(self, study: optuna.Study, after: int | None = None) -> None:
+        """Refit the model's compute and communication factors from every measured trial
+        (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
+        pairs = [(r.predicted, r.metrics.get("step_time_s")) for r in trial_records(study)
+                 if r.status == "ok" and r.source == "measured" and r.probed]
+        refit = fit_refit(pairs)
+        if refit.n == self.refit.n:
+            return
+        self.refit = refit
+        if after is not None:
+            self.observer.on_message(
+                f"refit after trial {after} ({refit.n} measured): compute x{refit.compute:.3g}, "
+                f"communication x{refit.comm:.3g}; model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
+            if self.tracker:
+                self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
+
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
         """The simulator's prediction for one config (from the ranking when there is one)."""
+        raw = None
         if self.ranking is not None:
             index = self.ranking.index_of(config_key(config))
             if index is not None:
-                return _predicted(self.ranking.metrics_of(index), self.objectives)
-        from autotune.workers.simulate import columns_from_params, simulate_configs
+                raw = self.ranking.metrics_of(index)
+        if raw is None:
+            from autotune.workers.simulate import columns_from_params, simulate_configs
 
-        c = self.context
-        predictions = simulate_configs(c.model, c.workload, c.hardware, c.cluster, columns_from_params([config]))
-        return _predicted({k: v[0] for k, v in predictions.items()}, self.objectives)
+            c = self.context
+            predictions = simulate_configs(c.model, c.workload, c.hardware, c.cluster, columns_from_params([config]))
+            raw = {k: v[0] for k, v in predictions.items()}
+        predicted = _predicted(raw, self.objectives)
+        predicted.update(self.refit.apply(predicted))  # beside the raw prediction, never instead
+        return predicted
 
     def _penalty(self) -> list[float]:
         """Objective values told for infeasible trials. They are marked infeasible by constraint,
@@ -549,6 +573,8 @@ class StudyRunner:
             study.tell(trial, state=TrialState.FAIL)
         record = next(r for r in trial_records_one(study, trial.number))
         self._log_trial(study, record, result)
+        if record.status == "ok" and record.source == "measured" and record.predicted:
+            self._refit(study, after=record.number)
         return record
 
     def _derive_metrics(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
@@ -629,6 +655,12 @@ class StudyRunner:
         for k, v in record.predicted.items():
             if _finite(v):
                 metrics[f"predicted_{k}"] = v
+        first = self.objectives[0][0]
+        measured = record.metrics.get(first)
+        for prefix in ("", "refit_"):
+            predicted = record.predicted.get(prefix + first)
+            if _finite(predicted) and _finite(measured) and measured:
+                metrics[f"{prefix}prediction_error_pct"] = 100.0 * (predicted - measured) / abs(measured)
         tags = {"autotune.status": record.status, "autotune.source": record.source or "rules",
                 "autotune.backend": self.backend.kind, "autotune.chosen_because": record.chosen_because,
                 "autotune.optuna_state": record.state}
@@ -657,9 +689,11 @@ class _OneTrialStudy:
 
 
 def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> dict[str, float]:
+    """The prediction kept with a trial: the metrics a user compares, and the step-time breakdown
+    the refit (:mod:`autotune.refit`) learns from."""
     keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
                                           "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
-    return {k: float(v) for k, v in metrics.items() if k in keys and _finite(v)}
+    return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith("time_")) and _finite(v)}
 
 
 def _finite(v: Any) -> bool:

@@ -95,15 +95,18 @@ class Tracker:
         return self.parent_run_id
 
     def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-                   artifacts: list[Path] | None = None, artifact_path: str | None = None) -> None:
-        """Metrics, tags and artifacts on the parent run, after every queued trial."""
+                   artifacts: list[Path] | None = None, artifact_path: str | None = None, step: int = 0) -> None:
+        """Metrics (at ``step``: a history such as the refit after each measurement), tags and
+        artifacts on the parent run, after every queued trial."""
         self.flush()
-        self._writer.submit(self._log_parent, metrics, tags, artifacts, artifact_path).result()
+        self._writer.submit(self._log_parent, metrics, tags, artifacts, artifact_path, step).result()
 
     def _log_parent(self, metrics: dict[str, float] | None, tags: dict[str, str] | None,
-                    artifacts: list[Path] | None, artifact_path: str | None) -> None:
+                    artifacts: list[Path] | None, artifact_path: str | None, step: int) -> None:
         assert self.parent_run_id
-        self._log_batch(self.parent_run_id, metrics=metrics or {}, tags=tags or {})
+        self._log_batch(self.parent_run_id, tags=tags or {},
+                        step_metrics=[(k, float(v), step) for k, v in (metrics or {}).items()
+                                      if isinstance(v, (int, float)) and not isinstance(v, bool)])
         for path in artifacts or []:
             if path.is_dir():
                 self.client.log_artifacts(self.parent_run_id, str(path), artifact_path)

@@ -1,0 +1,84 @@
+"""Refitting the performance model from measured probes (autotune.refit) and in the search loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.backends import BackendChoice
+from autotune.dispatch import InProcessDispatcher
+from autotune.refit import Refit, fit_refit
+from autotune.search import StudyRunner
+from autotune.spec import load_spec
+from autotune.workers.protocol import ProbeResult
+from conftest import TINY_TRAIN
+
+
+def _pred(compute: float, comm: float) -> dict[str, float]:
+    return {"time_gemm": compute * 0.7, "time_elementwise": compute * 0.3, "time_dp_comm": comm,
+            "step_time_s": compute + comm, "tokens_per_s_per_device": 1000.0 / (compute + comm), "mfu": 0.5}
+
+
+def test_no_measurement_is_the_identity():
+    assert fit_refit([]) == Refit()
+    assert Refit().apply(_pred(1.0, 0.5)) == {}
+
+
+def test_recovers_separate_compute_and_comm_factors():
+    truth_compute, truth_comm = 1.8, 0.6
+    configs = [(1.0, 0.2), (2.0, 1.0), (0.5, 0.8), (1.5, 0.1), (3.0, 2.0)]
+    pairs = [(_pred(c, m), truth_compute * c + truth_comm * m) for c, m in configs]
+    refit = fit_refit(pairs)
+    assert refit.n == 5
+    assert refit.compute == pytest.approx(truth_compute, rel=1e-6)
+    assert refit.comm == pytest.approx(truth_comm, rel=1e-6)
+    assert refit.mape_after == pytest.approx(0.0, abs=1e-6)
+    assert refit.mape_before > 10
+    adjusted = refit.apply(_pred(2.0, 1.0))
+    assert adjusted["refit_step_time_s"] == pytest.approx(1.8 * 2.0 + 0.6 * 1.0)
+    # throughput and MFU scale with the inverse of the step time
+    assert adjusted["refit_tokens_per_s_per_device"] == pytest.approx(1000.0 / 3.0 * 3.0 / 4.2)
+    assert adjusted["refit_mfu"] == pytest.approx(0.5 * 3.0 / 4.2)
+
+
+def test_few_measurements_or_no_communication_give_one_common_factor():
+    two = fit_refit([(_pred(1.0, 0.5), 3.0), (_pred(2.0, 1.0), 6.0)])
+    assert two.compute == two.comm == pytest.approx(2.0)
+    silent = fit_refit([(_pred(c, 0.0), 0.5 * c) for c in (1.0, 2.0, 3.0, 4.0)])
+    assert silent.compute == silent.comm == pytest.approx(0.5)
+
+
+def test_pairs_without_a_breakdown_or_measurement_are_ignored():
+    refit = fit_refit([({"step_time_s": 1.0}, 2.0), (_pred(1.0, 0.0), float("nan")), (_pred(1.0, 0.0), 3.0)])
+    assert refit.n == 1 and refit.compute == pytest.approx(3.0)
+
+
+def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path):
+    """Probes that run 3x slower than predicted: after the first measurement every later
+    prediction carries a refit_ value close to what is then measured."""
+    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
+                                                   "search: {n_trials: 6, seed: 1, sampler: random}")))
+    runner_holder: dict = {}
+
+    def probe(request):
+        predicted = runner_holder["runner"]._prediction(request.params)
+        step = 3.0 * predicted["step_time_s"]
+        return ProbeResult("ok", metrics={"step_time_s": step, "tokens_per_s_per_device": 1.0 / step})
+
+    messages: list[str] = []
+
+    class Observer:
+        def on_start(self, *a): ...
+        def on_trial_started(self, *a): ...
+        def on_trial_finished(self, *a): ...
+        def on_message(self, text): messages.append(text)
+
+    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), observer=Observer(),
+                         dispatcher=InProcessDispatcher(probe))
+    runner_holder["runner"] = runner
+    outcome = runner.run()
+    probed = sorted((r for r in outcome.records if r.probed), key=lambda r: r.number)
+    assert "refit_step_time_s" not in probed[0].predicted  # nothing measured yet
+    for r in probed[1:]:
+        assert r.predicted["refit_step_time_s"] == pytest.approx(r.metrics["step_time_s"], rel=1e-6)
+    assert runner.refit.n == 6 and runner.refit.compute == pytest.approx(3.0)
+    assert any(m.startswith("refit after trial") for m in messages)
