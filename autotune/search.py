@@ -502,8 +502,11 @@ class StudyRunner:
             return None
         if not ua.get(A.CHOSEN):
             trial.set_user_attr(A.CHOSEN, why)
-        if not self.backend.simulated and not ua.get(A.PREDICTED):  # predicted next to measured, every probe
-            trial.set_user_attr(A.PREDICTED, self._prediction(config))
+        if not self.backend.simulated:  # predicted next to measured, for every probe
+            predicted = dict(ua.get(A.PREDICTED) or self._prediction(config))
+            if "refit_step_time_s" not in predicted:  # queued before the latest measurements
+                predicted.update(self.refit.apply(predicted))
+            trial.set_user_attr(A.PREDICTED, predicted)
         return config, why
 
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:

@@ -52,11 +52,12 @@ def test_pairs_without_a_breakdown_or_measurement_are_ignored():
     assert refit.n == 1 and refit.compute == pytest.approx(3.0)
 
 
-def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path):
+@pytest.mark.parametrize("sampler", ["random", "auto"])  # auto: configs queued from the ranking up front
+def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sampler):
     """Probes that run 3x slower than predicted: after the first measurement every later
     prediction carries a refit_ value close to what is then measured."""
     spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                                   "search: {n_trials: 6, seed: 1, sampler: random}")))
+                                                   f"search: {{n_trials: 6, seed: 1, sampler: {sampler}}}")))
     runner_holder: dict = {}
 
     def probe(request):
