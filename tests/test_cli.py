@@ -306,3 +306,33 @@ def test_shipped_command_backend_example_runs_from_anywhere(tmp_path, monkeypatc
                                 "--run-dir", str(tmp_path / "study"), "--json").stdout)
     statuses = {t["status"] for t in report["trials"] if t["probed"]}
     assert statuses <= {"ok", "oom"} and "ok" in statuses
+
+
+@pytest.mark.slow
+def test_real_torch_study_on_two_cpu_processes(tmp_path):
+    """`autotune run` with the torch backend: real probes (2 gloo processes each) recorded in
+    MLflow as measured, with predicted next to measured (issue #4's end-to-end line)."""
+    pytest.importorskip("torch")
+    import yaml
+
+    data = yaml.safe_load((REPO / "search_spaces" / "tiny_llama_cpu.yaml").read_text())
+    data["workload"].update({"seq_len": 64, "warmup_steps": 1, "measured_steps": 2})
+    data["space"] = {"tp": [1, 2], "micro_batch_size": [1, 2], "precision": ["fp32"]}
+    data["search"].update({"n_trials": 3, "sampler": "auto"})
+    data.pop("baseline")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "study"
+    result, payload = _run_json(spec, run_dir)
+    assert payload["source"] == "measured" and payload["probes"] == 3 and payload["failed"] == 0
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
+    probed = [t for t in report["trials"] if t["probed"]]
+    assert len(probed) == 3
+    for t in probed:
+        assert t["status"] == "ok" and t["source"] == "measured"
+        assert t["metrics"]["tokens_per_s_per_device"] > 0 and t["metrics"]["loss_finite"] == 1
+        assert t["predicted"]["tokens_per_s_per_device"] > 0
+    _, children = _mlflow_runs(run_dir, data["name"])
+    assert len(children) == 3 and {c.data.tags["autotune.source"] for c in children} == {"measured"}
+    assert all("prediction_error_pct" in c.data.metrics for c in children)
+    assert "refit after trial" in result.stderr
