@@ -170,6 +170,9 @@ def _short(config: dict[str, Any]) -> str:
                 parts.append(f"rc={v}")
         else:
             parts.append(f"{label}{'=' if label else ''}{v}")
+    # every other searched setting (kv_cache_dtype, quantization, compile, graph_kernel_flags, ...)
+    # by its canonical name, so that two configs never print the same
+    parts += [f"{k}={v}" for k, v in config.items() if k not in keys and not k.startswith("env.")]
     env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
     return " ".join(parts) + (("  " + " ".join(env)) if env else "")
 

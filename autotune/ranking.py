@@ -115,13 +115,14 @@ def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list
     feasible = np.flatnonzero(fits)
     infeasible = np.flatnonzero(~fits)
     headroom = np.asarray(predictions.get("memory_headroom_gib", np.zeros(len(fits))), dtype=float)
+    # by the first objective; equal predictions (settings the model prices the same): the safer
+    # config, with more memory headroom, first
+    by_first = feasible[np.lexsort((-headroom[feasible], -signed[feasible, 0]))]
     if len(objectives) == 1:
-        # equal predictions (settings the model prices the same): the safer config, with more
-        # memory headroom, first
-        feas_order = feasible[np.lexsort((-headroom[feasible], -signed[feasible, 0]))]
+        feas_order = by_first
     else:
-        # Pareto fronts, then the first objective within a front; cap the quadratic sort
-        cand = feasible[np.argsort(-signed[feasible, 0], kind="stable")]
+        # Pareto fronts, then the order above within a front; cap the quadratic sort
+        cand = by_first
         head, tail = cand[:2000], cand[2000:]
         fronts = pareto_order(signed[head])
         feas_order = np.concatenate([head[np.lexsort((np.arange(len(head)), fronts))], tail])

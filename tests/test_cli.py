@@ -336,3 +336,19 @@ def test_real_torch_study_on_two_cpu_processes(tmp_path):
     assert len(children) == 3 and {c.data.tags["autotune.source"] for c in children} == {"measured"}
     assert all("prediction_error_pct" in c.data.metrics for c in children)
     assert "refit after trial" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["llama2_7b_8npu.yaml", "llama2_7b_infer_8npu.yaml"])
+def test_plan_breaks_ties_toward_memory_headroom(name):
+    """Configs the model prices the same (an env var, a KV-cache dtype) are ranked safer first;
+    each printed config names every setting, so no two lines read the same."""
+    spec = REPO / "search_spaces" / name
+    payload = json.loads(_invoke("plan", str(spec), "--json", "--top", "30").stdout)
+    first = payload["objectives"][0]["metric"]
+    top = payload["top"]
+    for a, b in zip(top, top[1:]):
+        if a["metrics"][first] == b["metrics"][first]:
+            assert a["metrics"]["memory_headroom_gib"] >= b["metrics"]["memory_headroom_gib"]
+    table = _invoke("plan", str(spec), "--top", "10").stdout
+    rows = [line[line.index("tp="):] for line in table.splitlines() if line[:5].strip().isdigit() and "tp=" in line]
+    assert len(rows) == 10 and len(set(rows)) == 10
