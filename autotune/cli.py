@@ -493,7 +493,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the study started (imports, ranking): nothing to save yet
+        err.print("[yellow]interrupted[/yellow]")
         sys.exit(EXIT_INTERRUPTED)
 
 

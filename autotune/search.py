@@ -280,6 +280,7 @@ class StudyRunner:
         self._dispatcher = dispatcher
         self.ranking: Ranking | None = None
         self.refit = Refit()  # identity until a probe is measured
+        self._refit_shown: Refit | None = None  # the last refit told to the user
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -517,13 +518,17 @@ class StudyRunner:
         refit = fit_refit(pairs)
         if refit.n == self.refit.n:
             return
+        shown = self._refit_shown
+        moved = shown is None or any(abs(new / old - 1) > 0.10 for new, old in
+                                     ((refit.compute, shown.compute), (refit.comm, shown.comm)))
         self.refit = refit
-        if after is not None:
+        if after is not None and self.tracker:
+            self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
+        if after is not None and moved:  # a line when the fit moves, not one per trial
+            self._refit_shown = refit
             self.observer.on_message(
                 f"refit after trial {after} ({refit.n} measured): compute x{refit.compute:.3g}, "
                 f"communication x{refit.comm:.3g}; model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
-            if self.tracker:
-                self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
 
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
         """The simulator's prediction for one config (from the ranking when there is one)."""
