@@ -24,6 +24,7 @@ A cancelled trial still comes back through ``wait_any``, as ``pruned`` (unless i
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import itertools
 import logging
@@ -148,6 +149,11 @@ class Dispatcher(ABC):
     def pending(self) -> int:
         """Submitted trials not yet returned by ``wait_any``."""
 
+    def step_events(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(trial number, event)`` for every ``{"event": "step"}`` the running probes printed
+        since the last call, in order (live progress and pruning). Default: none."""
+        return []
+
     def __enter__(self) -> "Dispatcher":
         return self
 
@@ -225,6 +231,7 @@ class LocalProcessDispatcher(Dispatcher):
         self._tmp = None if run_dir is not None else tempfile.mkdtemp(prefix="autotune-trials-")
         self._trial_dir = (Path(run_dir) / "trials") if run_dir is not None else Path(self._tmp)
         self._on_event = on_event
+        self._steps: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
         self._futures: dict[cf.Future, Handle] = {}
         self._stops: dict[Handle, threading.Event] = {}
         self._seq = itertools.count()
@@ -250,10 +257,14 @@ class LocalProcessDispatcher(Dispatcher):
             return ProbeResult("pruned", reason="cancelled before it started")
         try:
             write_trial_file(request, path)
-            on_event = None
-            if self._on_event is not None:
-                number, callback = request.number, self._on_event
-                on_event = lambda event: callback(number, event)  # noqa: E731
+            number, callback, steps = request.number, self._on_event, self._steps
+
+            def on_event(event: dict[str, Any]) -> None:
+                if event.get("event") == "step":
+                    steps.append((number, event))  # deque.append is thread-safe
+                if callback is not None:
+                    callback(number, event)
+
             return run_probe_process(
                 launch.argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
                 on_event=on_event, should_stop=stop.is_set, metric_patterns=launch.metric_patterns)
@@ -306,22 +317,53 @@ class LocalProcessDispatcher(Dispatcher):
         with self._lock:
             return len(self._futures)
 
+    def step_events(self) -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        while self._steps:
+            out.append(self._steps.popleft())
+        return out
+
 
 # ---------------------------------------------------------------------------------------------
 # Ray
 
 
-def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any]) -> dict[str, Any]:
-    """Body of the Ray task: on the worker, write the trial file to local disk and run the probe."""
+class _StepSink:
+    """A Ray actor collecting the running probes' step events for the driver (a Ray task returns
+    only at its end; pruning needs the steps while the probe runs)."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[int, dict[str, Any]]] = []
+
+    def put(self, number: int, event: dict[str, Any]) -> None:
+        self._events.append((number, event))
+
+    def drain(self) -> list[tuple[int, dict[str, Any]]]:
+        out, self._events = self._events, []
+        return out
+
+
+def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None) -> dict[str, Any]:
+    """Body of the Ray task: on the worker, write the trial file to local disk and run the probe;
+    step events go to ``sink`` (a :class:`_StepSink` actor) as they come."""
     from autotune.workers.command import run_probe_process
     from autotune.workers.protocol import TrialRequest as _Request
 
     request = _Request(**request_data)
     launch = ProbeLaunch(**launch_data)
+    number = request.number
+
+    def on_event(event: dict[str, Any]) -> None:
+        if sink is not None and event.get("event") == "step":
+            try:
+                sink.put.remote(number, event)  # fire and forget: never slows the probe down
+            except Exception:  # progress is optional; the probe's result is not
+                pass
+
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         path = write_trial_file(request, Path(tmp) / "trial.json")
         result = run_probe_process(launch.argv, probe_env(request, launch), path, launch.timeout_s,
-                                   cwd=launch.cwd, metric_patterns=launch.metric_patterns)
+                                   cwd=launch.cwd, metric_patterns=launch.metric_patterns, on_event=on_event)
     result.info.setdefault("host", socket.gethostname())
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):
@@ -373,6 +415,7 @@ class RayDispatcher(Dispatcher):
             self._init_ray(address, num_cpus, resources, object_store_memory)
             self._owns_ray = True
         self._task = ray.remote(max_retries=0)(_ray_probe_task)
+        self._sink = ray.remote(num_cpus=0)(_StepSink).remote()
         self._trial_dir = Path(run_dir) / "trials" if run_dir is not None else None
         self._refs: dict[Any, Handle] = {}  # ObjectRef -> Handle
         self._ready: list[tuple[Handle, ProbeResult]] = []  # answered without running (infeasible)
@@ -458,7 +501,7 @@ class RayDispatcher(Dispatcher):
             self._ready.append((handle, ProbeResult("invalid", reason=reason)))
             return handle
         try:
-            ref = self._task.options(**options).remote(request.to_json(), launch.to_json())
+            ref = self._task.options(**options).remote(request.to_json(), launch.to_json(), self._sink)
         except (TypeError, ValueError) as exc:  # a malformed resource request
             handle = Handle(request.number, None)
             self._ready.append((handle, ProbeResult("invalid", reason=f"bad Ray resource request {options!r}: {exc}")))
@@ -556,3 +599,12 @@ class RayDispatcher(Dispatcher):
     @property
     def pending(self) -> int:
         return len(self._refs) + len(self._ready)
+
+    def step_events(self) -> list[tuple[int, dict[str, Any]]]:
+        if self._closed:
+            return []
+        try:
+            return self._ray.get(self._sink.drain.remote(), timeout=10)
+        except Exception as exc:  # the sink is only for progress and pruning: never fatal
+            log.debug("reading step events failed: %s", exc)
+            return []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,6 +282,8 @@ class StudyRunner:
         self.ranking: Ranking | None = None
         self.refit = Refit()  # identity until a probe is measured
         self._refit_shown: Refit | None = None  # the last refit told to the user
+        self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
+        self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -444,6 +447,7 @@ class StudyRunner:
                     trial, config = pending.pop(handle)
                     record = self._finish(study, trial, config, result)
                     self.observer.on_trial_finished(record, self._best_single(study), len(pending))
+                self._prune_losers(study, dispatcher, pending)
         except KeyboardInterrupt:
             stopped = "interrupted by the user"
             for handle in list(pending):
@@ -510,6 +514,42 @@ class StudyRunner:
             trial.set_user_attr(A.PREDICTED, predicted)
         return config, why
 
+    # ---- early stopping ---------------------------------------------------------------------------
+    _STEP_OBJECTIVES = ("tokens_per_s_per_device", "tokens_per_s", "samples_per_s", "step_time_s")
+
+    def _prune_losers(self, study: optuna.Study, dispatcher: Any, pending: dict[Any, tuple[Any, dict]]) -> None:
+        """Stop running probes that are confidently slower than the best measured trial.
+
+        Every trial of a study has the same global batch and world size, so its throughput is
+        inversely proportional to its step time: a probe whose median measured step time (at
+        least ``prune_min_steps`` steps) exceeds the best trial's step time by more than
+        ``prune_margin`` (50 % by default: above the +-30 % run-to-run noise measured on these
+        machines) cannot win, and is killed. It is recorded as ``pruned`` with the steps it made."""
+        for number, event in dispatcher.step_events():
+            self._live_steps.setdefault(number, []).append(event)
+        spec = self.spec.search
+        if (not spec.prune or self.backend.simulated or len(self.objectives) != 1
+                or self.objectives[0][0] not in self._STEP_OBJECTIVES or not pending):
+            return
+        best = self._best_single(study)
+        best_step = best.metrics.get("step_time_s") if best else None
+        if not _finite(best_step) or best_step <= 0:
+            return
+        for handle, (trial, _) in pending.items():
+            if trial.number in self._prune_reasons:
+                continue
+            times = _measured_step_times(self._live_steps.get(trial.number, []))
+            if len(times) < spec.prune_min_steps:
+                continue
+            median = statistics.median(times)
+            if median > best_step * (1 + spec.prune_margin):
+                self._prune_reasons[trial.number] = (
+                    f"stopped early after {len(times)} measured steps: median step {median:.4g} s is "
+                    f"{median / best_step:.2f}x the best's {best_step:.4g} s (trial {best.number}); "
+                    f"margin {spec.prune_margin:.0%}")
+                self.observer.on_message(f"  trial {trial.number}: pruning, {self._prune_reasons[trial.number]}")
+                dispatcher.cancel(handle)
+
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:
         """Refit the model's compute and communication factors from every measured trial
         (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
@@ -553,6 +593,16 @@ class StudyRunner:
         return [0.0 if d == "maximize" else 1e9 for _, d in self.objectives]
 
     def _finish(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult) -> TrialRecord:
+        live = self._live_steps.pop(trial.number, [])
+        pruned_because = self._prune_reasons.pop(trial.number, None)
+        if result.status == "pruned" and pruned_because:
+            result.reason = pruned_because
+            if not result.steps:  # a Ray task cancelled mid-run returns none: keep what streamed
+                result.steps = live
+            times = _measured_step_times(result.steps)
+            if times and "step_time_s" not in result.metrics:  # the partial measurement
+                result.metrics = {**result.metrics, "step_time_s": statistics.median(times),
+                                  "measured_steps": float(len(times))}
         metrics = dict(result.metrics)
         self._derive_metrics(metrics, config, result)
         trial.set_user_attr(A.STATUS, result.status)
@@ -702,6 +752,13 @@ def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> di
     keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
                                           "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
     return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith("time_")) and _finite(v)}
+
+
+def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:
+    """Step times of the measured phase (all steps when the probe names no phases)."""
+    phased = any("phase" in e for e in steps)
+    return [float(e["step_time_s"]) for e in steps
+            if _finite(e.get("step_time_s")) and (not phased or e.get("phase") == "measure")]
 
 
 def _finite(v: Any) -> bool:

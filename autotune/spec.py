@@ -267,6 +267,11 @@ class SearchSpec(_Strict):
     seed: int | None = 0
     timeout_s: float | None = Field(None, gt=0, description="stop starting new trials after this long")
     exhaustive_limit: int = Field(2_000_000, gt=0, description="largest space ranked exhaustively by the simulator")
+    prune: bool = Field(True, description="stop a real probe early once its measured steps are confidently slower "
+                                          "than the best trial's (throughput and step-time objectives)")
+    prune_margin: float = Field(0.5, gt=0, description="stop when the median measured step time exceeds the best's "
+                                                       "by more than this fraction (0.5: 50 %, above run-to-run noise)")
+    prune_min_steps: int = Field(2, ge=1, description="measured steps a probe shows before it may be stopped")
 
 
 class TrackingSpec(_Strict):

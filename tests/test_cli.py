@@ -352,3 +352,48 @@ def test_plan_breaks_ties_toward_memory_headroom(name):
     table = _invoke("plan", str(spec), "--top", "10").stdout
     rows = [line[line.index("tp="):] for line in table.splitlines() if line[:5].strip().isdigit() and "tp=" in line]
     assert len(rows) == 10 and len(set(rows)) == 10
+
+
+# A launcher whose tp=2 configs are 10x slower per step; it logs when it finishes all its steps.
+SLOW_TP2_PROBE = r'''
+import json, os, sys, time
+p = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))["params"]
+step_time = 1.0 if p["tp"] == 2 else 0.1
+steps = 25 if p["tp"] == 2 else 3
+for i in range(steps):
+    time.sleep(0.05)
+    print(json.dumps({"event": "step", "step": i, "phase": "measure", "step_time_s": step_time}), flush=True)
+with open(os.environ["PROBE_LOG"], "a") as f:
+    f.write(json.dumps({"event": "end", "params": p}) + "\n")
+print(json.dumps({"metrics": {"step_time_s": step_time, "tokens_per_s_per_device": 100.0 / step_time}}))
+'''
+
+
+@pytest.mark.parametrize("ray", ["ray: {num_cpus: 2}", "ray: {enabled: false}"])
+def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
+    script = tmp_path / "probe.py"
+    script.write_text(SLOW_TP2_PROBE)
+    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+  kind: command
+  argv: [{sys.executable}, {script}, --trial, "{{trial_file}}"]
+  resources: {{num_cpus: 1}}
+  env: {{PROBE_LOG: "{tmp_path / 'probe_log.jsonl'}"}}""").replace(
+        "search: {n_trials: 6, seed: 1}",
+        f"search: {{n_trials: 4, seed: 1, sampler: random}}\n{ray}\n"
+        "baseline: {tp: 1, pp: 1, micro_batch_size: 1, zero_stage: 0, recompute: none}")
+    text = text.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1, 2]\n  pp: [1]\n")
+    spec = write_spec(text, "prune.yaml")
+    run_dir = tmp_path / "study"
+    result, _ = _run_json(spec, run_dir)
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
+    probed = [t for t in report["trials"] if t["probed"]]
+    slow = [t for t in probed if t["params"]["tp"] == 2]
+    assert slow, "the random sampler proposed no tp=2 config"
+    for t in slow:
+        assert t["status"] == "pruned" and t["state"] == "PRUNED"
+        assert "stopped early" in t["failure"] and "10.00x the best's" in t["failure"]
+        assert t["metrics"]["step_time_s"] == pytest.approx(1.0)  # the partial measurement is kept
+    finished = [e["params"]["tp"] for e in _probe_log(tmp_path)]
+    assert 2 not in finished  # no tp=2 probe ran its 25 steps
+    assert all(t["status"] == "ok" for t in probed if t["params"]["tp"] == 1)
+    assert "pruning" in result.stderr
