@@ -547,7 +547,6 @@ class StudyRunner:
                     f"stopped early after {len(times)} measured steps: median step {median:.4g} s is "
                     f"{median / best_step:.2f}x the best's {best_step:.4g} s (trial {best.number}); "
                     f"margin {spec.prune_margin:.0%}")
-                self.observer.on_message(f"  trial {trial.number}: pruning, {self._prune_reasons[trial.number]}")
                 dispatcher.cancel(handle)
 
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:

@@ -396,4 +396,4 @@ def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
     finished = [e["params"]["tp"] for e in _probe_log(tmp_path)]
     assert 2 not in finished  # no tp=2 probe ran its 25 steps
     assert all(t["status"] == "ok" for t in probed if t["params"]["tp"] == 1)
-    assert "pruning" in result.stderr
+    assert "pruned stopped early" in result.stderr
