@@ -525,10 +525,11 @@ class StudyRunner:
         least ``prune_min_steps`` steps) exceeds the best trial's step time by more than
         ``prune_margin`` (50 % by default: above the +-30 % run-to-run noise measured on these
         machines) cannot win, and is killed. It is recorded as ``pruned`` with the steps it made."""
-        for number, event in dispatcher.step_events():
+        events = dispatcher.step_events()
+        for number, event in events:
             self._live_steps.setdefault(number, []).append(event)
         spec = self.spec.search
-        if (not spec.prune or self.backend.simulated or len(self.objectives) != 1
+        if (not events or not spec.prune or self.backend.simulated or len(self.objectives) != 1
                 or self.objectives[0][0] not in self._STEP_OBJECTIVES or not pending):
             return
         best = self._best_single(study)
