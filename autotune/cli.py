@@ -256,6 +256,8 @@ def run(
     run_dir: Optional[Path] = RunDirOpt,
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"),
     no_tracking: bool = typer.Option(False, "--no-tracking", help="do not write MLflow runs"),
+    reuse_cache: bool = typer.Option(False, "--reuse-cache", help="answer configs measured before (any study, "
+                                     "same model, workload, cluster, backend and software) from the result cache"),
     as_json: bool = JsonOpt,
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
@@ -286,7 +288,16 @@ def run(
     if not no_tracking:
         tracker = _tracker(spec, directory)
     observer = ProgressObserver(err, spec.objective_list(), quiet=as_json)
-    runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer)
+    cache = None
+    if not choice.simulated:
+        from .cache import ResultCache
+
+        try:
+            cache = ResultCache()
+        except Exception as exc:  # an unwritable home: run without the cache, and say so
+            err.print(f"[yellow]result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file[/yellow]")
+    runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
+                         reuse_cache=reuse_cache)
     status = "FAILED"
     try:
         with observer:

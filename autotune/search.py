@@ -268,7 +268,8 @@ class StudyRunner:
     """Runs one study to its budget. ``tracker`` may be None (tests, ``--no-tracking``)."""
 
     def __init__(self, spec: Spec, run_dir: Path, backend: BackendChoice, *, tracker: Any = None,
-                 observer: SearchObserver | None = None, dispatcher: Any = None):
+                 observer: SearchObserver | None = None, dispatcher: Any = None, cache: Any = None,
+                 reuse_cache: bool = False):
         self.spec = spec
         self.run_dir = run_dir
         self.backend = backend
@@ -279,6 +280,9 @@ class StudyRunner:
         self.objectives = spec.objective_list()
         self.parallel = 1 if backend.simulated else spec.search.parallel_trials
         self._dispatcher = dispatcher
+        # real probes' results kept across studies (autotune.cache); read only with reuse_cache
+        self.cache = None if backend.simulated else cache
+        self.reuse_cache = reuse_cache
         self.ranking: Ranking | None = None
         self.refit = Refit()  # identity until a probe is measured
         self._refit_shown: Refit | None = None  # the last refit told to the user
@@ -429,6 +433,17 @@ class StudyRunner:
                         continue
                     misses = 0
                     config, why = handled
+                    cached = self._from_cache(config)
+                    if cached is not None:  # measured before, in this or another study: no probe
+                        result, origin = cached
+                        trial.set_user_attr(A.PROBED, True)
+                        trial.set_user_attr(A.CHOSEN, f"{why}; answered from the result cache (study "
+                                                      f"{origin['study']}, trial {origin['trial']})")
+                        seen[config_key(config)] = trial.number
+                        started += 1
+                        record = self._finish(study, trial, config, result)
+                        self.observer.on_trial_finished(record, self._best_single(study), len(pending))
+                        continue
                     request = TrialRequest(params=config, model=self.context.model, workload=self.context.workload,
                                            cluster=self.context.cluster, study=self.spec.name, number=trial.number,
                                            backend=self.spec.backend.model_dump())
@@ -550,6 +565,31 @@ class StudyRunner:
                     f"margin {spec.prune_margin:.0%}")
                 dispatcher.cancel(handle)
 
+    # ---- result cache ------------------------------------------------------------------------------
+    def _cache_key(self, config: dict[str, Any]) -> str:
+        from .cache import cache_key
+
+        c = self.context
+        return cache_key(config_key(config), c.model, c.workload, c.cluster, self.spec.backend.model_dump())
+
+    def _from_cache(self, config: dict[str, Any]) -> tuple[ProbeResult, dict[str, Any]] | None:
+        if self.cache is None or not self.reuse_cache:
+            return None
+        hit = self.cache.get(self._cache_key(config))
+        if hit is None:
+            return None
+        result, origin = hit
+        result.info = {**result.info, "cached_from": origin}
+        return result, origin
+
+    def _to_cache(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
+        if self.cache is None or "cached_from" in result.info:
+            return
+        try:
+            self.cache.put(self._cache_key(config), result, self.spec.name, number)
+        except Exception as exc:  # the cache saves time; losing a write costs a probe later, not data
+            log.warning("could not write the result cache %s: %s", self.cache.path, exc)
+
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:
         """Refit the model's compute and communication factors from every measured trial
         (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
@@ -603,6 +643,7 @@ class StudyRunner:
             if times and "step_time_s" not in result.metrics:  # the partial measurement
                 result.metrics = {**result.metrics, "step_time_s": statistics.median(times),
                                   "measured_steps": float(len(times))}
+        self._to_cache(trial.number, config, result)
         metrics = dict(result.metrics)
         self._derive_metrics(metrics, config, result)
         trial.set_user_attr(A.STATUS, result.status)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -13,6 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# the result cache of real probes goes to a throwaway file, never the user's ~/.cache
+os.environ.setdefault("AUTOTUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="autotune-test-cache-"), "results.sqlite"))
 
 
 @pytest.fixture

@@ -397,3 +397,44 @@ def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
     assert 2 not in finished  # no tp=2 probe ran its 25 steps
     assert all(t["status"] == "ok" for t in probed if t["params"]["tp"] == 1)
     assert "pruned stopped early" in result.stderr
+
+
+def test_reuse_cache_answers_configs_measured_by_an_earlier_study(write_spec, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache.sqlite"))
+    spec = _command_spec(write_spec, tmp_path, n_trials=6, parallel=1, ray="ray: {enabled: false}", sleep=0.0)
+    _run_json(spec, tmp_path / "first")
+    first_runs = len([e for e in _probe_log(tmp_path) if e["event"] == "start"])
+    assert first_runs == 6
+
+    # a second study of the same spec elsewhere: without --reuse-cache it probes again ...
+    _run_json(spec, tmp_path / "second")
+    assert len([e for e in _probe_log(tmp_path) if e["event"] == "start"]) == 12
+    # ... with it, every config measured before is answered from the cache, with its origin
+    result = _invoke("run", str(spec), "--run-dir", str(tmp_path / "third"), "--json", "--reuse-cache")
+    assert result.exit_code == 0, result.output
+    assert len([e for e in _probe_log(tmp_path) if e["event"] == "start"]) == 12  # no new probe
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(tmp_path / "third"), "--json").stdout)
+    probed = [t for t in report["trials"] if t["probed"]]
+    assert len(probed) == 6
+    assert all("answered from the result cache" in t["chosen_because"] for t in probed)
+    assert {t["status"] for t in probed} <= {"ok", "oom"}
+
+
+def test_result_cache_keeps_only_outcomes_that_repeat(tmp_path):
+    from autotune.cache import ResultCache, cache_key
+    from autotune.workers.protocol import ProbeResult
+
+    cache = ResultCache(tmp_path / "c.sqlite")
+    model, work, cluster, backend = {"arch": "llama"}, {"seq_len": 8}, {"accelerator": "cpu"}, {"kind": "command"}
+    key = cache_key("tp=1", model, work, cluster, backend)
+    assert cache_key("tp=2", model, work, cluster, backend) != key
+    assert cache_key("tp=1", model, {"seq_len": 16}, cluster, backend) != key
+    assert cache_key("tp=1", model, {"seq_len": 8, "timeout_s": 5}, cluster, backend) == key  # a deadline is not the config
+    for status in ("timeout", "crash", "pruned"):
+        assert not cache.put(key, ProbeResult(status), "s", 0)
+    assert not cache.put(key, ProbeResult("ok", metrics={"x": 1.0}, source="simulated"), "s", 0)
+    assert cache.get(key) is None
+    assert cache.put(key, ProbeResult("ok", metrics={"x": 1.0}), "study-a", 7)
+    result, origin = cache.get(key)
+    assert result.metrics == {"x": 1.0} and origin["study"] == "study-a" and origin["trial"] == 7
+    assert len(cache) == 1
