@@ -227,10 +227,12 @@ def calibrate(
     except ImportError as exc:
         err.print(f"[red]error[/red] calibrate needs torch ({exc}); pip install torch==2.13.0")
         raise typer.Exit(EXIT_INPUT) from None
+    from autotune.workers.torch_probe.failures import ProbeFailure
+
     try:
         result = measure(accelerator, quick=quick, ranks=ranks, threads=threads,
                          progress=lambda text: err.print(f"measuring {text}"))
-    except (ImportError, RuntimeError) as exc:
+    except (ImportError, RuntimeError, ProbeFailure) as exc:  # no device, no torch_npu, ...
         err.print(f"[red]error[/red] cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     path = write_profile(result, out_path)

@@ -469,7 +469,7 @@ class StudyRunner:
                 dispatcher.cancel(handle)
             raise
         records = trial_records(study)
-        best = self._best(records)
+        best = best_records(records, self.objectives)
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
@@ -522,10 +522,9 @@ class StudyRunner:
             return None
         if not ua.get(A.CHOSEN):
             trial.set_user_attr(A.CHOSEN, why)
-        if not self.backend.simulated:  # predicted next to measured, for every probe
+        if not self.backend.simulated:  # predicted next to measured, for every probe, with the latest refit
             predicted = dict(ua.get(A.PREDICTED) or self._prediction(config))
-            if "refit_step_time_s" not in predicted:  # queued before the latest measurements
-                predicted.update(self.refit.apply(predicted))
+            predicted.update(self.refit.apply(predicted))  # beside the raw prediction, never instead
             trial.set_user_attr(A.PREDICTED, predicted)
         return config, why
 
@@ -611,7 +610,7 @@ class StudyRunner:
                 f"communication x{refit.comm:.3g}; model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
 
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
-        """The simulator's prediction for one config (from the ranking when there is one)."""
+        """The simulator's raw prediction for one config (from the ranking when there is one)."""
         raw = None
         if self.ranking is not None:
             index = self.ranking.index_of(config_key(config))
@@ -623,9 +622,7 @@ class StudyRunner:
             c = self.context
             predictions = simulate_configs(c.model, c.workload, c.hardware, c.cluster, columns_from_params([config]))
             raw = {k: v[0] for k, v in predictions.items()}
-        predicted = _predicted(raw, self.objectives)
-        predicted.update(self.refit.apply(predicted))  # beside the raw prediction, never instead
-        return predicted
+        return _predicted(raw, self.objectives)
 
     def _penalty(self) -> list[float]:
         """Objective values told for infeasible trials. They are marked infeasible by constraint,
@@ -702,9 +699,6 @@ class StudyRunner:
     def _best_single(self, study: optuna.Study) -> TrialRecord | None:
         best = best_records(trial_records(study), self.objectives)
         return best[0] if best else None
-
-    def _best(self, records: list[TrialRecord]) -> list[TrialRecord]:
-        return best_records(records, self.objectives)
 
     # ---- tracking ----------------------------------------------------------------------------------
     def _start_tracking(self, study: optuna.Study) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import yaml
 
 from .hardware import load_profile
+from .torch_probe._device import ACCELERATORS, device_module, device_name, setup_device, software_versions
 
 __all__ = ["calibrate", "write_profile", "fit_half_dim"]
 
@@ -49,19 +50,15 @@ QUICK_SIZES = {"cpu": (64, 128, 256), "cuda": (512, 1024, 2048), "npu": (512, 10
 
 
 # ------------------------------------------------------------------------------------- device
-def _device(accelerator: str) -> tuple[Any, Any, Callable[[], None]]:
-    """(torch, device, synchronize) for the accelerator, looked up once."""
+def _device(accelerator: str, local_rank: int = 0) -> tuple[Any, Any, Callable[[], None]]:
+    """(torch, device, synchronize): the torch probe's own device lookup (extension loaded,
+    device bound), so calibration measures the device exactly as a probe drives it."""
     import torch
 
-    if accelerator == "npu":
-        import torch_npu  # noqa: F401  (registers the npu device)
-
-        return torch, torch.device("npu:0"), torch.npu.synchronize
-    if accelerator == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("calibrate --accelerator cuda: no CUDA device is visible")
-        return torch, torch.device("cuda:0"), torch.cuda.synchronize
-    return torch, torch.device("cpu"), lambda: None
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("calibrate --accelerator cuda: no CUDA device is visible")
+    info = setup_device(accelerator, local_rank)
+    return torch, torch.device(info.name), device_module(accelerator).synchronize
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None], min_time_s: float, repeats: int) -> float:
@@ -112,17 +109,11 @@ def measure_memory_bandwidth(accelerator: str, mib: int, min_time_s: float, repe
 def _collective_worker(rank: int, world: int, accelerator: str, store_path: str, mib: int, repeats: int,
                        result_path: str) -> None:
     """One rank of the collective measurement (run by torch.multiprocessing)."""
-    torch, _, _ = _device(accelerator)
+    torch, device, sync = _device(accelerator, local_rank=rank)
     import torch.distributed as dist
 
-    backend = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[accelerator]
-    if accelerator == "cuda":
-        torch.cuda.set_device(rank)
-    elif accelerator == "npu":
-        torch.npu.set_device(rank)
-    device = torch.device("cpu" if accelerator == "cpu" else f"{accelerator}:{rank}")
-    sync = (lambda: None) if accelerator == "cpu" else getattr(torch, accelerator).synchronize
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world)
+    dist.init_process_group(ACCELERATORS[accelerator].backend, init_method=f"file://{store_path}", rank=rank,
+                            world_size=world)
     try:
         n = mib * 2 ** 20 // 4
         x = torch.ones(n, dtype=torch.float32, device=device)
@@ -209,7 +200,8 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     largest = max(sizes)
     half = fit_half_dim(gemm["fp32"])
     profile["name"] = f"calibrated-{platform.node() or accelerator}"
-    profile["description"] = (f"calibrated on {platform.node()} ({_device_name(accelerator)}) "
+    name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
+    profile["description"] = (f"calibrated on {platform.node()} ({name}) "
                               f"{_dt.date.today().isoformat()}")
     # plateau per precision: the largest size's rate scaled by the fitted curve
     eff = (largest / (largest + half)) ** 3
@@ -225,7 +217,7 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
         profile["allgather_efficiency"] = min(1.0, round(collectives["allgather"] / collectives["allreduce"], 3))
     measured = {"gemm_tflops": gemm, "memory_bandwidth_gbps": bandwidth, "collective_busbw_gbps": collectives,
                 "sizes": list(sizes), "quick": quick, "ranks": ranks, "threads_per_device": threads,
-                "software": _software(accelerator)}
+                "software": {**software_versions(accelerator), "python": platform.python_version()}}
     return {"profile": profile, "measured": measured}
 
 
@@ -245,30 +237,6 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(result["profile"], sort_keys=False))
     return path
-
-
-def _device_name(accelerator: str) -> str:
-    if accelerator == "cpu":
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or "cpu"
-    torch, _, _ = _device(accelerator)
-    return str(getattr(torch, accelerator).get_device_name(0))
-
-
-def _software(accelerator: str) -> dict[str, str]:
-    import torch
-
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    if accelerator == "npu":
-        import torch_npu
-
-        out["torch_npu"] = torch_npu.__version__
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

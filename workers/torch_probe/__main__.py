@@ -19,7 +19,8 @@ from typing import Any
 
 from ..protocol import TRIAL_FILE_ENV, read_trial_file
 from . import measure
-from ._device import accelerator_of, device_module, prepare_env, setup_device, threads_per_rank
+from ._device import (accelerator_of, device_module, device_name, prepare_env, setup_device, software_versions,
+                      threads_per_rank)
 from .failures import EXIT_CODES, ProbeFailure, classify_exception
 from .plan import ModelConfig, resolve_plan
 from .spawn import DIST_INIT_ENV
@@ -34,43 +35,6 @@ def _setup_logging(rank: int) -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
-
-
-def _software(kind: str) -> dict[str, str]:
-    import torch
-
-    info = {"torch": torch.__version__}
-    if kind == "npu":
-        try:
-            import torch_npu  # noqa: F401  (loaded already by setup_device)
-
-            info["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
-            cann = getattr(getattr(torch_npu, "version", None), "cann", None)
-            if cann:
-                info["cann"] = str(cann)
-        except ImportError:
-            pass
-    if kind == "cuda":
-        info["cuda"] = str(torch.version.cuda)
-    return info
-
-
-def _device_name(kind: str, devmod: Any) -> str:
-    if kind == "cpu":
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        import platform
-
-        return platform.processor() or "cpu"
-    try:
-        return str(devmod.get_device_name())
-    except Exception:  # noqa: BLE001 - a name is nice to have, never a reason to fail
-        return kind
 
 
 def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) -> dict[str, Any]:
@@ -139,8 +103,8 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
 
         metrics = run_infer(rt)
     info = {
-        "software": _software(kind),
-        "device": _device_name(kind, devmod),
+        "software": software_versions(kind),
+        "device": device_name(kind, devmod),
         "threads_per_rank": threads,
         "env": applied_env,
         "plan_notes": plan.notes,

@@ -28,6 +28,8 @@ __all__ = [
     "available_cpus",
     "setup_device",
     "device_module",
+    "device_name",
+    "software_versions",
 ]
 
 
@@ -191,3 +193,42 @@ def device_module(kind: str, importer: Callable[[str], Any] = importlib.import_m
     if module is None:
         raise ProbeFailure("crash", f"torch has no {kind!r} device module (is {ACCELERATORS[kind].extension} loaded?)")
     return module
+
+
+def software_versions(kind: str) -> dict[str, str]:
+    """The software a probe (or a calibration) ran with, as its result reports it."""
+    import torch
+
+    info = {"torch": torch.__version__}
+    if kind == "npu":
+        try:
+            import torch_npu  # noqa: F401  (loaded already by setup_device)
+
+            info["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
+            cann = getattr(getattr(torch_npu, "version", None), "cann", None)
+            if cann:
+                info["cann"] = str(cann)
+        except ImportError:
+            pass
+    if kind == "cuda":
+        info["cuda"] = str(torch.version.cuda)
+    return info
+
+
+def device_name(kind: str, devmod: Any) -> str:
+    """The device's model name: the CPU model on cpu, the runtime's name on cuda/npu."""
+    if kind == "cpu":
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or "cpu"
+    try:
+        return str(devmod.get_device_name())
+    except Exception:  # noqa: BLE001 - a name is nice to have, never a reason to fail
+        return kind
