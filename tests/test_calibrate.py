@@ -11,7 +11,7 @@ from autotune.cli import app
 from autotune.spec import SpecError, load_spec
 from autotune.workers.calibrate import fit_half_dim
 from autotune.workers.hardware import PROFILE_KEYS, load_profile
-from conftest import TINY_TRAIN
+from support import TINY_TRAIN
 
 pytest.importorskip("torch")
 

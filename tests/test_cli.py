@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from conftest import REPO, TINY_TRAIN
+from support import REPO, TINY_TRAIN
 
 runner = CliRunner()
 

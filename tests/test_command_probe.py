@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.workers.command import MAX_LINE_BYTES, run_probe_process
-from conftest import read_pid
+from support import read_pid
 
 PY = sys.executable
 

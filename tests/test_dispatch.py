@@ -21,7 +21,7 @@ from autotune.dispatch import (
     resources_for,
 )
 from autotune.workers.protocol import ProbeResult, TrialRequest
-from conftest import read_pid
+from support import read_pid
 
 PY = sys.executable
 

@@ -6,7 +6,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from conftest import REPO
+from support import REPO
 
 
 def _declared_packages() -> set[str]:

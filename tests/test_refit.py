@@ -10,7 +10,7 @@ from autotune.refit import Refit, fit_refit
 from autotune.search import StudyRunner
 from autotune.spec import load_spec
 from autotune.workers.protocol import ProbeResult
-from conftest import TINY_TRAIN
+from support import TINY_TRAIN
 
 
 def _pred(compute: float, comm: float) -> dict[str, float]:

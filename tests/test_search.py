@@ -11,7 +11,7 @@ from autotune.dispatch import InProcessDispatcher
 from autotune.search import A, StudyRunner, open_study, trial_records
 from autotune.spec import load_spec
 from autotune.workers.protocol import ProbeResult
-from conftest import TINY_TRAIN
+from support import TINY_TRAIN
 
 MEASURED = BackendChoice("command", "test")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from autotune.workers.simulate import (
 from autotune.workers.simulate._columns import fill_defaults
 from autotune.workers.simulate._common import Shape
 from autotune.workers.simulate._memory import inflight, layer_activation_bytes
+from support import REPO, SHARED
 
 GIB = 2.0**30
 LLAMA7B = dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -305,13 +305,13 @@ def test_simulate_trial_profile_by_name_and_infer():
 
 # --- fidelity against the published runs (skipped without the validation data) ---------------------
 
-VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation" / "training_measured.csv"
+VALIDATION = SHARED / "validation" / "training_measured.csv"
 
 
 @pytest.mark.skipif(not VALIDATION.exists(), reason="validation data not present")
 def test_fidelity_mape_within_target():
     spec = importlib.util.spec_from_file_location("simulator_fidelity",
-                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "simulator_fidelity.py")
+                                                  REPO / "benchmarks" / "simulator_fidelity.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     errors = {}

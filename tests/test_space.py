@@ -7,7 +7,7 @@ import pytest
 
 from autotune.space import Space, config_key
 from autotune.spec import load_spec
-from conftest import REPO, TINY_TRAIN
+from support import REPO, TINY_TRAIN
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.spec import SpecError, load_spec
-from conftest import REPO, TINY_TRAIN
+from support import REPO, TINY_TRAIN
 
 
 def test_tiny_spec_loads_with_defaults(write_spec):
