@@ -94,7 +94,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     if choice.kind == "torch":
         from autotune.workers.torch_probe.launch import probe_argv
 
-        # the light spawn launcher on one node (no torch import, ~1.5-2 s less per trial), torchrun across nodes
+        # backend.launcher: warm / spawn on one node (seconds less per trial), torchrun across nodes
         argv = probe_argv(request, backend.python or sys.executable)
         return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
                            cwd=cwd)

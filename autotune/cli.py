@@ -70,6 +70,35 @@ def _run_dir(spec: Spec, run_dir: Optional[Path]) -> Path:
     return (run_dir or Path("autotune_runs") / spec.name).resolve()
 
 
+_SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from (its location: autotune_spec.path)
+
+
+def _remember_spec(spec_path: Path, directory: Path) -> None:
+    """Keep the spec with its study, so ``report``/``export`` can be given the run directory."""
+    try:
+        (directory / _SPEC_COPY).write_text(Path(spec_path).read_text())
+        (directory / "autotune_spec.path").write_text(str(Path(spec_path).resolve()) + "\n")
+    except OSError as exc:
+        err.print(f"[yellow]could not keep a copy of the spec in {directory}: {exc}[/yellow]")
+
+
+def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Optional[Path]]:
+    """A spec file, or a run directory written by ``autotune run`` (its spec is used: the
+    original file when it is still there, so relative paths in it resolve, else the copy)."""
+    if not path.is_dir():
+        return _load(path), run_dir
+    original = path / "autotune_spec.path"
+    candidates = []
+    if original.exists():
+        candidates.append(Path(original.read_text().strip()))
+    candidates.append(path / _SPEC_COPY)
+    for candidate in candidates:
+        if candidate.is_file():
+            return _load(candidate), run_dir or path
+    err.print(f"[red]error[/red] {path}: a directory, but not a run directory of `autotune run` (no {_SPEC_COPY})")
+    raise typer.Exit(EXIT_INPUT)
+
+
 def _with_overrides(spec: Spec, **changes: Any) -> Spec:
     search = spec.search.model_copy(update={k: v for k, v in changes.items() if v is not None})
     from .spec import SearchSpec
@@ -282,6 +311,7 @@ def run(
     err.print(f"[bold]backend: {choice.kind}[/bold] — {choice.reason}")
     directory = _run_dir(spec, run_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    _remember_spec(spec_path, directory)
 
     from .progress import ProgressObserver
     from .search import StudyRunner
@@ -346,9 +376,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     best = outcome.best[0] if outcome.best else None
     line = improvement_line(best, outcome.baseline, *objectives[0])
     exports: dict[str, Path] = {}
-    gbs = getattr(spec.workload, "global_batch_size", None)
     if best is not None:
-        exports = write_exports(spec.name, best, directory / "export", gbs)
+        exports = write_exports(_export_context(spec, best), directory / "export")
     if tracker:
         metrics: dict[str, float] = {"probes": outcome.probes_run}
         if best is not None:
@@ -396,7 +425,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}")
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
     if exports:
-        err.print(f"  best config:     {exports['yaml']}   (launch args: {exports['args']}, env: {exports['env']})")
+        err.print(f"  best config:     {exports['yaml']}   (launch script: {exports['megatron']}, env: {exports['env']})")
+        err.print(f"  other stacks:    autotune export {directory} --format deepspeed,mindformers,torchtitan")
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
     if best is None:
@@ -474,14 +504,27 @@ def _fmt_metric(v: Any) -> str:
 
 # --------------------------------------------------------------------------------------- export
 @app.command()
-def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
+def export(spec_path: Path = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False),
+           run_dir: Optional[Path] = RunDirOpt,
            out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
-           trial: Optional[int] = typer.Option(None, help="export this trial instead of the best")) -> None:
-    """Write the best config as YAML, an env file and Megatron/MindSpeed launch arguments."""
+           formats: str = typer.Option("yaml,env,megatron", "--format",
+                                       help="comma-separated: yaml, env, megatron (torchrun script with MindSpeed-LLM / "
+                                            "Megatron-LM arguments), deepspeed (config JSON), mindformers "
+                                            "(parallel_config YAML), torchtitan (TOML fragment); or all"),
+           trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
+           as_json: bool = JsonOpt) -> None:
+    """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
+    DeepSpeed JSON, MindFormers YAML, torchtitan TOML."""
     _setup_logging(False)
-    spec = _load(spec_path)
+    from .export import ExportContext, parse_formats, write_exports
+
+    try:
+        chosen_formats = parse_formats(formats)
+    except ValueError as exc:
+        err.print(f"[red]error[/red] --format: {exc}")
+        raise typer.Exit(EXIT_INPUT) from None
+    spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
-    from .export import write_exports
     from .search import best_records, trial_records
 
     records = trial_records(study)
@@ -497,9 +540,21 @@ def export(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt,
             raise typer.Exit(EXIT_NO_RESULT)
         chosen = best[0]
     directory = out_dir or _run_dir(spec, run_dir) / "export"
-    paths = write_exports(spec.name, chosen, directory, getattr(spec.workload, "global_batch_size", None))
+    paths = write_exports(_export_context(spec, chosen), directory, chosen_formats)
+    if as_json:
+        print(json.dumps({"trial": chosen.number, "files": {k: str(v) for k, v in paths.items()}}))
+        return
     for kind, path in paths.items():
-        out.print(f"{kind}: {path}")
+        out.print(f"{kind}: {path}", highlight=False, soft_wrap=True)
+
+
+def _export_context(spec: Spec, record: Any) -> Any:
+    from .context import probe_context
+    from .export import ExportContext
+
+    ctx = probe_context(spec)
+    cluster = {k: v for k, v in ctx.cluster.items() if k != "hardware"}
+    return ExportContext.from_record(spec.name, record, ctx.model, ctx.workload, cluster)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ Guarantees, all backed by Optuna storage (a journal file in the run directory by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_fil
 
 from .backends import BackendChoice, launch_for
 from .context import ProbeContext, probe_context
+from .guided import Guide, GuideSettings, Observation
 from .ranking import Ranking, rank_space
 from .refit import Refit, fit_refit
 from .space import Space, config_key
@@ -60,6 +62,7 @@ class A:
     BASELINE = "autotune.baseline"
     DUPLICATE_OF = "autotune.duplicate_of"
     REQUEUED_FROM = "autotune.requeued_from"
+    REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
     WALL = "autotune.wall_s"
     INFO = "autotune.info"
 
@@ -187,6 +190,7 @@ class TrialRecord:
     chosen_because: str
     values: list[float] | None
     feasible: bool
+    info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -208,17 +212,36 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
             source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
             reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
             chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
+            info=ua.get(A.INFO) or {},
         ))
     return out
 
 
 def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[TrialRecord]:
     """The best probed trials: the single best for one objective, the Pareto front for several
-    (best first by the first objective). Rule rejections and repeats are never "best"."""
+    (best first by the first objective). Rule rejections and repeats are never "best". A config
+    measured more than once (a close call, measured again) is judged on the mean of its
+    measurements; the record returned is its latest, with those means as its metrics."""
     ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
           and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
     if not ok:
         return []
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in ok:
+        groups.setdefault(config_key(r.config), []).append(r)
+    merged = []
+    for rs in groups.values():
+        latest = max(rs, key=lambda r: r.number)
+        if len(rs) > 1:
+            metrics = dict(latest.metrics)
+            for name in {k for r in rs for k in r.metrics}:
+                values = [r.metrics[name] for r in rs if _finite(r.metrics.get(name))]
+                if values:
+                    metrics[name] = statistics.fmean(values)
+            metrics["measurements"] = len(rs)
+            latest = dataclasses.replace(latest, metrics=metrics)
+        merged.append(latest)
+    ok = merged
     m, d = objectives[0]
     ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
     if len(objectives) == 1:
@@ -288,6 +311,10 @@ class StudyRunner:
         self._refit_shown: Refit | None = None  # the last refit told to the user
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
+        self.guide: Guide | None = None  # sampler auto on real probes: model-guided proposals
+        self._guide_stop = ""
+        self._seen: dict[str, int] = {}  # canonical key -> first trial that probed it
+        self._started = 0
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -357,9 +384,10 @@ class StudyRunner:
                                                      A.CHOSEN: "baseline from the spec"})
             already.add(resolved.key)
             budget_left -= 1
-        if self.spec.search.sampler != "auto" or ranking is None or budget_left <= 0:
-            return
-        # simulate: the top n configs are the study; real probes: the top half, then the sampler
+        if self.spec.search.sampler != "auto" or ranking is None or budget_left <= 0 or self.guide is not None:
+            return  # the guide proposes one config at a time, from what was measured
+        # simulate: the top n configs are the study; real probes without a guide (several
+        # objectives): the top half, then the sampler
         k = budget_left if self.backend.simulated else max(1, math.ceil(budget_left / 2))
         queued = 0
         for rank, (config, metrics) in enumerate(ranking.top(len(ranking.order)), start=1):
@@ -389,6 +417,10 @@ class StudyRunner:
     def run(self) -> StudyOutcome:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ranking = self._rank() if (self.spec.search.sampler == "auto") else None
+        if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
+            sp = self.spec.search
+            self.guide = Guide(ranking, self.objectives[0], GuideSettings(
+                explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence))
         sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
         self._recover(study)
@@ -402,6 +434,7 @@ class StudyRunner:
         self.observer.on_start(budget, probes_done)
 
         seen: dict[str, int] = {}
+        self._seen = seen
         for t in study.get_trials(deepcopy=False):
             key = t.user_attrs.get(A.KEY)
             if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) != "interrupted":
@@ -426,6 +459,10 @@ class StudyRunner:
                     if misses >= 200:
                         stopped = "the sampler proposed only rejected or already measured configs 200 times in a row"
                         break
+                    self._started = started
+                    if self.guide is not None and not self._queue_guided(study, pending):
+                        stopped = self._guide_stop
+                        break
                     trial = study.ask(distributions)
                     handled = self._pre_dispatch(study, trial, seen)
                     if handled is None:
@@ -433,7 +470,7 @@ class StudyRunner:
                         continue
                     misses = 0
                     config, why = handled
-                    cached = self._from_cache(config)
+                    cached = None if A.REMEASURE_OF in trial.user_attrs else self._from_cache(config)
                     if cached is not None:  # measured before, in this or another study: no probe
                         result, origin = cached
                         trial.set_user_attr(A.PROBED, True)
@@ -474,6 +511,53 @@ class StudyRunner:
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
 
+    def _observations(self, study: optuna.Study) -> list[Observation]:
+        """What the guide learns from: every probed trial of the ranked space, with its outcome."""
+        out = []
+        metric = self.objectives[0][0]
+        for r in trial_records(study):
+            if not r.probed or r.status in ("interrupted", "running", "duplicate"):
+                continue
+            index = self.ranking.index_of(config_key(r.config)) if self.ranking else None
+            if index is None:
+                continue
+            m = r.metrics
+            out.append(Observation(index=index, status=r.status, number=r.number,
+                                   objective=m.get(metric) if _finite(m.get(metric)) else None,
+                                   step_time_s=m.get("step_time_s") if _finite(m.get("step_time_s")) else None,
+                                   peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None))
+        return out
+
+    def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]]) -> bool:
+        """Queue the guide's next proposal unless one is already waiting; False = stop (why in
+        ``_guide_stop``)."""
+        if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+            return True
+        exclude = [i for _, config in pending.values()
+                   if (i := self.ranking.index_of(config_key(config))) is not None]
+        best = self._best_single(study)
+        metric = self.objectives[0][0]
+        best_value = best.metrics.get(metric) if best else None
+        budget_left = self.spec.search.n_trials - self._started
+        proposal, why_stop = self.guide.propose(self._observations(study), exclude=exclude,
+                                                best=best_value if _finite(best_value) else None,
+                                                budget_left=budget_left)
+        if proposal is None:
+            if not self.spec.search.stop_early and "bound" in why_stop:
+                proposal, why_stop = self.guide.propose(self._observations(study), exclude=exclude, best=None)
+            if proposal is None:
+                self._guide_stop = f"stopped early: {why_stop}"
+                return False
+        raw = self.ranking.metrics_of(proposal.index)
+        predicted = _predicted(raw, self.objectives)
+        predicted.update(proposal.predicted)
+        attrs = {A.CONFIG: proposal.config, A.KEY: config_key(proposal.config), A.PREDICTED: predicted,
+                 A.CHOSEN: proposal.reason}
+        if proposal.remeasure:
+            attrs[A.REMEASURE_OF] = self._seen.get(config_key(proposal.config), -1)
+        study.enqueue_trial(self._params_for(proposal.config), user_attrs=attrs)
+        return True
+
     def _valid_count(self, ranking: Ranking | None) -> int | None:
         """Number of valid canonical configs, when the space is small enough to count."""
         if ranking is not None:
@@ -508,7 +592,7 @@ class StudyRunner:
         else:
             why = ua.get(A.CHOSEN, "queued")
         key = config_key(config)
-        if key in seen:
+        if key in seen and A.REMEASURE_OF not in ua:
             original = study.trials[seen[key]] if seen[key] < len(study.trials) else None
             trial.set_user_attr(A.DUPLICATE_OF, seen[key])
             trial.set_user_attr(A.STATUS, "duplicate")

@@ -133,6 +133,11 @@ class BackendSpec(_Strict):
     )
     metric_patterns: dict[str, str] = Field(default_factory=dict, description="metric -> regex with one group")
     python: str | None = Field(None, description="interpreter for the mindspore/torch probe")
+    launcher: Literal["auto", "warm", "spawn", "torchrun"] = Field(
+        "auto", description="how the torch probe's ranks start: 'warm' forks them from a server that has imported "
+                            "torch already (single node), 'spawn' starts fresh processes (single node), 'torchrun' "
+                            "(any); 'auto' = warm on a single cpu node, spawn on a single accelerator node, torchrun "
+                            "across nodes")
     cwd: str | None = Field(None, description="working directory of the probe; a relative path is relative to the "
                                              "spec file (default: where autotune runs)")
 
@@ -272,6 +277,12 @@ class SearchSpec(_Strict):
     prune_margin: float = Field(0.5, gt=0, description="stop when the median measured step time exceeds the best's "
                                                        "by more than this fraction (0.5: 50 %, above run-to-run noise)")
     prune_min_steps: int = Field(2, ge=1, description="measured steps a probe shows before it may be stopped")
+    stop_early: bool = Field(True, description="sampler auto: stop before the budget when the model's optimistic "
+                                               "bound of every remaining config is below the best measured")
+    explore_kappa: float = Field(1.0, ge=0, description="sampler auto: optimism of the next pick, in standard "
+                                                        "deviations of the model's uncertainty")
+    fit_confidence: float = Field(0.95, gt=0, lt=1, description="sampler auto: probability of fitting in memory a "
+                                                                "config needs before it is probed")
 
 
 class TrackingSpec(_Strict):

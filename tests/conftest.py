@@ -13,6 +13,9 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # the result cache of real probes goes to a throwaway file, never the user's ~/.cache
+# warm probe servers (workers/torch_probe/warm.py) live in a throwaway dir and idle out quickly
+os.environ.setdefault("AUTOTUNE_WARM_DIR", tempfile.mkdtemp(prefix="autotune-test-warm-"))
+os.environ.setdefault("AUTOTUNE_WARM_IDLE_S", "60")
 os.environ.setdefault("AUTOTUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="autotune-test-cache-"), "results.sqlite"))
 
 

@@ -78,9 +78,10 @@ class ProbeRun:
 
 def run_probe(tmp_path: Path, request: TrialRequest, env: dict[str, str] | None = None,
               timeout: float = PROBE_TIMEOUT_S, launcher: str = "spawn") -> ProbeRun:
-    """One trial as the dispatcher runs it: ``launcher`` 'spawn' (spawn.py, the cheaper one) or
-    'torchrun' (launch.torchrun_argv); a world of one runs plainly with ``python -m``."""
-    from autotune.workers.torch_probe.launch import spawn_argv, torchrun_argv
+    """One trial as the dispatcher runs it: ``launcher`` 'spawn' (spawn.py), 'warm' (warm.py, ranks
+    forked from a server with torch imported) or 'torchrun' (launch.torchrun_argv); a world of one
+    runs plainly with ``python -m``."""
+    from autotune.workers.torch_probe.launch import spawn_argv, torchrun_argv, warm_argv
 
     trial = write_trial_file(request, tmp_path / f"trial_{abs(hash(json.dumps(request.params, sort_keys=True)))}.json")
     world = int(request.cluster["world_size"])
@@ -88,6 +89,8 @@ def run_probe(tmp_path: Path, request: TrialRequest, env: dict[str, str] | None 
         argv = [sys.executable, "-m", "autotune.workers.torch_probe", str(trial)]
     elif launcher == "torchrun":
         argv = torchrun_argv(request, sys.executable, str(trial))
+    elif launcher == "warm":
+        argv = warm_argv(request, sys.executable, str(trial))
     else:
         argv = spawn_argv(request, sys.executable, str(trial))
     full_env = dict(os.environ)

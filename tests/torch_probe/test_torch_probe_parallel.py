@@ -9,7 +9,8 @@ the step-2 and step-3 losses by ~1e-3 or more. (AdamW is nearly blind to a unifo
 *scale*, so scale errors are not what this test can see.)
 
 The fast set covers the three mechanisms (DTensor TP + sequence parallel + loss parallel under
-torchrun, the 1F1B pipeline, FSDP2 full sharding with a profiled step, under spawn.py); the rest
+torchrun, the 1F1B pipeline under warm.py — ranks forked from a server with torch imported, the
+default on a CPU node — and FSDP2 full sharding with a profiled step, under spawn.py); the rest
 of the 2-rank modes and the 4-rank compositions are marked slow.
 """
 
@@ -49,7 +50,7 @@ def test_tp2_sequence_parallel_matches_single_process(probe, reference_losses):
 
 
 def test_pp2_1f1b_matches_single_process(probe, reference_losses):
-    run = probe({"pp": 2, "micro_batch_size": 1}, world=2)
+    run = probe({"pp": 2, "micro_batch_size": 1}, world=2, launcher="warm")
     assert_same_losses(run, reference_losses)
     assert "1F1B" in run.stderr
 

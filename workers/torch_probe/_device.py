@@ -212,7 +212,32 @@ def software_versions(kind: str) -> dict[str, str]:
             pass
     if kind == "cuda":
         info["cuda"] = str(torch.version.cuda)
+    driver = driver_version(kind)
+    if driver:
+        info["driver"] = driver
     return info
+
+
+_DRIVER_FILES = {"cuda": "/proc/driver/nvidia/version", "npu": "/usr/local/Ascend/driver/version.info"}
+
+
+def driver_version(kind: str, path: str | None = None) -> str | None:
+    """The device driver's version as its install states it (NVIDIA: /proc/driver/nvidia/version,
+    Ascend: the driver's version.info ``Version=``); None on cpu or when unreadable."""
+    path = path or _DRIVER_FILES.get(kind)
+    if not path:
+        return None
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Version="):
+            return line.split("=", 1)[1].strip()
+        if "Kernel Module" in line:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..."
+            words = line.split("Kernel Module", 1)[1].split()
+            return words[0] if words else None
+    return None
 
 
 def device_name(kind: str, devmod: Any) -> str:

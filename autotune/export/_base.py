@@ -1,0 +1,82 @@
+"""The exporter contract and the header every export carries."""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Exporter", "ExportContext", "header_fields", "header_lines"]
+
+
+@dataclass
+class ExportContext:
+    """What an exporter may use: the study, the chosen trial and the spec's model/workload/cluster."""
+
+    study: str
+    trial: int
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    source: str = ""                      # measured | simulated | cache
+    model: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, str] = field(default_factory=dict)  # as the probe reported it
+
+    @classmethod
+    def from_record(cls, study: str, record: Any, model: dict | None = None, workload: dict | None = None,
+                    cluster: dict | None = None) -> "ExportContext":
+        info = getattr(record, "info", None) or {}
+        return cls(study=study, trial=record.number, config=dict(record.config), metrics=dict(record.metrics),
+                   source=record.source or "", model=dict(model or {}), workload=dict(workload or {}),
+                   cluster=dict(cluster or {}), software={k: str(v) for k, v in (info.get("software") or {}).items()})
+
+    # what most exporters need
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.config.get(name, default)
+
+    @property
+    def world_size(self) -> int:
+        c = self.cluster
+        return int(c.get("world_size") or int(c.get("nodes", 1) or 1) * int(c.get("devices_per_node", 1) or 1))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {k[4:]: str(v) for k, v in self.config.items() if k.startswith("env.")}
+
+
+def header_fields(ctx: ExportContext) -> dict[str, Any]:
+    return {
+        "study": ctx.study, "trial": ctx.trial, "source": ctx.source or "unknown",
+        "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "metrics": {k: v for k, v in sorted(ctx.metrics.items()) if isinstance(v, (int, float))},
+        "software": ctx.software or "not reported (simulated, or a command backend that did not say)",
+    }
+
+
+def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
+    h = header_fields(ctx)
+    metrics = ", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items())
+    software = ", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"]
+    lines = [
+        f"{comment} autotune export: study {ctx.study}, trial {ctx.trial}, {h['source']}",
+        f"{comment} written {h['written']}",
+        f"{comment} metrics ({h['source']}): {metrics}",
+        f"{comment} software: {software}",
+    ]
+    if ctx.source == "simulated":
+        lines.append(f"{comment} NOTE: simulated by the analytical model, not measured; probe it before production use")
+    return lines
+
+
+class Exporter(abc.ABC):
+    """One target format. ``render`` returns the whole file, header included."""
+
+    name: str = ""
+    filename: str = ""
+    executable: bool = False
+
+    @abc.abstractmethod
+    def render(self, ctx: ExportContext) -> str:
+        """The file's text for this context."""

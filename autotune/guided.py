@@ -1,0 +1,347 @@
+"""Model-guided search: which config to probe next, from the simulator and what was measured.
+
+The simulator prices every valid config of the space (``ranking.rank_space``) as a sum of time
+components (GEMM, attention, recompute, TP/DP/PP communication, bubble, ...) and memory
+components (weights, gradients, optimizer states, activations, buffers, reserve). A real machine
+departs from the model mostly component by component — this GEMM efficiency is lower, that
+collective is faster, activations take more room — plus effects the model does not price at all
+(an allocator setting, a kernel that is slow for one micro-batch size). So the guide keeps a
+Bayesian linear model on top of the simulator, fitted to every measurement of the study:
+
+    measured step time ≈ Σ_k f_k · t_k(x)  +  Σ_j g_j · φ_j(x) · t(x)
+    measured peak mem  ≈ Σ_k h_k · m_k(x)  +  Σ_j u_j · φ_j(x) · m(x)
+
+with ``t_k``/``m_k`` the predicted components, ``φ_j`` one-hot indicators of the parameter values
+(tp=4, recompute=full, env.X=..., ...), priors ``f_k, h_k ~ N(1, σ²)`` and ``g_j, u_j ~ N(0, σ²)``,
+and relative (not absolute) residuals. The posterior is closed-form (a small ridge solve), cheap
+over tens of thousands of configs, and gives every config a mean *and* an uncertainty:
+
+- **Next probe** = the highest optimistic objective (upper confidence bound, ``explore_kappa``
+  standard deviations) among configs not yet probed whose probability of fitting in memory is at
+  least ``fit_confidence``. A measured family pins down its components and parameter values;
+  structurally different families (other tp/pp/zero/recompute) keep their uncertainty, so they
+  are tried while they could still win, and never when they cannot.
+- **Feasibility learning**: an OOM is a censored memory measurement (at least the capacity); a
+  config that fits although predicted over the limit lowers the estimate. Both move the memory
+  factors, hence the margin every similar config must keep.
+- **Stopping rule**: when even the optimistic bound (``stop_kappa`` standard deviations) of every
+  remaining config that may fit is below the best measured value by ``stop_margin``, no further
+  probe can win: the study stops and says so.
+
+Everything is derived from the study's trials each time it is asked (nothing to store, and a
+resumed study continues with the same ranking and the same fit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from .ranking import Ranking
+from .refit import COMM_COMPONENTS, COMPUTE_COMPONENTS
+
+__all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "family_of"]
+
+# objectives that every config of a study derives from its step time (same global batch and world)
+STEP_DERIVED = {"tokens_per_s_per_device": -1, "tokens_per_s": -1, "samples_per_s": -1, "mfu": -1, "step_time_s": 1}
+FAMILY_PARAMS = ("tp", "pp", "cp", "zero_stage", "recompute")
+_MAX_ONE_HOT_VALUES = 16
+
+
+@dataclass(frozen=True)
+class GuideSettings:
+    """Knobs of the guide (``search:`` fields of the spec carry the same names)."""
+
+    prior_sigma: float = 0.25       # how wrong a component factor of the simulator may be (25 %)
+    value_sigma: float = 0.04       # unpriced effect of one parameter value (4 %)
+    memory_sigma: float = 0.12      # how wrong a memory component may be
+    noise: float = 0.03             # measurement noise, relative (median of repeated steps)
+    explore_kappa: float = 1.0      # optimism of the next pick, in standard deviations
+    fit_confidence: float = 0.95    # P(fits in memory) a config needs to be probed
+    stop_kappa: float = 2.0         # optimism of the stopping rule
+    stop_margin: float = 0.0        # stop when every bound is below best * (1 + margin)
+    min_probes_before_stop: int = 3
+    min_fit_probability: float = 0.5  # never probe a config less likely than this to fit
+    fit_power: float = 3.0            # weight of P(fits) against the expected improvement
+    remeasure_within: float = 0.03    # the two best measured this close: measure again before the end
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured (or failed) trial, as the guide sees it."""
+
+    index: int                      # row in the ranking
+    status: str                     # ok / oom / pruned / nan / error ...
+    objective: float | None = None  # measured value of the first objective
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    number: int = -1
+
+
+@dataclass
+class Proposal:
+    index: int
+    config: dict[str, Any]
+    reason: str
+    predicted: dict[str, float] = field(default_factory=dict)
+    remeasure: bool = False  # the same config again: a close call between the two best
+
+
+@dataclass
+class _Posterior:
+    mean: np.ndarray
+    cov: np.ndarray
+
+
+def family_of(config: dict[str, Any]) -> tuple:
+    return tuple(config.get(k) for k in FAMILY_PARAMS)
+
+
+def _solve(z: np.ndarray, y: np.ndarray, prior_mean: np.ndarray, prior_sd: np.ndarray, noise: np.ndarray) -> _Posterior:
+    """Bayesian linear regression y = z·θ + ε, θ ~ N(prior_mean, diag(prior_sd²)), ε ~ N(0, noise²)."""
+    prec0 = np.diag(1.0 / prior_sd**2)
+    w = 1.0 / noise**2
+    a = prec0 + (z * w[:, None]).T @ z
+    b = prec0 @ prior_mean + (z * w[:, None]).T @ y
+    cov = np.linalg.inv(a)
+    return _Posterior(cov @ b, cov)
+
+
+def _predict(post: _Posterior, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = z @ post.mean
+    var = np.einsum("ij,jk,ik->i", z, post.cov, z)
+    return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+class Guide:
+    """Proposals over one ranking; rebuilt from the observations at every call (cheap)."""
+
+    def __init__(self, ranking: Ranking, objective: tuple[str, str], settings: GuideSettings | None = None):
+        self.ranking = ranking
+        self.metric, self.direction = objective
+        self.settings = settings or GuideSettings()
+        p = ranking.predictions
+        n = len(ranking.enumeration.configs)
+        self.n = n
+        self.valid = np.asarray(p.get("valid", np.ones(n, bool)), dtype=bool)
+        self.limit = np.asarray(p.get("memory_limit_gib", np.full(n, np.inf)), dtype=float)
+        self.objective_raw = np.asarray(p[self.metric], dtype=float)
+        self.step_derived = self.metric in STEP_DERIVED and "step_time_s" in p
+        comp_names = [k for k in (*COMPUTE_COMPONENTS, *COMM_COMPONENTS) if f"time_{k}" in p]
+        self.time_components = np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names],
+                                        axis=1) if comp_names and self.step_derived else None
+        self.time_names = comp_names
+        mem_names = sorted(k for k in p if k.startswith("mem_"))
+        self.mem_components = (np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1)
+                               if mem_names else None)
+        self.mem_names = mem_names
+        self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
+        self.one_hot, self.one_hot_names = self._one_hot(ranking.enumeration.configs)
+        self.families = [family_of(c) for c in ranking.enumeration.configs]
+
+    # ---- features ----------------------------------------------------------------------------------
+    @staticmethod
+    def _one_hot(configs: list[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
+        names: list[str] = []
+        columns: list[np.ndarray] = []
+        keys = sorted({k for c in configs for k in c})
+        for key in keys:
+            values = [repr(c.get(key)) for c in configs]
+            distinct = sorted(set(values))
+            if not 2 <= len(distinct) <= _MAX_ONE_HOT_VALUES:
+                continue
+            arr = np.array(values)
+            for v in distinct:
+                names.append(f"{key}={v}")
+                columns.append((arr == v).astype(float))
+        if not columns:
+            return np.zeros((len(configs), 0)), []
+        return np.stack(columns, axis=1), names
+
+    def _step_design(self, rows: np.ndarray | slice) -> np.ndarray:
+        comps = self.time_components[rows]
+        total = comps.sum(axis=1, keepdims=True)
+        return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
+
+    def _mem_design(self, rows: np.ndarray | slice) -> np.ndarray:
+        comps = self.mem_components[rows] if self.mem_components is not None else self.peak[rows][:, None]
+        total = comps.sum(axis=1, keepdims=True)
+        return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
+
+    # ---- models --------------------------------------------------------------------------------------
+    def _objective_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the objective for every config (in the objective's units)."""
+        s = self.settings
+        k = self.one_hot.shape[1]
+        if self.step_derived and self.time_components is not None:
+            rows = [(o.index, o.step_time_s) for o in obs if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)]
+            ncomp = self.time_components.shape[1]
+            prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
+            prior_sd = np.concatenate([np.full(ncomp, s.prior_sigma), np.full(k, s.value_sigma)])
+            if rows:
+                idx = np.array([r[0] for r in rows])
+                measured = np.array([r[1] for r in rows], dtype=float)
+                z = self._step_design(idx) / measured[:, None]  # relative residuals
+                post = _solve(z, np.ones(len(rows)), prior_mean, prior_sd, np.full(len(rows), s.noise))
+            else:
+                post = _Posterior(prior_mean, np.diag(prior_sd**2))
+            step_mean, step_sd = _predict(post, self._step_design(slice(None)))
+            raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)
+            step_mean = np.maximum(step_mean, 0.05 * raw_step)
+            if STEP_DERIVED[self.metric] < 0:  # throughput-like: inversely proportional to the step
+                mean = self.objective_raw * raw_step / step_mean
+                sd = mean * step_sd / step_mean
+            else:
+                mean, sd = step_mean, step_sd
+            return mean, sd
+        # any other objective: a multiplicative correction of the raw prediction by parameter values
+        rows = [(o.index, o.objective) for o in obs if o.objective is not None and o.objective > 0
+                and math.isfinite(o.objective) and self.objective_raw[o.index] > 0]
+        prior_mean = np.concatenate([[1.0], np.zeros(k)])
+        prior_sd = np.concatenate([[s.prior_sigma], np.full(k, s.value_sigma)])
+        design = np.concatenate([np.ones((self.n, 1)), self.one_hot], axis=1) * np.nan_to_num(self.objective_raw)[:, None]
+        if rows:
+            idx = np.array([r[0] for r in rows])
+            measured = np.array([r[1] for r in rows], dtype=float)
+            post = _solve(design[idx] / measured[:, None], np.ones(len(rows)), prior_mean, prior_sd,
+                          np.full(len(rows), s.noise))
+        else:
+            post = _Posterior(prior_mean, np.diag(prior_sd**2))
+        return _predict(post, design)
+
+    def _memory_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of every config's peak memory (GiB)."""
+        s = self.settings
+        k = self.one_hot.shape[1]
+        ncomp = self.mem_components.shape[1] if self.mem_components is not None else 1
+        prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
+        prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.value_sigma / 2)])
+        rows, targets, noise = [], [], []
+        for o in obs:
+            cap = self.limit[o.index]
+            if o.status == "oom" and math.isfinite(cap):
+                # censored: it needed more than the capacity; count it as a bit above, less surely
+                rows.append(o.index)
+                targets.append(cap * 1.02)
+                noise.append(0.03)
+            elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
+                rows.append(o.index)
+                targets.append(float(o.peak_memory_gib))
+                noise.append(0.02)
+            elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
+                rows.append(o.index)  # fit although predicted over: at most the capacity
+                targets.append(cap * 0.97)
+                noise.append(0.05)
+        if rows:
+            idx = np.array(rows)
+            t = np.array(targets)
+            post = _solve(self._mem_design(idx) / t[:, None], np.ones(len(rows)), prior_mean, prior_sd, np.array(noise))
+        else:
+            post = _Posterior(prior_mean, np.diag(prior_sd**2))
+        return _predict(post, self._mem_design(slice(None)))
+
+    # ---- decisions -----------------------------------------------------------------------------------
+    def close_call(self, obs: list[Observation], exclude: Iterable[int] = ()) -> Proposal | None:
+        """A second measurement of one of the two best configs, when they are closer than the
+        noise can tell apart and one was measured only once; the best is judged on the mean."""
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        values: dict[int, list[float]] = {}
+        for o in obs:
+            if o.status == "ok" and o.objective is not None and math.isfinite(o.objective):
+                values.setdefault(o.index, []).append(o.objective)
+        if len(values) < 2:
+            return None
+        ranked = sorted(values, key=lambda i: sign * float(np.mean(values[i])), reverse=True)
+        first, second = ranked[0], ranked[1]
+        a, b = float(np.mean(values[first])), float(np.mean(values[second]))
+        if abs(a - b) > self.settings.remeasure_within * abs(a):
+            return None
+        busy = set(exclude)
+        for index in sorted((first, second), key=lambda i: len(values[i])):
+            if len(values[index]) < 2 and index not in busy:
+                numbers = {o.index: o.number for o in obs}
+                return Proposal(index, self.ranking.enumeration.configs[index], (
+                    f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
+                    f"{numbers.get(second)} ({b:.4g}), {abs(a - b) / abs(a):.1%} apart: within the noise"),
+                    remeasure=True)
+        return None
+
+    def propose(self, obs: Iterable[Observation], exclude: Iterable[int] = (),
+                best: float | None = None, budget_left: int | None = None) -> tuple[Proposal | None, str]:
+        """The next config to probe, or None with the reason to stop. Near the end of the budget
+        (and before stopping early) a close call between the two best is measured again."""
+        obs = list(obs)
+        if budget_left is not None and budget_left <= 2:
+            again = self.close_call(obs, exclude)
+            if again is not None:
+                return again, ""
+        s = self.settings
+        mean, sd = self._objective_model(obs)
+        mem_mean, mem_sd = self._memory_model(obs)
+        z = (self.limit - mem_mean) / np.maximum(mem_sd, 1e-9)
+        p_fit = _norm_cdf(z)
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        candidates = self.valid.copy()
+        probed = {o.index for o in obs} | set(exclude)
+        if probed:
+            candidates[list(probed)] = False
+        if not candidates.any():
+            return None, "every valid config of the space has been probed"
+        ucb = sign * mean + s.explore_kappa * sd
+        bound = sign * mean + s.stop_kappa * sd
+        n_measured = sum(1 for o in obs if o.objective is not None)
+        if best is not None and n_measured >= s.min_probes_before_stop:
+            maybe = candidates & (p_fit >= s.min_fit_probability)
+            top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
+            target = sign * best + abs(best) * s.stop_margin
+            if top < target:
+                again = self.close_call(obs, exclude)
+                if again is not None:
+                    return again, ""
+                return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
+                              f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win")
+        if best is None:
+            # nothing measured yet: the most promising config that surely fits, to learn from
+            pool = candidates & (p_fit >= s.fit_confidence)
+            if not pool.any():
+                pool = candidates & (p_fit >= s.min_fit_probability)
+            score = np.where(pool, ucb, -np.inf)
+        else:
+            # expected improvement over the best, weighted by the probability of fitting: a
+            # config near the memory limit is tried when what it could gain is worth the risk
+            pool = candidates & (p_fit >= s.min_fit_probability)
+            score = np.where(pool, _expected_improvement(sign * mean, sd, sign * best) * p_fit**s.fit_power, -np.inf)
+        if not pool.any():
+            return None, "no remaining config is likely to fit in memory (learned from the OOMs so far)"
+        index = int(np.argmax(score))
+        config = self.ranking.enumeration.configs[index]
+        # why: the rank by the current model's mean, and whether the family is new
+        by_mean = np.where(pool, sign * mean, -np.inf)
+        rank = int(np.sum(by_mean > by_mean[index])) + 1
+        seen_families = {self.families[o.index] for o in obs}
+        parts = []
+        if obs and self.families[index] not in seen_families:
+            fam = ", ".join(f"{k}={v}" for k, v in zip(FAMILY_PARAMS, self.families[index]) if v is not None)
+            parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
+        parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
+        parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
+        predicted = {f"guided_{self.metric}": float(mean[index]), f"guided_{self.metric}_sd": float(sd[index]),
+                     "guided_peak_memory_gib": float(mem_mean[index]), "guided_p_fit": float(p_fit[index])}
+        return Proposal(index, config, "; ".join(parts), predicted), ""
+
+
+def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """E[max(0, Y - best)] for Y ~ N(mean, sd²) (all to be maximised)."""
+    sd = np.maximum(sd, 1e-12 * np.abs(mean) + 1e-300)
+    z = (mean - best) / sd
+    pdf = np.exp(-0.5 * np.clip(z, -30, 30) ** 2) / np.sqrt(2 * np.pi)
+    return sd * pdf + (mean - best) * _norm_cdf(z)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    from math import erf, sqrt
+
+    return 0.5 * (1.0 + np.vectorize(erf)(np.clip(z, -8, 8) / sqrt(2.0)))

@@ -1,0 +1,248 @@
+"""How fast each search finds the optimum of a synthetic "true world" (issue #5).
+
+    python benchmarks/search_efficiency.py [--worlds 10] [--scenarios 7b-8x64,7b-8x32,13b-8x64,70b-32x64]
+                                           [--budget 20] [--max-probes 100] [--in-process]
+
+For every scenario (model on a cluster, a 9-parameter space of tp, pp, vpp, micro-batch,
+sequence parallel, recompute, ZeRO stage, allocator setting and HCCL buffer size) and every world
+(``true_world.World``: the simulator with hidden perturbations drawn from a seed), three searches
+run on the same world:
+
+- **autotune**: ``StudyRunner`` with ``sampler: auto`` through the ``command`` backend, the
+  world's launcher (``true_world.py``) started as a subprocess per probe exactly as a user's
+  launcher would be (``--in-process`` calls the same world function without the subprocess, for
+  quick iterations on the guide), budget ``--budget`` probes, stopping rule on;
+- **random**: uniform over the valid configs, without repeats;
+- **tpe**: plain Optuna ``TPESampler`` over the raw parameters; rule violations cost nothing
+  (they never reach a device), OOM is told as 0 throughput.
+
+Measured per search: the *true* (noise-free) throughput of the config the search would report
+as best (its best measurement) over the world's optimum, at 10 and 20 probes; the share of
+probes that ran out of memory (first 20); probes until the reported best is within 2 % of the
+optimum (random and TPE run up to ``--max-probes``). A search that stopped early keeps its best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from true_world import World  # noqa: E402
+
+from autotune.backends import BackendChoice  # noqa: E402
+from autotune.context import probe_context  # noqa: E402
+from autotune.search import StudyRunner, trial_records  # noqa: E402
+from autotune.space import Space, config_key  # noqa: E402
+from autotune.spec import Spec  # noqa: E402
+
+SCENARIOS = {
+    "7b-8x64": dict(model="llama2-7b", nodes=1, memory=64, gbs=64, pp=[1, 2, 4]),
+    "7b-8x32": dict(model="llama2-7b", nodes=1, memory=32, gbs=64, pp=[1, 2, 4]),
+    "13b-8x64": dict(model="llama2-13b", nodes=1, memory=64, gbs=64, pp=[1, 2, 4]),
+    "70b-32x64": dict(model="llama2-70b", nodes=4, memory=64, gbs=128, pp=[1, 2, 4, 8]),
+}
+LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
+
+
+def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: Path | None) -> Spec:
+    data = {
+        "name": f"bench-{name}",
+        "model": sc["model"],
+        "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": sc["gbs"], "timeout_s": 60},
+        "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": sc["nodes"], "devices_per_node": 8,
+                    "overrides": {"device_memory_gib": sc["memory"]}},
+        "backend": {"kind": "command", "argv": [sys.executable, str(LAUNCHER), "{trial_file}"],
+                    "env": {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}},
+        "space": {"tp": [1, 2, 4, 8], "pp": sc["pp"], "vpp": [1, 2], "micro_batch_size": [1, 2, 4, 8],
+                  "sequence_parallel": [False, True], "recompute": ["none", "selective", "full"],
+                  "zero_stage": [0, 1, 2, 3],
+                  "env": {"PYTORCH_NPU_ALLOC_CONF": ["expandable_segments:False", "expandable_segments:True"],
+                          "HCCL_BUFFSIZE": ["120", "200", "400"]}},
+        "constraints": ["tp <= devices_per_node"],
+        "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
+        "search": {"n_trials": budget, "sampler": "auto", "seed": seed, "prune": False},
+        "ray": {"enabled": False},
+    }
+    return Spec.model_validate(data)
+
+
+class Truth:
+    """The world's answer for every valid config of the space, and its optimum."""
+
+    def __init__(self, world: World, spec: Spec, configs: list[dict[str, Any]]):
+        ctx = probe_context(spec)
+        self.ctx = ctx
+        self.world = world
+        t = world.truth(ctx.model, ctx.workload, ctx.cluster, configs)
+        self.value = {config_key(c): (float(v) if f else 0.0) for c, v, f in
+                      zip(configs, t["tokens_per_s_per_device"], t["fits"])}
+        self.optimum = max(self.value.values())
+        self.oom_share_of_space = 1.0 - float(np.mean(t["fits"]))
+
+    def measure(self, config: dict[str, Any], run: int) -> dict[str, Any]:
+        c = self.ctx
+        return self.world.measure(c.model, c.workload, c.cluster, config, run)
+
+
+def curve(probes: list[tuple[str, float | None, bool]], truth: Truth, max_probes: int) -> dict[str, Any]:
+    """From (key, measured value or None, oom) in probe order: the true value of the reported
+    best (the best mean measurement, as ``search.best_records`` reports it)."""
+    measured_by_key: dict[str, list[float]] = {}
+    best_key = None
+    ratios = []
+    for key, measured, _ in probes[:max_probes]:
+        if measured is not None:
+            measured_by_key.setdefault(key, []).append(measured)
+            best_key = max(measured_by_key, key=lambda k: statistics.fmean(measured_by_key[k]))
+        ratios.append(truth.value[best_key] / truth.optimum if best_key else 0.0)
+    n = len(ratios)
+
+    def at(k: int) -> float:
+        return ratios[min(k, n) - 1] if n else 0.0
+
+    reach = next((i + 1 for i, r in enumerate(ratios) if r >= 0.98), None)
+    first20 = probes[:20]
+    return {"at10": at(10), "at20": at(20), "probes_to_98": reach, "probes": n,
+            "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20))}
+
+
+def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool) -> list[tuple[str, float | None, bool]]:
+    dispatcher = None
+    if in_process:
+        from autotune.dispatch import InProcessDispatcher
+        from autotune.workers.protocol import ProbeResult
+
+        def fn(request):
+            out = truth.measure(request.params, request.number)
+            if out.get("failure") == "oom":
+                return ProbeResult("oom", reason="out of memory")
+            return ProbeResult("ok", metrics=out["metrics"])
+
+        dispatcher = InProcessDispatcher(fn)
+    runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark world"), dispatcher=dispatcher)
+    outcome = runner.run()
+    runner.close()
+    probes = []
+    for r in sorted(trial_records(outcome.study), key=lambda r: r.number):
+        if not r.probed or r.status == "duplicate":
+            continue
+        value = r.metrics.get("tokens_per_s_per_device") if r.status == "ok" else None
+        probes.append((config_key(r.config), value, r.status == "oom"))
+    return probes, outcome.stopped_because
+
+
+def run_random(truth: Truth, configs: list[dict[str, Any]], seed: int, max_probes: int):
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(configs))[:max_probes]
+    probes = []
+    for n, i in enumerate(order):
+        out = truth.measure(configs[i], n)
+        oom = out.get("failure") == "oom"
+        probes.append((config_key(configs[i]), None if oom else out["metrics"]["tokens_per_s_per_device"], oom))
+    return probes
+
+
+def run_tpe(truth: Truth, space: Space, seed: int, max_probes: int):
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    dists = space.distributions()
+    probes: list[tuple[str, float | None, bool]] = []
+    seen: dict[str, float] = {}
+    asks = 0
+    while len(probes) < max_probes and asks < 50 * max_probes:
+        asks += 1
+        trial = study.ask(dists)
+        resolved = space.resolve(dict(trial.params))
+        if not resolved.valid:  # the rules answer for free
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        if resolved.key in seen:  # a repeat costs no probe
+            study.tell(trial, seen[resolved.key])
+            continue
+        out = truth.measure(resolved.config, len(probes))
+        oom = out.get("failure") == "oom"
+        value = 0.0 if oom else out["metrics"]["tokens_per_s_per_device"]
+        seen[resolved.key] = value
+        study.tell(trial, value)
+        probes.append((resolved.key, None if oom else value, oom))
+    return probes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worlds", type=int, default=10)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--budget", type=int, default=20)
+    ap.add_argument("--max-probes", type=int, default=100)
+    ap.add_argument("--in-process", action="store_true", help="call the world without a launcher subprocess")
+    ap.add_argument("--methods", default="autotune,random,tpe")
+    ap.add_argument("--json", type=Path, help="write every world's result here")
+    args = ap.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    methods = args.methods.split(",")
+    results: dict[str, dict[str, list[dict]]] = {}
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="autotune-search-bench-") as tmp:
+        for name in args.scenarios.split(","):
+            sc = SCENARIOS[name]
+            base = spec_for(name, sc, args.budget, 0, None)
+            space = Space(base)
+            configs = space.enumerate().configs
+            results[name] = {m: [] for m in methods}
+            for w in range(args.worlds):
+                world = World.draw(1000 + w, probe_context(base).hardware, space.choices)
+                world_file = Path(tmp) / f"{name}-world{w}.json"
+                world_file.write_text(json.dumps(world.to_json()))
+                spec = spec_for(name, sc, args.budget, w, world_file)
+                truth = Truth(world, spec, configs)
+                for method in methods:
+                    t0 = time.perf_counter()
+                    stopped = ""
+                    if method == "autotune":
+                        probes, stopped = run_autotune(spec, truth, Path(tmp) / f"{name}-{w}", args.in_process)
+                        row = curve(probes, truth, args.budget)
+                    elif method == "random":
+                        row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
+                    else:
+                        row = curve(run_tpe(truth, Space(spec), w, args.max_probes), truth, args.max_probes)
+                    row.update(world=w, seconds=time.perf_counter() - t0, stopped=stopped)
+                    results[name][method].append(row)
+                    print(f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
+                          f"to98 {row['probes_to_98']} oom {row['oom_share']:.0%} probes {row['probes']} "
+                          f"{stopped}", file=sys.stderr, flush=True)
+            print(f"{name}: {len(configs)} valid configs, {truth.oom_share_of_space:.0%} of the last world's OOM",
+                  file=sys.stderr)
+    print(f"\n{args.worlds} worlds per scenario, autotune budget {args.budget}, random/TPE up to {args.max_probes} "
+          f"probes; {time.perf_counter() - t_start:.0f} s")
+    print("| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM probes | "
+          "median probes to 98 % |")
+    print("|---|---|---|---|---|---|---|")
+    for name, by_method in results.items():
+        for method, rows in by_method.items():
+            reach = [r["probes_to_98"] if r["probes_to_98"] else math.inf for r in rows]
+            med_reach = statistics.median(reach)
+            cap = args.budget if method == "autotune" else args.max_probes
+            print(f"| {name} | {method} | {statistics.median(r['at10'] for r in rows):.3f} | "
+                  f"{statistics.median(r['at20'] for r in rows):.3f} | "
+                  f"{sum(1 for r in rows if r['at20'] >= 0.98) / len(rows):.0%} | "
+                  f"{statistics.mean(r['oom_share'] for r in rows):.1%} | "
+                  f"{med_reach if math.isfinite(med_reach) else f'> {cap}'} |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
