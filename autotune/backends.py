@@ -12,6 +12,7 @@ import glob
 import importlib.util
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from .spec import Spec
@@ -99,5 +100,13 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
                            cwd=cwd)
     if choice.kind == "mindspore":
-        raise ValueError("the mindspore backend is not available in this version (issue #6)")
+        from autotune.workers.mindspore_probe.launch import probe_argv as ms_argv, probe_env, resolve_python
+
+        python = resolve_python(backend.python, spec.source_path.resolve().parent if spec.source_path else None)
+        # MindSpore's kernel compiler (AKG) writes its kernels into the working directory: a
+        # shared scratch folder keeps them out of the user's tree and reuses them across trials
+        work = cwd or os.path.join(tempfile.gettempdir(), f"autotune-mindspore-{os.getuid()}")
+        os.makedirs(work, exist_ok=True)
+        return ProbeLaunch(argv=ms_argv(request, python), env={**probe_env(python), **env}, timeout_s=timeout,
+                           resources=resources, metric_patterns=None, cwd=work)
     raise ValueError(f"backend {choice.kind!r} is not launched as a process")

@@ -365,8 +365,9 @@ def _tracker(spec: Spec, directory: Path) -> Any:
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
-    from .export import write_exports
-    from .report import best_payload, improvement_line, results_rows, write_plots, write_results_csv
+    from .export import DEFAULT_FORMATS, write_exports
+    from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
+                         write_plots, write_results_csv)
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
@@ -377,9 +378,16 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     line = improvement_line(best, outcome.baseline, *objectives[0])
     exports: dict[str, Path] = {}
     if best is not None:
-        exports = write_exports(_export_context(spec, best), directory / "export")
+        formats = ("yaml", "env", "mindformers") if choice.kind == "mindspore" else DEFAULT_FORMATS
+        exports = write_exports(_export_context(spec, best), directory / "export", formats)
+    summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
+    summary_json = directory / "summary.json"
+    summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
+    summary_md = directory / "summary.md"
+    summary_md.write_text(f"# {spec.name}\n\n" + (f"{line}\n\n" if line else "") + "```\n"
+                          + "\n".join(summary_lines(summary)) + "\n```\n")
     if tracker:
-        metrics: dict[str, float] = {"probes": outcome.probes_run}
+        metrics: dict[str, float] = {"probes": outcome.probes_run, **summary_metrics(summary)}
         if best is not None:
             for m, _ in objectives:
                 if isinstance(best.metrics.get(m), (int, float)):
@@ -393,7 +401,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             tags["autotune.improvement"] = line
         if best is not None:
             tags["autotune.best_trial"] = str(best.number)
-        tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, *exports.values()])
+        tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, summary_json, summary_md, *exports.values()])
         tracker.log_parent(artifacts=plots, artifact_path="plots")
         tracker.finish_parent("FINISHED")
     failed = sum(1 for r in outcome.records if r.probed and r.status not in ("ok", "interrupted", "duplicate"))
@@ -425,8 +433,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}")
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
     if exports:
-        err.print(f"  best config:     {exports['yaml']}   (launch script: {exports['megatron']}, env: {exports['env']})")
-        err.print(f"  other stacks:    autotune export {directory} --format deepspeed,mindformers,torchtitan")
+        launch = exports.get("megatron") or exports.get("mindformers")
+        err.print(f"  best config:     {exports['yaml']}   (launch: {launch}, env: {exports['env']})")
+        others = ",".join(f for f in ("megatron", "deepspeed", "mindformers", "torchtitan") if f not in exports)
+        err.print(f"  other stacks:    autotune export {directory} --format {others}")
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
     if best is None:
@@ -449,13 +459,14 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
 
 
 @app.command()
-def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
+def report(spec_path: Path = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False),
+           run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
            top: int = typer.Option(20, help="rows in the table")) -> None:
     """Every trial of the study with its status, metrics and failure reason."""
     _setup_logging(False)
-    spec = _load(spec_path)
+    spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
-    from .report import best_payload, improvement_line, results_rows
+    from .report import best_payload, improvement_line, results_rows, study_summary, summary_lines
     from .search import best_records, trial_records
 
     objectives = spec.objective_list()
@@ -463,10 +474,12 @@ def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_js
     best = best_records(records, objectives)
     baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
+    summary = study_summary(study, records, objectives, best, baseline)
     if as_json:
         payload = {"study": spec.name, "objectives": [{"metric": m, "direction": d} for m, d in objectives],
                    "trials": [r.to_json() for r in records], "best": [best_payload(b) for b in best],
-                   "baseline": best_payload(baseline) if baseline else None, "improvement": line}
+                   "baseline": best_payload(baseline) if baseline else None, "improvement": line,
+                   "summary": summary}
         out.print_json(json.dumps(payload, default=_json_default))
         return
     rows = results_rows(records, objectives)
@@ -494,6 +507,8 @@ def report(spec_path: Path = SpecArg, run_dir: Optional[Path] = RunDirOpt, as_js
         out.print("(* the baseline of the spec)")
     if line:
         out.print(line)
+    for text in summary_lines(summary):
+        out.print(text, markup=False, highlight=False)
 
 
 def _fmt_metric(v: Any) -> str:

@@ -48,6 +48,9 @@ __all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", 
 # objectives that every config of a study derives from its step time (same global batch and world)
 STEP_DERIVED = {"tokens_per_s_per_device": -1, "tokens_per_s": -1, "samples_per_s": -1, "mfu": -1, "step_time_s": 1}
 FAMILY_PARAMS = ("tp", "pp", "cp", "zero_stage", "recompute")
+# how the framework executes (graph vs eager, compiler level, fusion): can change a step several
+# fold, and the simulator does not price it; environment variables get the narrow prior
+EXECUTION_PARAMS = ("mode", "jit_level", "graph_kernel_flags", "compile")
 _MAX_ONE_HOT_VALUES = 16
 
 
@@ -56,7 +59,8 @@ class GuideSettings:
     """Knobs of the guide (``search:`` fields of the spec carry the same names)."""
 
     prior_sigma: float = 0.25       # how wrong a component factor of the simulator may be (25 %)
-    value_sigma: float = 0.04       # unpriced effect of one parameter value (4 %)
+    value_sigma: float = 0.04       # effect of one parameter value beyond what the simulator prices (4 %)
+    unpriced_sigma: float = 1.5     # log-factor of an execution parameter the simulator does not price (mode, jit level)
     memory_sigma: float = 0.12      # how wrong a memory component may be
     noise: float = 0.03             # measurement noise, relative (median of repeated steps)
     explore_kappa: float = 1.0      # optimism of the next pick, in standard deviations
@@ -140,6 +144,7 @@ class Guide:
         self.mem_names = mem_names
         self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
         self.one_hot, self.one_hot_names = self._one_hot(ranking.enumeration.configs)
+        self.unpriced = self._unpriced_columns(ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw)))
         self.families = [family_of(c) for c in ranking.enumeration.configs]
 
     # ---- features ----------------------------------------------------------------------------------
@@ -161,10 +166,28 @@ class Guide:
             return np.zeros((len(configs), 0)), []
         return np.stack(columns, axis=1), names
 
-    def _step_design(self, rows: np.ndarray | slice) -> np.ndarray:
-        comps = self.time_components[rows]
-        total = comps.sum(axis=1, keepdims=True)
-        return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
+    def _unpriced_columns(self, configs: list[dict[str, Any]], predicted: np.ndarray) -> np.ndarray:
+        """One-hot columns of execution parameters (``EXECUTION_PARAMS``) whose value never changes
+        the simulator's prediction: the model knows nothing of them, so their prior is wide and
+        the first measurements decide."""
+        unpriced = np.zeros(len(self.one_hot_names), dtype=bool)
+        names = sorted({n.split("=", 1)[0] for n in self.one_hot_names} & set(EXECUTION_PARAMS))
+        values = np.nan_to_num(predicted.astype(float))
+        for name in names:
+            groups: dict[str, float] = {}
+            priced = False
+            for config, v in zip(configs, values):
+                key = repr(sorted((k, repr(x)) for k, x in config.items() if k != name))
+                first = groups.setdefault(key, v)
+                if abs(first - v) > 1e-9 * max(abs(first), 1e-30):
+                    priced = True
+                    break
+            if not priced:
+                unpriced |= np.array([n.split("=", 1)[0] == name for n in self.one_hot_names])
+        return unpriced
+
+    def _value_prior(self, sigma: float) -> np.ndarray:
+        return np.where(self.unpriced, self.settings.unpriced_sigma, sigma)
 
     def _mem_design(self, rows: np.ndarray | slice) -> np.ndarray:
         comps = self.mem_components[rows] if self.mem_components is not None else self.peak[rows][:, None]
@@ -178,17 +201,7 @@ class Guide:
         k = self.one_hot.shape[1]
         if self.step_derived and self.time_components is not None:
             rows = [(o.index, o.step_time_s) for o in obs if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)]
-            ncomp = self.time_components.shape[1]
-            prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
-            prior_sd = np.concatenate([np.full(ncomp, s.prior_sigma), np.full(k, s.value_sigma)])
-            if rows:
-                idx = np.array([r[0] for r in rows])
-                measured = np.array([r[1] for r in rows], dtype=float)
-                z = self._step_design(idx) / measured[:, None]  # relative residuals
-                post = _solve(z, np.ones(len(rows)), prior_mean, prior_sd, np.full(len(rows), s.noise))
-            else:
-                post = _Posterior(prior_mean, np.diag(prior_sd**2))
-            step_mean, step_sd = _predict(post, self._step_design(slice(None)))
+            step_mean, step_sd = self._step_model(rows)
             raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)
             step_mean = np.maximum(step_mean, 0.05 * raw_step)
             if STEP_DERIVED[self.metric] < 0:  # throughput-like: inversely proportional to the step
@@ -201,7 +214,7 @@ class Guide:
         rows = [(o.index, o.objective) for o in obs if o.objective is not None and o.objective > 0
                 and math.isfinite(o.objective) and self.objective_raw[o.index] > 0]
         prior_mean = np.concatenate([[1.0], np.zeros(k)])
-        prior_sd = np.concatenate([[s.prior_sigma], np.full(k, s.value_sigma)])
+        prior_sd = np.concatenate([[s.prior_sigma], self._value_prior(s.value_sigma)])
         design = np.concatenate([np.ones((self.n, 1)), self.one_hot], axis=1) * np.nan_to_num(self.objective_raw)[:, None]
         if rows:
             idx = np.array([r[0] for r in rows])
@@ -211,6 +224,43 @@ class Guide:
         else:
             post = _Posterior(prior_mean, np.diag(prior_sd**2))
         return _predict(post, design)
+
+    def _step_model(self, rows: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """Step time mean and sd for every config: the linear model over the predicted components
+        and the priced parameter values, times ``exp(Σ e_j φ_j)`` for the execution parameters
+        the simulator does not price (graph vs pynative can be 20x apart: a factor, not a term).
+        The two parts are fitted alternately (three rounds are plenty: each is a small solve)."""
+        s = self.settings
+        ncomp = self.time_components.shape[1]
+        lin_cols = ~self.unpriced
+        design = np.concatenate([self.time_components,
+                                 self.one_hot[:, lin_cols] * self.time_components.sum(axis=1, keepdims=True)], axis=1)
+        prior_mean = np.concatenate([np.ones(ncomp), np.zeros(int(lin_cols.sum()))])
+        prior_sd = np.concatenate([np.full(ncomp, s.prior_sigma), np.full(int(lin_cols.sum()), s.value_sigma)])
+        execution = self.one_hot[:, self.unpriced]
+        n_exec = execution.shape[1]
+        exec_prior = _Posterior(np.zeros(n_exec), np.eye(n_exec) * s.unpriced_sigma**2)
+        if not rows:
+            post, exec_post = _Posterior(prior_mean, np.diag(prior_sd**2)), exec_prior
+        else:
+            idx = np.array([r[0] for r in rows])
+            measured = np.array([r[1] for r in rows], dtype=float)
+            noise = np.full(len(rows), s.noise)
+            exec_post = exec_prior
+            for _ in range(3 if n_exec else 1):
+                adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
+                post = _solve(design[idx] / adjusted[:, None], np.ones(len(rows)), prior_mean, prior_sd, noise)
+                if not n_exec:
+                    break
+                linear = np.maximum(design[idx] @ post.mean, 1e-12)
+                exec_post = _solve(execution[idx], np.log(measured / linear), exec_prior.mean,
+                                   np.full(n_exec, s.unpriced_sigma), noise)
+        mean, sd = _predict(post, design)
+        if n_exec:
+            factor_log, factor_sd = _predict(exec_post, execution)
+            mean = mean * np.exp(factor_log)
+            sd = mean * np.sqrt((sd / np.maximum(mean / np.exp(factor_log), 1e-300)) ** 2 + factor_sd**2)
+        return mean, sd
 
     def _memory_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of every config's peak memory (GiB)."""

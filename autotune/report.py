@@ -13,7 +13,8 @@ from typing import Any
 
 from .search import TrialRecord
 
-__all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload"]
+__all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
+           "summary_lines", "summary_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,110 @@ def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]]) ->
 def best_payload(record: TrialRecord) -> dict[str, Any]:
     return {"number": record.number, "params": record.config, "metrics": record.metrics, "source": record.source,
             "predicted": record.predicted}
+
+
+# metrics of the before/after view, with the direction in which they improve
+_VIEW = {"tokens_per_s_per_device": "maximize", "tokens_per_s": "maximize", "step_time_s": "minimize",
+         "mfu": "maximize", "peak_memory_gib": "minimize", "ttft_ms": "minimize", "decode_tokens_per_s": "maximize"}
+
+
+def _gain(best: float, base: float, direction: str) -> float | None:
+    if not base:
+        return None
+    g = (best - base) / abs(base) * 100.0
+    return -g if direction == "minimize" else g
+
+
+def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple[str, str]],
+                  best: list[TrialRecord], baseline: TrialRecord | None) -> dict[str, Any]:
+    """The before/after view of a finished study (what ``report`` prints and the parent run keeps):
+    baseline vs best per metric with the gain, the Pareto front (several objectives), parameter
+    importances, and the best config's predicted memory breakdown beside its measured peak."""
+    out: dict[str, Any] = {"objectives": [{"metric": m, "direction": d} for m, d in objectives]}
+    top = best[0] if best else None
+    view = dict(_VIEW)
+    view.update({m: d for m, d in objectives})
+    rows = []
+    if top is not None:
+        for metric, direction in view.items():
+            b = top.metrics.get(metric)
+            if not isinstance(b, (int, float)):
+                continue
+            a = baseline.metrics.get(metric) if baseline else None
+            a = a if isinstance(a, (int, float)) else None
+            rows.append({"metric": metric, "direction": direction, "baseline": a, "best": b,
+                         "gain_pct": _gain(b, a, direction) if a is not None else None})
+    out["before_after"] = rows
+    out["best_trial"] = top.number if top else None
+    out["baseline_trial"] = baseline.number if baseline else None
+    out["pareto_front"] = ([{"trial": r.number, "params": r.config, **{m: r.metrics.get(m) for m, _ in objectives}}
+                            for r in best] if len(objectives) > 1 else [])
+    out["importances"] = _importances(study, objectives)
+    if top is not None:
+        source = top.predicted if any(k.startswith("mem_") for k in top.predicted) else top.metrics
+        breakdown = {k[4:]: float(v) for k, v in source.items() if k.startswith("mem_") and isinstance(v, (int, float))}
+        out["memory"] = {"predicted_gib": breakdown,
+                         "predicted_peak_gib": source.get("peak_memory_gib") if breakdown else None,
+                         "measured_peak_gib": top.metrics.get("peak_memory_gib") if top.source != "simulated" else None,
+                         "source": top.source}
+    return out
+
+
+def _importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """Optuna's parameter importances per objective (empty when the study is too small)."""
+    import warnings
+
+    import optuna
+
+    out: dict[str, dict[str, float]] = {}
+    for i, (metric, _) in enumerate(objectives):
+        try:
+            with warnings.catch_warnings():  # importances do not depend on the direction
+                warnings.simplefilter("ignore")
+                values = optuna.importance.get_param_importances(study, target=lambda t, i=i: t.values[i])
+        except Exception as exc:  # too few completed trials, or a parameter that never varied
+            log.info("importances for %s skipped: %s", metric, exc)
+            continue
+        out[metric] = {k: float(v) for k, v in values.items()}
+    return out
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The summary as text lines for the terminal and summary.md."""
+    lines: list[str] = []
+    rows = summary.get("before_after") or []
+    if rows:
+        lines.append(f"before/after (baseline trial {summary.get('baseline_trial')}, best trial {summary.get('best_trial')}):")
+        for r in rows:
+            base = _fmt(r["baseline"]) if r["baseline"] is not None else "-"
+            gain = f"{r['gain_pct']:+.1f} %" if r["gain_pct"] is not None else ""
+            lines.append(f"  {r['metric']:<26} {base:>12} -> {_fmt(r['best']):>12}  {gain}")
+    front = summary.get("pareto_front") or []
+    if front:
+        names = [o["metric"] for o in summary["objectives"]]
+        lines.append(f"Pareto front ({len(front)} trials):")
+        for p in front:
+            lines.append("  trial " + str(p["trial"]) + ": " + ", ".join(
+                f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float))))
+    for metric, values in (summary.get("importances") or {}).items():
+        top = sorted(values.items(), key=lambda kv: -kv[1])[:6]
+        lines.append(f"parameter importances for {metric}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+    mem = summary.get("memory") or {}
+    if mem.get("predicted_gib"):
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in mem["predicted_gib"].items() if v)
+        measured = mem.get("measured_peak_gib")
+        lines.append(f"memory of the best config (GiB): predicted {parts} = {mem['predicted_peak_gib']:.2f}; "
+                     + (f"measured peak {measured:.2f}" if isinstance(measured, (int, float)) else "not measured (simulated)"))
+    return lines
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """Numbers of the summary for the parent run: gain per metric, importances."""
+    out: dict[str, float] = {}
+    for r in summary.get("before_after") or []:
+        if r["gain_pct"] is not None:
+            out[f"gain_pct_{r['metric']}"] = float(r["gain_pct"])
+    for metric, values in (summary.get("importances") or {}).items():
+        for k, v in values.items():
+            out[f"importance_{metric}_{k}".replace(".", "_")] = float(v)
+    return out

@@ -870,7 +870,7 @@ def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> di
     the refit (:mod:`autotune.refit`) learns from."""
     keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
                                           "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
-    return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith("time_")) and _finite(v)}
+    return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith(("time_", "mem_"))) and _finite(v)}
 
 
 def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:

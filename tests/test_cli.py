@@ -148,6 +148,17 @@ def test_run_simulated_report_export_and_mlflow(write_spec, tmp_path):
     data = json.loads(report.stdout)
     probed = [t for t in data["trials"] if t["probed"]]
     assert len(probed) == 6
+    # the before/after view: baseline vs best per metric with the gain, importances, memory breakdown
+    summary = data["summary"]
+    row = next(r for r in summary["before_after"] if r["metric"] == "tokens_per_s_per_device")
+    assert row["gain_pct"] == pytest.approx((row["best"] - row["baseline"]) / row["baseline"] * 100)
+    assert summary["best_trial"] == data["best"][0]["number"]
+    mem = summary["memory"]
+    assert sum(mem["predicted_gib"].values()) == pytest.approx(mem["predicted_peak_gib"], rel=1e-6)
+    text = _invoke("report", str(run_dir)).stdout  # the run directory works in place of the spec
+    assert "before/after" in text and "memory of the best config" in text
+    assert (run_dir / "summary.md").exists()
+    assert "gain_pct_tokens_per_s_per_device" in parents[0].data.metrics
     assert {"number", "state", "params", "metrics", "source", "failure"} <= set(data["trials"][0])
     assert data["best"][0]["number"] == payload["best"][0]["number"]
     assert sum(t["baseline"] for t in data["trials"]) == 1
@@ -295,6 +306,8 @@ def test_several_objectives_give_a_pareto_front(write_spec, tmp_path):
                         or b["metrics"]["peak_memory_gib"] < a["metrics"]["peak_memory_gib"])
             assert not (better_or_equal and strictly)
     assert (run_dir / "plots" / "pareto_front.html").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {p["trial"] for p in summary["pareto_front"]} == {b["number"] for b in best}
 
 
 def test_shipped_command_backend_example_runs_from_anywhere(tmp_path, monkeypatch):

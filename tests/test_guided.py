@@ -203,3 +203,35 @@ def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
         mean = float(np.mean([r.metrics["tokens_per_s_per_device"] for r in same]))
         assert best.metrics["tokens_per_s_per_device"] == pytest.approx(mean)
         assert best.metrics["measurements"] == len(same)
+
+
+def test_an_execution_mode_the_simulator_does_not_price_is_learned_as_a_factor():
+    """graph vs pynative: the simulator predicts both alike; one measurement of each (20x apart)
+    is enough for the guide to stop proposing the slow mode."""
+    data = {"name": "modes", "model": "tiny-llama",
+            "workload": {"kind": "train", "seq_len": 128, "global_batch_size": 8},
+            "cluster": {"accelerator": "cpu", "profile": "cpu", "nodes": 1, "devices_per_node": 1},
+            "space": {"mode": ["graph", "pynative"], "jit_level": ["O0", "O1"], "recompute": ["none", "full"],
+                      "micro_batch_size": [2, 4, 8]},
+            "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}]}
+    spec = Spec.model_validate(data)
+    enum = Space(spec).enumerate()
+    ranking = rank_space(enum, probe_context(spec), spec.objective_list())
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    assert {n.split("=")[0] for n, u in zip(guide.one_hot_names, guide.unpriced) if u} == {"mode", "jit_level"}
+    raw = np.asarray(ranking.predictions["step_time_s"])
+    truth = raw * 40 * np.array([20.0 if c["mode"] == "pynative" else 1.0 for c in enum.configs])
+    tokens = 8 * 128
+
+    def observe(i):
+        return Observation(i, "ok", objective=tokens / truth[i], step_time_s=float(truth[i]))
+
+    graph = next(i for i, c in enumerate(enum.configs) if c["mode"] == "graph" and c["micro_batch_size"] == 2)
+    pyn = next(i for i, c in enumerate(enum.configs) if c["mode"] == "pynative" and c["micro_batch_size"] == 8)
+    obs = [observe(pyn), observe(graph)]
+    picks = []
+    for _ in range(4):
+        proposal, _ = guide.propose(obs, best=max(o.objective for o in obs), budget_left=10)
+        picks.append(enum.configs[proposal.index]["mode"])
+        obs.append(observe(proposal.index))
+    assert picks == ["graph"] * 4

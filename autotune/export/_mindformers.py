@@ -22,7 +22,7 @@ class MindFormersExporter(Exporter):
 
     def render(self, ctx: ExportContext) -> str:
         recompute = ctx.get("recompute", "none")
-        context = {"mode": _MODES.get(str(ctx.get("ms_mode", "graph")), 0),
+        context = {"mode": _MODES.get(str(ctx.get("mode", "graph")), 0),
                    "jit_config": {"jit_level": str(ctx.get("jit_level", "O1"))}}
         flags = ctx.get("graph_kernel_flags")
         if flags:
