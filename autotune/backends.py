@@ -58,6 +58,12 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     acc = spec.cluster.accelerator
     if kind == "simulate":
         return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
+    if kind in ("torch", "mindspore") and override is None and acc != "cpu" and visible_devices(acc) == 0:
+        # the spec names a real probe for devices this machine lacks: preview with the
+        # simulator (``--backend`` forces the probe anyway)
+        name = {"npu": "NPU", "cuda": "GPU"}[acc]
+        return BackendChoice("simulate", f"the spec asks for {kind} probes but no {name} is visible: using the "
+                                         f"simulator; results are predictions (--backend {kind} forces the probes)")
     if kind in ("command", "torch", "mindspore"):
         if kind == "command" and not spec.backend.argv:
             raise ValueError("--backend command needs backend.argv in the spec")
