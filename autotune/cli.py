@@ -24,6 +24,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from .export import DEFAULT_FORMATS
 from .spec import Spec, SpecError, load_spec
 
 __all__ = ["app", "main"]
@@ -37,6 +38,7 @@ log = logging.getLogger("autotune")
 EXIT_OK, EXIT_NO_RESULT, EXIT_INPUT, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
+RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
 RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
 
@@ -70,14 +72,15 @@ def _run_dir(spec: Spec, run_dir: Optional[Path]) -> Path:
     return (run_dir or Path("autotune_runs") / spec.name).resolve()
 
 
-_SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from (its location: autotune_spec.path)
+_SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from
+_SPEC_LOCATION = "autotune_spec.path"  # ... and where that file is
 
 
 def _remember_spec(spec_path: Path, directory: Path) -> None:
     """Keep the spec with its study, so ``report``/``export`` can be given the run directory."""
     try:
         (directory / _SPEC_COPY).write_text(Path(spec_path).read_text())
-        (directory / "autotune_spec.path").write_text(str(Path(spec_path).resolve()) + "\n")
+        (directory / _SPEC_LOCATION).write_text(str(Path(spec_path).resolve()) + "\n")
     except OSError as exc:
         err.print(f"[yellow]could not keep a copy of the spec in {directory}: {exc}[/yellow]")
 
@@ -87,7 +90,7 @@ def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Option
     original file when it is still there, so relative paths in it resolve, else the copy)."""
     if not path.is_dir():
         return _load(path), run_dir
-    original = path / "autotune_spec.path"
+    original = path / _SPEC_LOCATION
     candidates = []
     if original.exists():
         candidates.append(Path(original.read_text().strip()))
@@ -365,7 +368,7 @@ def _tracker(spec: Spec, directory: Path) -> Any:
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
-    from .export import DEFAULT_FORMATS, write_exports
+    from .export import default_formats, write_exports
     from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
                          write_plots, write_results_csv)
     from .tracking import mlflow_ui_command
@@ -378,8 +381,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     line = improvement_line(best, outcome.baseline, *objectives[0])
     exports: dict[str, Path] = {}
     if best is not None:
-        formats = ("yaml", "env", "mindformers") if choice.kind == "mindspore" else DEFAULT_FORMATS
-        exports = write_exports(_export_context(spec, best), directory / "export", formats)
+        exports = write_exports(_export_context(spec, best), directory / "export", default_formats(choice.kind))
     summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
     summary_json = directory / "summary.json"
     summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
@@ -459,8 +461,7 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
 
 
 @app.command()
-def report(spec_path: Path = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False),
-           run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
+def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
            top: int = typer.Option(20, help="rows in the table")) -> None:
     """Every trial of the study with its status, metrics and failure reason."""
     _setup_logging(False)
@@ -519,10 +520,9 @@ def _fmt_metric(v: Any) -> str:
 
 # --------------------------------------------------------------------------------------- export
 @app.command()
-def export(spec_path: Path = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False),
-           run_dir: Optional[Path] = RunDirOpt,
+def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
            out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
-           formats: str = typer.Option("yaml,env,megatron", "--format",
+           formats: str = typer.Option(",".join(DEFAULT_FORMATS), "--format",
                                        help="comma-separated: yaml, env, megatron (torchrun script with MindSpeed-LLM / "
                                             "Megatron-LM arguments), deepspeed (config JSON), mindformers "
                                             "(parallel_config YAML), torchtitan (TOML fragment); or all"),
@@ -531,7 +531,7 @@ def export(spec_path: Path = typer.Argument(..., help="run directory, or the tun
     """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
     DeepSpeed JSON, MindFormers YAML, torchtitan TOML."""
     _setup_logging(False)
-    from .export import ExportContext, parse_formats, write_exports
+    from .export import parse_formats, write_exports
 
     try:
         chosen_formats = parse_formats(formats)

@@ -65,6 +65,7 @@ class GuideSettings:
     noise: float = 0.03             # measurement noise, relative (median of repeated steps)
     explore_kappa: float = 1.0      # optimism of the next pick, in standard deviations
     fit_confidence: float = 0.95    # P(fits in memory) a config needs to be probed
+    stop_early: bool = True         # apply the stopping rule (else the budget is spent)
     stop_kappa: float = 2.0         # optimism of the stopping rule
     stop_margin: float = 0.0        # stop when every bound is below best * (1 + margin)
     min_probes_before_stop: int = 3
@@ -137,11 +138,9 @@ class Guide:
         comp_names = [k for k in (*COMPUTE_COMPONENTS, *COMM_COMPONENTS) if f"time_{k}" in p]
         self.time_components = np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names],
                                         axis=1) if comp_names and self.step_derived else None
-        self.time_names = comp_names
         mem_names = sorted(k for k in p if k.startswith("mem_"))
         self.mem_components = (np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1)
                                if mem_names else None)
-        self.mem_names = mem_names
         self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
         self.one_hot, self.one_hot_names = self._one_hot(ranking.enumeration.configs)
         self.unpriced = self._unpriced_columns(ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw)))
@@ -343,7 +342,7 @@ class Guide:
         ucb = sign * mean + s.explore_kappa * sd
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
-        if best is not None and n_measured >= s.min_probes_before_stop:
+        if s.stop_early and best is not None and n_measured >= s.min_probes_before_stop:
             maybe = candidates & (p_fit >= s.min_fit_probability)
             top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
             target = sign * best + abs(best) * s.stop_margin

@@ -312,9 +312,6 @@ class StudyRunner:
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
         self.guide: Guide | None = None  # sampler auto on real probes: model-guided proposals
-        self._guide_stop = ""
-        self._seen: dict[str, int] = {}  # canonical key -> first trial that probed it
-        self._started = 0
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -420,7 +417,7 @@ class StudyRunner:
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             sp = self.spec.search
             self.guide = Guide(ranking, self.objectives[0], GuideSettings(
-                explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence))
+                explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence, stop_early=sp.stop_early))
         sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
         self._recover(study)
@@ -434,7 +431,6 @@ class StudyRunner:
         self.observer.on_start(budget, probes_done)
 
         seen: dict[str, int] = {}
-        self._seen = seen
         for t in study.get_trials(deepcopy=False):
             key = t.user_attrs.get(A.KEY)
             if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) != "interrupted":
@@ -459,10 +455,11 @@ class StudyRunner:
                     if misses >= 200:
                         stopped = "the sampler proposed only rejected or already measured configs 200 times in a row"
                         break
-                    self._started = started
-                    if self.guide is not None and not self._queue_guided(study, pending):
-                        stopped = self._guide_stop
-                        break
+                    if self.guide is not None:
+                        why_stop = self._queue_guided(study, pending, seen, budget - started)
+                        if why_stop:
+                            stopped = why_stop
+                            break
                     trial = study.ask(distributions)
                     handled = self._pre_dispatch(study, trial, seen)
                     if handled is None:
@@ -511,11 +508,11 @@ class StudyRunner:
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
 
-    def _observations(self, study: optuna.Study) -> list[Observation]:
+    def _observations(self, records: list[TrialRecord]) -> list[Observation]:
         """What the guide learns from: every probed trial of the ranked space, with its outcome."""
         out = []
         metric = self.objectives[0][0]
-        for r in trial_records(study):
+        for r in records:
             if not r.probed or r.status in ("interrupted", "running", "duplicate"):
                 continue
             index = self.ranking.index_of(config_key(r.config)) if self.ranking else None
@@ -528,35 +525,30 @@ class StudyRunner:
                                    peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None))
         return out
 
-    def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]]) -> bool:
-        """Queue the guide's next proposal unless one is already waiting; False = stop (why in
-        ``_guide_stop``)."""
-        if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
-            return True
+    def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]], seen: dict[str, int],
+                      budget_left: int) -> str | None:
+        """Queue the guide's next proposal unless one is already waiting. Returns why the search
+        should stop instead, or None to go on."""
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return None
         exclude = [i for _, config in pending.values()
                    if (i := self.ranking.index_of(config_key(config))) is not None]
-        best = self._best_single(study)
-        metric = self.objectives[0][0]
-        best_value = best.metrics.get(metric) if best else None
-        budget_left = self.spec.search.n_trials - self._started
-        proposal, why_stop = self.guide.propose(self._observations(study), exclude=exclude,
+        records = trial_records(study)
+        best = best_records(records, self.objectives)
+        best_value = best[0].metrics.get(self.objectives[0][0]) if best else None
+        proposal, why_stop = self.guide.propose(self._observations(records), exclude=exclude,
                                                 best=best_value if _finite(best_value) else None,
                                                 budget_left=budget_left)
         if proposal is None:
-            if not self.spec.search.stop_early and "bound" in why_stop:
-                proposal, why_stop = self.guide.propose(self._observations(study), exclude=exclude, best=None)
-            if proposal is None:
-                self._guide_stop = f"stopped early: {why_stop}"
-                return False
-        raw = self.ranking.metrics_of(proposal.index)
-        predicted = _predicted(raw, self.objectives)
+            return f"stopped early: {why_stop}"
+        predicted = _predicted(self.ranking.metrics_of(proposal.index), self.objectives)
         predicted.update(proposal.predicted)
-        attrs = {A.CONFIG: proposal.config, A.KEY: config_key(proposal.config), A.PREDICTED: predicted,
-                 A.CHOSEN: proposal.reason}
+        key = config_key(proposal.config)
+        attrs = {A.CONFIG: proposal.config, A.KEY: key, A.PREDICTED: predicted, A.CHOSEN: proposal.reason}
         if proposal.remeasure:
-            attrs[A.REMEASURE_OF] = self._seen.get(config_key(proposal.config), -1)
+            attrs[A.REMEASURE_OF] = seen.get(key, -1)
         study.enqueue_trial(self._params_for(proposal.config), user_attrs=attrs)
-        return True
+        return None
 
     def _valid_count(self, ranking: Ranking | None) -> int | None:
         """Number of valid canonical configs, when the space is small enough to count."""

@@ -119,7 +119,8 @@ def curve(probes: list[tuple[str, float | None, bool]], truth: Truth, max_probes
             "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20))}
 
 
-def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool) -> list[tuple[str, float | None, bool]]:
+def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
+                 ) -> tuple[list[tuple[str, float | None, bool]], str]:
     dispatcher = None
     if in_process:
         from autotune.dispatch import InProcessDispatcher

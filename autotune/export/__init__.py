@@ -21,12 +21,17 @@ from ._torchtitan import TorchtitanExporter
 from ._yaml import YamlExporter
 
 __all__ = ["Exporter", "ExportContext", "EXPORTERS", "DEFAULT_FORMATS", "header_lines", "header_fields",
-           "megatron_args", "write_exports", "parse_formats"]
+           "megatron_args", "write_exports", "parse_formats", "default_formats"]
 
 EXPORTERS: dict[str, Exporter] = {e.name: e for e in (
     YamlExporter(), EnvExporter(), MegatronExporter(), DeepSpeedExporter(), MindFormersExporter(), TorchtitanExporter(),
 )}
 DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes at the end of a study
+
+
+def default_formats(backend: str) -> tuple[str, ...]:
+    """The exports a finished study gets: a MindSpore study's launch form is MindFormers'."""
+    return ("yaml", "env", "mindformers") if backend == "mindspore" else DEFAULT_FORMATS
 
 
 def parse_formats(text: str) -> list[str]:

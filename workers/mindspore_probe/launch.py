@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..torch_probe.launch import processes_per_node  # imports no torch: one world-size rule for both probes
+
 __all__ = ["PROBE_SCRIPT", "probe_argv", "probe_env", "resolve_python", "MINDSPORE_PYTHON_ENV"]
 
 PROBE_SCRIPT = Path(__file__).resolve().parent / "probe.py"
@@ -51,17 +53,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _world(request: Any) -> int:
-    cluster = dict(request.cluster)
-    return int(cluster.get("world_size") or int(cluster.get("nodes", 1) or 1) * int(cluster.get("devices_per_node", 1) or 1))
-
-
 def probe_argv(request: Any, python: str, trial_file: str = "{trial_file}", log_dir: str | None = None) -> list[str]:
     """argv of one trial: the script alone for one process, msrun for several (one node)."""
-    world = _world(request)
-    if world == 1:
+    nodes, world = processes_per_node(request)
+    if nodes * world == 1:
         return [python, str(PROBE_SCRIPT), trial_file]
-    nodes = int(dict(request.cluster).get("nodes", 1) or 1)
     if nodes != 1:
         raise ValueError(f"the mindspore probe launches one node; this trial has {nodes}")
     msrun = str(Path(python).parent / "msrun")

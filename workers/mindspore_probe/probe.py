@@ -262,10 +262,12 @@ def _readable(exc: BaseException) -> BaseException:
         return exc
     lines = [ln.strip() for ln in str(exc).splitlines()]
     useful = [ln for ln in lines if ln and not set(ln) <= set("-= ") and not ln.startswith("- C++ Call Stack")]
-    if not useful or useful[0] == lines[0]:
+    if not useful or useful[0] == lines[0] or not isinstance(exc, Exception):
         return exc
-    clean = type(exc)("\n".join(useful)) if isinstance(exc, Exception) else exc
-    return clean
+    try:
+        return type(exc)("\n".join(useful))
+    except Exception:  # an exception class that takes other arguments: keep it as it is
+        return exc
 
 
 def _serve_as_scheduler() -> int:
