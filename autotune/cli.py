@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from .export import DEFAULT_FORMATS
 from .spec import Spec, SpecError, load_spec
 
 __all__ = ["app", "main"]
@@ -368,7 +368,7 @@ def _tracker(spec: Spec, directory: Path) -> Any:
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
-    from .export import default_formats, write_exports
+    from .export import default_formats, refusals, write_exports
     from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
                          write_plots, write_results_csv)
     from .tracking import mlflow_ui_command
@@ -381,7 +381,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     line = improvement_line(best, outcome.baseline, *objectives[0])
     exports: dict[str, Path] = {}
     if best is not None:
-        exports = write_exports(_export_context(spec, best), directory / "export", default_formats(choice.kind))
+        context = _export_context(spec, best)
+        formats = default_formats(spec.target_stack)
+        for name, reasons in refusals(context, formats).items():  # a study resumed from before its target
+            err.print(f"[yellow]not exported as {name}:[/yellow] {escape(', '.join(reasons))}")
+        formats = tuple(f for f in formats if f not in refusals(context, formats))
+        exports = write_exports(context, directory / "export", formats)
     summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
     summary_json = directory / "summary.json"
     summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
@@ -435,10 +440,9 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}")
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
     if exports:
-        launch = exports.get("megatron") or exports.get("mindformers")
-        err.print(f"  best config:     {exports['yaml']}   (launch: {launch}, env: {exports['env']})")
-        others = ",".join(f for f in ("megatron", "deepspeed", "mindformers", "torchtitan") if f not in exports)
-        err.print(f"  other stacks:    autotune export {directory} --format {others}")
+        launch = next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
+        err.print(f"  best config:     {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
+                  f"env: {exports['env']})")
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
     if best is None:
@@ -522,23 +526,27 @@ def _fmt_metric(v: Any) -> str:
 @app.command()
 def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
            out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
-           formats: str = typer.Option(",".join(DEFAULT_FORMATS), "--format",
-                                       help="comma-separated: yaml, env, megatron (torchrun script with MindSpeed-LLM / "
-                                            "Megatron-LM arguments), deepspeed (config JSON), mindformers "
-                                            "(parallel_config YAML), torchtitan (TOML fragment); or all"),
+           formats: Optional[str] = typer.Option(None, "--format",
+                                                 help="comma-separated: yaml, env, megatron (torchrun script with "
+                                                      "MindSpeed-LLM / Megatron-LM arguments), deepspeed (config JSON), "
+                                                      "mindformers (parallel_config YAML), torchtitan (0.3 launch "
+                                                      "script); or all (those that can launch the config). Default: "
+                                                      "yaml, env and the launch form of the spec's target"),
            trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
            as_json: bool = JsonOpt) -> None:
     """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
     DeepSpeed JSON, MindFormers YAML, torchtitan TOML."""
     _setup_logging(False)
-    from .export import parse_formats, write_exports
+    from .export import default_formats, parse_formats, write_exports
 
     try:
-        chosen_formats = parse_formats(formats)
+        chosen_formats = parse_formats(formats) if formats else None
     except ValueError as exc:
         err.print(f"[red]error[/red] --format: {exc}")
         raise typer.Exit(EXIT_INPUT) from None
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
+    if chosen_formats is None:
+        chosen_formats = list(default_formats(spec.target_stack))
     study = _open_existing(spec, run_dir)
     from .search import best_records, trial_records
 
@@ -555,7 +563,20 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
             raise typer.Exit(EXIT_NO_RESULT)
         chosen = best[0]
     directory = out_dir or _run_dir(spec, run_dir) / "export"
-    paths = write_exports(_export_context(spec, chosen), directory, chosen_formats)
+    from .export import ExportRefused, refusals
+
+    if formats == "all":  # every format that can launch the config; say why the others cannot
+        refused = refusals(_export_context(spec, chosen), chosen_formats)
+        for name, reasons in refused.items():
+            err.print(f"[yellow]not exported as {name}:[/yellow] {escape(', '.join(reasons))}")
+        chosen_formats = [f for f in chosen_formats if f not in refused]
+
+    try:
+        paths = write_exports(_export_context(spec, chosen), directory, chosen_formats)
+    except ExportRefused as exc:
+        err.print(f"[red]error[/red] {escape(str(exc))}; the study's target is {spec.target_stack} "
+                  f"(export its format, or set `target:` in the spec and run the study again)")
+        raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         print(json.dumps({"trial": chosen.number, "files": {k: str(v) for k, v in paths.items()}}))
         return
@@ -569,7 +590,7 @@ def _export_context(spec: Spec, record: Any) -> Any:
 
     ctx = probe_context(spec)
     cluster = {k: v for k, v in ctx.cluster.items() if k != "hardware"}
-    return ExportContext.from_record(spec.name, record, ctx.model, ctx.workload, cluster)
+    return ExportContext.from_record(spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack)
 
 
 def main() -> None:

@@ -31,6 +31,8 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0)
     max_position_embeddings: int = Field(4096, gt=0)
     tie_word_embeddings: bool = False
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (Llama-3: 500000); exported as --rotary-base")
+    rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon; exported as --norm-epsilon")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -81,14 +83,15 @@ PRESETS: dict[str, dict] = {
     "llama2-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                        intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096),
     "llama3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192),
+                      intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
     # Small enough to train for real on two CPU processes in seconds.
     "tiny-llama": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                        intermediate_size=688, vocab_size=2048, max_position_embeddings=1024),
 }
 
 _HF_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings")
+              "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta",
+              "rms_norm_eps")
 
 
 def load_hf_config(path: Path) -> dict:
@@ -98,7 +101,7 @@ def load_hf_config(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     model_type = str(data.get("model_type", "llama")).lower()
-    fields = {k: data[k] for k in _HF_FIELDS if k in data}
+    fields = {k: data[k] for k in _HF_FIELDS if data.get(k) is not None}
     if "n_embd" in data:  # GPT-2 style names
         fields.setdefault("hidden_size", data["n_embd"])
         fields.setdefault("num_hidden_layers", data.get("n_layer"))

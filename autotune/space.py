@@ -20,6 +20,7 @@ import numpy as np
 
 from .safe_expr import Expression, compile_expression
 from .spec import Spec, TrainWorkload
+from .targets import target_violations
 
 __all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS"]
 
@@ -94,6 +95,7 @@ class Space:
         else:
             self.constants.update(prompt_len=w.prompt_len, gen_len=w.gen_len)
         self.user_constraints: list[Expression] = [compile_expression(c) for c in spec.constraints]
+        self.target: str | None = spec.target_stack if self.training and spec.target_stack != "none" else None
 
     # ---- size and distributions ---------------------------------------------------------------
     @property
@@ -208,6 +210,8 @@ class Space:
         else:
             reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
             out["tp"] = tp
+        if self.target:  # configs the production stack cannot launch are not in the space
+            reasons.update(target_violations(self.target, out, n))
         env = {**self.constants, **out}
         for expr in self.user_constraints:
             ok = np.broadcast_to(np.asarray(expr.evaluate(env), dtype=bool), (n,))

@@ -308,6 +308,11 @@ class Spec(_Strict):
     constraints: list[str] = Field(default_factory=list)
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     baseline: dict[str, Any] | None = None
+    target: Literal["mindspeed", "megatron", "deepspeed", "torchtitan", "mindformers", "none"] | None = Field(
+        None, description="the stack that will run the chosen config in production; the space keeps only configs it can "
+                          "launch and the exports launch exactly the measured config (default: mindformers for the "
+                          "mindspore backend, mindspeed on npu, megatron elsewhere); 'none': no stack in mind, the "
+                          "space is not restricted and each export format refuses what it cannot launch")
     search: SearchSpec = Field(default_factory=SearchSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     ray: RaySpec = Field(default_factory=RaySpec)
@@ -354,6 +359,13 @@ class Spec(_Strict):
     def is_training(self) -> bool:
         return self.workload.kind == "train"
 
+    @property
+    def target_stack(self) -> str:
+        """``target``, or the default for the backend and accelerator (:mod:`autotune.targets`)."""
+        from .targets import default_target
+
+        return self.target or default_target(self.backend.kind, self.cluster.accelerator, tuple(self.space.choices()))
+
     def objective_list(self) -> list[tuple[str, str]]:
         """(metric, direction) pairs with defaults applied."""
         from autotune.objectives import get_metric
@@ -373,7 +385,8 @@ class Spec(_Strict):
         return (f"{self.name}: {self.model.name} ({size} params), {work}, "
                 f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
                 f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
-                f"backend {self.backend.kind}, objectives {objs}, budget {self.search.n_trials} trials")
+                f"backend {self.backend.kind}, target {self.target_stack}, objectives {objs}, "
+                f"budget {self.search.n_trials} trials")
 
 
 # ----------------------------------------------------------------------------------------- errors

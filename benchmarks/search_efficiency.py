@@ -64,6 +64,7 @@ def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: 
         "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": sc["gbs"], "timeout_s": 60},
         "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": sc["nodes"], "devices_per_node": 8,
                     "overrides": {"device_memory_gib": sc["memory"]}},
+        "target": "none",  # the space of issue #5's figures (ZeRO-3 with tp, which no single stack launches)
         "backend": {"kind": "command", "argv": [sys.executable, str(LAUNCHER), "{trial_file}"],
                     "env": {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}},
         "space": {"tp": [1, 2, 4, 8], "pp": sc["pp"], "vpp": [1, 2], "micro_batch_size": [1, 2, 4, 8],

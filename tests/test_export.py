@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import tomllib
 
 import pytest
 import yaml
@@ -32,8 +31,15 @@ def ctx():
                          software=SOFTWARE)
 
 
+PLAIN = {"tp": 1, "pp": 1, "cp": 1, "vpp": 1, "dp": 8, "micro_batch_size": 2, "grad_accum": 4, "zero_stage": 0,
+         "precision": "fp32", "recompute": "none", "env.HCCL_BUFFSIZE": "200"}  # every format can launch this
+
+
 @pytest.mark.parametrize("name", sorted(EXPORTERS))
 def test_every_export_carries_the_header(name, ctx):
+    if EXPORTERS[name].unsupported(ctx):
+        ctx.config = dict(PLAIN)
+    assert EXPORTERS[name].unsupported(ctx) == []
     text = EXPORTERS[name].render(ctx)
     if name == "deepspeed":
         header = json.loads(text)["_autotune"]
@@ -44,6 +50,21 @@ def test_every_export_carries_the_header(name, ctx):
         assert "study llama2-7b-8npu, trial 7, measured" in head
         assert "tokens_per_s_per_device=2901.5" in head
         assert "torch 2.13.0, torch_npu 2.13.0, cann 8.1.RC1, driver 24.1.0" in head
+
+
+def test_probe_text_cannot_inject_commands_through_the_header(ctx, tmp_path):
+    import subprocess
+
+    for name in ("graph_kernel_flags", "jit_level"):  # MindSpore settings: not a Megatron launch
+        ctx.config.pop(name)
+    ctx.software = {"torch": "2.13.0\ntouch INJECTED"}
+    ctx.metrics = {"x\nexport EVIL=1\n": 1.0}
+    paths = write_exports(ctx, tmp_path, ["env", "megatron"])
+    env_file = paths["env"]
+    out = subprocess.run(["bash", "-c", f'source "{env_file}" && echo "[$EVIL]"'], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]" and not (tmp_path / "INJECTED").exists()
+    assert all(line.startswith(("#", "export", "")) for line in paths["env"].read_text().splitlines())
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
@@ -79,7 +100,8 @@ def test_megatron_script_parses_with_megatrons_flag_names(ctx):
     assert ns.num_layers_per_virtual_pipeline_stage == 32 // (2 * 2)
     assert (ns.micro_batch_size, ns.global_batch_size) == (2, 64)
     assert ns.sequence_parallel and ns.use_distributed_optimizer and ns.bf16 and not ns.fp16
-    assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == ("full", "block", 4)
+    # 4 layers per stage, counted per virtual stage by --recompute-method block: 2 in each of the 2 chunks
+    assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == ("full", "block", 2)
     model = _bash_array(script, "MODEL_ARGS")
     assert model[model.index("--num-query-groups") + 1] == "8" and "--swiglu" in model
     assert "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in script
@@ -96,42 +118,27 @@ def test_megatron_selective_recompute_and_fp16(ctx):
     assert ns.num_layers_per_virtual_pipeline_stage is None
 
 
-def test_deepspeed_json(ctx):
+def test_deepspeed_json_names_the_world_it_assumes(ctx):
+    assert any("tp/pp/cp > 1" in r for r in EXPORTERS["deepspeed"].unsupported(ctx))  # tp 2: not a DeepSpeed config
+    ctx.config.update(tp=1, pp=1, vpp=1, dp=8, grad_accum=4, precision="fp16", zero_stage=3)
     cfg = json.loads(EXPORTERS["deepspeed"].render(ctx))
-    assert cfg["zero_optimization"]["stage"] == 1
-    assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 16
-    assert cfg["train_batch_size"] == 2 * 16 * 2
-    assert cfg["bf16"] == {"enabled": True} and "fp16" not in cfg
-    assert "activation_checkpointing" in cfg
-    ctx.config.update(precision="fp16", zero_stage=3)
-    cfg = json.loads(EXPORTERS["deepspeed"].render(ctx))
+    assert cfg["train_batch_size"] == 2 * 4 * 8 == ctx.workload["global_batch_size"]
+    assert "all 8 ranks" in cfg["_autotune"]["assumes"]
     assert cfg["fp16"]["enabled"] and cfg["fp16"]["loss_scale"] == 0 and cfg["zero_optimization"]["stage"] == 3
 
 
-def test_mindformers_yaml(ctx):
+def test_mindformers_yaml_puts_grad_accum_where_mindformers_reads_it(ctx):
     doc = yaml.safe_load(EXPORTERS["mindformers"].render(ctx))
     pc = doc["parallel_config"]
     assert (pc["data_parallel"], pc["model_parallel"], pc["pipeline_stage"]) == (2, 2, 2)
-    assert pc["micro_batch_num"] == 16 and pc["use_seq_parallel"] is True
-    assert doc["recompute_config"]["recompute"] is True and doc["recompute_config"]["select_recompute"] is False
-    assert doc["context"]["jit_config"] == {"jit_level": "O1"}
-    assert doc["context"]["graph_kernel_flags"] == "--enable_parallel_fusion --opt_level=2"
-    assert doc["parallel"]["enable_parallel_optimizer"] is True
-    assert doc["runner_config"]["batch_size"] == 2
-
-
-def test_torchtitan_toml(ctx):
-    doc = tomllib.loads(EXPORTERS["torchtitan"].render(ctx))
-    p = doc["parallelism"]
-    assert p["tensor_parallel_degree"] == 2 and p["pipeline_parallel_degree"] == 2
-    assert p["data_parallel_shard_degree"] == 2 and p["data_parallel_replicate_degree"] == 1
-    assert p["fsdp_reshard_after_forward"] == "never" and p["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert doc["training"]["local_batch_size"] == 32 and doc["training"]["seq_len"] == 4096
-    assert doc["training"]["mixed_precision_param"] == "bfloat16"
-    assert doc["activation_checkpoint"]["mode"] == "full"
-    ctx.config.update(zero_stage=0)
-    p = tomllib.loads(EXPORTERS["torchtitan"].render(ctx))["parallelism"]
-    assert p["data_parallel_replicate_degree"] == 2 and p["data_parallel_shard_degree"] == 1
+    assert pc["micro_batch_num"] == 16 and doc["runner_config"]["gradient_accumulation_steps"] == 1
+    assert doc["recompute_config"]["recompute"] == [4, 4] and doc["model"]["model_config"]["pp_interleave_num"] == 2
+    assert "graph_kernel_flags" not in doc["context"]  # MindSpore 2.10 ignores it: the env file carries it
+    text = EXPORTERS["mindformers"].render(ctx)
+    assert "MS_DEV_GRAPH_KERNEL_FLAGS=--enable_parallel_fusion --opt_level=2" in text
+    ctx.config.update(pp=1, vpp=1, dp=4, grad_accum=8)  # no pipeline: MindFormers accumulates itself
+    doc = yaml.safe_load(EXPORTERS["mindformers"].render(ctx))
+    assert doc["parallel_config"]["micro_batch_num"] == 1 and doc["runner_config"]["gradient_accumulation_steps"] == 8
 
 
 def test_env_file_sources_in_a_shell(ctx, tmp_path):
@@ -164,9 +171,9 @@ def test_cli_export_from_the_run_directory_in_every_format(write_spec, tmp_path)
     result = runner.invoke(app, ["export", str(run_dir), "--format", "all", "--out", str(tmp_path / "x"), "--json"])
     assert result.exit_code == 0, result.output
     files = json.loads(result.stdout)["files"]
-    assert set(files) == set(EXPORTERS)
-    ds = json.loads(open(files["deepspeed"]).read())
-    assert ds["_autotune"]["study"] == "tiny" and ds["_autotune"]["source"] == "simulated"
+    assert {"yaml", "env", "megatron"} <= set(files) <= set(EXPORTERS)
+    for name in set(EXPORTERS) - set(files):  # formats that cannot launch the best config say why
+        assert f"not exported as {name}" in result.stderr
     assert "NOTE: simulated" in open(files["megatron"]).read()
     bad = runner.invoke(app, ["export", str(run_dir), "--format", "nemo"])
     assert bad.exit_code == 2 and "nemo" in bad.output

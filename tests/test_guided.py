@@ -20,6 +20,7 @@ SPEC = {
     "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": 1, "devices_per_node": 8,
                 "overrides": {"device_memory_gib": 40}},
     "backend": "command_placeholder",
+    "target": "none",  # the guide's own behaviour, on a space no single stack restricts
     "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "recompute": ["none", "selective", "full"],
               "zero_stage": [0, 1, 3], "sequence_parallel": [False, True]},
     "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],

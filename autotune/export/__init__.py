@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._base import ExportContext, Exporter, header_fields, header_lines
+from ._base import ExportContext, Exporter, ExportRefused, header_fields, header_lines
 from ._deepspeed import DeepSpeedExporter
 from ._env import EnvExporter
 from ._megatron import MegatronExporter, megatron_args
@@ -20,18 +20,21 @@ from ._mindformers import MindFormersExporter
 from ._torchtitan import TorchtitanExporter
 from ._yaml import YamlExporter
 
-__all__ = ["Exporter", "ExportContext", "EXPORTERS", "DEFAULT_FORMATS", "header_lines", "header_fields",
-           "megatron_args", "write_exports", "parse_formats", "default_formats"]
+__all__ = ["Exporter", "ExportContext", "ExportRefused", "EXPORTERS", "DEFAULT_FORMATS", "header_lines",
+           "header_fields", "megatron_args", "write_exports", "parse_formats", "default_formats", "refusals"]
 
 EXPORTERS: dict[str, Exporter] = {e.name: e for e in (
     YamlExporter(), EnvExporter(), MegatronExporter(), DeepSpeedExporter(), MindFormersExporter(), TorchtitanExporter(),
 )}
-DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes at the end of a study
+DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes for the default targets
 
 
-def default_formats(backend: str) -> tuple[str, ...]:
-    """The exports a finished study gets: a MindSpore study's launch form is MindFormers'."""
-    return ("yaml", "env", "mindformers") if backend == "mindspore" else DEFAULT_FORMATS
+def default_formats(target: str) -> tuple[str, ...]:
+    """The exports a finished study gets: autotune's own YAML, the env file, and the launch form
+    of the study's target stack (:mod:`autotune.targets`)."""
+    from autotune.targets import TARGET_FORMATS
+
+    return ("yaml", "env", TARGET_FORMATS.get(target, "megatron"))
 
 
 def parse_formats(text: str) -> list[str]:
@@ -46,8 +49,20 @@ def parse_formats(text: str) -> list[str]:
     return names
 
 
+def refusals(context: ExportContext, formats: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+    """``{format: reasons}`` for the formats that cannot launch the context's config exactly."""
+    return {name: reasons for name in formats if (reasons := EXPORTERS[name].unsupported(context))}
+
+
 def write_exports(context: ExportContext, out_dir: Path, formats: list[str] | tuple[str, ...] = DEFAULT_FORMATS
                   ) -> dict[str, Path]:
+    """Write each format's file. A format that cannot launch the config exactly raises
+    :class:`ExportRefused` with the reasons, before any file is written: a config is never
+    exported as something else."""
+    refused = refusals(context, formats)
+    if refused:
+        raise ExportRefused("; ".join(f"{name} cannot launch trial {context.trial}'s config: {', '.join(reasons)}"
+                                      for name, reasons in refused.items()))
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in formats:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Exporter", "ExportContext", "header_fields", "header_lines"]
+__all__ = ["Exporter", "ExportContext", "ExportRefused", "header_fields", "header_lines"]
 
 
 @dataclass
@@ -23,14 +23,16 @@ class ExportContext:
     workload: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)  # as the probe reported it
+    target: str = ""                      # the study's target stack (autotune.targets); "" = unknown
 
     @classmethod
     def from_record(cls, study: str, record: Any, model: dict | None = None, workload: dict | None = None,
-                    cluster: dict | None = None) -> "ExportContext":
+                    cluster: dict | None = None, target: str = "") -> "ExportContext":
         info = getattr(record, "info", None) or {}
         return cls(study=study, trial=record.number, config=dict(record.config), metrics=dict(record.metrics),
                    source=record.source or "", model=dict(model or {}), workload=dict(workload or {}),
-                   cluster=dict(cluster or {}), software={k: str(v) for k, v in (info.get("software") or {}).items()})
+                   cluster=dict(cluster or {}), software={k: str(v) for k, v in (info.get("software") or {}).items()},
+                   target=target)
 
     # what most exporters need
     def get(self, name: str, default: Any = None) -> Any:
@@ -55,10 +57,16 @@ def header_fields(ctx: ExportContext) -> dict[str, Any]:
     }
 
 
+def _one_line(text: Any) -> str:
+    """Text from a probe or a spec, safe inside a one-line comment: control characters (a newline
+    would end the comment, and the next line would run when the file is sourced) become spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in str(text))
+
+
 def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
     h = header_fields(ctx)
-    metrics = ", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items())
-    software = ", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"]
+    metrics = _one_line(", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items()))
+    software = _one_line(", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"])
     lines = [
         f"{comment} autotune export: study {ctx.study}, trial {ctx.trial}, {h['source']}",
         f"{comment} written {h['written']}",
@@ -70,8 +78,13 @@ def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
     return lines
 
 
+class ExportRefused(ValueError):
+    """The format cannot launch this config; the message says why (never exported as something else)."""
+
+
 class Exporter(abc.ABC):
-    """One target format. ``render`` returns the whole file, header included."""
+    """One target format. ``render`` returns the whole file, header included; ``unsupported``
+    says why the format cannot launch a config (empty: it can)."""
 
     name: str = ""
     filename: str = ""
@@ -79,4 +92,17 @@ class Exporter(abc.ABC):
 
     @abc.abstractmethod
     def render(self, ctx: ExportContext) -> str:
-        """The file's text for this context."""
+        """The file's text for this context (call ``unsupported`` first: ``write_exports`` does)."""
+
+    def unsupported(self, ctx: ExportContext) -> list[str]:
+        """Reasons this format cannot launch ``ctx.config`` exactly. A format for one family of
+        stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers) applies that stack's rules
+        (:mod:`autotune.targets`); a study tuned for another stack gets them too, since the same
+        config is exported."""
+        from autotune.targets import FORMAT_TARGETS, unsupported_reasons
+
+        targets = FORMAT_TARGETS.get(self.name)
+        if not targets:
+            return []
+        target = ctx.target if ctx.target in targets else targets[0]
+        return unsupported_reasons(target, ctx.config)

@@ -1,6 +1,14 @@
 """DeepSpeed: a config JSON (ZeRO stage, micro-batch, gradient accumulation, precision,
 activation checkpointing). JSON has no comments: the header is the ``_autotune`` key, which
-DeepSpeed ignores."""
+DeepSpeed ignores, and ``_autotune.assumes`` says which launch the batch sizes are for.
+
+The file is for a plain ``deepspeed.initialize`` over every rank of the cluster: DeepSpeed then
+takes the data-parallel world to be all ranks and checks ``train_batch_size ==
+train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``. Model parallelism (tp, pp,
+cp) is not something a DeepSpeed config can switch on, so such configs are refused rather than
+exported with a batch check that fails or a world that is not the measured one (see
+:mod:`autotune.targets`).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +25,19 @@ class DeepSpeedExporter(Exporter):
         mbs = int(ctx.get("micro_batch_size", 1))
         ga = int(ctx.get("grad_accum", 1) or 1)
         dp = int(ctx.get("dp", 1) or 1)
+        world = ctx.world_size
+        if dp != world:
+            raise ValueError(f"dp {dp} is not the world {world}: a DeepSpeed config cannot launch model parallelism")
         stage = int(ctx.get("zero_stage", 0) or 0)
+        header = header_fields(ctx)
+        header["assumes"] = (f"a plain deepspeed.initialize over all {world} ranks (data parallel {world}, "
+                             f"{int(ctx.cluster.get('nodes', 1) or 1)} node(s)): train_batch_size = micro-batch {mbs} "
+                             f"x grad-accum {ga} x {world} ranks")
         cfg: dict = {
-            "_autotune": header_fields(ctx),
+            "_autotune": header,
             "train_micro_batch_size_per_gpu": mbs,
             "gradient_accumulation_steps": ga,
-            "train_batch_size": mbs * ga * dp,
+            "train_batch_size": mbs * ga * world,
             "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
             "gradient_clipping": 1.0,
         }
@@ -34,8 +49,11 @@ class DeepSpeedExporter(Exporter):
         elif precision == "fp16":
             cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                            "hysteresis": 2, "min_loss_scale": 1}
-        recompute = ctx.get("recompute", "none")
-        if recompute != "none":
-            cfg["activation_checkpointing"] = {"partition_activations": recompute == "full" and int(ctx.get("tp", 1)) > 1,
-                                               "contiguous_memory_optimization": False, "cpu_checkpointing": False}
+        if ctx.get("recompute", "none") == "full":
+            # DeepSpeed's checkpointing settings; the model still wraps each block in
+            # deepspeed.checkpointing.checkpoint (or calls gradient_checkpointing_enable())
+            cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                               "cpu_checkpointing": False}
+            header["launch_note"] = ("recompute full: checkpoint every transformer block in the model code "
+                                     "(deepspeed.checkpointing.checkpoint, or gradient_checkpointing_enable())")
         return json.dumps(cfg, indent=2) + "\n"

@@ -1,9 +1,20 @@
-"""MindSpeed-LLM / Megatron-LM: the parallel and memory arguments, as a ready torchrun launch script.
+"""MindSpeed-LLM / Megatron-LM: the tuned config as a ready torchrun launch script.
 
-The script sets the config's environment, then runs ``torchrun`` over ``$TRAIN_SCRIPT``
-(``pretrain_gpt.py`` by default) with the model's shape arguments, the tuned arguments in the
-``AUTOTUNE_ARGS`` array, and whatever the user adds on the command line (data, tokenizer,
-checkpoints). Node rank, master address and port come from the environment, as on any cluster.
+The script exports the config's environment (and ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which
+Megatron's ``validate_args`` requires for tp > 1 or cp > 1 before Blackwell, and which every
+MindSpeed-LLM example script sets), then runs ``torchrun`` over ``$TRAIN_SCRIPT``
+(``pretrain_gpt.py``) with three argument arrays: ``MODEL_ARGS`` (the architecture: Llama has no
+dropout, its RoPE base and norm epsilon), ``STACK_ARGS`` (MindSpeed-LLM's Llama fusion flags from
+its ``examples/mcore/llama2`` scripts, for the ``mindspeed`` target) and ``AUTOTUNE_ARGS`` (the tuned
+parallel, batch, recompute, optimizer-sharding and precision settings), then whatever the user
+adds (data, tokenizer, checkpoints). Megatron's argparse keeps the last value of a repeated flag,
+so the user's own flags win where they repeat one.
+
+What launches is exactly the measured config: Megatron derives dp = world / (tp·pp·cp) and
+grad-accum = global batch / (micro-batch · dp); ``--recompute-method block`` counts layers per
+*virtual* stage, so ``--recompute-num-layers`` is the measured per-stage count divided by vpp; the
+distributed optimizer is ZeRO-1 and nothing more (ZeRO-2/3 are refused, see
+:mod:`autotune.targets`).
 """
 
 from __future__ import annotations
@@ -14,12 +25,21 @@ from typing import Any
 from ._base import ExportContext, Exporter, header_lines
 from ._env import env_exports
 
+# MindSpeed-LLM's Llama-2 flags (examples/mcore/llama2/pretrain_llama2_13b_ptd.sh, Ascend/MindSpeed-LLM
+# a9547f618ed4643e386a96be191258b872c4d9dc): fused kernels and the local transformer implementation.
+MINDSPEED_FLAGS = ("--use-mcore-models", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu",
+                   "--use-fused-rotary-pos-emb", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+                   "--no-gradient-accumulation-fusion", "--transformer-impl", "local")
+
 
 def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None) -> list[str]:
-    """Megatron-LM / MindSpeed-LLM arguments for the config's parallel, memory and precision settings."""
+    """Megatron-LM / MindSpeed-LLM arguments for the config's parallel, batch, recompute,
+    optimizer-sharding and precision settings."""
     tp, pp, vpp = int(config.get("tp", 1)), int(config.get("pp", 1)), int(config.get("vpp", 1) or 1)
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
-    if vpp > 1 and pp > 1 and num_layers:
+    if vpp > 1 and pp > 1:
+        if not num_layers:
+            raise ValueError("an interleaved schedule (vpp > 1) needs the model's layer count")
         args += ["--num-layers-per-virtual-pipeline-stage", str(num_layers // (pp * vpp))]
     if int(config.get("cp", 1) or 1) > 1:
         args += ["--context-parallel-size", str(config["cp"])]
@@ -27,24 +47,31 @@ def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_lay
         args += ["--micro-batch-size", str(config["micro_batch_size"])]
     if global_batch_size:
         args += ["--global-batch-size", str(global_batch_size)]
-    if config.get("sequence_parallel"):
+    if config.get("sequence_parallel") and tp > 1:
         args.append("--sequence-parallel")
     recompute = config.get("recompute", "none")
     if recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
         layers = config.get("recompute_layers")
-        args += ["--recompute-granularity", "full", "--recompute-method", "block" if layers else "uniform",
-                 "--recompute-num-layers", str(layers or 1)]
-    if int(config.get("zero_stage", 0) or 0) >= 1:
-        args.append("--use-distributed-optimizer")  # Megatron's ZeRO-1-style sharded optimizer
+        if layers:  # the first `layers` of each stage; block counts per virtual stage
+            args += ["--recompute-granularity", "full", "--recompute-method", "block",
+                     "--recompute-num-layers", str(int(layers) // (vpp if pp > 1 else 1))]
+        else:  # every layer: each layer is its own checkpointed chunk
+            args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    zero = int(config.get("zero_stage", 0) or 0)
+    if zero == 1:
+        args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer states sharded over dp (x cp)
+    elif zero >= 2:
+        raise ValueError(f"zero_stage {zero} has no Megatron form (the distributed optimizer is ZeRO-1)")
     precision = config.get("precision", "bf16")
     if precision in ("bf16", "fp16"):
         args.append(f"--{precision}")
     return args
 
 
-def _model_args(model: dict[str, Any], workload: dict[str, Any]) -> list[str]:
+def model_args(model: dict[str, Any], workload: dict[str, Any], target: str = "megatron") -> list[str]:
+    """The architecture as Megatron arguments (and MindSpeed's vocabulary rule for ``mindspeed``)."""
     pairs = [("--num-layers", model.get("num_hidden_layers")), ("--hidden-size", model.get("hidden_size")),
              ("--ffn-hidden-size", model.get("intermediate_size")),
              ("--num-attention-heads", model.get("num_attention_heads")),
@@ -55,11 +82,28 @@ def _model_args(model: dict[str, Any], workload: dict[str, Any]) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(kv)]
     if str(model.get("arch", "llama")) == "llama":
         args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-                 "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+                 "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
+                 "--rotary-base", f"{int(model.get('rope_theta') or 10000)}",
+                 "--norm-epsilon", f"{float(model.get('rms_norm_eps') or 1e-5):g}"]
+        if not model.get("tie_word_embeddings"):
+            args.append("--untie-embeddings-and-output-weights")
+    if target == "mindspeed":
+        args += ["--make-vocab-size-divisible-by", "1"]  # the Hugging Face vocabulary, unpadded
     return args
 
 
-def _array(name: str, args: list[str]) -> list[str]:
+def script_arrays(script: str) -> dict[str, list[str]]:
+    """The ``NAME=( ... )`` arrays of a script written here, as argv lists (for tests and presets)."""
+    lines = script.splitlines()
+    out: dict[str, list[str]] = {}
+    for i, line in enumerate(lines):
+        if line.endswith("=(") and line[:-2].isidentifier():
+            end = lines.index(")", i)
+            out[line[:-2]] = shlex.split(" ".join(lines[i + 1:end]))
+    return out
+
+
+def _array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
     lines = [f"{name}=("]
     i = 0
     while i < len(args):  # one flag (with its value) per line
@@ -79,20 +123,29 @@ class MegatronExporter(Exporter):
     executable = True
 
     def render(self, ctx: ExportContext) -> str:
+        target = ctx.target if ctx.target in ("mindspeed", "megatron") else "megatron"
         gbs = ctx.workload.get("global_batch_size")
         layers = ctx.model.get("num_hidden_layers")
         nodes = int(ctx.cluster.get("nodes", 1) or 1)
         per_node = ctx.world_size // max(1, nodes)
+        stack = MINDSPEED_FLAGS if target == "mindspeed" else ()
+        env = env_exports(ctx)
+        if "CUDA_DEVICE_MAX_CONNECTIONS" not in ctx.env:
+            env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron's validate_args requires it for tp/cp > 1")
         lines = ["#!/usr/bin/env bash", *header_lines(ctx),
-                 "# MindSpeed-LLM / Megatron-LM launch with the tuned parallel, memory and precision settings.",
+                 f"# {'MindSpeed-LLM' if target == 'mindspeed' else 'Megatron-LM'} launch with the tuned parallel, "
+                 "batch, recompute, optimizer-sharding and precision settings",
+                 f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; dp and grad-accum follow from "
+                 "--global-batch-size, as measured).",
                  "# Add data, tokenizer and checkpoint arguments on the command line: ./launch_megatron.sh --data-path ...",
-                 "set -euo pipefail", "", *env_exports(ctx), "",
+                 "set -euo pipefail", "", *env, "",
                  f"NNODES=${{NNODES:-{nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
                  "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}", "MASTER_PORT=${MASTER_PORT:-6000}",
                  f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}", "TRAIN_SCRIPT=${TRAIN_SCRIPT:-pretrain_gpt.py}", "",
-                 *_array("MODEL_ARGS", _model_args(ctx.model, ctx.workload)),
+                 *_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
+                 *_array("STACK_ARGS", stack),
                  *_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)), "",
                  'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
                  '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-                 '    "$TRAIN_SCRIPT" "${MODEL_ARGS[@]}" "${AUTOTUNE_ARGS[@]}" "$@"']
+                 '    "$TRAIN_SCRIPT" "${MODEL_ARGS[@]}" "${STACK_ARGS[@]}" "${AUTOTUNE_ARGS[@]}" "$@"']
         return "\n".join(lines) + "\n"
