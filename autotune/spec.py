@@ -524,10 +524,19 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
             problems.append(SpecProblem(("constraints", i), str(exc)))
 
     if spec.baseline is not None:
-        for key in spec.baseline:
-            if key not in CANONICAL_PARAMS and not key.startswith("env."):
-                problems.append(SpecProblem(("baseline", key), f"unknown parameter {key!r}; use canonical names "
-                                            f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+        unknown = [key for key in spec.baseline if key not in CANONICAL_PARAMS and not key.startswith("env.")]
+        for key in unknown:
+            problems.append(SpecProblem(("baseline", key), f"unknown parameter {key!r}; use canonical names "
+                                        f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+        if not unknown and not problems:  # the baseline is probed first: it must be a config the rules allow
+            from .space import Space
+
+            try:
+                violations = Space(spec).resolve(dict(spec.baseline)).violations
+            except (TypeError, ValueError) as exc:
+                violations = [f"cannot be resolved ({exc})"]
+            for reason in violations:
+                problems.append(SpecProblem(("baseline",), f"the baseline breaks a rule: {reason}"))
     if spec.backend.kind == "mindspore" and spec.cluster.accelerator == "cuda":
         problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
     return problems

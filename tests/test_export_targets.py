@@ -221,7 +221,9 @@ def test_megatron_export_builds_megatron_cores_configs_and_launches_the_measured
     assert _script_env(script)["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     rope = float(args["rotary_base"])
     assert rope == (500000.0 if world == 16 else 10000.0)
-    assert (arrays["STACK_ARGS"] == list(MINDSPEED_FLAGS)) == (target == "mindspeed")
+    assert (arrays["STACK_ARGS"][:len(MINDSPEED_FLAGS)] == list(MINDSPEED_FLAGS)) == (target == "mindspeed")
+    if target == "mindspeed" and config["cp"] > 1:  # ring attention, not the Ulysses default of older MindSpeed
+        assert arrays["STACK_ARGS"][-2:] == ["--context-parallel-algo", "megatron_cp_algo"]
 
 
 def test_mindspeed_flags_are_those_of_mindspeed_llms_llama_examples():
@@ -420,3 +422,15 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
     assert argv[argv.index("--tensor-model-parallel-size") + 1] == str(best["tp"])
     assert argv[argv.index("--global-batch-size") + 1] == "64"
     assert env_line == "CDMC=1 ALLOC=expandable_segments:True"
+
+
+def test_a_baseline_the_target_cannot_launch_is_a_spec_error():
+    from autotune.spec import SpecError
+
+    data = {"name": "t", "model": "llama2-7b", "target": "mindspeed",
+            "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+            "space": {"zero_stage": [0, 1]}, "baseline": {"tp": 1, "zero_stage": 2}}
+    with pytest.raises(SpecError, match=r"baseline: the baseline breaks a rule: target mindspeed: ZeRO-2/3"):
+        parse_spec(data, "spec.yaml")
+    data["baseline"]["zero_stage"] = 1
+    assert parse_spec(data).baseline == {"tp": 1, "zero_stage": 1}

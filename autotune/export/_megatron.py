@@ -128,7 +128,11 @@ class MegatronExporter(Exporter):
         layers = ctx.model.get("num_hidden_layers")
         nodes = int(ctx.cluster.get("nodes", 1) or 1)
         per_node = ctx.world_size // max(1, nodes)
-        stack = MINDSPEED_FLAGS if target == "mindspeed" else ()
+        stack: tuple[str, ...] = ()
+        if target == "mindspeed":
+            stack = MINDSPEED_FLAGS
+            if int(ctx.get("cp", 1) or 1) > 1:  # ring attention, as measured and priced; MindSpeed's default
+                stack += ("--context-parallel-algo", "megatron_cp_algo")  # was Ulysses in older releases
         env = env_exports(ctx)
         if "CUDA_DEVICE_MAX_CONNECTIONS" not in ctx.env:
             env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron's validate_args requires it for tp/cp > 1")
