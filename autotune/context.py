@@ -40,4 +40,9 @@ def probe_context(spec: Spec) -> ProbeContext:
         "threads_per_rank": spec.cluster.threads_per_rank,
         "hardware": hardware,
     }
-    return ProbeContext(spec.model.model_dump(), spec.workload.model_dump(), cluster)
+    from .targets import memory_rule
+
+    workload = spec.workload.model_dump()
+    if spec.is_training:  # how the stack that runs the config holds its model states
+        workload["memory_rule"] = memory_rule(spec.target_stack, spec.backend.kind)
+    return ProbeContext(spec.model.model_dump(), workload, cluster)

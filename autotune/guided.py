@@ -84,6 +84,7 @@ class Observation:
     step_time_s: float | None = None
     peak_memory_gib: float | None = None
     number: int = -1
+    oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
 
 
 @dataclass
@@ -262,19 +263,53 @@ class Guide:
         return mean, sd
 
     def _memory_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of every config's peak memory (GiB)."""
+        """Mean and standard deviation of every config's peak memory (GiB).
+
+        Three kinds of evidence: a measured peak; an OOM, censored at the capacity, or at what the
+        allocator said the config needed at least (in use + requested) when its message carries
+        the byte counts; a fit although predicted over the limit (at most the capacity). The
+        posterior's own uncertainty only covers what the linear model can represent, so it is
+        widened by the model's error on the configs it has seen, measured leave-one-out: when
+        the first peaks disagree with the prediction in a way the factors cannot absorb (a term
+        the simulator does not have), every unmeasured config's memory becomes less certain."""
+        s = self.settings
+        rows, targets, noise = self._memory_evidence(obs)
+        design = self._mem_design(slice(None))
+        if not rows:
+            post = self._memory_prior()
+            return _predict(post, design)
+        idx = np.array(rows)
+        t = np.array(targets)
+        nz = np.array(noise)
+        post = self._memory_fit(idx, t, nz)
+        mean, sd = _predict(post, design)
+        discrepancy = self._memory_discrepancy(idx, t, nz, post)
+        if discrepancy > 0:
+            sd = np.sqrt(sd**2 + (discrepancy * np.abs(mean)) ** 2)
+        return mean, sd
+
+    def _memory_prior(self) -> _Posterior:
         s = self.settings
         k = self.one_hot.shape[1]
         ncomp = self.mem_components.shape[1] if self.mem_components is not None else 1
         prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
         prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.value_sigma / 2)])
+        return _Posterior(prior_mean, np.diag(prior_sd**2))
+
+    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray) -> _Posterior:
+        prior = self._memory_prior()
+        return _solve(self._mem_design(idx) / targets[:, None], np.ones(len(idx)), prior.mean,
+                      np.sqrt(np.diag(prior.cov)), noise)
+
+    def _memory_evidence(self, obs: list[Observation]) -> tuple[list[int], list[float], list[float]]:
         rows, targets, noise = [], [], []
         for o in obs:
             cap = self.limit[o.index]
             if o.status == "oom" and math.isfinite(cap):
-                # censored: it needed more than the capacity; count it as a bit above, less surely
+                # censored: it needed more than the capacity; the allocator's byte counts say how much more
+                needed = o.oom_needed_gib if o.oom_needed_gib and o.oom_needed_gib > cap * 1.02 else cap * 1.02
                 rows.append(o.index)
-                targets.append(cap * 1.02)
+                targets.append(needed)
                 noise.append(0.03)
             elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
                 rows.append(o.index)
@@ -284,13 +319,39 @@ class Guide:
                 rows.append(o.index)  # fit although predicted over: at most the capacity
                 targets.append(cap * 0.97)
                 noise.append(0.05)
-        if rows:
-            idx = np.array(rows)
-            t = np.array(targets)
-            post = _solve(self._mem_design(idx) / t[:, None], np.ones(len(rows)), prior_mean, prior_sd, np.array(noise))
-        else:
-            post = _Posterior(prior_mean, np.diag(prior_sd**2))
-        return _predict(post, self._mem_design(slice(None)))
+        return rows, targets, noise
+
+    def _memory_discrepancy(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
+                            post: _Posterior) -> float:
+        """Relative error of the memory model on configs it was not fitted to (leave-one-out),
+        beyond the measurement noise: 0 while the model explains what it has seen."""
+        n = len(idx)
+        if n < 2:
+            # one measurement: its error against the prior prediction is all there is to go on
+            raw = float(self._mem_design(idx)[0] @ self._memory_prior().mean)
+            err = abs(targets[0] / max(raw, 1e-9) - 1.0)
+            return float(max(0.0, err - noise[0]))
+        errors = []
+        for i in range(n):
+            keep = np.arange(n) != i
+            loo = self._memory_fit(idx[keep], targets[keep], noise[keep])
+            predicted = float(self._mem_design(idx[i:i + 1])[0] @ loo.mean)
+            errors.append(targets[i] / max(predicted, 1e-9) - 1.0)
+        rms = float(np.sqrt(np.mean(np.square(errors))))
+        return float(max(0.0, rms - float(np.mean(noise))))
+
+    def fit_probability(self, obs: list[Observation], mem_mean: np.ndarray, mem_sd: np.ndarray) -> np.ndarray:
+        """P(fits in memory) of every config. After an OOM, a config the model gives less headroom
+        than the one that failed is at most as likely to fit as the model now says the failed one
+        is: whatever made it fail (a term the model lacks) is there at least as much."""
+        z = (self.limit - mem_mean) / np.maximum(mem_sd, 1e-9)
+        p_fit = _norm_cdf(z)
+        relative = (self.limit - mem_mean) / np.maximum(self.limit, 1e-9)  # headroom as a share of the device
+        for o in obs:
+            if o.status == "oom":
+                tighter = relative <= relative[o.index]
+                p_fit = np.where(tighter, np.minimum(p_fit, p_fit[o.index]), p_fit)
+        return p_fit
 
     # ---- decisions -----------------------------------------------------------------------------------
     def close_call(self, obs: list[Observation], exclude: Iterable[int] = ()) -> Proposal | None:
@@ -323,15 +384,21 @@ class Guide:
         """The next config to probe, or None with the reason to stop. Near the end of the budget
         (and before stopping early) a close call between the two best is measured again."""
         obs = list(obs)
-        if budget_left is not None and budget_left <= 2:
-            again = self.close_call(obs, exclude)
-            if again is not None:
-                return again, ""
         s = self.settings
         mean, sd = self._objective_model(obs)
         mem_mean, mem_sd = self._memory_model(obs)
-        z = (self.limit - mem_mean) / np.maximum(mem_sd, 1e-9)
-        p_fit = _norm_cdf(z)
+        p_fit = self.fit_probability(obs, mem_mean, mem_sd)
+
+        def with_prediction(proposal: Proposal) -> Proposal:
+            i = proposal.index
+            proposal.predicted = {f"guided_{self.metric}": float(mean[i]), f"guided_{self.metric}_sd": float(sd[i]),
+                                  "guided_peak_memory_gib": float(mem_mean[i]), "guided_p_fit": float(p_fit[i])}
+            return proposal
+
+        if budget_left is not None and budget_left <= 2:
+            again = self.close_call(obs, exclude)
+            if again is not None:
+                return with_prediction(again), ""
         sign = 1.0 if self.direction == "maximize" else -1.0
         candidates = self.valid.copy()
         probed = {o.index for o in obs} | set(exclude)
@@ -349,7 +416,7 @@ class Guide:
             if top < target:
                 again = self.close_call(obs, exclude)
                 if again is not None:
-                    return again, ""
+                    return with_prediction(again), ""
                 return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
                               f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win")
         if best is None:
@@ -377,9 +444,7 @@ class Guide:
             parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
-        predicted = {f"guided_{self.metric}": float(mean[index]), f"guided_{self.metric}_sd": float(sd[index]),
-                     "guided_peak_memory_gib": float(mem_mean[index]), "guided_p_fit": float(p_fit[index])}
-        return Proposal(index, config, "; ".join(parts), predicted), ""
+        return with_prediction(Proposal(index, config, "; ".join(parts))), ""
 
 
 def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:

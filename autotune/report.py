@@ -147,6 +147,8 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
     out["pareto_front"] = ([{"trial": r.number, "params": r.config, **{m: r.metrics.get(m) for m, _ in objectives}}
                             for r in best] if len(objectives) > 1 else [])
     out["importances"] = _importances(study, objectives)
+    out["probes"] = probe_costs(records)
+    out["memory_calibration"] = memory_calibration(records)
     if top is not None:
         source = top.predicted if any(k.startswith("mem_") for k in top.predicted) else top.metrics
         breakdown = {k[4:]: float(v) for k, v in source.items() if k.startswith("mem_") and isinstance(v, (int, float))}
@@ -155,6 +157,37 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
                          "measured_peak_gib": top.metrics.get("peak_memory_gib") if top.source != "simulated" else None,
                          "source": top.source}
     return out
+
+
+def probe_costs(records: list[TrialRecord]) -> dict[str, float]:
+    """What the probes cost: counts and wall seconds, OOM probes apart (each is a launch that
+    taught only "too big", often minutes on a real cluster)."""
+    probed = [r for r in records if r.probed and r.status not in ("duplicate", "interrupted", "running")
+              and "cached_from" not in r.info]
+    oom = [r for r in probed if r.status == "oom"]
+    return {"probes": len(probed), "probe_seconds": round(sum(r.wall_s for r in probed), 3),
+            "oom_probes": len(oom), "oom_probe_seconds": round(sum(r.wall_s for r in oom), 3)}
+
+
+CALIBRATION_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0001))
+
+
+def memory_calibration(records: list[TrialRecord]) -> list[dict[str, Any]]:
+    """Was the guide's P(fits) honest? Per bin of the P(fits) it gave a probe when it chose it,
+    how many probes ran and the share that fitted (did not run out of memory)."""
+    rows = []
+    judged = [(float(r.predicted["guided_p_fit"]), r.status != "oom") for r in records
+              if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _is_number(r.predicted.get("guided_p_fit"))]
+    for low, high in CALIBRATION_BINS:
+        inside = [fit for p, fit in judged if low <= p < high]
+        if inside:
+            rows.append({"p_fit_from": low, "p_fit_to": min(high, 1.0), "probes": len(inside),
+                         "fitted": sum(inside), "fit_rate": sum(inside) / len(inside)})
+    return rows
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 def _importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
@@ -196,6 +229,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     for metric, values in (summary.get("importances") or {}).items():
         top = sorted(values.items(), key=lambda kv: -kv[1])[:6]
         lines.append(f"parameter importances for {metric}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+    cost = summary.get("probes") or {}
+    if cost.get("probes"):
+        lines.append(f"probes: {cost['probes']} in {cost['probe_seconds']:.0f} s; out of memory: {cost['oom_probes']} "
+                     f"({cost['oom_probe_seconds']:.0f} s)")
+    for row in summary.get("memory_calibration") or []:
+        lines.append(f"guide said P(fits) {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f}: {row['fitted']} of "
+                     f"{row['probes']} fitted")
     mem = summary.get("memory") or {}
     if mem.get("predicted_gib"):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in mem["predicted_gib"].items() if v)
@@ -214,4 +254,6 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     for metric, values in (summary.get("importances") or {}).items():
         for k, v in values.items():
             out[f"importance_{metric}_{k}".replace(".", "_")] = float(v)
+    for k, v in (summary.get("probes") or {}).items():
+        out[k] = float(v)
     return out

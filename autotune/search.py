@@ -191,6 +191,7 @@ class TrialRecord:
     values: list[float] | None
     feasible: bool
     info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
+    wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -212,7 +213,7 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
             source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
             reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
             chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
-            info=ua.get(A.INFO) or {},
+            info=ua.get(A.INFO) or {}, wall_s=float(ua.get(A.WALL) or 0.0),
         ))
     return out
 
@@ -519,10 +520,12 @@ class StudyRunner:
             if index is None:
                 continue
             m = r.metrics
+            needed = (r.info.get("oom") or {}).get("needed_at_least") if r.status == "oom" else None
             out.append(Observation(index=index, status=r.status, number=r.number,
                                    objective=m.get(metric) if _finite(m.get(metric)) else None,
                                    step_time_s=m.get("step_time_s") if _finite(m.get("step_time_s")) else None,
-                                   peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None))
+                                   peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None,
+                                   oom_needed_gib=needed if _finite(needed) else None))
         return out
 
     def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]], seen: dict[str, int],
@@ -718,6 +721,9 @@ class StudyRunner:
                                   "measured_steps": float(len(times))}
         self._to_cache(trial.number, config, result)
         metrics = dict(result.metrics)
+        step_peak = _step_peak_memory(result.steps)
+        if step_peak is not None and not (_finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak):
+            metrics["peak_memory_gib"] = step_peak  # the peak of every step, not only the end state
         self._derive_metrics(metrics, config, result)
         trial.set_user_attr(A.STATUS, result.status)
         trial.set_user_attr(A.SOURCE, result.source)
@@ -863,6 +869,13 @@ def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> di
     keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
                                           "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
     return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith(("time_", "mem_"))) and _finite(v)}
+
+
+def _step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
+    """The highest memory any step reported (``memory_gib`` / ``peak_memory_gib``), warm-up included:
+    a config that peaks in its first step needs that memory too."""
+    values = [float(e[k]) for e in steps for k in ("memory_gib", "peak_memory_gib") if _finite(e.get(k))]
+    return max(values) if values else None
 
 
 def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:

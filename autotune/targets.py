@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["TARGETS", "FORMAT_TARGETS", "TARGET_FORMATS", "default_target", "target_violations",
-           "unsupported_reasons", "SUPPORTED_VERSIONS"]
+           "unsupported_reasons", "SUPPORTED_VERSIONS", "memory_rule"]
 
 TARGETS = ("mindspeed", "megatron", "deepspeed", "torchtitan", "mindformers")
 
@@ -40,6 +40,16 @@ SUPPORTED_VERSIONS = {
 }
 
 Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
+
+# How each stack holds the model states (autotune.workers.simulate._memory.state_bytes_per_param)
+_MEMORY_RULES = {"mindspeed": "megatron", "megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp2",
+                 "mindformers": "mindspore", "none": "megatron"}
+
+
+def memory_rule(target: str, backend_kind: str) -> str:
+    """The memory rule the model prices: the probe's own when autotune's torch probe measures
+    (its peaks are what a probe can run out of), else the target stack's."""
+    return "torch-probe" if backend_kind == "torch" else _MEMORY_RULES.get(target, "megatron")
 
 
 MINDSPORE_PARAMS = ("mode", "jit_level", "graph_kernel_flags")

@@ -3,6 +3,8 @@ when it stops, and that it finds a perturbed world's optimum in a few probes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -71,7 +73,8 @@ def test_finds_the_perturbed_optimum_in_a_few_probes_without_repeats(world):
         reasons.append(proposal.reason)
         obs.append(_measure(world, proposal.index))
     indices = [o.index for o in obs]
-    assert len(set(indices)) == len(indices)  # no config probed twice (no noise: no close call to re-measure)
+    remeasured = [r for r in reasons if r.startswith("re-measure: close call")]
+    assert len(set(indices)) == len(indices) - len(remeasured)  # repeats are only deliberate re-measurements
     found = max(value[i] for i in indices)
     assert found >= 0.98 * value.max()
     assert sum(o.status == "oom" for o in obs) <= 1
@@ -178,9 +181,14 @@ def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
     resumed = _probed(again.run())
     again.close()
     assert [c for c, _, _ in resumed] == [c for c, _, _ in whole]
-    # the same ranking and fit: the same reasons, except the re-queued trial says so
-    assert [w for _, w, _ in resumed][:5] == [w for _, w, _ in whole][:5]
-    assert [w for _, w, _ in resumed][6:] == [w for _, w, _ in whole][6:]
+    # the same ranking and fit: the same reasons, except the re-queued trial says so (the numbers a
+    # reason quotes differ: trial numbers shift by one after the re-queue, and the test world's noise
+    # depends on how often the probe function saw a config)
+    def why(rows):
+        return [re.sub(r"\d+(\.\d+)?", "#", w) for _, w, _ in rows]
+
+    assert why(resumed)[:5] == why(whole)[:5]
+    assert why(resumed)[6:] == why(whole)[6:]
 
 
 def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .protocol import TRIAL_FILE_ENV, ProbeResult, classify_failure, parse_output_line
+from .protocol import TRIAL_FILE_ENV, ProbeResult, classify_failure, oom_evidence, parse_output_line
 
 __all__ = ["run_probe_process", "MAX_LINE_BYTES", "KILL_GRACE_S"]
 
@@ -332,6 +332,10 @@ class _Run:
                 reason = str(self.failure.get("reason", reason))[:500]
             if self.metrics is not None and status != "ok":
                 reason = f"{reason} (after reporting metrics)"
+            if status == "oom":  # how far over: the allocator's own byte counts
+                evidence = oom_evidence(output)
+                if evidence:
+                    info["oom"] = evidence
         return ProbeResult(status, metrics=metrics, steps=self.steps, source=self.source, log_tail=tail,
                            reason=reason, info=info)
 

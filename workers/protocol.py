@@ -23,6 +23,7 @@ __all__ = [
     "ProbeResult",
     "TrialRequest",
     "classify_failure",
+    "oom_evidence",
     "parse_output_line",
     "read_trial_file",
     "write_trial_file",
@@ -140,6 +141,66 @@ def parse_output_line(line: str) -> dict[str, Any] | None:
         return None
     if isinstance(obj, dict) and ("event" in obj or "metrics" in obj):
         return obj
+    return None
+
+
+_SIZE = r"([\d.,]+)\s*([KMGT]?i?B|bytes)"
+_UNITS = {"b": 1, "bytes": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30,
+          "tb": 1e12, "tib": 2**40}
+# What CUDA's and torch_npu's caching allocators say when they run out (torch >= 2.1, and the older
+# parenthesised form both still print):
+#   CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which
+#     1.23 GiB is free. ... Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.30 GiB
+#     is reserved by PyTorch but unallocated.
+#   NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; 58.12 GiB already
+#     allocated; 58.12 GiB current active; 1.02 GiB free; 59.40 GiB reserved in total by PyTorch)
+_OOM_FIELDS = {
+    "requested": re.compile(r"Tried to allocate " + _SIZE, re.IGNORECASE),
+    "capacity": re.compile(r"(?:total capacity of " + _SIZE + r"|" + _SIZE + r" total capacity)", re.IGNORECASE),
+    "free": re.compile(r"(?:of which " + _SIZE + r" is free|" + _SIZE + r" free)", re.IGNORECASE),
+    "allocated": re.compile(r"(?:" + _SIZE + r" already allocated|" + _SIZE + r" is allocated by PyTorch)",
+                            re.IGNORECASE),
+    "reserved": re.compile(r"(?:" + _SIZE + r" reserved in total|" + _SIZE + r" is reserved by PyTorch)",
+                           re.IGNORECASE),
+}
+
+
+def _bytes(match: re.Match) -> float | None:
+    groups = [g for g in match.groups() if g is not None]
+    if len(groups) < 2:
+        return None
+    try:
+        return float(groups[0].replace(",", "")) * _UNITS[groups[1].lower()]
+    except (KeyError, ValueError):
+        return None
+
+
+def oom_evidence(output: Iterable[str] | str) -> dict[str, float] | None:
+    """The byte counts of the last allocator out-of-memory message in ``output``, in GiB:
+    ``requested``, ``capacity``, ``free``, ``allocated``, ``reserved`` (those the message gives) and
+    ``needed_at_least``: what the config needed at that moment, at least (in use + requested).
+    None when no such message is there. A probe that fails this way tells the search how far
+    over the limit the config was, not only that it was over."""
+    lines = output.splitlines() if isinstance(output, str) else list(output)
+    for line in reversed(lines):
+        if "tried to allocate" not in line.lower():
+            continue
+        found = {}
+        for name, pattern in _OOM_FIELDS.items():
+            m = pattern.search(line)
+            value = _bytes(m) if m else None
+            if value is not None:
+                found[name] = value / 2**30
+        if "requested" not in found:
+            continue
+        in_use = None
+        if "capacity" in found and "free" in found:
+            in_use = found["capacity"] - found["free"]
+        elif "reserved" in found or "allocated" in found:
+            in_use = max(found.get("reserved", 0.0), found.get("allocated", 0.0))
+        if in_use is not None:
+            found["needed_at_least"] = in_use + found["requested"]
+        return {k: round(v, 4) for k, v in found.items()}
     return None
 
 

@@ -15,28 +15,68 @@ import numpy as np
 from ._common import HW, Shape
 
 
-def state_bytes_per_param(prec: np.ndarray, zero: np.ndarray, shard: np.ndarray, workload: Mapping[str, Any]):
-    """Bytes per parameter of (weights, grads, optimizer states) on one device.
+# Bytes per parameter of the model states, by the stack that runs the config (``workload['memory_rule']``,
+# set from the spec's target, or the torch probe's own rule for ``backend: torch``). Each rule gives
+# (weights, gradients, optimizer) bytes unsharded and which ZeRO stage shards each of them.
+MEMORY_RULES = ("megatron", "deepspeed", "fsdp2", "torch-probe", "mindspore")
 
-    Weights in the compute dtype (2 B; 4 B for fp32). Gradients: Megatron accumulates and reduces
-    them in an fp32 main-grad buffer for bf16 (4 B), in fp16 for fp16 (2 B, the "16 bytes per
-    parameter" of the ZeRO paper); ZeRO-3 (FSDP / DeepSpeed) keeps sharded 2 B gradients.
-    ``workload['grad_dtype']`` ('fp32' | 'bf16' | 'fp16') overrides. Adam: fp32 master copy 4 B
-    (not for fp32 training) + moments 8 B. ZeRO-1 shards the optimizer, ZeRO-2 also the gradients,
-    ZeRO-3 also the weights, over the dp x cp group (Megatron's distributed optimizer is ZeRO-1).
+
+def state_bytes_per_param(prec: np.ndarray, zero: np.ndarray, shard: np.ndarray, workload: Mapping[str, Any]):
+    """Bytes per parameter of (weights, grads, optimizer states) on one device, and the unsharded
+    weight and gradient dtypes (for gather buffers and gradient communication).
+
+    ``prec``: 0 bf16, 1 fp16, 2 fp32. ``shard``: the dp x cp group ZeRO shards over. Rules:
+
+    - ``megatron`` (Megatron-LM / MindSpeed; the distributed optimizer documentation): bf16 params
+      with fp32 main grads (``accumulate_allreduce_grads_in_fp32`` is forced on for bf16) 18 bytes,
+      6 + 12/d with the distributed optimizer; fp16 params and grads 20 bytes (the optimizer keeps
+      fp32 main params *and* main grads), 4 + 16/d; fp32 16 bytes, 8 + 8/d. ZeRO-1 is the
+      distributed optimizer; stages 2/3 do not exist there (kept ZeRO-shaped for ``target: none``).
+    - ``deepspeed`` (ZeRO, Rajbhandari et al. 2020): 2 + 2 + 12 bytes in mixed precision (bf16 as
+      fp16), 4 + 4 + 8 in fp32; stage 1 shards the optimizer, 2 also the gradients, 3 also the
+      weights.
+    - ``fsdp2`` (torchtitan; FSDP2 with param bf16 / reduce fp32): fp32 sharded weights, gradients
+      and Adam moments, 16/d; the bf16 compute copy is the gather buffer (held whole after forward
+      with ZeRO-2, per unit with ZeRO-3). Stage 0 is DDP in fp32: 16 bytes.
+    - ``torch-probe`` (autotune's probe): fp32 weights and gradients with autocast, Adam moments
+      8 bytes: 16 bytes; ZeRO-1 shards the moments (8 + 8/d); ZeRO-2/3 are FSDP2 as above. The
+      autocast copy of the weights (2 bytes) lives through forward and backward.
+    - ``mindspore`` (MindFormers): fp32 weights, fp32 gradients, Adam moments: 16 bytes; the
+      parallel optimizer (ZeRO-1) shards the moments and the weights' optimizer copy (8 + 8/d).
+
+    Without a rule the Megatron rule applies. ``workload['grad_dtype']`` ('fp32' | 'bf16' | 'fp16')
+    overrides the gradient bytes.
     """
-    fp32 = prec == 2
-    w = np.where(fp32, 4.0, 2.0)
+    rule = str(workload.get("memory_rule") or "megatron")
+    if rule not in MEMORY_RULES:
+        raise ValueError(f"unknown memory rule {rule!r}; expected one of {', '.join(MEMORY_RULES)}")
+    fp32, fp16 = prec == 2, prec == 1
+    if rule == "megatron":
+        w = np.where(fp32, 4.0, 2.0)
+        g = np.where(fp32 | ~fp16, 4.0, 2.0)  # fp32 main grads for bf16, fp16 grads for fp16
+        o = np.where(fp32, 8.0, np.where(fp16, 16.0, 12.0))  # fp16: fp32 main params + main grads + Adam
+    elif rule == "deepspeed":
+        w = np.where(fp32, 4.0, 2.0)
+        g = np.where(fp32, 4.0, 2.0)
+        o = np.where(fp32, 8.0, 12.0)
+    else:  # fsdp2, torch-probe, mindspore: fp32 parameters, the compute dtype is a copy or a cast
+        w = np.full(prec.shape, 4.0)
+        g = np.full(prec.shape, 4.0)
+        o = np.full(prec.shape, 8.0)
     grad_dtype = workload.get("grad_dtype")
     if grad_dtype is not None:
         g = np.full(prec.shape, 4.0 if str(grad_dtype) == "fp32" else 2.0)
-    else:
-        g = np.where(fp32 | ((prec == 0) & (zero < 3)), 4.0, 2.0)
-    o = np.where(fp32, 8.0, 12.0)
     w_b = np.where(zero >= 3, w / shard, w)
     g_b = np.where(zero >= 2, g / shard, g)
     o_b = np.where(zero >= 1, o / shard, o)
-    return w_b, g_b, o_b, w, g
+    if rule in ("fsdp2", "torch-probe"):  # FSDP2 shards weights and gradients for stages 2 and 3
+        w_b = np.where(zero >= 2, w / shard, w_b)
+    # the dtype the weights are gathered / gradients reduced in
+    w_full = np.where(fp32, 4.0, 2.0)
+    g_full = np.where(fp32 | ((prec == 0) & (zero < 3) & (rule == "megatron")), 4.0, 2.0)
+    if rule in ("fsdp2", "torch-probe"):
+        g_full = np.full(prec.shape, 4.0)  # reduce_dtype fp32
+    return w_b, g_b, o_b, w_full, g_full
 
 
 def layer_activation_bytes(s: Shape, c: dict, seq: float, flash: bool, workload: Mapping[str, Any]):
@@ -149,6 +189,13 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     # the root unit (embedding / output layer) that FSDP keeps gathered through the step.
     root = embed * (1.0 if s.tied else 2.0)
     gather = np.where(zero >= 3, per_layer * (2.0 * w_full + g_full) + root * w_full, 0.0)
+    rule = str(workload.get("memory_rule") or "megatron")
+    if rule in ("fsdp2", "torch-probe"):
+        # FSDP2 without resharding after forward (ZeRO-2) keeps the whole stage's compute copy
+        gather = np.where(zero == 2, params * w_full, gather)
+    if rule == "torch-probe":
+        # autocast's cast cache: a bf16/fp16 copy of the weights from the first use to the end of backward
+        gather = gather + np.where((zero < 2) & (prec != 2), params * 2.0, 0.0)
 
     # --- communication buffers: every communicator of more than one rank that the rank uses.
     d, cp = c["dp"], c["cp"]

@@ -1,0 +1,129 @@
+"""Memory safety of the search when the model is wrong (issue: <= 5 % OOM probes): the allocator's
+byte counts parsed from an OOM, the peak of every step, honest P(fits) (widened by the model's own
+error, lowered for every config tighter than one that ran out), and what OOM probes cost."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from autotune.context import probe_context
+from autotune.guided import Guide, Observation
+from autotune.ranking import rank_space
+from autotune.report import memory_calibration, probe_costs
+from autotune.search import TrialRecord, _step_peak_memory
+from autotune.space import Space
+from autotune.spec import Spec
+from autotune.workers.command import run_probe_process
+from autotune.workers.protocol import oom_evidence
+
+CUDA_NEW = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB memory in "
+            "use. Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.30 GiB is reserved by PyTorch but "
+            "unallocated.")
+CUDA_OLD = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+            "14.56 GiB already allocated; 3.75 MiB free; 14.72 GiB reserved in total by PyTorch)")
+NPU = ("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; 58.12 GiB "
+       "already allocated; 58.12 GiB current active; 1.02 GiB free; 59.40 GiB reserved in total by PyTorch)")
+
+
+@pytest.mark.parametrize("text,requested,capacity,needed", [
+    (CUDA_NEW, 2.0, 79.15, 79.15 - 1.23 + 2.0),
+    (CUDA_OLD, 20 / 1024, 15.78, 15.78 - 3.75 / 1024 + 20 / 1024),
+    (NPU, 2.0, 60.97, 60.97 - 1.02 + 2.0),
+])
+def test_oom_messages_give_their_byte_counts(text, requested, capacity, needed):
+    e = oom_evidence(["[rank0]: step 3", text, "[rank0]: exiting"])
+    assert e["requested"] == pytest.approx(requested, abs=1e-3)
+    assert e["capacity"] == pytest.approx(capacity)
+    assert e["needed_at_least"] == pytest.approx(needed, abs=1e-3)
+
+
+def test_no_allocator_message_no_evidence():
+    assert oom_evidence(["Killed", "std::bad_alloc"]) is None
+
+
+def test_an_oom_probe_carries_the_evidence_in_its_result(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(f"import sys\nprint({NPU!r}, flush=True)\nsys.exit(1)\n")
+    result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False)
+    assert result.status == "oom"
+    assert result.info["oom"]["needed_at_least"] == pytest.approx(61.95)
+
+
+def test_the_peak_of_every_step_counts():
+    steps = [{"event": "step", "phase": "warmup", "memory_gib": 41.5}, {"event": "step", "phase": "measure",
+                                                                        "memory_gib": 38.0}]
+    assert _step_peak_memory(steps) == 41.5
+    assert _step_peak_memory([{"event": "step"}]) is None
+
+
+# --------------------------------------------------------------------------------------- guide
+SPEC = {
+    "name": "mem", "model": "llama2-7b", "target": "none",
+    "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+    "cluster": {"accelerator": "npu", "profile": "ascend-910b", "devices_per_node": 8,
+                "overrides": {"device_memory_gib": 40}},
+    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "recompute": ["none", "selective", "full"],
+              "zero_stage": [0, 1, 3]},
+}
+
+
+@pytest.fixture(scope="module")
+def guide():
+    spec = Spec.model_validate(SPEC)
+    ranking = rank_space(Space(spec).enumerate(), probe_context(spec), spec.objective_list())
+    return Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+
+
+def _ok(guide, i, scale):
+    peak = float(guide.peak[i]) * scale
+    return Observation(i, "ok", objective=1000.0, step_time_s=1.0, peak_memory_gib=peak)
+
+
+def test_peaks_the_model_cannot_explain_widen_every_unmeasured_configs_memory(guide):
+    fits = np.flatnonzero(guide.peak < guide.limit * 0.8)
+    a, b, c = fits[0], fits[len(fits) // 2], fits[-1]
+    consistent = [_ok(guide, i, 1.10) for i in (a, b, c)]  # 10 % more everywhere: one factor explains it
+    erratic = [_ok(guide, a, 1.30), _ok(guide, b, 0.95), _ok(guide, c, 1.25)]  # no factor explains this
+    _, sd_consistent = guide._memory_model(consistent)
+    _, sd_erratic = guide._memory_model(erratic)
+    unmeasured = np.setdiff1d(np.arange(guide.n), [a, b, c])
+    rel_c = sd_consistent[unmeasured] / guide.peak[unmeasured]
+    rel_e = sd_erratic[unmeasured] / guide.peak[unmeasured]
+    assert np.median(rel_e) > 1.5 * np.median(rel_c)
+
+
+def test_an_oom_lowers_p_fits_of_every_tighter_config_and_uses_the_allocators_bytes(guide):
+    # a config the model says fits with room to spare runs out of memory, 8 GiB over
+    roomy = int(np.flatnonzero((guide.peak < guide.limit * 0.85) & (guide.peak > guide.limit * 0.75))[0])
+    before = guide.fit_probability([], *guide._memory_model([]))
+    assert before[roomy] > 0.95
+    oom = Observation(roomy, "oom", oom_needed_gib=float(guide.limit[roomy]) + 8.0)
+    mean, sd = guide._memory_model([oom])
+    plain_mean, _ = guide._memory_model([Observation(roomy, "oom")])  # the same OOM without byte counts
+    assert mean[roomy] > guide.limit[roomy] and mean[roomy] > plain_mean[roomy] + 2.0  # how far over, not just over
+    after = guide.fit_probability([oom], mean, sd)
+    headroom = (guide.limit - mean) / guide.limit
+    tighter = headroom <= headroom[roomy]
+    assert tighter.sum() > 1 and np.all(after[tighter] <= after[roomy] + 1e-12)
+    assert after[roomy] < 0.5
+
+
+# ------------------------------------------------------------------------------------- summary
+def _record(number, status, wall, p_fit=None):
+    predicted = {"guided_p_fit": p_fit} if p_fit is not None else {}
+    return TrialRecord(number=number, state="COMPLETE", config={}, status=status, source="measured", metrics={},
+                       predicted=predicted, reason="", probed=True, baseline=False, chosen_because="", values=None,
+                       feasible=status != "oom", wall_s=wall)
+
+
+def test_summary_counts_what_oom_probes_cost_and_how_honest_p_fits_was():
+    records = [_record(0, "ok", 100.0, 0.99), _record(1, "oom", 240.0, 0.97), _record(2, "ok", 90.0, 0.7),
+               _record(3, "oom", 30.0, 0.6), _record(4, "duplicate", 0.0)]
+    cost = probe_costs(records)
+    assert cost == {"probes": 4, "probe_seconds": 460.0, "oom_probes": 2, "oom_probe_seconds": 270.0}
+    bins = {(r["p_fit_from"], r["p_fit_to"]): (r["probes"], r["fitted"]) for r in memory_calibration(records)}
+    assert bins == {(0.95, 1.0): (2, 1), (0.5, 0.8): (2, 1)}
