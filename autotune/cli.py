@@ -24,6 +24,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from .spec import Spec, SpecError, load_spec
 
@@ -41,6 +42,16 @@ SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
 RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
 RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
 JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
+
+
+def _error(text: str) -> None:
+    """An error line. The text is never read as rich markup: it quotes specs, probes and paths,
+    which are full of brackets (``[rank0]:``, ``[tp for x in ...]``, ``[/bold]``)."""
+    err.print(Text.assemble(("error", "red"), " ", text))
+
+
+def _warn(text: str) -> None:
+    err.print(Text(text, style="yellow"))
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -64,7 +75,7 @@ def _load(spec_path: Path) -> Spec:
         return load_spec(spec_path)
     except SpecError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error[/red] {problem.render(exc.file)}", markup=True, highlight=False)
+            _error(f"{problem.render(exc.file)}")
         raise typer.Exit(EXIT_INPUT) from None
 
 
@@ -82,7 +93,7 @@ def _remember_spec(spec_path: Path, directory: Path) -> None:
         (directory / _SPEC_COPY).write_text(Path(spec_path).read_text())
         (directory / _SPEC_LOCATION).write_text(str(Path(spec_path).resolve()) + "\n")
     except OSError as exc:
-        err.print(f"[yellow]could not keep a copy of the spec in {directory}: {exc}[/yellow]")
+        _warn(f"could not keep a copy of the spec in {directory}: {exc}")
 
 
 def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Optional[Path]]:
@@ -98,7 +109,7 @@ def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Option
     for candidate in candidates:
         if candidate.is_file():
             return _load(candidate), run_dir or path
-    err.print(f"[red]error[/red] {path}: a directory, but not a run directory of `autotune run` (no {_SPEC_COPY})")
+    _error(f"{path}: a directory, but not a run directory of `autotune run` (no {_SPEC_COPY})")
     raise typer.Exit(EXIT_INPUT)
 
 
@@ -109,7 +120,7 @@ def _with_overrides(spec: Spec, **changes: Any) -> Spec:
     try:
         search = SearchSpec.model_validate(search.model_dump())
     except Exception as exc:
-        err.print(f"[red]error[/red] option: {exc}")
+        _error(f"option: {exc}")
         raise typer.Exit(EXIT_INPUT) from None
     return spec.model_copy(update={"search": search})
 
@@ -125,12 +136,12 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
             out.print_json(json.dumps({"ok": False, "errors": [p.render(exc.file) for p in exc.problems]}))
         else:
             for problem in exc.problems:
-                err.print(f"[red]error[/red] {problem.render(exc.file)}")
+                _error(f"{problem.render(exc.file)}")
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
     else:
-        out.print(f"ok  {spec.summary()}")
+        out.print(f"ok  {spec.summary()}", markup=False)
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -149,7 +160,7 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     try:
         enumeration = space.enumerate(limit=spec.search.exhaustive_limit)
     except ValueError as exc:
-        err.print(f"[red]error[/red] {exc}; narrow the space or raise search.exhaustive_limit")
+        _error(f"{exc}; narrow the space or raise search.exhaustive_limit")
         raise typer.Exit(EXIT_INPUT) from None
     ranking = rank_space(enumeration, probe_context(spec), objectives)
     best = ranking.top(top)
@@ -167,9 +178,9 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
               f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
               if len(ranking.order) else f"space: {enumeration.space_size:,} combinations, no valid config")
     for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
-        out.print(f"  [dim]{count:,} rejected: {reason}[/dim]")
+        out.print(Text(f"  {count:,} rejected: {reason}", style="dim"))
     if not best:
-        err.print("[yellow]no config is predicted to fit; see the memory breakdown with -v[/yellow]")
+        _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
     _print_top_table(best, objectives, title=f"predicted top {len(best)} (simulated, not measured)")
     _print_breakdown(best[0][1])
@@ -249,23 +260,23 @@ def calibrate(
     a hardware profile; use it with `cluster.profile: <file>` in a spec."""
     _setup_logging(False)
     if accelerator not in ("cpu", "cuda", "npu"):
-        err.print(f"[red]error[/red] --accelerator: expected cpu, cuda or npu, got {accelerator!r}")
+        _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")
         raise typer.Exit(EXIT_INPUT)
     if ranks < 1:
-        err.print(f"[red]error[/red] --ranks: expected >= 1, got {ranks}")
+        _error(f"--ranks: expected >= 1, got {ranks}")
         raise typer.Exit(EXIT_INPUT)
     try:
         from autotune.workers.calibrate import calibrate as measure, write_profile
     except ImportError as exc:
-        err.print(f"[red]error[/red] calibrate needs torch ({exc}); pip install torch==2.13.0")
+        _error(f"calibrate needs torch ({exc}); pip install torch==2.13.0")
         raise typer.Exit(EXIT_INPUT) from None
     from autotune.workers.torch_probe.failures import ProbeFailure
 
     try:
         result = measure(accelerator, quick=quick, ranks=ranks, threads=threads,
-                         progress=lambda text: err.print(f"measuring {text}"))
+                         progress=lambda text: err.print(f"measuring {text}", markup=False))
     except (ImportError, RuntimeError, ProbeFailure) as exc:  # no device, no torch_npu, ...
-        err.print(f"[red]error[/red] cannot measure {accelerator}: {exc}")
+        _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     path = write_profile(result, out_path)
     profile = result["profile"]
@@ -274,9 +285,9 @@ def calibrate(
                                   default=_json_default))
         return
     peaks = ", ".join(f"{k} {v:.4g}" for k, v in profile["peak_tflops"].items() if k != "int8")
-    out.print(f"wrote {path}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
+    out.print(f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
               f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s")
-    err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {path}}}")
+    err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {escape(str(path))}}}")
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -302,16 +313,16 @@ def run(
     if ray_address:
         spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"address": ray_address})})
     if backend and backend not in ("auto", "simulate", "command", "torch", "mindspore"):
-        err.print(f"[red]error[/red] --backend: expected auto, simulate, command, torch or mindspore, got {backend!r}")
+        _error(f"--backend: expected auto, simulate, command, torch or mindspore, got {backend!r}")
         raise typer.Exit(EXIT_INPUT)
     from .backends import select_backend
 
     try:
         choice = select_backend(spec, backend)
     except ValueError as exc:
-        err.print(f"[red]error[/red] {exc}")
+        _error(f"{exc}")
         raise typer.Exit(EXIT_INPUT) from None
-    err.print(f"[bold]backend: {choice.kind}[/bold] — {choice.reason}")
+    err.print(Text.assemble((f"backend: {choice.kind}", "bold"), f" — {choice.reason}"))
     directory = _run_dir(spec, run_dir)
     directory.mkdir(parents=True, exist_ok=True)
     _remember_spec(spec_path, directory)
@@ -330,7 +341,7 @@ def run(
         try:
             cache = ResultCache()
         except Exception as exc:  # an unwritable home: run without the cache, and say so
-            err.print(f"[yellow]result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file[/yellow]")
+            _warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
     runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
                          reuse_cache=reuse_cache)
     status = "FAILED"
@@ -339,15 +350,15 @@ def run(
             outcome = runner.run()
         status = "FINISHED"
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted: the study is saved; run the same command to resume[/yellow]")
+        _warn("interrupted: the study is saved; run the same command to resume")
         status = "KILLED"
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except ValueError as exc:
-        err.print(f"[red]error[/red] {exc}")
+        _error(f"{exc}")
         raise typer.Exit(EXIT_INPUT) from None
     except Exception as exc:  # Ray / MLflow / storage: say what failed, keep the traceback for -v
         log.debug("study failed", exc_info=True)
-        err.print(f"[red]error[/red] the study stopped: {type(exc).__name__}: {exc}")
+        _error(f"the study stopped: {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     finally:
         runner.close()
@@ -363,7 +374,7 @@ def _tracker(spec: Spec, directory: Path) -> Any:
     try:
         return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
     except Exception as exc:
-        err.print(f"[red]error[/red] cannot open the MLflow store {uri}: {exc}")
+        _error(f"cannot open the MLflow store {uri}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
 
 
@@ -384,7 +395,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         context = _export_context(spec, best)
         formats = default_formats(spec.target_stack)
         for name, reasons in refusals(context, formats).items():  # a study resumed from before its target
-            err.print(f"[yellow]not exported as {name}:[/yellow] {escape(', '.join(reasons))}")
+            _warn(f"not exported as {name}: {', '.join(reasons)}")
         formats = tuple(f for f in formats if f not in refusals(context, formats))
         exports = write_exports(context, directory / "export", formats)
     summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
@@ -423,26 +434,27 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         out.print_json(json.dumps(payload, default=_json_default))
     else:
         source = "simulated" if choice.simulated else "measured"
-        err.print(f"{outcome.probes_run} trials ({source}), {failed} failed; stopped: {outcome.stopped_because}")
+        err.print(f"{outcome.probes_run} trials ({source}), {failed} failed; stopped: {outcome.stopped_because}",
+                  markup=False)
         if best is not None:
             m = objectives[0][0]
-            out.print(f"[bold]best[/bold] trial {best.number}: {_short(best.config)}")
+            out.print(Text.assemble(("best", "bold"), f" trial {best.number}: {_short(best.config)}"))
             out.print("  " + ", ".join(f"{k} {v:,.4g}" for k, v in best.metrics.items()
                                         if k in (m, "mfu", "peak_memory_gib", "step_time_s", "tokens_per_s_per_device",
                                                  "ttft_ms", "decode_tokens_per_s")) + f"  ({source})")
             if line:
-                out.print(f"  {line}")
+                out.print(f"  {line}", markup=False)
     if best is None:
-        err.print("[yellow]no trial succeeded: see `autotune report` for the failure reasons[/yellow]")
+        _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
     spec_arg = str(spec.source_path) if spec.source_path else spec.name
     if tracker:
-        err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}")
-    err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
+        err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}", markup=False)
+    err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
         launch = next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
         err.print(f"  best config:     {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
-                  f"env: {exports['env']})")
+                  f"env: {exports['env']})", markup=False)
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
     if best is None:
@@ -455,12 +467,12 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
 
     directory = _run_dir(spec, run_dir)
     if not spec.tracking.storage and not (directory / "optuna.journal").exists():
-        err.print(f"[red]error[/red] no study in {directory}; run `autotune run` first (or pass --run-dir)")
+        _error(f"no study in {directory}; run `autotune run` first (or pass --run-dir)")
         raise typer.Exit(EXIT_INPUT)
     try:
         return open_study(spec, directory, create=False)
     except KeyError:
-        err.print(f"[red]error[/red] the storage holds no study named {spec.name!r}")
+        _error(f"the storage holds no study named {spec.name!r}")
         raise typer.Exit(EXIT_INPUT) from None
 
 
@@ -491,7 +503,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     statuses: dict[str, int] = {}
     for r in records:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    out.print(f"[bold]{spec.name}[/bold]: {len(records)} trials — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())))
+    out.print(f"[bold]{escape(spec.name)}[/bold]: {len(records)} trials — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())))
     # one line per trial, the config last and whole (copyable), like `plan`
     names = [m for m, _ in objectives]
     first = names[0]
@@ -542,7 +554,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     try:
         chosen_formats = parse_formats(formats) if formats else None
     except ValueError as exc:
-        err.print(f"[red]error[/red] --format: {exc}")
+        _error(f"--format: {exc}")
         raise typer.Exit(EXIT_INPUT) from None
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     if chosen_formats is None:
@@ -554,7 +566,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     if trial is not None:
         chosen = next((r for r in records if r.number == trial), None)
         if chosen is None:
-            err.print(f"[red]error[/red] --trial {trial}: the study has trials 0..{len(records) - 1}")
+            _error(f"--trial {trial}: the study has trials 0..{len(records) - 1}")
             raise typer.Exit(EXIT_INPUT)
     else:
         best = best_records(records, spec.objective_list())
@@ -568,20 +580,20 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     if formats == "all":  # every format that can launch the config; say why the others cannot
         refused = refusals(_export_context(spec, chosen), chosen_formats)
         for name, reasons in refused.items():
-            err.print(f"[yellow]not exported as {name}:[/yellow] {escape(', '.join(reasons))}")
+            _warn(f"not exported as {name}: {', '.join(reasons)}")
         chosen_formats = [f for f in chosen_formats if f not in refused]
 
     try:
         paths = write_exports(_export_context(spec, chosen), directory, chosen_formats)
     except ExportRefused as exc:
-        err.print(f"[red]error[/red] {escape(str(exc))}; the study's target is {spec.target_stack} "
-                  f"(export its format, or set `target:` in the spec and run the study again)")
+        _error(f"{exc}; the study's target is {spec.target_stack} "
+               f"(export its format, or set `target:` in the spec and run the study again)")
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         print(json.dumps({"trial": chosen.number, "files": {k: str(v) for k, v in paths.items()}}))
         return
     for kind, path in paths.items():
-        out.print(f"{kind}: {path}", highlight=False, soft_wrap=True)
+        out.print(f"{kind}: {path}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _export_context(spec: Spec, record: Any) -> Any:
@@ -598,7 +610,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:  # before the study started (imports, ranking): nothing to save yet
-        err.print("[yellow]interrupted[/yellow]")
+        _warn("interrupted")
         sys.exit(EXIT_INTERRUPTED)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .search import TrialRecord
@@ -48,12 +50,13 @@ class ProgressObserver:
         self.running = running
         if self.task is not None:
             self.progress.advance(self.task)
-        if record.status not in ("ok",):
-            self.progress.console.print(f"  trial {record.number}: [yellow]{record.status}[/yellow] {record.reason[:160]}")
+        if record.status not in ("ok",):  # a probe's words: brackets in them are text, never markup
+            self.progress.console.print(Text.assemble(f"  trial {record.number}: ", (record.status, "yellow"),
+                                                      f" {record.reason[:160]}"))
         self._status(best)
 
     def on_message(self, text: str) -> None:
-        self.progress.console.print(text)
+        self.progress.console.print(text, markup=False, highlight=False)
 
     def _status(self, best: TrialRecord | None) -> None:
         if self.task is None:
@@ -61,4 +64,4 @@ class ProgressObserver:
         text = f"running {self.running}"
         if best is not None and isinstance(best.metrics.get(self.metric), (int, float)):
             text += f" | best {self.metric} {best.metrics[self.metric]:,.4g} (trial {best.number})"
-        self.progress.update(self.task, status=text)
+        self.progress.update(self.task, status=escape(text))

@@ -40,7 +40,7 @@ import optuna
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from true_world import World  # noqa: E402
+from true_world import STRUCTURE_FAMILIES, World, oom_message  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
@@ -127,23 +127,28 @@ def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
         from autotune.dispatch import InProcessDispatcher
         from autotune.workers.protocol import ProbeResult
 
+        from autotune.workers.protocol import oom_evidence
+
         def fn(request):
             out = truth.measure(request.params, request.number)
-            if out.get("failure") == "oom":
-                return ProbeResult("oom", reason="out of memory")
+            if out.get("failure") == "oom":  # what the command path parses from the launcher's message
+                text = oom_message(out)
+                return ProbeResult("oom", reason=text, info={"oom": oom_evidence(text)})
             return ProbeResult("ok", metrics=out["metrics"])
 
         dispatcher = InProcessDispatcher(fn)
     runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark world"), dispatcher=dispatcher)
     outcome = runner.run()
     runner.close()
-    probes = []
+    probes, calibration = [], []
     for r in sorted(trial_records(outcome.study), key=lambda r: r.number):
         if not r.probed or r.status == "duplicate":
             continue
         value = r.metrics.get("tokens_per_s_per_device") if r.status == "ok" else None
         probes.append((config_key(r.config), value, r.status == "oom"))
-    return probes, outcome.stopped_because
+        if isinstance(r.predicted.get("guided_p_fit"), float):
+            calibration.append((r.predicted["guided_p_fit"], r.status != "oom"))
+    return probes, outcome.stopped_because, calibration
 
 
 def run_random(truth: Truth, configs: list[dict[str, Any]], seed: int, max_probes: int):
@@ -192,29 +197,41 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true", help="call the world without a launcher subprocess")
     ap.add_argument("--methods", default="autotune,random,tpe")
     ap.add_argument("--json", type=Path, help="write every world's result here")
+    ap.add_argument("--families", default="none",
+                    help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
+                         + ", ".join(STRUCTURE_FAMILIES) + ", or all (one run per family)")
     args = ap.parse_args()
+    families = list(STRUCTURE_FAMILIES) if args.families == "all" else args.families.split(",")
+    for family in families:
+        if family != "none" and family not in STRUCTURE_FAMILIES:
+            ap.error(f"unknown family {family!r}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     methods = args.methods.split(",")
     results: dict[str, dict[str, list[dict]]] = {}
+    calibration: dict[str, list[tuple[float, bool]]] = {}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autotune-search-bench-") as tmp:
-        for name in args.scenarios.split(","):
-            sc = SCENARIOS[name]
-            base = spec_for(name, sc, args.budget, 0, None)
+        for scenario, family in ((s, f) for f in families for s in args.scenarios.split(",")):
+            sc = SCENARIOS[scenario]
+            name = scenario if family == "none" else f"{scenario} {family}"
+            base = spec_for(scenario, sc, args.budget, 0, None)
             space = Space(base)
             configs = space.enumerate().configs
             results[name] = {m: [] for m in methods}
             for w in range(args.worlds):
-                world = World.draw(1000 + w, probe_context(base).hardware, space.choices)
-                world_file = Path(tmp) / f"{name}-world{w}.json"
+                world = World.draw(1000 + w, probe_context(base).hardware, space.choices,
+                                   () if family == "none" else (family,))
+                world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                 world_file.write_text(json.dumps(world.to_json()))
-                spec = spec_for(name, sc, args.budget, w, world_file)
+                spec = spec_for(scenario, sc, args.budget, w, world_file)
                 truth = Truth(world, spec, configs)
                 for method in methods:
                     t0 = time.perf_counter()
                     stopped = ""
                     if method == "autotune":
-                        probes, stopped = run_autotune(spec, truth, Path(tmp) / f"{name}-{w}", args.in_process)
+                        probes, stopped, calib = run_autotune(spec, truth, Path(tmp) / f"{scenario}-{family}-{w}",
+                                                              args.in_process)
+                        calibration.setdefault(family, []).extend(calib)
                         row = curve(probes, truth, args.budget)
                     elif method == "random":
                         row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
@@ -242,6 +259,16 @@ def main() -> None:
                   f"{sum(1 for r in rows if r['at20'] >= 0.98) / len(rows):.0%} | "
                   f"{statistics.mean(r['oom_share'] for r in rows):.1%} | "
                   f"{med_reach if math.isfinite(med_reach) else f'> {cap}'} |")
+    if calibration:
+        print("\nmemory calibration of the guide: P(fits) it gave a probe when it chose it, and how many fitted")
+        print("| worlds | P(fits) | probes | fitted |")
+        print("|---|---|---|---|")
+        for family, rows in calibration.items():
+            for low, high in ((0.5, 0.8), (0.8, 0.95), (0.95, 1.0001)):
+                inside = [fit for p, fit in rows if low <= p < high]
+                if inside:
+                    print(f"| {family} | {low:.2f}-{min(high, 1.0):.2f} | {len(inside)} | "
+                          f"{sum(inside) / len(inside):.1%} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
