@@ -85,6 +85,7 @@ class Observation:
     peak_memory_gib: float | None = None
     number: int = -1
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
+    oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
 
 
 @dataclass
@@ -301,12 +302,32 @@ class Guide:
         return _solve(self._mem_design(idx) / targets[:, None], np.ones(len(idx)), prior.mean,
                       np.sqrt(np.diag(prior.cov)), noise)
 
+    def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, float]:
+        """The memory a config may use, and its uncertainty (GiB). The profile's capacity, until an
+        OOM's byte counts prove less is usable: a request that failed although in use + requested
+        stayed below the capacity (runtime and communication reserves, a driver that keeps some).
+        The usable memory then lies between what was in use (and every peak that fitted) and
+        in use + requested; the middle of that interval, with its spread as uncertainty."""
+        nominal = self.limit
+        uppers = [(o.oom_needed_gib, o.oom_in_use_gib) for o in obs if o.status == "oom" and o.oom_needed_gib
+                  and o.oom_needed_gib < 0.995 * nominal[o.index]]
+        if not uppers:
+            return nominal, 0.0
+        upper = min(u for u, _ in uppers)
+        lows = [float(o.peak_memory_gib) for o in obs if o.status in ("ok", "pruned") and o.peak_memory_gib]
+        lows += [i for _, i in uppers if i is not None and i <= upper]
+        lower = max(lows) if lows else 0.9 * upper
+        lower = min(lower, upper)
+        usable = np.minimum(nominal, 0.5 * (lower + upper))
+        return usable, (upper - lower) / math.sqrt(12.0)
+
     def _memory_evidence(self, obs: list[Observation]) -> tuple[list[int], list[float], list[float]]:
         rows, targets, noise = [], [], []
+        usable, _ = self.usable_limit(obs)
         for o in obs:
-            cap = self.limit[o.index]
+            cap = usable[o.index]
             if o.status == "oom" and math.isfinite(cap):
-                # censored: it needed more than the capacity; the allocator's byte counts say how much more
+                # censored: it needed more than what is usable; the allocator's byte counts say how much
                 needed = o.oom_needed_gib if o.oom_needed_gib and o.oom_needed_gib > cap * 1.02 else cap * 1.02
                 rows.append(o.index)
                 targets.append(needed)
@@ -344,9 +365,10 @@ class Guide:
         """P(fits in memory) of every config. After an OOM, a config the model gives less headroom
         than the one that failed is at most as likely to fit as the model now says the failed one
         is: whatever made it fail (a term the model lacks) is there at least as much."""
-        z = (self.limit - mem_mean) / np.maximum(mem_sd, 1e-9)
+        usable, usable_sd = self.usable_limit(obs)
+        z = (usable - mem_mean) / np.maximum(np.sqrt(mem_sd**2 + usable_sd**2), 1e-9)
         p_fit = _norm_cdf(z)
-        relative = (self.limit - mem_mean) / np.maximum(self.limit, 1e-9)  # headroom as a share of the device
+        relative = (usable - mem_mean) / np.maximum(usable, 1e-9)  # headroom as a share of what is usable
         for o in obs:
             if o.status == "oom":
                 tighter = relative <= relative[o.index]

@@ -520,12 +520,14 @@ class StudyRunner:
             if index is None:
                 continue
             m = r.metrics
-            needed = (r.info.get("oom") or {}).get("needed_at_least") if r.status == "oom" else None
+            evidence = (r.info.get("oom") or {}) if r.status == "oom" else {}
+            needed = evidence.get("needed_at_least")
+            in_use = needed - evidence["requested"] if _finite(needed) and _finite(evidence.get("requested")) else None
             out.append(Observation(index=index, status=r.status, number=r.number,
                                    objective=m.get(metric) if _finite(m.get(metric)) else None,
                                    step_time_s=m.get("step_time_s") if _finite(m.get("step_time_s")) else None,
                                    peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None,
-                                   oom_needed_gib=needed if _finite(needed) else None))
+                                   oom_needed_gib=needed if _finite(needed) else None, oom_in_use_gib=in_use))
         return out
 
     def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]], seen: dict[str, int],

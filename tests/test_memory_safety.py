@@ -127,3 +127,21 @@ def test_summary_counts_what_oom_probes_cost_and_how_honest_p_fits_was():
     assert cost == {"probes": 4, "probe_seconds": 460.0, "oom_probes": 2, "oom_probe_seconds": 270.0}
     bins = {(r["p_fit_from"], r["p_fit_to"]): (r["probes"], r["fitted"]) for r in memory_calibration(records)}
     assert bins == {(0.95, 1.0): (2, 1), (0.5, 0.8): (2, 1)}
+
+
+def test_an_oom_below_the_capacity_teaches_the_usable_memory(guide):
+    """A request that failed with in use + requested below the data-sheet capacity proves that less
+    is usable (runtime and HCCL reserves): the search stops counting on the nominal figure."""
+    nominal = float(guide.limit[0])
+    first = int(np.flatnonzero(guide.peak < nominal * 0.9)[0])
+    assert guide.usable_limit([])[0][0] == nominal
+    oom = Observation(first, "oom", oom_needed_gib=nominal - 5.0, oom_in_use_gib=nominal - 7.0)
+    usable, spread = guide.usable_limit([oom])
+    assert nominal - 7.0 <= usable[0] <= nominal - 5.0 and spread > 0
+    # a config the model puts between the usable and the nominal memory is no longer a safe bet
+    mean, sd = guide._memory_model([])
+    between = np.flatnonzero((mean > nominal - 4.0) & (mean < nominal - 1.0))
+    assert between.size
+    before = guide.fit_probability([], mean, sd)[between]
+    after = guide.fit_probability([oom], *guide._memory_model([oom]))[between]
+    assert np.all(after < 0.5) and np.all(before > after)
