@@ -75,7 +75,7 @@ def _load(spec_path: Path) -> Spec:
         return load_spec(spec_path)
     except SpecError as exc:
         for problem in exc.problems:
-            _error(f"{problem.render(exc.file)}")
+            _error(problem.render(exc.file))
         raise typer.Exit(EXIT_INPUT) from None
 
 
@@ -136,7 +136,7 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
             out.print_json(json.dumps({"ok": False, "errors": [p.render(exc.file) for p in exc.problems]}))
         else:
             for problem in exc.problems:
-                _error(f"{problem.render(exc.file)}")
+                _error(problem.render(exc.file))
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
@@ -320,7 +320,7 @@ def run(
     try:
         choice = select_backend(spec, backend)
     except ValueError as exc:
-        _error(f"{exc}")
+        _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
     err.print(Text.assemble((f"backend: {choice.kind}", "bold"), f" — {choice.reason}"))
     directory = _run_dir(spec, run_dir)
@@ -354,7 +354,7 @@ def run(
         status = "KILLED"
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except ValueError as exc:
-        _error(f"{exc}")
+        _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
     except Exception as exc:  # Ray / MLflow / storage: say what failed, keep the traceback for -v
         log.debug("study failed", exc_info=True)
@@ -394,9 +394,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     if best is not None:
         context = _export_context(spec, best)
         formats = default_formats(spec.target_stack)
-        for name, reasons in refusals(context, formats).items():  # a study resumed from before its target
+        refused = refusals(context, formats)
+        for name, reasons in refused.items():  # a study resumed from before its target
             _warn(f"not exported as {name}: {', '.join(reasons)}")
-        formats = tuple(f for f in formats if f not in refusals(context, formats))
+        formats = tuple(f for f in formats if f not in refused)
         exports = write_exports(context, directory / "export", formats)
     summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
     summary_json = directory / "summary.json"
@@ -577,14 +578,15 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     directory = out_dir or _run_dir(spec, run_dir) / "export"
     from .export import ExportRefused, refusals
 
+    context = _export_context(spec, chosen)
     if formats == "all":  # every format that can launch the config; say why the others cannot
-        refused = refusals(_export_context(spec, chosen), chosen_formats)
+        refused = refusals(context, chosen_formats)
         for name, reasons in refused.items():
             _warn(f"not exported as {name}: {', '.join(reasons)}")
         chosen_formats = [f for f in chosen_formats if f not in refused]
 
     try:
-        paths = write_exports(_export_context(spec, chosen), directory, chosen_formats)
+        paths = write_exports(context, directory, chosen_formats)
     except ExportRefused as exc:
         _error(f"{exc}; the study's target is {spec.target_stack} "
                f"(export its format, or set `target:` in the spec and run the study again)")

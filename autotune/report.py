@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .search import TrialRecord
+from .search import TrialRecord, _finite
 
 __all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]
@@ -177,17 +177,13 @@ def memory_calibration(records: list[TrialRecord]) -> list[dict[str, Any]]:
     how many probes ran and the share that fitted (did not run out of memory)."""
     rows = []
     judged = [(float(r.predicted["guided_p_fit"]), r.status != "oom") for r in records
-              if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _is_number(r.predicted.get("guided_p_fit"))]
+              if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))]
     for low, high in CALIBRATION_BINS:
         inside = [fit for p, fit in judged if low <= p < high]
         if inside:
             rows.append({"p_fit_from": low, "p_fit_to": min(high, 1.0), "probes": len(inside),
                          "fitted": sum(inside), "fit_rate": sum(inside) / len(inside)})
     return rows
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 def _importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:

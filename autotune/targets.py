@@ -81,11 +81,8 @@ def _compiled(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
 
 
 def _mindspore_only(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
-    bad = np.zeros(n, dtype=bool)
-    for name in MINDSPORE_PARAMS:
-        if name in cols:
-            bad |= np.ones(n, dtype=bool)
-    return bad
+    """Every config, when MindSpore's own settings are part of it."""
+    return np.full(n, any(name in cols for name in MINDSPORE_PARAMS))
 
 
 def _megatron_rules(n: int) -> list[Rule]:

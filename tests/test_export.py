@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 
 import pytest
 import yaml
 
 from autotune.export import EXPORTERS, ExportContext, parse_formats, write_exports
+from autotune.export._base import script_arrays
 
 CONFIG = {"tp": 2, "pp": 2, "vpp": 2, "cp": 1, "dp": 2, "micro_batch_size": 2, "grad_accum": 16,
           "sequence_parallel": True, "recompute": "full", "recompute_layers": 4, "zero_stage": 1, "precision": "bf16",
@@ -85,24 +85,17 @@ def _megatron_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _bash_array(script: str, name: str) -> list[str]:
-    lines = script.splitlines()
-    start = lines.index(f"{name}=(")
-    end = lines.index(")", start)
-    return shlex.split(" ".join(lines[start + 1:end]))
-
-
 def test_megatron_script_parses_with_megatrons_flag_names(ctx):
     script = EXPORTERS["megatron"].render(ctx)
     assert script.startswith("#!/usr/bin/env bash")
-    ns = _megatron_parser().parse_args(_bash_array(script, "AUTOTUNE_ARGS"))
+    ns = _megatron_parser().parse_args(script_arrays(script)["AUTOTUNE_ARGS"])
     assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (2, 2)
     assert ns.num_layers_per_virtual_pipeline_stage == 32 // (2 * 2)
     assert (ns.micro_batch_size, ns.global_batch_size) == (2, 64)
     assert ns.sequence_parallel and ns.use_distributed_optimizer and ns.bf16 and not ns.fp16
     # 4 layers per stage, counted per virtual stage by --recompute-method block: 2 in each of the 2 chunks
     assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == ("full", "block", 2)
-    model = _bash_array(script, "MODEL_ARGS")
+    model = script_arrays(script)["MODEL_ARGS"]
     assert model[model.index("--num-query-groups") + 1] == "8" and "--swiglu" in model
     assert "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True" in script
     assert "export HCCL_BUFFSIZE=200" in script
@@ -111,7 +104,7 @@ def test_megatron_script_parses_with_megatrons_flag_names(ctx):
 
 def test_megatron_selective_recompute_and_fp16(ctx):
     ctx.config.update(recompute="selective", precision="fp16", zero_stage=0, vpp=1, sequence_parallel=False)
-    ns, rest = _megatron_parser().parse_known_args(_bash_array(EXPORTERS["megatron"].render(ctx), "AUTOTUNE_ARGS"))
+    ns, rest = _megatron_parser().parse_known_args(script_arrays(EXPORTERS["megatron"].render(ctx))["AUTOTUNE_ARGS"])
     assert not rest
     assert ns.recompute_granularity == "selective" and ns.recompute_method is None
     assert ns.fp16 and not ns.bf16 and not ns.use_distributed_optimizer and not ns.sequence_parallel

@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from autotune.export import EXPORTERS, ExportContext, ExportRefused, write_exports
-from autotune.export._megatron import MINDSPEED_FLAGS, script_arrays
+from autotune.export._base import script_arrays
+from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand
 from autotune.space import Space
 from autotune.spec import parse_spec

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Exporter", "ExportContext", "ExportRefused", "header_fields", "header_lines"]
+__all__ = ["Exporter", "ExportContext", "ExportRefused", "header_fields", "header_lines", "one_line", "bash_array",
+           "script_arrays"]
 
 
 @dataclass
@@ -57,7 +59,7 @@ def header_fields(ctx: ExportContext) -> dict[str, Any]:
     }
 
 
-def _one_line(text: Any) -> str:
+def one_line(text: Any) -> str:
     """Text from a probe or a spec, safe inside a one-line comment: control characters (a newline
     would end the comment, and the next line would run when the file is sourced) become spaces."""
     return "".join(ch if ch.isprintable() else " " for ch in str(text))
@@ -65,8 +67,8 @@ def _one_line(text: Any) -> str:
 
 def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
     h = header_fields(ctx)
-    metrics = _one_line(", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items()))
-    software = _one_line(", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"])
+    metrics = one_line(", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items()))
+    software = one_line(", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"])
     lines = [
         f"{comment} autotune export: study {ctx.study}, trial {ctx.trial}, {h['source']}",
         f"{comment} written {h['written']}",
@@ -75,6 +77,32 @@ def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
     ]
     if ctx.source == "simulated":
         lines.append(f"{comment} NOTE: simulated by the analytical model, not measured; probe it before production use")
+    return lines
+
+
+def script_arrays(script: str) -> dict[str, list[str]]:
+    """The ``NAME=( ... )`` arrays of a script written here, as argv lists (for tests and presets)."""
+    lines = script.splitlines()
+    out: dict[str, list[str]] = {}
+    for i, line in enumerate(lines):
+        if line.endswith("=(") and line[:-2].isidentifier():
+            end = lines.index(")", i)
+            out[line[:-2]] = shlex.split(" ".join(lines[i + 1:end]))
+    return out
+
+
+def bash_array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
+    """A bash array of argv, one flag (with its value) per line, every word quoted."""
+    lines = [f"{name}=("]
+    i = 0
+    while i < len(args):  # one flag (with its value) per line
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"    {shlex.quote(args[i])} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"    {shlex.quote(args[i])}")
+            i += 1
+    lines.append(")")
     return lines
 
 

@@ -19,10 +19,9 @@ distributed optimizer is ZeRO-1 and nothing more (ZeRO-2/3 are refused, see
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
-from ._base import ExportContext, Exporter, header_lines
+from ._base import ExportContext, Exporter, bash_array, header_lines
 from ._env import env_exports
 
 # MindSpeed-LLM's Llama-2 flags (examples/mcore/llama2/pretrain_llama2_13b_ptd.sh, Ascend/MindSpeed-LLM
@@ -92,31 +91,6 @@ def model_args(model: dict[str, Any], workload: dict[str, Any], target: str = "m
     return args
 
 
-def script_arrays(script: str) -> dict[str, list[str]]:
-    """The ``NAME=( ... )`` arrays of a script written here, as argv lists (for tests and presets)."""
-    lines = script.splitlines()
-    out: dict[str, list[str]] = {}
-    for i, line in enumerate(lines):
-        if line.endswith("=(") and line[:-2].isidentifier():
-            end = lines.index(")", i)
-            out[line[:-2]] = shlex.split(" ".join(lines[i + 1:end]))
-    return out
-
-
-def _array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
-    lines = [f"{name}=("]
-    i = 0
-    while i < len(args):  # one flag (with its value) per line
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"    {shlex.quote(args[i])} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            lines.append(f"    {shlex.quote(args[i])}")
-            i += 1
-    lines.append(")")
-    return lines
-
-
 class MegatronExporter(Exporter):
     name = "megatron"
     filename = "launch_megatron.sh"
@@ -146,9 +120,9 @@ class MegatronExporter(Exporter):
                  f"NNODES=${{NNODES:-{nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
                  "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}", "MASTER_PORT=${MASTER_PORT:-6000}",
                  f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}", "TRAIN_SCRIPT=${TRAIN_SCRIPT:-pretrain_gpt.py}", "",
-                 *_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
-                 *_array("STACK_ARGS", stack),
-                 *_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)), "",
+                 *bash_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
+                 *bash_array("STACK_ARGS", stack),
+                 *bash_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)), "",
                  'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
                  '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
                  '    "$TRAIN_SCRIPT" "${MODEL_ARGS[@]}" "${STACK_ARGS[@]}" "${AUTOTUNE_ARGS[@]}" "$@"']

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import yaml
 
-from ._base import ExportContext, Exporter, header_lines
+from ._base import ExportContext, Exporter, header_lines, one_line
 
 _MODES = {"graph": 0, "pynative": 1}
 
@@ -69,9 +69,6 @@ class MindFormersExporter(Exporter):
         flags = ctx.get("graph_kernel_flags")
         if flags:
             notes.append(f"# graph-kernel flags go in the environment (best.env): "
-                         f"MS_DEV_GRAPH_KERNEL_FLAGS={_one_line(str(flags))}")
+                         f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}")
         return "\n".join([*header_lines(ctx), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)
 
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ExportContext, Exporter, header_lines
+from ._base import ExportContext, Exporter, bash_array, header_lines
 from ._env import env_exports
-from ._megatron import _array
 
 # torchtitan's own config_registry functions for the presets it ships
 _PRESET_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b")}
@@ -100,7 +99,7 @@ class TorchtitanExporter(Exporter):
                  f"NNODES=${{NNODES:-{nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
                  "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}", "MASTER_PORT=${MASTER_PORT:-29500}",
                  f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}", "",
-                 *_array("AUTOTUNE_ARGS", torchtitan_args(ctx.config, ctx.workload, layers)),
+                 *bash_array("AUTOTUNE_ARGS", torchtitan_args(ctx.config, ctx.workload, layers)),
                  f"AUTOTUNE_AC={activation_checkpoint_subcommand(ctx.config)}  # a tyro subcommand: last", "",
                  'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
                  '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
