@@ -273,15 +273,17 @@ class Guide:
         widened by the model's error on the configs it has seen, measured leave-one-out: when
         the first peaks disagree with the prediction in a way the factors cannot absorb (a term
         the simulator does not have), every unmeasured config's memory becomes less certain."""
-        s = self.settings
-        rows, targets, noise = self._memory_evidence(obs)
+        rows, targets, noise, bound = self._memory_evidence(obs)
         design = self._mem_design(slice(None))
         if not rows:
-            post = self._memory_prior()
-            return _predict(post, design)
+            return _predict(self._memory_prior(), design)
         idx = np.array(rows)
         t = np.array(targets)
         nz = np.array(noise)
+        active = self._informative_bounds(idx, t, nz, np.array(bound))
+        if not active.any():
+            return _predict(self._memory_prior(), design)
+        idx, t, nz = idx[active], t[active], nz[active]
         post = self._memory_fit(idx, t, nz)
         mean, sd = _predict(post, design)
         discrepancy = self._memory_discrepancy(idx, t, nz, post)
@@ -321,8 +323,10 @@ class Guide:
         usable = np.minimum(nominal, 0.5 * (lower + upper))
         return usable, (upper - lower) / math.sqrt(12.0)
 
-    def _memory_evidence(self, obs: list[Observation]) -> tuple[list[int], list[float], list[float]]:
-        rows, targets, noise = [], [], []
+    def _memory_evidence(self, obs: list[Observation]) -> tuple[list[int], list[float], list[float], list[int]]:
+        """Rows, target peaks, relative noise, and what each target is: 0 a measured peak, +1 a
+        lower bound (an OOM: it needed at least this), -1 an upper bound (it fitted: at most this)."""
+        rows, targets, noise, bound = [], [], [], []
         usable, _ = self.usable_limit(obs)
         for o in obs:
             cap = usable[o.index]
@@ -332,15 +336,35 @@ class Guide:
                 rows.append(o.index)
                 targets.append(needed)
                 noise.append(0.03)
+                bound.append(1)
             elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
                 rows.append(o.index)
                 targets.append(float(o.peak_memory_gib))
                 noise.append(0.02)
+                bound.append(0)
             elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
                 rows.append(o.index)  # fit although predicted over: at most the capacity
                 targets.append(cap * 0.97)
                 noise.append(0.05)
-        return rows, targets, noise
+                bound.append(-1)
+        return rows, targets, noise, bound
+
+    def _informative_bounds(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
+                            bound: np.ndarray) -> np.ndarray:
+        """Which evidence rows to fit: every measured peak, and a bound only where the model
+        without it violates it (a censored observation, as in a Tobit fit). An OOM at 41 GiB of
+        a config predicted at 60 says nothing new; fitted as a point it would pull the
+        prediction down to 41 and make the config that failed look likely to fit."""
+        active = bound == 0
+        for _ in range(4):
+            post = self._memory_fit(idx[active], targets[active], noise[active]) if active.any() else self._memory_prior()
+            predicted = self._mem_design(idx) @ post.mean
+            violated = ((bound > 0) & (predicted < targets)) | ((bound < 0) & (predicted > targets))
+            grown = active | violated
+            if (grown == active).all():
+                break
+            active = grown
+        return active
 
     def _memory_discrepancy(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
                             post: _Posterior) -> float:
@@ -376,7 +400,8 @@ class Guide:
         return p_fit
 
     # ---- decisions -----------------------------------------------------------------------------------
-    def close_call(self, obs: list[Observation], exclude: Iterable[int] = ()) -> Proposal | None:
+    def close_call(self, obs: list[Observation], exclude: Iterable[int] = (),
+                   allowed: np.ndarray | None = None) -> Proposal | None:
         """A second measurement of one of the two best configs, when they are closer than the
         noise can tell apart and one was measured only once; the best is judged on the mean."""
         sign = 1.0 if self.direction == "maximize" else -1.0
@@ -393,7 +418,7 @@ class Guide:
             return None
         busy = set(exclude)
         for index in sorted((first, second), key=lambda i: len(values[i])):
-            if len(values[index]) < 2 and index not in busy:
+            if len(values[index]) < 2 and index not in busy and (allowed is None or allowed[index]):
                 numbers = {o.index: o.number for o in obs}
                 return Proposal(index, self.ranking.enumeration.configs[index], (
                     f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
@@ -402,9 +427,12 @@ class Guide:
         return None
 
     def propose(self, obs: Iterable[Observation], exclude: Iterable[int] = (),
-                best: float | None = None, budget_left: int | None = None) -> tuple[Proposal | None, str]:
+                best: float | None = None, budget_left: int | None = None,
+                allowed: np.ndarray | None = None) -> tuple[Proposal | None, str]:
         """The next config to probe, or None with the reason to stop. Near the end of the budget
-        (and before stopping early) a close call between the two best is measured again."""
+        (and before stopping early) a close call between the two best is measured again.
+        ``allowed`` (a mask over the ranking) narrows the choice, e.g. to configs matching
+        parameters a user fixed for this trial."""
         obs = list(obs)
         s = self.settings
         mean, sd = self._objective_model(obs)
@@ -418,16 +446,17 @@ class Guide:
             return proposal
 
         if budget_left is not None and budget_left <= 2:
-            again = self.close_call(obs, exclude)
+            again = self.close_call(obs, exclude, allowed)
             if again is not None:
                 return with_prediction(again), ""
         sign = 1.0 if self.direction == "maximize" else -1.0
-        candidates = self.valid.copy()
+        candidates = self.valid.copy() if allowed is None else self.valid & allowed
         probed = {o.index for o in obs} | set(exclude)
         if probed:
             candidates[list(probed)] = False
         if not candidates.any():
-            return None, "every valid config of the space has been probed"
+            return None, ("every valid config of the space has been probed" if allowed is None else
+                          "every valid config with the fixed parameters has been probed")
         ucb = sign * mean + s.explore_kappa * sd
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
@@ -436,7 +465,7 @@ class Guide:
             top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
             target = sign * best + abs(best) * s.stop_margin
             if top < target:
-                again = self.close_call(obs, exclude)
+                again = self.close_call(obs, exclude, allowed)
                 if again is not None:
                     return with_prediction(again), ""
                 return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "

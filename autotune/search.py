@@ -35,7 +35,9 @@ from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_fil
 
 from .backends import BackendChoice, launch_for
 from .context import ProbeContext, probe_context
-from .guided import Guide, GuideSettings, Observation
+from .guided import GuideSettings
+from .guided_sampler import GUIDE_ATTR, GuidedSampler
+from .trial_attrs import A
 from .ranking import Ranking, rank_space
 from .refit import Refit, fit_refit
 from .space import Space, config_key
@@ -45,26 +47,6 @@ __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study
            "trial_records", "best_records", "TrialRecord", "A"]
 
 log = logging.getLogger(__name__)
-
-
-class A:
-    """Names of the trial user attributes autotune writes (one place, so report/export agree)."""
-
-    CONFIG = "autotune.config"
-    KEY = "autotune.key"
-    STATUS = "autotune.status"
-    REASON = "autotune.reason"
-    SOURCE = "autotune.source"
-    METRICS = "autotune.metrics"
-    PREDICTED = "autotune.predicted"
-    PROBED = "autotune.probed"
-    CHOSEN = "autotune.chosen_because"
-    BASELINE = "autotune.baseline"
-    DUPLICATE_OF = "autotune.duplicate_of"
-    REQUEUED_FROM = "autotune.requeued_from"
-    REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
-    WALL = "autotune.wall_s"
-    INFO = "autotune.info"
 
 
 # ------------------------------------------------------------------------------------ storage etc.
@@ -312,7 +294,7 @@ class StudyRunner:
         self._refit_shown: Refit | None = None  # the last refit told to the user
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
-        self.guide: Guide | None = None  # sampler auto on real probes: model-guided proposals
+        self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -382,7 +364,7 @@ class StudyRunner:
                                                      A.CHOSEN: "baseline from the spec"})
             already.add(resolved.key)
             budget_left -= 1
-        if self.spec.search.sampler != "auto" or ranking is None or budget_left <= 0 or self.guide is not None:
+        if self.spec.search.sampler != "auto" or ranking is None or budget_left <= 0 or self.guided is not None:
             return  # the guide proposes one config at a time, from what was measured
         # simulate: the top n configs are the study; real probes without a guide (several
         # objectives): the top half, then the sampler
@@ -417,9 +399,11 @@ class StudyRunner:
         ranking = self._rank() if (self.spec.search.sampler == "auto") else None
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             sp = self.spec.search
-            self.guide = Guide(ranking, self.objectives[0], GuideSettings(
-                explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence, stop_early=sp.stop_early))
-        sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
+            self.guided = GuidedSampler(ranking, self.space, self.objectives[0], seed=sp.seed, n_trials=sp.n_trials,
+                                        settings=GuideSettings(explore_kappa=sp.explore_kappa,
+                                                               fit_confidence=sp.fit_confidence,
+                                                               stop_early=sp.stop_early))
+        sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
         self._recover(study)
         records = trial_records(study)
@@ -456,10 +440,10 @@ class StudyRunner:
                     if misses >= 200:
                         stopped = "the sampler proposed only rejected or already measured configs 200 times in a row"
                         break
-                    if self.guide is not None:
-                        why_stop = self._queue_guided(study, pending, seen, budget - started)
+                    if self.guided is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                        why_stop = self.guided.stop_reason(study)
                         if why_stop:
-                            stopped = why_stop
+                            stopped = f"stopped early: {why_stop}"
                             break
                     trial = study.ask(distributions)
                     handled = self._pre_dispatch(study, trial, seen)
@@ -509,52 +493,6 @@ class StudyRunner:
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
 
-    def _observations(self, records: list[TrialRecord]) -> list[Observation]:
-        """What the guide learns from: every probed trial of the ranked space, with its outcome."""
-        out = []
-        metric = self.objectives[0][0]
-        for r in records:
-            if not r.probed or r.status in ("interrupted", "running", "duplicate"):
-                continue
-            index = self.ranking.index_of(config_key(r.config)) if self.ranking else None
-            if index is None:
-                continue
-            m = r.metrics
-            evidence = (r.info.get("oom") or {}) if r.status == "oom" else {}
-            needed = evidence.get("needed_at_least")
-            in_use = needed - evidence["requested"] if _finite(needed) and _finite(evidence.get("requested")) else None
-            out.append(Observation(index=index, status=r.status, number=r.number,
-                                   objective=m.get(metric) if _finite(m.get(metric)) else None,
-                                   step_time_s=m.get("step_time_s") if _finite(m.get("step_time_s")) else None,
-                                   peak_memory_gib=m.get("peak_memory_gib") if _finite(m.get("peak_memory_gib")) else None,
-                                   oom_needed_gib=needed if _finite(needed) else None, oom_in_use_gib=in_use))
-        return out
-
-    def _queue_guided(self, study: optuna.Study, pending: dict[Any, tuple[Any, dict]], seen: dict[str, int],
-                      budget_left: int) -> str | None:
-        """Queue the guide's next proposal unless one is already waiting. Returns why the search
-        should stop instead, or None to go on."""
-        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            return None
-        exclude = [i for _, config in pending.values()
-                   if (i := self.ranking.index_of(config_key(config))) is not None]
-        records = trial_records(study)
-        best = best_records(records, self.objectives)
-        best_value = best[0].metrics.get(self.objectives[0][0]) if best else None
-        proposal, why_stop = self.guide.propose(self._observations(records), exclude=exclude,
-                                                best=best_value if _finite(best_value) else None,
-                                                budget_left=budget_left)
-        if proposal is None:
-            return f"stopped early: {why_stop}"
-        predicted = _predicted(self.ranking.metrics_of(proposal.index), self.objectives)
-        predicted.update(proposal.predicted)
-        key = config_key(proposal.config)
-        attrs = {A.CONFIG: proposal.config, A.KEY: key, A.PREDICTED: predicted, A.CHOSEN: proposal.reason}
-        if proposal.remeasure:
-            attrs[A.REMEASURE_OF] = seen.get(key, -1)
-        study.enqueue_trial(self._params_for(proposal.config), user_attrs=attrs)
-        return None
-
     def _valid_count(self, ranking: Ranking | None) -> int | None:
         """Number of valid canonical configs, when the space is small enough to count."""
         if ranking is not None:
@@ -585,7 +523,13 @@ class StudyRunner:
             config = resolved.config
             trial.set_user_attr(A.CONFIG, config)
             trial.set_user_attr(A.KEY, resolved.key)
-            why = ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
+            guided = study._storage.get_trial(trial._trial_id).system_attrs.get(GUIDE_ATTR) or {}
+            if guided.get("predicted"):
+                trial.set_user_attr(A.PREDICTED, {**self._prediction(config), **guided["predicted"]})
+            if guided.get("remeasure") and resolved.key in seen:
+                trial.set_user_attr(A.REMEASURE_OF, seen[resolved.key])
+            why = guided.get("reason") or ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
+            ua = trial.user_attrs
         else:
             why = ua.get(A.CHOSEN, "queued")
         key = config_key(config)

@@ -62,10 +62,17 @@ class Enumeration:
     configs: list[dict[str, Any]]
     columns: dict[str, np.ndarray]
     invalid_reasons: dict[str, int]
+    # the searched parameters' raw values of the first combination that resolves to each config:
+    # what a sampler proposes so that ``Space.resolve`` gives that config back
+    params: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def valid(self) -> int:
         return len(self.configs)
+
+    def params_of(self, index: int) -> dict[str, Any]:
+        """The searched parameters (plain Python values) that resolve to config ``index``."""
+        return {name: _scalar(values[index]) for name, values in self.params.items()}
 
 
 class Space:
@@ -167,7 +174,8 @@ class Space:
             {k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())
         ] if lists else []
         invalid_reasons = {msg: int(bad.sum()) for msg, bad in reasons.items() if bad.any()}
-        return Enumeration(size, configs, columns, invalid_reasons)
+        params = {name: cols[name][keep[first]] for name in names}
+        return Enumeration(size, configs, columns, invalid_reasons, params)
 
     # ---- the rules, vectorised ----------------------------------------------------------------------
     def _derive(self, cols: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:

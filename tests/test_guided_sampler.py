@@ -1,0 +1,231 @@
+"""The guide as an Optuna sampler (autotune/guided_sampler.py): Optuna's own sampler contract
+suites, and the guide's behaviour in a plain Optuna study (no autotune runner): proposals,
+OOM evidence from the error text, fixed parameters, stopping, resuming."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase
+
+from autotune.context import probe_context
+from autotune.guided import GuideSettings
+from autotune.guided_sampler import OUTCOME_ATTR, GuidedSampler, report_failure
+from autotune.ranking import rank_space
+from autotune.space import Space, config_key
+from autotune.spec import Spec
+from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, simulate_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = {
+    "name": "guided-sampler",
+    "model": "llama2-7b",
+    "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+    "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": 1, "devices_per_node": 8,
+                "overrides": {"device_memory_gib": 40}},
+    "target": "none",
+    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
+              "recompute": ["none", "selective", "full"], "zero_stage": [0, 1, 3]},
+    "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
+}
+OBJECTIVE = ("tokens_per_s_per_device", "maximize")
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    spec = Spec.model_validate(SPEC)
+    space = Space(spec)
+    return rank_space(space.enumerate(), probe_context(spec), spec.objective_list()), space, spec
+
+
+@pytest.fixture(scope="module")
+def world(ranked):
+    """A machine unlike the model: tensor-parallel communication 2.5x slower, activations 25 % larger."""
+    ranking, space, spec = ranked
+    ctx = probe_context(spec)
+    p = simulate_configs(ctx.model, ctx.workload, ctx.hardware, ctx.cluster,
+                         columns_from_params(ranking.enumeration.configs))
+    step = sum(np.nan_to_num(p[f"time_{k}"]) * (2.5 if k == "tp_comm" else 1.0) for k in TRAIN_TIME_COMPONENTS)
+    mem = sum(np.nan_to_num(p[f"mem_{k}"]) * (1.25 if k == "activations" else 1.0) for k in TRAIN_MEM_COMPONENTS)
+    capacity = float(p["memory_limit_gib"][0])
+    return {config_key(c): (float(s), float(m)) for c, s, m in zip(ranking.enumeration.configs, step, mem)}, capacity
+
+
+def _objective(sampler: GuidedSampler, world, seen: list[str]):
+    truth, capacity = world
+
+    def objective(trial: optuna.Trial) -> float:
+        config = sampler.suggest_config(trial)
+        key = config_key(config)
+        seen.append(key)
+        step, mem = truth[key]
+        if mem > capacity:
+            report_failure(trial, RuntimeError(
+                f"NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; {capacity:.2f} GiB total capacity; "
+                f"{capacity - 1:.2f} GiB already allocated; 1.00 GiB free; {capacity - 1:.2f} GiB reserved in total by PyTorch)"))
+            raise RuntimeError("out of memory")
+        trial.set_user_attr("peak_memory_gib", mem)
+        trial.set_user_attr("step_time_s", step)
+        return 64 * 4096 / 8 / step
+
+    return objective
+
+
+def _best_possible(world) -> float:
+    truth, capacity = world
+    return max(64 * 4096 / 8 / s for s, m in truth.values() if m <= capacity)
+
+
+# ---- Optuna's own contract suites ------------------------------------------------------------------
+class TestOptunaSamplerContract(BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase):
+    """Optuna's tests for every sampler (optuna.testing.pytest_samplers): float/int/categorical
+    parameters outside the spec, conditional and dynamic spaces, NaN objectives, partially fixed
+    parameters, relative sampling on foreign spaces, and the refusal of multi-objective studies.
+    Optuna's studies minimise by default, so this sampler guides the step time."""
+
+    @pytest.fixture
+    def sampler(self, ranked):
+        ranking, space, _ = ranked
+        return lambda: GuidedSampler(ranking, space, ("step_time_s", "minimize"), seed=0)
+
+
+# ---- the guide in a plain Optuna study ------------------------------------------------------------
+def test_plain_optuna_study_finds_the_optimum_and_stops(ranked, world):
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0, n_trials=40)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    seen: list[str] = []
+    study.optimize(_objective(sampler, world, seen), n_trials=40, callbacks=[sampler.stop_callback],
+                   catch=(RuntimeError,))
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and study.best_value >= 0.98 * _best_possible(world)
+    # the first trial is one of the model's best bets that surely fits; a config is probed twice
+    # only as a deliberate second measurement of a close call
+    top = [config_key(ranking.enumeration.configs[int(i)]) for i in ranking.order[:5]]
+    assert seen[0] in top
+    for trial, key in zip(study.trials, seen):
+        if seen.index(key) != trial.number:
+            assert trial.system_attrs["autotune.guide"]["reason"].startswith("re-measure")
+    # the guide told why it chose each config, and stopped before the budget when nothing could win
+    assert all(t.system_attrs.get("autotune.guide", {}).get("reason") for t in study.trials)
+    assert len(study.trials) < 40 and sampler.stop_reason(study)
+
+
+def test_oom_text_becomes_evidence_that_lowers_p_fit(ranked, world):
+    """after_trial parses the allocator's message into a status and byte counts, stored on the trial."""
+    ranking, space, _ = ranked
+    truth, capacity = world
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    predicted = np.asarray(ranking.predictions["peak_memory_gib"], float)
+    # a surprise: predicted to fit, but over the capacity on this machine
+    over = next(i for i, c in enumerate(ranking.enumeration.configs)
+                if truth[config_key(c)][1] > capacity and predicted[i] < capacity)
+    study.enqueue_trial(ranking.enumeration.params_of(over))
+    before = sampler.guide.fit_probability([], *sampler.guide._memory_model([]))
+    study.optimize(_objective(sampler, world, []), n_trials=1, catch=(RuntimeError,))
+    trial = study.trials[0]
+    assert trial.state == optuna.trial.TrialState.FAIL
+    outcome = trial.system_attrs[OUTCOME_ATTR]
+    assert outcome["status"] == "oom" and outcome["oom"]["needed_at_least"] == pytest.approx(capacity + 1, abs=0.01)
+    obs = sampler.observations(study.trials)
+    assert obs[0].status == "oom" and obs[0].oom_needed_gib == pytest.approx(capacity + 1, abs=0.01)
+    mean, sd = sampler.guide._memory_model(obs)
+    after = sampler.guide.fit_probability(obs, mean, sd)
+    assert after[over] < min(0.5, before[over])
+    tighter = mean >= mean[over]  # every config the model now gives less headroom is at least as doubtful
+    assert (after[tighter] <= after[over] + 1e-9).all()
+
+
+def test_fixed_parameters_narrow_the_choice(ranked):
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({"tp": 8, "recompute": "full"})
+    trial = study.ask()
+    config = sampler.suggest_config(trial)
+    assert config["tp"] == 8 and config["recompute"] == "full"
+    # the model's best among the configs with those values
+    fits = np.asarray(ranking.predictions["fits"], bool)
+    candidates = [int(i) for i in ranking.order if fits[i] and ranking.enumeration.configs[i]["tp"] == 8
+                  and ranking.enumeration.configs[i]["recompute"] == "full"]
+    assert config_key(config) == config_key(ranking.enumeration.configs[candidates[0]])
+
+
+def test_failed_and_pruned_trials_are_not_proposed_again(ranked):
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0, settings=GuideSettings(stop_early=False))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    keys = []
+
+    def objective(trial):
+        config = sampler.suggest_config(trial)
+        keys.append(config_key(config))
+        if len(keys) == 1:
+            raise ValueError("a crash that says nothing about memory")
+        if len(keys) == 2:
+            raise optuna.TrialPruned()
+        return 1000.0
+
+    study.optimize(objective, n_trials=5, catch=(ValueError,))
+    assert len(set(keys)) == 5
+    assert [o.status for o in sampler.observations(study.trials)][:2] == ["error", "pruned"]
+
+
+def test_same_seed_same_sequence_and_a_resumed_study_continues(ranked, world, tmp_path):
+    ranking, space, _ = ranked
+
+    def run(storage, n, seen):
+        sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=3, settings=GuideSettings(stop_early=False))
+        study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name="s",
+                                    load_if_exists=True)
+        study.optimize(_objective(sampler, world, seen), n_trials=n, catch=(RuntimeError,))
+        return study
+
+    first: list[str] = []
+    second: list[str] = []
+    run(None, 8, first)
+    run(None, 8, second)
+    assert first == second
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    resumed: list[str] = []
+    run(storage, 4, resumed)
+    run(storage, 4, resumed)  # a new process, a new sampler: it reads what was measured from the storage
+    assert resumed == first[:8]
+
+
+def test_conditional_parameters_go_to_the_independent_sampler(ranked):
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def objective(trial):
+        config = sampler.suggest_config(trial)
+        lr = trial.suggest_float("lr", 1e-5, 1e-3, log=True)
+        assert 1e-5 <= lr <= 1e-3
+        return 1000.0 / config["tp"]
+
+    study.optimize(objective, n_trials=3)
+    assert all("lr" in t.params for t in study.trials)
+
+
+def test_direction_mismatch_is_a_clear_error(ranked):
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    with pytest.raises(ValueError, match="to maximize"):
+        sampler.suggest_config(study.ask())
+
+
+def test_plain_optuna_example_runs(tmp_path):
+    """examples/plain_optuna: a plain Optuna script with the guide as its sampler, no runner."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "plain_optuna" / "guided_study.py"),
+                          str(ROOT / "search_spaces" / "llama2_7b_8npu.yaml"), "--simulate", "--n-trials", "12"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "best" in out.stdout and "trials" in out.stdout
