@@ -60,6 +60,12 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's part of a tensor (the local shard of a DTensor)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A detached float plain tensor (under loss parallel the loss is a replicated DTensor)."""
     t = t.detach()
@@ -89,6 +95,27 @@ class _Trainer:
         self.pp_rank = rt.mesh["pp"].get_local_rank()
         self.dp_rank = rt.mesh["dp"].get_local_rank()
         self.cp_rank = rt.mesh["cp"].get_local_rank()
+        # gradient bytes exist only inside a step (zero_grad frees them): counted as the first
+        # optimizer step begins, by a hook that then removes itself
+        self.grad_bytes: float | None = None
+        self._grad_hook = self.optimizer.register_step_pre_hook(self._count_grads)
+
+    # -- model-state accounting (what the memory rule predicts) ----------------------------------
+    def _count_grads(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.grad_bytes = float(sum(_local_bytes(p.grad) for p in self.pm.parameters() if p.grad is not None))
+        self._grad_hook.remove()
+
+    def state_bytes(self) -> list[float]:
+        """[weights, gradients, optimizer states] bytes this rank holds, and the model parameters
+        it is the first replica of (0 on other dp/cp/tp replicas): summed over ranks, the second
+        gives the model's parameter count. Step counters (0-d tensors) are not states."""
+        params = list(self.pm.parameters())
+        optimizer = getattr(self.optimizer, "optim", self.optimizer)  # ZeroRedundancyOptimizer: the local one
+        states = sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values()
+                     if isinstance(v, torch.Tensor) and v.dim() > 0)
+        first_replica = self.dp_rank == 0 and self.cp_rank == 0 and self.rt.mesh["tp"].get_local_rank() == 0
+        owned = float(sum(p.numel() for p in params)) if first_replica else 0.0
+        return [float(sum(_local_bytes(p) for p in params)), self.grad_bytes or 0.0, float(states), owned]
 
     # -- construction ---------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -217,6 +244,21 @@ class _Trainer:
         return sum(r[0] for r in rows), rows
 
 
+def _state_bytes_per_param(tr: _Trainer) -> dict[str, float]:
+    """Model-state bytes per parameter of a device's share of the model, measured after the first
+    step (all ranks summed, outside the timer): what the ``torch-probe`` memory rule predicts
+    (``workers/simulate/_memory.state_bytes_per_param``), and a check of it on every probe."""
+    rt = tr.rt
+    mine = torch.tensor(tr.state_bytes(), dtype=torch.float64, device=rt.device)
+    if rt.world_size > 1:
+        dist.all_reduce(mine)
+    weights, grads, states, params = mine.tolist()
+    per_device = params / (rt.plan.tp * rt.plan.pp)  # parameters of one device's share before ZeRO
+    denominator = max(per_device * rt.world_size, 1.0)
+    return {"state_weight_bytes_per_param": weights / denominator, "state_grad_bytes_per_param": grads / denominator,
+            "state_optimizer_bytes_per_param": states / denominator}
+
+
 def _check_memory(rt: Runtime, rows: list[list[float]], when: str) -> None:
     if rt.memory_limit_gib is None:
         return
@@ -283,6 +325,7 @@ def run_train(rt: Runtime) -> dict[str, float]:
     loss = float("nan")
     phase_time = {"warmup": 0.0, "measure": 0.0}
     n_steps = plan.warmup_steps + plan.measured_steps
+    state: dict[str, float] = {}
     for i in range(n_steps):
         phase = "warmup" if i < plan.warmup_steps else "measure"
         tp0 = measure.now()
@@ -306,6 +349,8 @@ def run_train(rt: Runtime) -> dict[str, float]:
         if not math.isfinite(loss):
             raise ProbeFailure("nan", f"non-finite loss {loss} at step {i} ({phase})", collective=True)
         _check_memory(rt, rows, f"at step {i}")
+        if i == 0:
+            state = _state_bytes_per_param(tr)
 
     metrics = measure.summarize_times(times)
     med = metrics["step_time_s"]
@@ -324,6 +369,7 @@ def run_train(rt: Runtime) -> dict[str, float]:
         # the one MFU definition (model FLOPs, recompute not counted), shared with the simulator
         flops = flops_per_token(rt.model_dict, plan.seq_len, True)
         metrics["mfu"] = flops * metrics["tokens_per_s_per_device"] / (float(peak) * 1e12)
+    metrics.update(state)
     metrics["peak_memory_gib"] = max(r[1] for r in rows)
     if rt.device_kind != "cpu":
         metrics["peak_reserved_gib"] = max(r[2] for r in rows)
