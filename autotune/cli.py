@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -36,7 +37,28 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and command
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("autotune")
 
-EXIT_OK, EXIT_NO_RESULT, EXIT_INPUT, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_NO_RESULT, EXIT_INPUT, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
+EXIT_INTERNAL = 70  # sysexits EX_SOFTWARE: a bug in autotune, never "no trial succeeded" (1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``kill``): handled like Ctrl-C, then exit 143."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def _install_sigterm() -> None:
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (the CLI called from a thread): leave it as it is
+        pass
+
+
+def _interrupted_exit(exc: KeyboardInterrupt) -> int:
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
 
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
 RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
@@ -349,10 +371,11 @@ def run(
         with observer:
             outcome = runner.run()
         status = "FINISHED"
-    except KeyboardInterrupt:
-        _warn("interrupted: the study is saved; run the same command to resume")
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        _warn(f"{what}: the study is saved; run the same command to resume")
         status = "KILLED"
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(_interrupted_exit(exc)) from None
     except ValueError as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
@@ -609,11 +632,18 @@ def _export_context(spec: Spec, record: Any) -> Any:
 
 def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    _install_sigterm()
     try:
         app()
-    except KeyboardInterrupt:  # before the study started (imports, ranking): nothing to save yet
-        _warn("interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:  # before the study started (imports, ranking): nothing to save yet
+        _warn("terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted")
+        sys.exit(_interrupted_exit(exc))
+    except Exception as exc:  # a bug: say so in one line, keep the traceback for AUTOTUNE_DEBUG=1
+        if os.environ.get("AUTOTUNE_DEBUG"):
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc} (a bug in autotune; AUTOTUNE_DEBUG=1 shows the "
+               "traceback; please report it)")
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

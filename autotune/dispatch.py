@@ -29,6 +29,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import os
+import signal
 import shutil
 import socket
 import tempfile
@@ -371,6 +372,15 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
     return result.to_json()
 
 
+def _python_handler(signum: int) -> Any:
+    """The Python handler installed for ``signum`` (None when default/ignored, or off the main
+    thread): Ray's start may replace it, and the driver's own stop-and-save must survive that."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = signal.getsignal(signum)
+    return handler if callable(handler) else None
+
+
 def _requirements(resources: dict[str, Any]) -> dict[str, float]:
     """A ``.options()`` request as Ray resource amounts (``num_cpus`` defaults to 1, as in Ray)."""
     need: dict[str, float] = {"CPU": float(resources.get("num_cpus", 1) or 0)}
@@ -451,10 +461,13 @@ class RayDispatcher(Dispatcher):
                 npu_log.setLevel(logging.CRITICAL)
         except (ImportError, ValueError):
             pass
+        sigterm = _python_handler(signal.SIGTERM)
         try:
             ray.init(**kwargs)
         finally:
             npu_log.setLevel(level)
+            if sigterm is not None and signal.getsignal(signal.SIGTERM) is not sigterm:
+                signal.signal(signal.SIGTERM, sigterm)  # the CLI's: save the study, exit 143
 
     # -- feasibility -------------------------------------------------------------------------
 

@@ -69,7 +69,8 @@ class GuideSettings:
     stop_kappa: float = 2.0         # optimism of the stopping rule
     stop_margin: float = 0.0        # stop when every bound is below best * (1 + margin)
     min_probes_before_stop: int = 3
-    min_fit_probability: float = 0.5  # never probe a config less likely than this to fit
+    min_fit_probability: float = 0.5  # probe a config less likely than this to fit only when none is likelier
+    give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
     fit_power: float = 3.0            # weight of P(fits) against the expected improvement
     remeasure_within: float = 0.03    # the two best measured this close: measure again before the end
 
@@ -470,19 +471,29 @@ class Guide:
                     return with_prediction(again), ""
                 return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
                               f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win")
+        safest = ""
         if best is None:
             # nothing measured yet: the most promising config that surely fits, to learn from
             pool = candidates & (p_fit >= s.fit_confidence)
             if not pool.any():
                 pool = candidates & (p_fit >= s.min_fit_probability)
+        else:
+            pool = candidates & (p_fit >= s.min_fit_probability)
+        if not pool.any():
+            # nothing is likely enough to fit: the configs most likely to, to learn where the
+            # limit is (a study that stops after its first OOM finds nothing)
+            top = float(np.max(np.where(candidates, p_fit, 0.0)))
+            if top < s.give_up_probability:
+                return None, (f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
+                              "learned from the OOMs so far)")
+            pool = candidates & (p_fit >= 0.9 * top)
+            safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
+        if best is None or safest:
             score = np.where(pool, ucb, -np.inf)
         else:
             # expected improvement over the best, weighted by the probability of fitting: a
             # config near the memory limit is tried when what it could gain is worth the risk
-            pool = candidates & (p_fit >= s.min_fit_probability)
             score = np.where(pool, _expected_improvement(sign * mean, sd, sign * best) * p_fit**s.fit_power, -np.inf)
-        if not pool.any():
-            return None, "no remaining config is likely to fit in memory (learned from the OOMs so far)"
         index = int(np.argmax(score))
         config = self.ranking.enumeration.configs[index]
         # why: the rank by the current model's mean, and whether the family is new
@@ -493,6 +504,8 @@ class Guide:
         if obs and self.families[index] not in seen_families:
             fam = ", ".join(f"{k}={v}" for k, v in zip(FAMILY_PARAMS, self.families[index]) if v is not None)
             parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
+        if safest:
+            parts.append(safest)
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
         return with_prediction(Proposal(index, config, "; ".join(parts))), ""

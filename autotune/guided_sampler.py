@@ -103,7 +103,8 @@ class GuidedSampler(BaseSampler):
         kwargs.setdefault("n_trials", spec.search.n_trials)
         sp = spec.search
         kwargs.setdefault("settings", GuideSettings(explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence,
-                                                    stop_early=sp.stop_early))
+                                                    stop_early=sp.stop_early,
+                                                    min_fit_probability=sp.min_fit_probability))
         return cls(ranking, space, objectives[0], **kwargs)
 
     # ---- Optuna's sampler interface ------------------------------------------------------------
@@ -207,12 +208,14 @@ class GuidedSampler(BaseSampler):
             if index is None:
                 continue
             ua = t.user_attrs
-            metrics = ua.get(A.METRICS) or {}
+            # only a measurement that counts teaches times and peaks (a crash's metrics may be nonsense)
+            metrics = (ua.get(A.METRICS) or {}) if status in ("ok", "pruned") else {}
             objective = metrics.get(metric)
             if not _finite(objective) and status == "ok" and t.values:
                 objective = t.values[0]
-            step = metrics.get("step_time_s", ua.get("step_time_s"))
-            peak = metrics.get("peak_memory_gib", ua.get("peak_memory_gib"))
+            measured = status in ("ok", "pruned")
+            step = metrics.get("step_time_s", ua.get("step_time_s")) if measured else None
+            peak = metrics.get("peak_memory_gib", ua.get("peak_memory_gib")) if measured else None
             evidence = ((ua.get(A.INFO) or {}).get("oom") or (t.system_attrs.get(OUTCOME_ATTR) or {}).get("oom")
                         or {}) if status == "oom" else {}
             needed, requested = evidence.get("needed_at_least"), evidence.get("requested")

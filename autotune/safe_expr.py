@@ -70,8 +70,24 @@ class Expression:
         missing = self.names - set(env)
         if missing:
             raise ExpressionError(f"{self.source!r}: unknown name(s) {sorted(missing)}")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self._fn(env)
+        try:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return self._fn(env)
+        except (TypeError, ValueError, ArithmeticError, MemoryError) as exc:  # e.g. a string parameter in arithmetic
+            raise ExpressionError(f"{self.source!r} cannot be evaluated: {type(exc).__name__}: {exc}") from None
+
+
+# What an expression may compute is bounded, so that a spec cannot hang or exhaust the host:
+# its length and size, the size of its constants, and powers (a constant, small exponent only:
+# ``9**9**9`` is refused, not computed). Strings only compare; they take part in no arithmetic
+# (``'a' * 10**10`` would be a 10 GB string).
+MAX_SOURCE_CHARS = 1000
+MAX_NODES = 200
+MAX_DEPTH = 32
+MAX_INT = 10**15
+MAX_STRING = 256
+MAX_EXPONENT = 64
+MAX_POWERS = 2
 
 
 def compile_expression(source: str, allowed_names: set[str] | None = None) -> Expression:
@@ -80,10 +96,16 @@ def compile_expression(source: str, allowed_names: set[str] | None = None) -> Ex
     ``allowed_names``, when given, is checked now so a typo fails at spec validation with the
     list of names that exist, rather than halfway through a study.
     """
+    if not isinstance(source, str):
+        raise ExpressionError(f"{source!r} is not an expression (a string such as 'heads % tp == 0')")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise ExpressionError(f"the expression is {len(source):,} characters long; at most {MAX_SOURCE_CHARS} are "
+                              "accepted (split it into several constraints)")
     try:
         tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ExpressionError(f"{source!r} is not a valid expression: {exc.msg}") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ExpressionError(f"{source!r} is not a valid expression: {getattr(exc, 'msg', exc)}") from None
+    _check_bounds(tree, source)
     names: set[str] = set()
     fn = _compile(tree.body, source, names)
     if allowed_names is not None:
@@ -93,6 +115,51 @@ def compile_expression(source: str, allowed_names: set[str] | None = None) -> Ex
                 f"{source!r} uses unknown name(s) {sorted(unknown)}; known names: {', '.join(sorted(allowed_names))}"
             )
     return Expression(source, frozenset(names), fn)
+
+
+def _check_bounds(tree: ast.AST, source: str) -> None:
+    """Size, depth, constants, powers and string arithmetic, checked before anything is compiled
+    (iteratively: a deep expression must not exhaust the checker's own stack)."""
+    count = powers = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ExpressionError(f"{source!r}: more than {MAX_NODES} terms; split it into several constraints")
+        if depth > MAX_DEPTH:
+            raise ExpressionError(f"{source!r}: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, ast.Constant):
+            value = node.value
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                raise ExpressionError(f"{source!r}: the constant {value:.3g} is larger than {MAX_INT:.0e}")
+            if isinstance(value, float) and not abs(value) <= 1e18:
+                raise ExpressionError(f"{source!r}: the constant {value!r} is out of range (at most 1e18)")
+            if isinstance(value, str) and len(value) > MAX_STRING:
+                raise ExpressionError(f"{source!r}: a string constant of {len(value)} characters (at most {MAX_STRING})")
+        if isinstance(node, ast.BinOp):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                    raise ExpressionError(f"{source!r}: strings only compare (==, !=, in); "
+                                          f"{side.value[:20]!r} cannot take part in arithmetic")
+            powers += isinstance(node.op, ast.Pow)
+            if powers > MAX_POWERS:
+                raise ExpressionError(f"{source!r}: at most {MAX_POWERS} ** in one expression")
+            if isinstance(node.op, ast.Pow) and _constant_exponent(node.right) is None:
+                raise ExpressionError(f"{source!r}: ** needs a constant whole exponent between -{MAX_EXPONENT} "
+                                      f"and {MAX_EXPONENT} (e.g. tp ** 2)")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+
+
+def _constant_exponent(node: ast.AST) -> int | None:
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        sign = -1 if isinstance(node.op, ast.USub) else 1
+        node = node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool) \
+            and abs(node.value) <= MAX_EXPONENT:
+        return sign * node.value
+    return None
 
 
 def _compile(node: ast.AST, source: str, names: set[str]) -> Callable[[Mapping[str, Any]], Any]:

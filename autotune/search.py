@@ -122,9 +122,15 @@ class _FlockJournalLock:
             self._in_process.release()
 
 
-def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
+                 resumed_at: int = 0) -> optuna.samplers.BaseSampler:
+    """The spec's sampler. A resumed study (``resumed_at`` trials already in it) gets a seed
+    derived from the spec's and that count: with the spec's own seed a seeded sampler would
+    replay its earlier proposals, all measured already, and probe nothing new."""
     name = spec.search.sampler
     seed = spec.search.seed
+    if seed is not None and resumed_at:
+        seed = (seed * 1_000_003 + resumed_at) % 2**32
     if name in ("auto", "tpe"):
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=parallel > 1,
                                           n_startup_trials=min(10, max(3, spec.search.n_trials // 4)))
@@ -402,9 +408,13 @@ class StudyRunner:
             self.guided = GuidedSampler(ranking, self.space, self.objectives[0], seed=sp.seed, n_trials=sp.n_trials,
                                         settings=GuideSettings(explore_kappa=sp.explore_kappa,
                                                                fit_confidence=sp.fit_confidence,
-                                                               stop_early=sp.stop_early))
+                                                               stop_early=sp.stop_early,
+                                                               min_fit_probability=sp.min_fit_probability))
         sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
+        existing = len(study.get_trials(deepcopy=False))
+        if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
+            study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing)
         self._recover(study)
         records = trial_records(study)
         probes_done = sum(1 for r in records if r.probed and r.status != "interrupted")
@@ -671,6 +681,8 @@ class StudyRunner:
         if step_peak is not None and not (_finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak):
             metrics["peak_memory_gib"] = step_peak  # the peak of every step, not only the end state
         self._derive_metrics(metrics, config, result)
+        if result.ok and result.source != "simulated":
+            self._check_plausible(metrics, config, result)
         trial.set_user_attr(A.STATUS, result.status)
         trial.set_user_attr(A.SOURCE, result.source)
         trial.set_user_attr(A.METRICS, metrics)
@@ -710,6 +722,17 @@ class StudyRunner:
                                  self._devices(config), str(config.get("precision", "bf16")))
         for k, v in derived.items():
             metrics.setdefault(k, v)
+
+    def _check_plausible(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
+        """A measurement that cannot be real (a negative time, MFU above 100 %) is a crash with
+        the reason: its metrics stay recorded, and it never becomes the best."""
+        from .sanity import implausible_metrics
+
+        c = self.context
+        problems = implausible_metrics(metrics, c.model, c.workload, c.hardware, str(config.get("precision", "bf16")))
+        if problems:
+            result.status = "crash"
+            result.reason = "implausible metrics from the probe: " + "; ".join(problems)
 
     def _devices(self, config: dict[str, Any]) -> int:
         if self.space.training:

@@ -281,8 +281,11 @@ class SearchSpec(_Strict):
                                                "bound of every remaining config is below the best measured")
     explore_kappa: float = Field(1.0, ge=0, description="sampler auto: optimism of the next pick, in standard "
                                                         "deviations of the model's uncertainty")
-    fit_confidence: float = Field(0.95, gt=0, lt=1, description="sampler auto: probability of fitting in memory a "
-                                                                "config needs before it is probed")
+    fit_confidence: float = Field(0.95, gt=0, lt=1, description="sampler auto: probability of fitting in memory the "
+                                                                "first probe needs (nothing measured yet)")
+    min_fit_probability: float = Field(0.5, gt=0, lt=1, description="sampler auto: the least probability of fitting "
+                                       "in memory a config needs to be probed while likelier ones remain; higher: "
+                                       "fewer OOM probes, a near-limit optimum found later (benchmarks/README.md)")
 
 
 class TrackingSpec(_Strict):
@@ -470,6 +473,15 @@ def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
     return [p for ps in by_loc.values() for p in ps]
 
 
+def _sample_env(spec: Spec, choices: dict[str, list[Any]], names: frozenset[str]) -> dict[str, Any]:
+    """One value of the right type for each name a constraint reads (the first searched value,
+    else the default, else 1): evaluating on it finds type errors at validation, not in ``plan``."""
+    from .space import INFER_DEFAULTS, TRAIN_DEFAULTS
+
+    defaults = {**INFER_DEFAULTS, **TRAIN_DEFAULTS}
+    return {n: choices[n][0] if choices.get(n) else defaults.get(n, 1) for n in names}
+
+
 def _semantic_problems(spec: Spec) -> list[SpecProblem]:
     """Checks across sections that field types cannot express."""
     from autotune.objectives import METRICS
@@ -519,7 +531,8 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
     names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
     for i, source in enumerate(spec.constraints):
         try:
-            compile_expression(source, names)
+            expression = compile_expression(source, names)
+            expression.evaluate(_sample_env(spec, choices, expression.names))  # types: a string in arithmetic
         except ExpressionError as exc:
             problems.append(SpecProblem(("constraints", i), str(exc)))
 

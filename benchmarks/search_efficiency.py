@@ -57,7 +57,8 @@ SCENARIOS = {
 LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
 
 
-def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: Path | None) -> Spec:
+def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: Path | None,
+             min_fit: float = 0.5) -> Spec:
     data = {
         "name": f"bench-{name}",
         "model": sc["model"],
@@ -74,7 +75,8 @@ def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: 
                           "HCCL_BUFFSIZE": ["120", "200", "400"]}},
         "constraints": ["tp <= devices_per_node"],
         "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
-        "search": {"n_trials": budget, "sampler": "auto", "seed": seed, "prune": False},
+        "search": {"n_trials": budget, "sampler": "auto", "seed": seed, "prune": False,
+                   "min_fit_probability": min_fit},
         "ray": {"enabled": False},
     }
     return Spec.model_validate(data)
@@ -197,6 +199,8 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true", help="call the world without a launcher subprocess")
     ap.add_argument("--methods", default="autotune,random,tpe")
     ap.add_argument("--json", type=Path, help="write every world's result here")
+    ap.add_argument("--min-fit", type=float, default=0.5,
+                    help="the guide's search.min_fit_probability (the OOM-risk / speed-of-finding trade-off)")
     ap.add_argument("--families", default="none",
                     help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
                          + ", ".join(STRUCTURE_FAMILIES) + ", or all (one run per family)")
@@ -223,7 +227,7 @@ def main() -> None:
                                    () if family == "none" else (family,))
                 world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                 world_file.write_text(json.dumps(world.to_json()))
-                spec = spec_for(scenario, sc, args.budget, w, world_file)
+                spec = spec_for(scenario, sc, args.budget, w, world_file, args.min_fit)
                 truth = Truth(world, spec, configs)
                 for method in methods:
                     t0 = time.perf_counter()

@@ -241,6 +241,35 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
+@pytest.mark.parametrize("ray", ["ray: {num_cpus: 2}", "ray: {enabled: false}"])
+def test_sigterm_saves_the_study_exits_143_and_resumes(write_spec, tmp_path, ray):
+    """SIGTERM (a scheduler's stop) behaves like Ctrl-C: the study is saved, the MLflow parent is
+    closed, exit 143, and the same command completes the budget (Ray used to abort: exit 134)."""
+    spec = _command_spec(write_spec, tmp_path, n_trials=6, parallel=2, ray=ray, sleep=0.6)
+    run_dir = tmp_path / "study"
+    first = _cli("run", str(spec), "--run-dir", str(run_dir))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len([e for e in _probe_log(tmp_path) if e["event"] == "end"]) < 2:
+            time.sleep(0.05)
+        first.send_signal(signal.SIGTERM)
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, stderr.decode()[-2000:]
+    assert "SIGTERM" in stderr.decode() and "resume" in stderr.decode()
+    parents, _ = _mlflow_runs(run_dir, "tiny")
+    assert parents and parents[0].info.status == "KILLED"
+
+    second = _cli("run", str(spec), "--run-dir", str(run_dir), "--json")
+    _, stderr = second.communicate(timeout=120)
+    assert second.returncode == 0, stderr.decode()[-2000:]
+    report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
+    finished = [t for t in report["trials"] if t["probed"] and t["status"] in ("ok", "oom")]
+    assert len(finished) == 6 and len({json.dumps(t["params"], sort_keys=True) for t in finished}) == 6
+
+
 def test_sigkill_mid_study_then_rerun_completes_the_budget(write_spec, tmp_path):
     spec = _command_spec(write_spec, tmp_path, n_trials=8, parallel=2, ray="ray: {enabled: false}", sleep=0.6)
     run_dir = tmp_path / "study"

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -43,3 +45,26 @@ def test_unknown_name_lists_known_ones():
 def test_syntax_error_is_expression_error():
     with pytest.raises(ExpressionError, match="not a valid expression"):
         compile_expression("tp ==")
+
+
+@pytest.mark.parametrize("source,message", [
+    ("9**9**9 > tp", "constant whole exponent"),                  # would hang plan
+    ("tp ** tp > 1", "constant whole exponent"),
+    ("((tp ** 64) ** 64) ** 64 > 1", "at most 2 **"),
+    ("'a' * 10**10 == tp", "strings only compare"),               # a 10 GB string
+    ("'x' + tp == 1", "strings only compare"),
+    ("+".join(["tp"] * 20000) + " > 1", "characters long"),      # RecursionError in validate
+    ("tp * 99999999999999999999 > 1", "larger than"),
+    ("max(" + ",".join(["a"] * 250) + ") > 1", "more than 200 terms"),
+    ("tp < " + " + ".join(["1"] * 150), "nested more than 32 levels"),
+    ("-" * 200 + "tp < 1", "nested more than"),
+])
+def test_what_an_expression_may_compute_is_bounded(source, message):
+    with pytest.raises(ExpressionError, match=re.escape(message)):
+        compile_expression(source)
+
+
+def test_a_type_error_at_evaluation_is_an_expression_error():
+    expr = compile_expression("recompute * 2 > 1")
+    with pytest.raises(ExpressionError, match="cannot be evaluated"):
+        expr.evaluate({"recompute": np.array(["none", "full"], dtype=object)})

@@ -182,3 +182,19 @@ def test_every_probe_carries_the_simulators_prediction(write_spec, tmp_path, sam
     for r in probed:
         assert r.predicted["tokens_per_s_per_device"] > 0
         assert r.predicted["peak_memory_gib"] > 0
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_resuming_a_seeded_study_with_a_larger_budget_probes_new_configs(write_spec, tmp_path, sampler):
+    """A seeded sampler re-created with the spec's seed replays its earlier proposals, every one
+    answered without a probe (a study of hundreds stopped after 200 such misses in a row); a
+    resumed study reseeds from its state and goes on proposing new configs."""
+    calls: list = []
+    first = _runner(_spec(write_spec, sampler=sampler, n_trials=8), tmp_path, calls).run()
+    asked_before = len(first.study.trials)
+    outcome = _runner(_spec(write_spec, sampler=sampler, n_trials=16), tmp_path, calls).run()
+    assert len(calls) == 16, outcome.stopped_because
+    assert len({tuple(sorted(c.items())) for c in calls}) == 16  # nothing probed twice
+    resumed = [r for r in trial_records(outcome.study) if r.number >= asked_before]
+    first_probe = next(i for i, r in enumerate(resumed) if r.probed)
+    assert first_probe < 8  # not a replay of the first run's 8 probes (and its rejected proposals)

@@ -130,3 +130,14 @@ def test_int_range(write_spec):
 def test_missing_file():
     with pytest.raises(SpecError, match="cannot read the spec"):
         load_spec(Path("/nonexistent/spec.yaml"))
+
+
+@pytest.mark.parametrize("constraint,message", [
+    ("9**9**9 > tp", "constant whole exponent"),
+    ("recompute * 2 > 1", "cannot be evaluated"),   # a string parameter in arithmetic: found at validation
+    ("'x' + tp == 1", "strings only compare"),
+])
+def test_unbounded_or_ill_typed_constraints_fail_validation(write_spec, constraint, message):
+    path = write_spec(TINY_TRAIN + f"constraints: [\"{constraint}\"]\n")
+    msg = _errors(path)
+    assert "constraints[0]" in msg and message in msg

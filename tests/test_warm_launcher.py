@@ -136,3 +136,25 @@ def test_auto_launcher_choice():
         argv("cpu", nodes=2, launcher="warm")
     with pytest.raises(ValueError, match="unknown launcher"):
         argv("cpu", launcher="fork")
+
+
+def test_a_socket_directory_others_can_enter_is_refused(tmp_path, monkeypatch):
+    """A warm-start directory someone else could have made (world-writable, a symlink) is refused
+    with what is wrong and how to fix it; a fresh one is created private."""
+    from autotune.workers.torch_probe import warm
+
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setenv(warm.WARM_DIR_ENV, str(open_dir))
+    with pytest.raises(PermissionError, match="mode 0777 lets other users in"):
+        warm.socket_path()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    monkeypatch.setenv(warm.WARM_DIR_ENV, str(link))
+    with pytest.raises(PermissionError, match="not a directory"):
+        warm.socket_path()
+    fresh = tmp_path / "mine"
+    monkeypatch.setenv(warm.WARM_DIR_ENV, str(fresh))
+    assert warm.socket_path().parent == fresh and (fresh.stat().st_mode & 0o777) == 0o700

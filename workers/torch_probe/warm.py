@@ -44,6 +44,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -72,10 +73,29 @@ _STOP = b"S"
 
 
 def _state_dir() -> Path:
+    """The directory of the server's socket and lock: this user's alone. In a shared /tmp another
+    user could create it first (or a symlink in its place) and hand the probes a socket they
+    control, which receives every probe's environment; such a directory is refused."""
     base = os.environ.get(WARM_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"autotune-warm-{os.getuid()}")
     path = Path(base)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(path)
     return path
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise unless ``path`` is a real directory owned by this user with no access for others."""
+    info = os.lstat(path)
+    problems = []
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problems.append("not a directory (a symlink or a file)")
+    if info.st_uid != os.getuid():
+        problems.append(f"owned by uid {info.st_uid}, not by you (uid {os.getuid()})")
+    if info.st_mode & 0o077:
+        problems.append(f"mode {stat.S_IMODE(info.st_mode):04o} lets other users in (0700 expected)")
+    if problems:
+        raise PermissionError(f"refusing the warm-start directory {path}: {'; '.join(problems)}. Remove it, "
+                              f"or set {WARM_DIR_ENV} to a directory of your own with mode 0700")
 
 
 def _fingerprint() -> str:
@@ -163,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nproc-per-node must be >= 1")
     request = json.dumps({"nproc": ns.nproc_per_node, "module": ns.module, "args": ns.args,
                           "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    sock = _connect(socket_path())
+    try:
+        sock = _connect(socket_path())
+    except PermissionError as exc:
+        print(f"autotune warm launcher: {exc}", file=sys.stderr, flush=True)
+        return 2
     socket.send_fds(sock, [_HEADER.pack(len(request))], [0, 1, 2])
     sock.sendall(request)
 

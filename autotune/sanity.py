@@ -1,0 +1,64 @@
+"""Is what a probe reported physically possible? A check before a measurement may win.
+
+A probe is somebody's program: a wrong unit, a clock read backwards or a parsing slip gives a
+negative step time or a throughput beyond what the devices can compute, and such a trial would
+become the study's best and be exported. The trial is then recorded as a ``crash`` with the
+reason (its metrics kept, nothing measured is lost), and never wins.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+__all__ = ["implausible_metrics"]
+
+# metric names that can never be negative: durations, rates, sizes, shares, counts
+_NON_NEGATIVE_SUFFIXES = ("_s", "_ms", "_gib", "_per_s", "_per_s_per_device", "_steps", "_bytes_per_param")
+_NON_NEGATIVE = {"mfu", "tokens", "loss"}
+_MAX_MFU = 1.0  # model FLOPs above the device's peak: impossible whatever the kernels
+
+
+def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
+                        hardware: Mapping[str, Any], precision: str) -> list[str]:
+    """Why these metrics cannot be a real measurement (empty when they can): non-finite values,
+    negative durations / rates / sizes, a zero step time, or a throughput whose model FLOPs exceed
+    the hardware profile's peak for the precision (MFU > 100 %)."""
+    problems = []
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):
+            problems.append(f"{name} = {value} is not a finite number")
+        elif value < 0 and (name in _NON_NEGATIVE or name.endswith(_NON_NEGATIVE_SUFFIXES)):
+            problems.append(f"{name} = {value:g} is negative")
+    step = metrics.get("step_time_s")
+    if isinstance(step, (int, float)) and not isinstance(step, bool) and step == 0:
+        problems.append("step_time_s = 0: no step takes no time")
+    mfu = _mfu(metrics, model, workload, hardware, precision)
+    if mfu is not None and mfu > _MAX_MFU:
+        peak = (hardware.get("peak_tflops") or {}).get(precision)
+        problems.append(f"{mfu:.0%} MFU: the reported throughput needs more than the device's peak "
+                        f"({peak:g} TFLOPS {precision} in the hardware profile)")
+    return problems
+
+
+def _mfu(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
+         hardware: Mapping[str, Any], precision: str) -> float | None:
+    """The highest MFU the reported figures imply: the probe's own ``mfu``, and the one its
+    per-device token rate gives (training only; inference rates include the prompt)."""
+    values = []
+    reported = metrics.get("mfu")
+    if isinstance(reported, (int, float)) and math.isfinite(reported):
+        values.append(float(reported))
+    peak = (hardware.get("peak_tflops") or {}).get(precision)
+    rate = metrics.get("tokens_per_s_per_device")
+    if (workload.get("kind", "train") == "train" and isinstance(peak, (int, float)) and peak > 0
+            and isinstance(rate, (int, float)) and math.isfinite(rate) and model):
+        from autotune.objectives import flops_per_token
+
+        try:
+            values.append(flops_per_token(model, int(workload["seq_len"]), True) * float(rate) / (float(peak) * 1e12))
+        except (KeyError, TypeError, ValueError):
+            pass
+    return max(values) if values else None

@@ -1,0 +1,61 @@
+"""Physically impossible metrics (autotune/sanity.py) are a crash with the reason, never the best."""
+
+from __future__ import annotations
+
+import math
+
+from autotune.backends import BackendChoice
+from autotune.context import probe_context
+from autotune.dispatch import InProcessDispatcher
+from autotune.sanity import implausible_metrics
+from autotune.search import StudyRunner, trial_records
+from autotune.spec import load_spec
+from autotune.workers.protocol import ProbeResult
+from support import TINY_TRAIN
+
+
+def _context(write_spec):
+    spec = load_spec(write_spec(TINY_TRAIN))
+    return spec, probe_context(spec)
+
+
+def test_possible_metrics_pass(write_spec):
+    _, c = _context(write_spec)
+    ok = {"step_time_s": 0.5, "tokens_per_s_per_device": 512.0, "peak_memory_gib": 1.2, "loss": 6.9}
+    assert implausible_metrics(ok, c.model, c.workload, c.hardware, "bf16") == []
+
+
+def test_negative_non_finite_zero_and_faster_than_the_hardware(write_spec):
+    _, c = _context(write_spec)
+    problems = implausible_metrics({"step_time_s": -1.0, "peak_memory_gib": math.nan, "ttft_ms": -3},
+                                   c.model, c.workload, c.hardware, "bf16")
+    assert any("step_time_s = -1 is negative" in p for p in problems)
+    assert any("peak_memory_gib = nan" in p for p in problems)
+    assert any("ttft_ms = -3" in p for p in problems)
+    assert implausible_metrics({"step_time_s": 0.0}, c.model, c.workload, c.hardware, "bf16")
+    fast = implausible_metrics({"tokens_per_s_per_device": 1e12}, c.model, c.workload, c.hardware, "bf16")
+    assert fast and "MFU" in fast[0] and "TFLOPS bf16" in fast[0]
+    assert "MFU" in implausible_metrics({"mfu": 1.7}, c.model, c.workload, c.hardware, "fp32")[0]
+
+
+def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_path):
+    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
+                                                   "search: {n_trials: 4, seed: 1, sampler: random}")))
+
+    calls = []
+
+    def probe(request):
+        calls.append(request.number)
+        if len(calls) == 2:  # a probe that read its clock backwards and made up a rate
+            return ProbeResult("ok", metrics={"step_time_s": -1.0, "tokens_per_s_per_device": 1e12})
+        return ProbeResult("ok", metrics={"step_time_s": 1.0, "tokens_per_s_per_device": 100.0 + len(calls)})
+
+    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe))
+    outcome = runner.run()
+    runner.close()
+    bad = next(r for r in trial_records(outcome.study) if r.number == calls[1])
+    assert bad.status == "crash" and bad.state == "FAIL"
+    assert "implausible metrics" in bad.reason and "negative" in bad.reason and "MFU" in bad.reason
+    assert bad.metrics["tokens_per_s_per_device"] == 1e12  # kept: nothing measured is lost
+    assert outcome.best and outcome.best[0].number != calls[1]
+    assert outcome.best[0].metrics["tokens_per_s_per_device"] < 1000
