@@ -20,19 +20,10 @@ from autotune.ranking import rank_space
 from autotune.space import Space, config_key
 from autotune.spec import Spec
 from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, simulate_configs
+from support import GUIDED_SPEC
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = {
-    "name": "guided-sampler",
-    "model": "llama2-7b",
-    "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-    "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": 1, "devices_per_node": 8,
-                "overrides": {"device_memory_gib": 40}},
-    "target": "none",
-    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
-              "recompute": ["none", "selective", "full"], "zero_stage": [0, 1, 3]},
-    "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
-}
+SPEC = dict(GUIDED_SPEC, name="guided-sampler")
 OBJECTIVE = ("tokens_per_s_per_device", "maximize")
 
 
