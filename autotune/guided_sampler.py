@@ -26,7 +26,6 @@ What a plain objective tells the guide: its return value (the first objective), 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .guided import Guide, GuideSettings, Observation, Proposal
 from .ranking import Ranking
+from .sanity import is_finite_number as _finite
 from .space import Space, config_key
 from .trial_attrs import A
 
@@ -87,21 +87,25 @@ class GuidedSampler(BaseSampler):
         self._cache: tuple[Any, tuple[Proposal | None, str]] | None = None
 
     @classmethod
-    def from_spec(cls, spec: Any, **kwargs: Any) -> "GuidedSampler":
-        """The sampler for a spec (a :class:`~autotune.spec.Spec` or the path of its YAML file):
-        enumerates and ranks its space with the simulator, the first objective guides."""
+    def from_spec(cls, spec: Any, *, space: Space | None = None, ranking: Ranking | None = None,
+                  **kwargs: Any) -> "GuidedSampler":
+        """The sampler for a spec (a :class:`~autotune.spec.Spec` or the path of its YAML file),
+        with the spec's ``search`` settings, seed and budget; the first objective guides. The
+        space is enumerated and ranked with the simulator unless ``space``/``ranking`` are given
+        (the study runner has them already)."""
         from .context import probe_context
         from .ranking import rank_space
         from .spec import Spec, load_spec
 
         if not isinstance(spec, Spec):
             spec = load_spec(Path(spec))
-        space = Space(spec)
+        space = space or Space(spec)
         objectives = spec.objective_list()
-        ranking = rank_space(space.enumerate(), probe_context(spec), objectives)
-        kwargs.setdefault("seed", spec.search.seed)
-        kwargs.setdefault("n_trials", spec.search.n_trials)
+        if ranking is None:
+            ranking = rank_space(space.enumerate(), probe_context(spec), objectives)
         sp = spec.search
+        kwargs.setdefault("seed", sp.seed)
+        kwargs.setdefault("n_trials", sp.n_trials)
         kwargs.setdefault("settings", GuideSettings(explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence,
                                                     stop_early=sp.stop_early,
                                                     min_fit_probability=sp.min_fit_probability))
@@ -316,8 +320,3 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
         return bool(distribution._contains(distribution.to_internal_repr(value)))
     except (ValueError, TypeError):
         return False
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-

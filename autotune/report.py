@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .search import TrialRecord, _finite
+from .sanity import is_finite_number as _finite
+from .search import TrialRecord
 
 __all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]

@@ -11,12 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-__all__ = ["implausible_metrics"]
+__all__ = ["implausible_metrics", "is_finite_number"]
 
 # metric names that can never be negative: durations, rates, sizes, shares, counts
 _NON_NEGATIVE_SUFFIXES = ("_s", "_ms", "_gib", "_per_s", "_per_s_per_device", "_steps", "_bytes_per_param")
 _NON_NEGATIVE = {"mfu", "tokens", "loss"}
 _MAX_MFU = 1.0  # model FLOPs above the device's peak: impossible whatever the kernels
+
+
+def is_finite_number(v: Any) -> bool:
+    """A plain finite int or float (not a bool, not NaN or infinite): a value a metric may take."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
@@ -32,8 +37,7 @@ def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], wo
             problems.append(f"{name} = {value} is not a finite number")
         elif value < 0 and (name in _NON_NEGATIVE or name.endswith(_NON_NEGATIVE_SUFFIXES)):
             problems.append(f"{name} = {value:g} is negative")
-    step = metrics.get("step_time_s")
-    if isinstance(step, (int, float)) and not isinstance(step, bool) and step == 0:
+    if is_finite_number(metrics.get("step_time_s")) and metrics["step_time_s"] == 0:
         problems.append("step_time_s = 0: no step takes no time")
     mfu = _mfu(metrics, model, workload, hardware, precision)
     if mfu is not None and mfu > _MAX_MFU:
@@ -48,13 +52,12 @@ def _mfu(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping
     """The highest MFU the reported figures imply: the probe's own ``mfu``, and the one its
     per-device token rate gives (training only; inference rates include the prompt)."""
     values = []
-    reported = metrics.get("mfu")
-    if isinstance(reported, (int, float)) and math.isfinite(reported):
-        values.append(float(reported))
+    if is_finite_number(metrics.get("mfu")):
+        values.append(float(metrics["mfu"]))
     peak = (hardware.get("peak_tflops") or {}).get(precision)
     rate = metrics.get("tokens_per_s_per_device")
-    if (workload.get("kind", "train") == "train" and isinstance(peak, (int, float)) and peak > 0
-            and isinstance(rate, (int, float)) and math.isfinite(rate) and model):
+    if (workload.get("kind", "train") == "train" and is_finite_number(peak) and peak > 0
+            and is_finite_number(rate) and model):
         from autotune.objectives import flops_per_token
 
         try:

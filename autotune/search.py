@@ -35,10 +35,10 @@ from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_fil
 
 from .backends import BackendChoice, launch_for
 from .context import ProbeContext, probe_context
-from .guided import GuideSettings
 from .guided_sampler import GUIDE_ATTR, GuidedSampler
 from .trial_attrs import A
 from .ranking import Ranking, rank_space
+from .sanity import is_finite_number as _finite
 from .refit import Refit, fit_refit
 from .space import Space, config_key
 from .spec import Spec
@@ -404,12 +404,7 @@ class StudyRunner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ranking = self._rank() if (self.spec.search.sampler == "auto") else None
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
-            sp = self.spec.search
-            self.guided = GuidedSampler(ranking, self.space, self.objectives[0], seed=sp.seed, n_trials=sp.n_trials,
-                                        settings=GuideSettings(explore_kappa=sp.explore_kappa,
-                                                               fit_confidence=sp.fit_confidence,
-                                                               stop_early=sp.stop_early,
-                                                               min_fit_probability=sp.min_fit_probability))
+            self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
         sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
         existing = len(study.get_trials(deepcopy=False))
@@ -852,10 +847,6 @@ def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:
     phased = any("phase" in e for e in steps)
     return [float(e["step_time_s"]) for e in steps
             if _finite(e.get("step_time_s")) and (not phased or e.get("phase") == "measure")]
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -473,7 +473,7 @@ def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
     return [p for ps in by_loc.values() for p in ps]
 
 
-def _sample_env(spec: Spec, choices: dict[str, list[Any]], names: frozenset[str]) -> dict[str, Any]:
+def _sample_env(choices: dict[str, list[Any]], names: frozenset[str]) -> dict[str, Any]:
     """One value of the right type for each name a constraint reads (the first searched value,
     else the default, else 1): evaluating on it finds type errors at validation, not in ``plan``."""
     from .space import INFER_DEFAULTS, TRAIN_DEFAULTS
@@ -532,7 +532,7 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
     for i, source in enumerate(spec.constraints):
         try:
             expression = compile_expression(source, names)
-            expression.evaluate(_sample_env(spec, choices, expression.names))  # types: a string in arithmetic
+            expression.evaluate(_sample_env(choices, expression.names))  # types: a string in arithmetic
         except ExpressionError as exc:
             problems.append(SpecProblem(("constraints", i), str(exc)))
 
