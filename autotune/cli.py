@@ -346,7 +346,11 @@ def run(
         raise typer.Exit(EXIT_INPUT) from None
     err.print(Text.assemble((f"backend: {choice.kind}", "bold"), f" — {choice.reason}"))
     directory = _run_dir(spec, run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _error(f"cannot create the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
+        raise typer.Exit(EXIT_INPUT) from None
     _remember_spec(spec_path, directory)
 
     from .progress import ProgressObserver
@@ -364,6 +368,8 @@ def run(
             cache = ResultCache()
         except Exception as exc:  # an unwritable home: run without the cache, and say so
             _warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
+    from .storage import StorageDamaged
+
     runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
                          reuse_cache=reuse_cache)
     status = "FAILED"
@@ -376,6 +382,9 @@ def run(
         _warn(f"{what}: the study is saved; run the same command to resume")
         status = "KILLED"
         raise typer.Exit(_interrupted_exit(exc)) from None
+    except StorageDamaged as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
     except ValueError as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
@@ -386,7 +395,7 @@ def run(
     finally:
         runner.close()
         if tracker and status != "FINISHED":
-            tracker.finish_parent("KILLED" if status == "KILLED" else "FAILED")
+            _finish_tracking(tracker, "KILLED" if status == "KILLED" else "FAILED")
     _finish_run(spec, directory, choice, outcome, tracker, as_json)
 
 
@@ -394,11 +403,28 @@ def _tracker(spec: Spec, directory: Path) -> Any:
     from .tracking import Tracker, default_tracking_uri
 
     uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
+    if uri.startswith(("http://", "https://")):
+        err.print(f"connecting to MLflow at {uri} ...", markup=False)
     try:
         return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
     except Exception as exc:
-        _error(f"cannot open the MLflow store {uri}: {exc}")
+        first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        _error(f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {first}. Start the server or fix the "
+               "URI; or run with --no-tracking and run the same command again once it answers: the trials "
+               "measured meanwhile are logged then, and nothing is probed twice")
         raise typer.Exit(EXIT_INFRA) from None
+
+
+def _finish_tracking(tracker: Any, status: str) -> None:
+    """Close the parent run; a tracking server that is down costs at most the tracker's drain
+    timeout here, and the user learns how the missing runs get written."""
+    left = tracker.finish_parent(status)
+    if left:
+        _warn(f"MLflow at {tracker.tracking_uri} is still unreachable: {left} write(s) not done; every trial is "
+              "in the Optuna storage: run the same command again once it answers, and the missing runs are "
+              "logged (nothing is probed again)")
+    for failure in tracker.failed_writes[:5]:
+        _warn(f"MLflow refused {failure}")
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
@@ -445,7 +471,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             tags["autotune.best_trial"] = str(best.number)
         tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, summary_json, summary_md, *exports.values()])
         tracker.log_parent(artifacts=plots, artifact_path="plots")
-        tracker.finish_parent("FINISHED")
+        _finish_tracking(tracker, "FINISHED")
     failed = sum(1 for r in outcome.records if r.probed and r.status not in ("ok", "interrupted", "duplicate"))
     if as_json:
         payload = {
@@ -487,7 +513,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
 
 # --------------------------------------------------------------------------------------- report
 def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
-    from .search import open_study
+    from .storage import StorageDamaged, open_study
 
     directory = _run_dir(spec, run_dir)
     if not spec.tracking.storage and not (directory / "optuna.journal").exists():
@@ -495,6 +521,9 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
         raise typer.Exit(EXIT_INPUT)
     try:
         return open_study(spec, directory, create=False)
+    except StorageDamaged as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
     except KeyError:
         _error(f"the storage holds no study named {spec.name!r}")
         raise typer.Exit(EXIT_INPUT) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .sanity import is_finite_number as _finite
-from .search import TrialRecord
+from .search import TrialRecord, is_tracked
 
 __all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]
@@ -38,10 +38,10 @@ def _fmt(v: float) -> str:
 
 
 def results_rows(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """One row per probed trial, best first (failed ones last)."""
+    """One row per probed trial (the trials MLflow holds too), best first (failed ones last)."""
     rows = []
     for r in records:
-        if not r.probed or r.status in ("interrupted", "duplicate"):
+        if not is_tracked(r):
             continue
         row: dict[str, Any] = {"trial": r.number, "status": r.status, "source": r.source}
         for m, _ in objectives:

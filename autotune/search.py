@@ -42,6 +42,8 @@ from .sanity import is_finite_number as _finite
 from .refit import Refit, fit_refit
 from .space import Space, config_key
 from .spec import Spec
+from .storage import open_study, study_storage
+from .tracking import TERMINAL_STATUSES
 
 __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
            "trial_records", "best_records", "TrialRecord", "A"]
@@ -49,79 +51,7 @@ __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study
 log = logging.getLogger(__name__)
 
 
-# ------------------------------------------------------------------------------------ storage etc.
-def study_storage(spec: Spec, run_dir: Path) -> Any:
-    """The Optuna storage: the spec's URL, else a journal file in the run directory
-    (~3 ms per trial, append-only, survives SIGKILL)."""
-    if spec.tracking.storage:
-        url = spec.tracking.storage
-        if url.endswith((".journal", ".log")) and "://" not in url:
-            return _journal(Path(url))
-        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
-    return _journal(run_dir / "optuna.journal")
-
-
-def _journal(path: Path) -> Any:
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=_journal_lock(path)))
-
-
-def _journal_lock(path: Path) -> Any:
-    """The journal's write lock: ``flock`` where the OS has it, else Optuna's own.
-
-    Optuna's default lock is a symlink next to the journal; a SIGKILL between its creation and
-    removal leaves it behind, and the next ``autotune run`` then waits 30 s for Optuna's grace
-    period before it takes the lock by force. The kernel releases an ``flock`` when its holder
-    dies, so resuming after a kill starts at once. Every autotune process writing the journal
-    uses this lock; plain Optuna tools that only read it need none."""
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # pragma: no cover - Windows
-        from optuna.storages.journal import JournalFileOpenLock
-
-        return JournalFileOpenLock(str(path))
-    return _FlockJournalLock(str(path) + ".flock")
-
-
-class _FlockJournalLock:
-    """Implements Optuna's journal file lock interface (``acquire``/``release``) with ``flock``."""
-
-    def __init__(self, lock_path: str) -> None:
-        import threading
-
-        self._lock_path = lock_path
-        self._in_process = threading.Lock()  # one holder per process at a time, as flock is per fd
-        self._fd: int | None = None
-
-    def acquire(self) -> bool:
-        import fcntl
-        import os
-
-        self._in_process.acquire()
-        try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._in_process.release()
-            raise
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        import fcntl
-        import os
-
-        fd, self._fd = self._fd, None
-        try:
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
-        finally:
-            self._in_process.release()
-
-
+# ------------------------------------------------------------------------------------ sampler
 def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
                  resumed_at: int = 0) -> optuna.samplers.BaseSampler:
     """The spec's sampler. A resumed study (``resumed_at`` trials already in it) gets a seed
@@ -148,16 +78,6 @@ def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
     if name == "exhaustive":
         return optuna.samplers.BruteForceSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}")
-
-
-def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler | None = None,
-               create: bool = True) -> optuna.Study:
-    storage = study_storage(spec, run_dir)
-    directions = [d for _, d in spec.objective_list()]
-    if not create:
-        return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
-    return optuna.create_study(study_name=spec.name, storage=storage, directions=directions, sampler=sampler,
-                               load_if_exists=True)
 
 
 # ------------------------------------------------------------------------------------- records
@@ -771,24 +691,38 @@ class StudyRunner:
                                     artifacts=[self.run_dir / "ranking.csv"])
 
     def _reconcile_tracking(self, study: optuna.Study) -> None:
-        """Trials finished in Optuna but missing in MLflow (the run was killed between the two
-        writes) are logged now: nothing measured is lost."""
+        """Make MLflow hold exactly the tracked trials of Optuna storage (:func:`is_tracked`).
+
+        A trial finished in Optuna but missing in MLflow (the run was killed between the two
+        writes, or the server was down) is logged now; a child left ``RUNNING`` (a write broken
+        half-way) is not complete, so it is deleted and the trial logged again; a second child of
+        one trial is deleted. Nothing measured is lost, and a re-run of a finished study changes
+        nothing in MLflow."""
         if not self.tracker:
             return
         # MLflow itself says which trials it holds: a finished Optuna trial cannot take a user
         # attribute any more, so the child run's ``autotune.trial`` tag is the record of it.
-        logged = {int(r.data.tags["autotune.trial"]) for r in self.tracker.child_runs()
-                  if r.data.tags.get("autotune.trial", "").isdigit()}
+        logged: set[int] = set()
+        for run in sorted(self.tracker.child_runs(), key=lambda r: r.info.status not in TERMINAL_STATUSES):
+            number = run.data.tags.get("autotune.trial", "")
+            if not number.isdigit():
+                continue
+            if run.info.status in TERMINAL_STATUSES and int(number) not in logged:
+                logged.add(int(number))
+            else:  # half-written, or a second child of the same trial
+                self.tracker.delete_run(run.info.run_id)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-            if t.number in logged or A.STATUS not in t.user_attrs or t.user_attrs.get(A.STATUS) == "duplicate":
+            if t.number in logged or A.STATUS not in t.user_attrs:
                 continue
             record = trial_records_one(study, t.number)[0]
+            if not is_tracked(record):
+                continue
             path = self.run_dir / "trials" / f"{t.number:04d}" / "result.json"
             result = ProbeResult.from_json(json.loads(path.read_text())) if path.exists() else None
             self._log_trial(study, record, result)
 
     def _log_trial(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
-        if not self.tracker or record.status == "duplicate":
+        if not self.tracker or not is_tracked(record):
             return
         metrics = {k: v for k, v in record.metrics.items() if _finite(v)}
         for k, v in record.predicted.items():
@@ -811,6 +745,14 @@ class StudyRunner:
         self.tracker.log_trial(record.number, record.config, metrics, tags,
                                steps=result.steps if result else None, artifacts=artifacts,
                                failed=record.status not in ("ok", "pruned"))
+
+
+def is_tracked(record: TrialRecord) -> bool:
+    """The one rule for what becomes an MLflow child run, on a first run and on every resume: a
+    config that was probed, simulated or answered from the cache. Rule rejections and repeats are
+    answered without a probe (they are counted on the parent run and listed by ``autotune
+    report``), and an interrupted probe measured nothing (its config is probed again)."""
+    return bool(record.probed) and record.status not in ("duplicate", "interrupted")
 
 
 def trial_records_one(study: optuna.Study, number: int) -> list[TrialRecord]:

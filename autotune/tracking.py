@@ -4,11 +4,20 @@ All MLflow calls of the project live here and run in the driver only (probes nev
 The client API (``MlflowClient``) is used rather than the fluent one so that concurrent trials can
 be logged without a global "active run", and every write is a single batch call.
 
-Writes go through one background thread, in order: a child run costs MLflow ~30 ms on SQLite
-(more through a server), which would otherwise stall the search loop between probes. The loop
-only queues a finished trial; the parent-run calls wait for the queue, and ``finish_parent``
-drains it, so nothing queued is dropped. Should the process die with trials still queued, they
-are in Optuna storage already and the next run logs them (``StudyRunner._reconcile_tracking``).
+Why the writes are queued, bounded and retried: a tracking server is a shared service that
+restarts, and a study that waits on it, or dies with it, loses hours of probes. Optuna storage is
+the record of the study; MLflow is a view of it. So:
+
+- every write goes through one background (daemon) thread, in order; the study loop only queues;
+- each HTTP call is bounded (``MLFLOW_HTTP_REQUEST_TIMEOUT`` 10 s, one retry, unless the user set
+  them), and an unreachable server puts the tracker *offline*: one warning, later writes are kept
+  in memory without touching the network, and the server is asked again every ``retry_after_s``;
+  when it answers, the backlog is written in order and one line says so;
+- a child run is complete only once its terminal status is written. A write that broke half-way
+  deletes the half-written child before writing it again, and the next run's reconciliation
+  (``StudyRunner._reconcile_tracking``) replaces any child still ``RUNNING`` and logs every
+  trial MLflow lacks, so a write lost with the process is not lost for good;
+- ``finish_parent`` waits at most ``drain_timeout_s`` and returns what is still unwritten.
 
 Defaults keep a study self-contained: the tracking store is a SQLite file in the run directory and
 the experiment's artifact location is in the run directory too (MLflow would otherwise write
@@ -19,16 +28,24 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["Tracker", "default_tracking_uri", "mlflow_ui_command"]
+__all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "mlflow_ui_command"]
 
 log = logging.getLogger(__name__)
 
 _MAX_PARAM = 6000  # MLflow's limit on a param value
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow's own defaults (120 s timeout, 7 retries with backoff) block a call for minutes when the
+# server is gone; the tracker retries whole writes itself, so each call may give up quickly
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
 def default_tracking_uri(run_dir: Path) -> str:
@@ -41,16 +58,34 @@ def mlflow_ui_command(tracking_uri: str) -> str:
     return f"mlflow ui --backend-store-uri {tracking_uri}"
 
 
+@dataclass
+class _Write:
+    """One queued write. ``run_id`` remembers a child run created by an attempt that broke, so
+    that the next attempt deletes it instead of leaving a second, half-written child."""
+
+    what: str
+    do: Callable[["_Write"], Any]
+    run_id: str | None = None
+    attempts: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class Tracker:
     """Writes one study's runs. ``parent_run_id`` is kept by the caller (in Optuna storage) so a
     resumed study continues the same parent run instead of starting a second one."""
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_dir: Path):
+    def __init__(self, tracking_uri: str, experiment: str, artifact_dir: Path, *,
+                 retry_after_s: float = 30.0, drain_timeout_s: float = 60.0):
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        if tracking_uri.startswith(("http://", "https://")):
+            for key, value in _HTTP_DEFAULTS.items():
+                os.environ.setdefault(key, value)
         logging.getLogger("alembic").setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
 
         self.tracking_uri = tracking_uri
+        self.retry_after_s = retry_after_s
+        self.drain_timeout_s = drain_timeout_s
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -61,23 +96,107 @@ class Tracker:
             self.experiment_id = exp.experiment_id
         self.experiment = experiment
         self.parent_run_id: str | None = None
-        # one writer: MLflow calls stay ordered and never hit the store concurrently
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
-        self._queued: list[Future] = []
+        self.offline_since: float | None = None
+        self.failed_writes: list[str] = []  # rejected by MLflow itself (not a connection problem)
+        self._jobs: queue.Queue[_Write] = queue.Queue()
+        self._backlog: deque[_Write] = deque()
+        self._unfinished = 0
+        self._idle = threading.Condition()
+        self._next_check = 0.0
+        # a daemon: a write stuck on a dead server must never keep the process from exiting
+        self._thread = threading.Thread(target=self._serve, name="mlflow-writer", daemon=True)
+        self._thread.start()
 
-    def flush(self) -> None:
-        """Wait until every queued write is done; a write that failed is logged, not raised
-        (the trial is safe in Optuna storage and is logged again by the next run)."""
-        queued, self._queued = self._queued, []
-        for future in queued:
+    # ---- the writer thread ---------------------------------------------------------------------
+    def _submit(self, what: str, do: Callable[[_Write], Any]) -> _Write:
+        write = _Write(what, do)
+        with self._idle:
+            self._unfinished += 1
+        self._jobs.put(write)
+        return write
+
+    def _serve(self) -> None:
+        while True:
             try:
-                future.result()
+                self._backlog.append(self._jobs.get(timeout=self.retry_after_s if self._backlog else None))
+            except queue.Empty:  # offline and idle: time to ask the server again
+                pass
+            self._replay()
+            with self._idle:
+                self._idle.notify_all()
+
+    def _replay(self) -> None:
+        """Write the backlog in order; stop at the first write that cannot reach the server."""
+        if self.offline_since is not None and time.monotonic() < self._next_check:
+            return
+        while self._backlog:
+            write = self._backlog[0]
+            write.attempts += 1
+            try:
+                write.do(write)
             except Exception as exc:
-                log.warning("MLflow write failed (the trial is in Optuna storage; the next run logs it): %s", exc)
+                if not self._reachable():
+                    self._go_offline(exc)
+                    return
+                # the server answers but refuses this write: retrying would fail the same way
+                self.failed_writes.append(f"{write.what}: {exc}")
+                if write.run_id is not None:  # no half-written child left behind
+                    try:
+                        self.client.delete_run(write.run_id)
+                    except Exception:
+                        pass
+                log.warning("MLflow refused %s (the trial stays in Optuna storage): %s", write.what, exc)
+            self._backlog.popleft()
+            self._settle(write)
+        if self.offline_since is not None:
+            log.warning("MLflow at %s answers again after %.0f s: the queued writes are done",
+                        self.tracking_uri, time.monotonic() - self.offline_since)
+            self.offline_since = None
+
+    def _settle(self, write: _Write) -> None:
+        write.done.set()
+        with self._idle:
+            self._unfinished -= 1
+            self._idle.notify_all()
+
+    def _reachable(self) -> bool:
+        try:
+            self.client.get_experiment(self.experiment_id)
+            return True
+        except Exception:
+            return False
+
+    def _go_offline(self, exc: Exception) -> None:
+        self._next_check = time.monotonic() + self.retry_after_s
+        if self.offline_since is None:
+            self.offline_since = time.monotonic()
+            log.warning("MLflow at %s does not answer (%s). The study goes on: every trial is in Optuna "
+                        "storage, and the %d queued write(s) are sent when it answers again (asked every "
+                        "%.0f s)", self.tracking_uri, _short_error(exc), len(self._backlog), self.retry_after_s)
+        with self._idle:  # flush() waits for writes that can still happen, not for a dead server
+            self._idle.notify_all()
+
+    @property
+    def pending_writes(self) -> int:
+        return self._unfinished
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every queued write is done, or the server is found unreachable, or
+        ``timeout`` passes; returns the number of writes not done yet."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._unfinished and not (self.offline_since is not None and self._jobs.empty()):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._idle.wait(timeout=left if left is not None else 1.0)
+            return self._unfinished
 
     # ---- parent ------------------------------------------------------------------------------
     def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
                      resume_run_id: str | None = None) -> str:
+        """Synchronous, at the start: a study whose tracking store cannot be reached at all is
+        told so before it probes anything (each call is bounded, see the module docstring)."""
         if resume_run_id:
             try:
                 run = self.client.get_run(resume_run_id)
@@ -96,46 +215,64 @@ class Tracker:
 
     def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                    artifacts: list[Path] | None = None, artifact_path: str | None = None, step: int = 0) -> None:
-        """Metrics (at ``step``: a history such as the refit after each measurement), tags and
-        artifacts on the parent run, after every queued trial."""
-        self.flush()
-        self._writer.submit(self._log_parent, metrics, tags, artifacts, artifact_path, step).result()
-
-    def _log_parent(self, metrics: dict[str, float] | None, tags: dict[str, str] | None,
-                    artifacts: list[Path] | None, artifact_path: str | None, step: int) -> None:
+        """Queue metrics (at ``step``: a history such as the refit after each measurement), tags
+        and artifacts for the parent run, after every trial queued before."""
         assert self.parent_run_id
-        self._log_batch(self.parent_run_id, tags=tags or {},
-                        step_metrics=[(k, float(v), step) for k, v in (metrics or {}).items()
-                                      if isinstance(v, (int, float)) and not isinstance(v, bool)])
-        for path in artifacts or []:
-            if path.is_dir():
-                self.client.log_artifacts(self.parent_run_id, str(path), artifact_path)
-            elif path.exists():
-                self.client.log_artifact(self.parent_run_id, str(path), artifact_path)
+        parent = self.parent_run_id
+        step_metrics = [(k, float(v), step) for k, v in (metrics or {}).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        files = list(artifacts or [])
 
-    def finish_parent(self, status: str = "FINISHED") -> None:
-        self.flush()
+        def write(_: _Write) -> None:
+            self._log_batch(parent, tags=tags or {}, step_metrics=step_metrics)
+            for path in files:
+                if path.is_dir():
+                    self.client.log_artifacts(parent, str(path), artifact_path)
+                elif path.exists():
+                    self.client.log_artifact(parent, str(path), artifact_path)
+
+        self._submit(f"the parent run's {', '.join(sorted((metrics or {}) | (tags or {}))) or 'artifacts'}"[:120], write)
+
+    def finish_parent(self, status: str = "FINISHED") -> int:
+        """Close the parent run after every queued write; waits at most ``drain_timeout_s`` (the
+        server may be gone) and returns the number of writes left undone, which the next run of
+        the same study writes (it reconciles MLflow with Optuna storage)."""
         if self.parent_run_id:
-            self._writer.submit(self.client.set_terminated, self.parent_run_id, status=status).result()
+            parent = self.parent_run_id
+            self._submit(f"the parent run's status {status}", lambda _: self.client.set_terminated(parent, status=status))
+        return self.flush(timeout=self.drain_timeout_s)
 
     # ---- children ----------------------------------------------------------------------------
     def log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
                   steps: list[dict[str, Any]] | None = None, artifacts: list[Path] | None = None,
-                  failed: bool = False) -> Future:
-        """Queue one finished trial as a child run; returns the future of its run id."""
+                  failed: bool = False) -> None:
+        """Queue one finished trial as a child run."""
         assert self.parent_run_id
-        future = self._writer.submit(self._log_trial, number, params, metrics, tags, steps, artifacts, failed)
-        self._queued.append(future)
-        return future
+        parent = self.parent_run_id
 
-    def _log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
-                   steps: list[dict[str, Any]] | None, artifacts: list[Path] | None, failed: bool) -> str:
-        """One finished trial as a child run (created and closed in one go)."""
+        def write(attempt: _Write) -> None:
+            self._log_trial(attempt, parent, number, params, metrics, tags, steps, artifacts, failed)
+
+        self._submit(f"trial {number}", write)
+
+    def _log_trial(self, attempt: _Write, parent: str, number: int, params: dict[str, Any], metrics: dict[str, float],
+                   tags: dict[str, str], steps: list[dict[str, Any]] | None, artifacts: list[Path] | None,
+                   failed: bool) -> None:
+        """One finished trial as a child run, created and closed in one go; a child left by an
+        attempt that broke half-way is deleted first, so a trial never has two."""
+        if attempt.run_id is not None:
+            try:
+                self.client.delete_run(attempt.run_id)
+            except Exception as exc:  # never created server-side, or gone: fine; unreachable: retry later
+                if not self._reachable():
+                    raise
+                log.debug("half-written child %s not deleted: %s", attempt.run_id, exc)
+            attempt.run_id = None
         run = self.client.create_run(
             self.experiment_id, run_name=f"trial-{number:04d}",
-            tags={"mlflow.parentRunId": self.parent_run_id, "autotune.trial": str(number), **tags},
+            tags={"mlflow.parentRunId": parent, "autotune.trial": str(number), **tags},
         )
-        run_id = run.info.run_id
+        attempt.run_id = run_id = run.info.run_id
         step_metrics: list[tuple[str, float, int]] = []
         for i, event in enumerate(steps or []):
             for key in ("step_time_s", "loss", "tokens_per_s", "memory_gib"):
@@ -147,7 +284,7 @@ class Tracker:
             if path.exists():
                 self.client.log_artifact(run_id, str(path))
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
-        return run_id
+        attempt.run_id = None  # complete: nothing to clean up
 
     def _log_batch(self, run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
                    tags: dict[str, str] | None = None, step_metrics: list[tuple[str, float, int]] | None = None) -> None:
@@ -166,9 +303,19 @@ class Tracker:
                                   tags=t[i * 100:(i + 1) * 100])
 
     def child_runs(self) -> list[Any]:
-        """Child runs of the current parent (for reconciliation after a crash)."""
+        """Child runs of the current parent, every status (for reconciliation after a crash);
+        synchronous: called at the start of a run, before any trial is queued."""
         assert self.parent_run_id
-        self.flush()
+        self.flush(timeout=self.drain_timeout_s)
         return self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'", max_results=50000
         )
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove a half-written child found by reconciliation (queued, in order)."""
+        self._submit(f"half-written run {run_id}", lambda _: self.client.delete_run(run_id))
+
+
+def _short_error(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -48,3 +50,43 @@ GUIDED_SPEC = {
               "zero_stage": [0, 1, 3], "sequence_parallel": [False, True]},
     "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
 }
+
+
+# A user's launcher: reads the trial file, logs when it ran, prints one metrics line. Throughput
+# rises with micro-batch and falls with tp; micro-batch 4 without recompute "runs out of memory".
+COMMAND_PROBE = r'''
+import json, os, sys, time
+trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
+p = trial["params"]
+log = os.environ["PROBE_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps({"event": "start", "t": time.time(), "pid": os.getpid(), "params": p}) + "\n")
+time.sleep(float(os.environ.get("PROBE_SLEEP", "0.3")))
+with open(log, "a") as f:
+    f.write(json.dumps({"event": "end", "t": time.time(), "pid": os.getpid()}) + "\n")
+if p["micro_batch_size"] == 4 and p["recompute"] == "none":
+    print("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB", flush=True)
+    sys.exit(1)
+tps = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"]
+print(json.dumps({"event": "step", "step": 0, "step_time_s": 0.1}))
+print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0}}))
+'''
+
+
+def command_spec(write_spec, tmp_path: Path, *, n_trials: int, parallel: int, ray: str, sleep: float = 0.3) -> Path:
+    script = tmp_path / "probe.py"
+    script.write_text(COMMAND_PROBE)
+    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+  kind: command
+  argv: [{sys.executable}, {script}, --trial, "{{trial_file}}"]
+  timeout_s: 60
+  resources: {{num_cpus: 1}}
+  env: {{PROBE_LOG: "{tmp_path / 'probe_log.jsonl'}", PROBE_SLEEP: "{sleep}"}}""")
+    text = text.replace("search: {n_trials: 6, seed: 1}",
+                        f"search: {{n_trials: {n_trials}, parallel_trials: {parallel}, sampler: random, seed: 3}}\n{ray}")
+    return write_spec(text, "command.yaml")
+
+
+def probe_log(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "probe_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -150,7 +150,7 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
 
     journal = tmp_path / "optuna.journal"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from pathlib import Path; from autotune.search import _journal_lock;"
+        "import time; from pathlib import Path; from autotune.storage import _journal_lock;"
         f"_journal_lock(Path({str(journal)!r})).acquire(); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE)
     fd = None
