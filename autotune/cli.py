@@ -110,9 +110,12 @@ _SPEC_LOCATION = "autotune_spec.path"  # ... and where that file is
 
 
 def _remember_spec(spec_path: Path, directory: Path) -> None:
-    """Keep the spec with its study, so ``report``/``export`` can be given the run directory."""
+    """Keep the spec with its study, so ``report``/``export`` can be given the run directory
+    (its secrets masked: :mod:`autotune.secret_env`)."""
+    from .secret_env import masked_spec_text
+
     try:
-        (directory / _SPEC_COPY).write_text(Path(spec_path).read_text())
+        (directory / _SPEC_COPY).write_text(masked_spec_text(Path(spec_path).read_text()))
         (directory / _SPEC_LOCATION).write_text(str(Path(spec_path).resolve()) + "\n")
     except OSError as exc:
         _warn(f"could not keep a copy of the spec in {directory}: {exc}")

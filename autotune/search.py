@@ -40,6 +40,7 @@ from .trial_attrs import A
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .refit import Refit, fit_refit
+from .secret_env import masked_backend, masked_spec_text
 from .space import Space, config_key
 from .spec import Spec
 from .storage import open_study, study_storage
@@ -390,7 +391,7 @@ class StudyRunner:
                         continue
                     request = TrialRequest(params=config, model=self.context.model, workload=self.context.workload,
                                            cluster=self.context.cluster, study=self.spec.name, number=trial.number,
-                                           backend=self.spec.backend.model_dump())
+                                           backend=masked_backend(self.spec.backend.model_dump()))
                     launch = None if self.backend.simulated else launch_for(self.spec, self.backend, request)
                     trial.set_user_attr(A.PROBED, True)
                     seen[config_key(config)] = trial.number
@@ -519,7 +520,7 @@ class StudyRunner:
         from .cache import cache_key
 
         c = self.context
-        return cache_key(config_key(config), c.model, c.workload, c.cluster, self.spec.backend.model_dump())
+        return cache_key(config_key(config), c.model, c.workload, c.cluster, masked_backend(self.spec.backend.model_dump()))
 
     def _from_cache(self, config: dict[str, Any]) -> tuple[ProbeResult, dict[str, Any]] | None:
         if self.cache is None or not self.reuse_cache:
@@ -683,8 +684,11 @@ class StudyRunner:
                 "autotune.backend_reason": self.backend.reason}
         run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
         study.set_user_attr("autotune.parent_run_id", run_id)
-        if self.spec.source_path:
-            self.tracker.log_parent(artifacts=[self.spec.source_path], artifact_path="spec")
+        if self.spec.source_path:  # the copy the run directory keeps, secrets masked
+            copy = self.run_dir / "autotune_spec.yaml"
+            if not copy.exists():
+                copy.write_text(masked_spec_text(self.spec.source_path.read_text()))
+            self.tracker.log_parent(artifacts=[copy], artifact_path="spec")
         if self.ranking is not None:
             self.tracker.log_parent(metrics={"space_valid": self.ranking.enumeration.valid,
                                              "space_fit_predicted": self.ranking.fit},

@@ -127,7 +127,10 @@ class BackendSpec(_Strict):
     kind: BackendKind = "auto"
     argv: list[str] | None = None
     timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every probe")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every probe; values of "
+                                "keys that look secret (TOKEN, PASSWORD, SECRET, KEY, CREDENTIAL, AUTH) or named in "
+                                "secret_env reach the probe only, and are masked in every copy autotune keeps")
+    secret_env: list[str] = Field(default_factory=list, description="more env keys whose values are secret")
     resources: dict[str, Any] | None = Field(
         None, description="Ray resources per trial, replacing the default derived from the cluster"
     )
@@ -141,6 +144,21 @@ class BackendSpec(_Strict):
     cwd: str | None = Field(None, description="working directory of the probe; a relative path is relative to the "
                                              "spec file (default: where autotune runs)")
 
+    @field_validator("metric_patterns")
+    @classmethod
+    def _patterns_compile(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for metric, pattern in v.items():
+            try:
+                groups = re.compile(pattern).groups
+            except re.error as exc:
+                raise ValueError(f"the pattern for {metric!r} is not a regular expression: {exc}") from None
+            if groups < 1:
+                raise ValueError(f"the pattern for {metric!r} needs a group around the number, e.g. "
+                                 f"'{metric}[=:] *([0-9.eE+-]+)'")
+        return v
+
     @model_validator(mode="after")
     def _argv_for_command(self) -> "BackendSpec":
         if self.kind == "command" and not self.argv:
@@ -151,6 +169,10 @@ class BackendSpec(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ space
+MAX_RANGE_VALUES = 100_000  # every value is enumerated (ranking, grid search): a range must stay listable
+MAX_SPEC_INT = 2**53 - 1  # beyond this an integer cannot be a size, and JSON (Optuna storage) cannot keep it
+
+
 class IntRange(_Strict):
     """An integer range ``low..high`` (inclusive) by ``step``; ``log`` samples on a log scale."""
 
@@ -163,6 +185,10 @@ class IntRange(_Strict):
     def _order(self) -> "IntRange":
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        count = (self.high - self.low) // self.step + 1
+        if count > MAX_RANGE_VALUES:
+            raise ValueError(f"the range has {count:,} values; at most {MAX_RANGE_VALUES:,} (raise step, or list "
+                             "the values worth trying)")
         if self.log and (self.low <= 0 or self.step != 1):
             raise ValueError("log ranges need low > 0 and step 1")
         return self
@@ -269,7 +295,7 @@ class SearchSpec(_Strict):
     n_trials: int = Field(20, gt=0, description="probes to run (configs measured)")
     parallel_trials: int = Field(1, gt=0)
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid", "exhaustive"] = "auto"
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32, description="sampler seed (numpy's range: 0 <= seed < 2**32)")
     timeout_s: float | None = Field(None, gt=0, description="stop starting new trials after this long")
     exhaustive_limit: int = Field(2_000_000, gt=0, description="largest space ranked exhaustively by the simulator")
     prune: bool = Field(True, description="stop a real probe early once its measured steps are confidently slower "
@@ -470,7 +496,13 @@ def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
     by_loc: dict[tuple, list[SpecProblem]] = {}
     for p in problems:
         by_loc.setdefault(p.loc, []).append(p)
-    return [p for ps in by_loc.values() for p in ps]
+    out = []
+    for ps in by_loc.values():
+        # a mapping given where a list or a range fits: the list branch's "valid list" says nothing
+        specific = [p for p in ps if not p.message.startswith(("Input should be a valid list",
+                                                                "Input should be a valid dictionary"))]
+        out += specific or ps
+    return out
 
 
 def _sample_env(choices: dict[str, list[Any]], names: frozenset[str]) -> dict[str, Any]:
@@ -541,6 +573,17 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
         for key in unknown:
             problems.append(SpecProblem(("baseline", key), f"unknown parameter {key!r}; use canonical names "
                                         f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+        for key, value in spec.baseline.items():  # the baseline is a trial of the study: its values are searched ones
+            values = choices.get(key)
+            if values is None:
+                continue
+            shown = str(value) if key.startswith("env.") and not isinstance(value, bool) else value
+            if key.startswith("env.") and isinstance(value, bool):
+                shown = "1" if value else "0"
+            if not any(shown == v and type(shown) is type(v) for v in values):
+                listed = values if len(values) <= 12 else [*values[:5], "...", *values[-5:]]
+                problems.append(SpecProblem(("baseline", key), f"{value!r} is not a value of space.{key} {listed}; "
+                                            "add it to the space (the baseline is measured as a trial of the study)"))
         if not unknown and not problems:  # the baseline is probed first: it must be a config the rules allow
             from .space import Space
 
@@ -560,8 +603,15 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
     """Validate an already-parsed mapping (``load_spec`` reads the file and keeps line numbers)."""
     if not isinstance(data, dict):
         raise SpecError(file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")])
+    problems = _oversized_ints(data)
+    if problems:
+        for p in problems:
+            p.line = _line_of(root, p.loc)
+        raise SpecError(file, problems)
     try:
         spec = Spec.model_validate(data, context={"base_dir": str(base_dir or Path("."))})
+    except RecursionError:
+        raise SpecError(file, [SpecProblem((), "nested too deeply to read (a spec nests a few levels)")]) from None
     except ValidationError as exc:
         problems = _format_pydantic(exc)
         for p in problems:
@@ -575,6 +625,44 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
     return spec
 
 
+MAX_YAML_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node | None, seen: dict[int, int] | None = None) -> int:
+    """How many values the YAML holds once every alias is expanded (an "alias bomb" of nine
+    nested lists of nine aliases is a few lines but 387 million values). Aliases share their
+    node in the composed graph, so this counts each shared node once per reference, memoised:
+    linear in the file, whatever the expansion."""
+    if node is None:
+        return 0
+    seen = {} if seen is None else seen
+    key = id(node)
+    if key in seen:
+        return seen[key]
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, seen) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, seen) + _expanded_size(v, seen) for k, v in node.value)
+    seen[key] = min(size, MAX_YAML_VALUES + 1)
+    return seen[key]
+
+
+def _oversized_ints(data: Any) -> list[SpecProblem]:
+    """Integers no field can use (OverflowError deep in numpy otherwise), with their path."""
+    problems = []
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((loc + (k,), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((loc + (i,), v) for i, v in enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
+            problems.append(SpecProblem(loc, f"{value} is too large an integer (at most 2**53 - 1 = {MAX_SPEC_INT:,})"))
+    return problems[::-1]
+
+
 def load_spec(path: str | Path) -> Spec:
     """Read, parse (``yaml.safe_load`` semantics) and validate a spec file."""
     path = Path(path)
@@ -585,7 +673,13 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(file, [SpecProblem((), f"cannot read the spec: {exc.strerror or exc}")]) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        expanded = _expanded_size(root)
+        if expanded > MAX_YAML_VALUES:
+            raise SpecError(file, [SpecProblem((), f"the YAML expands to more than {MAX_YAML_VALUES:,} values through its "
+                                               "aliases (*name); a spec needs a few hundred: write the values out")])
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise SpecError(file, [SpecProblem((), "invalid YAML: nested too deeply to read (a spec nests a few levels)")]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None

@@ -141,3 +141,45 @@ def test_unbounded_or_ill_typed_constraints_fail_validation(write_spec, constrai
     path = write_spec(TINY_TRAIN + f"constraints: [\"{constraint}\"]\n")
     msg = _errors(path)
     assert "constraints[0]" in msg and message in msg
+
+
+# ------------------------------------------------------ issue #13, item 9: what used to pass validate
+def _problem(write_spec, text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(write_spec(text, "gap.yaml"))
+    message = str(info.value)
+    assert "gap.yaml" in message
+    return message
+
+
+@pytest.mark.parametrize("old, new, where, says", [
+    ("micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2, 9223372036854775808]", "space.micro_batch_size[2]",
+     "too large an integer"),
+    ("seq_len: 128", "seq_len: 9223372036854775808", "workload.seq_len", "too large an integer"),
+    ("seed: 1}", "seed: 4294967296}", "search.seed", "less than 4294967296"),
+    ("seed: 1}", "seed: 1e30}", "search.seed", "valid integer"),
+    ("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 1000000000000}", "space.micro_batch_size",
+     "1,000,000,000,000 values; at most 100,000"),
+    ("search: {", "baseline: {tp: 1, pp: 1, micro_batch_size: 3, zero_stage: 0, recompute: none}\nsearch: {",
+     "baseline.micro_batch_size", "3 is not a value of space.micro_batch_size [1, 2, 4]"),
+    ("backend: simulate", "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: '([0-9'}}",
+     "backend.metric_patterns", "not a regular expression"),
+    ("backend: simulate", "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: 'tps [0-9]+'}}",
+     "backend.metric_patterns", "needs a group"),
+])
+def test_values_no_field_can_use_are_located_errors(write_spec, old, new, where, says):
+    assert old in TINY_TRAIN
+    message = _problem(write_spec, TINY_TRAIN.replace(old, new, 1))
+    assert f": {where}: " in message and says in message, message
+    assert message.count("\n") == 0  # one problem, said once (not the union's every branch)
+
+
+def test_deep_nesting_and_alias_bombs_are_errors_not_crashes(write_spec):
+    deep = _problem(write_spec, TINY_TRAIN + "description: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    assert "nested too deeply" in deep
+    bomb = TINY_TRAIN + "baseline:\n  env.A: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"  env.A{i}: &a{i} [{', '.join([f'*a{i - 1}' if i > 1 else '*a'] * 9)}]\n" for i in range(1, 9))
+    assert "expands to more than 100,000 values" in _problem(write_spec, bomb + "  tp: *a8\n")
+    # aliases as such are fine: a value written once and used twice
+    shared = TINY_TRAIN.replace("tp: [1, 2]", "tp: &two [1, 2]").replace("pp: [1, 2]", "pp: *two")
+    assert load_spec(write_spec(shared, "shared.yaml")).space.choices()["pp"] == [1, 2]
