@@ -45,7 +45,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's stop, ``kill``): handled like Ctrl-C, then exit 143."""
 
 
+_SIGTERM_RECEIVED = False  # the exception may reach us re-raised as a plain KeyboardInterrupt
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
+    global _SIGTERM_RECEIVED
+    _SIGTERM_RECEIVED = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated()
 
@@ -57,8 +62,14 @@ def _install_sigterm() -> None:
         pass
 
 
+def _was_terminated(exc: KeyboardInterrupt) -> bool:
+    """SIGTERM, not Ctrl-C. A ``Terminated`` raised inside Ray's C++ wait can come back as a new,
+    plain ``KeyboardInterrupt`` (seen: exit 130 instead of 143, now and then): the flag decides."""
+    return isinstance(exc, Terminated) or _SIGTERM_RECEIVED
+
+
 def _interrupted_exit(exc: KeyboardInterrupt) -> int:
-    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    return EXIT_TERMINATED if _was_terminated(exc) else EXIT_INTERRUPTED
 
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
 RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
@@ -381,7 +392,7 @@ def run(
             outcome = runner.run()
         status = "FINISHED"
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        what = "terminated (SIGTERM)" if _was_terminated(exc) else "interrupted"
         _warn(f"{what}: the study is saved; run the same command to resume")
         status = "KILLED"
         raise typer.Exit(_interrupted_exit(exc)) from None
@@ -668,7 +679,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt as exc:  # before the study started (imports, ranking): nothing to save yet
-        _warn("terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted")
+        _warn("terminated (SIGTERM)" if _was_terminated(exc) else "interrupted")
         sys.exit(_interrupted_exit(exc))
     except Exception as exc:  # a bug: say so in one line, keep the traceback for AUTOTUNE_DEBUG=1
         if os.environ.get("AUTOTUNE_DEBUG"):
