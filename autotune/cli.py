@@ -434,7 +434,7 @@ def _finish_tracking(tracker: Any, status: str) -> None:
     timeout here, and the user learns how the missing runs get written."""
     left = tracker.finish_parent(status)
     if left:
-        _warn(f"MLflow at {tracker.tracking_uri} is still unreachable: {left} write(s) not done; every trial is "
+        _warn(f"MLflow at {tracker.tracking_uri} stopped taking writes: {left} not done; every trial is "
               "in the Optuna storage: run the same command again once it answers, and the missing runs are "
               "logged (nothing is probed again)")
     for failure in tracker.failed_writes[:5]:

@@ -460,7 +460,7 @@ class StudyRunner:
             why = ua.get(A.CHOSEN, "queued")
         key = config_key(config)
         if key in seen and A.REMEASURE_OF not in ua:
-            original = study.trials[seen[key]] if seen[key] < len(study.trials) else None
+            original = _frozen_trial(study, seen[key])  # not study.trials: it deep-copies every trial
             trial.set_user_attr(A.DUPLICATE_OF, seen[key])
             trial.set_user_attr(A.STATUS, "duplicate")
             trial.set_user_attr(A.REASON, f"same canonical config as trial {seen[key]}; not probed again")
@@ -706,8 +706,14 @@ class StudyRunner:
             return
         # MLflow itself says which trials it holds: a finished Optuna trial cannot take a user
         # attribute any more, so the child run's ``autotune.trial`` tag is the record of it.
+        try:
+            children = self.tracker.child_runs()
+        except Exception as exc:  # the server went away since the start: the next run reconciles
+            log.warning("could not read MLflow's child runs (%s); the trials MLflow lacks are logged by the next run",
+                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return
         logged: set[int] = set()
-        for run in sorted(self.tracker.child_runs(), key=lambda r: r.info.status not in TERMINAL_STATUSES):
+        for run in sorted(children, key=lambda r: r.info.status not in TERMINAL_STATUSES):
             number = run.data.tags.get("autotune.trial", "")
             if not number.isdigit():
                 continue
@@ -759,8 +765,16 @@ def is_tracked(record: TrialRecord) -> bool:
     return bool(record.probed) and record.status not in ("duplicate", "interrupted")
 
 
+def _frozen_trial(study: optuna.Study, number: int) -> Any:
+    """One trial by number, straight from the storage (None if there is no such trial)."""
+    try:
+        return study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    except KeyError:
+        return None
+
+
 def trial_records_one(study: optuna.Study, number: int) -> list[TrialRecord]:
-    t = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    t = _frozen_trial(study, number)
     dummy = _OneTrialStudy(t)
     return trial_records(dummy)  # type: ignore[arg-type]
 

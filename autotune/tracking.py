@@ -17,7 +17,8 @@ the record of the study; MLflow is a view of it. So:
   deletes the half-written child before writing it again, and the next run's reconciliation
   (``StudyRunner._reconcile_tracking``) replaces any child still ``RUNNING`` and logs every
   trial MLflow lacks, so a write lost with the process is not lost for good;
-- ``finish_parent`` waits at most ``drain_timeout_s`` and returns what is still unwritten.
+- ``finish_parent`` waits for the queue while it moves, at most ``drain_timeout_s`` without progress,
+  and returns what is still unwritten.
 
 Defaults keep a study self-contained: the tracking store is a SQLite file in the run directory and
 the experiment's artifact location is in the run directory too (MLflow would otherwise write
@@ -98,11 +99,13 @@ class Tracker:
         self.parent_run_id: str | None = None
         self.offline_since: float | None = None
         self.failed_writes: list[str] = []  # rejected by MLflow itself (not a connection problem)
-        self._jobs: queue.Queue[_Write] = queue.Queue()
+        self._jobs: queue.Queue[_Write | None] = queue.Queue()
         self._backlog: deque[_Write] = deque()
         self._unfinished = 0
         self._idle = threading.Condition()
         self._next_check = 0.0
+        self._last_progress = 0.0
+        self._attempts = 0  # writes tried (done, refused or found the server gone)
         # a daemon: a write stuck on a dead server must never keep the process from exiting
         self._thread = threading.Thread(target=self._serve, name="mlflow-writer", daemon=True)
         self._thread.start()
@@ -118,7 +121,9 @@ class Tracker:
     def _serve(self) -> None:
         while True:
             try:
-                self._backlog.append(self._jobs.get(timeout=self.retry_after_s if self._backlog else None))
+                write = self._jobs.get(timeout=self.retry_after_s if self._backlog else None)
+                if write is not None:  # None only wakes the writer up
+                    self._backlog.append(write)
             except queue.Empty:  # offline and idle: time to ask the server again
                 pass
             self._replay()
@@ -137,6 +142,7 @@ class Tracker:
             except Exception as exc:
                 if not self._reachable():
                     self._go_offline(exc)
+                    self._attempts += 1
                     return
                 # the server answers but refuses this write: retrying would fail the same way
                 self.failed_writes.append(f"{write.what}: {exc}")
@@ -147,6 +153,7 @@ class Tracker:
                         pass
                 log.warning("MLflow refused %s (the trial stays in Optuna storage): %s", write.what, exc)
             self._backlog.popleft()
+            self._attempts += 1
             self._settle(write)
         if self.offline_since is not None:
             log.warning("MLflow at %s answers again after %.0f s: the queued writes are done",
@@ -155,6 +162,7 @@ class Tracker:
 
     def _settle(self, write: _Write) -> None:
         write.done.set()
+        self._last_progress = time.monotonic()
         with self._idle:
             self._unfinished -= 1
             self._idle.notify_all()
@@ -180,16 +188,26 @@ class Tracker:
     def pending_writes(self) -> int:
         return self._unfinished
 
-    def flush(self, timeout: float | None = None) -> int:
-        """Wait until every queued write is done, or the server is found unreachable, or
-        ``timeout`` passes; returns the number of writes not done yet."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def flush(self, timeout: float | None = None, *, retry_now: bool = False) -> int:
+        """Wait until every queued write is done, or the server is found unreachable, or no
+        write has completed for ``timeout`` seconds (a long backlog that is being written is
+        waited for: only a stall counts); returns the number of writes not done yet.
+        ``retry_now``: an offline tracker asks the server once more first (the end of a study)."""
+        start = time.monotonic()
+        attempts = self._attempts
+        if retry_now:
+            self._next_check = 0.0
+            self._jobs.put(None)  # wake the writer
         with self._idle:
-            while self._unfinished and not (self.offline_since is not None and self._jobs.empty()):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._idle.wait(timeout=left if left is not None else 1.0)
+            while self._unfinished and not (self.offline_since is not None and self._jobs.empty()
+                                            and (not retry_now or self._attempts > attempts)):
+                if timeout is not None:
+                    left = max(start, self._last_progress) + timeout - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._idle.wait(timeout=min(left, 1.0))
+                else:
+                    self._idle.wait(timeout=1.0)
             return self._unfinished
 
     # ---- parent ------------------------------------------------------------------------------
@@ -234,13 +252,13 @@ class Tracker:
         self._submit(f"the parent run's {', '.join(sorted((metrics or {}) | (tags or {}))) or 'artifacts'}"[:120], write)
 
     def finish_parent(self, status: str = "FINISHED") -> int:
-        """Close the parent run after every queued write; waits at most ``drain_timeout_s`` (the
-        server may be gone) and returns the number of writes left undone, which the next run of
-        the same study writes (it reconciles MLflow with Optuna storage)."""
+        """Close the parent run after every queued write; waits at most ``drain_timeout_s``
+        without progress (the server may be gone) and returns the number of writes left undone,
+        which the next run of the same study writes (it reconciles MLflow with Optuna storage)."""
         if self.parent_run_id:
             parent = self.parent_run_id
             self._submit(f"the parent run's status {status}", lambda _: self.client.set_terminated(parent, status=status))
-        return self.flush(timeout=self.drain_timeout_s)
+        return self.flush(timeout=self.drain_timeout_s, retry_now=True)
 
     # ---- children ----------------------------------------------------------------------------
     def log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],

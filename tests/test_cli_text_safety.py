@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from support import TINY_TRAIN
 
 PROBE = r'''
 import sys
@@ -49,3 +51,25 @@ def test_spec_text_with_brackets_is_reported_verbatim(write_spec):
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 2
     assert "[tp for x in (1,2)] == 1" in result.output and "[/bold]" in result.output
+
+
+def test_an_uncaught_error_is_exit_70_in_one_line_not_1(write_spec, monkeypatch, capsys):
+    """Exit 1 means "no trial succeeded"; a bug in autotune is 70 (sysexits EX_SOFTWARE), one line
+    on stderr, and the traceback only with AUTOTUNE_DEBUG=1 (issue #13, item 11)."""
+    import autotune.cli as cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something [/bold] broke")
+
+    monkeypatch.setattr(cli, "load_spec", broken)
+    monkeypatch.setattr(cli, "_install_sigterm", lambda: None)  # leave pytest's own SIGTERM handling alone
+    monkeypatch.setattr(sys, "argv", ["autotune", "validate", str(write_spec(TINY_TRAIN))])
+    monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 70
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: something [/bold] broke" in err.replace("\n", " ") and "Traceback" not in err
+    monkeypatch.setenv("AUTOTUNE_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        cli.main()
