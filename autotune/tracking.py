@@ -126,7 +126,10 @@ class Tracker:
                     self._backlog.append(write)
             except queue.Empty:  # offline and idle: time to ask the server again
                 pass
-            self._replay()
+            try:
+                self._replay()
+            except Exception:  # never let the writer die: flush() would wait on it for nothing
+                log.exception("MLflow writer error (the trials are in Optuna storage)")
             with self._idle:
                 self._idle.notify_all()
 
