@@ -434,7 +434,7 @@ def test_a_baseline_the_target_cannot_launch_is_a_spec_error():
 
     data = {"name": "t", "model": "llama2-7b", "target": "mindspeed",
             "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-            "space": {"zero_stage": [0, 1]}, "baseline": {"tp": 1, "zero_stage": 2}}
+            "space": {"zero_stage": [0, 1, 2]}, "baseline": {"tp": 1, "zero_stage": 2}}
     with pytest.raises(SpecError, match=r"baseline: the baseline breaks a rule: target mindspeed: ZeRO-2/3"):
         parse_spec(data, "spec.yaml")
     data["baseline"]["zero_stage"] = 1
