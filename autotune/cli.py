@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from .secret_env import SPEC_COPY
 from .spec import Spec, SpecError, load_spec
 
 __all__ = ["app", "main"]
@@ -116,17 +117,16 @@ def _run_dir(spec: Spec, run_dir: Optional[Path]) -> Path:
     return (run_dir or Path("autotune_runs") / spec.name).resolve()
 
 
-_SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from
-_SPEC_LOCATION = "autotune_spec.path"  # ... and where that file is
+_SPEC_LOCATION = "autotune_spec.path"  # where the spec a run directory keeps (SPEC_COPY) came from
 
 
 def _remember_spec(spec_path: Path, directory: Path) -> None:
     """Keep the spec with its study, so ``report``/``export`` can be given the run directory
     (its secrets masked: :mod:`autotune.secret_env`)."""
-    from .secret_env import masked_spec_text
+    from .secret_env import write_spec_copy
 
     try:
-        (directory / _SPEC_COPY).write_text(masked_spec_text(Path(spec_path).read_text()))
+        write_spec_copy(spec_path, directory)
         (directory / _SPEC_LOCATION).write_text(str(Path(spec_path).resolve()) + "\n")
     except OSError as exc:
         _warn(f"could not keep a copy of the spec in {directory}: {exc}")
@@ -141,11 +141,11 @@ def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Option
     candidates = []
     if original.exists():
         candidates.append(Path(original.read_text().strip()))
-    candidates.append(path / _SPEC_COPY)
+    candidates.append(path / SPEC_COPY)
     for candidate in candidates:
         if candidate.is_file():
             return _load(candidate), run_dir or path
-    _error(f"{path}: a directory, but not a run directory of `autotune run` (no {_SPEC_COPY})")
+    _error(f"{path}: a directory, but not a run directory of `autotune run` (no {SPEC_COPY})")
     raise typer.Exit(EXIT_INPUT)
 
 
@@ -414,7 +414,7 @@ def run(
 
 
 def _tracker(spec: Spec, directory: Path) -> Any:
-    from .tracking import Tracker, default_tracking_uri
+    from .tracking import Tracker, default_tracking_uri, error_line
 
     uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
     if uri.startswith(("http://", "https://")):
@@ -422,8 +422,7 @@ def _tracker(spec: Spec, directory: Path) -> Any:
     try:
         return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
     except Exception as exc:
-        first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        _error(f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {first}. Start the server or fix the "
+        _error(f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {error_line(exc, 300)}. Start the server or fix the "
                "URI; or run with --no-tracking and run the same command again once it answers: the trials "
                "measured meanwhile are logged then, and nothing is probed twice")
         raise typer.Exit(EXIT_INFRA) from None
@@ -445,6 +444,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     from .export import default_formats, refusals, write_exports
     from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
                          write_plots, write_results_csv)
+    from .search import is_tracked
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
@@ -486,7 +486,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, summary_json, summary_md, *exports.values()])
         tracker.log_parent(artifacts=plots, artifact_path="plots")
         _finish_tracking(tracker, "FINISHED")
-    failed = sum(1 for r in outcome.records if r.probed and r.status not in ("ok", "interrupted", "duplicate"))
+    failed = sum(1 for r in outcome.records if is_tracked(r) and r.status != "ok")
     if as_json:
         payload = {
             "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",

@@ -163,8 +163,7 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
 def probe_costs(records: list[TrialRecord]) -> dict[str, float]:
     """What the probes cost: counts and wall seconds, OOM probes apart (each is a launch that
     taught only "too big", often minutes on a real cluster)."""
-    probed = [r for r in records if r.probed and r.status not in ("duplicate", "interrupted", "running")
-              and "cached_from" not in r.info]
+    probed = [r for r in records if is_tracked(r) and r.status != "running" and "cached_from" not in r.info]
     oom = [r for r in probed if r.status == "oom"]
     return {"probes": len(probed), "probe_seconds": round(sum(r.wall_s for r in probed), 3),
             "oom_probes": len(oom), "oom_probe_seconds": round(sum(r.wall_s for r in oom), 3)}
@@ -176,11 +175,20 @@ CALIBRATION_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0001))
 def memory_calibration(records: list[TrialRecord]) -> list[dict[str, Any]]:
     """Was the guide's P(fits) honest? Per bin of the P(fits) it gave a probe when it chose it,
     how many probes ran and the share that fitted (did not run out of memory)."""
+    return calibration_rows(calibration_pairs(records))
+
+
+def calibration_pairs(records: list[TrialRecord]) -> list[tuple[float, bool]]:
+    """(P(fits) the guide gave a probe, whether it fitted) of every probe with a memory verdict."""
+    return [(float(r.predicted["guided_p_fit"]), r.status != "oom") for r in records
+            if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))]
+
+
+def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
+    """The pairs binned by P(fits) (``CALIBRATION_BINS``), empty bins left out."""
     rows = []
-    judged = [(float(r.predicted["guided_p_fit"]), r.status != "oom") for r in records
-              if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))]
     for low, high in CALIBRATION_BINS:
-        inside = [fit for p, fit in judged if low <= p < high]
+        inside = [fit for p, fit in pairs if low <= p < high]
         if inside:
             rows.append({"p_fit_from": low, "p_fit_to": min(high, 1.0), "probes": len(inside),
                          "fitted": sum(inside), "fit_rate": sum(inside) / len(inside)})

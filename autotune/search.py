@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
+from autotune.workers.protocol import ProbeResult, TrialRequest
 
 from .backends import BackendChoice, launch_for
 from .context import ProbeContext, probe_context
@@ -40,11 +40,11 @@ from .trial_attrs import A
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .refit import Refit, fit_refit
-from .secret_env import masked_backend, masked_spec_text
+from .secret_env import SPEC_COPY, masked_backend, write_spec_copy
 from .space import Space, config_key
 from .spec import Spec
 from .storage import open_study, study_storage
-from .tracking import TERMINAL_STATUSES
+from .tracking import TERMINAL_STATUSES, error_line
 
 __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
            "trial_records", "best_records", "TrialRecord", "A"]
@@ -333,7 +333,7 @@ class StudyRunner:
             study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing)
         self._recover(study)
         records = trial_records(study)
-        probes_done = sum(1 for r in records if r.probed and r.status != "interrupted")
+        probes_done = sum(1 for r in records if is_tracked(r))
         budget = self.spec.search.n_trials
         self._enqueue_plan(study, ranking, budget - probes_done)
         self._start_tracking(study)
@@ -685,9 +685,9 @@ class StudyRunner:
         run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
         study.set_user_attr("autotune.parent_run_id", run_id)
         if self.spec.source_path:  # the copy the run directory keeps, secrets masked
-            copy = self.run_dir / "autotune_spec.yaml"
+            copy = self.run_dir / SPEC_COPY
             if not copy.exists():
-                copy.write_text(masked_spec_text(self.spec.source_path.read_text()))
+                write_spec_copy(self.spec.source_path, self.run_dir)
             self.tracker.log_parent(artifacts=[copy], artifact_path="spec")
         if self.ranking is not None:
             self.tracker.log_parent(metrics={"space_valid": self.ranking.enumeration.valid,
@@ -710,7 +710,7 @@ class StudyRunner:
             children = self.tracker.child_runs()
         except Exception as exc:  # the server went away since the start: the next run reconciles
             log.warning("could not read MLflow's child runs (%s); the trials MLflow lacks are logged by the next run",
-                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                        error_line(exc))
             return
         logged: set[int] = set()
         for run in sorted(children, key=lambda r: r.info.status not in TERMINAL_STATUSES):

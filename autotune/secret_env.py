@@ -15,13 +15,16 @@ names in ``backend.secret_env``.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["MASK", "looks_secret", "secret_env_names", "masked_backend", "masked_spec_text"]
+__all__ = ["MASK", "SPEC_COPY", "looks_secret", "secret_env_names", "masked_backend", "masked_spec_text",
+           "write_spec_copy"]
 
 MASK = "***"
+SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from (report/export read it back)
 _SECRET_NAME = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -64,6 +67,13 @@ def masked_spec_text(text: str) -> str:
     for start, end in sorted(spans, reverse=True):
         text = text[:start] + f"'{MASK}'" + text[end:]
     return text
+
+
+def write_spec_copy(source: Path, run_dir: Path) -> Path:
+    """Keep the spec with its study, as ``run_dir/autotune_spec.yaml``, its secrets masked."""
+    copy = run_dir / SPEC_COPY
+    copy.write_text(masked_spec_text(Path(source).read_text()))
+    return copy
 
 
 def _child(node: Any, key: str) -> Any:

@@ -207,6 +207,11 @@ PRECISION = ("bf16", "fp16", "fp32")
 COMPILE = ("none", "default", "reduce-overhead", "max-autotune")
 
 
+def env_value(value: Any) -> str:
+    """An environment variable's value as a process sees it (YAML ``true`` is ``1``)."""
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
 class SpaceSpec(_Strict):
     """Values per canonical parameter (DESIGN.md). A parameter left out keeps its default
     (``tp``/``pp``/``cp``/``vpp`` 1, ``recompute`` none, ``zero_stage`` 0, ``precision`` bf16...)."""
@@ -261,7 +266,7 @@ class SpaceSpec(_Strict):
                 raise ValueError(f"environment variable name {var!r} is not a valid name")
             if not values:
                 raise ValueError(f"env.{var} needs at least one value")
-            out[var] = [str(x) if not isinstance(x, bool) else ("1" if x else "0") for x in values]
+            out[var] = [env_value(x) for x in values]
         return out
 
     def choices(self) -> dict[str, list[Any]]:
@@ -577,9 +582,7 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
             values = choices.get(key)
             if values is None:
                 continue
-            shown = str(value) if key.startswith("env.") and not isinstance(value, bool) else value
-            if key.startswith("env.") and isinstance(value, bool):
-                shown = "1" if value else "0"
+            shown = env_value(value) if key.startswith("env.") else value
             if not any(shown == v and type(shown) is type(v) for v in values):
                 listed = values if len(values) <= 12 else [*values[:5], "...", *values[-5:]]
                 problems.append(SpecProblem(("baseline", key), f"{value!r} is not a value of space.{key} {listed}; "

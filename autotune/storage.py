@@ -48,14 +48,15 @@ def check_journal(path: Path) -> str | None:
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
         torn = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%dT%H%M%S')}")
-        torn.write_bytes(data[cut:])
+        torn_bytes = data[cut:]
+        torn.write_bytes(torn_bytes)
         with open(path, "r+b") as f:
             f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
         data = data[:cut]
         recovered = (f"{path}: the last record was cut mid-write (the run was killed while writing it); "
-                     f"{len(torn.read_bytes())} byte(s) moved to {torn.name}, "
+                     f"{len(torn_bytes)} byte(s) moved to {torn.name}, "
                      "the study continues from the record before it")
     fix = "restore the file from a backup, or pass a new --run-dir to start the study over"
     for number, line in enumerate(data.splitlines(), start=1):

@@ -33,11 +33,11 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "mlflow_ui_command"]
+__all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "error_line", "mlflow_ui_command"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,6 @@ class _Write:
     what: str
     do: Callable[["_Write"], Any]
     run_id: str | None = None
-    attempts: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class Tracker:
@@ -139,7 +137,6 @@ class Tracker:
             return
         while self._backlog:
             write = self._backlog[0]
-            write.attempts += 1
             try:
                 write.do(write)
             except Exception as exc:
@@ -164,7 +161,6 @@ class Tracker:
             self.offline_since = None
 
     def _settle(self, write: _Write) -> None:
-        write.done.set()
         self._last_progress = time.monotonic()
         with self._idle:
             self._unfinished -= 1
@@ -183,7 +179,7 @@ class Tracker:
             self.offline_since = time.monotonic()
             log.warning("MLflow at %s does not answer (%s). The study goes on: every trial is in Optuna "
                         "storage, and the %d queued write(s) are sent when it answers again (asked every "
-                        "%.0f s)", self.tracking_uri, _short_error(exc), len(self._backlog), self.retry_after_s)
+                        "%.0f s)", self.tracking_uri, error_line(exc), len(self._backlog), self.retry_after_s)
         with self._idle:  # flush() waits for writes that can still happen, not for a dead server
             self._idle.notify_all()
 
@@ -337,6 +333,8 @@ class Tracker:
         self._submit(f"half-written run {run_id}", lambda _: self.client.delete_run(run_id))
 
 
-def _short_error(exc: Exception) -> str:
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an error, at most ``limit`` characters: MLflow's errors quote whole HTTP
+    responses and retry histories, a warning needs what failed."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text if len(text) <= 200 else text[:200] + "..."
+    return text if len(text) <= limit else text[:limit] + "..."

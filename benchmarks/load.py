@@ -68,10 +68,11 @@ def counts(run_dir: Path) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
     from autotune.search import trial_records
+    from autotune.secret_env import SPEC_COPY
     from autotune.spec import load_spec
     from autotune.storage import open_study
 
-    spec = load_spec(run_dir / "autotune_spec.yaml")
+    spec = load_spec(run_dir / SPEC_COPY)
     records = trial_records(open_study(spec, run_dir, create=False))
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("load")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -37,13 +36,13 @@ from typing import Any
 
 import numpy as np
 import optuna
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from true_world import STRUCTURE_FAMILIES, World, oom_message  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
+from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.search import StudyRunner, trial_records  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import Spec  # noqa: E402
@@ -142,15 +141,14 @@ def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
     runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark world"), dispatcher=dispatcher)
     outcome = runner.run()
     runner.close()
-    probes, calibration = [], []
-    for r in sorted(trial_records(outcome.study), key=lambda r: r.number):
+    probes = []
+    records = sorted(trial_records(outcome.study), key=lambda r: r.number)
+    for r in records:
         if not r.probed or r.status == "duplicate":
             continue
         value = r.metrics.get("tokens_per_s_per_device") if r.status == "ok" else None
         probes.append((config_key(r.config), value, r.status == "oom"))
-        if isinstance(r.predicted.get("guided_p_fit"), float):
-            calibration.append((r.predicted["guided_p_fit"], r.status != "oom"))
-    return probes, outcome.stopped_because, calibration
+    return probes, outcome.stopped_because, calibration_pairs(records)
 
 
 def run_random(truth: Truth, configs: list[dict[str, Any]], seed: int, max_probes: int):
@@ -267,12 +265,10 @@ def main() -> None:
         print("\nmemory calibration of the guide: P(fits) it gave a probe when it chose it, and how many fitted")
         print("| worlds | P(fits) | probes | fitted |")
         print("|---|---|---|---|")
-        for family, rows in calibration.items():
-            for low, high in ((0.5, 0.8), (0.8, 0.95), (0.95, 1.0001)):
-                inside = [fit for p, fit in rows if low <= p < high]
-                if inside:
-                    print(f"| {family} | {low:.2f}-{min(high, 1.0):.2f} | {len(inside)} | "
-                          f"{sum(inside) / len(inside):.1%} |")
+        for family, pairs in calibration.items():
+            for row in calibration_rows(pairs):
+                print(f"| {family} | {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f} | {row['probes']} | "
+                      f"{row['fit_rate']:.1%} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

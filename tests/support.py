@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,25 @@ space:
 objectives: [tokens_per_s_per_device]
 search: {n_trials: 6, seed: 1}
 """
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a server a test starts on loopback)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mlflow_runs(tracking_uri: str | Path, experiment: str) -> tuple[list, list]:
+    """(parent runs, child runs) of an experiment; a run directory stands for its SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{Path(tracking_uri) / 'mlflow.db'}" if isinstance(tracking_uri, Path) else tracking_uri
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
 
 
 def read_pid(path: Path, within_s: float = 30.0) -> int:

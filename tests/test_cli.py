@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from support import REPO, TINY_TRAIN, command_spec as _command_spec, probe_log as _probe_log
+from support import REPO, TINY_TRAIN, command_spec as _command_spec, mlflow_runs, probe_log as _probe_log
 
 runner = CliRunner()
 
@@ -31,14 +31,7 @@ def _run_json(spec: Path, run_dir: Path):
 
 
 def _mlflow_runs(run_dir: Path, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    return parents, children
+    return mlflow_runs(run_dir, experiment)
 
 
 # ----------------------------------------------------------------------------------------- validate

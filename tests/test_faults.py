@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from support import TINY_TRAIN
+from support import TINY_TRAIN, free_port, mlflow_runs
 
 # A launcher that fails in the way named by the first unclaimed fault (each fault once, whatever
 # order the trials run in); it logs which trial got which fault outside the run directory.
@@ -113,12 +112,7 @@ def _spec(write_spec, tmp_path: Path, *, ray: str, storage: str | None, faults: 
 
 
 def _mlflow_children(run_dir: Path) -> dict[int, object]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("tiny")
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    children = mlflow_runs(run_dir, "tiny")[1]
     numbers = [int(c.data.tags["autotune.trial"]) for c in children]
     assert len(numbers) == len(set(numbers)), f"a trial logged twice: {sorted(numbers)}"  # duplicated: 0
     return {int(c.data.tags["autotune.trial"]): c for c in children}
@@ -166,12 +160,6 @@ def test_every_probe_fault_is_recorded_alike_in_optuna_and_mlflow(write_spec, tm
 
 
 # ---------------------------------------------------------------------------------- PostgreSQL
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
@@ -198,7 +186,7 @@ def postgres():
             pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
         run_as = ["runuser", "-u", "postgres", "--"]
         shutil.chown(root, "postgres")
-    port = _free_port()
+    port = free_port()
     try:
         subprocess.run([*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                        check=True, capture_output=True, timeout=120)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,13 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.tracking import TERMINAL_STATUSES, Tracker
-from support import TINY_TRAIN, command_spec, probe_log
+from support import TINY_TRAIN, command_spec, free_port, mlflow_runs, probe_log
 
 RANDOM_TINY = TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 8, sampler: random, seed: 5}")
 
 
-def _children(client, experiment: str) -> list:
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+def _children(tracking_uri: str | Path, experiment: str) -> list:
+    return mlflow_runs(tracking_uri, experiment)[1]
 
 
 def _report(spec: Path, run_dir: Path) -> dict:
@@ -49,7 +46,7 @@ def test_one_logging_rule_and_half_written_children_are_replaced(write_spec, tmp
     tracked = {t["number"] for t in trials if t["probed"] and t["status"] not in ("duplicate", "interrupted")}
     rejected = {t["number"] for t in trials if t["status"] == "invalid" and not t["probed"]}
     assert rejected, "the random sampler proposed no config the rules reject: the test checks nothing"
-    first = {int(c.data.tags["autotune.trial"]): c.info.run_id for c in _children(client, "tiny")}
+    first = {int(c.data.tags["autotune.trial"]): c.info.run_id for c in _children(run_dir, "tiny")}
     assert set(first) == tracked  # rule rejections are not logged on the first run ...
 
     # a write broken half-way (child left RUNNING) and one lost with the process (no child)
@@ -57,7 +54,7 @@ def test_one_logging_rule_and_half_written_children_are_replaced(write_spec, tmp
     client.update_run(first[half], status="RUNNING")
     client.delete_run(first[lost])
     assert cli.invoke(app, ["run", str(spec), "--run-dir", str(run_dir)]).exit_code == 0
-    children = _children(client, "tiny")
+    children = _children(run_dir, "tiny")
     second = {int(c.data.tags["autotune.trial"]): c.info.run_id for c in children}
     assert len(children) == len(second) == len(tracked)  # ... nor on a resume; one child per trial
     assert set(second) == tracked
@@ -67,23 +64,17 @@ def test_one_logging_rule_and_half_written_children_are_replaced(write_spec, tmp
 
     # a no-op re-run of the finished study changes nothing in MLflow
     assert cli.invoke(app, ["run", str(spec), "--run-dir", str(run_dir)]).exit_code == 0
-    third = {int(c.data.tags["autotune.trial"]): c.info.run_id for c in _children(client, "tiny")}
+    third = {int(c.data.tags["autotune.trial"]): c.info.run_id for c in _children(run_dir, "tiny")}
     assert third == second
 
 
 # ------------------------------------------------------------------------ a real tracking server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MlflowServer:
     """``mlflow server`` on loopback with a SQLite store, started and killed as a process group."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -160,7 +151,7 @@ def test_a_tracking_server_killed_mid_study_loses_nothing(mlflow_server, tmp_pat
     assert any("answers again" in r.getMessage() for r in caplog.records)
 
     client = MlflowClient(tracking_uri=mlflow_server.url)
-    children = _children(client, "served")
+    children = _children(mlflow_server.url, "served")
     numbers = sorted(int(c.data.tags["autotune.trial"]) for c in children)
     assert numbers == [0, 1, 2, 3]  # none lost, none twice
     assert all(c.info.status == "FINISHED" for c in children)
@@ -171,7 +162,7 @@ def test_a_tracking_server_killed_mid_study_loses_nothing(mlflow_server, tmp_pat
 
 
 def test_an_unreachable_tracking_server_at_start_is_named_and_a_clear_exit(write_spec, tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     spec = write_spec(TINY_TRAIN.replace("backend: simulate", f"backend: simulate\ntracking: {{mlflow_uri: '{url}'}}"))
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "study")])
     assert result.exit_code == 3, result.output
@@ -183,8 +174,6 @@ def test_a_study_outlives_its_tracking_server_and_a_rerun_logs_what_it_missed(ml
     """The command backend's probes run while the server is killed: the study finishes (exit 0,
     one warning), and re-running it after the server is back logs the missing trials: Optuna and
     MLflow then hold the same trials, each once."""
-    from mlflow.tracking import MlflowClient
-
     spec = command_spec(write_spec, tmp_path, n_trials=6, parallel=1, ray="ray: {enabled: false}", sleep=0.5)
     text = spec.read_text().replace("backend:", f"tracking: {{mlflow_uri: '{mlflow_server.url}', experiment: cmd}}\nbackend:", 1)
     spec.write_text(text)
@@ -213,6 +202,6 @@ def test_a_study_outlives_its_tracking_server_and_a_rerun_logs_what_it_missed(ml
     assert len([e for e in probe_log(tmp_path) if e["event"] == "start"]) == 6  # nothing probed again
     trials = _report(spec, run_dir)["trials"]
     tracked = sorted(t["number"] for t in trials if t["probed"] and t["status"] not in ("duplicate", "interrupted"))
-    children = _children(MlflowClient(tracking_uri=mlflow_server.url), "cmd")
+    children = _children(mlflow_server.url, "cmd")
     assert sorted(int(c.data.tags["autotune.trial"]) for c in children) == tracked and len(tracked) == 6
     assert all(c.info.status in TERMINAL_STATUSES for c in children)

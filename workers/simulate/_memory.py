@@ -21,6 +21,14 @@ from ._common import HW, Shape
 MEMORY_RULES = ("megatron", "deepspeed", "fsdp2", "torch-probe", "mindspore")
 
 
+def memory_rule_of(workload: Mapping[str, Any]) -> str:
+    """The workload's memory rule (``megatron`` when none is set)."""
+    rule = str(workload.get("memory_rule") or "megatron")
+    if rule not in MEMORY_RULES:
+        raise ValueError(f"unknown memory rule {rule!r}; expected one of {', '.join(MEMORY_RULES)}")
+    return rule
+
+
 def state_bytes_per_param(prec: np.ndarray, zero: np.ndarray, shard: np.ndarray, workload: Mapping[str, Any]):
     """Bytes per parameter of (weights, grads, optimizer states) on one device, and the unsharded
     weight and gradient dtypes (for gather buffers and gradient communication).
@@ -47,9 +55,7 @@ def state_bytes_per_param(prec: np.ndarray, zero: np.ndarray, shard: np.ndarray,
     Without a rule the Megatron rule applies. ``workload['grad_dtype']`` ('fp32' | 'bf16' | 'fp16')
     overrides the gradient bytes.
     """
-    rule = str(workload.get("memory_rule") or "megatron")
-    if rule not in MEMORY_RULES:
-        raise ValueError(f"unknown memory rule {rule!r}; expected one of {', '.join(MEMORY_RULES)}")
+    rule = memory_rule_of(workload)
     fp32, fp16 = prec == 2, prec == 1
     if rule == "megatron":
         w = np.where(fp32, 4.0, 2.0)
@@ -189,7 +195,7 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     # the root unit (embedding / output layer) that FSDP keeps gathered through the step.
     root = embed * (1.0 if s.tied else 2.0)
     gather = np.where(zero >= 3, per_layer * (2.0 * w_full + g_full) + root * w_full, 0.0)
-    rule = str(workload.get("memory_rule") or "megatron")
+    rule = memory_rule_of(workload)
     if rule in ("fsdp2", "torch-probe"):
         # FSDP2 without resharding after forward (ZeRO-2) keeps the whole stage's compute copy
         gather = np.where(zero == 2, params * w_full, gather)
