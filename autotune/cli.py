@@ -102,6 +102,9 @@ def _setup_logging(verbose: bool) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    # Optuna prints through its own handler ("[W 2026-11-24 ...] ..."): route it through ours
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
 
 
 def _load(spec_path: Path) -> Spec:
@@ -174,10 +177,35 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
             for problem in exc.problems:
                 _error(problem.render(exc.file))
         raise typer.Exit(EXIT_INPUT) from None
+    empty = _why_empty(spec)
+    if empty:
+        if as_json:
+            out.print_json(json.dumps({"ok": False, "errors": [f"{spec_path}: constraints: {empty}"]}))
+        else:
+            _error(f"{spec_path}: constraints: {empty}")
+        raise typer.Exit(EXIT_INPUT)
     if as_json:
         out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
     else:
         out.print(f"ok  {spec.summary()}", markup=False)
+
+
+def _why_empty(spec: Spec) -> Optional[str]:
+    """Why the spec's space holds no valid config (None when it holds one, or is too large to
+    enumerate: then the sampler explores it and says what it rejected)."""
+    from .space import Space
+
+    try:
+        return Space(spec).enumerate(limit=spec.search.exhaustive_limit).why_empty()
+    except ValueError:
+        return None
+
+
+def _refuse_empty(spec: Spec, spec_path: Path) -> None:
+    empty = _why_empty(spec)
+    if empty:
+        _error(f"{spec_path}: constraints: {empty}")
+        raise typer.Exit(EXIT_INPUT)
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -198,6 +226,9 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     except ValueError as exc:
         _error(f"{exc}; narrow the space or raise search.exhaustive_limit")
         raise typer.Exit(EXIT_INPUT) from None
+    if enumeration.why_empty():
+        _error(f"{spec_path}: constraints: {enumeration.why_empty()}")
+        raise typer.Exit(EXIT_INPUT)
     ranking = rank_space(enumeration, probe_context(spec), objectives)
     best = ranking.top(top)
     if as_json:
@@ -348,6 +379,7 @@ def run(
     spec = _with_overrides(spec, n_trials=n_trials, parallel_trials=parallel, seed=seed)
     if ray_address:
         spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"address": ray_address})})
+    _refuse_empty(spec, spec_path)
     if backend and backend not in ("auto", "simulate", "command", "torch", "mindspore"):
         _error(f"--backend: expected auto, simulate, command, torch or mindspore, got {backend!r}")
         raise typer.Exit(EXIT_INPUT)
@@ -441,7 +473,7 @@ def _finish_tracking(tracker: Any, status: str) -> None:
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
-    from .export import default_formats, refusals, write_exports
+    from .export import EXPORTERS, default_formats, refusals, write_exports
     from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
                          write_plots, write_results_csv)
     from .search import is_tracked
@@ -456,12 +488,15 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     exports: dict[str, Path] = {}
     if best is not None:
         context = _export_context(spec, best)
-        formats = default_formats(spec.target_stack)
-        refused = refusals(context, formats)
-        for name, reasons in refused.items():  # a study resumed from before its target
-            _warn(f"not exported as {name}: {', '.join(reasons)}")
-        formats = tuple(f for f in formats if f not in refused)
-        exports = write_exports(context, directory / "export", formats)
+        target_formats = default_formats(spec.target_stack)
+        # every format that can launch the config exactly; the target's own are expected to
+        refused = refusals(context, list(EXPORTERS))
+        for name, reasons in refused.items():
+            if name in target_formats:  # a study resumed from before its target
+                _warn(f"not exported as {name}: {', '.join(reasons)}")
+            else:
+                log.info("not exported as %s: %s", name, ", ".join(reasons))
+        exports = write_exports(context, directory / "export", [f for f in EXPORTERS if f not in refused])
     summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
     summary_json = directory / "summary.json"
     summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
@@ -483,7 +518,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             tags["autotune.improvement"] = line
         if best is not None:
             tags["autotune.best_trial"] = str(best.number)
-        tracker.log_parent(metrics=metrics, tags=tags, artifacts=[results_csv, summary_json, summary_md, *exports.values()])
+        params = {f"best.{k}": v for k, v in best.config.items()} if best is not None else {}
+        tracker.log_parent(metrics=metrics, tags=tags, params=params,
+                           artifacts=[results_csv, summary_json, summary_md])
+        tracker.log_parent(artifacts=list(exports.values()), artifact_path="export")
         tracker.log_parent(artifacts=plots, artifact_path="plots")
         _finish_tracking(tracker, "FINISHED")
     failed = sum(1 for r in outcome.records if is_tracked(r) and r.status != "ok")
@@ -516,7 +554,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}", markup=False)
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
-        launch = next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
+        launch = exports.get(default_formats(spec.target_stack)[-1]) or next(
+            (p for f, p in exports.items() if f not in ("yaml", "env")), None)
         err.print(f"  best config:     {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
                   f"env: {exports['env']})", markup=False)
     if choice.simulated:

@@ -73,6 +73,7 @@ class GuideSettings:
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
     fit_power: float = 3.0            # weight of P(fits) against the expected improvement
     remeasure_within: float = 0.03    # the two best measured this close: measure again before the end
+    max_oom_share: float | None = 0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,18 @@ class Guide:
                     remeasure=True)
         return None
 
+    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
+        """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
+        budget (the probes so far plus those left), at least one; never without the setting. On a
+        cluster where a failed launch costs minutes or wedges a device, a team caps them; past the
+        cap a config must be ``fit_confidence`` likely to fit (benchmarks/README.md: the cap
+        trades OOM probes for a near-limit optimum found later)."""
+        share = self.settings.max_oom_share
+        if not share:
+            return False
+        total = probes + (budget_left if budget_left is not None else max(probes, 20))
+        return ooms >= max(1, math.floor(share * total + 1e-9))
+
     def propose(self, obs: Iterable[Observation], exclude: Iterable[int] = (),
                 best: float | None = None, budget_left: int | None = None,
                 allowed: np.ndarray | None = None) -> tuple[Proposal | None, str]:
@@ -472,10 +485,21 @@ class Guide:
                 return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
                               f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win")
         safest = ""
-        if best is None:
-            # nothing measured yet: the most promising config that surely fits, to learn from
+        ooms = sum(1 for o in obs if o.status == "oom")
+        spent = self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
+        if best is None or spent:
+            # nothing measured yet: the most promising config that surely fits, to learn from; or
+            # the study spent the OOM probes it may risk: from now on, configs that surely fit
             pool = candidates & (p_fit >= s.fit_confidence)
-            if not pool.any():
+            if not pool.any() and spent and best is not None:
+                top = float(np.max(np.where(candidates, p_fit, 0.0)))
+                if top < s.min_fit_probability:
+                    return None, (f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
+                                  f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
+                                  f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})")
+                pool = candidates & (p_fit >= 0.9 * top)
+                safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
+            elif not pool.any():
                 pool = candidates & (p_fit >= s.min_fit_probability)
         else:
             pool = candidates & (p_fit >= s.min_fit_probability)

@@ -108,7 +108,8 @@ class GuidedSampler(BaseSampler):
         kwargs.setdefault("n_trials", sp.n_trials)
         kwargs.setdefault("settings", GuideSettings(explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence,
                                                     stop_early=sp.stop_early,
-                                                    min_fit_probability=sp.min_fit_probability))
+                                                    min_fit_probability=sp.min_fit_probability,
+                                                    max_oom_share=sp.max_oom_share))
         return cls(ranking, space, objectives[0], **kwargs)
 
     # ---- Optuna's sampler interface ------------------------------------------------------------

@@ -682,6 +682,10 @@ class StudyRunner:
         tags = {"autotune.study": self.spec.name, "autotune.backend": self.backend.kind,
                 "autotune.source": "simulated" if self.backend.simulated else "measured",
                 "autotune.backend_reason": self.backend.reason}
+        if self.parallel != self.spec.search.parallel_trials:  # the effective setting, and why
+            tags["autotune.parallel_trials_note"] = (
+                f"parallel_trials {self.parallel}, the spec says {self.spec.search.parallel_trials}: "
+                "simulated trials are predictions, computed one after another in the driver")
         run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
         study.set_user_attr("autotune.parent_run_id", run_id)
         if self.spec.source_path:  # the copy the run directory keeps, secrets masked

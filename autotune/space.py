@@ -65,10 +65,30 @@ class Enumeration:
     # the searched parameters' raw values of the first combination that resolves to each config:
     # what a sampler proposes so that ``Space.resolve`` gives that config back
     params: dict[str, np.ndarray] = field(default_factory=dict)
+    # combinations each rule rejects that no other rule does: the rule that empties a space
+    sole_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def valid(self) -> int:
         return len(self.configs)
+
+    def why_empty(self) -> str | None:
+        """Why no combination is a valid config (None when some is): each rule with the
+        combinations it rejects, the user's constraints first, and the fix."""
+        if self.configs:
+            return None
+        if not self.invalid_reasons:
+            return "the space has no combination to try"
+        order = sorted(self.invalid_reasons, key=lambda r: (not r.startswith("constraint "), -self.invalid_reasons[r]))
+        parts = []
+        for reason in order:
+            alone = self.sole_reasons.get(reason, 0)
+            parts.append(f"{reason} rejects {self.invalid_reasons[reason]:,}"
+                         + (f" ({alone:,} that no other rule rejects)" if alone else ""))
+        culprits = [r for r in order if r.startswith("constraint ") and self.sole_reasons.get(r)]
+        fix = (f"loosen {', '.join(culprits)} or widen the space" if culprits else
+               "widen the space (more values of the rejected parameters) or loosen the constraints")
+        return f"no valid config in the space's {self.space_size:,} combinations: " + "; ".join(parts) + f". Fix: {fix}"
 
     def params_of(self, index: int) -> dict[str, Any]:
         """The searched parameters (plain Python values) that resolve to config ``index``."""
@@ -174,8 +194,10 @@ class Space:
             {k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())
         ] if lists else []
         invalid_reasons = {msg: int(bad.sum()) for msg, bad in reasons.items() if bad.any()}
+        violations = sum((np.asarray(bad, dtype=int) for bad in reasons.values()), np.zeros(size, dtype=int))
+        sole = {msg: int((bad & (violations == 1)).sum()) for msg, bad in reasons.items() if bad.any()}
         params = {name: cols[name][keep[first]] for name in names}
-        return Enumeration(size, configs, columns, invalid_reasons, params)
+        return Enumeration(size, configs, columns, invalid_reasons, params, sole)
 
     # ---- the rules, vectorised ----------------------------------------------------------------------
     def _derive(self, cols: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:

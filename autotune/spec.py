@@ -317,6 +317,9 @@ class SearchSpec(_Strict):
     min_fit_probability: float = Field(0.5, gt=0, lt=1, description="sampler auto: the least probability of fitting "
                                        "in memory a config needs to be probed while likelier ones remain; higher: "
                                        "fewer OOM probes, a near-limit optimum found later (benchmarks/README.md)")
+    max_oom_share: float | None = Field(0.05, gt=0, lt=1, description="sampler auto: cap on OOM probes, as a share "
+                                        "of n_trials (at least one); past it only configs fit_confidence likely to fit "
+                                        "are probed; null: no cap (benchmarks/README.md shows the trade-off)")
 
 
 class TrackingSpec(_Strict):

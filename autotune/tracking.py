@@ -49,6 +49,12 @@ _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_
                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
+# the experiment tag MLflow 3's UI reads to open an experiment on its runs table rather than its
+# GenAI traces page (mlflow 3.17.2: server/js/build main bundle, ExperimentKind
+# "custom_model_development"; mlflow/demo/generators/traces.py sets "genai_development")
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
 
@@ -93,6 +99,9 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
+        if exp is None or EXPERIMENT_KIND_TAG not in (exp.tags or {}):
+            # MLflow 3 opens an experiment without this tag on its GenAI (traces) page
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         self.experiment = experiment
         self.parent_run_id: str | None = None
         self.offline_since: float | None = None
@@ -231,17 +240,27 @@ class Tracker:
         return self.parent_run_id
 
     def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-                   artifacts: list[Path] | None = None, artifact_path: str | None = None, step: int = 0) -> None:
-        """Queue metrics (at ``step``: a history such as the refit after each measurement), tags
-        and artifacts for the parent run, after every trial queued before."""
+                   artifacts: list[Path] | None = None, artifact_path: str | None = None, step: int = 0,
+                   params: dict[str, Any] | None = None) -> None:
+        """Queue metrics (at ``step``: a history such as the refit after each measurement), tags,
+        params and artifacts for the parent run, after every trial queued before. MLflow never
+        changes a logged param: one that already has another value (a resumed study found a
+        better config) is set as the tag ``<name>.latest`` instead."""
         assert self.parent_run_id
         parent = self.parent_run_id
         step_metrics = [(k, float(v), step) for k, v in (metrics or {}).items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)]
         files = list(artifacts or [])
+        new_params = {k: str(v)[:_MAX_PARAM] for k, v in (params or {}).items()}
 
         def write(_: _Write) -> None:
-            self._log_batch(parent, tags=tags or {}, step_metrics=step_metrics)
+            all_tags = dict(tags or {})
+            fresh = new_params
+            if new_params:
+                logged = self.client.get_run(parent).data.params
+                fresh = {k: v for k, v in new_params.items() if k not in logged}
+                all_tags.update({f"{k}.latest": v for k, v in new_params.items() if k in logged and logged[k] != v})
+            self._log_batch(parent, params=fresh, tags=all_tags, step_metrics=step_metrics)
             for path in files:
                 if path.is_dir():
                     self.client.log_artifacts(parent, str(path), artifact_path)

@@ -57,7 +57,7 @@ LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
 
 
 def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: Path | None,
-             min_fit: float = 0.5) -> Spec:
+             min_fit: float = 0.5, max_oom_share: float | None = 0.05) -> Spec:
     data = {
         "name": f"bench-{name}",
         "model": sc["model"],
@@ -75,7 +75,7 @@ def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: 
         "constraints": ["tp <= devices_per_node"],
         "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
         "search": {"n_trials": budget, "sampler": "auto", "seed": seed, "prune": False,
-                   "min_fit_probability": min_fit},
+                   "min_fit_probability": min_fit, "max_oom_share": max_oom_share},
         "ray": {"enabled": False},
     }
     return Spec.model_validate(data)
@@ -199,6 +199,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write every world's result here")
     ap.add_argument("--min-fit", type=float, default=0.5,
                     help="the guide's search.min_fit_probability (the OOM-risk / speed-of-finding trade-off)")
+    ap.add_argument("--max-oom-share", type=float, default=0.05,
+                    help="the guide's search.max_oom_share (cap on OOM probes; 0: none)")
     ap.add_argument("--families", default="none",
                     help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
                          + ", ".join(STRUCTURE_FAMILIES) + ", or all (one run per family)")
@@ -225,7 +227,7 @@ def main() -> None:
                                    () if family == "none" else (family,))
                 world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                 world_file.write_text(json.dumps(world.to_json()))
-                spec = spec_for(scenario, sc, args.budget, w, world_file, args.min_fit)
+                spec = spec_for(scenario, sc, args.budget, w, world_file, args.min_fit, args.max_oom_share or None)
                 truth = Truth(world, spec, configs)
                 for method in methods:
                     t0 = time.perf_counter()

@@ -234,3 +234,37 @@ def test_an_execution_mode_the_simulator_does_not_price_is_learned_as_a_factor()
         picks.append(enum.configs[proposal.index]["mode"])
         obs.append(observe(proposal.index))
     assert picks == ["graph"] * 4
+
+
+def test_past_the_oom_allowance_only_sure_fits_are_probed(world):
+    """search.max_oom_share: once the study has had its share of OOM probes (one in 20 here),
+    every next probe must be fit_confidence likely to fit; without the cap, the expected
+    improvement may still pick a near-limit gamble."""
+    ranking = world[0]
+    capped = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(max_oom_share=0.05))
+    uncapped = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(max_oom_share=None))
+    first, _ = uncapped.propose([], budget_left=20)
+    ok = _measure(world, first.index)
+    assert ok.status == "ok"
+    # an OOM of a config predicted to fit with a little room: a surprise
+    room = np.where(capped.valid & (capped.peak < capped.limit) & (capped.peak > 0.9 * capped.limit), capped.peak, np.inf)
+    surprise = int(np.argmin(np.abs(room - 0.95 * capped.limit)))
+    obs = [ok, Observation(surprise, "oom", number=1)]
+    assert capped.oom_allowance_spent(1, len(obs), 18)
+    assert not uncapped.oom_allowance_spent(1, len(obs), 18)
+    assert not capped.oom_allowance_spent(1, 2, 38)  # 5 % of a 40-probe budget: two OOMs allowed
+    # a choice between a near-limit config predicted far faster and a sure, slower one
+    mean, sd = capped._objective_model(obs)
+    mem_mean, mem_sd = capped._memory_model(obs)
+    p_fit = capped.fit_probability(obs, mem_mean, mem_sd)
+    probed = {o.index for o in obs}
+    risky = [j for j in np.flatnonzero(capped.valid & (p_fit > 0.6) & (p_fit < 0.9)) if j not in probed]
+    sure = [j for j in np.flatnonzero(capped.valid & (p_fit > 0.99)) if j not in probed]
+    fast = max(risky, key=lambda j: mean[j])
+    slow = min(sure, key=lambda j: mean[j])
+    assert mean[fast] > 1.2 * mean[slow]
+    allowed = np.zeros(capped.n, dtype=bool)
+    allowed[[fast, slow]] = True
+    gamble, _ = uncapped.propose(obs, best=ok.objective, budget_left=18, allowed=allowed)
+    safe, _ = capped.propose(obs, best=ok.objective, budget_left=18, allowed=allowed)
+    assert (gamble.index, safe.index) == (fast, slow)
