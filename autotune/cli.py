@@ -302,6 +302,45 @@ def _print_top_table(rows: list[tuple[dict, dict]], objectives: list[tuple[str, 
         out.print(f"{i:>3}  " + "  ".join(cells) + "  " + _short(config), markup=False)
 
 
+def _print_preview(records: list[Any], objectives: list[tuple[str, str]], recommendation: Any, top: int = 10) -> None:
+    """The simulated study as the model's ranking of distinct layouts: each trial a layout the
+    model can tell apart, with the knobs it cannot (values the probes would try) on a line of
+    their own, the memory each leaves free, and the front of the first objective against that
+    headroom (``*``: no other layout is both faster and roomier)."""
+    from .ranking import UNDISTINGUISHED, pareto_order
+
+    metric, direction = objectives[0]
+    ok = [r for r in records if r.status == "ok" and r.probed and isinstance(r.metrics.get(metric), (int, float))]
+    sign = 1.0 if direction == "maximize" else -1.0
+    ok.sort(key=lambda r: -sign * r.metrics[metric])
+    capacity = None
+    if recommendation is not None and recommendation.best_headroom_gib is not None:
+        capacity = recommendation.best_headroom_gib + recommendation.best.metrics["peak_memory_gib"]
+    room = [capacity - r.metrics["peak_memory_gib"] if capacity is not None and isinstance(
+        r.metrics.get("peak_memory_gib"), (int, float)) else 0.0 for r in ok]
+    import numpy as np
+
+    front = pareto_order(np.array([[sign * r.metrics[metric], h] for r, h in zip(ok, room)])) == 0 if ok else []
+    out.print(f"[bold]top {min(top, len(ok))} of {len(ok)} distinct layouts (simulated, not measured)[/bold]; "
+              "* on the front of speed against memory headroom")
+    out.print(f"  trial  {metric:>24}  peak GiB  free GiB  config")
+    shown = list(zip(ok, room, front))[:top]
+    knobs = [r.chosen_because.split(UNDISTINGUISHED, 1)[1] if UNDISTINGUISHED in r.chosen_because else ""
+             for r, _, _ in shown]
+    # the knobs most layouts leave to the probes, said once (rows marked ~), other sets per row
+    named = [k for k in knobs if k]
+    shared = max(set(named), key=named.count) if named else ""
+    for (r, h, on_front), left in zip(shown, knobs):
+        mark = "*" if on_front else " "
+        out.print(f"{mark} {r.number:>5}  {_fmt_metric(r.metrics[metric]):>24}  {r.metrics.get('peak_memory_gib', 0):8.1f}"
+                  f"  {h:8.1f}  {_short({k: v for k, v in r.config.items() if not k.startswith('env.')})}"
+                  + ("  ~" if left and left == shared else ""), markup=False)
+        if left and left != shared:
+            out.print(f"{'':9}{UNDISTINGUISHED}{left}", markup=False)
+    if shared:
+        out.print(f"  ~ {UNDISTINGUISHED}{shared}", markup=False)
+
+
 def _print_breakdown(metrics: dict[str, Any]) -> None:
     mem = {k[4:]: v for k, v in metrics.items() if k.startswith("mem_")}
     tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
@@ -476,18 +515,20 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     from .export import EXPORTERS, default_formats, refusals, write_exports
     from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
                          write_plots, write_results_csv)
+    from .recommend import study_recommendation
     from .search import is_tracked
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
     rows = results_rows(outcome.records, objectives)
     results_csv = write_results_csv(rows, directory / "results.csv")
-    plots = write_plots(outcome.study, directory / "plots", objectives)
     best = outcome.best[0] if outcome.best else None
+    recommendation = study_recommendation(spec, outcome.records, outcome.best)
+    chosen = recommendation.chosen if recommendation else best
     line = improvement_line(best, outcome.baseline, *objectives[0])
     exports: dict[str, Path] = {}
-    if best is not None:
-        context = _export_context(spec, best)
+    if chosen is not None:
+        context = _export_context(spec, chosen)
         target_formats = default_formats(spec.target_stack)
         # every format that can launch the config exactly; the target's own are expected to
         refused = refusals(context, list(EXPORTERS))
@@ -497,7 +538,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             else:
                 log.info("not exported as %s: %s", name, ", ".join(reasons))
         exports = write_exports(context, directory / "export", [f for f in EXPORTERS if f not in refused])
-    summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline)
+    summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline, recommendation)
+    plots = write_plots(outcome.study, directory / "plots", objectives, summary.get("importances"))
     summary_json = directory / "summary.json"
     summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
     summary_md = directory / "summary.md"
@@ -519,6 +561,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         if best is not None:
             tags["autotune.best_trial"] = str(best.number)
         params = {f"best.{k}": v for k, v in best.config.items()} if best is not None else {}
+        if recommendation is not None:
+            tags["autotune.recommended_trial"] = str(recommendation.chosen.number)
+            if recommendation.sentence:
+                tags["autotune.recommendation"] = recommendation.sentence
+            if recommendation.changed:
+                params.update({f"recommended.{k}": v for k, v in recommendation.chosen.config.items()})
         tracker.log_parent(metrics=metrics, tags=tags, params=params,
                            artifacts=[results_csv, summary_json, summary_md])
         tracker.log_parent(artifacts=list(exports.values()), artifact_path="export")
@@ -530,6 +578,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",
             "probes": outcome.probes_run, "failed": failed, "stopped_because": outcome.stopped_because,
             "best": [best_payload(b) for b in outcome.best], "improvement": line, "run_dir": str(directory),
+            "recommended": best_payload(chosen) if chosen is not None else None,
+            "recommendation": recommendation.sentence if recommendation else "",
             "exports": {k: str(v) for k, v in exports.items()},
             "mlflow_parent_run_id": outcome.parent_run_id,
         }
@@ -538,6 +588,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         source = "simulated" if choice.simulated else "measured"
         err.print(f"{outcome.probes_run} trials ({source}), {failed} failed; stopped: {outcome.stopped_because}",
                   markup=False)
+        if best is not None and choice.simulated:
+            _print_preview(outcome.records, objectives, recommendation)
         if best is not None:
             m = objectives[0][0]
             out.print(Text.assemble(("best", "bold"), f" trial {best.number}: {_short(best.config)}"))
@@ -546,6 +598,9 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
                                                  "ttft_ms", "decode_tokens_per_s")) + f"  ({source})")
             if line:
                 out.print(f"  {line}", markup=False)
+            if recommendation is not None and recommendation.sentence:
+                out.print(Text.assemble(("recommended" if recommendation.changed else "tight", "bold"),
+                                        f" {recommendation.sentence}"))
     if best is None:
         _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
@@ -589,6 +644,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     _setup_logging(False)
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
+    from .recommend import study_recommendation
     from .report import best_payload, improvement_line, results_rows, study_summary, summary_lines
     from .search import best_records, trial_records
 
@@ -597,7 +653,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     best = best_records(records, objectives)
     baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
-    summary = study_summary(study, records, objectives, best, baseline)
+    summary = study_summary(study, records, objectives, best, baseline, study_recommendation(spec, records, best))
     if as_json:
         payload = {"study": spec.name, "objectives": [{"metric": m, "direction": d} for m, d in objectives],
                    "trials": [r.to_json() for r in records], "best": [best_payload(b) for b in best],
@@ -679,7 +735,13 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
         if not best:
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)
-        chosen = best[0]
+        from .recommend import study_recommendation
+
+        recommendation = study_recommendation(spec, records, best)
+        chosen = recommendation.chosen if recommendation else best[0]
+        if recommendation is not None and recommendation.changed:
+            err.print(f"exporting the recommended config: {recommendation.sentence} (--trial {best[0].number} "
+                      "exports the best)", markup=False)
     directory = out_dir or _run_dir(spec, run_dir) / "export"
     from .export import ExportRefused, refusals
 

@@ -17,7 +17,26 @@ import numpy as np
 from .context import ProbeContext
 from .space import Enumeration
 
-__all__ = ["Ranking", "rank_space", "pareto_order"]
+__all__ = ["Ranking", "Layout", "rank_space", "pareto_order", "UNDISTINGUISHED"]
+
+# how a trial's reason names the knobs its layout leaves to the probes (the run's preview reads it)
+UNDISTINGUISHED = "not distinguished by the model (probe to choose): "
+
+
+@dataclass
+class Layout:
+    """Configs the model cannot tell apart: equal predictions of every objective. They differ
+    only in knobs it does not price (an allocator setting, a communication buffer), which only
+    a probe can choose between. ``index`` is the one with the most memory headroom."""
+
+    index: int
+    rank: int                         # 1-based, among distinct layouts
+    members: list[int]
+    undistinguished: dict[str, list[Any]]  # parameter -> the values the members take (two or more)
+
+    def undistinguished_text(self) -> str:
+        """``env.HCCL_BUFFSIZE 120|200|400, ...`` (empty when the layout is one config)."""
+        return ", ".join(f"{k} {'|'.join(str(v) for v in values)}" for k, values in self.undistinguished.items())
 
 
 @dataclass
@@ -58,6 +77,36 @@ class Ranking:
                 continue
             out.append((self.enumeration.configs[i], self.metrics_of(int(i))))
             if len(out) >= k:
+                break
+        return out
+
+    def distinct_layouts(self, k: int | None = None, feasible_only: bool = True) -> list[Layout]:
+        """The ranking with the configs the model cannot tell apart (equal predictions of every
+        objective) collapsed into one layout each, in ranking order; the first ``k``."""
+        fits = np.asarray(self.predictions["fits"], dtype=bool)
+        values = np.stack([np.asarray(self.predictions[m], dtype=float) for m, _ in self.objectives], axis=1) \
+            if len(self.order) else np.zeros((0, len(self.objectives)))
+        keys = [tuple(row) for row in np.round(np.nan_to_num(values, nan=-1.0), 9).tolist()]
+        groups: dict[tuple, list[int]] = {}
+        for i in self.order.tolist():
+            if feasible_only and not fits[i]:
+                continue
+            groups.setdefault(keys[i], []).append(i)
+        configs = self.enumeration.configs
+        out: list[Layout] = []
+        for rank, members in enumerate(groups.values(), start=1):
+            varying: dict[str, list[Any]] = {}
+            if len(members) > 1:
+                for name in sorted({n for j in members for n in configs[j]}):
+                    seen: list[Any] = []
+                    for j in members:
+                        v = configs[j].get(name)
+                        if v not in seen:
+                            seen.append(v)
+                    if len(seen) > 1:
+                        varying[name] = sorted(seen, key=str)
+            out.append(Layout(members[0], rank, members, varying))
+            if k is not None and len(out) >= k:
                 break
         return out
 

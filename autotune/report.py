@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import csv
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
+from .importance import study_importances
 from .sanity import is_finite_number as _finite
 from .search import TrialRecord, is_tracked
 
@@ -76,34 +78,97 @@ def write_results_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]]) -> list[Path]:
-    """Optuna's plotly plots as HTML (history, importances, Pareto front when several objectives).
-    A plot Optuna cannot draw for this study (too few trials) is skipped with a log line."""
-    import optuna.visualization as vis
-
+def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]],
+                importances: dict[str, dict[str, float]] | None = None) -> list[Path]:
+    """The study's plots, each twice: a PNG (a few tens of kB, what MLflow previews at once) and
+    an interactive, self-contained HTML for the run directory (plotly inlined: clusters are
+    often offline, so ~5 MB each). History per objective, the Pareto front with several, and
+    the importances drawn from ``importances`` (the study's one computation, so the plot says
+    what the report and MLflow say). A plot that cannot be drawn is skipped with a log line."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [m for m, _ in objectives]
-    makers: dict[str, Any] = {}
-    if len(objectives) == 1:
-        makers["optimization_history"] = lambda: vis.plot_optimization_history(study, target_name=names[0])
-        makers["param_importances"] = lambda: vis.plot_param_importances(study, target_name=names[0])
-    else:
-        makers["pareto_front"] = lambda: vis.plot_pareto_front(study, target_names=names)
-        for i, name in enumerate(names):
-            makers[f"optimization_history_{name}"] = (
-                lambda i=i, name=name: vis.plot_optimization_history(study, target=lambda t: t.values[i], target_name=name))
-            makers[f"param_importances_{name}"] = (
-                lambda i=i, name=name: vis.plot_param_importances(study, target=lambda t: t.values[i], target_name=name))
-    written = []
-    for name, make in makers.items():
+    written: list[Path] = []
+    for name, (png, html) in _plot_makers(study, objectives, importances or {}).items():
         try:
-            fig = make()
-            path = out_dir / f"{name}.html"
-            fig.write_html(str(path), include_plotlyjs=True)  # self-contained: clusters are often offline
-            written.append(path)
+            written.append(png(out_dir / f"{name}.png"))
+            html(out_dir / f"{name}.html")
         except Exception as exc:  # optuna raises for studies it cannot plot (e.g. one trial)
             log.info("plot %s skipped: %s", name, exc)
     return written
+
+
+def _plot_makers(study: Any, objectives: list[tuple[str, str]], importances: dict[str, dict[str, float]]
+                 ) -> dict[str, tuple[Any, Any]]:
+    import optuna.visualization as vis
+    import optuna.visualization.matplotlib as mvis
+
+    def save_png(make: Any) -> Any:
+        def write(path: Path) -> Path:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            with warnings.catch_warnings():  # optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore")
+                ax = make()
+            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+            fig.set_size_inches(8, 4.5)
+            fig.tight_layout()
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            return path
+        return write
+
+    def save_html(make: Any) -> Any:
+        return lambda path: make().write_html(str(path), include_plotlyjs=True)
+
+    names = [m for m, _ in objectives]
+    makers: dict[str, tuple[Any, Any]] = {}
+    if len(objectives) > 1:
+        makers["pareto_front"] = (save_png(lambda: mvis.plot_pareto_front(study, target_names=names)),
+                                  save_html(lambda: vis.plot_pareto_front(study, target_names=names)))
+    for i, name in enumerate(names):
+        suffix = "" if len(names) == 1 else f"_{name}"
+        target = (lambda t, i=i: t.values[i])
+        makers[f"optimization_history{suffix}"] = (
+            save_png(lambda target=target, name=name: mvis.plot_optimization_history(study, target=target,
+                                                                                    target_name=name)),
+            save_html(lambda target=target, name=name: vis.plot_optimization_history(study, target=target,
+                                                                                    target_name=name)))
+        if importances.get(name):
+            makers[f"param_importances{suffix}"] = (_importance_png(importances[name], name),
+                                                    _importance_html(importances[name], name))
+    return makers
+
+
+def _importance_png(values: dict[str, float], metric: str) -> Any:
+    def write(path: Path) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        items = sorted(values.items(), key=lambda kv: kv[1])
+        fig, ax = plt.subplots(figsize=(8, 0.35 * len(items) + 1.2))
+        ax.barh([k for k, _ in items], [v for _, v in items])
+        ax.set_xlabel(f"importance for {metric}")
+        ax.set_title("parameter importances")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+    return write
+
+
+def _importance_html(values: dict[str, float], metric: str) -> Any:
+    def write(path: Path) -> None:
+        import plotly.graph_objects as go
+
+        items = sorted(values.items(), key=lambda kv: kv[1])
+        fig = go.Figure(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h"))
+        fig.update_layout(title="parameter importances", xaxis_title=f"importance for {metric}")
+        fig.write_html(str(path), include_plotlyjs=True)
+    return write
 
 
 def best_payload(record: TrialRecord) -> dict[str, Any]:
@@ -124,7 +189,7 @@ def _gain(best: float, base: float, direction: str) -> float | None:
 
 
 def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple[str, str]],
-                  best: list[TrialRecord], baseline: TrialRecord | None) -> dict[str, Any]:
+                  best: list[TrialRecord], baseline: TrialRecord | None, recommendation: Any = None) -> dict[str, Any]:
     """The before/after view of a finished study (what ``report`` prints and the parent run keeps):
     baseline vs best per metric with the gain, the Pareto front (several objectives), parameter
     importances, and the best config's predicted memory breakdown beside its measured peak."""
@@ -144,10 +209,18 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
                          "gain_pct": _gain(b, a, direction) if a is not None else None})
     out["before_after"] = rows
     out["best_trial"] = top.number if top else None
+    if recommendation is not None:
+        out["recommendation"] = {"trial": recommendation.chosen.number, "best_trial": recommendation.best.number,
+                                 "headroom_gib": recommendation.headroom_gib,
+                                 "best_headroom_gib": recommendation.best_headroom_gib,
+                                 "tolerance": recommendation.tolerance, "changed": recommendation.changed,
+                                 "why": recommendation.sentence}
     out["baseline_trial"] = baseline.number if baseline else None
     out["pareto_front"] = ([{"trial": r.number, "params": r.config, **{m: r.metrics.get(m) for m, _ in objectives}}
                             for r in best] if len(objectives) > 1 else [])
-    out["importances"] = _importances(study, objectives)
+    recorded = study_importances(study, objectives)
+    out["importances"] = recorded["values"]
+    out["importances_source"] = recorded["source"]
     out["probes"] = probe_costs(records)
     out["memory_calibration"] = memory_calibration(records)
     if top is not None:
@@ -195,25 +268,6 @@ def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
-    """Optuna's parameter importances per objective (empty when the study is too small)."""
-    import warnings
-
-    import optuna
-
-    out: dict[str, dict[str, float]] = {}
-    for i, (metric, _) in enumerate(objectives):
-        try:
-            with warnings.catch_warnings():  # importances do not depend on the direction
-                warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(study, target=lambda t, i=i: t.values[i])
-        except Exception as exc:  # too few completed trials, or a parameter that never varied
-            log.info("importances for %s skipped: %s", metric, exc)
-            continue
-        out[metric] = {k: float(v) for k, v in values.items()}
-    return out
-
-
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The summary as text lines for the terminal and summary.md."""
     lines: list[str] = []
@@ -222,8 +276,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"before/after (baseline trial {summary.get('baseline_trial')}, best trial {summary.get('best_trial')}):")
         for r in rows:
             base = _fmt(r["baseline"]) if r["baseline"] is not None else "-"
-            gain = f"{r['gain_pct']:+.1f} %" if r["gain_pct"] is not None else ""
+            gain = _better_or_worse(r["gain_pct"])
             lines.append(f"  {r['metric']:<26} {base:>12} -> {_fmt(r['best']):>12}  {gain}")
+    rec = summary.get("recommendation") or {}
+    if rec.get("why"):
+        lines.append(rec["why"])
     front = summary.get("pareto_front") or []
     if front:
         names = [o["metric"] for o in summary["objectives"]]
@@ -233,7 +290,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                 f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float))))
     for metric, values in (summary.get("importances") or {}).items():
         top = sorted(values.items(), key=lambda kv: -kv[1])[:6]
-        lines.append(f"parameter importances for {metric}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+        source = f" ({summary['importances_source']})" if summary.get("importances_source") else ""
+        lines.append(f"parameter importances for {metric}{source}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
     cost = summary.get("probes") or {}
     if cost.get("probes"):
         lines.append(f"probes: {cost['probes']} in {cost['probe_seconds']:.0f} s; out of memory: {cost['oom_probes']} "
@@ -248,6 +306,16 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"memory of the best config (GiB): predicted {parts} = {mem['predicted_peak_gib']:.2f}; "
                      + (f"measured peak {measured:.2f}" if isinstance(measured, (int, float)) else "not measured (simulated)"))
     return lines
+
+
+def _better_or_worse(gain_pct: float | None) -> str:
+    """``44.4 % better`` / ``111.0 % worse``: the gain is signed by the metric's direction (a
+    shorter step time is a positive gain), which a bare ``+44.4 %`` beside a falling number hid."""
+    if gain_pct is None:
+        return ""
+    if abs(gain_pct) < 0.05:
+        return "same"
+    return f"{abs(gain_pct):.1f} % {'better' if gain_pct > 0 else 'worse'}"
 
 
 def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:

@@ -43,6 +43,8 @@ from .refit import Refit, fit_refit
 from .secret_env import SPEC_COPY, masked_backend, write_spec_copy
 from .space import Space, config_key
 from .spec import Spec
+from .importance import record_importances
+from .ranking import UNDISTINGUISHED
 from .storage import open_study, study_storage
 from .tracking import TERMINAL_STATUSES, error_line
 
@@ -295,15 +297,20 @@ class StudyRunner:
             return  # the guide proposes one config at a time, from what was measured
         # simulate: the top n configs are the study; real probes without a guide (several
         # objectives): the top half, then the sampler
+        # one config per layout the model can tell apart: 20 trials are 20 layouts, not one
+        # layout with 20 allocator settings the model prices the same
         k = budget_left if self.backend.simulated else max(1, math.ceil(budget_left / 2))
         queued = 0
-        for rank, (config, metrics) in enumerate(ranking.top(len(ranking.order)), start=1):
+        for layout in ranking.distinct_layouts():
+            config, metrics = ranking.enumeration.configs[layout.index], ranking.metrics_of(layout.index)
             key = config_key(config)
-            if key in already:
+            if key in already or any(config_key(ranking.enumeration.configs[j]) in already for j in layout.members):
                 continue
+            why = f"rank {layout.rank} by model"
+            if layout.undistinguished:
+                why += f"; {UNDISTINGUISHED}{layout.undistinguished_text()}"
             study.enqueue_trial(self._params_for(config), user_attrs={
-                A.CONFIG: config, A.KEY: key, A.PREDICTED: _predicted(metrics, self.objectives),
-                A.CHOSEN: f"rank {rank} by model",
+                A.CONFIG: config, A.KEY: key, A.PREDICTED: _predicted(metrics, self.objectives), A.CHOSEN: why,
             })
             already.add(key)
             queued += 1
@@ -413,6 +420,9 @@ class StudyRunner:
             for handle in list(pending):
                 dispatcher.cancel(handle)
             raise
+        # once, for every output (report, MLflow, plots): the model's over the whole feasible space
+        # when the trials are its predictions, fANOVA over the measured trials otherwise
+        record_importances(study, self.objectives, ranking if self.backend.simulated else None)
         records = trial_records(study)
         best = best_records(records, self.objectives)
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)

@@ -322,6 +322,17 @@ class SearchSpec(_Strict):
                                         "are probed; null: no cap (benchmarks/README.md shows the trade-off)")
 
 
+class RecommendSpec(_Strict):
+    """Which config the study recommends and exports (autotune/recommend.py states the rule)."""
+
+    min_headroom_gib: float | None = Field(4.0, ge=0, description="when the best leaves less device memory free, "
+                                           "recommend the best config within `tolerance` of it that leaves this much; "
+                                           "null: always the best")
+    tolerance: float | None = Field(None, gt=0, lt=1, description="how close to the best counts as as good (a share); "
+                                    "default: the simulator's error on published runs (5.3 %) for predictions, the "
+                                    "measurement noise (3 %) for measured trials")
+
+
 class TrackingSpec(_Strict):
     mlflow_uri: str | None = Field(None, description="default: SQLite file in the run directory")
     experiment: str | None = Field(None, description="default: the spec name")
@@ -351,6 +362,7 @@ class Spec(_Strict):
                           "mindspore backend, mindspeed on npu, megatron elsewhere); 'none': no stack in mind, the "
                           "space is not restricted and each export format refuses what it cannot launch")
     search: SearchSpec = Field(default_factory=SearchSpec)
+    recommend: RecommendSpec = Field(default_factory=RecommendSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     ray: RaySpec = Field(default_factory=RaySpec)
 

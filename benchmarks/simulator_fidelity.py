@@ -1,5 +1,5 @@
 """Predicted vs measured for every row of the published training runs
-(../shared/validation/training_measured.csv next to the repository).
+(benchmarks/data/training_measured.csv, each row with its published source).
 
 Prints one line per row (tokens/s/device where the source published it, else step time) and
 the mean absolute percentage error. No parameter is fitted here: the predictions use the bundled
@@ -17,7 +17,7 @@ from pathlib import Path
 from autotune.workers.hardware import load_profile
 from autotune.workers.simulate import columns_from_params, simulate_configs
 
-VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation"
+VALIDATION = Path(__file__).resolve().parent / "data"
 
 
 def row_inputs(row: dict[str, str]) -> tuple[dict, dict, dict, dict]:

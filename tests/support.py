@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 
 TINY_TRAIN = """
 name: tiny

@@ -20,7 +20,7 @@ from autotune.workers.simulate import (
 from autotune.workers.simulate._columns import fill_defaults
 from autotune.workers.simulate._common import Shape
 from autotune.workers.simulate._memory import inflight, layer_activation_bytes
-from support import REPO, SHARED
+from support import REPO
 
 GIB = 2.0**30
 LLAMA7B = dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -317,12 +317,11 @@ def test_simulate_trial_profile_by_name_and_infer():
     assert set(res.metrics) >= {"ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s", "peak_memory_gib"}
 
 
-# --- fidelity against the published runs (skipped without the validation data) ---------------------
+# --- fidelity against the published runs (benchmarks/data: in the repository) -----------------------
 
-VALIDATION = SHARED / "validation" / "training_measured.csv"
+VALIDATION = REPO / "benchmarks" / "data" / "training_measured.csv"
 
 
-@pytest.mark.skipif(not VALIDATION.exists(), reason="validation data not present")
 def test_fidelity_mape_within_target():
     spec = importlib.util.spec_from_file_location("simulator_fidelity",
                                                   REPO / "benchmarks" / "simulator_fidelity.py")
