@@ -443,6 +443,7 @@ def run(
 
     tracker = None
     if not no_tracking:
+        err.print(Text("opening the MLflow store", style="dim"))
         tracker = _tracker(spec, directory)
     observer = ProgressObserver(err, spec.objective_list(), quiet=as_json)
     cache = None
@@ -456,7 +457,7 @@ def run(
     from .storage import StorageDamaged
 
     runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
-                         reuse_cache=reuse_cache)
+                         reuse_cache=reuse_cache, stop_requested=lambda: _SIGTERM_RECEIVED)
     status = "FAILED"
     try:
         with observer:
@@ -520,6 +521,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
+    err.print(Text("writing the results, plots and exports" + (" and the MLflow parent run" if tracker else ""),
+                   style="dim"))
     rows = results_rows(outcome.records, objectives)
     results_csv = write_results_csv(rows, directory / "results.csv")
     best = outcome.best[0] if outcome.best else None
@@ -599,8 +602,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
             if line:
                 out.print(f"  {line}", markup=False)
             if recommendation is not None and recommendation.sentence:
-                out.print(Text.assemble(("recommended" if recommendation.changed else "tight", "bold"),
-                                        f" {recommendation.sentence}"))
+                if recommendation.changed:
+                    out.print(Text(recommendation.sentence, style="bold"))
+                else:
+                    out.print(Text.assemble(("tight:", "bold"), f" {recommendation.sentence}"))
     if best is None:
         _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
@@ -611,7 +616,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     if exports:
         launch = exports.get(default_formats(spec.target_stack)[-1]) or next(
             (p for f, p in exports.items() if f not in ("yaml", "env")), None)
-        err.print(f"  best config:     {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
+        label = "recommended:    " if recommendation is not None and recommendation.changed else "best config:    "
+        err.print(f"  {label} {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
                   f"env: {exports['env']})", markup=False)
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")

@@ -1,6 +1,6 @@
 """The resolved, JSON-ready sections a probe receives with every trial.
 
-A probe knows only its trial file (DESIGN.md), so the model, workload and cluster go with each
+A probe knows only its trial file (docs/ARCHITECTURE.md), so the model, workload and cluster go with each
 trial as plain mappings, the hardware profile resolved (overrides applied) inside ``cluster``.
 Built once per study and shared by the simulator ranking and the trial requests, so the two can
 never describe different hardware.

@@ -1,4 +1,4 @@
-"""Dispatch of trials to probes (DESIGN.md, "The probe protocol" and "Embedded defaults").
+"""Dispatch of trials to probes (docs/ARCHITECTURE.md: the probe protocol, and defaults at scale).
 
 A ``Dispatcher`` takes a resolved trial (``TrialRequest``) and how to run its probe
 (``ProbeLaunch``), runs it somewhere, and hands back ``ProbeResult``s as they finish:

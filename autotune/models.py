@@ -50,7 +50,7 @@ class ModelSpec(BaseModel):
         return self
 
     def aliases(self) -> dict[str, int]:
-        """Short names constraint expressions may use (DESIGN.md, "Model fields")."""
+        """Short names constraint expressions may use (docs/ARCHITECTURE.md, "Model fields")."""
         return {
             "layers": self.num_hidden_layers,
             "heads": self.num_attention_heads,

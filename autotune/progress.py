@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -31,6 +32,8 @@ class ProgressObserver:
         )
         self.task: Any = None
         self.running = 0
+        self.best_text = ""  # kept while trials start and finish, so the best never flickers out
+        self.started = time.monotonic()  # the job's start: the elapsed time is the job's, not the bar's
 
     def __enter__(self) -> "ProgressObserver":
         self.progress.start()
@@ -41,6 +44,9 @@ class ProgressObserver:
 
     def on_start(self, budget: int, done: int) -> None:
         self.task = self.progress.add_task("trials", total=budget, completed=done, status="starting")
+        for task in self.progress.tasks:  # rich's clock is time.monotonic, like ours
+            if task.id == self.task:
+                task.start_time = self.started
 
     def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None:
         self.running += 1
@@ -61,7 +67,11 @@ class ProgressObserver:
     def _status(self, best: TrialRecord | None) -> None:
         if self.task is None:
             return
-        text = f"running {self.running}"
         if best is not None and isinstance(best.metrics.get(self.metric), (int, float)):
-            text += f" | best {self.metric} {best.metrics[self.metric]:,.4g} (trial {best.number})"
-        self.progress.update(self.task, status=escape(text))
+            self.best_text = f" | best {self.metric} {best.metrics[self.metric]:,.4g} (trial {best.number})"
+        self.progress.update(self.task, status=escape(f"running {self.running}{self.best_text}"))
+
+    def status(self, text: str) -> None:
+        """A phase of the job that takes a while (opening MLflow, ranking, writing results), so
+        that no stretch of seconds passes without a line."""
+        self.progress.console.print(Text(text, style="dim"))

@@ -204,8 +204,11 @@ class StudyRunner:
 
     def __init__(self, spec: Spec, run_dir: Path, backend: BackendChoice, *, tracker: Any = None,
                  observer: SearchObserver | None = None, dispatcher: Any = None, cache: Any = None,
-                 reuse_cache: bool = False):
+                 reuse_cache: bool = False, stop_requested: Any = None):
         self.spec = spec
+        # a signal whose handler's exception Python swallowed (raised inside a garbage-collection
+        # callback, "Exception ignored in ...") still stops the loop: the CLI's flag, checked here
+        self.stop_requested = stop_requested or (lambda: False)
         self.run_dir = run_dir
         self.backend = backend
         self.tracker = tracker
@@ -248,9 +251,13 @@ class StudyRunner:
             self.observer.on_message(f"space of {self.space.size:,} combinations is above the exhaustive limit "
                                      f"({self.spec.search.exhaustive_limit:,}): sampling instead of ranking")
             return None
+        started = time.perf_counter()
+        self.observer.on_message(f"ranking the space with the simulator ({self.space.size:,} combinations)")
         enumeration = self.space.enumerate()
         ranking = rank_space(enumeration, self.context, self.objectives)
         ranking.write_csv(self.run_dir / "ranking.csv")
+        self.observer.on_message(f"ranked {enumeration.valid:,} valid configs, {ranking.fit:,} predicted to fit "
+                                 f"({time.perf_counter() - started:.1f} s)")
         self.ranking = ranking
         return ranking
 
@@ -363,6 +370,8 @@ class StudyRunner:
         stopped = "budget reached"
         try:
             while True:
+                if self.stop_requested():
+                    raise KeyboardInterrupt
                 while len(pending) < self.parallel and started < budget:
                     if deadline and time.monotonic() > deadline:
                         stopped = "search timeout reached"
@@ -414,6 +423,8 @@ class StudyRunner:
                     trial, config = pending.pop(handle)
                     record = self._finish(study, trial, config, result)
                     self.observer.on_trial_finished(record, self._best_single(study), len(pending))
+                    if self.stop_requested():
+                        raise KeyboardInterrupt
                 self._prune_losers(study, dispatcher, pending)
         except KeyboardInterrupt:
             stopped = "interrupted by the user"

@@ -1,6 +1,6 @@
 """The search space: Optuna distributions, derived values, validity rules and canonical form.
 
-A *config* is a plain dict of canonical parameter names (DESIGN.md) with the derived values
+A *config* is a plain dict of canonical parameter names (docs/ARCHITECTURE.md) with the derived values
 (``dp``, ``grad_accum``) filled in. Two raw proposals that would run identically — ZeRO stage 2
 with one data-parallel rank and ZeRO stage 0, say — resolve to the same canonical config and the
 same :func:`config_key`, so the search never probes a config twice.
@@ -24,7 +24,7 @@ from .targets import target_violations
 
 __all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS"]
 
-# Values of parameters the spec does not search (DESIGN.md defaults).
+# Values of parameters the spec does not search (docs/ARCHITECTURE.md defaults).
 TRAIN_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "sequence_parallel": False,
     "recompute": "none", "zero_stage": 0, "precision": "bf16",

@@ -7,7 +7,7 @@ was expected, e.g.::
 
     spec.yaml:14: space.recompute[1]: Input should be 'none', 'selective' or 'full' (got 'ful')
 
-``spec`` starts no cluster and logs nothing (DESIGN.md, data flow).
+``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def env_value(value: Any) -> str:
 
 
 class SpaceSpec(_Strict):
-    """Values per canonical parameter (DESIGN.md). A parameter left out keeps its default
+    """Values per canonical parameter (docs/ARCHITECTURE.md). A parameter left out keeps its default
     (``tp``/``pp``/``cp``/``vpp`` 1, ``recompute`` none, ``zero_stage`` 0, ``precision`` bf16...)."""
 
     tp: IntChoice | None = None

@@ -1,5 +1,5 @@
 """Probes: the programs (or, for ``simulate``, functions) that measure one trial.
 
 Installed as ``autotune.workers``. Probes never import tracking, search or MLflow: they run on
-worker nodes and know only their trial file (DESIGN.md, "The probe protocol").
+worker nodes and know only their trial file (docs/ARCHITECTURE.md, "The probe protocol").
 """

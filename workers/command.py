@@ -1,4 +1,4 @@
-"""Run one probe as its own process group (DESIGN.md, "The probe protocol").
+"""Run one probe as its own process group (docs/ARCHITECTURE.md, "The probe protocol").
 
 ``run_probe_process`` is what every process probe goes through, whichever dispatcher runs it
 (a local thread or a Ray task on a worker node): the ``command`` backend (any external launcher),

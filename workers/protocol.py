@@ -1,4 +1,4 @@
-"""The probe protocol shared by the driver and every probe (see DESIGN.md, "The probe protocol").
+"""The probe protocol shared by the driver and every probe (see docs/ARCHITECTURE.md, "The probe protocol").
 
 A probe gets one resolved trial as a JSON file (path in ``AUTOTUNE_TRIAL_FILE``) and answers with
 JSON lines on stdout: ``{"event": "step", ...}`` per measured step, then exactly one
@@ -52,7 +52,7 @@ _INVALID_PATTERNS = re.compile(r"\binvalid config(uration)?\b|not divisible by",
 class TrialRequest:
     """One resolved trial as the probe sees it: the content of the trial file.
 
-    ``params`` holds canonical names (DESIGN.md), derived ones included (``dp``, ``grad_accum``)
+    ``params`` holds canonical names (docs/ARCHITECTURE.md), derived ones included (``dp``, ``grad_accum``)
     and environment settings flattened as ``env.VAR``. ``model``, ``workload`` and ``cluster`` are
     plain mappings (the resolved spec sections; ``cluster["hardware"]`` is the resolved hardware
     profile), so a probe needs no import from the driver.

@@ -6,7 +6,7 @@ The trial file holds the resolved config: {"params": {...}, "model": {...}, "wor
 parameters and parse its log; this one only computes a made-up throughput so the example runs
 anywhere in seconds.
 
-The protocol (DESIGN.md): print `{"event": "step", ...}` lines while running (progress and
+The protocol (docs/ARCHITECTURE.md): print `{"event": "step", ...}` lines while running (progress and
 pruning), then one `{"metrics": {...}}` line; exit non-zero on failure. Printing "out of memory"
 makes autotune record the trial as `oom` and treat the config as infeasible. A launcher that
 cannot print JSON can be read with `metric_patterns` (regexes) in the spec instead.

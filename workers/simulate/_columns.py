@@ -1,4 +1,4 @@
-"""Canonical trial params (DESIGN.md names) as numeric columns, one entry per config.
+"""Canonical trial params (docs/ARCHITECTURE.md names) as numeric columns, one entry per config.
 
 The simulator works on columns so a whole sampled population (or a grid of 100k configs) is
 priced in one vectorised pass. Categorical params get small integer codes; environment strings

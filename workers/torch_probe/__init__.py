@@ -1,5 +1,5 @@
 """The ``torch`` probe: a few real training steps (or an inference pass) of a Llama model under
-exactly one trial's config, measured and reported through the probe protocol (DESIGN.md).
+exactly one trial's config, measured and reported through the probe protocol (docs/ARCHITECTURE.md).
 
 Run as ``torchrun --nproc-per-node N -m autotune.workers.torch_probe TRIAL_FILE`` (see
 ``launch.torchrun_argv``), one process per device, on cpu (gloo), cuda (nccl) or npu (hccl).

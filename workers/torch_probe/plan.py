@@ -24,7 +24,7 @@ DEFAULT_LR = 1e-3
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The decoder's shape (Hugging Face field names, DESIGN.md "Model fields")."""
+    """The decoder's shape (Hugging Face field names, docs/ARCHITECTURE.md "Model fields")."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -140,7 +140,7 @@ def _choice(params: dict[str, Any], name: str, default: str, choices: tuple[str,
 def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None = None) -> Plan:
     """The trial's ``Plan`` for a launch of ``world_size`` processes, or ``ProbeFailure('invalid')``.
 
-    ``dp`` and ``grad_accum`` are derived when the trial does not carry them (DESIGN.md: dp =
+    ``dp`` and ``grad_accum`` are derived when the trial does not carry them (docs/ARCHITECTURE.md: dp =
     world/(tp·pp·cp), grad_accum = global_batch/(micro_batch·dp)); when it does, they must agree.
     """
     environ = environ or {}
