@@ -216,7 +216,7 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     _setup_logging(verbose)
     spec = _load(spec_path)
     from .context import probe_context
-    from .ranking import rank_space
+    from .ranking import UNDISTINGUISHED, rank_space
     from .space import Space
 
     space = Space(spec)
@@ -230,13 +230,16 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
         _error(f"{spec_path}: constraints: {enumeration.why_empty()}")
         raise typer.Exit(EXIT_INPUT)
     ranking = rank_space(enumeration, probe_context(spec), objectives)
-    best = ranking.top(top)
+    # the top distinct layouts: configs the model prices the same are one row, their knobs named
+    layouts = ranking.distinct_layouts(top)
+    best = [(ranking.enumeration.configs[lay.index], ranking.metrics_of(lay.index)) for lay in layouts]
     if as_json:
         payload = {
             "space_size": enumeration.space_size, "valid": enumeration.valid, "fit": ranking.fit,
             "invalid_reasons": enumeration.invalid_reasons,
             "objectives": [{"metric": m, "direction": d} for m, d in objectives],
-            "top": [{"params": c, "metrics": _public_metrics(m)} for c, m in best],
+            "top": [{"params": c, "metrics": _public_metrics(m), "undistinguished": lay.undistinguished}
+                    for (c, m), lay in zip(best, layouts)],
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
@@ -249,7 +252,11 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     if not best:
         _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
-    _print_top_table(best, objectives, title=f"predicted top {len(best)} (simulated, not measured)")
+    _print_top_table(best, objectives, title=f"predicted top {len(best)} distinct layouts (simulated, not measured)")
+    knobs = {lay.undistinguished_text() for lay in layouts if lay.undistinguished}
+    for text in sorted(knobs):
+        rows = [str(i) for i, lay in enumerate(layouts, start=1) if lay.undistinguished_text() == text]
+        out.print(f"  rows {','.join(rows)}: {UNDISTINGUISHED}{text}", markup=False)
     _print_breakdown(best[0][1])
 
 
@@ -485,10 +492,25 @@ def run(
     _finish_run(spec, directory, choice, outcome, tracker, as_json)
 
 
+def _relocate_mlflow(directory: Path) -> None:
+    """A moved run directory's own MLflow store, pointed at its new place (and said)."""
+    from .tracking import relocate_artifacts
+
+    try:
+        moved = relocate_artifacts(directory)
+    except Exception as exc:  # a store in use, or not MLflow's: browsing may miss artifacts, nothing else
+        log.debug("MLflow artifact paths not checked: %s", exc)
+        return
+    if moved:
+        err.print(Text(moved, style="dim"))
+
+
 def _tracker(spec: Spec, directory: Path) -> Any:
     from .tracking import Tracker, default_tracking_uri, error_line
 
     uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
+    if not spec.tracking.mlflow_uri:
+        _relocate_mlflow(directory)  # a resumed study whose run directory was moved
     if uri.startswith(("http://", "https://")):
         err.print(f"connecting to MLflow at {uri} ...", markup=False)
     try:
@@ -650,6 +672,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     _setup_logging(False)
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
+    _relocate_mlflow(_run_dir(spec, run_dir))
     from .recommend import study_recommendation
     from .report import best_payload, improvement_line, results_rows, study_summary, summary_lines
     from .search import best_records, trial_records

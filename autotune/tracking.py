@@ -59,6 +59,33 @@ def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
 
 
+def relocate_artifacts(run_dir: Path) -> str | None:
+    """Point a moved run directory's MLflow store at its own ``mlartifacts/``.
+
+    MLflow keeps an experiment's artifact location and each run's artifact URI as absolute
+    ``file://`` paths, and its API cannot change them; after ``mv`` (or a copy to a laptop) the UI
+    shows every run but no artifact. This rewrites the old prefix to the new one in the run
+    directory's own SQLite store (the experiments and runs tables), and says what it did; a
+    store whose paths are already right, or that is not the run directory's, is left alone."""
+    import sqlite3
+
+    db = run_dir / "mlflow.db"
+    if not db.is_file():
+        return None
+    new = (run_dir / "mlartifacts").resolve().as_uri()
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT artifact_location FROM experiments WHERE artifact_location LIKE '%/mlartifacts'"
+                            ).fetchall()
+        old = next((r[0] for r in rows if r[0] != new), None)
+        if old is None:
+            return None
+        conn.execute("UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
+                     "WHERE substr(artifact_location, 1, ?) = ?", (new, len(old) + 1, len(old), old))
+        conn.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
+                     (new, len(old) + 1, len(old), old))
+    return f"the run directory moved: its MLflow artifact paths now point at {new} (were {old})"
+
+
 def mlflow_ui_command(tracking_uri: str) -> str:
     if tracking_uri.startswith(("http://", "https://", "databricks")):
         return f"open {tracking_uri}"

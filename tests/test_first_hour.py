@@ -220,3 +220,29 @@ def test_the_rule_stays_within_the_error_of_the_best(direction, values):
     # room enough already, or the rule off: the best, nothing to say
     assert recommend(records, [best], [(metric, direction)], 64.0, 0.5, None, False).sentence == ""
     assert recommend(records, [best], [(metric, direction)], 64.0, None, None, False).chosen is best
+
+
+def test_a_moved_run_directory_keeps_its_mlflow_artifacts(write_spec, tmp_path):
+    """MLflow stores artifact paths as absolute file URIs; after the run directory is moved,
+    `autotune report` points its own store at the new place, and the artifacts are found."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    spec = write_spec(TINY_TRAIN)
+    first = tmp_path / "first"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(first), "--json"])
+    assert result.exit_code == 0, result.output
+    parent_id = json.loads(result.stdout)["mlflow_parent_run_id"]
+    moved = tmp_path / "elsewhere" / "study"
+    moved.parent.mkdir()
+    shutil.move(str(first), str(moved))
+    client = MlflowClient(tracking_uri=f"sqlite:///{moved / 'mlflow.db'}")
+    assert client.list_artifacts(parent_id) == []  # the old paths: nothing found
+    report = CliRunner().invoke(app, ["report", str(moved)])
+    assert report.exit_code == 0, report.output
+    assert "the run directory moved" in report.stderr
+    names = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"results.csv", "summary.json", "export", "plots"} <= names
+    again = CliRunner().invoke(app, ["report", str(moved)])
+    assert "the run directory moved" not in again.stderr  # once
