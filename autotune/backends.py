@@ -15,7 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from .spec import Spec
+from .spec import STACK_PRESETS, Spec
 from autotune.workers.protocol import TrialRequest
 
 __all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for"]
@@ -58,15 +58,17 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     acc = spec.cluster.accelerator
     if kind == "simulate":
         return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
-    if kind in ("torch", "mindspore") and override is None and acc != "cpu" and visible_devices(acc) == 0:
+    if kind in ("torch", "mindspore", *STACK_PRESETS) and override is None and acc != "cpu" and visible_devices(acc) == 0:
         # the spec names a real probe for devices this machine lacks: preview with the
         # simulator (``--backend`` forces the probe anyway)
         name = {"npu": "NPU", "cuda": "GPU"}[acc]
         return BackendChoice("simulate", f"the spec asks for {kind} probes but no {name} is visible: using the "
                                          f"simulator; results are predictions (--backend {kind} forces the probes)")
-    if kind in ("command", "torch", "mindspore"):
+    if kind in ("command", "torch", "mindspore", *STACK_PRESETS):
         if kind == "command" and not spec.backend.argv:
             raise ValueError("--backend command needs backend.argv in the spec")
+        if kind in STACK_PRESETS and kind != spec.backend.kind:
+            raise ValueError(f"--backend {kind} needs backend.kind {kind} with its entry in the spec")
         return BackendChoice(kind, f"backend '{kind}' requested: every result is a measurement")
     # auto
     name = {"npu": "NPU", "cuda": "GPU", "cpu": "CPU"}[acc]
@@ -115,4 +117,18 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         os.makedirs(work, exist_ok=True)
         return ProbeLaunch(argv=ms_argv(request, python), env={**probe_env(python), **env}, timeout_s=timeout,
                            resources=resources, metric_patterns=None, cwd=work)
+    if choice.kind in STACK_PRESETS:
+        from .stack_presets import preset_launch
+
+        workload = spec.workload
+        warmup = int(getattr(workload, "warmup_steps", 1) or 0)
+        iterations = backend.iterations or warmup + int(getattr(workload, "measured_steps", 3) or 1)
+        entry_backend = backend
+        if backend.entry and not backend.entry.startswith("-m ") and not os.path.isabs(backend.entry) \
+                and spec.source_path is not None:  # a script path is relative to the spec
+            entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
+        launch = preset_launch(choice.kind, entry_backend, request, iterations, warmup, backend.python)
+        return ProbeLaunch(argv=launch["argv"], env={**launch["env"], **env}, timeout_s=timeout, resources=resources,
+                           metric_patterns=backend.metric_patterns or None, cwd=cwd, files=launch["files"],
+                           stack_log=launch["stack_log"])
     raise ValueError(f"backend {choice.kind!r} is not launched as a process")

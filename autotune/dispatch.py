@@ -80,9 +80,28 @@ class ProbeLaunch:
     resources: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
     metric_patterns: dict[str, str] | None = None
     cwd: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # name -> text, written in the trial's folder
+    stack_log: dict[str, Any] | None = None  # a stack preset's log reader (workers.stack_logs.stack_log)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def prepare_launch(launch: ProbeLaunch, trial_file: Path) -> tuple[list[str], Any]:
+    """On the worker: write the launch's files into a folder of the trial's own (``{trial_dir}``
+    in argv names it) and build its stack log reader; the argv to run and the reader."""
+    folder = trial_file.parent / f"{trial_file.stem}.files"
+    if launch.files:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in launch.files.items():
+            (folder / Path(name).name).write_text(text)
+    argv = [str(a).replace("{trial_dir}", str(folder)) for a in launch.argv]
+    reader = None
+    if launch.stack_log:
+        from autotune.workers.stack_logs import stack_log
+
+        reader = stack_log(launch.stack_log)
+    return argv, reader
 
 
 def resources_for(accelerator: str, devices: int, override: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -266,9 +285,11 @@ class LocalProcessDispatcher(Dispatcher):
                 if callback is not None:
                     callback(number, event)
 
+            argv, reader = prepare_launch(launch, path)
             return run_probe_process(
-                launch.argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
-                on_event=on_event, should_stop=stop.is_set, metric_patterns=launch.metric_patterns)
+                argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
+                on_event=on_event, should_stop=stop.is_set, metric_patterns=launch.metric_patterns,
+                log_reader=reader)
         except Exception as exc:
             return _crash(exc, "running the probe failed")
 
@@ -363,8 +384,9 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
 
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         path = write_trial_file(request, Path(tmp) / "trial.json")
-        result = run_probe_process(launch.argv, probe_env(request, launch), path, launch.timeout_s,
-                                   cwd=launch.cwd, metric_patterns=launch.metric_patterns, on_event=on_event)
+        argv, reader = prepare_launch(launch, Path(path))
+        result = run_probe_process(argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
+                                   metric_patterns=launch.metric_patterns, on_event=on_event, log_reader=reader)
     result.info.setdefault("host", socket.gethostname())
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):

@@ -465,7 +465,7 @@ class StudyRunner:
                 trial.set_user_attr(A.REASON, f"rejected by rules: {reason}")
                 trial.set_user_attr(A.SOURCE, "rules")
                 trial.set_constraint("feasible", float(len(resolved.violations)))
-                study.tell(trial, self._penalty())
+                _tell(study, trial, self._penalty())
                 return None
             config = resolved.config
             trial.set_user_attr(A.CONFIG, config)
@@ -488,9 +488,9 @@ class StudyRunner:
             if original is not None and original.state == TrialState.COMPLETE and original.values:
                 for name, value in original.constraints.items():
                     trial.set_constraint(name, value)
-                study.tell(trial, list(original.values))
+                _tell(study, trial, list(original.values))
             else:
-                study.tell(trial, state=TrialState.FAIL)
+                _tell(study, trial, state=TrialState.FAIL)
             return None
         if not ua.get(A.CHOSEN):
             trial.set_user_attr(A.CHOSEN, why)
@@ -633,17 +633,17 @@ class StudyRunner:
         if missing:
             trial.set_user_attr(A.STATUS, "crash")
             trial.set_user_attr(A.REASON, f"probe reported no value for objective(s) {missing}")
-            study.tell(trial, state=TrialState.FAIL)
+            _tell(study, trial, state=TrialState.FAIL)
         elif result.ok:
             trial.set_constraint("feasible", 0.0)
-            study.tell(trial, [float(metrics[m]) for m, _ in self.objectives])
+            _tell(study, trial, [float(metrics[m]) for m, _ in self.objectives])
         elif result.status in ("oom", "invalid", "nan"):
             trial.set_constraint("feasible", 1.0)
-            study.tell(trial, self._penalty())
+            _tell(study, trial, self._penalty())
         elif result.status == "pruned":
-            study.tell(trial, state=TrialState.PRUNED)
+            _tell(study, trial, state=TrialState.PRUNED)
         else:  # crash, timeout: nothing learnt about the config itself
-            study.tell(trial, state=TrialState.FAIL)
+            _tell(study, trial, state=TrialState.FAIL)
         record = next(r for r in trial_records_one(study, trial.number))
         self._log_trial(study, record, result)
         if record.status == "ok" and record.source == "measured" and record.predicted:
@@ -825,6 +825,18 @@ def _step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
     a config that peaks in its first step needs that memory too."""
     values = [float(e[k]) for e in steps for k in ("memory_gib", "peak_memory_gib") if _finite(e.get(k))]
     return max(values) if values else None
+
+
+def _tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
+    """``study.tell``, where a sampler's ``study.stop()`` is not an error. Optuna's GridSampler
+    calls it in ``after_trial`` once every grid point was sampled, and ``Study.stop`` raises
+    outside ``study.optimize``; Optuna has stored the trial by then (in a ``finally``), and this
+    loop ends by itself when the space is exhausted."""
+    try:
+        study.tell(trial, *args, **kwargs)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
 
 
 def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:

@@ -117,7 +117,9 @@ class ClusterSpec(_Strict):
 
 
 # ---------------------------------------------------------------------------------------- backend
-BackendKind = Literal["auto", "simulate", "command", "torch", "mindspore"]
+BackendKind = Literal["auto", "simulate", "command", "torch", "mindspore", "megatron", "mindspeed", "torchtitan",
+                      "deepspeed"]
+STACK_PRESETS = ("megatron", "mindspeed", "torchtitan", "deepspeed")
 
 
 class BackendSpec(_Strict):
@@ -143,6 +145,14 @@ class BackendSpec(_Strict):
                             "across nodes")
     cwd: str | None = Field(None, description="working directory of the probe; a relative path is relative to the "
                                              "spec file (default: where autotune runs)")
+    entry: str | None = Field(None, description="stack presets (megatron, mindspeed, torchtitan, deepspeed): the "
+                              "training entry point, a script path (pretrain_gpt.py, train.py) or '-m package.module' "
+                              "(torchtitan's default: -m torchtitan.train); run under torchrun --standalone")
+    args: list[str] = Field(default_factory=list, description="stack presets: the job's own arguments (data, "
+                            "tokenizer, --module/--config), after autotune's (Megatron keeps the last of a repeated flag); "
+                            "'{iterations}' is replaced by the iterations to run (also $AUTOTUNE_ITERATIONS)")
+    iterations: int | None = Field(None, gt=0, description="stack presets: training iterations per probe (default: "
+                                   "workload.warmup_steps + measured_steps; the warm-up ones are not measured)")
 
     @field_validator("metric_patterns")
     @classmethod
@@ -165,6 +175,12 @@ class BackendSpec(_Strict):
             raise ValueError("backend kind 'command' needs argv, a list such as [python, train.py, --trial, '{trial_file}']")
         if self.kind != "command" and self.argv:
             raise ValueError(f"argv is only used by backend kind 'command', not {self.kind!r}")
+        if self.kind in STACK_PRESETS and self.kind != "torchtitan" and not self.entry:
+            raise ValueError(f"backend kind {self.kind!r} needs entry, the training script "
+                             f"({'pretrain_gpt.py' if self.kind != 'deepspeed' else 'train.py'})")
+        if self.kind not in STACK_PRESETS and (self.entry or self.args or self.iterations):
+            raise ValueError("entry, args and iterations are for the stack presets (kind megatron, mindspeed, "
+                             f"torchtitan, deepspeed), not {self.kind!r}")
         return self
 
 

@@ -198,3 +198,20 @@ def test_resuming_a_seeded_study_with_a_larger_budget_probes_new_configs(write_s
     resumed = [r for r in trial_records(outcome.study) if r.number >= asked_before]
     first_probe = next(i for i, r in enumerate(resumed) if r.probed)
     assert first_probe < 8  # not a replay of the first run's 8 probes (and its rejected proposals)
+
+
+def test_a_grid_study_ends_when_its_grid_is_exhausted(write_spec, tmp_path):
+    """Optuna's GridSampler calls study.stop() once every grid point was sampled, which raises
+    outside study.optimize; the ask/tell loop takes it as the end of the grid, not a failure."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from support import TINY_TRAIN
+
+    import json
+
+    spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 80, seed: 1, sampler: grid}"))
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["probes"] < 80 and "every valid config" in payload["stopped_because"]

@@ -80,6 +80,7 @@ def run_probe_process(
     log_tail_lines: int = 200,
     kill_grace_s: float = KILL_GRACE_S,
     watchdog: bool = True,
+    log_reader: Any = None,
 ) -> ProbeResult:
     """Run one probe process to completion and return what it produced.
 
@@ -93,7 +94,10 @@ def run_probe_process(
     the calling thread and, once true, the probe is killed and reported as ``pruned`` with the steps
     measured so far. ``metric_patterns`` maps a metric name to a regex whose first group (or whole
     match) is the value, applied to each log line (last match wins); they let a launcher that
-    cannot print JSON be a probe.
+    cannot print JSON be a probe. ``log_reader`` (a :class:`~autotune.workers.stack_logs.StackLog`)
+    reads a production stack's own log lines instead: its step events stream like the protocol's,
+    its metrics come from the measured iterations, and its failure words decide the status where
+    the generic rules see only a crash.
 
     Status: ``ok`` when the probe exits 0 and reported metrics (a ``{"metrics": ...}`` line, or at
     least one metric extracted by ``metric_patterns``) and printed no failure event; ``pruned``
@@ -148,7 +152,7 @@ def run_probe_process(
     except OSError as exc:
         return ProbeResult("invalid", reason=f"cannot start probe {argv[0]!r}: {exc}", wall_s=time.monotonic() - t0)
 
-    run = _Run(proc, patterns, log_tail_lines, on_event)
+    run = _Run(proc, patterns, log_tail_lines, on_event, log_reader)
     guard = _start_watchdog(proc.pid, kill_grace_s) if watchdog else None
     lines: queue.Queue = queue.Queue(maxsize=10_000)  # bounded: a flooding probe blocks on its pipe
     reader_stop = threading.Event()
@@ -220,8 +224,9 @@ class _Run:
     """What has been read from one probe so far."""
 
     def __init__(self, proc: subprocess.Popen, patterns: dict[str, re.Pattern], tail_lines: int,
-                 on_event: Callable[[dict[str, Any]], None] | None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None, reader: Any = None) -> None:
         self.proc = proc
+        self.reader = reader
         self.patterns = patterns
         self.tail_lines = max(0, int(tail_lines))
         self.lines: collections.deque[str] = collections.deque(maxlen=max(self.tail_lines, _CLASSIFY_LINES))
@@ -268,22 +273,28 @@ class _Run:
                     value = _to_float(m.group(1) if pattern.groups else m.group(0))
                     if value is not None:
                         self.pattern_metrics[name] = value
+            if self.reader is not None:  # the stack's own words, as protocol events
+                for event in self.reader.parse(text):
+                    self._event(event)
             return
         if "metrics" in msg and "event" not in msg:
             self._metrics(msg)
             self.lines.append(text if len(text) <= MAX_LOG_LINE_CHARS else text[:MAX_LOG_LINE_CHARS] + " ...[cut]")
             return
+        if msg.get("event") != "step":
+            self.lines.append(text if len(text) <= MAX_LOG_LINE_CHARS else text[:MAX_LOG_LINE_CHARS] + " ...[cut]")
+        self._event(msg)
+
+    def _event(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")
         if event == "step":
             if len(self.steps) < MAX_STEPS:
                 self.steps.append(msg)
             else:
                 self.steps_dropped += 1
-        else:
-            if event == "failure":
-                self.failure = msg
-                self.failure_line = json.dumps(msg, default=str)
-            self.lines.append(text if len(text) <= MAX_LOG_LINE_CHARS else text[:MAX_LOG_LINE_CHARS] + " ...[cut]")
+        elif event == "failure":
+            self.failure = msg
+            self.failure_line = json.dumps(msg, default=str)
         if self.on_event is not None:
             self.on_event(msg)
 
@@ -307,8 +318,10 @@ class _Run:
 
     def result(self, rc: int | None, *, stopped: bool, timed_out: bool) -> ProbeResult:
         metrics = dict(self.pattern_metrics)
+        if self.reader is not None and self.metrics is None:
+            metrics.update(self.reader.metrics(self.steps) or {})
         metrics.update(self.metrics or {})
-        has_metrics = self.metrics is not None or bool(self.pattern_metrics)
+        has_metrics = self.metrics is not None or bool(self.pattern_metrics) or bool(metrics)
         info = dict(self.info)
         info["returncode"] = rc
         if self.steps_dropped:
@@ -320,7 +333,7 @@ class _Run:
         elif timed_out:
             status, reason = classify_failure(rc, [], timed_out=True)
         elif rc == 0 and has_metrics and self.failure is None:
-            status, reason = "ok", ""
+            status, reason = (self.reader.verdict(self.steps) if self.reader is not None else None) or ("ok", "")
         elif rc == 0 and self.failure is None:
             status, reason = "crash", "probe exited 0 without a metrics line"
         else:
@@ -328,6 +341,9 @@ class _Run:
             if self.failure is not None and self.failure_line not in output:
                 output.append(self.failure_line)  # scrolled out of the window: still honoured
             status, reason = classify_failure(rc, output)
+            stack = self.reader.failure(output) if self.reader is not None else None
+            if stack is not None and status != "oom":  # an OOM's own message outranks what follows it
+                status, reason = stack
             if status == "crash" and self.failure is not None and rc == 0:
                 reason = str(self.failure.get("reason", reason))[:500]
             if self.metrics is not None and status != "ok":
