@@ -207,3 +207,22 @@ def test_pruning_works_on_the_stacks_streamed_iterations(write_spec, tmp_path):
     assert "stopped early after" in slowest["failure"] and "the best's" in slowest["failure"]
     baseline = next(t for t in trials if t["baseline"])
     assert baseline["status"] == "ok" and baseline["metrics"]["measured_steps"] == 8
+
+
+@pytest.mark.slow
+def test_a_real_deepspeed_study_through_the_preset(tmp_path):
+    """DeepSpeed's engine on this CPU (gloo), the example's own training script, 2 trials: the
+    throughput timer's lines are measured, not a fake's."""
+    import yaml
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_cpu"
+    data = yaml.safe_load((example / "deepspeed_cpu.yaml").read_text())
+    data["backend"]["entry"] = str(example / "train.py")
+    data["search"]["n_trials"] = 2
+    spec = tmp_path / "ds.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking"])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["best"][0]
+    assert best["source"] == "measured" and best["metrics"]["tokens_per_s_per_device"] > 0
+    assert best["metrics"]["measured_steps"] >= 2

@@ -45,6 +45,10 @@ _OOM_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 _NAN_PATTERNS = re.compile(r"\bloss is (nan|inf)\b|non-finite loss|loss=nan|loss: nan|\bNaN detected", re.IGNORECASE)
+_DECORATION = re.compile(r"^[=\-_*#~\s]+$")
+_CAUSE = re.compile(r"\w(Error|Exception)\b|\berror:|terminate called|Segmentation fault|Aborted|"
+                    r"failed \(exitcode", re.IGNORECASE)
+_LAUNCHER = re.compile(r"ChildFailedError|torch[./]distributed[./]elastic|error_file:")  # torchrun's own report
 _INVALID_PATTERNS = re.compile(r"\binvalid config(uration)?\b|not divisible by", re.IGNORECASE)
 
 
@@ -227,5 +231,8 @@ def classify_failure(returncode: int | None, output: Iterable[str] | str, timed_
     if returncode == 137:
         # SIGKILL from outside, usually the kernel's OOM killer on host memory
         return "oom", "probe killed (exit 137), most likely by the host OOM killer"
-    tail = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+    # the line that says what went wrong, not a launcher's closing banner ("=====", "-----")
+    said = [ln.strip() for ln in lines if ln.strip() and not _DECORATION.match(ln.strip())]
+    tail = next((ln for ln in reversed(said) if _CAUSE.search(ln) and not _LAUNCHER.search(ln)),
+                said[-1] if said else "")
     return "crash", f"probe exited with status {returncode}" + (f": {tail[:300]}" if tail else "")

@@ -38,6 +38,7 @@ class StackLog(abc.ABC):
     only a time; ``devices``: the trial's world size (per-device figures)."""
 
     name = "stack"
+    missing = "the stack printed no iteration line"  # why a run that exited 0 gave no metrics
 
     def __init__(self, warmup: int = 1, tokens_per_iteration: float | None = None, devices: int = 1):
         self.warmup = max(0, int(warmup))

@@ -39,6 +39,8 @@ _COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|
 
 class DeepSpeedLog(StackLog):
     name = "deepspeed"
+    missing = ("no DeepSpeed throughput-timer line: DeepSpeed's logger starts at WARNING and the timer's lines "
+               "are INFO; call deepspeed.utils.logging.set_log_level_from_string('info') in the training script")
 
     def __init__(self, *args: Any, samples_per_iteration: float | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)

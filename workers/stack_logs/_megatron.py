@@ -42,6 +42,7 @@ _COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|
 
 class MegatronLog(StackLog):
     name = "megatron"
+    missing = "no Megatron iteration line: keep --log-interval 1 and the last rank's output"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
