@@ -543,8 +543,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
-    err.print(Text("writing the results, plots and exports" + (" and the MLflow parent run" if tracker else ""),
-                   style="dim"))
+    err.print(Text("writing the results, plots, exports" + (" and the MLflow parent run" if tracker else "")
+                   if tracker else "writing the results, plots and exports", style="dim"))
     rows = results_rows(outcome.records, objectives)
     results_csv = write_results_csv(rows, directory / "results.csv")
     best = outcome.best[0] if outcome.best else None

@@ -82,10 +82,11 @@ def _fake(kind: str, args: list[str], tmp_path: Path, fail: str = "", world: int
     reader = stack_log({"kind": kind, "warmup": 1, "tokens_per_iteration": 8 * 128, "devices": world,
                         "samples_per_iteration": 8})
     env = {"FAKE_STACK_FAIL": fail, "FAKE_STACK_PACE_S": "0", "WORLD_SIZE": str(world),
-           "RANK": str(world - 1 if kind == "megatron" else 0), "PYTHONPATH": str(FAKES)}
+           "RANK": str(world - 1 if kind in ("megatron", "mindspeed") else 0), "PYTHONPATH": str(FAKES)}
     trial = tmp_path / "trial.json"
     trial.write_text("{}")
-    return run_probe_process([sys.executable, str(FAKES / f"fake_{kind}.py"), *args], env, trial, 60, log_reader=reader)
+    fake = FAKES / f"fake_{'megatron' if kind == 'mindspeed' else kind}.py"
+    return run_probe_process([sys.executable, str(fake), *args], env, trial, 60, log_reader=reader)
 
 
 MEGATRON_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "4", "--num-layers", "4"]
@@ -109,6 +110,8 @@ def _ds_args(tmp_path: Path) -> list[str]:
     ("megatron", "args", "invalid", "argument parser refused"),
     ("megatron", "assert", "invalid", "validate_args"),
     ("megatron", "timeout", "timeout", "Watchdog caught collective operation timeout"),
+    ("mindspeed", "npu-oom", "oom", "NPU out of memory"),
+    ("mindspeed", "hccl-timeout", "timeout", "EI0002"),
     ("torchtitan", "", "ok", ""),
     ("torchtitan", "oom", "oom", "CUDA out of memory"),
     ("torchtitan", "dims", "invalid", "Invalid parallel dims"),
@@ -119,7 +122,7 @@ def _ds_args(tmp_path: Path) -> list[str]:
     ("deepspeed", "skip", "nan", "fp16 loss scaling skipped every step"),
 ])
 def test_each_failure_is_classified_from_the_stacks_words(tmp_path, kind, fail, status, words):
-    args = {"megatron": MEGATRON_ARGS, "torchtitan": TITAN_ARGS}.get(kind) or _ds_args(tmp_path)
+    args = {"megatron": MEGATRON_ARGS, "mindspeed": MEGATRON_ARGS, "torchtitan": TITAN_ARGS}.get(kind) or _ds_args(tmp_path)
     result = _fake(kind, args, tmp_path, fail)
     assert result.status == status, (result.reason, result.log_tail[-800:])
     assert words in result.reason
