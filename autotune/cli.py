@@ -164,6 +164,56 @@ def _with_overrides(spec: Spec, **changes: Any) -> Spec:
     return spec.model_copy(update={"search": search})
 
 
+# --------------------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can its largest trial be placed?",
+                                                      show_default=False),
+           ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                                     help="the Ray cluster ('auto', host:6379); default: the spec's "
+                                                          "ray.address, else a local Ray on this machine"),
+           as_json: bool = JsonOpt) -> None:
+    """The Ray cluster node by node: accelerators, free resources, software (torch, torch_npu,
+    CANN, MindSpore, ...), and whether the spec's largest trial can be placed (exit 1 if not)."""
+    _setup_logging(False)
+    spec = _load(spec_path) if spec_path else None
+    address = ray_address or (spec.ray.address if spec else None)
+    from .doctor import cluster_report, placement_verdict
+    from .dispatch import RayDispatcher
+
+    try:
+        dispatcher = RayDispatcher(address=address, num_cpus=spec.ray.num_cpus if spec and not address else None)
+    except Exception as exc:
+        _error(f"cannot reach the Ray cluster{f' at {address}' if address else ''}: {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+    try:
+        nodes = cluster_report(dispatcher._ray)
+    finally:
+        dispatcher.shutdown()
+    verdict = None
+    if spec is not None:
+        c = spec.cluster
+        verdict = placement_verdict(nodes, c.accelerator, c.nodes, c.devices_per_node)
+    if as_json:
+        out.print_json(json.dumps({"address": address or "local", "nodes": nodes,
+                                   "placement": {"ok": verdict[0], "why": verdict[1]} if verdict else None}))
+    else:
+        out.print(f"[bold]Ray cluster[/bold] {escape(address or 'local (this machine)')}: {len(nodes)} node(s)")
+        for n in nodes:
+            devices = ", ".join(f"{k} {n['free'].get(k, v):g}/{v:g} free" for k, v in n["total"].items()
+                                if k in ("CPU", "GPU", "NPU"))
+            soft = n.get("software") or {}
+            software = ", ".join(f"{k} {v}" for k, v in soft.items()) if soft else n.get("error", "none found")
+            out.print(f"  {n['address']} node {n['node_id'][:8]} ({n.get('host', '?')}, python {n.get('python', '?')}): "
+                      f"{devices}", markup=False)
+            out.print(f"      software: {software}", markup=False)
+            if n.get("visible_devices"):
+                out.print(f"      visible: {n['visible_devices']}", markup=False)
+        if verdict:
+            out.print(("ok  " if verdict[0] else "not placeable  ") + verdict[1], markup=False)
+    if verdict and not verdict[0]:
+        raise typer.Exit(EXIT_NO_RESULT)
+
+
 # ------------------------------------------------------------------------------------- validate
 @app.command()
 def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:

@@ -186,6 +186,14 @@ def _crash(exc: BaseException, what: str) -> ProbeResult:
     return ProbeResult("crash", reason=f"{what}: {type(exc).__name__}: {exc}"[:500], log_tail=tail)
 
 
+def _infrastructure_errors(ray: Any) -> tuple[type, ...]:
+    """Ray's exceptions that mean the machine failed, not the probe: a worker process killed
+    (``WorkerCrashedError``), a node or its raylet gone, the object or its owner lost."""
+    names = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "RaySystemError", "ObjectLostError",
+             "OwnerDiedError", "ObjectReconstructionFailedError", "ActorDiedError")
+    return tuple(cls for name in names if isinstance(cls := getattr(ray.exceptions, name, None), type))
+
+
 def _trial_file_name(request: TrialRequest, seq: int) -> str:
     return f"trial_{request.number:05d}.json" if request.number >= 0 else f"trial_x{seq:05d}.json"
 
@@ -356,9 +364,17 @@ class _StepSink:
 
     def __init__(self) -> None:
         self._events: list[tuple[int, dict[str, Any]]] = []
+        self._where: dict[int, dict[str, Any]] = {}
 
     def put(self, number: int, event: dict[str, Any]) -> None:
         self._events.append((number, event))
+
+    def started(self, number: int, where: dict[str, Any]) -> None:
+        """Where trial ``number``'s task runs (node, worker pid): named when that node fails."""
+        self._where[number] = where
+
+    def where(self, number: int) -> dict[str, Any]:
+        return self._where.get(number, {})
 
     def drain(self) -> list[tuple[int, dict[str, Any]]]:
         out, self._events = self._events, []
@@ -374,6 +390,15 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
     request = _Request(**request_data)
     launch = ProbeLaunch(**launch_data)
     number = request.number
+    if sink is not None:
+        try:
+            import ray
+
+            ctx = ray.get_runtime_context()
+            sink.started.remote(number, {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                                         "worker_pid": os.getpid()})
+        except Exception:  # where it ran is for the failure's reason only
+            pass
 
     def on_event(event: dict[str, Any]) -> None:
         if sink is not None and event.get("event") == "step":
@@ -578,10 +603,25 @@ class RayDispatcher(Dispatcher):
                 if cancelled or isinstance(exc, ray.exceptions.TaskCancelledError) or \
                         isinstance(getattr(exc, "cause", None), ray.exceptions.TaskCancelledError):
                     result = ProbeResult("pruned", reason="cancelled by the driver")
+                elif isinstance(exc, _infrastructure_errors(ray)):
+                    result = self._infra(handle, exc)
                 else:
                     result = _crash(exc, "the Ray task failed")
             out.append((handle, result))
         return out
+
+    def _infra(self, handle: Handle, exc: BaseException) -> ProbeResult:
+        """The infrastructure failed under the trial (its worker or node died): not the config's
+        failure. The reason names the node the task ran on."""
+        try:
+            where = self._ray.get(self._sink.where.remote(handle.number), timeout=5)
+        except Exception:
+            where = {}
+        node = (f"node {where.get('node_ip')} ({str(where.get('node_id', ''))[:12]}), Ray worker pid "
+                f"{where.get('worker_pid')}" if where else "a node it never reported from")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ProbeResult("infra", reason=f"infrastructure failure on {node}: {type(exc).__name__}: {first}"[:500],
+                           info={"node": where} if where else {})
 
     def _escalate_cancels(self) -> None:
         now = time.monotonic()

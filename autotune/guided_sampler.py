@@ -47,7 +47,7 @@ __all__ = ["GuidedSampler", "report_failure", "GUIDE_ATTR", "OUTCOME_ATTR"]
 GUIDE_ATTR = "autotune.guide"        # system attribute: why the guide chose a trial's config, its prediction
 OUTCOME_ATTR = "autotune.outcome"    # system attribute: a failed trial's status and OOM byte counts (after_trial)
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-_NOT_PROBES = ("duplicate", "interrupted", "running")
+_NOT_PROBES = ("duplicate", "interrupted", "running", "infra")  # infra: the machine failed, not the config
 
 
 def report_failure(trial: optuna.Trial, error: BaseException | str, status: str | None = None) -> None:
@@ -263,7 +263,7 @@ class GuidedSampler(BaseSampler):
         if self.n_trials is None:
             return None
         probes = sum(1 for t in trials if t.state in (*_FINISHED, TrialState.RUNNING)
-                     and _status(t) not in ("duplicate", "interrupted") and t.user_attrs.get(A.SOURCE) != "rules")
+                     and _status(t) not in ("duplicate", "interrupted", "infra") and t.user_attrs.get(A.SOURCE) != "rules")
         return self.n_trials - probes
 
     def _index_of(self, trial: FrozenTrial) -> int | None:

@@ -347,7 +347,7 @@ class StudyRunner:
             study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing)
         self._recover(study)
         records = trial_records(study)
-        probes_done = sum(1 for r in records if is_tracked(r))
+        probes_done = sum(1 for r in records if is_tracked(r) and r.status != "infra")
         budget = self.spec.search.n_trials
         self._enqueue_plan(study, ranking, budget - probes_done)
         self._start_tracking(study)
@@ -422,6 +422,10 @@ class StudyRunner:
                 for handle, result in dispatcher.wait_any(timeout=0.25):
                     trial, config = pending.pop(handle)
                     record = self._finish(study, trial, config, result)
+                    if record.status == "infra":  # the machine failed, not the config: no budget spent,
+                        started -= 1              # and its retry (queued by _finish) is no repeat
+                        if seen.get(config_key(config)) == trial.number:
+                            del seen[config_key(config)]
                     self.observer.on_trial_finished(record, self._best_single(study), len(pending))
                     if self.stop_requested():
                         raise KeyboardInterrupt
@@ -642,6 +646,9 @@ class StudyRunner:
             _tell(study, trial, self._penalty())
         elif result.status == "pruned":
             _tell(study, trial, state=TrialState.PRUNED)
+        elif result.status == "infra":  # a node or worker died: never fed to the search as a bad config
+            self._retry_after_infra(study, trial, config)
+            _tell(study, trial, state=TrialState.FAIL)
         else:  # crash, timeout: nothing learnt about the config itself
             _tell(study, trial, state=TrialState.FAIL)
         record = next(r for r in trial_records_one(study, trial.number))
@@ -649,6 +656,21 @@ class StudyRunner:
         if record.status == "ok" and record.source == "measured" and record.predicted:
             self._refit(study, after=record.number)
         return record
+
+    def _retry_after_infra(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any]) -> None:
+        """Queue the config once more after an infrastructure failure (Ray places it wherever
+        the cluster has room now); a second one in a row is left as it is, with its reason."""
+        ua = trial.user_attrs
+        if A.INFRA_RETRY_OF in ua:
+            trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; the retry of trial {ua[A.INFRA_RETRY_OF]} "
+                                          "failed on the infrastructure too: not retried again"[:2000])
+            return
+        attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
+        attrs[A.INFRA_RETRY_OF] = trial.number
+        attrs[A.CHOSEN] = f"retry of trial {trial.number} after an infrastructure failure; " + str(ua.get(A.CHOSEN, ""))
+        study.enqueue_trial(self._params_for(config), user_attrs=attrs, skip_if_exists=False)
+        trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; retried once as a new trial"[:2000])
+        self.observer.on_message(f"trial {trial.number}: infrastructure failure; its config is retried once")
 
     def _derive_metrics(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
         if not result.ok or result.source == "simulated":

@@ -24,5 +24,6 @@ class A:
     DUPLICATE_OF = "autotune.duplicate_of"
     REQUEUED_FROM = "autotune.requeued_from"
     REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
+    INFRA_RETRY_OF = "autotune.infra_retry_of"  # the config again, after the infrastructure failed under it
     WALL = "autotune.wall_s"
     INFO = "autotune.info"

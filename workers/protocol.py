@@ -34,7 +34,9 @@ TRIAL_FILE_ENV = "AUTOTUNE_TRIAL_FILE"
 # ok: metrics measured; oom: allocator ran out of memory; timeout: killed at the deadline;
 # nan: the loss (numerics) broke; crash: any other failure; invalid: the config cannot run at all
 # (rejected by a rule, or the probe said so); pruned: stopped early by the driver as a loser.
-STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned")
+# infra: the infrastructure failed under the probe (a Ray worker or node died), not the config;
+# set by the dispatcher, never claimed by a probe
+STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned", "infra")
 FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
 
 _OOM_PATTERNS = re.compile(

@@ -1,0 +1,107 @@
+"""Infrastructure failure is not the config's failure (issue #16): a Ray worker killed under a
+trial gives status ``infra`` with the node named, the config is retried once, nothing is fed to
+the search as a bad config, and the study completes its budget with no trial lost or doubled."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from support import command_spec
+
+KILLER = r'''
+import json, os, signal, sys, time
+trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
+marker = os.environ["KILL_MARKER"]
+if trial["number"] == 2 and not os.path.exists(marker):
+    open(marker, "w").write(str(os.getppid()))
+    os.kill(os.getppid(), signal.SIGKILL)   # the Ray worker running this trial dies under it
+    time.sleep(30)
+p = trial["params"]
+print(json.dumps({"event": "step", "step": 1, "step_time_s": 0.1}))
+print(json.dumps({"metrics": {"tokens_per_s_per_device": 1000.0 * p["micro_batch_size"] / p["tp"], "step_time_s": 1.0}}))
+'''
+
+
+def test_a_killed_ray_worker_is_an_infrastructure_failure_retried_once(write_spec, tmp_path):
+    spec = command_spec(write_spec, tmp_path, n_trials=5, parallel=1, ray="ray: {num_cpus: 2}")
+    (tmp_path / "probe.py").write_text(KILLER)
+    marker = tmp_path / "killed"
+    spec.write_text(spec.read_text().replace("PROBE_SLEEP:", f'KILL_MARKER: "{marker}", PROBE_SLEEP:'))
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    assert marker.exists()  # the worker was killed
+    assert "infrastructure failure; its config is retried once" in result.stderr
+    trials = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)["trials"]
+    infra = [t for t in trials if t["status"] == "infra"]
+    assert len(infra) == 1 and infra[0]["number"] == 2
+    assert re.search(r"infrastructure failure on node \d+\.\d+\.\d+\.\d+ \(\w+\)", infra[0]["failure"])
+    assert "WorkerCrashedError" in infra[0]["failure"]
+    assert f"Ray worker pid {marker.read_text()}" in infra[0]["failure"]
+    assert "retried once as a new trial" in infra[0]["failure"]
+    retry = [t for t in trials if t["chosen_because"].startswith("retry of trial 2 after an infrastructure failure")]
+    assert len(retry) == 1 and retry[0]["status"] == "ok" and retry[0]["params"] == infra[0]["params"]
+    ok = [t for t in trials if t["probed"] and t["status"] == "ok"]
+    assert len(ok) == 5  # the whole budget measured: the infra trial spent none of it
+    assert len({json.dumps(t["params"], sort_keys=True) for t in ok}) == 5  # none twice
+    from support import mlflow_runs
+
+    _, children = mlflow_runs(run_dir, "tiny")
+    assert sorted(c.data.tags["autotune.status"] for c in children).count("infra") == 1
+
+
+# ------------------------------------------------------------------- autotune doctor, many nodes
+def test_doctor_on_a_local_multi_node_cluster(write_spec, tmp_path):
+    """Three Ray nodes on this machine (a head and two workers declaring NPU: 2 each): doctor
+    lists every node with its devices, free resources and software, and says whether a spec's
+    largest trial can be placed."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from support import TINY_TRAIN
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, resources={"NPU": 2}, object_store_memory=80 * 2**20)
+        cluster.wait_for_nodes()
+        fits = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+                                             "cluster: {accelerator: npu, nodes: 2, devices_per_node: 2}"), "fits.yaml")
+        result = CliRunner().invoke(app, ["doctor", str(fits), "--ray-address", cluster.address, "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert len(report["nodes"]) == 3
+        npus = sorted(n["total"].get("NPU", 0) for n in report["nodes"])
+        assert npus == [0, 2, 2]
+        assert all("torch" in n["software"] and "ray" in n["software"] for n in report["nodes"])
+        assert report["placement"]["ok"] and "2 node(s) have 2 NPU" in report["placement"]["why"]
+        too_big = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+                                                "cluster: {accelerator: npu, nodes: 2, devices_per_node: 4}"), "big.yaml")
+        result = CliRunner().invoke(app, ["doctor", str(too_big), "--ray-address", cluster.address])
+        assert result.exit_code == 1
+        assert "needs 2 node(s) with 4 NPU each, but only 0 node(s)" in result.stdout
+        assert "ray start --resources" in result.stdout
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def test_the_70b_four_node_spec_plans_on_the_simulator():
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[1] / "search_spaces" / "llama2_70b_32npu.yaml"
+    result = CliRunner().invoke(app, ["plan", str(spec), "--json", "--top", "5"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["fit"] > 0 and len(payload["top"]) == 5
+    for row in payload["top"]:
+        p = row["params"]
+        assert p["tp"] * p["pp"] * p["dp"] == 32 and p["tp"] <= 8
+        assert row["metrics"]["peak_memory_gib"] <= 64
