@@ -81,6 +81,15 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     return BackendChoice("torch", f"{have} {name}(s) visible: real torch probes; every result is a measurement")
 
 
+def node_bundle(accelerator: str, devices_per_node: int) -> dict[str, float]:
+    """One node's placement-group bundle: its devices (and a CPU for the launcher)."""
+    if accelerator == "npu":
+        return {"NPU": float(devices_per_node), "CPU": 1.0}
+    if accelerator == "cuda":
+        return {"GPU": float(devices_per_node), "CPU": 1.0}
+    return {"CPU": float(devices_per_node)}
+
+
 def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     """The :class:`~autotune.dispatch.ProbeLaunch` of one trial for a real backend."""
     from .dispatch import ProbeLaunch, resources_for
@@ -97,16 +106,21 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     cwd = backend.cwd
     if cwd and not os.path.isabs(cwd) and spec.source_path is not None:
         cwd = str(spec.source_path.resolve().parent / cwd)
+    # a trial over the whole world of a multi-node cluster: one process per node, one bundle each
+    nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
+    spread = dict(nodes=nodes, bundle=node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node)) \
+        if nodes > 1 else {}
     if choice.kind == "command":
         return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,
-                           metric_patterns=backend.metric_patterns or None, cwd=cwd)
+                           metric_patterns=backend.metric_patterns or None, cwd=cwd, **spread)
     if choice.kind == "torch":
-        from autotune.workers.torch_probe.launch import probe_argv
+        from autotune.workers.torch_probe.launch import probe_argv, torchrun_argv
 
         # backend.launcher: warm / spawn on one node (seconds less per trial), torchrun across nodes
-        argv = probe_argv(request, backend.python or sys.executable)
+        python = backend.python or sys.executable
+        argv = torchrun_argv(request, python) if nodes > 1 else probe_argv(request, python)
         return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
-                           cwd=cwd)
+                           cwd=cwd, **spread)
     if choice.kind == "mindspore":
         from autotune.workers.mindspore_probe.launch import probe_argv as ms_argv, probe_env, resolve_python
 
@@ -127,8 +141,8 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         if backend.entry and not backend.entry.startswith("-m ") and not os.path.isabs(backend.entry) \
                 and spec.source_path is not None:  # a script path is relative to the spec
             entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
-        launch = preset_launch(choice.kind, entry_backend, request, iterations, warmup, backend.python)
+        launch = preset_launch(choice.kind, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
         return ProbeLaunch(argv=launch["argv"], env={**launch["env"], **env}, timeout_s=timeout, resources=resources,
                            metric_patterns=backend.metric_patterns or None, cwd=cwd, files=launch["files"],
-                           stack_log=launch["stack_log"])
+                           stack_log=launch["stack_log"], **spread)
     raise ValueError(f"backend {choice.kind!r} is not launched as a process")

@@ -82,9 +82,37 @@ class ProbeLaunch:
     cwd: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # name -> text, written in the trial's folder
     stack_log: dict[str, Any] | None = None  # a stack preset's log reader (workers.stack_logs.stack_log)
+    nodes: int = 1  # > 1: one process per node, each on its own placement-group bundle (``bundle``)
+    bundle: dict[str, float] = field(default_factory=dict)  # one node's share, e.g. {"NPU": 8, "CPU": 1}
+    placement_timeout_s: float = 120.0  # how long a multi-node trial waits for its nodes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+NODE_PLACEHOLDERS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
+
+
+def node_env(node: dict[str, Any]) -> dict[str, str]:
+    """What one node of a multi-node trial is told: the same values as the argv placeholders."""
+    return {"NNODES": str(node["nnodes"]), "NODE_RANK": str(node["node_rank"]), "MASTER_ADDR": str(node["master_addr"]),
+            "MASTER_PORT": str(node["master_port"])}
+
+
+def visible_devices_env() -> dict[str, str]:
+    """The devices Ray assigned this task, as the variables the runtimes read (from Ray's own
+    assignment, never guessed): NPU -> ``ASCEND_RT_VISIBLE_DEVICES``, GPU -> ``CUDA_VISIBLE_DEVICES``."""
+    try:
+        import ray
+
+        ids = ray.get_runtime_context().get_accelerator_ids()
+    except Exception:
+        return {}
+    out = {}
+    for name, var in (("NPU", "ASCEND_RT_VISIBLE_DEVICES"), ("GPU", "CUDA_VISIBLE_DEVICES")):
+        if ids.get(name):
+            out[var] = ",".join(str(i) for i in ids[name])
+    return out
 
 
 def prepare_launch(launch: ProbeLaunch, trial_file: Path) -> tuple[list[str], Any]:
@@ -283,6 +311,9 @@ class LocalProcessDispatcher(Dispatcher):
 
         if stop.is_set():
             return ProbeResult("pruned", reason="cancelled before it started")
+        if launch.nodes > 1:
+            return ProbeResult("invalid", reason=f"the trial spans {launch.nodes} nodes: that needs Ray (ray.enabled: "
+                                                 "true, and --ray-address for a cluster)")
         try:
             write_trial_file(request, path)
             number, callback, steps = request.number, self._on_event, self._steps
@@ -381,15 +412,27 @@ class _StepSink:
         return out
 
 
-def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None) -> dict[str, Any]:
+def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None,
+                    node: dict[str, Any] | None = None) -> dict[str, Any]:
     """Body of the Ray task: on the worker, write the trial file to local disk and run the probe;
-    step events go to ``sink`` (a :class:`_StepSink` actor) as they come."""
+    step events go to ``sink`` (a :class:`_StepSink` actor) as they come. ``node``: this task is
+    one node of a multi-node trial (``nnodes``, ``node_rank``, ``master_addr``, ``master_port``
+    fill the argv placeholders and the environment; only node 0 streams step events)."""
     from autotune.workers.command import run_probe_process
     from autotune.workers.protocol import TrialRequest as _Request
 
     request = _Request(**request_data)
     launch = ProbeLaunch(**launch_data)
     number = request.number
+    if node is not None:
+        values = {**node, "rdzv_endpoint": f"{node['master_addr']}:{node['master_port']}"}
+        argv = list(launch.argv)
+        for key in NODE_PLACEHOLDERS:
+            argv = [str(a).replace("{" + key + "}", str(values[key])) for a in argv]
+        launch = ProbeLaunch(**{**launch_data, "argv": argv, "env": {**launch.env, **node_env(node)}})
+        if int(node["node_rank"]) != 0:
+            sink = None
+    launch.env.update({k: v for k, v in visible_devices_env().items() if k not in launch.env})
     if sink is not None:
         try:
             import ray
@@ -446,6 +489,94 @@ def _fmt(amounts: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {num(v)}" for k, v in amounts.items()) + "}"
 
 
+def _node_address() -> tuple[str, int]:
+    """On the first node of a multi-node trial: its address and a free port for the rendezvous."""
+    import ray
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+def _bundle_options(bundle: dict[str, float]) -> dict[str, Any]:
+    """A bundle's amounts as a task's ``.options()`` (CPU and GPU by name, the rest as resources)."""
+    other = {k: float(v) for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": float(bundle.get("CPU", 0)), "num_gpus": float(bundle.get("GPU", 0)),
+            **({"resources": other} if other else {})}
+
+
+def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None) -> dict[str, Any]:
+    """One trial over ``launch.nodes`` nodes: a placement group of one bundle per node
+    (``STRICT_SPREAD``: each on its own node) reserves every node's devices at once; node 0's
+    address and a free port there become the rendezvous; one probe task per bundle runs the
+    launch with ``{nnodes} {node_rank} {master_addr} {master_port}`` filled in. The first node to
+    fail ends the trial on every node (its reason names the node); the group is removed however
+    the trial ends. The result is node 0's, with every node's address in ``info.nodes``."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    launch = ProbeLaunch(**launch_data)
+    n, bundle = int(launch.nodes), dict(launch.bundle)
+    pg = placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD",
+                         name=f"autotune-trial-{request_data.get('number')}")
+    refs: list[Any] = []
+    try:
+        ready, _ = ray.wait([pg.ready()], timeout=launch.placement_timeout_s)
+        if not ready:
+            free = ray.available_resources()
+            return ProbeResult("infra", reason=(
+                f"the trial's {n} nodes could not be reserved within {launch.placement_timeout_s:g} s: it needs "
+                f"{n} bundles of {_fmt(bundle)} on distinct nodes (placement group, STRICT_SPREAD); the cluster has "
+                f"{_fmt({k: free.get(k, 0.0) for k in bundle})} free now")).to_json()
+        addr, port = ray.get(ray.remote(num_cpus=0)(_node_address).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)).remote())
+        task = ray.remote(max_retries=0)(_ray_probe_task)
+        for rank in range(n):
+            node = {"nnodes": n, "node_rank": rank, "master_addr": addr, "master_port": port}
+            refs.append(task.options(**_bundle_options(bundle), scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=rank)).remote(request_data, launch_data, sink, node))
+        results: dict[int, ProbeResult] = {}
+        while len(results) < n:
+            left = [r for i, r in enumerate(refs) if i not in results]
+            done, _ = ray.wait(left, num_returns=1)
+            rank = refs.index(done[0])
+            try:
+                result = ProbeResult.from_json(ray.get(done[0]))
+            except Exception as exc:
+                kind = "infra" if isinstance(exc, _infrastructure_errors(ray)) else "crash"
+                result = ProbeResult(kind, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if rank > 0 and result.status == "crash" and result.info.get("returncode") == 0 and not result.metrics:
+                result = ProbeResult("ok", steps=result.steps, info=result.info)  # only node 0 reports metrics
+            results[rank] = result
+            if not result.ok and result.status != "pruned":
+                host = result.info.get("host", "?")
+                failed = ProbeResult(result.status, metrics=result.metrics, steps=result.steps, log_tail=result.log_tail,
+                                     reason=f"node {rank} of {n} ({host}) failed: {result.reason}"[:2000],
+                                     info={**result.info, "failed_node": rank})
+                return failed.to_json()  # the finally below stops the other nodes
+        first = results[0]
+        first.info["nodes"] = [{"node_rank": r, "host": results[r].info.get("host"),
+                                **{k: results[r].info[k] for k in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+                                   if k in results[r].info}} for r in sorted(results)]
+        return first.to_json()
+    finally:
+        for ref in refs:  # a failed or cancelled trial: the other nodes' probes end within seconds
+            try:
+                ray.cancel(ref, force=False)
+            except Exception:
+                pass
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=_FORCE_CANCEL_AFTER_S)
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:
+                    pass
+        remove_placement_group(pg)
+
+
 class RayDispatcher(Dispatcher):
     """One Ray task per trial (``max_retries=0``, the launch's resource request as options).
 
@@ -472,6 +603,7 @@ class RayDispatcher(Dispatcher):
             self._init_ray(address, num_cpus, resources, object_store_memory)
             self._owns_ray = True
         self._task = ray.remote(max_retries=0)(_ray_probe_task)
+        self._multinode = ray.remote(num_cpus=0, max_retries=0)(_ray_multinode_task)
         self._sink = ray.remote(num_cpus=0)(_StepSink).remote()
         self._trial_dir = Path(run_dir) / "trials" if run_dir is not None else None
         self._refs: dict[Any, Handle] = {}  # ObjectRef -> Handle
@@ -554,6 +686,8 @@ class RayDispatcher(Dispatcher):
         seq = next(self._seq)
         if self._trial_dir is not None:
             write_trial_file(request, self._trial_dir / _trial_file_name(request, seq))
+        if launch.nodes > 1:
+            return self._submit_multinode(request, launch)
         options = dict(launch.resources or {})
         reason = self.infeasible_reason(options) if self._check_feasible else None
         if reason is not None:
@@ -566,6 +700,30 @@ class RayDispatcher(Dispatcher):
             handle = Handle(request.number, None)
             self._ready.append((handle, ProbeResult("invalid", reason=f"bad Ray resource request {options!r}: {exc}")))
             return handle
+        handle = Handle(request.number, ref)
+        self._refs[ref] = handle
+        return handle
+
+    def _submit_multinode(self, request: TrialRequest, launch: ProbeLaunch) -> Handle:
+        """A trial over several nodes: refused at once when no ``launch.nodes`` nodes of the
+        cluster could ever hold one bundle each; else a coordinator task (no CPU of its own)
+        reserves them with a placement group and runs the node tasks."""
+        need = {k: float(v) for k, v in launch.bundle.items() if v}
+        nodes = self._node_resources(refresh=True) if self._check_feasible else []
+        holding = [nd for nd in nodes if all(nd.get(k, 0.0) >= v for k, v in need.items())]
+        if self._check_feasible and len(holding) < launch.nodes:
+            handle = Handle(request.number, None)
+            per_node = ", ".join(_fmt({k: nd.get(k, 0.0) for k in need}) for nd in nodes)
+            self._ready.append((handle, ProbeResult("invalid", reason=(
+                f"the trial spans {launch.nodes} nodes of {_fmt(need)} each, but only {len(holding)} node(s) of the "
+                f"Ray cluster can hold that (per node: {per_node}); the cluster can never place it"))))
+            return handle
+        # the coordinator stays on the driver's node: if a trial's node dies, the coordinator
+        # (which owns the placement group) survives to report it and free the other nodes
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(self._ray.get_runtime_context().get_node_id(), soft=True)
+        ref = self._multinode.options(scheduling_strategy=here).remote(request.to_json(), launch.to_json(), self._sink)
         handle = Handle(request.number, ref)
         self._refs[ref] = handle
         return handle

@@ -368,11 +368,16 @@ class StudyRunner:
         misses = 0
         deadline = time.monotonic() + self.spec.search.timeout_s if self.spec.search.timeout_s else None
         stopped = "budget reached"
+        infra_in_a_row = 0
         try:
             while True:
                 if self.stop_requested():
                     raise KeyboardInterrupt
-                while len(pending) < self.parallel and started < budget:
+                if infra_in_a_row >= MAX_INFRA_IN_A_ROW and not pending:
+                    stopped = (f"the infrastructure failed {infra_in_a_row} trials in a row (see their reasons): "
+                               "fix the cluster and run the same command to resume")
+                    break
+                while len(pending) < self.parallel and started < budget and infra_in_a_row < MAX_INFRA_IN_A_ROW:
                     if deadline and time.monotonic() > deadline:
                         stopped = "search timeout reached"
                         break
@@ -424,8 +429,11 @@ class StudyRunner:
                     record = self._finish(study, trial, config, result)
                     if record.status == "infra":  # the machine failed, not the config: no budget spent,
                         started -= 1              # and its retry (queued by _finish) is no repeat
+                        infra_in_a_row += 1
                         if seen.get(config_key(config)) == trial.number:
                             del seen[config_key(config)]
+                    else:
+                        infra_in_a_row = 0
                     self.observer.on_trial_finished(record, self._best_single(study), len(pending))
                     if self.stop_requested():
                         raise KeyboardInterrupt
@@ -847,6 +855,9 @@ def _step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
     a config that peaks in its first step needs that memory too."""
     values = [float(e[k]) for e in steps for k in ("memory_gib", "peak_memory_gib") if _finite(e.get(k))]
     return max(values) if values else None
+
+
+MAX_INFRA_IN_A_ROW = 3  # then the cluster, not the configs, is the problem: stop and say so
 
 
 def _tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:

@@ -43,7 +43,7 @@ def _entry(entry: str) -> list[str]:
 
 
 def preset_launch(kind: str, backend: Any, request: Any, iterations: int, warmup: int,
-                  python: str | None = None) -> dict[str, Any]:
+                  python: str | None = None, nodes: int = 1) -> dict[str, Any]:
     """``argv``, ``env``, ``files`` (name -> text, written beside the trial file; ``{trial_dir}``
     in argv names that folder) and the ``stack_log`` options of one trial's launch."""
     from .export import ExportContext
@@ -57,8 +57,11 @@ def preset_launch(kind: str, backend: Any, request: Any, iterations: int, warmup
     gbs = int(workload.get("global_batch_size") or 0)
     seq = int(workload.get("seq_len") or 0)
     layers = int(model.get("num_hidden_layers") or 0)
-    launcher = [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                str(devices)]
+    rendezvous = ["--standalone"] if nodes <= 1 else [  # one process per node, the dispatcher fills these in
+        "--nnodes", "{nnodes}", "--node-rank", "{node_rank}", "--master-addr", "{master_addr}",
+        "--master-port", "{master_port}"]
+    launcher = [python or sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node",
+                str(devices // max(1, nodes))]
     entry = _entry(str(backend.entry))
     user = [str(a).replace("{iterations}", str(iterations)) for a in (backend.args or [])]
     env: dict[str, str] = {"AUTOTUNE_ITERATIONS": str(iterations)}  # for a script with no standard flag (DeepSpeed)

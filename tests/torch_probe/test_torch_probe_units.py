@@ -233,8 +233,11 @@ def test_torchrun_argv_multi_node():
     argv = launch.torchrun_argv(req, "/py", rdzv_endpoint="node0:29400")
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
     assert argv[argv.index("--rdzv-endpoint") + 1] == "node0:29400" and "--standalone" not in argv
-    with pytest.raises(ValueError, match="rdzv_endpoint"):
-        launch.torchrun_argv(req, "/py")
+    # without one: torchrun's static rendezvous, node rank and node 0's address filled in per node
+    static = launch.torchrun_argv(req, "/py")
+    assert static[static.index("--node-rank") + 1] == "{node_rank}" and "--rdzv-endpoint" not in static
+    assert static[static.index("--master-addr") + 1] == "{master_addr}"
+    assert static[static.index("--master-port") + 1] == "{master_port}"
 
 
 def test_launch_imports_no_torch():

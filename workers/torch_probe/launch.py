@@ -9,10 +9,11 @@ rendezvous on a free localhost port, so concurrent trials on one machine never c
 ``--master-port``; ``--max-restarts 0`` because a failed probe is an answer, not something to retry
 inside the same trial.
 
-Multi-node (documented, argv-tested only): every node runs the same command with ``--nnodes``
-and a shared c10d rendezvous (``--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id RUN_ID``),
-which assigns node ranks itself; the dispatcher starts one such process per node (one Ray
-placement-group bundle per node) and passes ``rdzv_endpoint``, a free port on the first node.
+Multi-node (tested on a local multi-raylet Ray cluster): the dispatcher reserves one Ray
+placement-group bundle per node and starts one torchrun per bundle with torchrun's static
+rendezvous, ``--nnodes N --node-rank R --master-addr A --master-port P`` (node 0's address and a
+free port there, filled in per node); a c10d rendezvous (``rdzv_endpoint``) is kept for callers
+that manage their own.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def torchrun_argv(
             argv += ["--standalone", "--nnodes", "1"]
         else:
             argv += ["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port)]
+    elif rdzv_endpoint is None:
+        # the dispatcher's placement group: node ranks are assigned by it, node 0 hosts the store
+        # (torchrun's static rendezvous; {…} are filled in per node by the dispatcher)
+        argv += ["--nnodes", str(nodes), "--node-rank", "{node_rank}", "--master-addr", "{master_addr}",
+                 "--master-port", "{master_port}"]
     else:
-        if not rdzv_endpoint:
-            raise ValueError("a multi-node trial needs rdzv_endpoint (HOST:PORT of node 0)")
         run_id = rdzv_id or f"{getattr(request, 'study', '') or 'autotune'}-{getattr(request, 'number', 0)}"
         argv += [
             "--nnodes", str(nodes),

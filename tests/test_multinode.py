@@ -1,0 +1,230 @@
+"""Trials that span nodes (issue #16), on a local Ray cluster of several raylets
+(``ray.cluster_utils.Cluster``) with declared resources: one placement-group bundle per node,
+one launcher task per bundle, the rendezvous from node 0; an unplaceable trial refused with
+what is missing; a real 2-node x 1-process torch probe over gloo with the loss of a one-node run."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from support import TINY_TRAIN
+
+pytestmark = pytest.mark.timeout(600)
+
+RECORDER = r'''
+import json, os, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+out = os.environ["RECORD"]
+with open(out, "a") as f:
+    f.write(json.dumps({"argv": args, "env": {k: os.environ.get(k) for k in
+            ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "ASCEND_RT_VISIBLE_DEVICES")},
+            "pid": os.getpid()}) + "\n")
+if args["--rank"] == "0":
+    print(json.dumps({"metrics": {"tokens_per_s_per_device": 100.0, "step_time_s": 1.0}}))
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (1 CPU, no NPU) and two worker raylets declaring NPU: 1 each, on this machine."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20)
+    c.wait_for_nodes()
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+
+
+def _spec(write_spec, tmp_path, nodes: int, argv: str, n_trials: int = 2, name: str = "mn.yaml"):
+    text = TINY_TRAIN.replace("global_batch_size: 8", "global_batch_size: 12").replace(
+        "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+                              f"cluster: {{accelerator: npu, nodes: {nodes}, devices_per_node: 1}}")
+    text = text.replace("backend: simulate", f"""backend:
+  kind: command
+  argv: {argv}
+  timeout_s: 60
+  env: {{RECORD: "{tmp_path / 'record.jsonl'}"}}""")
+    text = text.replace("search: {n_trials: 6, seed: 1}",
+                        f"search: {{n_trials: {n_trials}, seed: 1, sampler: random}}\ntarget: none")
+    return write_spec(text.replace("  tp: [1, 2]\n", "  tp: [1]\n").replace("  pp: [1, 2]\n", "  pp: [1]\n"), name)
+
+
+def test_a_command_probe_runs_once_per_node_with_the_rendezvous(write_spec, tmp_path, cluster):
+    script = tmp_path / "record.py"
+    script.write_text(RECORDER)
+    argv = (f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}", --nnodes, "{{nnodes}}", '
+            f'--master, "{{master_addr}}:{{master_port}}"]')
+    spec = _spec(write_spec, tmp_path, 2, argv)
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
+                                      "--ray-address", cluster.address])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["probes"] == 2
+    records = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert len(records) == 4  # 2 trials x 2 nodes
+    for trial in (records[:2], records[2:]):  # the trials ran one after the other
+        assert sorted(r["argv"]["--rank"] for r in trial) == ["0", "1"]
+        assert {r["argv"]["--nnodes"] for r in trial} == {"2"} and {r["env"]["NNODES"] for r in trial} == {"2"}
+        assert len({r["argv"]["--master"] for r in trial}) == 1  # one rendezvous: node 0's address and port
+        assert {f"{r['env']['MASTER_ADDR']}:{r['env']['MASTER_PORT']}" for r in trial} == {trial[0]["argv"]["--master"]}
+        assert sorted(r["env"]["NODE_RANK"] for r in trial) == ["0", "1"]
+        # each node sees the device Ray assigned it (one NPU per node here)
+        assert all(r["env"]["ASCEND_RT_VISIBLE_DEVICES"] == "0" for r in trial)
+
+
+def test_a_trial_the_cluster_can_never_place_is_refused_with_what_is_missing(write_spec, tmp_path, cluster):
+    spec = _spec(write_spec, tmp_path, 3, f'[{sys.executable}, -c, "pass"]', n_trials=1, name="big.yaml")
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
+                                      "--ray-address", cluster.address])
+    trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
+    failure = trials[0]["failure"]
+    assert trials[0]["status"] == "invalid", result.output
+    assert "spans 3 nodes of {NPU: 1, CPU: 1} each, but only 2 node(s)" in failure and "can never place it" in failure
+
+
+TORCH_SPEC = """
+name: two-nodes
+model: tiny-llama
+workload: {{kind: train, seq_len: 64, global_batch_size: 4, warmup_steps: 1, measured_steps: 2, timeout_s: 240}}
+cluster: {{accelerator: cpu, nodes: {nodes}, devices_per_node: {per_node}}}
+backend: {{kind: torch, launcher: torchrun}}
+target: none
+space: {{tp: [1], pp: [1], micro_batch_size: [2], zero_stage: [0], recompute: [none], precision: [fp32]}}
+objectives: [tokens_per_s_per_device]
+search: {{n_trials: 1, seed: 0, sampler: random}}
+{ray}
+"""
+
+
+def test_a_real_two_node_torch_probe_over_gloo_has_the_one_node_loss(write_spec, tmp_path, cluster):
+    """The same data-parallel config (dp 2) as 2 nodes x 1 process through the cluster, and as
+    1 node x 2 processes: torchrun's c10d rendezvous on node 0, gloo between the nodes, and the
+    same loss (the probe's model and data are seeded)."""
+    losses = {}
+    for nodes, per_node, ray in ((2, 1, ""), (1, 2, "ray: {enabled: false}")):
+        spec = write_spec(TORCH_SPEC.format(nodes=nodes, per_node=per_node, ray=ray), f"t{nodes}.yaml")
+        args = ["run", str(spec), "--run-dir", str(tmp_path / f"run{nodes}"), "--json", "--no-tracking"]
+        if nodes > 1:
+            args += ["--ray-address", cluster.address]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        best = json.loads(result.stdout)["best"][0]
+        assert best["source"] == "measured", best
+        losses[nodes] = best["metrics"]["loss"]
+        if nodes > 1:
+            report = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run2"), "--json"]).stdout)
+            assert [n["node_rank"] for n in report["trials"][0].get("info", {}).get("nodes", [])] in ([0, 1], [])
+    assert losses[2] == pytest.approx(losses[1], rel=1e-5)
+
+
+SLEEPER = r'''
+import json, os, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({"rank": args["--rank"], "t": time.time(), "pid": os.getpid(),
+                        "raylet": os.environ.get("RAY_RAYLET_PID")}) + "\n")
+time.sleep(float(os.environ.get("SLEEP", "0")))
+if args["--rank"] == "0":
+    print(json.dumps({"metrics": {"tokens_per_s_per_device": 100.0 + float(os.environ.get("SLEEP", "0")), "step_time_s": 1.0}}))
+'''
+
+
+def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec, tmp_path):
+    """Three NPU nodes; while the first 2-node trial runs, one of its nodes is removed from the
+    cluster: that trial is an infrastructure failure naming the node, its config is retried once
+    on the two nodes left, and the study completes its budget with no trial lost or doubled."""
+    import threading
+    import time
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    workers = [c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20) for _ in range(3)]
+    c.wait_for_nodes()
+    record = tmp_path / "record.jsonl"
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPER)
+    argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}"]'
+    spec = _spec(write_spec, tmp_path, 2, argv, n_trials=2, name="kill.yaml")
+    spec.write_text(spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "4"'))
+
+    def kill_when_running():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = record.read_text().splitlines() if record.exists() else []
+            if len(lines) >= 2:  # both nodes of trial 0 started: remove the one running node 1
+                raylet = json.loads(next(x for x in lines if json.loads(x)["rank"] == "1"))["raylet"]
+                node = next(w for w in workers if str(w.all_processes["raylet"][0].process.pid) == raylet)
+                c.remove_node(node, allow_graceful=False)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    try:
+        result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json",
+                                          "--no-tracking", "--ray-address", c.address])
+        killer.join(timeout=5)
+        assert result.exit_code == 0, result.output
+        trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
+        infra = [t for t in trials if t["status"] == "infra"]
+        assert len(infra) == 1 and "retried once" in infra[0]["failure"], [(t["status"], t["failure"]) for t in trials]
+        assert re.search(r"node \d of 2|infrastructure failure", infra[0]["failure"])
+        ok = [t for t in trials if t["status"] == "ok"]
+        assert len(ok) == 2  # the budget, measured
+        assert any(t["chosen_because"].startswith(f"retry of trial {infra[0]['number']}") for t in ok)
+        assert len({json.dumps(t["params"], sort_keys=True) for t in ok}) == 2
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def test_trials_pack_side_by_side_and_never_oversubscribe_a_device(write_spec, tmp_path, cluster):
+    """One-node trials of one NPU each, three asked at once on a cluster with two NPU nodes: two
+    run side by side, the third waits for a device (never two probes on one NPU)."""
+    record = tmp_path / "record.jsonl"
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPER.replace('with open(os.environ["RECORD"], "a") as f:',
+                                      'time.sleep(0)\nwith open(os.environ["RECORD"], "a") as f:') + r'''
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({"end": time.time(), "pid": os.getpid(), "npu": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+                        "raylet": os.environ.get("RAY_RAYLET_PID")}) + "\n")
+''')
+    argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "0"]'
+    spec = _spec(write_spec, tmp_path, 1, argv, n_trials=3, name="pack.yaml")
+    text = spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
+    spec.write_text(text.replace("sampler: random}", "sampler: random, parallel_trials: 3}"))
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
+                                      "--ray-address", cluster.address])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    spans = {r["pid"]: [r["t"], None, r["raylet"]] for r in rows if "t" in r}
+    for r in rows:
+        if "end" in r:
+            spans[r["pid"]][1] = r["end"]
+    assert len(spans) == 3
+    events = sorted([(s, 1) for s, _, _ in spans.values()] + [(e, -1) for _, e, _ in spans.values()],
+                    key=lambda x: (x[0], x[1]))
+    running, most = 0, 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most == 2  # side by side, and never more than the two NPUs
+    first_two = sorted(spans.values())[:2]
+    assert first_two[0][2] != first_two[1][2]  # on different nodes
