@@ -130,7 +130,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         work = cwd or os.path.join(tempfile.gettempdir(), f"autotune-mindspore-{os.getuid()}")
         os.makedirs(work, exist_ok=True)
         return ProbeLaunch(argv=ms_argv(request, python), env={**probe_env(python), **env}, timeout_s=timeout,
-                           resources=resources, metric_patterns=None, cwd=work)
+                           resources=resources, metric_patterns=None, cwd=work, **spread)
     if choice.kind in STACK_PRESETS:
         from .stack_presets import preset_launch
 

@@ -85,6 +85,14 @@ def test_launch_argv_single_process_and_msrun(tmp_path):
     assert "--join=True" in argv and argv[argv.index("--tail_worker_log") + 1] == "0"
     assert argv[-2:] == [str(launch.PROBE_SCRIPT), "t.json"]
     assert launch.probe_env("/env/bin/python", "/usr/bin")["PATH"] == "/env/bin" + os.pathsep + "/usr/bin"
+    # across nodes: one msrun per node, the whole world in --worker_num, this node's share local,
+    # node 0's address and port and this node's rank filled in by the dispatcher
+    req4 = TrialRequest(params={}, model=TINY, workload={}, cluster={"accelerator": "npu", "nodes": 4,
+                                                                      "devices_per_node": 8})
+    argv = launch.probe_argv(req4, "/env/bin/python", "t.json", log_dir=str(tmp_path))
+    assert argv[argv.index("--worker_num") + 1] == "32" and argv[argv.index("--local_worker_num") + 1] == "8"
+    assert [argv[argv.index(f) + 1] for f in ("--master_addr", "--master_port", "--node_rank")] == [
+        "{master_addr}", "{master_port}", "{node_rank}"]
 
 
 def test_a_missing_mindspore_environment_is_a_clear_error(tmp_path, monkeypatch):

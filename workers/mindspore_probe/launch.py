@@ -54,15 +54,20 @@ def _free_port() -> int:
 
 
 def probe_argv(request: Any, python: str, trial_file: str = "{trial_file}", log_dir: str | None = None) -> list[str]:
-    """argv of one trial: the script alone for one process, msrun for several (one node)."""
-    nodes, world = processes_per_node(request)
-    if nodes * world == 1:
+    """argv of one trial: the script alone for one process, msrun for several. Across nodes, one
+    msrun per node (the dispatcher's placement group) with ``--worker_num`` the whole world,
+    ``--local_worker_num`` this node's share and ``{master_addr} {master_port} {node_rank}``
+    filled in per node by the dispatcher (node 0 runs msrun's scheduler)."""
+    nodes, per_node = processes_per_node(request)
+    if nodes * per_node == 1:
         return [python, str(PROBE_SCRIPT), trial_file]
-    if nodes != 1:
-        raise ValueError(f"the mindspore probe launches one node; this trial has {nodes}")
     msrun = str(Path(python).parent / "msrun")
     log_dir = log_dir or tempfile.mkdtemp(prefix="autotune-msrun-")
-    return [msrun, "--worker_num", str(world), "--local_worker_num", str(world), "--master_port", str(_free_port()),
+    if nodes == 1:
+        where = ["--master_port", str(_free_port())]
+    else:
+        where = ["--master_addr", "{master_addr}", "--master_port", "{master_port}", "--node_rank", "{node_rank}"]
+    return [msrun, "--worker_num", str(nodes * per_node), "--local_worker_num", str(per_node), *where,
             "--join=True", "--tail_worker_log", "0", "--log_dir", log_dir, str(PROBE_SCRIPT), trial_file]
 
 
