@@ -108,8 +108,8 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         cwd = str(spec.source_path.resolve().parent / cwd)
     # a trial over the whole world of a multi-node cluster: one process per node, one bundle each
     nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
-    spread = dict(nodes=nodes, bundle=node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node)) \
-        if nodes > 1 else {}
+    spread = dict(nodes=nodes, bundle=node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node),
+                  placement_timeout_s=spec.ray.placement_timeout_s) if nodes > 1 else {}
     if choice.kind == "command":
         return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,
                            metric_patterns=backend.metric_patterns or None, cwd=cwd, **spread)

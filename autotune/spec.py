@@ -359,6 +359,9 @@ class RaySpec(_Strict):
     address: str | None = Field(None, description="None starts a local Ray; 'auto' or ray://host:port connects")
     num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: the machine's)")
     enabled: bool = Field(True, description="false runs real probes as local subprocesses without Ray")
+    placement_timeout_s: float = Field(120.0, gt=0, description="how long a trial spanning several nodes waits for "
+                                       "its placement group (one bundle per node) before it is an infrastructure "
+                                       "failure")
 
 
 class Spec(_Strict):

@@ -228,3 +228,34 @@ with open(os.environ["RECORD"], "a") as f:
     assert most == 2  # side by side, and never more than the two NPUs
     first_two = sorted(spans.values())[:2]
     assert first_two[0][2] != first_two[1][2]  # on different nodes
+
+
+def test_a_trial_that_cannot_be_placed_in_time_is_an_infrastructure_failure(write_spec, tmp_path, cluster):
+    """The cluster could hold the trial, but one of its two NPUs is held by other work: the
+    placement group waits ray.placement_timeout_s, the trial is an infrastructure failure saying
+    what is free, it is retried once, and after three in a row the study stops and says why."""
+    import ray
+
+    ray.init(address=cluster.address)
+    try:
+        @ray.remote(num_cpus=0, resources={"NPU": 1})
+        class Holder:
+            def ping(self):
+                return 1
+
+        holder = Holder.remote()
+        ray.get(holder.ping.remote())
+        spec = _spec(write_spec, tmp_path, 2, f'[{sys.executable}, -c, "pass"]', n_trials=1, name="busy.yaml")
+        spec.write_text(spec.read_text() + "ray: {placement_timeout_s: 2}\n")
+        result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json",
+                                          "--no-tracking"])
+        payload = json.loads(result.stdout)
+        assert "the infrastructure failed 3 trials in a row" in payload["stopped_because"], result.output
+        trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
+        statuses = [t["status"] for t in trials]
+        assert statuses[:3] == ["infra", "infra", "infra"] and statuses[3:] in ([], ["waiting"])  # a retry, for the resume
+        assert "could not be reserved within 2 s" in trials[0]["failure"] and "free now" in trials[0]["failure"]
+        assert "retried once" in trials[0]["failure"] and "not retried again" in trials[1]["failure"]
+        ray.kill(holder)
+    finally:
+        ray.shutdown()
