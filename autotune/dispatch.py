@@ -462,6 +462,25 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
     return result.to_json()
 
 
+def _route_ray_messages() -> None:
+    """Ray's driver prints the cluster's error messages ("(raylet) A worker died or was killed
+    ...") to stdout, where ``--json`` data goes: send them through autotune's log (stderr,
+    formatted) instead. Ray looks the printer up at each message, so replacing it takes effect."""
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:  # pragma: no cover - a Ray without it prints nothing of the kind
+        return
+    if getattr(ray_worker.print_to_stdstream, "_autotune", False):
+        return
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        for line in data.get("lines") or []:
+            log.warning("ray (%s): %s", data.get("pid", "?"), str(line).strip()[:1000])
+
+    to_log._autotune = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = to_log
+
+
 def _python_handler(signum: int) -> Any:
     """The Python handler installed for ``signum`` (None when default/ignored, or off the main
     thread): Ray's start may replace it, and the driver's own stop-and-save must survive that."""
@@ -643,6 +662,7 @@ class RayDispatcher(Dispatcher):
         sigterm = _python_handler(signal.SIGTERM)
         try:
             ray.init(**kwargs)
+            _route_ray_messages()
         finally:
             npu_log.setLevel(level)
             if sigterm is not None and signal.getsignal(signal.SIGTERM) is not sigterm:

@@ -89,8 +89,9 @@ EXPECTED = {
 }
 
 
-# under Ray also: the worker process running a trial is killed
-EXPECTED_RAY = {**EXPECTED, "kill-worker": ("crash", "the Ray task failed")}
+# under Ray also: the worker process running a trial is killed, an infrastructure failure (its
+# config is retried once, spending no budget)
+EXPECTED_RAY = {**EXPECTED, "kill-worker": ("infra", "infrastructure failure on node")}
 
 
 def _spec(write_spec, tmp_path: Path, *, ray: str, storage: str | None, faults: dict) -> Path:

@@ -105,3 +105,24 @@ def test_the_70b_four_node_spec_plans_on_the_simulator():
         p = row["params"]
         assert p["tp"] * p["pp"] * p["dp"] == 32 and p["tp"] <= 8
         assert row["metrics"]["peak_memory_gib"] <= 64
+
+
+def test_ray_cluster_messages_go_to_the_log_not_stdout(capsys, caplog):
+    """Ray's driver prints the cluster's error messages ("(raylet) A worker died ...") to stdout,
+    which would break --json output exactly when a worker dies; autotune routes them to its log."""
+    import logging
+
+    import ray._private.worker as ray_worker
+
+    from autotune.dispatch import _route_ray_messages
+
+    saved = ray_worker.print_to_stdstream
+    try:
+        _route_ray_messages()
+        with caplog.at_level(logging.WARNING, logger="autotune"):
+            ray_worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False},
+                                          ignore_prefix=False)
+        assert "A worker died" not in capsys.readouterr().out
+        assert "ray (raylet): A worker died or was killed" in caplog.text
+    finally:
+        ray_worker.print_to_stdstream = saved
