@@ -304,7 +304,7 @@ def test_shipped_command_backend_example_runs_from_anywhere(tmp_path, monkeypatc
     report = json.loads(_invoke("report", str(REPO / "examples" / "command_backend" / "spec.yaml"),
                                 "--run-dir", str(tmp_path / "study"), "--json").stdout)
     statuses = {t["status"] for t in report["trials"] if t["probed"]}
-    assert statuses <= {"ok", "oom"} and "ok" in statuses
+    assert statuses <= {"ok", "oom", "pruned"} and "ok" in statuses  # pruned: a config 1.5x slower than the best
 
 
 @pytest.mark.slow
