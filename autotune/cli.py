@@ -419,8 +419,9 @@ def calibrate(
     quick: bool = typer.Option(False, "--quick", help="small sizes, few repeats (seconds, rough figures)"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Measure this host's device (GEMM per precision, memory and collective bandwidth) and write
-    a hardware profile; use it with `cluster.profile: <file>` in a spec."""
+    """Measure this host's device (linear layers per precision at the shapes models run, memory
+    bandwidth, collectives' latency and bandwidth) and write a hardware profile; use it with
+    `cluster.profile: <file>` in a spec."""
     _setup_logging(False)
     if accelerator not in ("cpu", "cuda", "npu"):
         _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")
@@ -449,7 +450,7 @@ def calibrate(
         return
     peaks = ", ".join(f"{k} {v:.4g}" for k, v in profile["peak_tflops"].items() if k != "int8")
     out.print(f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
-              f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s")
+              f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s, {profile['collective_latency_us']:.0f} us latency")
     err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {escape(str(path))}}}")
 
 

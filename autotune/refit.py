@@ -1,14 +1,19 @@
 """Refit the performance model from measured probes, as a study runs.
 
 The simulator prices a training step as a sum of components (``time_gemm``, ``time_tp_comm``,
-...). A real device departs from its profile mostly in two ways: it computes at a different
-efficiency than the profile says, and its collectives run at a different bandwidth. So the refit
-has two factors — one for every compute component (GEMM, attention, element-wise, recompute,
-optimizer, launch, and the pipeline bubble, which is idle compute time), one for every
-communication component — fitted to measured step times by least squares on the relative error
-(a 10 % miss counts the same on a fast and a slow config). With fewer than three measurements,
-or when the measured configs hardly communicate, the two factors cannot be told apart and one
-common factor (the median measured/predicted ratio) is used.
+...). A real device departs from its profile term by term: its GEMMs run at another efficiency
+than the profile says, its memory-bound kernels at another bandwidth, its tensor-parallel
+collectives pay another latency, its pipeline another bubble, its gradient reduction another
+bandwidth. One global scale cannot fix a ranking: a slow ``tp = 2`` probe would slow every config
+down alike. So the refit keeps one factor per group of terms (``GROUPS``): compute, memory,
+tensor-parallel communication, pipeline and data-parallel communication. A group that a probe
+exercises is corrected by it; one slow ``tp = 2`` probe corrects every ``tp = 2`` config through
+the ``tp`` factor and leaves ``tp = 1`` configs (which have no such term) alone.
+
+The fit: least squares on the relative step-time error (a 10 % miss counts the same on a fast and
+a slow config), with a ridge pulling every factor toward the common factor (the median
+measured/predicted ratio). A group no measured config exercises keeps the common factor; groups
+that always move together (compute and memory on one device) share the correction between them.
 
 The raw prediction is always kept; refitted values are added beside it with a ``refit_`` prefix,
 so later fits never feed on their own output. The fit is derived from the study's trials each
@@ -19,38 +24,56 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Refit", "fit_refit", "COMPUTE_COMPONENTS", "COMM_COMPONENTS"]
+__all__ = ["Refit", "fit_refit", "GROUPS", "COMPUTE_COMPONENTS", "COMM_COMPONENTS"]
 
+# The simulator's time components, grouped by what a real machine gets wrong together.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "compute": ("gemm", "attention", "recompute", "launch"),
+    "memory": ("elementwise", "optimizer"),
+    "tp": ("tp_comm", "cp_comm"),
+    "pipeline": ("pp_bubble", "pp_p2p"),
+    "dp": ("dp_comm", "zero3_comm"),
+}
 COMPUTE_COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "optimizer", "pp_bubble")
 COMM_COMPONENTS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
 _FACTOR_RANGE = (0.02, 50.0)
-_MIN_COMM_SHARE = 0.02  # below this share of the predicted step, communication cannot be fitted apart
+# Ridge weight on each log factor's distance from the common factor, against a data term of squared
+# relative errors: a group worth 10 % of one measured step (0.01 in that term) is mostly fitted
+# from the data; a group no probe exercises stays at the common factor.
+_RIDGE = 0.003
+_LOG_RANGE = math.log(50.0)
 
 
 @dataclass(frozen=True)
 class Refit:
-    """Multipliers on the predicted compute and communication time, from ``n`` measurements."""
+    """Multipliers on the predicted time of each group of ``GROUPS``, from ``n`` measurements."""
 
-    compute: float = 1.0
-    comm: float = 1.0
+    factors: dict[str, float] = field(default_factory=lambda: {g: 1.0 for g in GROUPS})
     n: int = 0
     mape_before: float | None = None  # % error of the raw predictions on the fitted measurements
     mape_after: float | None = None
+
+    @property
+    def compute(self) -> float:
+        return self.factors.get("compute", 1.0)
+
+    def describe(self) -> str:
+        """``compute x1.2, memory x0.9, tp x3.1, ...`` (the factors in ``GROUPS`` order)."""
+        return ", ".join(f"{g} x{self.factors.get(g, 1.0):.3g}" for g in GROUPS)
 
     def apply(self, predicted: dict[str, Any]) -> dict[str, float]:
         """``refit_`` versions of the time-derived metrics of one prediction (empty without a
         time breakdown or before any measurement)."""
         parts = _parts(predicted)
-        if self.n == 0 or parts is None or parts[0] + parts[1] <= 0:
+        if self.n == 0 or parts is None or sum(parts.values()) <= 0:
             return {}
-        compute, comm = parts
-        raw = compute + comm
-        step = self.compute * compute + self.comm * comm
+        raw = sum(parts.values())
+        step = sum(self.factors.get(g, 1.0) * t for g, t in parts.items())
         speedup = raw / step
         out = {"refit_step_time_s": step}
         for key in ("tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu"):
@@ -60,7 +83,8 @@ class Refit:
         return out
 
     def as_metrics(self) -> dict[str, float]:
-        out = {"refit_compute_factor": self.compute, "refit_comm_factor": self.comm, "refit_measurements": self.n}
+        out: dict[str, float] = {f"refit_{g}_factor": self.factors.get(g, 1.0) for g in GROUPS}
+        out["refit_measurements"] = self.n
         if self.mape_before is not None:
             out["refit_mape_before_pct"] = self.mape_before
         if self.mape_after is not None:
@@ -68,12 +92,30 @@ class Refit:
         return out
 
 
-def _parts(predicted: dict[str, Any]) -> tuple[float, float] | None:
+def _parts(predicted: dict[str, Any]) -> dict[str, float] | None:
+    """Predicted seconds per group, or None without a time breakdown."""
     if not any(f"time_{k}" in predicted for k in COMPUTE_COMPONENTS):
         return None
-    compute = sum(float(predicted.get(f"time_{k}", 0.0) or 0.0) for k in COMPUTE_COMPONENTS)
-    comm = sum(float(predicted.get(f"time_{k}", 0.0) or 0.0) for k in COMM_COMPONENTS)
-    return compute, comm
+    return {g: sum(float(predicted.get(f"time_{k}", 0.0) or 0.0) for k in names) for g, names in GROUPS.items()}
+
+
+def _fit_log_factors(a: np.ndarray) -> np.ndarray:
+    """``u`` minimising ``sum_i (sum_g a_ig exp(u_g) - 1)^2 + RIDGE * |u|^2`` (Gauss-Newton): the
+    log of each group's factor relative to the common one; ``a_ig`` is group g's share of
+    measurement i at the common factor. In log space the ridge treats a 2x miss alike in every
+    group, however small its share of the step is before the correction."""
+    u = np.zeros(a.shape[1])
+    for _ in range(200):
+        scale = np.exp(u)
+        residual = a @ scale - 1.0
+        jac = a * scale[None, :]
+        lhs = jac.T @ jac + (_RIDGE + 1e-9) * np.eye(len(u))
+        step = np.linalg.solve(lhs, -(jac.T @ residual + _RIDGE * u))
+        step = np.clip(step, -1.0, 1.0)  # damped: one e-fold per iteration at most
+        u = np.clip(u + step, -_LOG_RANGE, _LOG_RANGE)
+        if float(np.max(np.abs(step))) < 1e-10:
+            break
+    return u
 
 
 def fit_refit(pairs: Iterable[tuple[dict[str, Any], float]]) -> Refit:
@@ -83,21 +125,16 @@ def fit_refit(pairs: Iterable[tuple[dict[str, Any], float]]) -> Refit:
         parts = _parts(predicted)
         if parts is None or not (isinstance(measured, (int, float)) and measured > 0 and math.isfinite(measured)):
             continue
-        if parts[0] + parts[1] > 0:
-            rows.append((parts[0], parts[1], float(measured)))
+        if sum(parts.values()) > 0:
+            rows.append(([parts[g] for g in GROUPS], float(measured)))
     if not rows:
         return Refit()
-    compute = np.array([r[0] for r in rows])
-    comm = np.array([r[1] for r in rows])
-    measured = np.array([r[2] for r in rows])
-    raw = compute + comm
+    x = np.array([r[0] for r in rows])
+    measured = np.array([r[1] for r in rows])
+    raw = x.sum(axis=1)
     common = float(np.clip(statistics.median(measured / raw), *_FACTOR_RANGE))
-    a = b = common
-    if len(rows) >= 3 and float(np.median(comm / raw)) >= _MIN_COMM_SHARE:
-        design = np.stack([compute / measured, comm / measured], axis=1)
-        (fa, fb), *_ = np.linalg.lstsq(design, np.ones(len(rows)), rcond=None)
-        if fa > 0 and fb > 0:
-            a, b = (float(np.clip(f, *_FACTOR_RANGE)) for f in (fa, fb))
+    f = common * np.exp(_fit_log_factors(x / measured[:, None] * common))
+    f = np.clip(f, *_FACTOR_RANGE)
     before = float(np.mean(np.abs(raw - measured) / measured) * 100)
-    after = float(np.mean(np.abs(a * compute + b * comm - measured) / measured) * 100)
-    return Refit(compute=a, comm=b, n=len(rows), mape_before=before, mape_after=after)
+    after = float(np.mean(np.abs(x @ f - measured) / measured) * 100)
+    return Refit(factors={g: float(v) for g, v in zip(GROUPS, f)}, n=len(rows), mape_before=before, mape_after=after)

@@ -574,7 +574,7 @@ class StudyRunner:
             log.warning("could not write the result cache %s: %s", self.cache.path, exc)
 
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:
-        """Refit the model's compute and communication factors from every measured trial
+        """Refit the model's per-group factors (``autotune.refit.GROUPS``) from every measured trial
         (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
         pairs = [(r.predicted, r.metrics.get("step_time_s")) for r in trial_records(study)
                  if r.status == "ok" and r.source == "measured" and r.probed]
@@ -582,16 +582,15 @@ class StudyRunner:
         if refit.n == self.refit.n:
             return
         shown = self._refit_shown
-        moved = shown is None or any(abs(new / old - 1) > 0.10 for new, old in
-                                     ((refit.compute, shown.compute), (refit.comm, shown.comm)))
+        moved = shown is None or any(abs(refit.factors[g] / shown.factors[g] - 1) > 0.10 for g in refit.factors)
         self.refit = refit
         if after is not None and self.tracker:
             self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
         if after is not None and moved:  # a line when the fit moves, not one per trial
             self._refit_shown = refit
             self.observer.on_message(
-                f"refit after trial {after} ({refit.n} measured): compute x{refit.compute:.3g}, "
-                f"communication x{refit.comm:.3g}; model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
+                f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
+                f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
 
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
         """The simulator's raw prediction for one config (from the ranking when there is one)."""

@@ -139,10 +139,13 @@ def main() -> None:
     print()
     for name, col in columns.items():
         print(f"{name}: {judge(col, meas)}")
-    print(f"after {k} refit probes ({refit.compute:.3g}x compute, {refit.comm:.3g}x communication), on the other "
+    print(f"after {k} refit probes ({refit.describe()}), on the other "
           f"{len(rows) - k}: {judge(after[k:], meas[k:])}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": [{"config": c, "measured": m[metric]} for _, c, m in rows],
+        args.json.write_text(json.dumps({"rows": [{"config": c, "measured": m[metric], "measured_metrics": m,
+                                                   "shipped_prediction": shipped[key],
+                                                   "calibrated_prediction": (calibrated or {}).get(key)}
+                                                  for key, c, m in rows],
                                          **{n: col for n, col in columns.items()}, "refit": after}, indent=1))
 
 

@@ -93,7 +93,7 @@ def main() -> None:
     mape = sum(abs(p - m) / m for p, m in zip(predicted, measured)) / len(rows) * 100
     print(f"\nSpearman rank correlation {spearman(predicted, measured):.3f}; MAPE {mape:,.0f} %")
     refit = fit_refit((r.predicted, r.metrics.get("step_time_s")) for r in rows)
-    print(f"refit from all {refit.n}: compute x{refit.compute:.3g}, communication x{refit.comm:.3g}; "
+    print(f"refit from all {refit.n}: {refit.describe()}; "
           f"step-time error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
 
 

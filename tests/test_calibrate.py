@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.spec import SpecError, load_spec
-from autotune.workers.calibrate import fit_half_dim
+from autotune.workers.calibrate import fit_gemm_curve, fit_half_dim, fit_latency_bandwidth
 from autotune.workers.hardware import PROFILE_KEYS, load_profile
 from support import TINY_TRAIN
 
@@ -20,6 +20,24 @@ pytest.importorskip("torch")
 def test_fit_half_dim_recovers_the_curve(half):
     rates = {d: 5.0 * (d / (d + half)) ** 3 for d in (64, 128, 256, 512, 1024, 2048)}
     assert fit_half_dim(rates) == pytest.approx(half, rel=0.1, abs=1.0)
+
+
+def test_fit_gemm_curve_shares_half_and_keeps_a_plateau_per_precision():
+    shapes = [(256, 256, 512), (1024, 128, 256), (512, 512, 512), (256, 688, 256), (2048, 2048, 2048)]
+    eff = {s: (s[0] / (s[0] + 48.0)) * (s[1] / (s[1] + 48.0)) * (s[2] / (s[2] + 48.0)) for s in shapes}
+    half, plateaus = fit_gemm_curve({"fp32": {s: 0.2 * e for s, e in eff.items()},
+                                     "bf16": {s: 0.014 * e for s, e in eff.items()}})
+    assert half == pytest.approx(48.0, rel=0.1)
+    assert plateaus["fp32"] == pytest.approx(0.2, rel=0.05) and plateaus["bf16"] == pytest.approx(0.014, rel=0.05)
+
+
+@pytest.mark.parametrize("latency, bw", [(300e-6, 2e9), (20e-6, 40e9), (0.0, 5e9)])
+def test_fit_latency_bandwidth_recovers_the_collective_model(latency, bw):
+    sizes = [4096, 32768, 262144, 1048576, 8388608]
+    times = {n: latency + 1.0 * n / bw for n in sizes}
+    got_latency, got_bw = fit_latency_bandwidth(times, 1.0)
+    assert got_latency == pytest.approx(latency, rel=0.02, abs=1e-7)
+    assert got_bw == pytest.approx(bw, rel=0.02)
 
 
 def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
@@ -34,9 +52,17 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
 
     profile = load_profile(str(out))  # the file loads through the same checks as bundled ones
     assert set(PROFILE_KEYS) - {"description"} <= set(profile)
-    largest = max(measured["sizes"])
-    # the plateau is at least what the largest GEMM reached, and the curve is the fitted one
-    assert profile["peak_tflops"]["fp32"] >= measured["gemm_tflops"]["fp32"][str(largest)] * 0.999
+    # GEMMs at squares and at transformer-layer shapes; the plateau is the fitted curve's
+    shapes = [tuple(map(int, k.split("x"))) for k in measured["gemm_tflops"]["fp32"]]
+    assert any(m != k or k != n for m, k, n in shapes) and any(m == k == n for m, k, n in shapes)
+    half, plateaus = fit_gemm_curve({p: {tuple(map(int, k.split("x"))): v for k, v in table.items()}
+                                     for p, table in measured["gemm_tflops"].items()})
+    assert profile["gemm_half_dim"] == half
+    assert profile["peak_tflops"]["bf16"] == pytest.approx(plateaus["bf16"], rel=1e-3)
+    # collectives at several sizes: a latency and a bandwidth, both in the profile
+    fit = measured["collective_fit"]
+    assert set(fit) == {"allreduce", "allgather", "p2p"} and len(measured["collective_seconds"]["allreduce"]) >= 3
+    assert profile["collective_latency_us"] > 0 and profile["intra_node_bandwidth_gbps"] > 0
     assert profile["gemm_efficiency"] == 1.0
     assert profile["memory_bandwidth_gbps"] == pytest.approx(measured["memory_bandwidth_gbps"], rel=0.01)
     assert out.read_text().startswith("# Hardware profile written by `autotune calibrate`")

@@ -238,3 +238,38 @@ def test_ray_probe_failure_and_timeout(ray_dispatcher, tmp_path):
     results = drain(d)
     assert results[20].status == "oom"
     assert results[21].status == "timeout"
+
+
+def test_stop_tasks_cancels_only_unfinished_and_forces_only_ignored_cancels(ray_dispatcher):
+    """Stopping a study's tasks never cancels a finished task (a cancel racing a task's reply can
+    kill the driver inside Ray), and forces only a task still running after the grace period."""
+    import ray
+
+    from autotune.dispatch import stop_tasks
+
+    cancels: list[tuple[object, bool]] = []
+    real_cancel = ray.cancel
+
+    class Recording:  # ray, with cancel calls recorded
+        wait = staticmethod(ray.wait)
+
+        @staticmethod
+        def cancel(ref, force=False):
+            cancels.append((ref, force))
+            return real_cancel(ref, force=force)
+
+    def sleeps(seconds: float) -> None:
+        time.sleep(seconds)
+
+    task = ray.remote(num_cpus=0.1, max_retries=0)(sleeps)
+    done = task.remote(0)
+    ray.get(done)
+    ends, no_grace = task.remote(4), task.remote(20)
+    time.sleep(2.0)  # both running
+
+    assert stop_tasks(Recording, [done, ends], grace_s=60.0) == []  # it ended within the grace period
+    assert cancels == [(ends, False)]
+    cancels.clear()
+    assert stop_tasks(Recording, [done, ends, no_grace], grace_s=0.0) == [no_grace]
+    assert cancels == [(no_grace, False), (no_grace, True)]
+    ray.wait([no_grace], timeout=60)  # cancelled or ended: Ray ignores a force while the polite cancel is in flight

@@ -6,15 +6,19 @@ The bundled profiles hold data-sheet figures; a machine in front of the user may
 (a CPU without native bf16 runs bf16 matmuls 10-50x slower than fp32; a 910B variant clocks
 differently). Calibration measures what the simulator's formulas take as inputs:
 
-- **GEMM**: square matmuls of growing size per precision, device-synchronised, median of
-  repeats. ``peak_tflops[dtype]`` becomes the sustained rate of the largest size (the plateau),
-  and ``gemm_half_dim`` is fitted to the smaller sizes through the simulator's efficiency curve
-  ``rate(d) = plateau * (d / (d + half))^3`` (``gemm_efficiency`` is then 1: the peaks are
-  already what the device sustains, so MFU against this profile is MFU against the measured
+- **GEMM**: linear layers (forward, data and weight gradients) per precision, device-synchronised,
+  median of repeats, at squares of growing
+  size and at the thin shapes of transformer layers (tokens x hidden x QKV/MLP width, sharded over
+  tp 1 and 2). One efficiency curve ``rate(m, k, n) = plateau * prod(d / (d + half))`` (the
+  simulator's) is fitted to all of them: ``gemm_half_dim`` shared, ``peak_tflops`` per precision
+  (so bf16 on a CPU without native bf16 is priced at the rate it runs the model's shapes, not at
+  a square's); ``gemm_efficiency`` is then 1 (MFU against this profile is MFU against the fitted
   plateau, which the file's header says).
 - **memory bandwidth**: a large device-to-device copy (read + write bytes / time).
-- **collectives**: all-reduce and all-gather bus bandwidth between ``--ranks`` processes with the
-  device's backend (gloo on the CPU), as ``nccl-tests`` defines bus bandwidth.
+- **collectives**: all-reduce, all-gather and a point-to-point hop between ``--ranks`` processes
+  with the device's backend (gloo on the CPU), at message sizes from what tensor parallelism sends
+  per layer up to gradient buckets; ``t = latency + ring share * bytes / bus bandwidth`` fitted to
+  them gives ``collective_latency_us`` (what small tensor-parallel messages pay) and the bandwidth.
 
 Every other figure is taken from the base profile of the accelerator. The measurements go into the
 file's header comments, so the profile says where its numbers came from. Device-agnostic: the
@@ -36,12 +40,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import yaml
 
 from .hardware import load_profile
 from .torch_probe._device import ACCELERATORS, device_module, device_name, setup_device, software_versions
 
-__all__ = ["calibrate", "write_profile", "fit_half_dim"]
+__all__ = ["calibrate", "write_profile", "fit_half_dim", "fit_gemm_curve", "fit_latency_bandwidth", "layer_shapes"]
 
 DTYPES = ("fp32", "bf16", "fp16")
 BASE_PROFILE = {"cpu": "cpu", "cuda": "a100-sxm-80gb", "npu": "ascend-910b"}
@@ -81,18 +86,50 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], min_time_s: float, r
 
 
 # ---------------------------------------------------------------------------------- measurements
-def measure_gemm(accelerator: str, sizes: tuple[int, ...], min_time_s: float, repeats: int) -> dict[str, dict[int, float]]:
-    """TFLOPS of a d x d x d matmul per precision and size."""
+Shape = tuple[int, int, int]  # (m, k, n) of an (m x k) @ (k x n) matmul
+
+
+def layer_shapes(hidden: int, ffn: int, tokens: tuple[int, ...], tps: tuple[int, ...] = (1, 2)) -> list[Shape]:
+    """The forward GEMMs of a Llama layer as the simulator prices them (``tokens`` rows of one
+    micro-batch; QKV, attention output, gate+up, down), each sharded over every ``tp``: the thin
+    shapes a model really runs, not only squares, so the fitted curve is right where it is used."""
+    shapes: list[Shape] = []
+    for tok in tokens:
+        for tp in tps:
+            for k, n in ((hidden, 2 * hidden // tp), (hidden // tp, hidden), (hidden, 2 * ffn // tp), (ffn // tp, hidden)):
+                shapes.append((tok, max(1, k), max(1, n)))
+    return sorted(set(shapes))
+
+
+# Layer shapes of models each accelerator runs (CPU: the tiny probes' hidden sizes).
+LAYER_SHAPES = {"cpu": layer_shapes(256, 688, (256, 1024)) + layer_shapes(512, 1376, (512,), (1,)),
+                "cuda": layer_shapes(4096, 11008, (4096,)), "npu": layer_shapes(4096, 11008, (4096,))}
+QUICK_LAYER_SHAPES = {"cpu": layer_shapes(256, 688, (256,)), "cuda": layer_shapes(4096, 11008, (2048,), (1,)),
+                      "npu": layer_shapes(4096, 11008, (2048,), (1,))}
+
+
+def measure_gemm(accelerator: str, shapes: list[Shape], min_time_s: float, repeats: int) -> dict[str, dict[Shape, float]]:
+    """TFLOPS of each (m, k, n) GEMM per precision as a linear layer runs it: ``F.linear`` forward
+    and its backward (data and weight gradients: 3 GEMMs, 6mkn FLOPs), median of repeats,
+    device-synchronised. Not ``torch.mm`` alone: kernels differ by op and layout (on a CPU without
+    native bf16, a bf16 ``mm`` runs ~6x slower than the bf16 ``linear`` a model calls)."""
     torch, device, sync = _device(accelerator)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    out: dict[str, dict[int, float]] = {}
+    linear = torch.nn.functional.linear
+    out: dict[str, dict[Shape, float]] = {}
     for name in DTYPES:
         out[name] = {}
-        for d in sizes:
-            a = torch.randn(d, d, device=device).to(dtypes[name])
-            b = torch.randn(d, d, device=device).to(dtypes[name])
-            seconds = _timed(lambda: torch.mm(a, b), sync, min_time_s, repeats)
-            out[name][d] = 2.0 * d ** 3 / seconds / 1e12
+        for m, k, n in shapes:
+            x = torch.randn(m, k, device=device).to(dtypes[name]).requires_grad_()
+            w = torch.randn(n, k, device=device).to(dtypes[name]).requires_grad_()
+            grad = torch.randn(m, n, device=device).to(dtypes[name])
+
+            def step() -> None:
+                x.grad = w.grad = None
+                linear(x, w).backward(grad)
+
+            seconds = _timed(step, sync, min_time_s, repeats)
+            out[name][(m, k, n)] = 6.0 * m * k * n / seconds / 1e12
     return out
 
 
@@ -106,70 +143,123 @@ def measure_memory_bandwidth(accelerator: str, mib: int, min_time_s: float, repe
     return 2 * n * 4 / seconds / 1e9
 
 
-def _collective_worker(rank: int, world: int, accelerator: str, store_path: str, mib: int, repeats: int,
+def _collective_worker(rank: int, world: int, accelerator: str, store_path: str, sizes_kib: list[int], repeats: int,
                        result_path: str) -> None:
-    """One rank of the collective measurement (run by torch.multiprocessing)."""
+    """One rank of the collective measurement (run by torch.multiprocessing): all-reduce,
+    all-gather and a point-to-point exchange (a pipeline stage's send/recv) at each message size."""
     torch, device, sync = _device(accelerator, local_rank=rank)
     import torch.distributed as dist
 
     dist.init_process_group(ACCELERATORS[accelerator].backend, init_method=f"file://{store_path}", rank=rank,
                             world_size=world)
     try:
-        n = mib * 2 ** 20 // 4
-        x = torch.ones(n, dtype=torch.float32, device=device)
-        gathered = torch.empty(n * world, dtype=torch.float32, device=device)
-        shard = torch.ones(n // world, dtype=torch.float32, device=device)
         # all_gather_single replaces all_gather_into_tensor from torch 2.13; NPU stacks run older torch
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        ops = {"allreduce": lambda: dist.all_reduce(x),
-               "allgather": lambda: gather(gathered[: (n // world) * world], shard)}
-        result: dict[str, float] = {}
-        for name, op in ops.items():
-            op()
-            sync()
-            dist.barrier()
-            samples = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
+        peer = rank ^ 1 if (rank ^ 1) < world else rank
+
+        def exchange(buf: Any, recv: Any) -> None:
+            if peer == rank:
+                return
+            if rank % 2 == 0:  # rank 0 sends, rank 1 receives, then back: one hop each way
+                dist.send(buf, peer)
+                dist.recv(recv, peer)
+            else:
+                dist.recv(recv, peer)
+                dist.send(buf, peer)
+
+        result: dict[str, dict[int, float]] = {"allreduce": {}, "allgather": {}, "p2p": {}}
+        for kib in sizes_kib:
+            n = max(world, kib * 1024 // 4)
+            x = torch.ones(n, dtype=torch.float32, device=device)
+            gathered = torch.empty((n // world) * world, dtype=torch.float32, device=device)
+            shard = torch.ones(n // world, dtype=torch.float32, device=device)
+            recv = torch.empty_like(x)
+            ops = {"allreduce": lambda: dist.all_reduce(x), "allgather": lambda: gather(gathered, shard),
+                   "p2p": lambda: exchange(x, recv)}
+            for name, op in ops.items():
                 op()
                 sync()
-                samples.append(time.perf_counter() - t0)
-            seconds = statistics.median(samples)
-            size = n * 4
-            # nccl-tests' bus bandwidth: what each link carries, comparable across world sizes
-            factor = 2 * (world - 1) / world if name == "allreduce" else (world - 1) / world
-            result[name] = size * factor / seconds / 1e9
+                dist.barrier()
+                samples = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    op()
+                    sync()
+                    samples.append(time.perf_counter() - t0)
+                seconds = statistics.median(samples)
+                result[name][n * 4] = seconds / (2.0 if name == "p2p" else 1.0)  # p2p: one hop
         if rank == 0:
             Path(result_path).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-def measure_collectives(accelerator: str, ranks: int, mib: int, repeats: int) -> dict[str, float]:
-    """Bus bandwidth (GB/s) of all-reduce and all-gather between ``ranks`` processes."""
+def measure_collectives(accelerator: str, ranks: int, sizes_kib: tuple[int, ...], repeats: int) -> dict[str, dict[int, float]]:
+    """Seconds of all-reduce, all-gather (of the full, gathered buffer) and one point-to-point hop
+    between ``ranks`` processes, per message size in bytes: from the sizes tensor parallelism sends
+    per layer up to gradient buckets, so the fit sees both the latency and the bandwidth."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="autotune-calibrate-") as tmp:
         result_path = os.path.join(tmp, "result.json")
-        mp.start_processes(_collective_worker, args=(ranks, accelerator, os.path.join(tmp, "store"), mib, repeats,
-                                                     result_path), nprocs=ranks, start_method="spawn")
-        return json.loads(Path(result_path).read_text())
+        mp.start_processes(_collective_worker, args=(ranks, accelerator, os.path.join(tmp, "store"), list(sizes_kib),
+                                                     repeats, result_path), nprocs=ranks, start_method="spawn")
+        raw = json.loads(Path(result_path).read_text())
+        return {name: {int(k): v for k, v in times.items()} for name, times in raw.items()}
+
+
+def fit_latency_bandwidth(times: dict[int, float], factor: float) -> tuple[float, float]:
+    """(latency s, bus bandwidth bytes/s) of ``t(n) = latency + factor * n / bandwidth``, the
+    simulator's collective model (``factor`` is the ring's share of the buffer each link carries:
+    2(g-1)/g for all-reduce, (g-1)/g for all-gather, 1 for a send). Least squares on the relative
+    error, so the small messages (where latency rules) count as much as the large ones."""
+    sizes = np.array(sorted(times), dtype=float)
+    t = np.array([times[int(n)] for n in sizes])
+    design = np.stack([np.ones_like(sizes), factor * sizes], axis=1) / t[:, None]
+    (latency, inv_bw), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if inv_bw <= 0:  # no size effect measured: all latency, bandwidth from the largest message
+        inv_bw = max(t[-1] - max(latency, 0.0), 1e-12) / (factor * sizes[-1])
+    if latency < 0:  # bandwidth explains everything: refit through the origin
+        latency, inv_bw = 0.0, float(np.median(t / (factor * sizes)))
+    return float(latency), float(1.0 / inv_bw)
 
 
 # ------------------------------------------------------------------------------------------- fit
-def fit_half_dim(rates: dict[int, float]) -> float:
-    """``half`` of ``rate(d) = plateau * (d / (d + half))^3`` (the simulator's GEMM efficiency
-    curve for a d x d x d GEMM), least squares in log space over a grid; plateau = the largest
-    size's rate scaled up by its own efficiency."""
-    sizes = sorted(rates)
-    best, best_err = 0.0, math.inf
+def _shape(key: int | Shape) -> Shape:
+    return (key, key, key) if isinstance(key, int) else tuple(key)  # type: ignore[return-value]
+
+
+def _efficiency(shape: Shape, half: float) -> float:
+    return math.prod(d / (d + half) for d in shape)
+
+
+def fit_gemm_curve(rates: dict[str, dict[Any, float]]) -> tuple[float, dict[str, float]]:
+    """(``half``, plateau TFLOPS per precision) of ``rate(m, k, n) = plateau * prod(d / (d + half))``,
+    the simulator's GEMM efficiency curve: one ``half`` shared by every precision (the simulator
+    has one), a plateau per precision; least squares in log space over a grid of ``half``, the
+    plateaus in closed form (the mean log residual). Keys are (m, k, n) or a square's d."""
+    best, best_err, best_plateaus = 0.0, math.inf, {}
     for half in [0.0] + [2 ** (k / 8) for k in range(0, 8 * 14)]:  # 1 .. 16k
-        eff = {d: (d / (d + half)) ** 3 for d in sizes}
-        plateau = rates[sizes[-1]] / eff[sizes[-1]]
-        err = sum((math.log(rates[d]) - math.log(plateau * eff[d])) ** 2 for d in sizes)
+        err, plateaus = 0.0, {}
+        for precision, table in rates.items():
+            logs = [math.log(r) - math.log(_efficiency(_shape(key), half)) for key, r in table.items() if r > 0]
+            if not logs:
+                continue
+            mean = sum(logs) / len(logs)
+            plateaus[precision] = math.exp(mean)
+            err += sum((x - mean) ** 2 for x in logs)
         if err < best_err:
-            best, best_err = half, err
-    return round(best, 2)
+            best, best_err, best_plateaus = half, err, plateaus
+    return round(best, 2), best_plateaus
+
+
+def fit_half_dim(rates: dict[Any, float]) -> float:
+    """``half`` of the efficiency curve fitted to one precision's rates (see ``fit_gemm_curve``)."""
+    return fit_gemm_curve({"one": rates})[0]
+
+
+COLLECTIVE_KIB = {"cpu": (4, 32, 256, 1024, 8192), "cuda": (64, 1024, 16384, 131072), "npu": (64, 1024, 16384, 131072)}
+QUICK_COLLECTIVE_KIB = {"cpu": (4, 64, 1024), "cuda": (64, 4096, 65536), "npu": (64, 4096, 65536)}
 
 
 def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads: int | None = None,
@@ -186,36 +276,46 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
         threads = threads or max(1, (os.cpu_count() or 1) // max(1, ranks))
         torch.set_num_threads(threads)
     sizes = (QUICK_SIZES if quick else SIZES)[accelerator]
+    shapes = sorted(set([(d, d, d) for d in sizes] + (QUICK_LAYER_SHAPES if quick else LAYER_SHAPES)[accelerator]))
     min_time, repeats = (0.02, 3) if quick else (0.2, 5)
-    progress(f"GEMM {', '.join(DTYPES)} at sizes {', '.join(map(str, sizes))}")
-    gemm = measure_gemm(accelerator, sizes, min_time, repeats)
+    progress(f"GEMM {', '.join(DTYPES)} at {len(shapes)} shapes (squares and transformer-layer shapes)")
+    gemm = measure_gemm(accelerator, shapes, min_time, repeats)
     progress("memory bandwidth (device copy)")
     bandwidth = measure_memory_bandwidth(accelerator, 64 if quick else 512, min_time, repeats)
-    collectives: dict[str, float] = {}
+    collectives: dict[str, dict[int, float]] = {}
+    fitted: dict[str, tuple[float, float]] = {}
     if ranks > 1:
-        progress(f"all-reduce / all-gather between {ranks} processes")
-        collectives = measure_collectives(accelerator, ranks, 4 if quick else 64, repeats)
+        kib = (QUICK_COLLECTIVE_KIB if quick else COLLECTIVE_KIB)[accelerator]
+        progress(f"all-reduce / all-gather / send-recv between {ranks} processes, {kib[0]} KiB to {kib[-1]} KiB")
+        collectives = measure_collectives(accelerator, ranks, kib, max(repeats, 5))
+        ring = {"allreduce": 2.0 * (ranks - 1) / ranks, "allgather": (ranks - 1) / ranks, "p2p": 1.0}
+        fitted = {name: fit_latency_bandwidth(times, ring[name]) for name, times in collectives.items() if times}
 
     profile = load_profile(BASE_PROFILE[accelerator])
-    largest = max(sizes)
-    half = fit_half_dim(gemm["fp32"])
+    half, plateaus = fit_gemm_curve(gemm)
     profile["name"] = f"calibrated-{platform.node() or accelerator}"
     name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
     profile["description"] = (f"calibrated on {platform.node()} ({name}) "
                               f"{_dt.date.today().isoformat()}")
-    # plateau per precision: the largest size's rate scaled by the fitted curve
-    eff = (largest / (largest + half)) ** 3
-    profile["peak_tflops"] = {**profile["peak_tflops"],
-                              **{k: round(gemm[k][largest] / eff, 4) for k in DTYPES}}
+    profile["peak_tflops"] = {**profile["peak_tflops"], **{k: round(plateaus[k], 5) for k in DTYPES}}
     profile["gemm_efficiency"] = 1.0
     profile["gemm_half_dim"] = half
     profile["memory_bandwidth_gbps"] = round(bandwidth, 2)
     profile["memory_bandwidth_efficiency"] = 1.0
-    if collectives:
-        profile["intra_node_bandwidth_gbps"] = round(collectives["allreduce"], 3)
+    if fitted:
+        # The simulator's collectives: t = latency + ring share * bytes / (intra bandwidth * efficiency)
+        # (an all-reduce pays the latency twice: reduce-scatter then all-gather).
+        ar_latency, ar_bw = fitted["allreduce"]
+        ag_latency, ag_bw = fitted["allgather"]
+        profile["intra_node_bandwidth_gbps"] = round(ar_bw / 1e9, 4)
         profile["allreduce_efficiency"] = 1.0
-        profile["allgather_efficiency"] = min(1.0, round(collectives["allgather"] / collectives["allreduce"], 3))
-    measured = {"gemm_tflops": gemm, "memory_bandwidth_gbps": bandwidth, "collective_busbw_gbps": collectives,
+        profile["allgather_efficiency"] = round(min(1.0, ag_bw / ar_bw), 4)
+        profile["collective_latency_us"] = round(max(ar_latency / 2.0, ag_latency) * 1e6, 2)
+    measured = {"gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
+                "memory_bandwidth_gbps": bandwidth,
+                "collective_seconds": {k: {str(n): t for n, t in v.items()} for k, v in collectives.items()},
+                "collective_fit": {k: {"latency_us": lat * 1e6, "busbw_gbps": bw / 1e9} for k, (lat, bw) in fitted.items()},
+                "collective_busbw_gbps": {k: bw / 1e9 for k, (_, bw) in fitted.items()},
                 "sizes": list(sizes), "quick": quick, "ranks": ranks, "threads_per_device": threads,
                 "software": {**software_versions(accelerator), "python": platform.python_version()}}
     return {"profile": profile, "measured": measured}
@@ -226,13 +326,14 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
     m = result["measured"]
     lines = [
         f"# Hardware profile written by `autotune calibrate` on {_dt.datetime.now().isoformat(timespec='seconds')}.",
-        "# peak_tflops are the sustained matmul rates measured here (gemm_efficiency 1), not data-sheet",
+        "# peak_tflops are the sustained matmul plateaus fitted here (gemm_efficiency 1), not data-sheet",
         "# peaks: MFU against this profile is MFU against what this device sustains.",
         f"# software: {json.dumps(m['software'])}; threads per device: {m['threads_per_device'] or 'all'}",
-        "# GEMM TFLOPS measured (d x d x d): " + "; ".join(
+        "# GEMM TFLOPS measured (m x k x n): " + "; ".join(
             f"{k} " + ", ".join(f"{d}:{v:.4g}" for d, v in rates.items()) for k, rates in m["gemm_tflops"].items()),
-        f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collective bus bandwidth (GB/s): "
-        f"{json.dumps({k: round(v, 3) for k, v in m['collective_busbw_gbps'].items()}) or 'not measured'}",
+        f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collectives (latency us, bus bandwidth GB/s): "
+        + (json.dumps({k: {f: round(v, 3) for f, v in fit.items()} for k, fit in m["collective_fit"].items()})
+           if m.get("collective_fit") else "not measured"),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(result["profile"], sort_keys=False))
