@@ -41,7 +41,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .ranking import Ranking
-from .refit import COMM_COMPONENTS, COMPUTE_COMPONENTS
+from .refit import COMPONENTS
 
 __all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "family_of"]
 
@@ -139,7 +139,7 @@ class Guide:
         self.limit = np.asarray(p.get("memory_limit_gib", np.full(n, np.inf)), dtype=float)
         self.objective_raw = np.asarray(p[self.metric], dtype=float)
         self.step_derived = self.metric in STEP_DERIVED and "step_time_s" in p
-        comp_names = [k for k in (*COMPUTE_COMPONENTS, *COMM_COMPONENTS) if f"time_{k}" in p]
+        comp_names = [k for k in COMPONENTS if f"time_{k}" in p]
         self.time_components = np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names],
                                         axis=1) if comp_names and self.step_derived else None
         mem_names = sorted(k for k in p if k.startswith("mem_"))

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Refit", "fit_refit", "GROUPS", "COMPUTE_COMPONENTS", "COMM_COMPONENTS"]
+__all__ = ["Refit", "fit_refit", "GROUPS", "COMPONENTS"]
 
 # The simulator's time components, grouped by what a real machine gets wrong together.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -39,8 +39,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "pipeline": ("pp_bubble", "pp_p2p"),
     "dp": ("dp_comm", "zero3_comm"),
 }
-COMPUTE_COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "optimizer", "pp_bubble")
-COMM_COMPONENTS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
+# Every component of GROUPS, in the order the guide's design matrix has always used.
+COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "optimizer", "pp_bubble",
+              "tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
 _FACTOR_RANGE = (0.02, 50.0)
 # Ridge weight on each log factor's distance from the common factor, against a data term of squared
 # relative errors: a group worth 10 % of one measured step (0.01 in that term) is mostly fitted
@@ -94,7 +95,7 @@ class Refit:
 
 def _parts(predicted: dict[str, Any]) -> dict[str, float] | None:
     """Predicted seconds per group, or None without a time breakdown."""
-    if not any(f"time_{k}" in predicted for k in COMPUTE_COMPONENTS):
+    if not any(f"time_{k}" in predicted for k in COMPONENTS):
         return None
     return {g: sum(float(predicted.get(f"time_{k}", 0.0) or 0.0) for k in names) for g, names in GROUPS.items()}
 
@@ -109,7 +110,7 @@ def _fit_log_factors(a: np.ndarray) -> np.ndarray:
         scale = np.exp(u)
         residual = a @ scale - 1.0
         jac = a * scale[None, :]
-        lhs = jac.T @ jac + (_RIDGE + 1e-9) * np.eye(len(u))
+        lhs = jac.T @ jac + _RIDGE * np.eye(len(u))
         step = np.linalg.solve(lhs, -(jac.T @ residual + _RIDGE * u))
         step = np.clip(step, -1.0, 1.0)  # damped: one e-fold per iteration at most
         u = np.clip(u + step, -_LOG_RANGE, _LOG_RANGE)

@@ -18,6 +18,13 @@ def _pred(compute: float, comm: float) -> dict[str, float]:
             "step_time_s": compute + comm, "tokens_per_s_per_device": 1000.0 / (compute + comm), "mfu": 0.5}
 
 
+def test_groups_cover_every_time_component_once():
+    from autotune.refit import COMPONENTS, GROUPS
+
+    grouped = [k for names in GROUPS.values() for k in names]
+    assert sorted(grouped) == sorted(COMPONENTS) and len(set(grouped)) == len(grouped)
+
+
 def test_no_measurement_is_the_identity():
     assert fit_refit([]) == Refit()
     assert Refit().apply(_pred(1.0, 0.5)) == {}
