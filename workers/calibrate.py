@@ -297,7 +297,7 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
     profile["description"] = (f"calibrated on {platform.node()} ({name}) "
                               f"{_dt.date.today().isoformat()}")
-    profile["peak_tflops"] = {**profile["peak_tflops"], **{k: round(plateaus[k], 5) for k in DTYPES}}
+    profile["peak_tflops"] = {**profile["peak_tflops"], **{k: float(f"{plateaus[k]:.6g}") for k in DTYPES}}  # significant digits: bf16 on a CPU is ~0.004
     profile["gemm_efficiency"] = 1.0
     profile["gemm_half_dim"] = half
     profile["memory_bandwidth_gbps"] = round(bandwidth, 2)
