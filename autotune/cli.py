@@ -269,6 +269,7 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     from .ranking import UNDISTINGUISHED, rank_space
     from .space import Space
 
+    spec, profile = _planned_profile(spec)
     space = Space(spec)
     objectives = spec.objective_list()
     try:
@@ -288,12 +289,14 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
             "space_size": enumeration.space_size, "valid": enumeration.valid, "fit": ranking.fit,
             "invalid_reasons": enumeration.invalid_reasons,
             "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+            "profile": {k: v for k, v in profile.items() if k != "line"},
             "top": [{"params": c, "metrics": _public_metrics(m), "undistinguished": lay.undistinguished}
                     for (c, m), lay in zip(best, layouts)],
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
     out.print(spec.summary())
+    out.print(profile["line"], markup=False)
     out.print(f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
               f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
               if len(ranking.order) else f"space: {enumeration.space_size:,} combinations, no valid config")
@@ -439,7 +442,7 @@ def calibrate(
     try:
         result = measure(accelerator, quick=quick, ranks=ranks, threads=threads,
                          progress=lambda text: err.print(f"measuring {text}", markup=False))
-    except (ImportError, RuntimeError, ProbeFailure) as exc:  # no device, no torch_npu, ...
+    except (ImportError, RuntimeError, ValueError, ProbeFailure) as exc:  # no device, no torch_npu, a degenerate fit
         _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     path = write_profile(result, out_path)
@@ -495,6 +498,7 @@ def run(
         _error(f"cannot create the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
         raise typer.Exit(EXIT_INPUT) from None
     _remember_spec(spec_path, directory)
+    spec = _measured_profile(spec, choice)
 
     from .progress import ProgressObserver
     from .search import StudyRunner
@@ -541,6 +545,33 @@ def run(
         if tracker and status != "FINISHED":
             _finish_tracking(tracker, "KILLED" if status == "KILLED" else "FAILED")
     _finish_run(spec, directory, choice, outcome, tracker, as_json)
+
+
+def _measured_profile(spec: Spec, choice: Any) -> Spec:
+    """The spec on this host's measured profile when a real study would otherwise rank with
+    data-sheet figures (``host_profile``: calibrates once, cached per host and software)."""
+    from .host_profile import ensure_measured_profile
+
+    try:
+        return ensure_measured_profile(spec, choice.simulated, lambda text: err.print(Text(text, style="dim")))
+    except ValueError as exc:  # AUTOTUNE_CALIBRATE set to something else than auto / never
+        _error(str(exc))
+        raise typer.Exit(EXIT_INPUT) from None
+
+
+def _planned_profile(spec: Spec) -> tuple[Spec, dict[str, Any]]:
+    from .backends import select_backend
+    from .host_profile import planned_profile
+
+    try:
+        simulated = select_backend(spec).simulated
+    except ValueError:  # a backend the run would refuse: plan still ranks, with the spec's profile
+        simulated = True
+    try:
+        return planned_profile(spec, simulated)
+    except ValueError as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INPUT) from None
 
 
 def _relocate_mlflow(directory: Path) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Refit", "fit_refit", "GROUPS", "COMPONENTS"]
+__all__ = ["Refit", "fit_refit", "GROUPS", "COMPONENTS", "COMM_GROUPS", "RIDGE_DATA_SHEET", "RIDGE_MEASURED"]
 
 # The simulator's time components, grouped by what a real machine gets wrong together.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -44,9 +44,15 @@ COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "optimi
               "tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
 _FACTOR_RANGE = (0.02, 50.0)
 # Ridge weight on each log factor's distance from the common factor, against a data term of squared
-# relative errors: a group worth 10 % of one measured step (0.01 in that term) is mostly fitted
-# from the data; a group no probe exercises stays at the common factor.
-_RIDGE = 0.003
+# relative errors; it says how far the profile is trusted. A data-sheet profile can be off by 10x
+# where it matters (small-message latency: the issue #17 CPU priced tensor parallelism nearly free
+# where it halved the throughput), so a group worth a few % of one step is still mostly fitted from
+# the data (0.003: a factor of e away from the common one costs a 5 % miss). A measured profile
+# (`autotune calibrate`) is off by tens of %, and a probe's own noise (±15-45 % run to run on a
+# shared 2-core machine) must not become a 40x factor on a group worth 1 % of that probe's step
+# (it did at 0.003: benchmarks/README.md, rank fidelity); 0.03: a factor of e costs a 17 % miss.
+RIDGE_DATA_SHEET = 0.003
+RIDGE_MEASURED = 0.03
 _LOG_RANGE = math.log(50.0)
 
 
@@ -100,7 +106,7 @@ def _parts(predicted: dict[str, Any]) -> dict[str, float] | None:
     return {g: sum(float(predicted.get(f"time_{k}", 0.0) or 0.0) for k in names) for g, names in GROUPS.items()}
 
 
-def _fit_log_factors(a: np.ndarray) -> np.ndarray:
+def _fit_log_factors(a: np.ndarray, ridge: float) -> np.ndarray:
     """``u`` minimising ``sum_i (sum_g a_ig exp(u_g) - 1)^2 + RIDGE * |u|^2`` (Gauss-Newton): the
     log of each group's factor relative to the common one; ``a_ig`` is group g's share of
     measurement i at the common factor. In log space the ridge treats a 2x miss alike in every
@@ -110,8 +116,8 @@ def _fit_log_factors(a: np.ndarray) -> np.ndarray:
         scale = np.exp(u)
         residual = a @ scale - 1.0
         jac = a * scale[None, :]
-        lhs = jac.T @ jac + _RIDGE * np.eye(len(u))
-        step = np.linalg.solve(lhs, -(jac.T @ residual + _RIDGE * u))
+        lhs = jac.T @ jac + ridge * np.eye(len(u))
+        step = np.linalg.solve(lhs, -(jac.T @ residual + ridge * u))
         step = np.clip(step, -1.0, 1.0)  # damped: one e-fold per iteration at most
         u = np.clip(u + step, -_LOG_RANGE, _LOG_RANGE)
         if float(np.max(np.abs(step))) < 1e-10:
@@ -119,23 +125,42 @@ def _fit_log_factors(a: np.ndarray) -> np.ndarray:
     return u
 
 
-def fit_refit(pairs: Iterable[tuple[dict[str, Any], float]]) -> Refit:
-    """Fit from (raw prediction with its ``time_*`` breakdown, measured step time) pairs."""
+# Groups whose time a probe's profiled step reports as communication (``comm_time_s``: a
+# collective in flight, waiting for a pipeline peer included).
+COMM_GROUPS = ("tp", "pipeline", "dp")
+
+
+def _measured(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 and math.isfinite(value) else None
+
+
+def fit_refit(pairs: Iterable[tuple[Any, ...]], ridge: float = RIDGE_DATA_SHEET) -> Refit:
+    """Fit from (raw prediction with its ``time_*`` breakdown, measured step time[, measured
+    communication time]) tuples. A probe that profiled its step (``comm_time_s``) adds a second
+    equation: the communication groups' predicted time against the measured one, so the error is
+    split between compute and communication by measurement, not only by the ridge. ``ridge``:
+    ``RIDGE_MEASURED`` when the predictions come from a calibrated profile."""
     rows = []
-    for predicted, measured in pairs:
+    for predicted, measured, *breakdown in pairs:
         parts = _parts(predicted)
-        if parts is None or not (isinstance(measured, (int, float)) and measured > 0 and math.isfinite(measured)):
+        step = _measured(measured)
+        if parts is None or step is None or sum(parts.values()) <= 0:
             continue
-        if sum(parts.values()) > 0:
-            rows.append(([parts[g] for g in GROUPS], float(measured)))
-    if not rows:
+        rows.append(([parts[g] for g in GROUPS], step, True))
+        comm = _measured(breakdown[0]) if breakdown else None
+        if comm is not None and sum(parts[g] for g in COMM_GROUPS) > 0:
+            rows.append(([parts[g] if g in COMM_GROUPS else 0.0 for g in GROUPS], comm, False))
+    steps = [r for r in rows if r[2]]
+    if not steps:
         return Refit()
     x = np.array([r[0] for r in rows])
     measured = np.array([r[1] for r in rows])
+    is_step = np.array([r[2] for r in rows])
     raw = x.sum(axis=1)
-    common = float(np.clip(statistics.median(measured / raw), *_FACTOR_RANGE))
-    f = common * np.exp(_fit_log_factors(x / measured[:, None] * common))
+    common = float(np.clip(statistics.median(measured[is_step] / raw[is_step]), *_FACTOR_RANGE))
+    f = common * np.exp(_fit_log_factors(x / measured[:, None] * common, ridge))
     f = np.clip(f, *_FACTOR_RANGE)
-    before = float(np.mean(np.abs(raw - measured) / measured) * 100)
-    after = float(np.mean(np.abs(x @ f - measured) / measured) * 100)
-    return Refit(factors={g: float(v) for g, v in zip(GROUPS, f)}, n=len(rows), mape_before=before, mape_after=after)
+    xs, ms = x[is_step], measured[is_step]
+    before = float(np.mean(np.abs(xs.sum(axis=1) - ms) / ms) * 100)
+    after = float(np.mean(np.abs(xs @ f - ms) / ms) * 100)
+    return Refit(factors={g: float(v) for g, v in zip(GROUPS, f)}, n=len(steps), mape_before=before, mape_after=after)

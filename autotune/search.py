@@ -39,7 +39,7 @@ from .guided_sampler import GUIDE_ATTR, GuidedSampler
 from .trial_attrs import A
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
-from .refit import Refit, fit_refit
+from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
 from .secret_env import SPEC_COPY, masked_backend, write_spec_copy
 from .space import Space, config_key
 from .spec import Spec
@@ -576,9 +576,11 @@ class StudyRunner:
     def _refit(self, study: optuna.Study, after: int | None = None) -> None:
         """Refit the model's per-group factors (``autotune.refit.GROUPS``) from every measured trial
         (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
-        pairs = [(r.predicted, r.metrics.get("step_time_s")) for r in trial_records(study)
+        pairs = [(r.predicted, r.metrics.get("step_time_s"), r.metrics.get("comm_time_s")) for r in trial_records(study)
                  if r.status == "ok" and r.source == "measured" and r.probed]
-        refit = fit_refit(pairs)
+        # a measured profile (autotune calibrate) is trusted more than a data sheet
+        ridge = RIDGE_MEASURED if self.context.hardware.get("calibrated_at") else RIDGE_DATA_SHEET
+        refit = fit_refit(pairs, ridge=ridge)
         if refit.n == self.refit.n:
             return
         shown = self._refit_shown

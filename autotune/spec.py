@@ -94,6 +94,10 @@ class ClusterSpec(_Strict):
     devices_per_node: int = Field(8, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
     threads_per_rank: int | None = Field(None, gt=0, description="CPU threads per probe process (default: cores / ranks)")
+    calibrate: Literal["auto", "never"] | None = Field(
+        None, description="auto: a study with a real backend on a data-sheet profile first measures this host "
+                          "(`autotune calibrate --quick`, cached per host and software) and ranks with that; never: "
+                          "use the profile as it is. Default: the AUTOTUNE_CALIBRATE environment variable, else auto")
 
     @property
     def world_size(self) -> int:

@@ -1,6 +1,7 @@
 """Does the model rank real probes right on this machine? (issue #17)
 
     python benchmarks/rank_fidelity.py [--profile host.yaml] [--refit-probes 3] [--json out.json]
+                                       [--measurements earlier.json]
 
 Measures a fixed, diverse set of 12 tiny-Llama configs (tp, pp, micro-batch, recompute, ZeRO,
 precision) with the torch probe on 2 gloo processes (``search_spaces/tiny_llama_cpu.yaml``'s
@@ -39,7 +40,7 @@ from simulator_vs_cpu_probe import spearman  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.ranking import rank_space  # noqa: E402
-from autotune.refit import fit_refit  # noqa: E402
+from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, fit_refit  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
@@ -112,12 +113,19 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, help="a calibrated profile (autotune calibrate --out FILE)")
     ap.add_argument("--refit-probes", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--measurements", type=Path, default=None,
+                    help="judge against the measurements of an earlier --json output instead of probing again "
+                         "(compare profiles on the same measurements, without the probes' run-to-run noise)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-rank-fidelity-") as tmp_name:
         tmp = Path(tmp_name)
         shipped = predictions(tmp, None)
         calibrated = predictions(tmp, args.profile) if args.profile else None
-        rows = [r for r in measure(tmp) if r[2].get("tokens_per_s_per_device")]
+        if args.measurements:
+            earlier = json.loads(args.measurements.read_text())["rows"]
+            rows = [(config_key(r["config"]), r["config"], r["measured_metrics"]) for r in earlier]
+        else:
+            rows = [r for r in measure(tmp) if r[2].get("tokens_per_s_per_device")]
     metric = "tokens_per_s_per_device"
     meas = [m[metric] for _, _, m in rows]
     columns = {"shipped cpu profile": [shipped[k][metric] for k, _, _ in rows]}
@@ -125,7 +133,8 @@ def main() -> None:
         columns["calibrated profile"] = [calibrated[k][metric] for k, _, _ in rows]
     k = args.refit_probes
     base = calibrated or shipped
-    refit = fit_refit((base[key], m["step_time_s"]) for key, _, m in rows[:k])
+    refit = fit_refit(((base[key], m["step_time_s"]) for key, _, m in rows[:k]),
+                      ridge=RIDGE_MEASURED if calibrated else RIDGE_DATA_SHEET)  # as a study would
     after = [refit.apply(base[key]).get(f"refit_{metric}", base[key][metric]) for key, _, _ in rows]
     print(f"\n{len(rows)} configs measured on this host; predicted {metric} against measured\n")
     head = "  ".join(f"{c:>20}" for c in (*columns, f"refit after {k}"))

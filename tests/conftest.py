@@ -17,6 +17,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("AUTOTUNE_WARM_DIR", tempfile.mkdtemp(prefix="autotune-test-warm-"))
 os.environ.setdefault("AUTOTUNE_WARM_IDLE_S", "60")
 os.environ.setdefault("AUTOTUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="autotune-test-cache-"), "results.sqlite"))
+# real-backend studies keep the spec's profile (their tests check the data-sheet predictions); the
+# automatic calibration is tested on its own (test_host_profile.py), with a throwaway profile cache
+os.environ.setdefault("AUTOTUNE_CALIBRATE", "never")
+os.environ.setdefault("AUTOTUNE_PROFILE_CACHE", tempfile.mkdtemp(prefix="autotune-test-profiles-"))
 
 
 @pytest.fixture

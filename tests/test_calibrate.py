@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.spec import SpecError, load_spec
 from autotune.workers.calibrate import fit_gemm_curve, fit_half_dim, fit_latency_bandwidth
+from autotune.workers.calibrate_layer import COLLECTIVES_PER_LAYER, fit_tp_latency
 from autotune.workers.hardware import PROFILE_KEYS, load_profile
 from support import TINY_TRAIN
 
@@ -40,6 +41,62 @@ def test_fit_latency_bandwidth_recovers_the_collective_model(latency, bw):
     assert got_bw == pytest.approx(bw, rel=0.02)
 
 
+@pytest.mark.parametrize("latency", [3.5e-3, 20e-6, 0.0])
+def test_fit_tp_latency_recovers_what_each_collective_pays_beyond_its_bytes(latency):
+    bw, layers = 1e9, 2
+    rows = []
+    for nbytes in (262144, 524288, 1048576):
+        local = 0.01 * nbytes / 262144  # compute grows with the micro-batch, the same on both sides
+        per_collective = 2 * latency + 2 * (2 - 1) / 2 * nbytes / bw
+        rows.append({"allreduce_bytes": nbytes, "local_s": local,
+                     "sharded_s": local + COLLECTIVES_PER_LAYER * layers * per_collective})
+    assert fit_tp_latency({"tp": 2, "layers": layers, "rows": rows}, bw) == pytest.approx(latency, abs=1e-9)
+
+
+def test_the_simulator_prices_tensor_parallel_collectives_at_the_measured_latency():
+    """``tp_collective_latency_us`` moves tp > 1 configs' tensor-parallel time, and nothing else."""
+    import numpy as np
+
+    from autotune.models import PRESETS
+    from autotune.workers.simulate import columns_from_params, simulate_configs
+
+    params = [{"tp": t, "pp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 0} for t in (1, 2)]
+    model = {"arch": "llama", **PRESETS["tiny-llama"]}
+    workload = {"kind": "train", "seq_len": 256, "global_batch_size": 8}
+    cluster = {"accelerator": "cpu", "nodes": 1, "devices_per_node": 2, "world_size": 2}
+    base = load_profile("cpu")
+
+    def run(profile):
+        return simulate_configs(model, workload, profile, cluster, columns_from_params(params))
+
+    plain, measured = run(base), run({**base, "tp_collective_latency_us": 3000.0})
+    assert np.allclose(plain["time_tp_comm"][0], 0) and np.allclose(measured["time_tp_comm"][0], 0)
+    # tiny-llama: 4 layers x 4 all-reduces (2 latencies each) + the boundary ones, 2.9 ms more each
+    assert measured["time_tp_comm"][1] - plain["time_tp_comm"][1] > 16 * 2 * 2.9e-3
+    for key in ("time_gemm", "time_pp_p2p", "time_dp_comm"):
+        assert np.allclose(plain[key], measured[key]), key
+
+
+def test_the_simulator_adds_the_measured_optimizer_cost_per_parameter_tensor():
+    import numpy as np
+
+    from autotune.models import PRESETS
+    from autotune.workers.simulate import columns_from_params, simulate_configs
+
+    params = [{"tp": 1, "pp": p, "micro_batch_size": 1, "recompute": "none", "zero_stage": 0} for p in (1, 2)]
+    model = {"arch": "llama", **PRESETS["tiny-llama"]}
+    workload = {"kind": "train", "seq_len": 256, "global_batch_size": 8}
+    cluster = {"accelerator": "cpu", "nodes": 1, "devices_per_node": 2, "world_size": 2}
+    base = load_profile("cpu")
+    plain = simulate_configs(model, workload, base, cluster, columns_from_params(params))
+    measured = simulate_configs(model, workload, {**base, "optimizer_us_per_tensor": 100.0}, cluster,
+                                columns_from_params(params))
+    # 4 layers x 9 tensors + embedding, final norm, head; a pipeline stage holds half the layers
+    extra = measured["time_optimizer"] - plain["time_optimizer"]
+    assert np.allclose(extra, [39 * 100e-6, 21 * 100e-6])
+    assert np.allclose(measured["time_gemm"], plain["time_gemm"])
+
+
 def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     out = tmp_path / "profiles" / "host.yaml"
     result = CliRunner().invoke(app, ["calibrate", "--out", str(out), "--quick", "--ranks", "2", "--json"])
@@ -63,6 +120,16 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     fit = measured["collective_fit"]
     assert set(fit) == {"allreduce", "allgather", "p2p"} and len(measured["collective_seconds"]["allreduce"]) >= 3
     assert profile["collective_latency_us"] > 0 and profile["intra_node_bandwidth_gbps"] > 0
+    # the tensor-parallel layer step in context: sharded and local, latency never below the idle one
+    rows = measured["tp_layer_step"]["rows"]
+    assert len(rows) >= 2 and all(r["sharded_s"] > 0 and r["local_s"] > 0 for r in rows)
+    assert profile["tp_collective_latency_us"] >= profile["collective_latency_us"]
+    assert profile["calibrated_at"]
+    # attention, elementwise work, dispatch and the optimizer's per-tensor cost, each measured
+    assert measured["attention"]["tflops"] > 0 and measured["elementwise"]["gbps"] > 0
+    assert 0 < profile["flash_attention_efficiency"] <= 1 and 0 < profile["memory_bandwidth_efficiency"] <= 1
+    assert profile["kernel_launch_us"] == pytest.approx(measured["dispatch_us"], rel=1e-3)
+    assert profile["optimizer_us_per_tensor"] > 0
     assert profile["gemm_efficiency"] == 1.0
     assert profile["memory_bandwidth_gbps"] == pytest.approx(measured["memory_bandwidth_gbps"], rel=0.01)
     assert out.read_text().startswith("# Hardware profile written by `autotune calibrate`")

@@ -354,11 +354,13 @@ def test_plan_breaks_ties_toward_memory_headroom(name):
 
 
 # A launcher whose tp=2 configs are 10x slower per step; it logs when it finishes all its steps.
+# Their 200 steps last 10 s, so the pruner stops them first even on a loaded 2-core machine (with
+# 25 steps, 1.25 s, a Ray study under the full test suite's load once finished one unpruned).
 SLOW_TP2_PROBE = r'''
 import json, os, sys, time
 p = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))["params"]
 step_time = 1.0 if p["tp"] == 2 else 0.1
-steps = 25 if p["tp"] == 2 else 3
+steps = 200 if p["tp"] == 2 else 3
 for i in range(steps):
     time.sleep(0.05)
     print(json.dumps({"event": "step", "step": i, "phase": "measure", "step_time_s": step_time}), flush=True)
@@ -393,7 +395,7 @@ def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
         assert "stopped early" in t["failure"] and "10.00x the best's" in t["failure"]
         assert t["metrics"]["step_time_s"] == pytest.approx(1.0)  # the partial measurement is kept
     finished = [e["params"]["tp"] for e in _probe_log(tmp_path)]
-    assert 2 not in finished  # no tp=2 probe ran its 25 steps
+    assert 2 not in finished  # no tp=2 probe ran its 200 steps
     assert all(t["status"] == "ok" for t in probed if t["params"]["tp"] == 1)
     assert "pruned stopped early" in result.stderr
 

@@ -25,6 +25,24 @@ def test_groups_cover_every_time_component_once():
     assert sorted(grouped) == sorted(COMPONENTS) and len(set(grouped)) == len(grouped)
 
 
+def test_a_profiled_step_splits_the_error_between_compute_and_communication():
+    """One probe, step time 2x the prediction: from the step alone the ridge spreads the miss; with
+    the probe's measured communication time (profile_step) the fit puts it where it was."""
+    predicted = {"time_gemm": 0.6, "time_elementwise": 0.2, "time_tp_comm": 0.2, "step_time_s": 1.0}
+    # measured: compute as predicted (0.8 s), communication 6x (1.2 s)
+    alone = fit_refit([(predicted, 2.0)])
+    split = fit_refit([(predicted, 2.0, 1.2)])
+    assert split.n == alone.n == 1
+    assert split.factors["tp"] > 4.0 and split.factors["compute"] < 1.3
+    assert alone.factors["tp"] < split.factors["tp"] and alone.factors["compute"] > split.factors["compute"]
+    # a config without communication is priced by the compute factor the split found
+    compute_only = {"time_gemm": 0.6, "time_elementwise": 0.2, "step_time_s": 0.8}
+    assert split.apply(compute_only)["refit_step_time_s"] == pytest.approx(0.8, rel=0.3)
+    # a breakdown with nothing to say (no communication predicted, or none measured) changes nothing
+    assert fit_refit([(compute_only, 1.6, 0.5)]) == fit_refit([(compute_only, 1.6)])
+    assert fit_refit([(predicted, 2.0, None)]) == alone
+
+
 def test_no_measurement_is_the_identity():
     assert fit_refit([]) == Refit()
     assert Refit().apply(_pred(1.0, 0.5)) == {}
@@ -75,6 +93,23 @@ def test_one_slow_tp_probe_corrects_tp_configs_and_leaves_tp1_alone():
     common = sum(measured(p) / p["step_time_s"] for p in probes) / len(probes)
     assert common * _layout(0.0)["step_time_s"] > 1.10 * measured(_layout(0.0))
     assert common * _layout(0.2)["step_time_s"] < 0.85 * measured(_layout(0.2))
+
+
+def test_a_measured_profile_keeps_one_noisy_probe_from_distorting_the_groups():
+    """Three probes, each the only one with its communication group; the first ran 45 % slow
+    (noise). Trusting the profile as little as a data sheet, the fit bends the groups it can move
+    freely to explain the miss (a pipeline 6x cheaper than predicted, from probes whose pipeline
+    was predicted right); with a measured profile's ridge every factor stays a modest correction."""
+    from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED
+
+    noisy = {"time_gemm": 0.39, "time_dp_comm": 0.004}
+    tp = {"time_gemm": 0.40, "time_tp_comm": 0.8}
+    pp = {"time_gemm": 0.40, "time_pp_bubble": 0.1}
+    pairs = [(noisy, 1.45 * 0.394), (tp, 1.2), (pp, 0.5)]
+    loose = fit_refit(pairs, ridge=RIDGE_DATA_SHEET).factors
+    assert min(loose.values()) < 0.25
+    trusted = fit_refit(pairs, ridge=RIDGE_MEASURED).factors
+    assert all(0.5 < f < 2.0 for f in trusted.values()), trusted
 
 
 def test_few_measurements_or_no_communication_give_one_common_factor():

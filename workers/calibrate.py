@@ -15,10 +15,19 @@ differently). Calibration measures what the simulator's formulas take as inputs:
   a square's); ``gemm_efficiency`` is then 1 (MFU against this profile is MFU against the fitted
   plateau, which the file's header says).
 - **memory bandwidth**: a large device-to-device copy (read + write bytes / time).
+- **attention, elementwise work, kernel dispatch** (``calibrate_kernels``): causal SDPA against the
+  GEMM plateau (``flash_attention_efficiency``), a layer's norm / activation / residual chain
+  against the copy (``memory_bandwidth_efficiency``), a small op's host time (``kernel_launch_us``),
+  an optimizer step's fixed cost per parameter tensor (``optimizer_us_per_tensor``).
 - **collectives**: all-reduce, all-gather and a point-to-point hop between ``--ranks`` processes
   with the device's backend (gloo on the CPU), at message sizes from what tensor parallelism sends
   per layer up to gradient buckets; ``t = latency + ring share * bytes / bus bandwidth`` fitted to
-  them gives ``collective_latency_us`` (what small tensor-parallel messages pay) and the bandwidth.
+  them gives ``collective_latency_us`` (what a small message pays between idle ranks) and the
+  bandwidth.
+- **a tensor-parallel layer step in context** (``calibrate_layer``): the probe's block sharded
+  over the ranks against its local shard; what each collective costs beyond its bytes there
+  (DTensor dispatch, rank skew) is ``tp_collective_latency_us``, the latency the simulator's
+  tensor-parallel collectives pay.
 
 Every other figure is taken from the base profile of the accelerator. The measurements go into the
 file's header comments, so the profile says where its numbers came from. Device-agnostic: the
@@ -43,7 +52,9 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from .hardware import load_profile
+from .calibrate_kernels import measure_attention, measure_dispatch, measure_elementwise, measure_optimizer_step, timed
+from .calibrate_layer import fit_tp_latency, measure_tp_layer
+from .hardware import load_profile, validate_profile
 from .torch_probe._device import ACCELERATORS, device_module, device_name, setup_device, software_versions
 
 __all__ = ["calibrate", "write_profile", "fit_half_dim", "fit_gemm_curve", "fit_latency_bandwidth", "layer_shapes"]
@@ -64,25 +75,6 @@ def _device(accelerator: str, local_rank: int = 0) -> tuple[Any, Any, Callable[[
         raise RuntimeError("calibrate --accelerator cuda: no CUDA device is visible")
     info = setup_device(accelerator, local_rank)
     return torch, torch.device(info.name), device_module(accelerator).synchronize
-
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], None], min_time_s: float, repeats: int) -> float:
-    """Median seconds per call: warm-up, then ``repeats`` batches of calls lasting >= min_time_s."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    once = max(time.perf_counter() - t0, 1e-6)
-    calls = max(1, int(min_time_s / once))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
 
 
 # ---------------------------------------------------------------------------------- measurements
@@ -128,7 +120,7 @@ def measure_gemm(accelerator: str, shapes: list[Shape], min_time_s: float, repea
                 x.grad = w.grad = None
                 linear(x, w).backward(grad)
 
-            seconds = _timed(step, sync, min_time_s, repeats)
+            seconds = timed(step, sync, min_time_s, repeats)
             out[name][(m, k, n)] = 6.0 * m * k * n / seconds / 1e12
     return out
 
@@ -139,14 +131,15 @@ def measure_memory_bandwidth(accelerator: str, mib: int, min_time_s: float, repe
     n = mib * 2 ** 20 // 4
     src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    seconds = _timed(lambda: dst.copy_(src), sync, min_time_s, repeats)
+    seconds = timed(lambda: dst.copy_(src), sync, min_time_s, repeats)
     return 2 * n * 4 / seconds / 1e9
 
 
 def _collective_worker(rank: int, world: int, accelerator: str, store_path: str, sizes_kib: list[int], repeats: int,
-                       result_path: str) -> None:
+                       result_path: str, quick: bool = False) -> None:
     """One rank of the collective measurement (run by torch.multiprocessing): all-reduce,
-    all-gather and a point-to-point exchange (a pipeline stage's send/recv) at each message size."""
+    all-gather and a point-to-point exchange (a pipeline stage's send/recv) at each message size,
+    then a tensor-parallel layer step in context (``calibrate_layer``)."""
     torch, device, sync = _device(accelerator, local_rank=rank)
     import torch.distributed as dist
 
@@ -188,24 +181,28 @@ def _collective_worker(rank: int, world: int, accelerator: str, store_path: str,
                     samples.append(time.perf_counter() - t0)
                 seconds = statistics.median(samples)
                 result[name][n * 4] = seconds / (2.0 if name == "p2p" else 1.0)  # p2p: one hop
+        tp_layer = measure_tp_layer(accelerator, device, sync, world, repeats, quick=quick)
         if rank == 0:
-            Path(result_path).write_text(json.dumps(result))
+            Path(result_path).write_text(json.dumps({**result, "tp_layer": tp_layer}))
     finally:
         dist.destroy_process_group()
 
 
-def measure_collectives(accelerator: str, ranks: int, sizes_kib: tuple[int, ...], repeats: int) -> dict[str, dict[int, float]]:
+def measure_collectives(accelerator: str, ranks: int, sizes_kib: tuple[int, ...], repeats: int,
+                        quick: bool = False) -> tuple[dict[str, dict[int, float]], dict[str, Any]]:
     """Seconds of all-reduce, all-gather (of the full, gathered buffer) and one point-to-point hop
     between ``ranks`` processes, per message size in bytes: from the sizes tensor parallelism sends
-    per layer up to gradient buckets, so the fit sees both the latency and the bandwidth."""
+    per layer up to gradient buckets, so the fit sees both the latency and the bandwidth; and the
+    tensor-parallel layer step over the same ranks (``calibrate_layer.measure_tp_layer``)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="autotune-calibrate-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         mp.start_processes(_collective_worker, args=(ranks, accelerator, os.path.join(tmp, "store"), list(sizes_kib),
-                                                     repeats, result_path), nprocs=ranks, start_method="spawn")
+                                                     repeats, result_path, quick), nprocs=ranks, start_method="spawn")
         raw = json.loads(Path(result_path).read_text())
-        return {name: {int(k): v for k, v in times.items()} for name, times in raw.items()}
+        tp_layer = raw.pop("tp_layer")
+        return {name: {int(k): v for k, v in times.items()} for name, times in raw.items()}, tp_layer
 
 
 def fit_latency_bandwidth(times: dict[int, float], factor: float) -> tuple[float, float]:
@@ -263,11 +260,14 @@ QUICK_COLLECTIVE_KIB = {"cpu": (4, 64, 1024), "cuda": (64, 4096, 65536), "npu": 
 
 
 def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads: int | None = None,
-              progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+              base: str | None = None, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Measure and return ``{"profile": ..., "measured": ...}`` (the profile ready to write).
 
-    On the CPU one "device" is one probe process: ``threads`` (default: cores / ranks, what the
-    torch probe gives each rank) is the intra-op thread count the GEMMs and the copy run with."""
+    ``base`` is the profile whose figures calibration does not measure (memory size, inter-node
+    links, fragmentation) are kept: the spec's own (an H100 stays an H100), else the
+    accelerator's default. On the CPU one "device" is one probe process: ``threads`` (default:
+    cores / ranks, what the torch probe gives each rank) is the intra-op thread count the GEMMs
+    and the copy run with."""
     if accelerator not in BASE_PROFILE:
         raise ValueError(f"accelerator must be one of {', '.join(BASE_PROFILE)}, got {accelerator!r}")
     if accelerator == "cpu":
@@ -282,43 +282,74 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     gemm = measure_gemm(accelerator, shapes, min_time, repeats)
     progress("memory bandwidth (device copy)")
     bandwidth = measure_memory_bandwidth(accelerator, 64 if quick else 512, min_time, repeats)
+    progress("attention (causal SDPA), a layer's elementwise chain, a kernel's host dispatch, an optimizer step")
+    torch, device, sync = _device(accelerator)
+    attention = measure_attention(accelerator, torch, device, sync, min_time, repeats)
+    elementwise = measure_elementwise(accelerator, torch, device, sync, min_time, repeats)
+    dispatch_s = measure_dispatch(torch, device, sync, min_time, repeats)
+    optimizer_tensor_s = measure_optimizer_step(torch, device, sync, min_time, repeats)
     collectives: dict[str, dict[int, float]] = {}
     fitted: dict[str, tuple[float, float]] = {}
+    tp_layer: dict[str, Any] = {}
     if ranks > 1:
         kib = (QUICK_COLLECTIVE_KIB if quick else COLLECTIVE_KIB)[accelerator]
-        progress(f"all-reduce / all-gather / send-recv between {ranks} processes, {kib[0]} KiB to {kib[-1]} KiB")
-        collectives = measure_collectives(accelerator, ranks, kib, max(repeats, 5))
+        progress(f"all-reduce / all-gather / send-recv between {ranks} processes, {kib[0]} KiB to {kib[-1]} KiB; "
+                 f"a tensor-parallel layer step over them (tp {ranks}) against its local shard")
+        collectives, tp_layer = measure_collectives(accelerator, ranks, kib, max(repeats, 5), quick=quick)
         ring = {"allreduce": 2.0 * (ranks - 1) / ranks, "allgather": (ranks - 1) / ranks, "p2p": 1.0}
         fitted = {name: fit_latency_bandwidth(times, ring[name]) for name, times in collectives.items() if times}
 
-    profile = load_profile(BASE_PROFILE[accelerator])
+    profile = load_profile(base or BASE_PROFILE[accelerator])
     half, plateaus = fit_gemm_curve(gemm)
     profile["name"] = f"calibrated-{platform.node() or accelerator}"
     name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
     profile["description"] = (f"calibrated on {platform.node()} ({name}) "
-                              f"{_dt.date.today().isoformat()}")
-    profile["peak_tflops"] = {**profile["peak_tflops"], **{k: float(f"{plateaus[k]:.6g}") for k in DTYPES}}  # significant digits: bf16 on a CPU is ~0.004
+                              f"{_dt.date.today().isoformat()}" + (" (quick)" if quick else ""))
+    profile["calibrated_at"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    profile["peak_tflops"] = {**profile["peak_tflops"], **{k: _significant(plateaus[k], 6) for k in DTYPES}}
     profile["gemm_efficiency"] = 1.0
     profile["gemm_half_dim"] = half
     profile["memory_bandwidth_gbps"] = round(bandwidth, 2)
-    profile["memory_bandwidth_efficiency"] = 1.0
+    # The simulator's memory-bound work (norms, activations, residuals, softmax, the optimizer) at
+    # the rate this host runs a layer's elementwise chain, not at a copy's; its attention at the
+    # rate SDPA runs against the GEMM plateau; its kernel dispatch as measured.
+    profile["memory_bandwidth_efficiency"] = _significant(min(1.0, max(0.01, elementwise["gbps"] / bandwidth)))
+    profile["flash_attention_efficiency"] = _significant(
+        min(1.0, max(0.01, attention["tflops"] / plateaus[attention["dtype"]])))
+    profile["kernel_launch_us"] = _significant(dispatch_s * 1e6)
+    profile["optimizer_us_per_tensor"] = _significant(optimizer_tensor_s * 1e6)
     if fitted:
         # The simulator's collectives: t = latency + ring share * bytes / (intra bandwidth * efficiency)
         # (an all-reduce pays the latency twice: reduce-scatter then all-gather).
         ar_latency, ar_bw = fitted["allreduce"]
         ag_latency, ag_bw = fitted["allgather"]
-        profile["intra_node_bandwidth_gbps"] = round(ar_bw / 1e9, 4)
+        profile["intra_node_bandwidth_gbps"] = _significant(ar_bw / 1e9)
         profile["allreduce_efficiency"] = 1.0
-        profile["allgather_efficiency"] = round(min(1.0, ag_bw / ar_bw), 4)
+        # a quick run's all-gather fit (3 sizes, latency-bound) can put its bandwidth near zero:
+        # keep the ratio in the profile's valid range, at a figure no real link is below
+        profile["allgather_efficiency"] = _significant(min(1.0, max(0.01, ag_bw / ar_bw)))
         profile["collective_latency_us"] = round(max(ar_latency / 2.0, ag_latency) * 1e6, 2)
+        # What a tensor-parallel layer's collectives pay in context (dispatch, skew), never less
+        # than what the idle ranks measured.
+        tp_latency = fit_tp_latency(tp_layer, ar_bw)
+        profile["tp_collective_latency_us"] = round(max(tp_latency * 1e6, profile["collective_latency_us"]), 2)
+    validate_profile(profile, "the measured profile")  # a degenerate measurement fails here, not in a study
     measured = {"gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
                 "memory_bandwidth_gbps": bandwidth,
+                "attention": attention, "elementwise": elementwise, "dispatch_us": dispatch_s * 1e6,
+                "optimizer_us_per_tensor": optimizer_tensor_s * 1e6,
                 "collective_seconds": {k: {str(n): t for n, t in v.items()} for k, v in collectives.items()},
                 "collective_fit": {k: {"latency_us": lat * 1e6, "busbw_gbps": bw / 1e9} for k, (lat, bw) in fitted.items()},
                 "collective_busbw_gbps": {k: bw / 1e9 for k, (_, bw) in fitted.items()},
+                "tp_layer_step": tp_layer,
                 "sizes": list(sizes), "quick": quick, "ranks": ranks, "threads_per_device": threads,
                 "software": {**software_versions(accelerator), "python": platform.python_version()}}
     return {"profile": profile, "measured": measured}
+
+
+def _significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits (not decimals: bf16 on a CPU runs at ~0.004 TFLOPS)."""
+    return float(f"{x:.{digits}g}")
 
 
 def write_profile(result: dict[str, Any], path: Path) -> Path:
@@ -331,9 +362,16 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
         f"# software: {json.dumps(m['software'])}; threads per device: {m['threads_per_device'] or 'all'}",
         "# GEMM TFLOPS measured (m x k x n): " + "; ".join(
             f"{k} " + ", ".join(f"{d}:{v:.4g}" for d, v in rates.items()) for k, rates in m["gemm_tflops"].items()),
+        (f"# attention (causal SDPA fwd+bwd, {m['attention']['dtype']}): {m['attention']['tflops']:.4g} TFLOPS; "
+         f"elementwise chain fwd+bwd: {m['elementwise']['gbps']:.3g} GB/s; dispatch: {m['dispatch_us']:.3g} us; "
+         f"optimizer step: {m['optimizer_us_per_tensor']:.3g} us per parameter tensor"
+         if "attention" in m else "# attention, elementwise, dispatch: not measured"),
         f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collectives (latency us, bus bandwidth GB/s): "
         + (json.dumps({k: {f: round(v, 3) for f, v in fit.items()} for k, fit in m["collective_fit"].items()})
            if m.get("collective_fit") else "not measured"),
+        "# tensor-parallel layer step (seconds, sharded vs local shard): " + (json.dumps(
+            [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()} for row in m["tp_layer_step"]["rows"]])
+            if m.get("tp_layer_step") else "not measured"),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(result["profile"], sort_keys=False))

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PROFILE_KEYS", "ACCELERATORS", "available_profiles", "load_profile", "is_profile_file"]
+__all__ = ["PROFILE_KEYS", "OPTIONAL_KEYS", "validate_profile", "ACCELERATORS", "available_profiles", "load_profile", "is_profile_file"]
 
 _DIR = Path(__file__).parent
 ACCELERATORS = ("npu", "cuda", "cpu")
@@ -27,6 +27,7 @@ _SCHEMA: dict[str, str] = {
     "name": "str",
     "accelerator": "str",
     "description": "str",
+    "calibrated_at": "str",
     "device_memory_gib": "float",
     "peak_tflops": "peaks",
     "memory_bandwidth_gbps": "float",
@@ -38,7 +39,9 @@ _SCHEMA: dict[str, str] = {
     "inter_node_efficiency": "fraction",
     "devices_per_node": "int",
     "collective_latency_us": "float",
+    "tp_collective_latency_us": "float",
     "kernel_launch_us": "float",
+    "optimizer_us_per_tensor": "float",
     "gemm_efficiency": "fraction",
     "gemm_half_dim": "float",
     "flash_attention_efficiency": "fraction",
@@ -50,6 +53,12 @@ _SCHEMA: dict[str, str] = {
     "fragmentation_expandable": "float",
 }
 PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
+# Keys a profile may leave out. ``calibrated_at`` (ISO time) says a profile was measured and when;
+# ``tp_collective_latency_us`` is measured by ``autotune calibrate``
+# (a tensor-parallel layer step in context: dispatch and rank skew on top of the wire); data-sheet
+# profiles have no such figure and their tensor-parallel collectives pay ``collective_latency_us``;
+# ``optimizer_us_per_tensor`` (an optimizer step's host cost per parameter tensor) is 0 there.
+OPTIONAL_KEYS = frozenset({"description", "calibrated_at", "tp_collective_latency_us", "optimizer_us_per_tensor"})
 
 
 def available_profiles() -> list[str]:
@@ -89,6 +98,12 @@ def _parse(data: Any, name: str) -> dict[str, Any]:
     return profile
 
 
+def validate_profile(data: Any, name: str) -> dict[str, Any]:
+    """``data`` checked as a whole profile (every key, types, ranges), or ``ValueError`` naming
+    ``name``, the key and what was expected."""
+    return _parse(data, name)
+
+
 def load_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The profile ``name`` (a bundled profile, or the path of a profile file) as a fresh dict,
     with ``overrides`` applied and type-checked.
@@ -121,7 +136,7 @@ def _check(data: dict[str, Any], where: str, require_all: bool) -> dict[str, Any
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(PROFILE_KEYS)}")
     if require_all:
-        missing = [k for k in PROFILE_KEYS if k not in data and k != "description"]
+        missing = [k for k in PROFILE_KEYS if k not in data and k not in OPTIONAL_KEYS]
         if missing:
             raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
     out: dict[str, Any] = {}

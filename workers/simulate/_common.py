@@ -79,7 +79,9 @@ class HW:
     inter: float
     dpn: int
     alpha: float
+    tp_alpha: float  # latency of a tensor-parallel collective in a layer step (calibrated), else alpha
     launch: float
+    optimizer_tensor: float  # host seconds per parameter tensor of an optimizer step (calibrated), else 0
     gemm_eff: float
     half_dim: float
     fa_eff: float
@@ -104,7 +106,9 @@ class HW:
             inter=float(hw["inter_node_bandwidth_gbps"]) * 1e9 * float(hw["inter_node_efficiency"]),
             dpn=int(cluster.get("devices_per_node") or hw["devices_per_node"]),
             alpha=float(hw["collective_latency_us"]) * 1e-6,
+            tp_alpha=float(hw.get("tp_collective_latency_us", hw["collective_latency_us"])) * 1e-6,
             launch=float(hw["kernel_launch_us"]) * 1e-6,
+            optimizer_tensor=float(hw.get("optimizer_us_per_tensor", 0.0)) * 1e-6,
             gemm_eff=float(hw["gemm_efficiency"]),
             half_dim=float(hw["gemm_half_dim"]),
             fa_eff=float(hw["flash_attention_efficiency"]),

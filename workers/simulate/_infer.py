@@ -59,7 +59,7 @@ def infer(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> dict[str, n
     pre_ew = (12.0 * s.h + 3.0 * s.ffn / t) * rows * e / hw.bw
     act = rows * s.h * e
     bw_ar = group_bandwidth(hw, t, np.ones_like(t), hw.ar_eff)
-    pre_tp = 2.0 * allreduce(act, t, bw_ar, hw.alpha)
+    pre_tp = 2.0 * allreduce(act, t, bw_ar, hw.tp_alpha)
     p2p_bw = np.where(c["world"] > hw.dpn, hw.inter, hw.intra * hw.ag_eff)
     pre_p2p = (p - 1.0) * (act / p2p_bw + hw.alpha)
     head = gemm_time(hw, hw.peak_of(prec), batch, s.h, s.vocab / t, e)
@@ -72,7 +72,7 @@ def infer(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> dict[str, n
         g = sum(gemm_time(hw, peak, batch, k, n, e, wq) for k, n in shapes)
         attn = batch * ctx * kv_tok / layers / hw.bw
         ew = (12.0 * s.h + 3.0 * s.ffn / t) * batch * e / hw.bw
-        tp = 2.0 * allreduce(batch * s.h * e, t, bw_ar, hw.alpha)
+        tp = 2.0 * allreduce(batch * s.h * e, t, bw_ar, hw.tp_alpha)
         device = g + attn + ew
         host = DECODE_OPS * hw.launch * host_scale
         per_layer = np.maximum(device, host) + tp

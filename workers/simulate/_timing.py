@@ -90,7 +90,8 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     act = tok * s.h * e  # one micro-batch's hidden states, gathered
     bw_ar = group_bandwidth(hw, t, np.ones_like(t), hw.ar_eff)
     bw_ag = group_bandwidth(hw, t, np.ones_like(t), hw.ag_eff)
-    ag, rs, ar = allgather(act, t, bw_ag, hw.alpha), allgather(act, t, bw_ar, hw.alpha), allreduce(act, t, bw_ar, hw.alpha)
+    # Latency in a layer step (tp_alpha): calibrated hosts measure dispatch and rank skew there.
+    ag, rs, ar = allgather(act, t, bw_ag, hw.tp_alpha), allgather(act, t, bw_ar, hw.tp_alpha), allreduce(act, t, bw_ar, hw.tp_alpha)
     # Sequence parallel: AG before and RS after each of the two blocks, in both directions
     # (the backward re-gather of the input for wgrad overlaps the dgrad GEMM and is not counted).
     tp_fwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
@@ -106,9 +107,12 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     # --- recomputation ----------------------------------------------------------------------------
     rc = c["recompute"]
     rl = np.where(c["recompute_layers"] < 0, layers, np.minimum(c["recompute_layers"], layers))
-    layer_fwd = g_fwd + a_fwd + ew_fwd + launch_fwd + tp_fwd + cp_fwd
+    # Full recompute re-runs the layer's forward, its collectives included: those are priced as
+    # tensor/context-parallel communication (so a refit corrects them with the other collectives),
+    # the rest as recompute.
+    full_share = np.where(rc == 2, rl / np.maximum(layers, 1e-9), 0.0)
     selective = a_fwd + sm_fwd  # the core attention again (flash: its forward kernel)
-    rc_layer = np.where(rc == 2, layer_fwd * rl / np.maximum(layers, 1e-9), np.where(rc == 1, selective, 0.0))
+    rc_layer = np.where(rc == 2, (g_fwd + a_fwd + ew_fwd + launch_fwd) * full_share, np.where(rc == 1, selective, 0.0))
 
     # --- stage boundaries: embedding (first), final norm + output layer + loss (last) --------------
     bnd_tp = np.where(sp, rs + ag, ar)  # one collective forward, its mirror in backward
@@ -118,7 +122,7 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     # Vocab-parallel cross entropy: fp32 copy, max, exp, sum, normalise; backward one pass.
     logits = tok * s.vocab / t
     ce_ew = logits * (2.0 * e + 32.0) / hw.bw + 6.0 * s.h * rep * e / hw.bw
-    ce_tp = 3.0 * allreduce(tok * 4.0, t, bw_ar, hw.alpha)
+    ce_tp = 3.0 * allreduce(tok * 4.0, t, bw_ar, hw.tp_alpha)
 
     one = p == 1
     per_layer = {
@@ -126,8 +130,8 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
         "attention": a_fwd + a_bwd,
         "elementwise": ew_fwd + ew_bwd,
         "recompute": rc_layer,
-        "tp_comm": tp_fwd + tp_bwd,
-        "cp_comm": cp_fwd + cp_bwd,
+        "tp_comm": tp_fwd * (1.0 + full_share) + tp_bwd,
+        "cp_comm": cp_fwd * (1.0 + full_share) + cp_bwd,
         "launch": launch_fwd + launch_bwd,
     }
     first = {k: layers * x for k, x in per_layer.items()}
@@ -188,6 +192,10 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     local = params_stage / np.where(zero >= 1, group, 1.0)
     inf_check = np.where(prec == 1, g_b, 0.0)
     opt = (local * (2.0 * g_b + inf_check + 24.0 + 4.0 + w_b) + params_stage * g_b) / hw.bw
+    # Plus the host's fixed cost per parameter tensor (Python, the foreach kernels' dispatch; zero
+    # by default, measured by `autotune calibrate`): the step's overhead that no byte count has.
+    tensors = layers * (9.0 if s.arch == "llama" else 12.0) + 3.0  # norms + projections; embedding, norm, head
+    opt = opt + tensors * hw.optimizer_tensor
 
     out = {k: m * x for k, x in stage.items()}
     out.update(pp_bubble=bubble, pp_p2p=p2p, dp_comm=dp_exposed, zero3_comm=z3, optimizer=opt)

@@ -31,6 +31,7 @@ __all__ = [
     "dp_mesh_of",
     "pipeline_split",
     "apply_tp",
+    "block_tp_plan",
     "apply_cp",
     "apply_recompute",
     "apply_compile",
@@ -119,13 +120,7 @@ def apply_tp(part: Transformer, tp_mesh: Any, plan: Plan, pm: ParallelModel) -> 
     blocks stay sharded on the sequence dim. The head is Colwise with vocab-sharded logits (loss
     parallel) in training, replicated logits in inference."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     sp = plan.sequence_parallel
     act = Shard(1) if sp else Replicate()
@@ -143,29 +138,40 @@ def apply_tp(part: Transformer, tp_mesh: Any, plan: Plan, pm: ParallelModel) -> 
     if top:
         parallelize_module(part, tp_mesh, top)
     for block in part.layers.values():
-        layer_plan: dict[str, Any] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=act),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=act),
-        }
-        if hasattr(block.feed_forward, "w3"):
-            layer_plan["feed_forward.w3"] = ColwiseParallel()
-        if sp:
-            layer_plan.update(
-                {
-                    "attention_norm": SequenceParallel(),
-                    "attention": PrepareModuleInput(
-                        input_layouts=(Shard(1), None, None, None),
-                        desired_input_layouts=(Replicate(), None, None, None),
-                    ),
-                    "ffn_norm": SequenceParallel(),
-                    "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                }
-            )
-        parallelize_module(block, tp_mesh, layer_plan)
+        parallelize_module(block, tp_mesh, block_tp_plan(block, sp))
+
+
+def block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+    """The Megatron plan of one transformer block (Colwise q/k/v and gate/up, Rowwise o and down;
+    norms on sequence shards with ``sequence_parallel``). One function, so ``autotune calibrate``
+    measures a tensor-parallel layer exactly as the probe shards it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    act = Shard(1) if sequence_parallel else Replicate()
+    layer_plan: dict[str, Any] = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=act),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=act),
+    }
+    if hasattr(block.feed_forward, "w3"):
+        layer_plan["feed_forward.w3"] = ColwiseParallel()
+    if sequence_parallel:
+        layer_plan.update(
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None, None, None),
+                    desired_input_layouts=(Replicate(), None, None, None),
+                ),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            }
+        )
+    return layer_plan
 
 
 def apply_cp(part: Transformer, cp_mesh: Any, plan: Plan) -> None:
