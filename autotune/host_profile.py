@@ -10,9 +10,10 @@ calibration's shape (ranks, threads, base profile), so the next study on the sam
 software reuses it. ``cluster.calibrate: never`` (or ``AUTOTUNE_CALIBRATE=never``) keeps the
 profile as it is; a profile file (``autotune calibrate --out``) is used as it is.
 
-Not calibrated automatically, and said: trials that run on a remote Ray cluster (the driver is
-not the host the probes run on: calibrate on a worker node and name the file), hosts without
-torch.
+Trials that run on a Ray cluster (``ray.address``) are calibrated on one of its nodes, not on the
+driver (which may have no device at all): a Ray task reserving a node's devices, as a trial does,
+runs the same quick calibration there; the profile is cached per cluster address (its nodes are
+taken to be alike). Not calibrated: a driver without torch when the trials run here.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import json
 import os
 import platform
 import re
+import signal
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .spec import Spec
 
@@ -109,9 +111,14 @@ def _calibration_shape(spec: Spec) -> tuple[int, int | None]:
     return max(1, min(spec.cluster.devices_per_node, 8)), spec.cluster.threads_per_rank
 
 
+def _on_ray_cluster(spec: Spec) -> bool:
+    return bool(spec.ray.enabled and spec.ray.address)
+
+
 def calibration_key(spec: Spec) -> dict[str, object]:
-    """What a measured profile depends on: the host and its device, the software that drives it,
-    and the calibration's shape. Read without importing torch (package metadata)."""
+    """What a measured profile depends on: the host and its device (or the Ray cluster whose node
+    was measured), the software that drives it, and the calibration's shape. Read without
+    importing torch (package metadata)."""
     software = {}
     for package in ("torch", "torch_npu", "autotune"):
         try:
@@ -119,8 +126,9 @@ def calibration_key(spec: Spec) -> dict[str, object]:
         except metadata.PackageNotFoundError:
             continue
     ranks, threads = _calibration_shape(spec)
-    return {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "accelerator": spec.cluster.accelerator, "base_profile": spec.cluster.profile_name,
+    where = ({"ray_cluster": spec.ray.address} if _on_ray_cluster(spec) else
+             {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count()})
+    return {**where, "accelerator": spec.cluster.accelerator, "base_profile": spec.cluster.profile_name,
             "ranks": ranks, "threads_per_rank": threads, "python": platform.python_version(), "software": software}
 
 
@@ -131,7 +139,7 @@ def _cache_dir() -> Path:
 def cached_profile_path(spec: Spec) -> Path:
     key = calibration_key(spec)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", str(key["host"]) or "host")[:40]
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", str(key.get("host") or "ray-cluster"))[:40]
     return _cache_dir() / f"{spec.cluster.accelerator}-{host}-{digest}.yaml"
 
 
@@ -146,10 +154,7 @@ def why_not_calibrated(spec: Spec, simulated: bool) -> str | None:
         return "the spec names a profile file"
     if calibrate_setting(spec) == "never":
         return "cluster.calibrate is never"
-    if spec.ray.enabled and spec.ray.address:
-        return (f"trials run on the Ray cluster at {spec.ray.address}, not on this host: run `autotune calibrate "
-                f"--accelerator {spec.cluster.accelerator} --out host.yaml` on a worker node and set cluster.profile")
-    if importlib.util.find_spec("torch") is None:
+    if not _on_ray_cluster(spec) and importlib.util.find_spec("torch") is None:
         return "torch is not installed here (calibration measures with torch)"
     return None
 
@@ -174,24 +179,74 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
         from autotune.workers.calibrate import calibrate, write_profile
 
         ranks, threads = _calibration_shape(spec)
-        say(f"calibrating this host first: {spec.cluster.profile_name} holds data-sheet figures "
+        where = f"a node of the Ray cluster at {spec.ray.address}" if _on_ray_cluster(spec) else "this host"
+        say(f"calibrating {where} first: {spec.cluster.profile_name} holds data-sheet figures "
             f"(quick: GEMMs per precision, memory, collectives and a tensor-parallel layer step on {ranks} "
             f"{spec.cluster.accelerator} rank(s); about 20 s on a CPU; cluster.calibrate: never skips it)")
         started = time.perf_counter()
         try:
-            result = calibrate(spec.cluster.accelerator, quick=True, ranks=ranks, threads=threads,
-                               base=spec.cluster.profile_name)
+            if _on_ray_cluster(spec):
+                result = _calibrate_on_ray_node(spec, ranks, threads)
+            else:
+                result = calibrate(spec.cluster.accelerator, quick=True, ranks=ranks, threads=threads,
+                                   base=spec.cluster.profile_name)
             partial = write_profile(result, path.with_name(f".{path.name}.{os.getpid()}.tmp"))
             os.replace(partial, path)  # whole or absent: two studies calibrating at once never read half a file
         except Exception as exc:  # no device, a broken collective backend: rank with the data sheet
             say(f"calibration failed ({type(exc).__name__}: {exc}); ranking with {spec.cluster.profile_name}'s "
                 "data-sheet figures")
             return spec
-        say(f"measured in {time.perf_counter() - started:.0f} s; cached at {path} for later studies on this host "
+        same = "cluster" if _on_ray_cluster(spec) else "host"
+        say(f"measured in {time.perf_counter() - started:.0f} s; cached at {path} for later studies on this {same} "
             "and software")
     else:
-        say(f"profile: {profile_origin(str(path)).describe()}, this host's cached calibration")
+        say(f"profile: {profile_origin(str(path)).describe()}, this {'cluster' if _on_ray_cluster(spec) else 'host'}'s "
+            "cached calibration")
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"profile": str(path)})})
+
+
+def _calibration_task(accelerator: str, ranks: int, threads: int | None, base: str) -> dict[str, Any]:
+    """Runs on a Ray node (imports torch there, not on the driver)."""
+    from autotune.workers.calibrate import calibrate
+
+    return calibrate(accelerator, quick=True, ranks=ranks, threads=threads, base=base)
+
+
+def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_s: float = 900.0) -> dict[str, Any]:
+    """The quick calibration as a Ray task that reserves one node's devices, as a trial does
+    (``backends.node_bundle``), so it runs where the probes will. Connects for the task alone;
+    the study's dispatcher connects again as usual."""
+    import ray
+
+    from .backends import node_bundle
+
+    bundle = node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node)
+    options: dict[str, Any] = {"num_cpus": bundle.pop("CPU", 1.0), "max_retries": 0}
+    if "GPU" in bundle:
+        options["num_gpus"] = bundle.pop("GPU")
+    if bundle:
+        options["resources"] = bundle
+    owns = not ray.is_initialized()
+    if owns:
+        handler = signal.getsignal(signal.SIGTERM)
+        ray.init(address=spec.ray.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        signal.signal(signal.SIGTERM, handler)  # the CLI's (save the study, exit 143), not Ray's
+    try:
+        need = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0.0), **options.get("resources", {})}
+        nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+        if not any(all(node.get(k, 0.0) >= v for k, v in need.items() if v) for node in nodes):
+            raise RuntimeError(f"no node of the Ray cluster has {', '.join(f'{v:g} {k}' for k, v in need.items() if v)}")
+        task = ray.remote(**options)(_calibration_task)
+        ref = task.remote(spec.cluster.accelerator, ranks, threads, spec.cluster.profile_name)
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            raise RuntimeError(f"no node of the cluster ran the calibration within {timeout_s:.0f} s "
+                               f"(it needs {options})") from None
+    finally:
+        if owns:
+            ray.shutdown()
 
 
 def planned_profile(spec: Spec, simulated: bool) -> tuple[Spec, dict[str, object]]:

@@ -44,8 +44,12 @@ def test_who_calibrates_and_who_is_told_why_not(write_spec, tmp_path, auto_calib
     with pytest.raises(ValueError, match="AUTOTUNE_CALIBRATE='sometimes': expected auto or never"):
         host_profile.why_not_calibrated(spec, simulated=False)
     monkeypatch.delenv(host_profile.CALIBRATE_ENV)
+    # trials on a Ray cluster: calibrated there (a node's task), cached per cluster, not per driver
     remote = spec.model_copy(update={"ray": spec.ray.model_copy(update={"enabled": True, "address": "ray://head:10001"})})
-    assert "worker node" in host_profile.why_not_calibrated(remote, simulated=False)
+    assert host_profile.why_not_calibrated(remote, simulated=False) is None
+    assert host_profile.calibration_key(remote)["ray_cluster"] == "ray://head:10001"
+    assert "host" not in host_profile.calibration_key(remote)
+    assert host_profile.cached_profile_path(remote) != host_profile.cached_profile_path(spec)
 
 
 def test_the_cache_key_follows_the_host_software_and_calibration_shape(write_spec, tmp_path, auto_calibration):
@@ -145,3 +149,31 @@ def test_a_real_study_calibrates_once_and_plan_says_which_profile(write_spec, tm
     assert planned["profile"] == str(cached[0]) and planned["measured_at"] and not planned["calibrates_first"]
     text = runner.invoke(app, ["plan", str(spec_path), "--top", "1"])
     assert "this host's cached calibration" in text.stdout and " ago)" in text.stdout
+
+
+def test_trials_on_a_ray_cluster_calibrate_on_one_of_its_nodes(write_spec, tmp_path, auto_calibration):
+    """A local two-node cluster (ray.cluster_utils): the calibration runs as a Ray task reserving
+    a node's devices, not in the driver; a cluster without such a node is said, not waited for."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        cluster.add_node(num_cpus=2)
+        path = _spec(write_spec, tmp_path)
+        spec = load_spec(path)
+        spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"enabled": True, "address": cluster.address})})
+        said: list[str] = []
+        measured = host_profile.ensure_measured_profile(spec, False, said.append)
+        assert said[0].startswith(f"calibrating a node of the Ray cluster at {cluster.address} first")
+        assert "measured in" in said[1] and "this cluster" in said[1]
+        assert measured.cluster.profile == str(host_profile.cached_profile_path(spec))
+        from autotune.workers.hardware import load_profile
+
+        assert load_profile(measured.cluster.profile)["calibrated_at"]
+        # four devices per node: no node of this cluster can hold the calibration
+        wide = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"devices_per_node": 4})})
+        said.clear()
+        assert host_profile.ensure_measured_profile(wide, False, said.append) is wide
+        assert "calibration failed (RuntimeError: no node of the Ray cluster has 4 CPU)" in said[-1]
+    finally:
+        cluster.shutdown()
