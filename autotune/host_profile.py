@@ -176,7 +176,7 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
             say(f"the cached profile is unusable ({exc}); measuring again")
             path.unlink(missing_ok=True)
     if not path.is_file():
-        from autotune.workers.calibrate import calibrate, write_profile
+        from autotune.workers.calibrate import write_profile
 
         ranks, threads = _calibration_shape(spec)
         where = f"a node of the Ray cluster at {spec.ray.address}" if _on_ray_cluster(spec) else "this host"
@@ -188,8 +188,7 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
             if _on_ray_cluster(spec):
                 result = _calibrate_on_ray_node(spec, ranks, threads)
             else:
-                result = calibrate(spec.cluster.accelerator, quick=True, ranks=ranks, threads=threads,
-                                   base=spec.cluster.profile_name)
+                result = _calibration_task(spec.cluster.accelerator, ranks, threads, spec.cluster.profile_name)
             partial = write_profile(result, path.with_name(f".{path.name}.{os.getpid()}.tmp"))
             os.replace(partial, path)  # whole or absent: two studies calibrating at once never read half a file
         except Exception as exc:  # no device, a broken collective backend: rank with the data sheet
@@ -202,11 +201,15 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
     else:
         say(f"profile: {profile_origin(str(path)).describe()}, this {'cluster' if _on_ray_cluster(spec) else 'host'}'s "
             "cached calibration")
+    return _with_profile(spec, path)
+
+
+def _with_profile(spec: Spec, path: Path) -> Spec:
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"profile": str(path)})})
 
 
 def _calibration_task(accelerator: str, ranks: int, threads: int | None, base: str) -> dict[str, Any]:
-    """Runs on a Ray node (imports torch there, not on the driver)."""
+    """The quick calibration, here or as a Ray task on a node (imports torch where it runs)."""
     from autotune.workers.calibrate import calibrate
 
     return calibrate(accelerator, quick=True, ranks=ranks, threads=threads, base=base)
@@ -254,9 +257,9 @@ def planned_profile(spec: Spec, simulated: bool) -> tuple[Spec, dict[str, object
     a run would use it, and a description (``profile``, ``measured_at``, ``calibrates_first``,
     ``line``) of the profile and its age, or of the calibration a run will do first."""
     why = why_not_calibrated(spec, simulated)
-    if why is None and cached_profile_path(spec).is_file():
-        path = cached_profile_path(spec)
-        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"profile": str(path)})})
+    cached = cached_profile_path(spec) if why is None else None
+    if cached is not None and cached.is_file():
+        spec = _with_profile(spec, cached)
     origin = profile_origin(spec.cluster.profile_name)
     line = f"profile: {origin.describe()}"
     first = why is None and not origin.measured
