@@ -21,6 +21,12 @@ over tens of thousands of configs, and gives every config a mean *and* an uncert
   least ``fit_confidence``. A measured family pins down its components and parameter values;
   structurally different families (other tp/pp/zero/recompute) keep their uncertainty, so they
   are tried while they could still win, and never when they cannot.
+- **Scouting**: a promising config whose P(fits) falls short only because nothing like it was
+  measured (its ZeRO stage, its micro-batch size) is not risked; a config that surely fits and
+  shares what is uncertain about it is worth probing first, by what it would make sure
+  (``scout_value``). A parameter value's memory effect beyond the simulator's components has a
+  prior of ``memory_value_sigma`` of the peak (8 %): real stacks differ from the model by terms
+  it does not have (fp32 gradient buffers, unsharded activations), not only by factors.
 - **Feasibility learning**: an OOM is a censored memory measurement (at least the capacity); a
   config that fits although predicted over the limit lowers the estimate. Both move the memory
   factors, hence the margin every similar config must keep.
@@ -62,7 +68,9 @@ class GuideSettings:
     value_sigma: float = 0.04       # effect of one parameter value beyond what the simulator prices (4 %)
     unpriced_sigma: float = 1.5     # log-factor of an execution parameter the simulator does not price (mode, jit level)
     memory_sigma: float = 0.12      # how wrong a memory component may be
+    memory_value_sigma: float = 0.08  # memory effect of one parameter value beyond what the simulator prices (share of the peak)
     noise: float = 0.03             # measurement noise, relative (median of repeated steps)
+    peak_noise: float = 0.02        # measurement noise of a peak, relative (the allocator's reserve varies a little)
     explore_kappa: float = 1.0      # optimism of the next pick, in standard deviations
     fit_confidence: float = 0.95    # P(fits in memory) a config needs to be probed
     stop_early: bool = True         # apply the stopping rule (else the budget is spent)
@@ -73,6 +81,7 @@ class GuideSettings:
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
     fit_power: float = 3.0            # weight of P(fits) against the expected improvement
     remeasure_within: float = 0.03    # the two best measured this close: measure again before the end
+    scout: bool = True                # value a sure config for the unsure ones its measurement would make sure
     max_oom_share: float | None = 0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
 
 
@@ -97,12 +106,26 @@ class Proposal:
     reason: str
     predicted: dict[str, float] = field(default_factory=dict)
     remeasure: bool = False  # the same config again: a close call between the two best
+    scout_for: int | None = None  # probed to learn the memory of this row, a promising config not yet sure to fit
 
 
 @dataclass
 class _Posterior:
     mean: np.ndarray
     cov: np.ndarray
+
+
+@dataclass
+class _MemoryBelief:
+    """The memory model's posterior over its factors, and what it says of every config: the
+    mean and sd of the peak (GiB), the sd including ``discrepancy`` (the model's relative
+    leave-one-out error, a per-config error that no measurement of another config removes)."""
+
+    post: _Posterior
+    design: np.ndarray
+    mean: np.ndarray
+    sd: np.ndarray
+    discrepancy: float = 0.0
 
 
 def family_of(config: dict[str, Any]) -> tuple:
@@ -266,6 +289,10 @@ class Guide:
         return mean, sd
 
     def _memory_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        belief = self._memory_belief(obs)
+        return belief.mean, belief.sd
+
+    def _memory_belief(self, obs: list[Observation]) -> "_MemoryBelief":
         """Mean and standard deviation of every config's peak memory (GiB).
 
         Three kinds of evidence: a measured peak; an OOM, censored at the capacity, or at what the
@@ -277,28 +304,29 @@ class Guide:
         the simulator does not have), every unmeasured config's memory becomes less certain."""
         rows, targets, noise, bound = self._memory_evidence(obs)
         design = self._mem_design(slice(None))
+        prior = self._memory_prior()
         if not rows:
-            return _predict(self._memory_prior(), design)
+            return _MemoryBelief(prior, design, *_predict(prior, design))
         idx = np.array(rows)
         t = np.array(targets)
         nz = np.array(noise)
         active = self._informative_bounds(idx, t, nz, np.array(bound))
         if not active.any():
-            return _predict(self._memory_prior(), design)
+            return _MemoryBelief(prior, design, *_predict(prior, design))
         idx, t, nz = idx[active], t[active], nz[active]
         post = self._memory_fit(idx, t, nz)
         mean, sd = _predict(post, design)
         discrepancy = self._memory_discrepancy(idx, t, nz, post)
         if discrepancy > 0:
             sd = np.sqrt(sd**2 + (discrepancy * np.abs(mean)) ** 2)
-        return mean, sd
+        return _MemoryBelief(post, design, mean, sd, discrepancy)
 
     def _memory_prior(self) -> _Posterior:
         s = self.settings
         k = self.one_hot.shape[1]
         ncomp = self.mem_components.shape[1] if self.mem_components is not None else 1
         prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
-        prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.value_sigma / 2)])
+        prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.memory_value_sigma)])
         return _Posterior(prior_mean, np.diag(prior_sd**2))
 
     def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray) -> _Posterior:
@@ -342,7 +370,7 @@ class Guide:
             elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
                 rows.append(o.index)
                 targets.append(float(o.peak_memory_gib))
-                noise.append(0.02)
+                noise.append(self.settings.peak_noise)
                 bound.append(0)
             elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
                 rows.append(o.index)  # fit although predicted over: at most the capacity
@@ -428,6 +456,50 @@ class Guide:
                     remeasure=True)
         return None
 
+    def scout_value(self, obs: list[Observation], belief: "_MemoryBelief", sure: np.ndarray, unsure: np.ndarray,
+                    gain: np.ndarray, p_fit: np.ndarray, top: int = 64) -> tuple[np.ndarray, np.ndarray]:
+        """What probing each sure config is worth for the configs it would make sure.
+
+        A promising config near the limit whose memory is uncertain only because nothing like it
+        was measured (a ZeRO stage, a micro-batch size no probe used) should not be risked, nor
+        left alone: a config that surely fits and shares what is uncertain about it (the same
+        stage with a smaller micro-batch, more recompute) is probed first, as an engineer would.
+        From the memory posterior's covariance, measuring config j's peak leaves config i with
+        variance ``sd_i² − r_ij`` (``r_ij = cov_ij² / (var_j + noise_j²)``) and moves its mean
+        by N(0, r_ij); the chance that i is then ``fit_confidence`` sure follows in closed form.
+        The value of j is the best expected improvement of an unsure config times that chance
+        (the ``top`` unsure configs by expected improvement are considered); returned with that
+        config's row (-1 where there is none)."""
+        out = np.zeros(self.n)
+        target = np.full(self.n, -1)
+        if not sure.any() or not unsure.any():
+            return out, target
+        usable, usable_sd = self.usable_limit(obs)
+        # a config whose P(fits) an OOM's rule capped (fit_probability) is not made sure by any
+        # measurement of another config: only those the Gaussian belief alone leaves unsure
+        total_sd = np.sqrt(belief.sd**2 + usable_sd**2)
+        gaussian = _norm_cdf((usable - belief.mean) / np.maximum(total_sd, 1e-9))
+        unsure_idx = np.flatnonzero(unsure & (gain > 0) & (p_fit >= gaussian - 1e-3))
+        if not len(unsure_idx):
+            return out, target
+        unsure_idx = unsure_idx[np.argsort(-gain[unsure_idx])[:top]]
+        sure_idx = np.flatnonzero(sure)
+        cov = belief.post.cov
+        zi, zj = belief.design[unsure_idx], belief.design[sure_idx]
+        c = (zi @ cov) @ zj.T
+        var_j = np.einsum("ij,jk,ik->i", zj, cov, zj)
+        noise_j = (self.settings.peak_noise**2 + belief.discrepancy**2) * belief.mean[sure_idx] ** 2
+        r = c**2 / np.maximum(var_j + noise_j, 1e-12)[None, :]
+        total = (belief.sd[unsure_idx] ** 2 + usable_sd**2)[:, None]
+        sd_after = np.sqrt(np.maximum(total - r, 1e-12))
+        margin = usable[unsure_idx][:, None] - _norm_ppf(self.settings.fit_confidence) * sd_after \
+            - belief.mean[unsure_idx][:, None]
+        made_sure = _norm_cdf(margin / np.sqrt(np.maximum(r, 1e-12)))
+        worth = gain[unsure_idx][:, None] * made_sure
+        out[sure_idx] = worth.max(axis=0)
+        target[sure_idx] = unsure_idx[np.argmax(worth, axis=0)]
+        return out, target
+
     def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
         """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
         budget (the probes so far plus those left), at least one; never without the setting. On a
@@ -450,7 +522,8 @@ class Guide:
         obs = list(obs)
         s = self.settings
         mean, sd = self._objective_model(obs)
-        mem_mean, mem_sd = self._memory_model(obs)
+        belief = self._memory_belief(obs)
+        mem_mean, mem_sd = belief.mean, belief.sd
         p_fit = self.fit_probability(obs, mem_mean, mem_sd)
 
         def with_prediction(proposal: Proposal) -> Proposal:
@@ -512,13 +585,23 @@ class Guide:
                               "learned from the OOMs so far)")
             pool = candidates & (p_fit >= 0.9 * top)
             safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
+        scouted = None
         if best is None or safest:
             score = np.where(pool, ucb, -np.inf)
         else:
             # expected improvement over the best, weighted by the probability of fitting: a
             # config near the memory limit is tried when what it could gain is worth the risk
-            score = np.where(pool, _expected_improvement(sign * mean, sd, sign * best) * p_fit**s.fit_power, -np.inf)
+            gain = _expected_improvement(sign * mean, sd, sign * best)
+            score = np.where(pool, gain * p_fit**s.fit_power, -np.inf)
+            if s.scout:
+                sure = pool & (p_fit >= s.fit_confidence)
+                unsure = candidates & (p_fit < s.fit_confidence) & (p_fit >= s.give_up_probability)
+                scouting, scouted = self.scout_value(obs, belief, sure, unsure, gain, p_fit)
+                score = np.where(sure, score + scouting, score)
         index = int(np.argmax(score))
+        scout_for = None
+        if scouted is not None and scouted[index] >= 0 and scouting[index] > score[index] - scouting[index]:
+            scout_for = int(scouted[index])
         config = self.ranking.enumeration.configs[index]
         # why: the rank by the current model's mean, and whether the family is new
         by_mean = np.where(pool, sign * mean, -np.inf)
@@ -530,9 +613,19 @@ class Guide:
             parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
         if safest:
             parts.append(safest)
+        if scout_for is not None:
+            parts.append(f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "
+                         f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
+                         "this one surely fits and tells its memory, so it need not be risked")
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
-        return with_prediction(Proposal(index, config, "; ".join(parts))), ""
+        return with_prediction(Proposal(index, config, "; ".join(parts), scout_for=scout_for)), ""
+
+
+def _short(config: dict[str, Any]) -> str:
+    """A config's family and micro-batch in a few words, for a proposal's reason."""
+    keys = (*FAMILY_PARAMS, "micro_batch_size")
+    return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) is not None)
 
 
 def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
@@ -544,6 +637,16 @@ def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.n
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
-    from math import erf, sqrt
+    """Φ(z) by Abramowitz and Stegun 7.1.26 (absolute error below 1e-7), vectorised: the
+    scouting values are a matrix of tens of thousands of entries at every proposal."""
+    x = np.abs(np.asarray(z, dtype=float)) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
 
-    return 0.5 * (1.0 + np.vectorize(erf)(np.clip(z, -8, 8) / sqrt(2.0)))
+
+def _norm_ppf(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)

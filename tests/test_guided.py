@@ -268,3 +268,56 @@ def test_past_the_oom_allowance_only_sure_fits_are_probed(world):
     gamble, _ = uncapped.propose(obs, best=ok.objective, budget_left=18, allowed=allowed)
     safe, _ = capped.propose(obs, best=ok.objective, budget_left=18, allowed=allowed)
     assert (gamble.index, safe.index) == (fast, slow)
+
+
+def test_a_sure_config_is_probed_first_to_learn_the_memory_of_a_promising_unsure_one(world):
+    """Scouting: instead of risking a promising config whose memory is uncertain (its values
+    never measured), the guide probes one that surely fits and shares that uncertainty; the
+    measurement narrows the promising config's memory estimate."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    obs: list[Observation] = []
+    for k in range(15):
+        best = max((o.objective for o in obs if o.objective), default=None)
+        proposal, _ = guide.propose(obs, best=best, budget_left=20 - k)
+        assert proposal is not None
+        if proposal.scout_for is not None:
+            break
+        obs.append(_measure(world, proposal.index))
+    else:
+        pytest.fail("the guide never scouted")
+    target = proposal.scout_for
+    assert "scout for " in proposal.reason
+    assert proposal.predicted["guided_p_fit"] >= guide.settings.fit_confidence  # the scout surely fits
+    before = guide._memory_belief(obs)
+    p_before = guide.fit_probability(obs, before.mean, before.sd)[target]
+    assert p_before < guide.settings.fit_confidence  # ... the config it scouts for does not yet
+    after = guide._memory_belief(obs + [_measure(world, proposal.index)])
+    assert after.sd[target] < 0.9 * before.sd[target]  # its peak tells the target's
+    # without scouting the guide would have chosen otherwise at this point
+    plain = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(scout=False))
+    best = max((o.objective for o in obs if o.objective), default=None)
+    assert plain.propose(obs, best=best, budget_left=20 - len(obs))[0].index != proposal.index
+
+
+def test_an_unmeasured_parameter_value_keeps_its_memory_uncertain(world):
+    """A parameter value no probe used may change memory by a term the simulator lacks (an fp32
+    gradient buffer of one ZeRO stage): its configs stay less certain than measured ones."""
+    ranking = world[0]
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    configs = ranking.enumeration.configs
+    measured = [i for i, c in enumerate(configs) if guide.valid[i] and c["zero_stage"] == 3 and c["tp"] == 2][:4]
+    obs = [_measure(world, i) for i in measured]
+    belief = guide._memory_belief(obs)
+    relative = belief.sd / np.maximum(belief.mean, 1e-9)
+    twin = {i: next(j for j, c in enumerate(configs) if guide.valid[j] and c["zero_stage"] == 0
+                    and all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp")))
+            for i in measured if any(guide.valid[j] and c["zero_stage"] == 0 and
+                                     all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp"))
+                                     for j, c in enumerate(configs))}
+    assert twin
+    for i, j in twin.items():
+        assert relative[j] > 2 * relative[i]  # the same config with a ZeRO stage never measured
+    narrow = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(memory_value_sigma=0.01))
+    narrow_sd = narrow._memory_belief(obs).sd
+    assert all(belief.sd[j] > narrow_sd[j] for j in twin.values())

@@ -93,13 +93,14 @@ def test_peaks_the_model_cannot_explain_widen_every_unmeasured_configs_memory(gu
     unmeasured = np.setdiff1d(np.arange(guide.n), [a, b, c])
     rel_c = sd_consistent[unmeasured] / guide.peak[unmeasured]
     rel_e = sd_erratic[unmeasured] / guide.peak[unmeasured]
-    assert np.median(rel_e) > 1.5 * np.median(rel_c)
+    assert np.median(rel_e) > np.median(rel_c) + 0.05  # at least 5 % of the peak wider, on top of the prior
 
 
 def test_an_oom_lowers_p_fits_of_every_tighter_config_and_uses_the_allocators_bytes(guide):
-    # a config the model says fits with room to spare runs out of memory, 8 GiB over
-    roomy = int(np.flatnonzero((guide.peak < guide.limit * 0.85) & (guide.peak > guide.limit * 0.75))[0])
+    # a config the model says surely fits runs out of memory, 8 GiB over
     before = guide.fit_probability([], *guide._memory_model([]))
+    sure = np.flatnonzero(guide.valid & (before > 0.96))
+    roomy = int(sure[np.argmax(guide.peak[sure])])
     assert before[roomy] > 0.95
     oom = Observation(roomy, "oom", oom_needed_gib=float(guide.limit[roomy]) + 8.0)
     mean, sd = guide._memory_model([oom])
