@@ -27,6 +27,13 @@ over tens of thousands of configs, and gives every config a mean *and* an uncert
   (``scout_value``). A parameter value's memory effect beyond the simulator's components has a
   prior of ``memory_value_sigma`` of the peak (8 %): real stacks differ from the model by terms
   it does not have (fp32 gradient buffers, unsharded activations), not only by factors.
+- **What a measured peak counts**: a framework's own counter sees only its caching allocator
+  (``max_memory_allocated``, printed by Megatron-LM and DeepSpeed, used by the probes; torchtitan
+  prints ``max_memory_reserved``); the device also holds the allocator's fragmentation, the
+  runtime's context and the communication buffers. A peak is fitted against the components it
+  counts (``PEAK_LEAVES_OUT``, from the probe's ``peak_memory_counts``), the prediction that
+  decides whether a config fits is the whole: the components no probe measures keep their prior,
+  until an OOM's byte counts (the device's, not the allocator's) pin them.
 - **Feasibility learning**: an OOM is a censored memory measurement (at least the capacity); a
   config that fits although predicted over the limit lowers the estimate. Both move the memory
   factors, hence the margin every similar config must keep.
@@ -48,8 +55,9 @@ import numpy as np
 
 from .ranking import Ranking
 from .refit import COMPONENTS
+from .workers.protocol import PEAK_LEAVES_OUT
 
-__all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "family_of"]
+__all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "PEAK_LEAVES_OUT", "family_of"]
 
 # objectives that every config of a study derives from its step time (same global batch and world)
 STEP_DERIVED = {"tokens_per_s_per_device": -1, "tokens_per_s": -1, "samples_per_s": -1, "mfu": -1, "step_time_s": 1}
@@ -97,6 +105,7 @@ class Observation:
     number: int = -1
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
     oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
+    peak_counts: str = "device"     # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
 
 
 @dataclass
@@ -166,6 +175,7 @@ class Guide:
         self.time_components = np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names],
                                         axis=1) if comp_names and self.step_derived else None
         mem_names = sorted(k for k in p if k.startswith("mem_"))
+        self.mem_names = [k[len("mem_"):] for k in mem_names]
         self.mem_components = (np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1)
                                if mem_names else None)
         self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
@@ -215,8 +225,15 @@ class Guide:
     def _value_prior(self, sigma: float) -> np.ndarray:
         return np.where(self.unpriced, self.settings.unpriced_sigma, sigma)
 
-    def _mem_design(self, rows: np.ndarray | slice) -> np.ndarray:
+    def _mem_design(self, rows: np.ndarray | slice, counts: Iterable[str] | None = None) -> np.ndarray:
+        """Design rows of the memory model: the whole peak by default, or for each row what a
+        measured peak of that kind counts (``PEAK_LEAVES_OUT``): the components it leaves out
+        are zero, and a parameter value's effect is a share of what it counts."""
         comps = self.mem_components[rows] if self.mem_components is not None else self.peak[rows][:, None]
+        if counts is not None and self.mem_components is not None:
+            keep = np.array([[name not in PEAK_LEAVES_OUT.get(c, ()) for name in self.mem_names] for c in counts],
+                            dtype=float)
+            comps = comps * keep
         total = comps.sum(axis=1, keepdims=True)
         return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
 
@@ -302,7 +319,7 @@ class Guide:
         widened by the model's error on the configs it has seen, measured leave-one-out: when
         the first peaks disagree with the prediction in a way the factors cannot absorb (a term
         the simulator does not have), every unmeasured config's memory becomes less certain."""
-        rows, targets, noise, bound = self._memory_evidence(obs)
+        rows, targets, noise, bound, counts = self._memory_evidence(obs)
         design = self._mem_design(slice(None))
         prior = self._memory_prior()
         if not rows:
@@ -310,13 +327,14 @@ class Guide:
         idx = np.array(rows)
         t = np.array(targets)
         nz = np.array(noise)
-        active = self._informative_bounds(idx, t, nz, np.array(bound))
+        kinds = np.array(counts)
+        active = self._informative_bounds(idx, t, nz, np.array(bound), kinds)
         if not active.any():
             return _MemoryBelief(prior, design, *_predict(prior, design))
-        idx, t, nz = idx[active], t[active], nz[active]
-        post = self._memory_fit(idx, t, nz)
+        idx, t, nz, kinds = idx[active], t[active], nz[active], kinds[active]
+        post = self._memory_fit(idx, t, nz, kinds)
         mean, sd = _predict(post, design)
-        discrepancy = self._memory_discrepancy(idx, t, nz, post)
+        discrepancy = self._memory_discrepancy(idx, t, nz, post, kinds)
         if discrepancy > 0:
             sd = np.sqrt(sd**2 + (discrepancy * np.abs(mean)) ** 2)
         return _MemoryBelief(post, design, mean, sd, discrepancy)
@@ -329,9 +347,10 @@ class Guide:
         prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.memory_value_sigma)])
         return _Posterior(prior_mean, np.diag(prior_sd**2))
 
-    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray) -> _Posterior:
+    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
+                    counts: np.ndarray) -> _Posterior:
         prior = self._memory_prior()
-        return _solve(self._mem_design(idx) / targets[:, None], np.ones(len(idx)), prior.mean,
+        return _solve(self._mem_design(idx, counts) / targets[:, None], np.ones(len(idx)), prior.mean,
                       np.sqrt(np.diag(prior.cov)), noise)
 
     def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, float]:
@@ -353,10 +372,12 @@ class Guide:
         usable = np.minimum(nominal, 0.5 * (lower + upper))
         return usable, (upper - lower) / math.sqrt(12.0)
 
-    def _memory_evidence(self, obs: list[Observation]) -> tuple[list[int], list[float], list[float], list[int]]:
-        """Rows, target peaks, relative noise, and what each target is: 0 a measured peak, +1 a
-        lower bound (an OOM: it needed at least this), -1 an upper bound (it fitted: at most this)."""
-        rows, targets, noise, bound = [], [], [], []
+    def _memory_evidence(self, obs: list[Observation]
+                         ) -> tuple[list[int], list[float], list[float], list[int], list[str]]:
+        """Rows, target peaks, relative noise, what each target is (0 a measured peak, +1 a lower
+        bound: an OOM, it needed at least this; -1 an upper bound: it fitted, at most this) and
+        what it counts (``PEAK_LEAVES_OUT``: an OOM's and a bound's are the device's)."""
+        rows, targets, noise, bound, counts = [], [], [], [], []
         usable, _ = self.usable_limit(obs)
         for o in obs:
             cap = usable[o.index]
@@ -367,28 +388,32 @@ class Guide:
                 targets.append(needed)
                 noise.append(0.03)
                 bound.append(1)
+                counts.append("device")
             elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
                 rows.append(o.index)
                 targets.append(float(o.peak_memory_gib))
                 noise.append(self.settings.peak_noise)
                 bound.append(0)
+                counts.append(o.peak_counts if o.peak_counts in PEAK_LEAVES_OUT else "device")
             elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
                 rows.append(o.index)  # fit although predicted over: at most the capacity
                 targets.append(cap * 0.97)
                 noise.append(0.05)
                 bound.append(-1)
-        return rows, targets, noise, bound
+                counts.append("device")
+        return rows, targets, noise, bound, counts
 
     def _informative_bounds(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
-                            bound: np.ndarray) -> np.ndarray:
+                            bound: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Which evidence rows to fit: every measured peak, and a bound only where the model
         without it violates it (a censored observation, as in a Tobit fit). An OOM at 41 GiB of
         a config predicted at 60 says nothing new; fitted as a point it would pull the
         prediction down to 41 and make the config that failed look likely to fit."""
         active = bound == 0
         for _ in range(4):
-            post = self._memory_fit(idx[active], targets[active], noise[active]) if active.any() else self._memory_prior()
-            predicted = self._mem_design(idx) @ post.mean
+            post = (self._memory_fit(idx[active], targets[active], noise[active], counts[active]) if active.any()
+                    else self._memory_prior())
+            predicted = self._mem_design(idx, counts) @ post.mean
             violated = ((bound > 0) & (predicted < targets)) | ((bound < 0) & (predicted > targets))
             grown = active | violated
             if (grown == active).all():
@@ -397,20 +422,20 @@ class Guide:
         return active
 
     def _memory_discrepancy(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
-                            post: _Posterior) -> float:
+                            post: _Posterior, counts: np.ndarray) -> float:
         """Relative error of the memory model on configs it was not fitted to (leave-one-out),
         beyond the measurement noise: 0 while the model explains what it has seen."""
         n = len(idx)
         if n < 2:
             # one measurement: its error against the prior prediction is all there is to go on
-            raw = float(self._mem_design(idx)[0] @ self._memory_prior().mean)
+            raw = float(self._mem_design(idx, counts)[0] @ self._memory_prior().mean)
             err = abs(targets[0] / max(raw, 1e-9) - 1.0)
             return float(max(0.0, err - noise[0]))
         errors = []
         for i in range(n):
             keep = np.arange(n) != i
-            loo = self._memory_fit(idx[keep], targets[keep], noise[keep])
-            predicted = float(self._mem_design(idx[i:i + 1])[0] @ loo.mean)
+            loo = self._memory_fit(idx[keep], targets[keep], noise[keep], counts[keep])
+            predicted = float(self._mem_design(idx[i:i + 1], counts[i:i + 1])[0] @ loo.mean)
             errors.append(targets[i] / max(predicted, 1e-9) - 1.0)
         rms = float(np.sqrt(np.mean(np.square(errors))))
         return float(max(0.0, rms - float(np.mean(noise))))
@@ -485,10 +510,13 @@ class Guide:
         unsure_idx = unsure_idx[np.argsort(-gain[unsure_idx])[:top]]
         sure_idx = np.flatnonzero(sure)
         cov = belief.post.cov
-        zi, zj = belief.design[unsure_idx], belief.design[sure_idx]
+        # what a probe of j would measure: its peak as the probes of this study count it
+        kinds = [o.peak_counts for o in obs if o.peak_memory_gib and o.status in ("ok", "pruned")]
+        zi = belief.design[unsure_idx]
+        zj = self._mem_design(sure_idx, [kinds[-1]] * len(sure_idx)) if kinds else belief.design[sure_idx]
         c = (zi @ cov) @ zj.T
         var_j = np.einsum("ij,jk,ik->i", zj, cov, zj)
-        noise_j = (self.settings.peak_noise**2 + belief.discrepancy**2) * belief.mean[sure_idx] ** 2
+        noise_j = (self.settings.peak_noise**2 + belief.discrepancy**2) * (zj @ belief.post.mean) ** 2
         r = c**2 / np.maximum(var_j + noise_j, 1e-12)[None, :]
         total = (belief.sd[unsure_idx] ** 2 + usable_sd**2)[:, None]
         sd_after = np.sqrt(np.maximum(total - r, 1e-12))

@@ -41,6 +41,7 @@ from .ranking import Ranking
 from .sanity import is_finite_number as _finite
 from .space import Space, config_key
 from .trial_attrs import A
+from .workers.protocol import PEAK_COUNTS_KEY
 
 __all__ = ["GuidedSampler", "report_failure", "GUIDE_ATTR", "OUTCOME_ATTR"]
 
@@ -221,6 +222,10 @@ class GuidedSampler(BaseSampler):
             measured = status in ("ok", "pruned")
             step = metrics.get("step_time_s", ua.get("step_time_s")) if measured else None
             peak = metrics.get("peak_memory_gib", ua.get("peak_memory_gib")) if measured else None
+            counts = str((ua.get(A.INFO) or {}).get(PEAK_COUNTS_KEY) or ua.get(PEAK_COUNTS_KEY) or "device")
+            if counts == "allocated" and _finite(metrics.get("peak_reserved_gib")):
+                # the allocator's reserve counts its fragmentation too: the closer figure to the device's
+                peak, counts = metrics["peak_reserved_gib"], "reserved"
             evidence = ((ua.get(A.INFO) or {}).get("oom") or (t.system_attrs.get(OUTCOME_ATTR) or {}).get("oom")
                         or {}) if status == "oom" else {}
             needed, requested = evidence.get("needed_at_least"), evidence.get("requested")
@@ -230,7 +235,7 @@ class GuidedSampler(BaseSampler):
                                    step_time_s=float(step) if _finite(step) else None,
                                    peak_memory_gib=float(peak) if _finite(peak) else None,
                                    oom_needed_gib=float(needed) if _finite(needed) else None,
-                                   oom_in_use_gib=in_use))
+                                   oom_in_use_gib=in_use, peak_counts=counts))
         return out
 
     def _propose(self, study: Study, current: int | None,

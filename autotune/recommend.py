@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .sanity import is_finite_number
+from .workers.protocol import PEAK_COUNTS_KEY, PEAK_LEAVES_OUT
 
 __all__ = ["Recommendation", "recommend", "study_recommendation", "SIMULATOR_MAPE", "MEASUREMENT_NOISE"]
 
@@ -47,10 +48,17 @@ class Recommendation:
 
 
 def _headroom(record: Any, capacity_gib: float | None) -> float | None:
+    """What the config leaves free of the device. A probe whose peak counts only the caching
+    allocator (``peak_memory_counts``: torch's allocated or reserved counter) did not see the
+    fragmentation, runtime context and communication buffers the device also holds: the
+    simulator's figures for them are added, not assumed zero."""
     peak = record.metrics.get("peak_memory_gib")
     if capacity_gib is None or not is_finite_number(peak):
         return None
-    return float(capacity_gib) - float(peak)
+    counts = (getattr(record, "info", None) or {}).get(PEAK_COUNTS_KEY, "device")
+    predicted = getattr(record, "predicted", None) or {}
+    unseen = sum(float(predicted.get(f"mem_{k}", 0.0)) for k in PEAK_LEAVES_OUT.get(counts, ()))
+    return float(capacity_gib) - float(peak) - unseen
 
 
 def recommend(records: list[Any], best: list[Any], objectives: list[tuple[str, str]], capacity_gib: float | None,

@@ -135,7 +135,7 @@ def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
             if out.get("failure") == "oom":  # what the command path parses from the launcher's message
                 text = oom_message(out)
                 return ProbeResult("oom", reason=text, info={"oom": oom_evidence(text)})
-            return ProbeResult("ok", metrics=out["metrics"])
+            return ProbeResult("ok", metrics=out["metrics"], info=out.get("info", {}))
 
         dispatcher = InProcessDispatcher(fn)
     runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark world"), dispatcher=dispatcher)

@@ -64,6 +64,11 @@ STRUCTURE_FAMILIES = {
     # an activation term not reduced by tensor or sequence parallelism (masks, rotary caches, the
     # recomputation's own buffers): bytes per token per layer, times the micro-batches in flight
     "act-extra": (6.0, 14.0),
+    # the probe reports what torch's caching allocator saw (max_memory_allocated, as Megatron-LM's
+    # and DeepSpeed's logs and autotune's own probes on a device do): its peak leaves out the
+    # allocator's fragmentation, the runtime's context and the communication buffers, which the
+    # device still holds; the memory itself is the simulator's (strength: unused)
+    "allocator-peak": (1.0, 1.0),
 }
 
 
@@ -152,7 +157,9 @@ class World:
         step = sum(np.nan_to_num(p[f"time_{k}"]) * self.time_factors.get(k, 1.0) for k in TRAIN_TIME_COMPONENTS)
         for name, effects in self.value_effects.items():
             step = step * np.array([effects.get(repr(c.get(name)), 1.0) for c in configs])
-        mem = sum(np.nan_to_num(p[f"mem_{k}"]) * self.mem_factors.get(k, 1.0) for k in TRAIN_MEM_COMPONENTS)
+        part = {k: np.nan_to_num(p[f"mem_{k}"]) * self.mem_factors.get(k, 1.0) for k in TRAIN_MEM_COMPONENTS}
+        mem = sum(part.values())
+        outside = part["fragmentation"] + part["comm_buffers"] + part["runtime_reserve"]
         extra, lost = self.structural_memory(model, workload, configs, p)
         mem = mem + extra
         valid = np.asarray(p["valid"], dtype=bool)
@@ -162,7 +169,8 @@ class World:
         return {"step_time_s": np.where(valid, step, np.nan), "peak_memory_gib": np.where(valid, mem, np.nan),
                 "fits": valid & (mem <= limit), "valid": valid, "devices": world,
                 "tokens_per_s_per_device": np.where(valid, tokens / step / world, np.nan), "limit": limit,
-                "capacity": np.asarray(p["memory_limit_gib"], dtype=float)}
+                "capacity": np.asarray(p["memory_limit_gib"], dtype=float),
+                "outside_allocator_gib": np.where(valid, outside, np.nan)}
 
     def measure(self, model: dict, workload: dict, cluster: dict, config: dict[str, Any], run: int = 0) -> dict[str, Any]:
         """One probe: the truth plus noise. The noise is fixed by world, config and ``run`` (the
@@ -177,24 +185,31 @@ class World:
             need, usable, capacity = float(t["peak_memory_gib"][0]), float(t["limit"][0]), float(t["capacity"][0])
             in_use = usable - float(rng.uniform(0.1, 0.6))
             requested = max(0.05, float(rng.uniform(0.3, 1.0)) * (need - in_use))
+            # the allocator's own counts leave out what is outside it; "free" is the device's
+            outside = float(t["outside_allocator_gib"][0]) if "allocator-peak" in self.structure else 0.0
             return {"failure": "oom", "need": need, "limit": usable, "capacity": capacity,
-                    "in_use": in_use, "requested": requested}
+                    "in_use": in_use, "requested": requested, "allocated": in_use - outside}
         key = json.dumps(config, sort_keys=True, default=str)
         rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run])
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
         step = float(t["step_time_s"][0]) * noise
         tps_dev = float(t["tokens_per_s_per_device"][0]) / noise
-        return {"metrics": {"step_time_s": step, "tokens_per_s_per_device": tps_dev,
-                            "tokens_per_s": tps_dev * float(t["devices"][0]),
-                            "peak_memory_gib": float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))}}
+        peak = float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))
+        out: dict[str, Any] = {"metrics": {"step_time_s": step, "tokens_per_s_per_device": tps_dev,
+                                           "tokens_per_s": tps_dev * float(t["devices"][0]), "peak_memory_gib": peak}}
+        if "allocator-peak" in self.structure:
+            out["metrics"]["peak_memory_gib"] = peak - float(t["outside_allocator_gib"][0])
+            out["info"] = {"peak_memory_counts": "allocated"}
+        return out
 
 
 def oom_message(out: dict[str, Any]) -> str:
     """torch_npu's words and byte counts for a failed allocation."""
     free = max(0.0, out["capacity"] - out["in_use"])
+    allocated = out.get("allocated", out["in_use"])
     return (f"RuntimeError: NPU out of memory. Tried to allocate {out['requested']:.2f} GiB (NPU 0; "
-            f"{out['capacity']:.2f} GiB total capacity; {out['in_use']:.2f} GiB already allocated; "
-            f"{out['in_use']:.2f} GiB current active; {free:.2f} GiB free; {out['in_use']:.2f} GiB reserved in "
+            f"{out['capacity']:.2f} GiB total capacity; {allocated:.2f} GiB already allocated; "
+            f"{allocated:.2f} GiB current active; {free:.2f} GiB free; {allocated:.2f} GiB reserved in "
             f"total by PyTorch)")
 
 

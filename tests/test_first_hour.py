@@ -222,6 +222,24 @@ def test_the_rule_stays_within_the_error_of_the_best(direction, values):
     assert recommend(records, [best], [(metric, direction)], 64.0, None, None, False).chosen is best
 
 
+def test_headroom_counts_what_an_allocator_peak_did_not_see():
+    """A peak from torch's allocated counter leaves out fragmentation, the runtime's context and
+    the communication buffers: the headroom the rule judges adds the simulator's figures for
+    them, so a config that only looks roomy is not recommended for its room."""
+    from autotune.recommend import recommend
+
+    best, roomy = _record(0, 100.0, 63.0), _record(1, 99.0, 50.0)
+    roomy.info = {"peak_memory_counts": "allocated"}
+    roomy.predicted = {"mem_fragmentation": 4.0, "mem_comm_buffers": 1.5, "mem_runtime_reserve": 3.0,
+                       "mem_activations": 20.0}
+    records = [best, roomy]
+    metric = [("tokens_per_s_per_device", "maximize")]
+    assert recommend(records, [best], metric, 64.0, 10.0, None, simulated=False).chosen is best  # 5.5 GiB free
+    assert recommend(records, [best], metric, 64.0, 5.0, None, simulated=False).chosen is roomy
+    roomy.info = {"peak_memory_counts": "reserved"}  # fragmentation counted: 9.5 GiB free
+    assert recommend(records, [best], metric, 64.0, 9.0, None, simulated=False).chosen is roomy
+
+
 def test_a_moved_run_directory_keeps_its_mlflow_artifacts(write_spec, tmp_path):
     """MLflow stores artifact paths as absolute file URIs; after the run directory is moved,
     `autotune report` points its own store at the new place, and the artifacts are found."""

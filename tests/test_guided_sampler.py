@@ -223,3 +223,27 @@ def test_plain_optuna_example_runs(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "best" in out.stdout and "trials" in out.stdout
+
+
+def test_what_a_peak_counts_reaches_the_guide(ranked):
+    """A probe says what its peak counts (``peak_memory_counts``, in autotune's trial info or as a
+    plain user attribute); the reserved peak beside an allocated one is the closer figure."""
+    from autotune.trial_attrs import A
+
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    params = [ranking.enumeration.params_of(i) for i in range(4)]
+    attrs = [
+        {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 30.0}, A.INFO: {"peak_memory_counts": "allocated"}},
+        {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 30.0, "peak_reserved_gib": 32.0},
+         A.INFO: {"peak_memory_counts": "allocated"}},
+        {"peak_memory_gib": 31.0, "peak_memory_counts": "reserved"},
+        {"peak_memory_gib": 33.0},
+    ]
+    for p, ua in zip(params, attrs):
+        study.add_trial(optuna.trial.create_trial(
+            params=p, distributions={n: sampler._distributions[n] for n in p}, value=1000.0, user_attrs=ua))
+    obs = sampler.observations(study.trials)
+    assert [(o.peak_memory_gib, o.peak_counts) for o in obs] == [
+        (30.0, "allocated"), (32.0, "reserved"), (31.0, "reserved"), (33.0, "device")]

@@ -4,6 +4,7 @@ error, lowered for every config tighter than one that ran out), and what OOM pro
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -51,6 +52,21 @@ def test_an_oom_probe_carries_the_evidence_in_its_result(tmp_path):
     result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False)
     assert result.status == "oom"
     assert result.info["oom"]["needed_at_least"] == pytest.approx(61.95)
+
+
+def test_a_probe_says_what_its_peak_counts(tmp_path):
+    """The runner keeps what a probe says its peak counts, and a word it does not know is a
+    protocol error (the peak is then taken as the device's), not a silent mismatch."""
+    script = tmp_path / "probe.py"
+    for counts, kept in (("allocated", "allocated"), ("allocted", None)):
+        line = json.dumps({"metrics": {"step_time_s": 1.0, "peak_memory_gib": 30.0},
+                           "info": {"peak_memory_counts": counts}})
+        script.write_text(f"print({line!r}, flush=True)\n")
+        result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False)
+        assert result.status == "ok"
+        assert result.info.get("peak_memory_counts") == kept
+        if kept is None:
+            assert "allocted" in result.info["protocol_errors"][0]
 
 
 def test_the_peak_of_every_step_counts():

@@ -48,6 +48,8 @@ def test_megatron_log_step_time_loss_memory_and_warmup():
     assert metrics["tokens_per_s_per_device"] == pytest.approx(64 * 4096 / 13.10315 / 8)
     assert metrics["loss"] == pytest.approx(9.41178)
     assert metrics["peak_memory_gib"] == pytest.approx((15754.88818359375 + 80) / 1024, abs=1e-4)  # max allocated
+    assert metrics["peak_reserved_gib"] == pytest.approx(17358.0 / 1024)  # report_memory's max reserved
+    assert reader.peak_counts == "allocated"
     assert metrics["tflops_per_device"] == pytest.approx(180.2, abs=0.2)
     assert reader.verdict(steps) is None
 
@@ -59,6 +61,7 @@ def test_torchtitan_log_through_its_colour_codes():
     assert metrics["tokens_per_s_per_device"] == 5233  # median of 5,230 5,241 5,219 5,236 (tps: 3,012 is warm-up)
     assert metrics["step_time_s"] == pytest.approx(64 * 4096 / (5233 * 8), rel=1e-3)
     assert metrics["peak_memory_gib"] == pytest.approx(61.30)
+    assert reader.peak_counts == "reserved"  # torchtitan prints max_memory_reserved
     assert 0 < metrics["mfu"] < 1
 
 
@@ -68,6 +71,23 @@ def test_deepspeed_log_samples_per_second():
     metrics = reader.metrics(steps)
     assert metrics["step_time_s"] == pytest.approx((16 / 52.9 + 16 / 52.6) / 2)
     assert metrics["peak_memory_gib"] == pytest.approx(3.52)
+
+
+@pytest.mark.parametrize("kind, counts", [("megatron", "allocated"), ("torchtitan", "reserved")])
+def test_the_probe_result_says_what_the_stacks_memory_figure_counts(tmp_path, kind, counts):
+    """The guide fits a peak against the part of the device's memory it counts (torch's allocated
+    or reserved counter): the command runner passes on what the stack's figure is."""
+    import sys
+
+    from autotune.workers.command import run_probe_process
+
+    script = tmp_path / "replay.py"
+    script.write_text(f"import sys\nsys.stdout.write(open({str(GOLDEN / f'{kind}.log')!r}).read())\n")
+    reader = stack_log({"kind": kind, "warmup": 1, "tokens_per_iteration": 64 * 4096, "devices": 8})
+    result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False,
+                               log_reader=reader)
+    assert result.status == "ok" and result.metrics["peak_memory_gib"] > 0
+    assert result.info["peak_memory_counts"] == counts
 
 
 def test_a_stack_that_logs_on_every_rank_counts_each_iteration_once():
@@ -187,7 +207,8 @@ def test_a_study_runs_end_to_end_through_each_preset(write_spec, tmp_path, kind)
         # warm-up excluded: 1 warm-up + 3 measured iterations (DeepSpeed times from its own 3rd step)
         assert m["measured_steps"] == (2 if kind == "deepspeed" else 3)
     # what the fake measured follows the arguments the preset rendered from each trial
-    times = {json.dumps(t["params"], sort_keys=True): t["metrics"]["step_time_s"] for t in ok}
+    measured = [t for t in report["trials"] if t["probed"] and t["metrics"].get("step_time_s")]  # a pruned one too
+    times = {json.dumps(t["params"], sort_keys=True): t["metrics"]["step_time_s"] for t in measured}
     assert len(set(round(v, 6) for v in times.values())) > 1
 
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .protocol import TRIAL_FILE_ENV, ProbeResult, classify_failure, oom_evidence, parse_output_line
+from .protocol import PEAK_COUNTS, PEAK_COUNTS_KEY, TRIAL_FILE_ENV, ProbeResult, classify_failure, oom_evidence, parse_output_line
 
 __all__ = ["run_probe_process", "MAX_LINE_BYTES", "KILL_GRACE_S"]
 
@@ -313,6 +313,12 @@ class _Run:
         self.metrics = metrics  # exactly one is expected; the last one wins
         if isinstance(msg.get("info"), dict):
             self.info.update(msg["info"])
+            counts = self.info.get(PEAK_COUNTS_KEY)
+            if counts is not None and counts not in PEAK_COUNTS:
+                self.info.pop(PEAK_COUNTS_KEY)
+                self.info.setdefault("protocol_errors", []).append(
+                    f"info.{PEAK_COUNTS_KEY} {counts!r} is not one of {', '.join(PEAK_COUNTS)}: the peak is taken "
+                    "as the device's")
         if msg.get("source") in ("measured", "simulated"):
             self.source = msg["source"]
 
@@ -324,6 +330,8 @@ class _Run:
         has_metrics = self.metrics is not None or bool(self.pattern_metrics) or bool(metrics)
         info = dict(self.info)
         info["returncode"] = rc
+        if self.reader is not None and self.reader.peak_memory_gib is not None:
+            info.setdefault(PEAK_COUNTS_KEY, self.reader.peak_counts)
         if self.steps_dropped:
             info["steps_dropped"] = self.steps_dropped
         tail_list = list(self.lines)[-self.tail_lines:] if self.tail_lines else []

@@ -19,6 +19,9 @@ from typing import Any, Iterable
 __all__ = [
     "STATUSES",
     "FAILURE_STATUSES",
+    "PEAK_COUNTS",
+    "PEAK_COUNTS_KEY",
+    "PEAK_LEAVES_OUT",
     "TRIAL_FILE_ENV",
     "ProbeResult",
     "TrialRequest",
@@ -38,6 +41,19 @@ TRIAL_FILE_ENV = "AUTOTUNE_TRIAL_FILE"
 # set by the dispatcher, never claimed by a probe
 STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned", "infra")
 FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
+
+# What a probe's ``peak_memory_gib`` counts, said in its info as ``{"peak_memory_counts": ...}``.
+# A framework's own counter sees only its caching allocator: "allocated" (torch's and MindSpore's
+# max_memory_allocated, the figure Megatron-LM's and DeepSpeed's logs print) leaves out the
+# allocator's fragmentation and what lives outside it (the runtime's context, HCCL/NCCL buffers);
+# "reserved" (max_memory_reserved, torchtitan's log) only the latter; "device" (the default: the
+# simulator, npu-smi, a CPU probe's peak RSS) nothing. The search compares a config's whole need
+# with the device's capacity, so it must know which part a probe measured.
+PEAK_COUNTS_KEY = "peak_memory_counts"
+PEAK_COUNTS = ("allocated", "reserved", "device")
+# ... and the simulator's memory components (``mem_<name>``) each kind leaves out
+PEAK_LEAVES_OUT = {"device": (), "reserved": ("comm_buffers", "runtime_reserve"),
+                   "allocated": ("fragmentation", "comm_buffers", "runtime_reserve")}
 
 _OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|CUDA error: out of memory|NPU out of memory|"

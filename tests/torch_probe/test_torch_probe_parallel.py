@@ -36,6 +36,8 @@ def assert_same_losses(run, reference):
     assert metrics["loss_finite"] == 1
     assert metrics["tokens_per_s"] > 0 and metrics["peak_memory_gib"] > 0
     assert metrics["step_time_p10_s"] <= metrics["step_time_s"] <= metrics["step_time_p90_s"]
+    # on the cpu the peak is the process's RSS: everything it held, as a device-wide figure would be
+    assert run.result["info"]["peak_memory_counts"] == "device"
 
 
 def test_reference_loss_falls(reference_losses):

@@ -251,7 +251,10 @@ def run(trial: dict[str, Any], plan: dict[str, Any], distributed: bool) -> tuple
         params = 12 * layers * h * h + 2 * int(trial["model"]["vocab_size"]) * h  # dense-equivalent, as 6N
         metrics["mfu"] = 6.0 * params * metrics["tokens_per_s_per_device"] / (float(peak) * 1e12)
     info = {"software": _software(ms), "device": device, "mode": plan["mode"], "jit_level": plan["jit_level"],
-            "env": applied_env, "plan_notes": notes}
+            "env": applied_env, "plan_notes": notes,
+            # the protocol's PEAK_COUNTS_KEY (this script runs without autotune installed): on a device
+            # the peak is MindSpore's max_memory_allocated, on the CPU the process's peak RSS
+            "peak_memory_counts": "device" if device == "CPU" else "allocated"}
     return metrics, info
 
 

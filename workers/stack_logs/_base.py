@@ -39,12 +39,16 @@ class StackLog(abc.ABC):
 
     name = "stack"
     missing = "the stack printed no iteration line"  # why a run that exited 0 gave no metrics
+    # what the memory figure the stack prints counts (the protocol's PEAK_COUNTS): most print
+    # torch's max_memory_allocated, which leaves out fragmentation and what is outside the allocator
+    peak_counts = "allocated"
 
     def __init__(self, warmup: int = 1, tokens_per_iteration: float | None = None, devices: int = 1):
         self.warmup = max(0, int(warmup))
         self.tokens_per_iteration = float(tokens_per_iteration) if tokens_per_iteration else None
         self.devices = max(1, int(devices))
         self.peak_memory_gib: float | None = None
+        self.peak_reserved_gib: float | None = None  # where the stack prints the allocator's reserve too
         self.iterations = 0
         self._seen: set[int] = set()
 
@@ -103,6 +107,8 @@ class StackLog(abc.ABC):
             out["loss"] = losses[-1]
         if self.peak_memory_gib is not None:
             out["peak_memory_gib"] = self.peak_memory_gib
+        if self.peak_reserved_gib is not None:
+            out["peak_reserved_gib"] = self.peak_reserved_gib
         return out
 
 

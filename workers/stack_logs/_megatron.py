@@ -26,6 +26,7 @@ measured iteration.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -59,6 +60,10 @@ class MegatronLog(StackLog):
             peak = fields.get("max allocated")
             if peak is not None:
                 self.note_memory(peak / 1024.0)
+            reserved = fields.get("max reserved")
+            if reserved is not None and math.isfinite(reserved):
+                gib = reserved / 1024.0
+                self.peak_reserved_gib = gib if self.peak_reserved_gib is None else max(self.peak_reserved_gib, gib)
         return []
 
     def _iteration(self, iteration: int, fields: dict[str, float]) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ _COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout"
 
 class TorchtitanLog(StackLog):
     name = "torchtitan"
+    peak_counts = "reserved"  # its "memory: X GiB" is max_memory_reserved (components/metrics.py)
     missing = "no torchtitan step line: keep --metrics.log_freq 1 and rank 0's output"
 
     def parse(self, line: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from ..protocol import TRIAL_FILE_ENV, read_trial_file
+from ..protocol import PEAK_COUNTS_KEY, TRIAL_FILE_ENV, read_trial_file
 from . import measure
 from ._device import (accelerator_of, device_module, device_name, prepare_env, setup_device, software_versions,
                       threads_per_rank)
@@ -108,6 +108,9 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
         "threads_per_rank": threads,
         "env": applied_env,
         "plan_notes": plan.notes,
+        # on a device the peak is torch's max_memory_allocated (the reserved one beside it); on the
+        # cpu the process's peak RSS, everything it held
+        PEAK_COUNTS_KEY: "device" if kind == "cpu" else "allocated",
     }
     dist.destroy_process_group()
     return {"metrics": metrics, "info": info}
