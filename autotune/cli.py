@@ -757,11 +757,11 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     _relocate_mlflow(_run_dir(spec, run_dir))
     from .recommend import study_recommendation
     from .report import best_payload, improvement_line, results_rows, study_summary, summary_lines
-    from .search import best_records, trial_records
+    from .search import best_records, guide_estimates, trial_records
 
     objectives = spec.objective_list()
     records = trial_records(study)
-    best = best_records(records, objectives)
+    best = best_records(records, objectives, guide_estimates(study))
     baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
     summary = study_summary(study, records, objectives, best, baseline, study_recommendation(spec, records, best))
@@ -833,7 +833,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     if chosen_formats is None:
         chosen_formats = list(default_formats(spec.target_stack))
     study = _open_existing(spec, run_dir)
-    from .search import best_records, trial_records
+    from .search import best_records, guide_estimates, trial_records
 
     records = trial_records(study)
     if trial is not None:
@@ -842,7 +842,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
             _error(f"--trial {trial}: the study has trials 0..{len(records) - 1}")
             raise typer.Exit(EXIT_INPUT)
     else:
-        best = best_records(records, spec.objective_list())
+        best = best_records(records, spec.objective_list(), guide_estimates(study))
         if not best:
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)

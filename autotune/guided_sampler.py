@@ -238,6 +238,24 @@ class GuidedSampler(BaseSampler):
                                    oom_in_use_gib=in_use, peak_counts=counts))
         return out
 
+    def estimates(self, trials: list[FrozenTrial]) -> dict[str, tuple[float, float, int]]:
+        """The guide's estimate of the first objective of every measured config: ``{config key:
+        (mean, sd, measurements)}``. It pools every measurement of the study (configs that share
+        parameter values inform each other), so a config measured once and high by the noise
+        does not outrank one the evidence as a whole says is faster: the best a study reports
+        (``search.best_records``) is the measured config with the best estimate."""
+        obs = self.observations(trials)
+        counts: dict[int, int] = {}
+        for o in obs:
+            if o.status == "ok" and o.objective is not None:
+                counts[o.index] = counts.get(o.index, 0) + 1
+        if not counts:
+            return {}
+        mean, sd = self.guide._objective_model(obs)
+        configs = self.ranking.enumeration.configs
+        return {config_key(configs[i]): (float(mean[i]), float(sd[i]), n) for i, n in counts.items()
+                if _finite(float(mean[i])) and _finite(float(sd[i]))}
+
     def _propose(self, study: Study, current: int | None,
                  allowed: np.ndarray | None) -> tuple[Proposal | None, str]:
         trials = study.get_trials(deepcopy=False)

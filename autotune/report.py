@@ -14,7 +14,7 @@ from typing import Any
 
 from .importance import study_importances
 from .sanity import is_finite_number as _finite
-from .search import TrialRecord, is_tracked
+from .search import TrialRecord, best_records, is_tracked
 
 __all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]
@@ -188,6 +188,24 @@ def _gain(best: float, base: float, direction: str) -> float | None:
     return -g if direction == "minimize" else g
 
 
+def best_by_estimate(records: list[TrialRecord], objectives: list[tuple[str, str]],
+                     top: TrialRecord | None) -> str:
+    """Why the best is not the highest reading, when the guide's estimate chose it: "" otherwise."""
+    if top is None or len(objectives) != 1:
+        return ""
+    metric, _ = objectives[0]
+    estimate, sd = top.predicted.get(f"estimated_{metric}"), top.predicted.get(f"estimated_{metric}_sd")
+    read = best_records(records, objectives)
+    if not _finite(estimate) or not read or read[0].number == top.number:
+        return ""
+    other = read[0]
+    n = int(top.metrics.get("measurements", 1))
+    return (f"best by the guide's estimate, which pools every measurement of the study: trial {top.number}, "
+            f"{metric} {_fmt(estimate)} ± {_fmt(sd)} (measured {_fmt(top.metrics[metric])}"
+            f"{f', mean of {n}' if n > 1 else ''}); trial {other.number} read higher ({_fmt(other.metrics[metric])}) "
+            "but the rest of the evidence puts it lower: a high reading within the noise")
+
+
 def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple[str, str]],
                   best: list[TrialRecord], baseline: TrialRecord | None, recommendation: Any = None) -> dict[str, Any]:
     """The before/after view of a finished study (what ``report`` prints and the parent run keeps):
@@ -209,6 +227,7 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
                          "gain_pct": _gain(b, a, direction) if a is not None else None})
     out["before_after"] = rows
     out["best_trial"] = top.number if top else None
+    out["best_by_estimate"] = best_by_estimate(records, objectives, top)
     if recommendation is not None:
         out["recommendation"] = {"trial": recommendation.chosen.number, "best_trial": recommendation.best.number,
                                  "headroom_gib": recommendation.headroom_gib,
@@ -278,6 +297,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             base = _fmt(r["baseline"]) if r["baseline"] is not None else "-"
             gain = _better_or_worse(r["gain_pct"])
             lines.append(f"  {r['metric']:<26} {base:>12} -> {_fmt(r['best']):>12}  {gain}")
+    if summary.get("best_by_estimate"):
+        lines.append(summary["best_by_estimate"])
     rec = summary.get("recommendation") or {}
     if rec.get("why"):
         lines.append(rec["why"])

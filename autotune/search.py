@@ -49,7 +49,7 @@ from .storage import open_study, study_storage
 from .tracking import TERMINAL_STATUSES, error_line
 
 __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
-           "trial_records", "best_records", "TrialRecord", "A"]
+           "trial_records", "best_records", "guide_estimates", "TrialRecord", "A"]
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,28 @@ def trial_records(study: optuna.Study) -> list[TrialRecord]:
     return out
 
 
-def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[TrialRecord]:
+def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] | None:
+    """The guide's estimates of the measured configs (``GuidedSampler.estimates``, kept on the
+    study after every probe), or None in a study the guide did not steer."""
+    raw = study.user_attrs.get(A.GUIDE_ESTIMATES)
+    if not isinstance(raw, dict):
+        return None
+    return {k: (float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()
+            if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)}
+
+
+def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
+                 estimates: dict[str, tuple[float, float, int]] | None = None) -> list[TrialRecord]:
     """The best probed trials: the single best for one objective, the Pareto front for several
     (best first by the first objective). Rule rejections and repeats are never "best". A config
     measured more than once (a close call, measured again) is judged on the mean of its
-    measurements; the record returned is its latest, with those means as its metrics."""
+    measurements; the record returned is its latest, with those means as its metrics.
+
+    With ``estimates`` (a guided study, one objective) the best is the measured config with the
+    best estimate, not the best single reading: with 2-3 % noise between runs, the highest
+    reading among twenty is often a slower config measured high (the winner's curse), while
+    the guide's estimate pools every measurement. The record returned then carries
+    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
     ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
           and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
     if not ok:
@@ -157,6 +174,17 @@ def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]]) 
     m, d = objectives[0]
     ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
     if len(objectives) == 1:
+        if estimates:
+            def estimate(r: TrialRecord) -> float:
+                e = estimates.get(config_key(r.config))
+                return e[0] if e is not None else float(r.metrics[m])
+
+            top = max(ok, key=estimate) if d == "maximize" else min(ok, key=estimate)
+            e = estimates.get(config_key(top.config))
+            if e is not None:
+                top = dataclasses.replace(top, predicted={**top.predicted, f"estimated_{m}": e[0],
+                                                          f"estimated_{m}_sd": e[1]})
+            return [top]
         return ok[:1]
     import numpy as np
 
@@ -447,7 +475,7 @@ class StudyRunner:
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, ranking if self.backend.simulated else None)
         records = trial_records(study)
-        best = best_records(records, self.objectives)
+        best = best_records(records, self.objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
                             parent_run_id=self.tracker.parent_run_id if self.tracker else None)
@@ -664,6 +692,10 @@ class StudyRunner:
         self._log_trial(study, record, result)
         if record.status == "ok" and record.source == "measured" and record.predicted:
             self._refit(study, after=record.number)
+        if self.guided is not None and record.status in ("ok", "pruned"):
+            # the guide's pooled estimates, which the best is reported from (best_records)
+            estimates = self.guided.estimates(study.get_trials(deepcopy=False))
+            study.set_user_attr(A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()})
         return record
 
     def _retry_after_infra(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any]) -> None:
@@ -716,7 +748,7 @@ class StudyRunner:
 
     # ---- best ------------------------------------------------------------------------------------
     def _best_single(self, study: optuna.Study) -> TrialRecord | None:
-        best = best_records(trial_records(study), self.objectives)
+        best = best_records(trial_records(study), self.objectives, guide_estimates(study))
         return best[0] if best else None
 
     # ---- tracking ----------------------------------------------------------------------------------

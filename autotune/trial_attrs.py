@@ -27,3 +27,6 @@ class A:
     INFRA_RETRY_OF = "autotune.infra_retry_of"  # the config again, after the infrastructure failed under it
     WALL = "autotune.wall_s"
     INFO = "autotune.info"
+    # study-level: the guide's estimate of every measured config's objective ({key: [mean, sd, n]}),
+    # from which the best is reported (search.best_records)
+    GUIDE_ESTIMATES = "autotune.guide_estimates"

@@ -17,7 +17,9 @@ run on the same world:
   (they never reach a device), OOM is told as 0 throughput.
 
 Measured per search: the *true* (noise-free) throughput of the config the search would report
-as best (its best measurement) over the world's optimum, at 10 and 20 probes; the share of
+as best over the world's optimum (autotune: what ``search.best_records`` reports after each
+probe, the measured config with the guide's best estimate; ``--report-by measured``: the best
+mean measurement, as random and TPE are judged), at 10 and 20 probes; the share of
 probes that ran out of memory (first 20); probes until the reported best is within 2 % of the
 optimum (random and TPE run up to ``--max-probes``). A search that stopped early keeps its best.
 """
@@ -43,7 +45,7 @@ from true_world import STRUCTURE_FAMILIES, World, oom_message  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
-from autotune.search import StudyRunner, trial_records  # noqa: E402
+from autotune.search import StudyRunner, best_records, trial_records  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import Spec  # noqa: E402
 
@@ -99,16 +101,19 @@ class Truth:
         return self.world.measure(c.model, c.workload, c.cluster, config, run)
 
 
-def curve(probes: list[tuple[str, float | None, bool]], truth: Truth, max_probes: int) -> dict[str, Any]:
-    """From (key, measured value or None, oom) in probe order: the true value of the reported
-    best (the best mean measurement, as ``search.best_records`` reports it)."""
+def curve(probes: list[tuple], truth: Truth, max_probes: int) -> dict[str, Any]:
+    """From (key, measured value or None, oom[, the key the search reports as best after this
+    probe]) in probe order: the true value of the reported best (without the fourth element, the
+    best mean measurement)."""
     measured_by_key: dict[str, list[float]] = {}
     best_key = None
     ratios = []
-    for key, measured, _ in probes[:max_probes]:
+    for key, measured, _, *reported in probes[:max_probes]:
         if measured is not None:
             measured_by_key.setdefault(key, []).append(measured)
             best_key = max(measured_by_key, key=lambda k: statistics.fmean(measured_by_key[k]))
+        if reported and reported[0] is not None:
+            best_key = reported[0]
         ratios.append(truth.value[best_key] / truth.optimum if best_key else 0.0)
     n = len(ratios)
 
@@ -121,8 +126,8 @@ def curve(probes: list[tuple[str, float | None, bool]], truth: Truth, max_probes
             "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20))}
 
 
-def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
-                 ) -> tuple[list[tuple[str, float | None, bool]], str]:
+def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
+                 ) -> tuple[list[tuple], str, list]:
     dispatcher = None
     if in_process:
         from autotune.dispatch import InProcessDispatcher
@@ -143,11 +148,19 @@ def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool
     runner.close()
     probes = []
     records = sorted(trial_records(outcome.study), key=lambda r: r.number)
+    trials = sorted(outcome.study.get_trials(deepcopy=False), key=lambda t: t.number)
+    guided = outcome.study.sampler if hasattr(outcome.study.sampler, "estimates") else None
+    objectives = spec.objective_list()
     for r in records:
         if not r.probed or r.status == "duplicate":
             continue
         value = r.metrics.get("tokens_per_s_per_device") if r.status == "ok" else None
-        probes.append((config_key(r.config), value, r.status == "oom"))
+        reported = None
+        if guided is not None and report_by == "estimate":  # what the study reported after this probe
+            upto = [t for t in trials if t.number <= r.number]
+            best = best_records([x for x in records if x.number <= r.number], objectives, guided.estimates(upto))
+            reported = config_key(best[0].config) if best else None
+        probes.append((config_key(r.config), value, r.status == "oom", reported))
     return probes, outcome.stopped_because, calibration_pairs(records)
 
 
@@ -195,6 +208,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=20)
     ap.add_argument("--max-probes", type=int, default=100)
     ap.add_argument("--in-process", action="store_true", help="call the world without a launcher subprocess")
+    ap.add_argument("--report-by", choices=("estimate", "measured"), default="estimate",
+                    help="autotune's reported best: the guide's estimate (what a study reports) or the best "
+                         "mean measurement (what it reported before 2026-11-24)")
     ap.add_argument("--methods", default="autotune,random,tpe")
     ap.add_argument("--json", type=Path, help="write every world's result here")
     ap.add_argument("--min-fit", type=float, default=0.5,
@@ -234,7 +250,7 @@ def main() -> None:
                     stopped = ""
                     if method == "autotune":
                         probes, stopped, calib = run_autotune(spec, truth, Path(tmp) / f"{scenario}-{family}-{w}",
-                                                              args.in_process)
+                                                              args.in_process, args.report_by)
                         calibration.setdefault(family, []).extend(calib)
                         row = curve(probes, truth, args.budget)
                     elif method == "random":

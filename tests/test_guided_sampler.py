@@ -223,6 +223,7 @@ def test_plain_optuna_example_runs(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "best" in out.stdout and "trials" in out.stdout
+    assert "the guide's estimate puts first: {" in out.stdout  # GuidedSampler.estimates in plain Optuna
 
 
 def test_what_a_peak_counts_reaches_the_guide(ranked):
