@@ -150,6 +150,7 @@ def test_trains_and_reports_the_protocol(tmp_path, params):
     assert metrics["loss_finite"] == 1 and metrics["tokens_per_s_per_device"] > 0 and metrics["peak_memory_gib"] > 0
     info = next(m for m in messages if "metrics" in m)["info"]
     assert info["software"]["mindspore"] and info["mode"] == params["mode"]
+    assert info["peak_memory_counts"] == "device"  # on the CPU the peak is the process's RSS
 
 
 @needs_mindspore
