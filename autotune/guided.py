@@ -353,15 +353,23 @@ class Guide:
         return _solve(self._mem_design(idx, counts) / targets[:, None], np.ones(len(idx)), prior.mean,
                       np.sqrt(np.diag(prior.cov)), noise)
 
-    def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, float]:
-        """The memory a config may use, and its uncertainty (GiB). The profile's capacity, until an
-        OOM's byte counts prove less is usable: a request that failed although in use + requested
-        stayed below the capacity (runtime and communication reserves, a driver that keeps some).
-        The usable memory then lies between what was in use (and every peak that fitted) and
-        in use + requested; the middle of that interval, with its spread as uncertainty."""
+    def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray | float]:
+        """The memory each config may use, and its uncertainty (GiB). The profile's capacity, until
+        an OOM's byte counts prove less is usable: a request that failed although in use +
+        requested stayed below the capacity (runtime and communication reserves, a driver that
+        keeps some). The usable memory then lies between what was in use (and every peak that
+        fitted) and in use + requested; the middle of that interval, with its spread as
+        uncertainty.
+
+        That interval is learnt on the config that failed. HCCL and NCCL allocate their buffers
+        per communicator, outside the framework's allocator, and how much of them the measured
+        peaks counted is unknown: a config with more communication buffers than that one (more
+        communicators, a larger ``HCCL_BUFFSIZE``) may have up to the difference less usable. Its
+        usable memory is lowered by half the difference of the predicted buffers, with the
+        difference's uniform spread added to its uncertainty; one with fewer is not credited."""
         nominal = self.limit
-        uppers = [(o.oom_needed_gib, o.oom_in_use_gib) for o in obs if o.status == "oom" and o.oom_needed_gib
-                  and o.oom_needed_gib < 0.995 * nominal[o.index]]
+        failed = [o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]]
+        uppers = [(o.oom_needed_gib, o.oom_in_use_gib) for o in failed]
         if not uppers:
             return nominal, 0.0
         upper = min(u for u, _ in uppers)
@@ -370,7 +378,14 @@ class Guide:
         lower = max(lows) if lows else 0.9 * upper
         lower = min(lower, upper)
         usable = np.minimum(nominal, 0.5 * (lower + upper))
-        return usable, (upper - lower) / math.sqrt(12.0)
+        sd = (upper - lower) / math.sqrt(12.0)
+        if self.mem_components is not None and "comm_buffers" in self.mem_names:
+            taught_by = min(failed, key=lambda o: o.oom_needed_gib)
+            comm = self.mem_components[:, self.mem_names.index("comm_buffers")]
+            more = np.maximum(comm - comm[taught_by.index], 0.0)
+            usable = np.minimum(nominal, usable - 0.5 * more)
+            sd = np.sqrt(sd**2 + more**2 / 12.0)
+        return usable, sd
 
     def _memory_evidence(self, obs: list[Observation]
                          ) -> tuple[list[int], list[float], list[float], list[int], list[str]]:
@@ -518,7 +533,7 @@ class Guide:
         var_j = np.einsum("ij,jk,ik->i", zj, cov, zj)
         noise_j = (self.settings.peak_noise**2 + belief.discrepancy**2) * (zj @ belief.post.mean) ** 2
         r = c**2 / np.maximum(var_j + noise_j, 1e-12)[None, :]
-        total = (belief.sd[unsure_idx] ** 2 + usable_sd**2)[:, None]
+        total = (belief.sd[unsure_idx] ** 2 + np.broadcast_to(usable_sd, belief.sd.shape)[unsure_idx] ** 2)[:, None]
         sd_after = np.sqrt(np.maximum(total - r, 1e-12))
         margin = usable[unsure_idx][:, None] - _norm_ppf(self.settings.fit_confidence) * sd_after \
             - belief.mean[unsure_idx][:, None]

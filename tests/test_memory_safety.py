@@ -154,7 +154,14 @@ def test_an_oom_below_the_capacity_teaches_the_usable_memory(guide):
     assert guide.usable_limit([])[0][0] == nominal
     oom = Observation(first, "oom", oom_needed_gib=nominal - 5.0, oom_in_use_gib=nominal - 7.0)
     usable, spread = guide.usable_limit([oom])
-    assert nominal - 7.0 <= usable[0] <= nominal - 5.0 and spread > 0
+    assert nominal - 7.0 <= usable[first] <= nominal - 5.0 and spread[first] > 0
+    # HCCL/NCCL buffers are per communicator and outside the allocator: a config with more of them
+    # than the one that failed may have less usable, one with fewer is not credited
+    comm = guide.mem_components[:, guide.mem_names.index("comm_buffers")]
+    more, fewer = comm > comm[first] + 0.1, comm <= comm[first]
+    assert more.any() and fewer.any()
+    assert np.all(usable[more] < usable[first]) and np.all(spread[more] > spread[first])
+    assert np.allclose(usable[fewer], usable[first]) and np.allclose(spread[fewer], spread[first])
     # a config the model puts between the usable and the nominal memory is no longer a safe bet
     mean, sd = guide._memory_model([])
     between = np.flatnonzero((mean > nominal - 4.0) & (mean < nominal - 1.0))
