@@ -75,7 +75,7 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     if acc != "cpu" and visible_devices(acc) == 0:
         return BackendChoice("simulate", f"no {name} visible: using the simulator; results are predictions")
     if not _torch_installed():
-        return BackendChoice("simulate", f"torch is not installed (pip install 'autotune[torch]'): using the simulator; "
+        return BackendChoice("simulate", "torch is not installed (pip install 'autotune[torch]'): using the simulator; "
                                          "results are predictions")
     have = visible_devices(acc)
     return BackendChoice("torch", f"{have} {name}(s) visible: real torch probes; every result is a measurement")

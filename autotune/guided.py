@@ -615,8 +615,9 @@ class Guide:
                                   f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})")
                 pool = candidates & (p_fit >= 0.9 * top)
                 safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
-            elif not pool.any():
-                pool = candidates & (p_fit >= s.min_fit_probability)
+            # nothing measured and nothing sure to fit: the safest configs (below), not any config
+            # that may fit; an OOM teaches less than a measured peak, and a study that fails its
+            # first probes has nothing to go on
         else:
             pool = candidates & (p_fit >= s.min_fit_probability)
         if not pool.any():

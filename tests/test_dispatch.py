@@ -155,7 +155,7 @@ def test_local_dispatcher_cancel_and_failures(tmp_path, echo_launch):
     with LocalProcessDispatcher(max_parallel=1) as d:
         running = d.submit(request(0), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60))
         queued = d.submit(request(1), echo_launch())
-        missing = d.submit(request(2), ProbeLaunch(argv=["/no/such/launcher"]))
+        d.submit(request(2), ProbeLaunch(argv=["/no/such/launcher"]))
         pid = read_pid(pid_file)
         d.cancel(queued)
         d.cancel(running)

@@ -425,3 +425,26 @@ def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_pat
     assert best.number == best_records(outcome.records, runner.objectives, estimates)[0].number
     top = max(estimates.values(), key=lambda e: e[0])
     assert best.predicted["estimated_tokens_per_s_per_device"] == pytest.approx(top[0])
+
+
+def test_with_nothing_measured_and_nothing_sure_to_fit_the_safest_configs_go_first(world):
+    """A memory model too uncertain to call any config 95 % likely to fit (a wide prior, a
+    stack it has never seen): the first probes are the safest configs, not any config with even
+    odds; an OOM then teaches little, and a study whose first probes all fail has nothing to go
+    on. The same after a first OOM, while nothing is measured."""
+    ranking = world[0]
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"),
+                  GuideSettings(memory_sigma=0.5, memory_value_sigma=0.3, max_oom_share=None))
+    obs: list[Observation] = []
+    for _ in range(2):
+        mem_mean, mem_sd = guide._memory_model(obs)
+        p_fit = guide.fit_probability(obs, mem_mean, mem_sd)
+        left = guide.valid.copy()
+        left[[o.index for o in obs]] = False
+        top = float(p_fit[left].max())
+        assert top < guide.settings.fit_confidence
+        assert (left & (p_fit >= 0.5) & (p_fit < 0.9 * top)).any()  # configs an even-odds rule would take
+        proposal, _ = guide.propose(obs, budget_left=20)
+        assert p_fit[proposal.index] >= 0.9 * top
+        assert "safest" in proposal.reason
+        obs.append(Observation(proposal.index, "oom", number=len(obs)))

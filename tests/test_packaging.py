@@ -4,7 +4,6 @@ import subprocess
 import sys
 import tomllib
 import zipfile
-from pathlib import Path
 
 from support import REPO
 
