@@ -369,18 +369,17 @@ class Guide:
         difference's uniform spread added to its uncertainty; one with fewer is not credited."""
         nominal = self.limit
         failed = [o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]]
-        uppers = [(o.oom_needed_gib, o.oom_in_use_gib) for o in failed]
-        if not uppers:
+        if not failed:
             return nominal, 0.0
-        upper = min(u for u, _ in uppers)
+        taught_by = min(failed, key=lambda o: o.oom_needed_gib)
+        upper = taught_by.oom_needed_gib
         lows = [float(o.peak_memory_gib) for o in obs if o.status in ("ok", "pruned") and o.peak_memory_gib]
-        lows += [i for _, i in uppers if i is not None and i <= upper]
+        lows += [o.oom_in_use_gib for o in failed if o.oom_in_use_gib is not None and o.oom_in_use_gib <= upper]
         lower = max(lows) if lows else 0.9 * upper
         lower = min(lower, upper)
         usable = np.minimum(nominal, 0.5 * (lower + upper))
         sd = (upper - lower) / math.sqrt(12.0)
         if self.mem_components is not None and "comm_buffers" in self.mem_names:
-            taught_by = min(failed, key=lambda o: o.oom_needed_gib)
             comm = self.mem_components[:, self.mem_names.index("comm_buffers")]
             more = np.maximum(comm - comm[taught_by.index], 0.0)
             usable = np.minimum(nominal, usable - 0.5 * more)
