@@ -16,6 +16,11 @@ __all__ = ["implausible_metrics", "is_finite_number"]
 # metric names that can never be negative: durations, rates, sizes, shares, counts
 _NON_NEGATIVE_SUFFIXES = ("_s", "_ms", "_gib", "_per_s", "_per_s_per_device", "_steps", "_bytes_per_param")
 _NON_NEGATIVE = {"mfu", "tokens", "loss"}
+# differences, not sizes: the headroom is the profile's capacity minus the measured peak, and a
+# probe that ran may have used more than a profile's nominal figure (a device with a little more
+# than the profile says, a capacity given in GB, a peak read a little high): the measurement
+# stands (a config near the limit is the one worth finding), the profile is what is off
+_MAY_BE_NEGATIVE = {"memory_headroom_gib"}
 _MAX_MFU = 1.0  # model FLOPs above the device's peak: impossible whatever the kernels
 
 
@@ -27,7 +32,8 @@ def is_finite_number(v: Any) -> bool:
 def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
                         hardware: Mapping[str, Any], precision: str) -> list[str]:
     """Why these metrics cannot be a real measurement (empty when they can): non-finite values,
-    negative durations / rates / sizes, a zero step time, or a throughput whose model FLOPs exceed
+    negative durations / rates / sizes (a negative headroom is a profile that understates the
+    device, not an impossible measurement), a zero step time, or a throughput whose model FLOPs exceed
     the hardware profile's peak for the precision (MFU > 100 %)."""
     problems = []
     for name, value in metrics.items():
@@ -35,7 +41,8 @@ def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], wo
             continue
         if not math.isfinite(value):
             problems.append(f"{name} = {value} is not a finite number")
-        elif value < 0 and (name in _NON_NEGATIVE or name.endswith(_NON_NEGATIVE_SUFFIXES)):
+        elif value < 0 and name not in _MAY_BE_NEGATIVE and (name in _NON_NEGATIVE
+                                                            or name.endswith(_NON_NEGATIVE_SUFFIXES)):
             problems.append(f"{name} = {value:g} is negative")
     if is_finite_number(metrics.get("step_time_s")) and metrics["step_time_s"] == 0:
         problems.append("step_time_s = 0: no step takes no time")

@@ -25,6 +25,16 @@ def test_possible_metrics_pass(write_spec):
     assert implausible_metrics(ok, c.model, c.workload, c.hardware, "bf16") == []
 
 
+def test_a_peak_a_little_above_the_profiles_capacity_is_a_measurement(write_spec):
+    """A config that ran at 32.04 GiB on a "32 GiB" profile is the config near the limit the
+    search is after (the profile understates the device a little): it must not be discarded."""
+    _, c = _context(write_spec)
+    near = {"step_time_s": 0.5, "tokens_per_s_per_device": 512.0, "peak_memory_gib": 32.04,
+            "memory_headroom_gib": -0.04}
+    assert implausible_metrics(near, c.model, c.workload, c.hardware, "bf16") == []
+    assert implausible_metrics({**near, "peak_memory_gib": -1.0}, c.model, c.workload, c.hardware, "bf16")
+
+
 def test_negative_non_finite_zero_and_faster_than_the_hardware(write_spec):
     _, c = _context(write_spec)
     problems = implausible_metrics({"step_time_s": -1.0, "peak_memory_gib": math.nan, "ttft_ms": -3},
@@ -59,3 +69,24 @@ def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_pat
     assert bad.metrics["tokens_per_s_per_device"] == 1e12  # kept: nothing measured is lost
     assert outcome.best and outcome.best[0].number != calls[1]
     assert outcome.best[0].metrics["tokens_per_s_per_device"] < 1000
+
+
+def test_a_run_that_used_a_little_more_than_the_profile_stays_measured(write_spec, tmp_path):
+    """The study keeps a config whose measured peak is a hair above the profile's capacity (it ran:
+    the profile is what understates the device) as an ordinary measurement that may win; the
+    recommendation, not the sanity check, is where tight headroom is weighed."""
+    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
+                                                   "search: {n_trials: 3, seed: 1, sampler: random}")))
+    capacity = float(probe_context(spec).hardware["device_memory_gib"])
+
+    def probe(request):
+        return ProbeResult("ok", metrics={"step_time_s": 1.0, "tokens_per_s_per_device": 100.0 + request.number,
+                                          "peak_memory_gib": capacity * 1.003})
+
+    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe))
+    outcome = runner.run()
+    runner.close()
+    records = [r for r in trial_records(outcome.study) if r.probed]
+    assert records and all(r.status == "ok" for r in records)
+    assert all(r.metrics["memory_headroom_gib"] < 0 for r in records)
+    assert outcome.best and outcome.best[0].status == "ok"
