@@ -12,9 +12,10 @@ Bayesian linear model on top of the simulator, fitted to every measurement of th
     measured peak mem  ≈ Σ_k h_k · m_k(x)  +  Σ_j u_j · φ_j(x) · m(x)
 
 with ``t_k``/``m_k`` the predicted components, ``φ_j`` one-hot indicators of the parameter values
-(tp=4, recompute=full, env.X=..., ...), priors ``f_k, h_k ~ N(1, σ²)`` and ``g_j, u_j ~ N(0, σ²)``,
-and relative (not absolute) residuals. The posterior is closed-form (a small ridge solve), cheap
-over tens of thousands of configs, and gives every config a mean *and* an uncertainty:
+(tp=4, recompute=full, env.X=...; none for the derived dp and grad_accum), priors
+``f_k, h_k ~ N(1, σ²)`` and ``g_j, u_j ~ N(0, σ²)``, and relative (not absolute) residuals. The
+posterior is closed-form (a small ridge solve), cheap over tens of thousands of configs, and gives
+every config a mean *and* an uncertainty:
 
 - **Next probe** = the highest optimistic objective (upper confidence bound, ``explore_kappa``
   standard deviations) among configs not yet probed whose probability of fitting in memory is at
@@ -55,6 +56,7 @@ import numpy as np
 
 from .ranking import Ranking
 from .refit import COMPONENTS
+from .spec import DERIVED_PARAMS
 from .workers.protocol import PEAK_LEAVES_OUT
 
 __all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "PEAK_LEAVES_OUT", "family_of"]
@@ -186,9 +188,20 @@ class Guide:
     # ---- features ----------------------------------------------------------------------------------
     @staticmethod
     def _one_hot(configs: list[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
+        """One indicator column per value of each parameter that varies, the value effects' basis.
+
+        Derived values (``dp``, ``grad_accum``: functions of tp, pp, cp, micro-batch and the global
+        batch) get no columns. Columns of their own would give every change of tp or micro-batch
+        two or three independent effects in the prior (tp=1 is also dp=8 and grad_accum=8) that
+        no measurement can tell apart: a config one tp or micro-batch value away from what was
+        measured kept 1.4-1.7 times the memory uncertainty ``memory_value_sigma`` means, and an
+        optimum with 6 % of the memory to spare was never sure enough to probe (13B world 8 of
+        benchmarks/search_efficiency.py). Whatever a derived value adds beyond the simulator is
+        an interaction of the parameters it follows from, and stays in the model's leave-one-out
+        error (``_memory_discrepancy``)."""
         names: list[str] = []
         columns: list[np.ndarray] = []
-        keys = sorted({k for c in configs for k in c})
+        keys = sorted({k for c in configs for k in c} - set(DERIVED_PARAMS))
         for key in keys:
             values = [repr(c.get(key)) for c in configs]
             distinct = sorted(set(values))

@@ -448,3 +448,25 @@ def test_with_nothing_measured_and_nothing_sure_to_fit_the_safest_configs_go_fir
         assert p_fit[proposal.index] >= 0.9 * top
         assert "safest" in proposal.reason
         obs.append(Observation(proposal.index, "oom", number=len(obs)))
+
+
+def test_derived_values_add_no_memory_effect_of_their_own(world):
+    """dp and grad_accum follow from tp, pp and the micro-batch: a value effect of their own would
+    count a change of tp two or three times in the prior, and no measurement could tell the
+    three apart. A config's prior memory uncertainty is its components' plus one value effect
+    per searched parameter that varies, of ``memory_value_sigma`` of its peak each."""
+    ranking = world[0]
+    settings = GuideSettings()
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), settings)
+    configs = ranking.enumeration.configs
+    assert {c["dp"] for c in configs} != {configs[0]["dp"]}  # dp varies in this space
+    assert {c["grad_accum"] for c in configs} != {configs[0]["grad_accum"]}
+    assert not [n for n in guide.one_hot_names if n.split("=")[0] in ("dp", "grad_accum")]
+    varying = [k for k in SPEC["space"] if len({repr(c[k]) for c in configs}) > 1]
+    prior = guide._memory_belief([])
+    rows = np.flatnonzero(guide.valid)[:50]
+    comps = guide.mem_components[rows]
+    total = comps.sum(axis=1)
+    expected = np.sqrt(((settings.memory_sigma * comps) ** 2).sum(axis=1)
+                       + len(varying) * (settings.memory_value_sigma * total) ** 2)
+    assert np.allclose(prior.sd[rows], expected, rtol=1e-6)
