@@ -193,9 +193,9 @@ class Guide:
         Derived values (``dp``, ``grad_accum``: functions of tp, pp, cp, micro-batch and the global
         batch) get no columns. Columns of their own would give every change of tp or micro-batch
         two or three independent effects in the prior (tp=1 is also dp=8 and grad_accum=8) that
-        no measurement can tell apart: a config one tp or micro-batch value away from what was
-        measured kept 1.4-1.7 times the memory uncertainty ``memory_value_sigma`` means, and an
-        optimum with 6 % of the memory to spare was never sure enough to probe (13B world 8 of
+        no measurement can tell apart: how two configs one tp or micro-batch value apart differ
+        in memory was 1.4-1.7 times as uncertain as ``memory_value_sigma`` means, and an optimum
+        with 6 % of the memory to spare was never sure enough to probe (13B world 8 of
         benchmarks/search_efficiency.py). Whatever a derived value adds beyond the simulator is
         an interaction of the parameters it follows from, and stays in the model's leave-one-out
         error (``_memory_discrepancy``)."""
