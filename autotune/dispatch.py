@@ -833,6 +833,11 @@ class RayDispatcher(Dispatcher):
     def cancel(self, handle: Handle) -> None:
         if handle.ref is None or handle.ref not in self._refs or handle in self._cancelled:
             return
+        # A task that has finished is not cancelled: a cancel racing its reply can kill the driver
+        # in Ray's task submitter (stop_tasks). Its result is dropped by wait_any's caller.
+        done, _ = self._ray.wait([handle.ref], timeout=0)
+        if done:
+            return
         # Politely first: the task gets a KeyboardInterrupt and run_probe_process kills the probe's
         # whole process group. ray.cancel(force=True) kills the worker and its direct children
         # only (grandchildren in the probe's own session survive it; the probe's watchdog then

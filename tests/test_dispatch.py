@@ -229,6 +229,23 @@ def test_ray_cancel_kills_the_probe_group(ray_dispatcher, tmp_path):
     assert wait_dead(pid), "the probe's grandchild outlived the cancelled Ray task"
 
 
+def test_ray_cancel_of_a_finished_trial_keeps_its_result(ray_dispatcher, echo_launch, monkeypatch):
+    """A trial that finished before the driver cancels it (an interrupted study, a pruned loser)
+    is not cancelled: a cancel racing the task's reply can kill the driver inside Ray, and the
+    measurement it returned is kept."""
+    import ray
+
+    d = ray_dispatcher
+    h = d.submit(request(12), echo_launch(resources={"num_cpus": 0.5}))
+    ray.wait([h.ref], timeout=60)
+    cancels = []
+    monkeypatch.setattr(d._ray, "cancel", lambda *a, **k: cancels.append((a, k)))
+    d.cancel(h)
+    assert cancels == []
+    results = drain(d)
+    assert results[12].status == "ok" and results[12].metrics == {"number": 12, "tp": 13}
+
+
 def test_ray_probe_failure_and_timeout(ray_dispatcher, tmp_path):
     d = ray_dispatcher
     oom = tmp_path / "oom.py"
