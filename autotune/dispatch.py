@@ -834,7 +834,7 @@ class RayDispatcher(Dispatcher):
         if handle.ref is None or handle.ref not in self._refs or handle in self._cancelled:
             return
         # A task that has finished is not cancelled: a cancel racing its reply can kill the driver
-        # in Ray's task submitter (stop_tasks). Its result is dropped by wait_any's caller.
+        # in Ray's task submitter (stop_tasks). wait_any returns its result as measured.
         done, _ = self._ray.wait([handle.ref], timeout=0)
         if done:
             return
