@@ -26,11 +26,18 @@ Also the share of worlds whose reported best at 20 probes is within 2 % of the b
 leaves 3 % of the usable memory free (``ROOMY_HEADROOM``): in some worlds every config within 2 %
 of the optimum needs more than 97 % of the memory, which no search can call safe before it has
 risked an OOM on it, and which a team would not launch for a long run anyway.
+
+``--memory-oracle`` tells autotune's guide every config's true peak and usable memory (sd 0.3 %
+of the peak, a measured peak's repeatability), instead of its memory model: a diagnostic, not a
+search anyone can run. It is the ceiling of the guide's step-time search and report with
+perfect memory knowledge, so a world it misses is lost to the step-time noise or to an optimum
+at the very limit, and a world only it finds is lost to what the memory model does not know.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -48,6 +55,7 @@ from true_world import STRUCTURE_FAMILIES, World, oom_message  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
+from autotune.guided import Guide, _MemoryBelief  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.search import StudyRunner, best_records, trial_records  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
@@ -135,6 +143,38 @@ def curve(probes: list[tuple], truth: Truth, max_probes: int) -> dict[str, Any]:
     return {"at10": at(10), "at20": at20, "probes_to_98": reach, "probes": n,
             "at20_of_roomy": at20 * truth.optimum / truth.roomy_optimum if truth.roomy_optimum else 0.0,
             "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20))}
+
+
+ORACLE_PEAK_SD = 0.003  # the oracle's uncertainty of a peak, relative (a measured peak repeats to about that)
+
+
+@contextlib.contextmanager
+def memory_oracle(truth: Truth):
+    """While active, every ``Guide`` knows each config's true peak and usable memory (the
+    world's, not the simulator's): ``--memory-oracle``'s ceiling of the search."""
+    saved = Guide._memory_belief, Guide.usable_limit
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def known(guide: Guide) -> tuple[np.ndarray, np.ndarray]:
+        if id(guide) not in cache:
+            c = truth.ctx
+            t = truth.world.truth(c.model, c.workload, c.cluster, guide.ranking.enumeration.configs)
+            cache[id(guide)] = (np.nan_to_num(t["peak_memory_gib"], nan=1e9), np.asarray(t["limit"], dtype=float))
+        return cache[id(guide)]
+
+    def belief(guide: Guide, obs) -> _MemoryBelief:
+        peak, _ = known(guide)
+        prior = guide._memory_prior()
+        return _MemoryBelief(prior, guide._mem_design(slice(None)), peak.copy(), ORACLE_PEAK_SD * peak)
+
+    def usable(guide: Guide, obs):
+        return known(guide)[1], 0.0
+
+    Guide._memory_belief, Guide.usable_limit = belief, usable
+    try:
+        yield
+    finally:
+        Guide._memory_belief, Guide.usable_limit = saved
 
 
 def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
@@ -228,6 +268,9 @@ def main() -> None:
                     help="the guide's search.min_fit_probability (the OOM-risk / speed-of-finding trade-off)")
     ap.add_argument("--max-oom-share", type=float, default=0.05,
                     help="the guide's search.max_oom_share (cap on OOM probes; 0: none)")
+    ap.add_argument("--memory-oracle", action="store_true",
+                    help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
+                         "with a perfect memory model (a diagnostic)")
     ap.add_argument("--families", default="none",
                     help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
                          + ", ".join(STRUCTURE_FAMILIES) + ", or all (one run per family)")
@@ -260,8 +303,9 @@ def main() -> None:
                     t0 = time.perf_counter()
                     stopped = ""
                     if method == "autotune":
-                        probes, stopped, calib = run_autotune(spec, truth, Path(tmp) / f"{scenario}-{family}-{w}",
-                                                              args.in_process, args.report_by)
+                        with memory_oracle(truth) if args.memory_oracle else contextlib.nullcontext():
+                            probes, stopped, calib = run_autotune(spec, truth, Path(tmp) / f"{scenario}-{family}-{w}",
+                                                                  args.in_process, args.report_by)
                         calibration.setdefault(family, []).extend(calib)
                         row = curve(probes, truth, args.budget)
                     elif method == "random":
