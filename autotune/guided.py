@@ -130,7 +130,8 @@ class _Posterior:
 class _MemoryBelief:
     """The memory model's posterior over its factors, and what it says of every config: the
     mean and sd of the peak (GiB), the sd including ``discrepancy`` (the model's relative
-    leave-one-out error, a per-config error that no measurement of another config removes)."""
+    leave-one-out error beyond its own predictive uncertainty, a per-config error that no
+    measurement of another config removes)."""
 
     post: _Posterior
     design: np.ndarray
