@@ -518,6 +518,15 @@ def _node_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
+def _unfinished(ray: Any, refs: list[Any]) -> list[Any]:
+    """The refs whose tasks have not finished: the only ones any cancel may touch (a cancel
+    racing a finishing task's reply can kill the driver, see ``stop_tasks``)."""
+    if not refs:
+        return []
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return running
+
+
 def stop_tasks(ray: Any, refs: list[Any], grace_s: float = _FORCE_CANCEL_AFTER_S) -> list[Any]:
     """Stop the unfinished tasks of ``refs``: a polite cancel (the task gets a KeyboardInterrupt
     and kills its probe's process group), up to ``grace_s`` for them to end, then a forced cancel
@@ -528,9 +537,7 @@ def stop_tasks(ray: Any, refs: list[Any], grace_s: float = _FORCE_CANCEL_AFTER_S
     ``RAY_CHECK`` in the PushNormalTask callback, exit 1 with a C++ backtrace; ray-project/ray
     PRs 54527/54798 fixed one such race). Seen once in ~20 interrupted studies when every
     task was cancelled and force-cancelled, finished or not."""
-    if not refs:
-        return []
-    _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+    running = _unfinished(ray, refs)
     for ref in running:
         try:
             ray.cancel(ref, force=False)
@@ -820,23 +827,26 @@ class RayDispatcher(Dispatcher):
                            info={"node": where} if where else {})
 
     def _escalate_cancels(self) -> None:
+        """Force the cancels a task ignored for ``_FORCE_CANCEL_AFTER_S``; a task that finished
+        meanwhile (its result not yet collected) is left alone, as in ``cancel``."""
         now = time.monotonic()
-        for handle, since in list(self._cancelled.items()):
-            if since >= 0 and now - since > _FORCE_CANCEL_AFTER_S and handle.ref in self._refs:
-                log.warning("trial %d did not stop after a cancel; killing its Ray worker", handle.number)
-                try:
-                    self._ray.cancel(handle.ref, force=True)
-                except Exception as exc:  # pragma: no cover
-                    log.debug("force cancel failed: %s", exc)
-                self._cancelled[handle] = -1.0  # escalated
+        overdue = {handle.ref: handle for handle, since in self._cancelled.items()
+                   if since >= 0 and now - since > _FORCE_CANCEL_AFTER_S and handle.ref in self._refs}
+        for ref in _unfinished(self._ray, list(overdue)):
+            handle = overdue[ref]
+            log.warning("trial %d did not stop after a cancel; killing its Ray worker", handle.number)
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception as exc:  # pragma: no cover
+                log.debug("force cancel failed: %s", exc)
+            self._cancelled[handle] = -1.0  # escalated
 
     def cancel(self, handle: Handle) -> None:
         if handle.ref is None or handle.ref not in self._refs or handle in self._cancelled:
             return
         # A task that has finished is not cancelled: a cancel racing its reply can kill the driver
         # in Ray's task submitter (stop_tasks). wait_any returns its result as measured.
-        done, _ = self._ray.wait([handle.ref], timeout=0)
-        if done:
+        if not _unfinished(self._ray, [handle.ref]):
             return
         # Politely first: the task gets a KeyboardInterrupt and run_probe_process kills the probe's
         # whole process group. ray.cancel(force=True) kills the worker and its direct children

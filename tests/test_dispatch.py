@@ -246,6 +246,25 @@ def test_ray_cancel_of_a_finished_trial_keeps_its_result(ray_dispatcher, echo_la
     assert results[12].status == "ok" and results[12].metrics == {"number": 12, "tp": 13}
 
 
+def test_ray_an_ignored_cancel_is_not_forced_once_the_trial_has_finished(ray_dispatcher, echo_launch, monkeypatch):
+    """A cancelled trial that finished after the grace period, its result not yet collected, is
+    not force-cancelled (the same race as above), and its measurement is kept."""
+    import ray
+
+    from autotune import dispatch
+
+    d = ray_dispatcher
+    h = d.submit(request(13), echo_launch(resources={"num_cpus": 0.5}))
+    ray.wait([h.ref], timeout=60)
+    d._cancelled[h] = time.monotonic() - 2 * dispatch._FORCE_CANCEL_AFTER_S  # cancelled long ago, then finished
+    cancels = []
+    monkeypatch.setattr(d._ray, "cancel", lambda *a, **k: cancels.append((a, k)))
+    d._escalate_cancels()
+    assert cancels == []
+    results = drain(d)
+    assert results[13].status == "ok" and results[13].metrics == {"number": 13, "tp": 14}
+
+
 def test_ray_probe_failure_and_timeout(ray_dispatcher, tmp_path):
     d = ray_dispatcher
     oom = tmp_path / "oom.py"
