@@ -461,7 +461,8 @@ def calibrate(
 @app.command()
 def run(
     spec_path: Path = SpecArg,
-    backend: Optional[str] = typer.Option(None, help="auto | simulate | command | torch (overrides the spec)"),
+    backend: Optional[str] = typer.Option(None, help="auto | simulate | command | torch | mindspore | megatron | "
+                                          "mindspeed | torchtitan | deepspeed (overrides the spec)"),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="probe budget"),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="trials at once"),
     seed: Optional[int] = typer.Option(None, help="sampler seed"),
@@ -470,19 +471,22 @@ def run(
     no_tracking: bool = typer.Option(False, "--no-tracking", help="do not write MLflow runs"),
     reuse_cache: bool = typer.Option(False, "--reuse-cache", help="answer configs measured before (any study, "
                                      "same model, workload, cluster, backend and software) from the result cache"),
+    fresh_study: bool = typer.Option(False, "--fresh-study", help="the spec changed what defines the study kept "
+                                     "in the run directory: set that study aside (kept, renamed) and start anew"),
     as_json: bool = JsonOpt,
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
-    """Run (or resume) the study: propose, probe, record; then print the best config."""
+    """Run (or resume) the study: propose, probe, record; then print the best config.
+
+    Running it again resumes the study (a larger --n-trials continues it); a spec whose model,
+    workload, cluster, space, constraints, objectives, target or backend changed is refused
+    (exit 2) unless --fresh-study or a new --run-dir says what to do with the old study."""
     _setup_logging(verbose)
     spec = _load(spec_path)
     spec = _with_overrides(spec, n_trials=n_trials, parallel_trials=parallel, seed=seed)
     if ray_address:
         spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"address": ray_address})})
     _refuse_empty(spec, spec_path)
-    if backend and backend not in ("auto", "simulate", "command", "torch", "mindspore"):
-        _error(f"--backend: expected auto, simulate, command, torch or mindspore, got {backend!r}")
-        raise typer.Exit(EXIT_INPUT)
     from .backends import select_backend
 
     try:
@@ -497,6 +501,10 @@ def run(
     except OSError as exc:
         _error(f"cannot create the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
         raise typer.Exit(EXIT_INPUT) from None
+    from .study_definition import definition
+
+    defined_as = definition(spec, choice.kind)
+    _check_definition(spec, spec_path, directory, defined_as, fresh_study)
     _remember_spec(spec_path, directory)
     spec = _measured_profile(spec, choice)
 
@@ -519,7 +527,7 @@ def run(
     from .storage import StorageDamaged
 
     runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
-                         reuse_cache=reuse_cache, stop_requested=lambda: _SIGTERM_RECEIVED)
+                         reuse_cache=reuse_cache, stop_requested=lambda: _SIGTERM_RECEIVED, definition=defined_as)
     status = "FAILED"
     try:
         with observer:
@@ -545,6 +553,41 @@ def run(
         if tracker and status != "FINISHED":
             _finish_tracking(tracker, "KILLED" if status == "KILLED" else "FAILED")
     _finish_run(spec, directory, choice, outcome, tracker, as_json)
+
+
+def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: dict[str, Any], fresh: bool) -> None:
+    """Refuse (exit 2) to resume a study whose defining sections the spec has changed, naming the
+    fields; with ``fresh``, set that study aside and let a new one start (:mod:`.study_definition`)."""
+    from .storage import StorageDamaged, journal_path, open_study, study_storage
+    from .study_definition import changed_fields, set_aside, stored_definition
+
+    path = journal_path(spec, directory)
+    if path is not None and not path.exists():
+        return  # a new study
+    try:
+        study = open_study(spec, directory, create=False)
+    except KeyError:
+        return  # no study of this name in the storage yet
+    except StorageDamaged as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    before = stored_definition(study)
+    if before is None or before == defined_as or not study.get_trials(deepcopy=False):
+        return
+    changes = changed_fields(before, defined_as)
+    if not fresh:
+        _error(f"{spec_path}: the spec changed what defines the study {spec.name!r} kept in {directory} "
+               f"({len(study.trials)} trial(s) measured under the old definition):")
+        for line in changes:
+            err.print(f"  {line}", markup=False)
+        err.print("resuming would mix trials of two different studies. Either start it in a new directory "
+                  "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
+                  "kept in the same storage under another name, its trial folders under superseded-*/; nothing "
+                  "is deleted); or undo the edit to resume the old study.", markup=False)
+        raise typer.Exit(EXIT_INPUT)
+    aside = set_aside(spec.name, study_storage(spec, directory), directory)
+    err.print(Text(f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
+                   f"{aside!r} in the same storage; starting a new study {spec.name!r}", style="dim"))
 
 
 def _measured_profile(spec: Spec, choice: Any) -> Spec:

@@ -46,6 +46,7 @@ from .spec import Spec
 from .importance import record_importances
 from .ranking import UNDISTINGUISHED
 from .storage import open_study, study_storage
+from .study_definition import record_definition
 from .tracking import TERMINAL_STATUSES, error_line
 
 __all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
@@ -232,8 +233,9 @@ class StudyRunner:
 
     def __init__(self, spec: Spec, run_dir: Path, backend: BackendChoice, *, tracker: Any = None,
                  observer: SearchObserver | None = None, dispatcher: Any = None, cache: Any = None,
-                 reuse_cache: bool = False, stop_requested: Any = None):
+                 reuse_cache: bool = False, stop_requested: Any = None, definition: dict[str, Any] | None = None):
         self.spec = spec
+        self.definition = definition  # what defines the study (study_definition), kept on it when created
         # a signal whose handler's exception Python swallowed (raised inside a garbage-collection
         # callback, "Exception ignored in ...") still stops the loop: the CLI's flag, checked here
         self.stop_requested = stop_requested or (lambda: False)
@@ -370,6 +372,8 @@ class StudyRunner:
             self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
         sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
+        if self.definition is not None:
+            record_definition(study, self.definition)
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
             study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing)
