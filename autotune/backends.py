@@ -15,7 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from .spec import STACK_PRESETS, Spec
+from .spec import BACKEND_KINDS, STACK_PRESETS, Spec
 from autotune.workers.protocol import TrialRequest
 
 __all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for"]
@@ -32,10 +32,10 @@ class BackendChoice:
 
 
 def visible_devices(accelerator: str) -> int:
-    """Accelerators of this kind visible to this host (0 when none or not determinable)."""
+    """Accelerators of this kind visible to this host (0 when none or not determinable): the
+    runtime's visibility variable, else the device nodes. Which Python packages autotune's own
+    interpreter has says nothing here: a stack's torch_npu may live in the stack's environment."""
     if accelerator == "npu":
-        if importlib.util.find_spec("torch_npu") is None and importlib.util.find_spec("mindspore") is None:
-            return 0
         visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
         if visible:
             return len([d for d in visible.split(",") if d.strip()])
@@ -52,28 +52,46 @@ def _torch_installed() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+def _npu_runtime_installed() -> bool:
+    """torch_npu (or MindSpore) importable here: what ``auto`` needs to run its torch probe on NPUs."""
+    return importlib.util.find_spec("torch_npu") is not None or importlib.util.find_spec("mindspore") is not None
+
+
 def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
-    """Resolve ``auto`` (and an explicit ``--backend``) into a concrete backend with a reason."""
+    """Resolve ``auto`` (and an explicit ``--backend``) into a concrete backend with a reason.
+
+    A stack preset always runs its stack: the stack's launcher, in its own environment, knows its
+    devices, and a study the user pointed at Megatron must never quietly become a simulation.
+    ``torch``/``mindspore`` named in the spec for devices this host does not show preview with the
+    simulator (said on the first line; ``--backend`` forces the probes)."""
     kind = override or spec.backend.kind
     acc = spec.cluster.accelerator
+    if kind not in BACKEND_KINDS:
+        raise ValueError(f"--backend: expected one of {', '.join(BACKEND_KINDS)}, got {kind!r}")
     if kind == "simulate":
         return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
-    if kind in ("torch", "mindspore", *STACK_PRESETS) and override is None and acc != "cpu" and visible_devices(acc) == 0:
+    if kind in STACK_PRESETS:
+        if kind != spec.backend.kind:
+            raise ValueError(f"--backend {kind}: the spec's backend is {spec.backend.kind!r}; a stack preset needs "
+                             f"backend.kind: {kind} with its entry and args in the spec")
+        return BackendChoice(kind, f"stack preset '{kind}': the stack's own launch and log, every result a measurement")
+    if kind in ("torch", "mindspore") and override is None and acc != "cpu" and visible_devices(acc) == 0:
         # the spec names a real probe for devices this machine lacks: preview with the
         # simulator (``--backend`` forces the probe anyway)
         name = {"npu": "NPU", "cuda": "GPU"}[acc]
         return BackendChoice("simulate", f"the spec asks for {kind} probes but no {name} is visible: using the "
                                          f"simulator; results are predictions (--backend {kind} forces the probes)")
-    if kind in ("command", "torch", "mindspore", *STACK_PRESETS):
+    if kind in ("command", "torch", "mindspore"):
         if kind == "command" and not spec.backend.argv:
             raise ValueError("--backend command needs backend.argv in the spec")
-        if kind in STACK_PRESETS and kind != spec.backend.kind:
-            raise ValueError(f"--backend {kind} needs backend.kind {kind} with its entry in the spec")
         return BackendChoice(kind, f"backend '{kind}' requested: every result is a measurement")
     # auto
     name = {"npu": "NPU", "cuda": "GPU", "cpu": "CPU"}[acc]
     if acc != "cpu" and visible_devices(acc) == 0:
         return BackendChoice("simulate", f"no {name} visible: using the simulator; results are predictions")
+    if acc == "npu" and not _npu_runtime_installed():
+        return BackendChoice("simulate", f"{visible_devices(acc)} NPU(s) visible but torch_npu is not installed here "
+                                         "(pip install 'autotune[npu]'): using the simulator; results are predictions")
     if not _torch_installed():
         return BackendChoice("simulate", "torch is not installed (pip install 'autotune[torch]'): using the simulator; "
                                          "results are predictions")

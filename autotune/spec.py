@@ -12,9 +12,10 @@ was expected, e.g.::
 
 from __future__ import annotations
 
+
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -123,6 +124,7 @@ class ClusterSpec(_Strict):
 # ---------------------------------------------------------------------------------------- backend
 BackendKind = Literal["auto", "simulate", "command", "torch", "mindspore", "megatron", "mindspeed", "torchtitan",
                       "deepspeed"]
+BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)  # what `backend.kind` and `run --backend` accept
 STACK_PRESETS = ("megatron", "mindspeed", "torchtitan", "deepspeed")
 
 
