@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from .spec import BACKEND_KINDS, STACK_PRESETS, Spec
 from autotune.workers.protocol import TrialRequest
 
-__all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for"]
+__all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for", "trial_devices", "trial_placement",
+           "least_trial_devices"]
 
 
 @dataclass(frozen=True)
@@ -108,25 +109,44 @@ def node_bundle(accelerator: str, devices_per_node: int) -> dict[str, float]:
     return {"CPU": float(devices_per_node)}
 
 
+def trial_devices(spec: Spec, params: dict) -> int:
+    """The devices one trial occupies: tp x pp x cp x dp for training (the whole world), tp for
+    inference."""
+    if spec.workload.kind == "train":
+        return int(params.get("tp", 1)) * int(params.get("pp", 1)) * int(params.get("cp", 1)) * int(params.get("dp", 1))
+    return int(params.get("tp", 1))
+
+
+def least_trial_devices(spec: Spec) -> int:
+    """The fewest devices any trial of the spec's space occupies (what a cluster must offer at all)."""
+    if spec.workload.kind == "train":
+        return spec.cluster.world_size
+    return min(int(v) for v in (spec.space.choices().get("tp") or [1]))
+
+
+def trial_placement(spec: Spec, devices: int) -> dict:
+    """What a trial of ``devices`` asks the cluster for: its Ray ``resources`` (one task), and for a
+    trial over the whole world of a multi-node cluster, ``nodes`` with one ``bundle`` each."""
+    from .dispatch import resources_for
+
+    nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
+    return {"resources": resources_for(spec.cluster.accelerator, devices, spec.backend.resources), "nodes": nodes,
+            "bundle": node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node)}
+
+
 def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     """The :class:`~autotune.dispatch.ProbeLaunch` of one trial for a real backend."""
-    from .dispatch import ProbeLaunch, resources_for
+    from .dispatch import ProbeLaunch
 
     backend = spec.backend
     timeout = backend.timeout_s or spec.workload.timeout_s
     env = {**backend.env, **request.env()}
-    params = request.params
-    if spec.workload.kind == "train":
-        devices = int(params.get("tp", 1)) * int(params.get("pp", 1)) * int(params.get("cp", 1)) * int(params.get("dp", 1))
-    else:
-        devices = int(params.get("tp", 1))
-    resources = resources_for(spec.cluster.accelerator, devices, backend.resources)
+    placement = trial_placement(spec, trial_devices(spec, request.params))
+    resources, nodes = placement["resources"], placement["nodes"]
     cwd = backend.cwd
     if cwd and not os.path.isabs(cwd) and spec.source_path is not None:
         cwd = str(spec.source_path.resolve().parent / cwd)
-    # a trial over the whole world of a multi-node cluster: one process per node, one bundle each
-    nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
-    spread = dict(nodes=nodes, bundle=node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node),
+    spread = dict(nodes=nodes, bundle=placement["bundle"],
                   placement_timeout_s=spec.ray.placement_timeout_s) if nodes > 1 else {}
     if choice.kind == "command":
         return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,

@@ -6,8 +6,10 @@ scripts a stable object, and the exit codes are documented:
 ====  ==========================================================================
 0     success
 1     the study ran but no trial succeeded (see the report for the reasons)
-2     bad input: the spec, an option, or a run directory that holds no study
-3     infrastructure failure: Ray, MLflow or the Optuna storage
+2     bad input: the spec (or an edit of it that changes the study kept in the run directory),
+      an option, or a run directory that holds no study
+3     infrastructure failure: Ray (a cluster that cannot place any trial, a node lost mid-study:
+      the results so far are written and the same command resumes), MLflow or the Optuna storage
 130   interrupted (Ctrl-C); the study resumes with the same command
 ====  ==========================================================================
 """
@@ -203,7 +205,7 @@ def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can it
                                 if k in ("CPU", "GPU", "NPU"))
             soft = n.get("software") or {}
             software = ", ".join(f"{k} {v}" for k, v in soft.items()) if soft else n.get("error", "none found")
-            out.print(f"  {n['address']} node {n['node_id'][:8]} ({n.get('host', '?')}, python {n.get('python', '?')}): "
+            out.print(f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): "
                       f"{devices}", markup=False)
             out.print(f"      software: {software}", markup=False)
             if n.get("visible_devices"):
@@ -509,7 +511,7 @@ def run(
     spec = _measured_profile(spec, choice)
 
     from .progress import ProgressObserver
-    from .search import StudyRunner
+    from .search import StudyRunner, Unplaceable
 
     tracker = None
     if not no_tracking:
@@ -538,7 +540,7 @@ def run(
         _warn(f"{what}: the study is saved; run the same command to resume")
         status = "KILLED"
         raise typer.Exit(_interrupted_exit(exc)) from None
-    except StorageDamaged as exc:
+    except (StorageDamaged, Unplaceable) as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INFRA) from None
     except ValueError as exc:
@@ -768,6 +770,9 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
                   f"env: {exports['env']})", markup=False)
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
+    if outcome.infra_failure:
+        _error(f"the infrastructure failed: {outcome.infra_failure}")
+        raise typer.Exit(EXIT_INFRA)
     if best is None:
         raise typer.Exit(EXIT_NO_RESULT)
 

@@ -202,6 +202,12 @@ class Dispatcher(ABC):
         since the last call, in order (live progress and pruning). Default: none."""
         return []
 
+    def placement_problem(self, resources: dict[str, Any], nodes: int = 1,
+                          bundle: dict[str, float] | None = None) -> tuple[str, str] | None:
+        """Why a trial with this request cannot be placed (``("never"|"lost", why)``), or None.
+        Default: every trial can be placed (this machine's processes)."""
+        return None
+
     def __enter__(self) -> "Dispatcher":
         return self
 
@@ -508,6 +514,29 @@ def _fmt(amounts: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {num(v)}" for k, v in amounts.items()) + "}"
 
 
+def _holds(node: dict[str, float], need: dict[str, float]) -> bool:
+    return all(node.get(k, 0.0) >= v for k, v in need.items())
+
+
+def _bundle_node(pg: Any, index: int) -> str:
+    """The node a placement group's bundle was placed on (``address:port``), for a node task that
+    died before it could say where it ran."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    try:
+        node_id = placement_group_table(pg)["bundles_to_node_id"][index]
+        node = next(n for n in ray.nodes() if n.get("NodeID") == node_id)
+        return f"{_node_name(node)}, node {str(node_id)[:12]}"
+    except Exception:  # the table or the node is gone: say what is known
+        return "its node is unknown"
+
+
+def _node_name(node: dict[str, Any]) -> str:
+    """A node as a person finds it: its address and raylet port (several nodes may share a host)."""
+    return f"{node.get('NodeManagerAddress', '?')}:{node.get('NodeManagerPort', '?')}"
+
+
 def _node_address() -> tuple[str, int]:
     """On the first node of a multi-node trial: its address and a free port for the rendezvous."""
     import ray
@@ -606,7 +635,7 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
                 result = ProbeResult("ok", steps=result.steps, info=result.info)  # only node 0 reports metrics
             results[rank] = result
             if not result.ok and result.status != "pruned":
-                host = result.info.get("host", "?")
+                host = result.info.get("host") or _bundle_node(pg, rank)
                 failed = ProbeResult(result.status, metrics=result.metrics, steps=result.steps, log_tail=result.log_tail,
                                      reason=f"node {rank} of {n} ({host}) failed: {result.reason}"[:2000],
                                      info={**result.info, "failed_node": rank})
@@ -654,6 +683,8 @@ class RayDispatcher(Dispatcher):
         self._ready: list[tuple[Handle, ProbeResult]] = []  # answered without running (infeasible)
         self._cancelled: dict[Handle, float] = {}  # handle -> when the polite cancel was sent
         self._nodes: tuple[float, list[dict[str, float]]] | None = None
+        self._seen_nodes: dict[str, dict[str, Any]] = {}  # node id -> resources and address, once seen alive
+        self._dead_nodes: set[str] = set()
         self._seq = itertools.count()
         self._closed = False
 
@@ -698,19 +729,61 @@ class RayDispatcher(Dispatcher):
     def _node_resources(self, refresh: bool = False) -> list[dict[str, float]]:
         now = time.monotonic()
         if refresh or self._nodes is None or now - self._nodes[0] > _NODE_CACHE_S:
-            nodes = [dict(n.get("Resources") or {}) for n in self._ray.nodes() if n.get("Alive")]
+            nodes = []
+            for n in self._ray.nodes():
+                if n.get("Alive"):
+                    resources = dict(n.get("Resources") or {})
+                    nodes.append(resources)
+                    # a dead node's entry has no resources: what each node had is remembered here
+                    self._seen_nodes[str(n.get("NodeID"))] = {"resources": resources, "address": _node_name(n)}
+                else:
+                    self._dead_nodes.add(str(n.get("NodeID")))
             self._nodes = (now, nodes)
         return self._nodes[1]
 
+    def lost_nodes(self, need: dict[str, float] | None = None) -> list[str]:
+        """The nodes this dispatcher saw alive that the cluster has lost since (those that could
+        hold ``need``, when given), each as ``address (node id)``."""
+        self._node_resources(refresh=True)
+        return [f"{seen['address']} (node {node_id[:12]})" for node_id, seen in self._seen_nodes.items()
+                if node_id in self._dead_nodes and (need is None or _holds(seen["resources"], need))]
+
+    def placement_problem(self, resources: dict[str, Any], nodes: int = 1,
+                          bundle: dict[str, float] | None = None) -> tuple[str, str] | None:
+        """Why a trial with this request can not be placed: ``("never", why)`` when the cluster
+        never had what it needs (a bad study for this cluster: refuse it before any trial), or
+        ``("lost", why)`` when it had it and has lost the nodes since (an infrastructure failure:
+        stop, and resume once they are back); None when it can be placed."""
+        if nodes > 1:
+            need = {k: float(v) for k, v in (bundle or {}).items() if v}
+            alive = self._node_resources(refresh=True)
+            holding = [nd for nd in alive if _holds(nd, need)]
+            if len(holding) >= nodes:
+                return None
+            lost = self.lost_nodes(need)
+            per_node = ", ".join(_fmt({k: nd.get(k, 0.0) for k in need}) for nd in alive)
+            why = (f"the trial spans {nodes} nodes of {_fmt(need)} each, but only {len(holding)} node(s) of the "
+                   f"Ray cluster can hold that (per node: {per_node})")
+            if len(holding) + len(lost) >= nodes:
+                return "lost", f"{why}: the cluster lost {', '.join(lost)}, which held it"
+            return "never", f"{why}; the cluster can never place it"
+        why = self.infeasible_reason(resources)
+        if why is None:
+            return None
+        lost = self.lost_nodes(_requirements(resources))
+        if lost:
+            return "lost", f"{why}: the cluster lost {', '.join(lost)}, which could hold it"
+        return "never", why
+
     def infeasible_reason(self, resources: dict[str, Any]) -> str | None:
-        """Why a task with this request could never run on the cluster, or None if one node can
-        hold it (a single task runs on one node)."""
+        """Why a task with this request could never run on the live cluster, or None if one node
+        can hold it (a single task runs on one node)."""
         need = _requirements(resources)
         if not need:
             return None
         for refresh in (False, True):  # a cached "no" is re-checked against the live cluster
             nodes = self._node_resources(refresh)
-            if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+            if any(_holds(node, need) for node in nodes):
                 return None
         total: dict[str, float] = {}
         for node in nodes:
@@ -734,11 +807,9 @@ class RayDispatcher(Dispatcher):
         if launch.nodes > 1:
             return self._submit_multinode(request, launch)
         options = dict(launch.resources or {})
-        reason = self.infeasible_reason(options) if self._check_feasible else None
-        if reason is not None:
-            handle = Handle(request.number, None)
-            self._ready.append((handle, ProbeResult("invalid", reason=reason)))
-            return handle
+        problem = self.placement_problem(options) if self._check_feasible else None
+        if problem is not None:
+            return self._unplaced(request, problem)
         try:
             ref = self._task.options(**options).remote(request.to_json(), launch.to_json(), self._sink)
         except (TypeError, ValueError) as exc:  # a malformed resource request
@@ -753,16 +824,9 @@ class RayDispatcher(Dispatcher):
         """A trial over several nodes: refused at once when no ``launch.nodes`` nodes of the
         cluster could ever hold one bundle each; else a coordinator task (no CPU of its own)
         reserves them with a placement group and runs the node tasks."""
-        need = {k: float(v) for k, v in launch.bundle.items() if v}
-        nodes = self._node_resources(refresh=True) if self._check_feasible else []
-        holding = [nd for nd in nodes if all(nd.get(k, 0.0) >= v for k, v in need.items())]
-        if self._check_feasible and len(holding) < launch.nodes:
-            handle = Handle(request.number, None)
-            per_node = ", ".join(_fmt({k: nd.get(k, 0.0) for k in need}) for nd in nodes)
-            self._ready.append((handle, ProbeResult("invalid", reason=(
-                f"the trial spans {launch.nodes} nodes of {_fmt(need)} each, but only {len(holding)} node(s) of the "
-                f"Ray cluster can hold that (per node: {per_node}); the cluster can never place it"))))
-            return handle
+        problem = self.placement_problem({}, launch.nodes, launch.bundle) if self._check_feasible else None
+        if problem is not None:
+            return self._unplaced(request, problem)
         # the coordinator stays on the driver's node: if a trial's node dies, the coordinator
         # (which owns the placement group) survives to report it and free the other nodes
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -771,6 +835,18 @@ class RayDispatcher(Dispatcher):
         ref = self._multinode.options(scheduling_strategy=here).remote(request.to_json(), launch.to_json(), self._sink)
         handle = Handle(request.number, ref)
         self._refs[ref] = handle
+        return handle
+
+    def _unplaced(self, request: TrialRequest, problem: tuple[str, str]) -> Handle:
+        """A trial answered without running: ``invalid`` when the cluster never had what it needs;
+        ``infra`` (``info.capacity_lost``) when it had it and lost the nodes: not the config's fault."""
+        kind, why = problem
+        handle = Handle(request.number, None)
+        if kind == "lost":
+            result = ProbeResult("infra", reason=f"not started: {why}", info={"capacity_lost": self.lost_nodes()})
+        else:
+            result = ProbeResult("invalid", reason=why)
+        self._ready.append((handle, result))
         return handle
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[Handle, ProbeResult]]:
@@ -810,6 +886,10 @@ class RayDispatcher(Dispatcher):
                     result = self._infra(handle, exc)
                 else:
                     result = _crash(exc, "the Ray task failed")
+            if result.status == "infra" and "capacity_lost" not in result.info:
+                lost = self.lost_nodes()  # a node gone for good, not a worker restarted
+                if lost:
+                    result.info["capacity_lost"] = lost
             out.append((handle, result))
         return out
 

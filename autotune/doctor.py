@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-__all__ = ["node_software", "cluster_report", "placement_verdict", "SOFTWARE"]
+__all__ = ["node_software", "cluster_report", "placement_verdict", "declare_command", "SOFTWARE"]
 
 SOFTWARE = ("torch", "torch_npu", "mindspore", "deepspeed", "megatron-core", "torchtitan", "ray")
 _CANN_FILES = ("/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
@@ -70,8 +70,10 @@ def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
             software = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
         total = {k: float(v) for k, v in (node.get("Resources") or {}).items() if not k.startswith("node:")}
         free = {k: float(v) for k, v in (free_per_node.get(node["NodeID"]) or {}).items() if not k.startswith("node:")}
-        out.append({"node_id": node["NodeID"], "address": node.get("NodeManagerAddress"), "total": total,
-                    "free": free, **software})
+        # several raylets on one host share its address: the raylet port and node id tell them apart
+        label = f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')} (node {node['NodeID'][:8]})"
+        out.append({"node_id": node["NodeID"], "address": node.get("NodeManagerAddress"),
+                    "port": node.get("NodeManagerPort"), "label": label, "total": total, "free": free, **software})
     return out
 
 
@@ -85,7 +87,7 @@ def placement_verdict(nodes: list[dict[str, Any]], accelerator: str, trial_nodes
     name = _resource_name(accelerator)
     holding = [n for n in nodes if n["total"].get(name, 0.0) >= per_node]
     free_now = [n for n in holding if n["free"].get(name, n["total"].get(name, 0.0)) >= per_node]
-    have = ", ".join(f"{n['address']}: {n['total'].get(name, 0):g}" for n in nodes) or "no node"
+    have = "; ".join(f"{n.get('label', n['address'])}: {n['total'].get(name, 0):g}" for n in nodes) or "no node"
     if len(holding) >= trial_nodes:
         busy = "" if len(free_now) >= trial_nodes else (f"; only {len(free_now)} of them have it free now: the trial "
                                                            "waits for running work to end")
@@ -93,4 +95,12 @@ def placement_verdict(nodes: list[dict[str, Any]], accelerator: str, trial_nodes
                       f"node(s) have {per_node} {name}{busy}")
     return False, (f"the largest trial needs {trial_nodes} node(s) with {per_node} {name} each, but only "
                    f"{len(holding)} node(s) of the cluster have that many (declared {name} per node: {have}); "
-                   f"add nodes or declare the devices with `ray start --resources '{{\"{name}\": {per_node}}}'`")
+                   f"add nodes or declare the devices with `{declare_command(accelerator, per_node)}`")
+
+
+def declare_command(accelerator: str, per_node: int) -> str:
+    """How a node declares its devices to Ray: CPUs and GPUs have their own flags (Ray refuses
+    them in ``--resources``: "use --num-cpus"), an NPU is a custom resource."""
+    if accelerator == "npu":
+        return f"ray start --resources '{{\"NPU\": {per_node}}}'"
+    return f"ray start --num-gpus {per_node}" if accelerator == "cuda" else f"ray start --num-cpus {per_node}"

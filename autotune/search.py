@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 
 from autotune.workers.protocol import ProbeResult, TrialRequest
 
-from .backends import BackendChoice, launch_for
+from .backends import BackendChoice, launch_for, least_trial_devices, trial_placement
 from .context import ProbeContext, probe_context
 from .guided_sampler import GUIDE_ATTR, GuidedSampler
 from .trial_attrs import A
@@ -225,6 +225,11 @@ class StudyOutcome:
     stopped_because: str
     parent_run_id: str | None = None
     artifacts: dict[str, Path] = field(default_factory=dict)
+    infra_failure: str | None = None  # the study stopped because the infrastructure failed (exit 3)
+
+
+class Unplaceable(RuntimeError):
+    """No trial of the study can ever be placed on the cluster: refused before the first trial."""
 
 
 # ---------------------------------------------------------------------------------------- runner
@@ -257,6 +262,7 @@ class StudyRunner:
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
+        self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -390,11 +396,15 @@ class StudyRunner:
         seen: dict[str, int] = {}
         for t in study.get_trials(deepcopy=False):
             key = t.user_attrs.get(A.KEY)
-            if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) != "interrupted":
+            # a config whose probe was interrupted or failed under it on the infrastructure is not
+            # measured: its re-queued trial must run, not be called a duplicate
+            if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) not in ("interrupted", "infra"):
                 seen.setdefault(key, t.number)
         distributions = self.space.distributions()
         total_valid = self._valid_count(ranking)
         dispatcher = self._dispatcher_for()
+        if not self.backend.simulated:
+            self._check_placeable(dispatcher)
         pending: dict[Any, tuple[optuna.Trial, dict[str, Any]]] = {}
         started = probes_done
         misses = 0
@@ -405,11 +415,16 @@ class StudyRunner:
             while True:
                 if self.stop_requested():
                     raise KeyboardInterrupt
-                if infra_in_a_row >= MAX_INFRA_IN_A_ROW and not pending:
-                    stopped = (f"the infrastructure failed {infra_in_a_row} trials in a row (see their reasons): "
-                               "fix the cluster and run the same command to resume")
+                if self.infra_failure and not pending:
+                    stopped = self.infra_failure
                     break
-                while len(pending) < self.parallel and started < budget and infra_in_a_row < MAX_INFRA_IN_A_ROW:
+                if infra_in_a_row >= MAX_INFRA_IN_A_ROW and not pending:
+                    stopped = self.infra_failure = (
+                        f"the infrastructure failed {infra_in_a_row} trials in a row (see their reasons): fix the "
+                        "cluster and run the same command to resume")
+                    break
+                while len(pending) < self.parallel and started < budget and infra_in_a_row < MAX_INFRA_IN_A_ROW \
+                        and not self.infra_failure:
                     if deadline and time.monotonic() > deadline:
                         stopped = "search timeout reached"
                         break
@@ -482,7 +497,20 @@ class StudyRunner:
         best = best_records(records, self.objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
-                            parent_run_id=self.tracker.parent_run_id if self.tracker else None)
+                            parent_run_id=self.tracker.parent_run_id if self.tracker else None,
+                            infra_failure=self.infra_failure)
+
+    def _check_placeable(self, dispatcher: Any) -> None:
+        """Refuse a study no trial of which the cluster can ever place, before its first trial
+        (every one would be ``invalid`` and the budget spent on nothing)."""
+        devices = least_trial_devices(self.spec)
+        placement = trial_placement(self.spec, devices)
+        problem = dispatcher.placement_problem(**placement)
+        if problem is not None:
+            spread = f" over {placement['nodes']} nodes" if placement["nodes"] > 1 else ""
+            raise Unplaceable(f"no trial of this study can be placed on the Ray cluster: {problem[1]}. Each trial needs "
+                              f"{devices} {self.spec.cluster.accelerator} device(s){spread} (the spec's cluster "
+                              "section): start the nodes it needs, or change the spec's cluster")
 
     def _valid_count(self, ranking: Ranking | None) -> int | None:
         """Number of valid canonical configs, when the space is small enough to count."""
@@ -688,7 +716,11 @@ class StudyRunner:
         elif result.status == "pruned":
             _tell(study, trial, state=TrialState.PRUNED)
         elif result.status == "infra":  # a node or worker died: never fed to the search as a bad config
-            self._retry_after_infra(study, trial, config)
+            lost = result.info.get("capacity_lost")
+            if lost:  # capacity that was there is gone: stop, and leave the config for the re-run
+                self._requeue_after_lost_capacity(study, trial, config, lost)
+            else:
+                self._retry_after_infra(study, trial, config)
             _tell(study, trial, state=TrialState.FAIL)
         else:  # crash, timeout: nothing learnt about the config itself
             _tell(study, trial, state=TrialState.FAIL)
@@ -701,6 +733,22 @@ class StudyRunner:
             estimates = self.guided.estimates(study.get_trials(deepcopy=False))
             study.set_user_attr(A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()})
         return record
+
+    def _requeue_after_lost_capacity(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any],
+                                     lost: list[str]) -> None:
+        """The cluster lost nodes the study needs: the config is queued again as it was (a retry
+        not spent: the infrastructure, not the config, failed) for the re-run, and the study stops
+        once the running trials are in (exit 3), rather than spend its budget on trials that
+        cannot be placed and feed them to the search as infeasible."""
+        ua = trial.user_attrs
+        attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED,
+                                                      A.INFRA_RETRY_OF)}
+        study.enqueue_trial(self._params_for(config), user_attrs=attrs, skip_if_exists=False)
+        trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; queued again for the re-run"[:2000])
+        if not self.infra_failure:
+            self.infra_failure = (f"the Ray cluster lost {', '.join(lost)}: the study stopped with its configs left "
+                                  "unmeasured; bring the node(s) back and run the same command to resume them")
+            self.observer.on_message(self.infra_failure)
 
     def _retry_after_infra(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any]) -> None:
         """Queue the config once more after an infrastructure failure (Ray places it wherever

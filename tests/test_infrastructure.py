@@ -4,6 +4,8 @@ the search as a bad config, and the study completes its budget with no trial los
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 
@@ -79,6 +81,8 @@ def test_doctor_on_a_local_multi_node_cluster(write_spec, tmp_path):
         assert len(report["nodes"]) == 3
         npus = sorted(n["total"].get("NPU", 0) for n in report["nodes"])
         assert npus == [0, 2, 2]
+        # three raylets on one host: each is named so a person can tell them apart (issue #30)
+        assert len({n["label"] for n in report["nodes"]}) == 3
         assert all("torch" in n["software"] and "ray" in n["software"] for n in report["nodes"])
         assert report["placement"]["ok"] and "2 node(s) have 2 NPU" in report["placement"]["why"]
         too_big = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
@@ -91,6 +95,31 @@ def test_doctor_on_a_local_multi_node_cluster(write_spec, tmp_path):
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "cuda", "npu"])
+def test_doctor_advises_a_ray_start_that_ray_accepts_and_names_each_node(accelerator):
+    """Issue #30: on a CPU/GPU cluster doctor advised `ray start --resources '{"CPU": 1}'`, which Ray
+    refuses ("use --num-cpus"); two nodes on one host read as the same `192.0.2.2: 1`."""
+    import shlex
+
+    from ray.scripts.scripts import start
+
+    from autotune.doctor import placement_verdict
+
+    name = {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}[accelerator]
+    nodes = [{"label": f"192.0.2.2:{port} (node {nid})", "address": "192.0.2.2", "total": {name: 1.0}, "free": {}}
+             for port, nid in ((40001, "aaaa1111"), (40002, "bbbb2222"))]
+    ok, why = placement_verdict(nodes, accelerator, 2, 4)
+    assert not ok
+    assert "192.0.2.2:40001 (node aaaa1111): 1" in why and "192.0.2.2:40002 (node bbbb2222): 1" in why
+    command = why.split("`")[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["ray", "start"] and '"CPU"' not in command and '"GPU"' not in command
+    ctx = start.make_context("start", argv[2:])  # Ray's own click parser reads the advice
+    declared = {"cpu": ctx.params.get("num_cpus"), "cuda": ctx.params.get("num_gpus"),
+                "npu": ctx.params.get("resources")}[accelerator]
+    assert declared in (4, '{"NPU": 4}'), ctx.params
 
 
 def test_the_70b_four_node_spec_plans_on_the_simulator():

@@ -84,14 +84,19 @@ def test_a_command_probe_runs_once_per_node_with_the_rendezvous(write_spec, tmp_
         assert all(r["env"]["ASCEND_RT_VISIBLE_DEVICES"] == "0" for r in trial)
 
 
-def test_a_trial_the_cluster_can_never_place_is_refused_with_what_is_missing(write_spec, tmp_path, cluster):
-    spec = _spec(write_spec, tmp_path, 3, f'[{sys.executable}, -c, "pass"]', n_trials=1, name="big.yaml")
+def test_a_study_the_cluster_can_never_place_is_refused_before_its_first_trial(write_spec, tmp_path, cluster):
+    """Issue #30: a 4-node study on a smaller cluster recorded every trial as `invalid` and spent
+    its budget; it is refused before the first trial (exit 3) with what a trial needs and what the
+    cluster has."""
+    spec = _spec(write_spec, tmp_path, 3, f'[{sys.executable}, -c, "pass"]', n_trials=3, name="big.yaml")
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
                                       "--ray-address", cluster.address])
-    trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
-    failure = trials[0]["failure"]
-    assert trials[0]["status"] == "invalid", result.output
-    assert "spans 3 nodes of {NPU: 1, CPU: 1} each, but only 2 node(s)" in failure and "can never place it" in failure
+    assert result.exit_code == 3, result.output
+    assert "no trial of this study can be placed" in result.stderr
+    assert "spans 3 nodes of {NPU: 1, CPU: 1} each, but only 2 node(s)" in result.stderr
+    assert "3 npu device(s) over 3 nodes" in result.stderr
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"])
+    assert report.exit_code != 0 or not json.loads(report.stdout)["trials"]  # no trial recorded, none invalid
 
 
 TORCH_SPEC = """
@@ -189,6 +194,72 @@ def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec
         assert len(ok) == 2  # the budget, measured
         assert any(t["chosen_because"].startswith(f"retry of trial {infra[0]['number']}") for t in ok)
         assert len({json.dumps(t["params"], sort_keys=True) for t in ok}) == 2
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume(write_spec, tmp_path):
+    """Issue #30: one node of a 2-node trial is killed and does not come back. The trial is an
+    infrastructure failure; the next trials are not `invalid` (fed to the search as infeasible)
+    and the budget is not spent: the study stops with exit 3 naming the node, and once a node is
+    back the same command measures the configs left unmeasured."""
+    import threading
+    import time
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    workers = [c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20) for _ in range(2)]
+    c.wait_for_nodes()
+    record = tmp_path / "record.jsonl"
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPER)
+    argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}"]'
+    spec = _spec(write_spec, tmp_path, 2, argv, n_trials=3, name="lost.yaml")
+    spec.write_text(spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
+                    .replace("target: none", "target: none\nray: {placement_timeout_s: 30}"))
+    killed = {}
+
+    def kill_when_running():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = record.read_text().splitlines() if record.exists() else []
+            if len(lines) >= 2:
+                raylet = json.loads(next(x for x in lines if json.loads(x)["rank"] == "1"))["raylet"]
+                node = next(w for w in workers if str(w.all_processes["raylet"][0].process.pid) == raylet)
+                killed["port"] = node.node_manager_port
+                c.remove_node(node, allow_graceful=False)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    args = ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking", "--ray-address", c.address]
+    try:
+        result = CliRunner().invoke(app, args)
+        killer.join(timeout=5)
+        assert result.exit_code == 3, result.output
+        assert "lost" in result.stderr and f":{killed['port']}" in result.stderr  # the node, by address and port
+        trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
+        statuses = [t["status"] for t in trials if t["status"] != "waiting"]
+        assert "invalid" not in statuses and "ok" not in statuses, [(t["status"], t["failure"]) for t in trials]
+        assert statuses and set(statuses) == {"infra"}
+        assert "(?)" not in trials[0]["failure"]  # the node that died is named, not "node 1 of 2 (?)"
+        c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20)  # the node is back
+        c.wait_for_nodes()
+        again = CliRunner().invoke(app, args)
+        assert again.exit_code == 0, again.output
+        trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
+        ok = [t for t in trials if t["status"] == "ok"]
+        assert len(ok) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in ok}) == 3
+        first = trials[0]
+        assert any(t["status"] == "ok" and t["params"] == first["params"] for t in trials), \
+            "\n".join(str((t["number"], t["status"], t["params"], t["chosen_because"], t["failure"])) for t in trials)
     finally:
         if ray.is_initialized():
             ray.shutdown()
