@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .protocol import PEAK_COUNTS, PEAK_COUNTS_KEY, TRIAL_FILE_ENV, ProbeResult, classify_failure, oom_evidence, parse_output_line
+from .protocol import (PEAK_COUNTS, PEAK_COUNTS_KEY, TRIAL_FILE_ENV, ProbeResult, classify_failure, native_cause,
+                       oom_evidence, parse_output_line)
 
 __all__ = ["run_probe_process", "MAX_LINE_BYTES", "KILL_GRACE_S"]
 
@@ -217,6 +218,10 @@ def run_probe_process(
 
     result = run.result(rc, stopped=stopped, timed_out=timed_out)
     result.wall_s = time.monotonic() - t0
+    if timed_out and result.status == "timeout":
+        result.reason = (f"the probe ran past its time limit of {float(timeout_s):g} s and was killed (the limit is "
+                         "workload.timeout_s, or backend.timeout_s where the spec sets it: raise it for a config that "
+                         "is slow, not stuck)")
     return result
 
 
@@ -355,6 +360,10 @@ class _Run:
                 status, reason = stack
             if status == "crash" and self.failure is not None and rc == 0:
                 reason = str(self.failure.get("reason", reason))[:500]
+            if status == "crash":  # a worker's bare "Response is empty.": the runtime's own line says why
+                cause = native_cause(output, reason)
+                if cause:
+                    reason = f"{reason} (the runtime's error: {cause})"[:1000]
             if self.metrics is not None and status != "ok":
                 reason = f"{reason} (after reporting metrics)"
             if status == "oom":  # how far over: the allocator's own byte counts

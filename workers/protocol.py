@@ -26,6 +26,7 @@ __all__ = [
     "ProbeResult",
     "TrialRequest",
     "classify_failure",
+    "native_cause",
     "oom_evidence",
     "parse_output_line",
     "read_trial_file",
@@ -223,6 +224,25 @@ def oom_evidence(output: Iterable[str] | str) -> dict[str, float] | None:
         if in_use is not None:
             found["needed_at_least"] = in_use + found["requested"]
         return {k: round(v, 4) for k, v in found.items()}
+    return None
+
+
+# A native runtime's own error lines (MindSpore/CANN/TVM's C++ logging, glibc, the C++ runtime):
+# they hold the cause when the Python exception only says that a worker went away ("Response is
+# empty.", "Connection reset"), and they never reach the exception text.
+_NATIVE_CAUSE = re.compile(r"Check failed:|^\s*\[(?:ERROR|CRITICAL)\]|terminate called|Segmentation fault|"
+                           r"core dumped|Fatal Python error|\bE[EILZ]\d{4}\b")
+
+
+def native_cause(lines: Iterable[str], reason: str = "") -> str | None:
+    """The first line of the output that a native runtime printed as an error (a ``Check failed``,
+    a ``[ERROR]``/``[CRITICAL]`` log line, an Ascend error code), when ``reason`` does not already
+    say it: what a crash's one-line reason should add. The first such line is the cause; what
+    follows is usually its echo."""
+    for line in lines:
+        text = line.strip()
+        if text and _NATIVE_CAUSE.search(text) and text[:80] not in reason:
+            return text[:300]
     return None
 
 
