@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -133,6 +134,13 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     assert profile["gemm_efficiency"] == 1.0
     assert profile["memory_bandwidth_gbps"] == pytest.approx(measured["memory_bandwidth_gbps"], rel=0.01)
     assert out.read_text().startswith("# Hardware profile written by `autotune calibrate`")
+    # only what was measured (issue #30: 64 GiB written on a 24 GiB host, a send/recv at 1 PB/s)
+    host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert profile["device_memory_gib"] == pytest.approx(host_gib, rel=0.01)
+    for name, busbw in measured["collective_busbw_gbps"].items():
+        assert busbw is None or busbw <= measured["memory_bandwidth_gbps"], (name, busbw)
+    assert "inter_node_bandwidth_gbps" in measured["not_measured"] and "device_memory_gib" not in measured["not_measured"]
+    assert "not measured, kept from the base profile 'cpu'" in out.read_text()
 
     # a spec names the file relative to itself; plan uses it
     spec_path = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
@@ -143,6 +151,18 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     plan = CliRunner().invoke(app, ["plan", str(spec_path), "--json", "--top", "1"])
     assert plan.exit_code == 0, plan.output
     assert json.loads(plan.stdout)["top"][0]["metrics"]["tokens_per_s_per_device"] > 0
+
+
+def test_a_bandwidth_no_link_reaches_is_not_reported():
+    """A fit whose times never grew with the size has no bandwidth in it: reported as None, not
+    as the 1,048,576,000 GB/s a latency-bound send/recv fit gave on this host."""
+    from autotune.workers.calibrate import fit_latency_bandwidth, resolved_bandwidths
+
+    flat = {4096: 50e-6, 65536: 50e-6, 1048576: 50.000001e-6}  # latency only, to the noise
+    fitted = {"p2p": fit_latency_bandwidth(flat, 1.0), "allreduce": (30e-6, 5e9)}
+    assert fitted["p2p"][1] > 1e12  # what the fit says
+    resolved = resolved_bandwidths(fitted, ceiling_bytes_s=20e9)
+    assert resolved["p2p"][1] is None and resolved["allreduce"] == (30e-6, 5e9)
 
 
 def test_missing_profile_file_is_a_spec_error(write_spec):

@@ -77,6 +77,29 @@ def _device(accelerator: str, local_rank: int = 0) -> tuple[Any, Any, Callable[[
     return torch, torch.device(info.name), device_module(accelerator).synchronize
 
 
+def device_memory_gib(accelerator: str) -> float | None:
+    """The device's memory as the device (or, on a CPU, the OS) reports it: what a profile's
+    ``device_memory_gib`` must say (a figure carried over from a data-sheet profile can be the
+    wrong machine's: 64 GiB written on a 24 GiB host). None where it cannot be read."""
+    if accelerator == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        return float(device_module(accelerator).get_device_properties(0).total_memory) / 2**30
+    except Exception:  # a runtime without the call: the base profile's figure stays, named as not measured
+        return None
+
+
+def resolved_bandwidths(fitted: dict[str, tuple[float, float]], ceiling_bytes_s: float) -> dict[str, tuple[float, float | None]]:
+    """The collective fits with each bandwidth a link can reach, else None: a fit above
+    ``ceiling_bytes_s`` (the device's own copy bandwidth, which no transfer between two devices
+    of the host beats) means the times never grew with the size measured (latency-bound at every
+    size): there is no bandwidth in them to report (a quick CPU run's send/recv fit gave 1 PB/s)."""
+    return {name: (lat, bw if 0 < bw <= ceiling_bytes_s else None) for name, (lat, bw) in fitted.items()}
+
+
 # ---------------------------------------------------------------------------------- measurements
 Shape = tuple[int, int, int]  # (m, k, n) of an (m x k) @ (k x n) matmul
 
@@ -298,6 +321,8 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
         collectives, tp_layer = measure_collectives(accelerator, ranks, kib, max(repeats, 5), quick=quick)
         ring = {"allreduce": 2.0 * (ranks - 1) / ranks, "allgather": (ranks - 1) / ranks, "p2p": 1.0}
         fitted = {name: fit_latency_bandwidth(times, ring[name]) for name, times in collectives.items() if times}
+    resolved = resolved_bandwidths(fitted, bandwidth * 1e9)
+    memory_gib = device_memory_gib(accelerator)
 
     profile = load_profile(base or BASE_PROFILE[accelerator])
     half, plateaus = fit_gemm_curve(gemm)
@@ -318,16 +343,19 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
         min(1.0, max(0.01, attention["tflops"] / plateaus[attention["dtype"]])))
     profile["kernel_launch_us"] = _significant(dispatch_s * 1e6)
     profile["optimizer_us_per_tensor"] = _significant(optimizer_tensor_s * 1e6)
-    if fitted:
+    if memory_gib:
+        profile["device_memory_gib"] = round(memory_gib, 2)
+    if fitted and resolved["allreduce"][1] is not None:
         # The simulator's collectives: t = latency + ring share * bytes / (intra bandwidth * efficiency)
         # (an all-reduce pays the latency twice: reduce-scatter then all-gather).
         ar_latency, ar_bw = fitted["allreduce"]
         ag_latency, ag_bw = fitted["allgather"]
         profile["intra_node_bandwidth_gbps"] = _significant(ar_bw / 1e9)
         profile["allreduce_efficiency"] = 1.0
-        # a quick run's all-gather fit (3 sizes, latency-bound) can put its bandwidth near zero:
-        # keep the ratio in the profile's valid range, at a figure no real link is below
-        profile["allgather_efficiency"] = _significant(min(1.0, max(0.01, ag_bw / ar_bw)))
+        # a quick run's all-gather fit (3 sizes, latency-bound) can put its bandwidth near zero or
+        # past any link: keep the ratio in the profile's valid range
+        ag_ratio = ag_bw / ar_bw if resolved["allgather"][1] is not None else 1.0
+        profile["allgather_efficiency"] = _significant(min(1.0, max(0.01, ag_ratio)))
         profile["collective_latency_us"] = round(max(ar_latency / 2.0, ag_latency) * 1e6, 2)
         # What a tensor-parallel layer's collectives pay in context (dispatch, skew), never less
         # than what the idle ranks measured.
@@ -339,12 +367,33 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
                 "attention": attention, "elementwise": elementwise, "dispatch_us": dispatch_s * 1e6,
                 "optimizer_us_per_tensor": optimizer_tensor_s * 1e6,
                 "collective_seconds": {k: {str(n): t for n, t in v.items()} for k, v in collectives.items()},
-                "collective_fit": {k: {"latency_us": lat * 1e6, "busbw_gbps": bw / 1e9} for k, (lat, bw) in fitted.items()},
-                "collective_busbw_gbps": {k: bw / 1e9 for k, (_, bw) in fitted.items()},
+                "collective_fit": {k: {"latency_us": lat * 1e6, "busbw_gbps": None if bw is None else bw / 1e9}
+                                   for k, (lat, bw) in resolved.items()},
+                "collective_busbw_gbps": {k: None if bw is None else bw / 1e9 for k, (_, bw) in resolved.items()},
+                "device_memory_gib": memory_gib,
+                "not_measured": sorted(_not_measured(profile, memory_gib, resolved)),
+                "base_profile": base or BASE_PROFILE[accelerator],
                 "tp_layer_step": tp_layer,
                 "sizes": list(sizes), "quick": quick, "ranks": ranks, "threads_per_device": threads,
                 "software": {**software_versions(accelerator), "python": platform.python_version()}}
     return {"profile": profile, "measured": measured}
+
+
+# what calibration measures; the rest of a profile is the base profile's (its data sheet)
+_MEASURED_KEYS = ("peak_tflops", "gemm_efficiency", "gemm_half_dim", "memory_bandwidth_gbps", "memory_bandwidth_efficiency",
+                  "flash_attention_efficiency", "kernel_launch_us", "optimizer_us_per_tensor")
+_COLLECTIVE_KEYS = ("intra_node_bandwidth_gbps", "allreduce_efficiency", "allgather_efficiency", "collective_latency_us",
+                    "tp_collective_latency_us")
+_DESCRIPTIVE = ("name", "accelerator", "description", "calibrated_at", "devices_per_node")
+
+
+def _not_measured(profile: dict[str, Any], memory_gib: float | None,
+                  resolved: dict[str, tuple[float, float | None]]) -> list[str]:
+    """The profile's figures this calibration did not measure (kept from the base profile)."""
+    measured = set(_MEASURED_KEYS) | ({"device_memory_gib"} if memory_gib else set())
+    if resolved.get("allreduce", (0, None))[1] is not None:
+        measured |= set(_COLLECTIVE_KEYS)
+    return [k for k in profile if k not in measured and k not in _DESCRIPTIVE]
 
 
 def _significant(x: float, digits: int = 4) -> float:
@@ -366,9 +415,14 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
          f"elementwise chain fwd+bwd: {m['elementwise']['gbps']:.3g} GB/s; dispatch: {m['dispatch_us']:.3g} us; "
          f"optimizer step: {m['optimizer_us_per_tensor']:.3g} us per parameter tensor"
          if "attention" in m else "# attention, elementwise, dispatch: not measured"),
-        f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collectives (latency us, bus bandwidth GB/s): "
-        + (json.dumps({k: {f: round(v, 3) for f, v in fit.items()} for k, fit in m["collective_fit"].items()})
-           if m.get("collective_fit") else "not measured"),
+        f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collectives (latency us, bus bandwidth GB/s; null: "
+        "latency-bound at every size measured, no bandwidth resolved): "
+        + (json.dumps({k: {f: (None if v is None else round(v, 3)) for f, v in fit.items()}
+                       for k, fit in m["collective_fit"].items()}) if m.get("collective_fit") else "not measured"),
+        "# device memory: " + (f"{m['device_memory_gib']:.2f} GiB as the device (or the OS) reports it"
+                               if m.get("device_memory_gib") else "not readable here"),
+        f"# not measured, kept from the base profile {m.get('base_profile', '?')!r} (data-sheet figures): "
+        + (", ".join(m.get("not_measured") or []) or "none"),
         "# tensor-parallel layer step (seconds, sharded vs local shard): " + (json.dumps(
             [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()} for row in m["tp_layer_step"]["rows"]])
             if m.get("tp_layer_step") else "not measured"),
