@@ -663,8 +663,10 @@ def _finish_tracking(tracker: Any, status: str) -> None:
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
     from .export import EXPORTERS, default_formats, refusals, write_exports
-    from .report import (best_payload, improvement_line, results_rows, study_summary, summary_lines, summary_metrics,
-                         write_plots, write_results_csv)
+    from autotune.workers.protocol import FAILURE_STATUSES
+
+    from .report import (best_payload, improvement_line, results_rows, status_counts, status_line, study_summary,
+                         summary_lines, summary_metrics, write_plots, write_results_csv)
     from .recommend import study_recommendation
     from .search import is_tracked
     from .tracking import mlflow_ui_command
@@ -724,11 +726,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         tracker.log_parent(artifacts=list(exports.values()), artifact_path="export")
         tracker.log_parent(artifacts=plots, artifact_path="plots")
         _finish_tracking(tracker, "FINISHED")
-    failed = sum(1 for r in outcome.records if is_tracked(r) and r.status != "ok")
+    failed = sum(1 for r in outcome.records if is_tracked(r) and r.status in FAILURE_STATUSES)
     if as_json:
         payload = {
             "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",
-            "probes": outcome.probes_run, "failed": failed, "stopped_because": outcome.stopped_because,
+            "probes": outcome.probes_run, "failed": failed, "statuses": status_counts(outcome.records),
+            "stopped_because": outcome.stopped_because,
             "best": [best_payload(b) for b in outcome.best], "improvement": line, "run_dir": str(directory),
             "recommended": best_payload(chosen) if chosen is not None else None,
             "recommendation": recommendation.sentence if recommendation else "",
@@ -738,8 +741,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         out.print_json(json.dumps(payload, default=_json_default))
     else:
         source = "simulated" if choice.simulated else "measured"
-        err.print(f"{outcome.probes_run} trials ({source}), {failed} failed; stopped: {outcome.stopped_because}",
-                  markup=False)
+        err.print(f"{status_line(outcome.records)} ({outcome.probes_run} probed, {source}); stopped: "
+                  f"{outcome.stopped_because}", markup=False)
         if best is not None and choice.simulated:
             _print_preview(outcome.records, objectives, recommendation)
         if best is not None:
@@ -804,7 +807,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     study = _open_existing(spec, run_dir)
     _relocate_mlflow(_run_dir(spec, run_dir))
     from .recommend import study_recommendation
-    from .report import best_payload, improvement_line, results_rows, study_summary, summary_lines
+    from .report import best_payload, improvement_line, results_rows, status_line, study_summary, summary_lines
     from .search import best_records, guide_estimates, trial_records
 
     objectives = spec.objective_list()
@@ -821,10 +824,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
         out.print_json(json.dumps(payload, default=_json_default))
         return
     rows = results_rows(records, objectives)
-    statuses: dict[str, int] = {}
-    for r in records:
-        statuses[r.status] = statuses.get(r.status, 0) + 1
-    out.print(f"[bold]{escape(spec.name)}[/bold]: {len(records)} trials — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())))
+    out.print(f"[bold]{escape(spec.name)}[/bold]: {escape(status_line(records))}")
     # one line per trial, the config last and whole (copyable), like `plan`
     names = [m for m, _ in objectives]
     first = names[0]

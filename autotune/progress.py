@@ -54,7 +54,7 @@ class ProgressObserver:
 
     def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None:
         self.running = running
-        if self.task is not None:
+        if self.task is not None and record.status != "infra":  # not a probe of the budget: its retry is
             self.progress.advance(self.task)
         if record.status not in ("ok",):  # a probe's words: brackets in them are text, never markup
             self.progress.console.print(Text.assemble(f"  trial {record.number}: ", (record.status, "yellow"),

@@ -16,10 +16,25 @@ from .importance import study_importances
 from .sanity import is_finite_number as _finite
 from .search import TrialRecord, best_records, is_tracked
 
-__all__ = ["improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
+__all__ = ["status_counts", "status_line", "improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]
 
 log = logging.getLogger(__name__)
+
+
+def status_counts(records: list[TrialRecord]) -> dict[str, int]:
+    """How many trials ended in each status: the one count that the end of ``run``, ``report``
+    and the JSON payloads all print (a pruned trial is pruned everywhere, never "failed")."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def status_line(records: list[TrialRecord]) -> str:
+    """E.g. "5 trials: 3 ok, 1 oom, 1 pruned"."""
+    counts = status_counts(records)
+    return f"{len(records)} trials: " + ", ".join(f"{v} {k}" for k, v in counts.items())
 
 
 def improvement_line(best: TrialRecord | None, baseline: TrialRecord | None, metric: str, direction: str) -> str | None:
