@@ -683,7 +683,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     exports: dict[str, Path] = {}
     if chosen is not None:
         context = _export_context(spec, chosen)
-        target_formats = default_formats(spec.target_stack)
+        target_formats = default_formats(spec.target_stack, spec.workload.kind)
         # every format that can launch the config exactly; the target's own are expected to
         refused = refusals(context, list(EXPORTERS))
         for name, reasons in refused.items():
@@ -766,11 +766,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}", markup=False)
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
-        launch = exports.get(default_formats(spec.target_stack)[-1]) or next(
+        launch = next((exports[f] for f in default_formats(spec.target_stack, spec.workload.kind)
+                       if f not in ("yaml", "env") and f in exports), None) or next(
             (p for f, p in exports.items() if f not in ("yaml", "env")), None)
         label = "recommended:    " if recommendation is not None and recommendation.changed else "best config:    "
-        err.print(f"  {label} {exports['yaml']}   (launch with {spec.target_stack}: {launch}, "
-                  f"env: {exports['env']})", markup=False)
+        how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
+        err.print(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})", markup=False)
     if choice.simulated:
         err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
     if outcome.infra_failure:
@@ -868,7 +869,8 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
            trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
            as_json: bool = JsonOpt) -> None:
     """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
-    DeepSpeed JSON, MindFormers YAML, torchtitan TOML."""
+    DeepSpeed JSON, MindFormers YAML, torchtitan 0.3 launch script. A format that cannot launch the
+    measured config (a training launch of an inference study among them) is refused (exit 2)."""
     _setup_logging(False)
     from .export import default_formats, parse_formats, write_exports
 
@@ -879,7 +881,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
         raise typer.Exit(EXIT_INPUT) from None
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     if chosen_formats is None:
-        chosen_formats = list(default_formats(spec.target_stack))
+        chosen_formats = list(default_formats(spec.target_stack, spec.workload.kind))
     study = _open_existing(spec, run_dir)
     from .search import best_records, guide_estimates, trial_records
 
@@ -914,8 +916,10 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     try:
         paths = write_exports(context, directory, chosen_formats)
     except ExportRefused as exc:
-        _error(f"{exc}; the study's target is {spec.target_stack} "
-               f"(export its format, or set `target:` in the spec and run the study again)")
+        hint = ("export yaml or env" if spec.workload.kind != "train" else
+                f"the study's target is {spec.target_stack}: export its format, or set `target:` in the spec and run "
+                "the study again")
+        _error(f"{exc} ({hint})")
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         print(json.dumps({"trial": chosen.number, "files": {k: str(v) for k, v in paths.items()}}))

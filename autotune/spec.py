@@ -638,6 +638,13 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
                 problems.append(SpecProblem(("baseline",), f"the baseline breaks a rule: {reason}"))
     if spec.backend.kind == "mindspore" and spec.cluster.accelerator == "cuda":
         problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
+    seq_len, positions = getattr(spec.workload, "seq_len", None), spec.model.max_position_embeddings
+    if kind == "train" and seq_len and seq_len > positions and spec.target_stack in ("megatron", "mindspeed"):
+        problems.append(SpecProblem(("workload", "seq_len"), (
+            f"{seq_len} is above the model's max_position_embeddings {positions}: Megatron's validate_args refuses "
+            f"--seq-length {seq_len} with --max-position-embeddings {positions} (target {spec.target_stack}); train "
+            f"at most {positions}, or give the model `max_position_embeddings: {seq_len}` (a model mapping, for a "
+            "context extension)")))
     return problems
 
 

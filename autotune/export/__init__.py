@@ -29,11 +29,14 @@ EXPORTERS: dict[str, Exporter] = {e.name: e for e in (
 DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes for the default targets
 
 
-def default_formats(target: str) -> tuple[str, ...]:
+def default_formats(target: str, workload_kind: str = "train") -> tuple[str, ...]:
     """The exports a finished study gets: autotune's own YAML, the env file, and the launch form
-    of the study's target stack (:mod:`autotune.targets`)."""
+    of the study's target stack (:mod:`autotune.targets`); an inference study gets no training
+    launch (every launch format is a training one)."""
     from autotune.targets import TARGET_FORMATS
 
+    if workload_kind != "train":
+        return ("yaml", "env")
     return ("yaml", "env", TARGET_FORMATS.get(target, "megatron"))
 
 

@@ -132,5 +132,13 @@ class Exporter(abc.ABC):
         targets = FORMAT_TARGETS.get(self.name)
         if not targets:
             return []
+        kind = ctx.workload.get("kind", "train")
+        if kind != "train":  # a training launch of an inference study would launch something else
+            return [f"{self.name} writes a training launch, and this study tuned a {kind} workload: its config "
+                    "(batch, kv-cache dtype, quantization) is in best_config.yaml and best.env"]
         target = ctx.target if ctx.target in targets else targets[0]
-        return unsupported_reasons(target, ctx.config)
+        return unsupported_reasons(target, ctx.config) + self.workload_reasons(ctx)
+
+    def workload_reasons(self, ctx: ExportContext) -> list[str]:
+        """Why the format cannot launch the study's model and workload (default: none)."""
+        return []

@@ -96,6 +96,12 @@ class MegatronExporter(Exporter):
     filename = "launch_megatron.sh"
     executable = True
 
+    def workload_reasons(self, ctx: ExportContext) -> list[str]:
+        seq, positions = ctx.workload.get("seq_len"), ctx.model.get("max_position_embeddings")
+        if seq and positions and int(seq) > int(positions):  # validate_args, core_r0.12 and main
+            return [f"Megatron's validate_args refuses --seq-length {seq} above --max-position-embeddings {positions}"]
+        return []
+
     def render(self, ctx: ExportContext) -> str:
         target = ctx.target if ctx.target in ("mindspeed", "megatron") else "megatron"
         gbs = ctx.workload.get("global_batch_size")
