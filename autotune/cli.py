@@ -503,10 +503,64 @@ def run(
     except OSError as exc:
         _error(f"cannot create the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
         raise typer.Exit(EXIT_INPUT) from None
+    from .run_lock import RunDirLock, StudyInUse
+
+    lock = RunDirLock(directory)
+    try:
+        lock.acquire()
+    except StudyInUse as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    except OSError as exc:
+        _error(f"cannot lock the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
+        raise typer.Exit(EXIT_INPUT) from None
+    try:
+        _run_locked(spec, spec_path, directory, choice, fresh_study=fresh_study, no_tracking=no_tracking,
+                    reuse_cache=reuse_cache, as_json=as_json)
+    finally:
+        lock.release()
+
+
+def _run_locked(spec: Spec, spec_path: Path, directory: Path, choice: Any, *, fresh_study: bool, no_tracking: bool,
+                reuse_cache: bool, as_json: bool) -> None:
+    """The study itself, with the run directory locked by this driver (:mod:`.run_lock`)."""
     from .study_definition import definition
 
     defined_as = definition(spec, choice.kind)
     _check_definition(spec, spec_path, directory, defined_as, fresh_study)
+    lease = _lease_shared_study(spec, directory)
+    try:
+        _run_study(spec, spec_path, directory, choice, defined_as, no_tracking=no_tracking, reuse_cache=reuse_cache,
+                   as_json=as_json)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _lease_shared_study(spec: Spec, directory: Path) -> Any:
+    """A study in a shared database (``tracking.storage``) may be driven from another host and run
+    directory: take its lease (exit 3 while another driver holds it)."""
+    from .run_lock import StudyInUse, StudyLease
+    from .storage import StorageDamaged, journal_path, open_study, study_storage
+
+    if journal_path(spec, directory) is not None:
+        return None  # a journal file lives in the run directory: its lock is enough
+    try:
+        open_study(spec, directory)  # created here if new: the lease lives on the study
+        lease = StudyLease(study_storage(spec, directory), spec.name)
+        lease.acquire()
+    except StudyInUse as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    except StorageDamaged as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    return lease
+
+
+def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, defined_as: dict[str, Any], *,
+               no_tracking: bool, reuse_cache: bool, as_json: bool) -> None:
+    """Probe, record and finish the study (its run directory locked, its lease held)."""
     _remember_spec(spec_path, directory)
     spec = _measured_profile(spec, choice)
 
