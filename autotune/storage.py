@@ -72,13 +72,14 @@ def check_journal(path: Path) -> str | None:
     return recovered
 
 
-def study_storage(spec: Spec, run_dir: Path) -> Any:
+def study_storage(spec: Spec, run_dir: Path, read_only: bool = False) -> Any:
     """The Optuna storage: the spec's URL, else a journal file in the run directory
-    (~3 ms per trial, append-only, survives SIGKILL)."""
+    (~3 ms per trial, append-only, survives SIGKILL). ``read_only``: for reading a study
+    (``report``, ``export``), which an archived, read-only run directory must still allow."""
     path = journal_path(spec, run_dir)
     if path is None:
         return optuna.storages.RDBStorage(spec.tracking.storage, heartbeat_interval=None)
-    return _journal(path)
+    return _journal(path, read_only)
 
 
 def journal_path(spec: Spec, run_dir: Path) -> Path | None:
@@ -91,12 +92,19 @@ def journal_path(spec: Spec, run_dir: Path) -> Path | None:
     return None
 
 
-def _journal(path: Path) -> Any:
+def _journal(path: Path, read_only: bool = False) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
     lock = _journal_lock(path)
-    lock.acquire()  # nobody appends while a torn last line is cut off
+    try:
+        lock.acquire()  # nobody appends while a torn last line is cut off
+    except OSError:
+        if not read_only:
+            raise
+        # the lock file cannot be created (a read-only archive): nobody writes there, so read as is
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=_NoLock()))
     try:
         recovered = check_journal(path)
     finally:
@@ -104,6 +112,16 @@ def _journal(path: Path) -> Any:
     if recovered:
         log.warning("%s", recovered)
     return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
+class _NoLock:
+    """Optuna's journal lock interface for a journal nobody can write (a read-only directory)."""
+
+    def acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
 
 
 def _journal_lock(path: Path) -> Any:
@@ -176,7 +194,7 @@ def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler |
                 "record was lost, and starting afresh would probe those configs again and orphan their MLflow runs. "
                 "Restore the journal from a backup, or pass a new --run-dir to start over")
     try:
-        storage = study_storage(spec, run_dir)
+        storage = study_storage(spec, run_dir, read_only=not create)
     except StorageDamaged:
         raise
     except Exception as exc:  # Optuna could not replay what it read
@@ -186,6 +204,27 @@ def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler |
                              "from a backup, or pass a new --run-dir to start the study over") from None
     directions = [d for _, d in spec.objective_list()]
     if not create:
-        return optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
-    return optuna.create_study(study_name=spec.name, storage=storage, directions=directions, sampler=sampler,
-                               load_if_exists=True)
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
+    else:
+        study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions, sampler=sampler,
+                                    load_if_exists=True)
+    if path is not None:
+        _check_no_trial_lost(study, path, run_dir)
+    return study
+
+
+def _check_no_trial_lost(study: optuna.Study, path: Path, run_dir: Path) -> None:
+    """A journal cut mid-file (a copy that stopped short, a disk that lost its tail) reads as a
+    shorter, valid study: resumed, its lost trials would be probed again and get second MLflow runs.
+    The run directory keeps every finished trial's ``trials/NNNN/result.json``: one the journal
+    knows nothing of says records were lost (a crash mid-write loses at most the last record, of a
+    trial the journal already holds)."""
+    known = {t.number for t in study.get_trials(deepcopy=False)}
+    lost = sorted(int(p.parent.name) for p in run_dir.glob("trials/[0-9]*/result.json")
+                  if p.parent.name.isdigit() and int(p.parent.name) not in known)
+    if lost:
+        raise StorageDamaged(
+            f"{path} holds {len(known)} trial(s), but {run_dir} holds results of trial(s) "
+            f"{', '.join(map(str, lost[:8]))}{' ...' if len(lost) > 8 else ''} that it does not: the journal was cut "
+            "and lost records; resuming would probe those configs again and double their MLflow runs. Restore the "
+            "journal from a backup, or pass a new --run-dir to start over")
