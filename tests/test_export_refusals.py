@@ -61,3 +61,31 @@ def test_the_megatron_export_refuses_a_sequence_longer_than_the_positions():
     assert reasons and "--seq-length 8192 above --max-position-embeddings 4096" in reasons[0]
     ctx.workload["seq_len"] = 4096
     assert EXPORTERS["megatron"].unsupported(ctx) == []
+
+
+def test_an_env_name_that_is_not_a_shell_name_is_never_written_to_a_shell_file(tmp_path):
+    """Issue #31: `baseline: {"env.X=1;touch PWNED;#": v, "env.$(touch PWNED2)": w}` reached
+    best.env and launch_megatron.sh, and `source best.env` ran both commands. The spec refuses such
+    names; the exporters refuse them too (a study recorded before), and what they write is inert
+    under bash."""
+    import subprocess
+
+    from autotune.export import ExportRefused, write_exports
+
+    config = {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "grad_accum": 8, "precision": "bf16"}
+    hostile = {**config, "env.X=1;touch PWNED;#": "v", "env.$(touch PWNED2)": "w"}
+    ctx = ExportContext(study="s", trial=0, config=hostile, metrics={}, model={"num_hidden_layers": 32},
+                        workload={"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+                        cluster={"nodes": 1, "devices_per_node": 8}, target="megatron")
+    for fmt in ("env", "megatron", "torchtitan"):
+        assert any("not shell variable names" in r for r in EXPORTERS[fmt].unsupported(ctx)), fmt
+    with pytest.raises(ExportRefused):
+        write_exports(ctx, tmp_path / "out", ["yaml", "env", "megatron"])
+    assert not (tmp_path / "out").exists()
+    # a value with shell syntax is quoted: sourcing the file runs nothing
+    ctx.config = {**config, "env.PYTORCH_NPU_ALLOC_CONF": "$(touch PWNED3);`touch PWNED4`"}
+    paths = write_exports(ctx, tmp_path / "ok", ["env"])
+    subprocess.run(["bash", "-c", f"source {paths['env']} && printf %s \"$PYTORCH_NPU_ALLOC_CONF\" > value"],
+                   cwd=tmp_path, check=True)
+    assert (tmp_path / "value").read_text() == "$(touch PWNED3);`touch PWNED4`"
+    assert not list(tmp_path.glob("PWNED*"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,9 @@ def bash_array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
     return lines
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class ExportRefused(ValueError):
     """The format cannot launch this config; the message says why (never exported as something else)."""
 
@@ -117,6 +121,7 @@ class Exporter(abc.ABC):
     name: str = ""
     filename: str = ""
     executable: bool = False
+    shell: bool = False  # the file is run or sourced by a shell: every env name in it must be a plain name
 
     @abc.abstractmethod
     def render(self, ctx: ExportContext) -> str:
@@ -129,6 +134,9 @@ class Exporter(abc.ABC):
         config is exported."""
         from autotune.targets import FORMAT_TARGETS, unsupported_reasons
 
+        unsafe = [name for name in ctx.env if not ENV_NAME.fullmatch(name)] if self.shell else []
+        if unsafe:  # `export NAME=...` cannot quote a name: `X=1;touch PWNED;#` would run as a command
+            return [f"env name(s) {', '.join(map(repr, unsafe))} are not shell variable names ([A-Za-z_][A-Za-z0-9_]*)"]
         targets = FORMAT_TARGETS.get(self.name)
         if not targets:
             return []

@@ -22,6 +22,7 @@ def env_exports(ctx: ExportContext) -> list[str]:
 class EnvExporter(Exporter):
     name = "env"
     filename = "best.env"
+    shell = True
 
     def render(self, ctx: ExportContext) -> str:
         return "\n".join([*header_lines(ctx), *env_exports(ctx)]) + "\n"

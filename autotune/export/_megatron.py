@@ -94,6 +94,7 @@ def model_args(model: dict[str, Any], workload: dict[str, Any], target: str = "m
 class MegatronExporter(Exporter):
     name = "megatron"
     filename = "launch_megatron.sh"
+    shell = True
     executable = True
 
     def workload_reasons(self, ctx: ExportContext) -> list[str]:

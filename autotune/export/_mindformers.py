@@ -1,21 +1,45 @@
-"""MindFormers: the ``context``, ``parallel``, ``parallel_config``, ``recompute_config`` and
-``runner_config`` blocks of a model YAML, merged into the team's own run YAML.
+"""MindFormers: the ``context``, ``parallel``, ``parallel_config``, ``recompute_config``,
+``runner_config``, ``runner_wrapper`` and ``model.model_config`` blocks of a run YAML, merged over
+the team's own model YAML (MindFormers' ``base_config:`` does that merge: the file names the model
+YAML as its base and its own keys win).
 
-What launches is the measured config, by MindFormers' own batch rule (``BaseTrainer.
-_check_global_batch_size_for_auto_parallel`` in ``mindformers/trainer/base_trainer.py``): in
-semi-auto parallel with ``full_batch``, the global batch is ``batch_size x data_parallel x
-micro_batch_num`` when pipelining (``gradient_accumulation_steps`` is ignored there), and
-``batch_size x data_parallel x gradient_accumulation_steps`` without (``micro_batch_num`` is reset
-to 1). So grad-accum goes to ``micro_batch_num`` with pp > 1 and to
-``runner_config.gradient_accumulation_steps`` with pp = 1.
+Checked by MindFormers 2.1.0's own code on CPU (``tests/test_export_mindformers.py``): the merged
+YAML is loaded with ``MindFormerConfig``, the context built (``build_context``), the trainer's
+config steps run (``_train_dataset_preprocess``, ``set_config`` with its batch rule, ``check_rules``)
+and the Llama network built without weights, whose ``LayerSetting`` decides the pipeline chunks and
+the recomputed layers.
+
+What launches is the measured config, by MindFormers' batch rule (``BaseTrainer.
+_check_global_batch_size_for_auto_parallel``): in semi-auto parallel the global batch is
+``batch_size x data_parallel x micro_batch_num x micro_batch_interleave_num`` when pipelining
+(``gradient_accumulation_steps`` is ignored there) and ``batch_size x data_parallel x
+micro_batch_interleave_num x gradient_accumulation_steps`` without (``micro_batch_num`` is reset to
+1). So grad-accum goes to ``micro_batch_num`` with pp > 1 and to
+``runner_config.gradient_accumulation_steps`` with pp = 1, and ``micro_batch_interleave_num`` is 1.
+``dataset_strategy: full_batch`` goes with ``full_batch``: MindFormers' trainer takes a model YAML's
+``parallel.dataset_strategy`` over ``full_batch`` (``_set_full_batch_with_strategy``), and the
+templates' strategies name their own data_parallel through a YAML anchor, which a merge does not
+update (the batch check then refuses the run).
 
 Mapping: data_parallel = dp, model_parallel = tp, pipeline_stage = pp, context_parallel = cp,
-``pp_interleave_num`` = vpp, use_seq_parallel = sequence parallel, batch_size = the micro-batch;
-ZeRO-1 = ``enable_parallel_optimizer`` (MindSpore's optimizer sharding); recompute full =
-``recompute: True``, or a list with the recomputed layer count of each stage (MindFormers'
-per-stage form) when only some layers are; selective = ``select_recompute: True``. Graph-kernel
-flags are not a context key MindSpore 2.10 reads: they go into the ``env`` export as
-``MS_DEV_GRAPH_KERNEL_FLAGS`` (named in this file's header).
+use_seq_parallel = sequence parallel, batch_size = the micro-batch, vocab_emb_dp False (the
+embedding and output layer split over model_parallel, as Megatron's vocab-parallel embedding;
+MindFormers sets it False itself with pp > 1). vpp > 1 needs both ``model_config.
+pp_interleave_num`` and ``parallel.pipeline_config.pipeline_interleave``: ``LayerSetting`` keeps one
+chunk per stage unless MindSpore's ``pipeline_interleave`` is on (scheduler ``1f1b``, interleaved
+1F1B). ZeRO-1 = ``enable_parallel_optimizer`` (MindSpore's optimizer sharding); recompute full =
+``recompute: True``, or a list with the recomputed layer count of each stage (MindFormers' per-stage
+form, spread over the stage's chunks by ``LayerSetting``) when only some layers are; selective =
+``select_recompute: True``; ``recompute_slice_activation`` False (the mcore models refuse True).
+``model_config.offset: 0``: even stages, as measured (a model YAML's offset is for its own pp, and
+the mcore models refuse one of another length). ``model_config.seq_length`` is the measured
+sequence length (MindFormers takes it from nowhere else; a dataset with its own length must match).
+Precision: ``compute_dtype``, with dynamic loss scaling for fp16 and none (``scale_sense: 1.0``) for
+bf16 and fp32; parameter and norm/softmax dtypes stay the model YAML's (their keys differ between
+the legacy and the mcore models, and the mcore conversion refuses both spellings at once).
+``base_config`` cannot merge fp16's loss-scale mapping over a number (MindFormers'
+``_merge_a_into_b`` copies the base value as a mapping): the header says to replace it by hand. Graph-kernel flags are not a context key MindSpore 2.10 reads: they go into
+the ``env`` export as ``MS_DEV_GRAPH_KERNEL_FLAGS`` (named in this file's header).
 """
 
 from __future__ import annotations
@@ -25,6 +49,7 @@ import yaml
 from ._base import ExportContext, Exporter, header_lines, one_line
 
 _MODES = {"graph": 0, "pynative": 1}
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 class MindFormersExporter(Exporter):
@@ -33,42 +58,55 @@ class MindFormersExporter(Exporter):
 
     def render(self, ctx: ExportContext) -> str:
         pp = int(ctx.get("pp", 1))
+        vpp = int(ctx.get("vpp", 1) or 1) if pp > 1 else 1
         ga = int(ctx.get("grad_accum", 1) or 1)
         recompute = ctx.get("recompute", "none")
         layers = ctx.get("recompute_layers")
         context = {"mode": _MODES.get(str(ctx.get("mode", "graph")), 0),
                    "jit_config": {"jit_level": str(ctx.get("jit_level", "O1"))}}
+        parallel = {"parallel_mode": 1, "enable_parallel_optimizer": int(ctx.get("zero_stage", 0) or 0) >= 1,
+                    "full_batch": True, "dataset_strategy": "full_batch"}
+        if pp > 1:
+            parallel["pipeline_config"] = {"pipeline_interleave": vpp > 1, "pipeline_scheduler": "1f1b"}
         body = {
             "context": context,
-            "parallel": {"parallel_mode": 1, "enable_parallel_optimizer": int(ctx.get("zero_stage", 0) or 0) >= 1,
-                         "full_batch": True},
+            "parallel": parallel,
             "parallel_config": {
                 "data_parallel": int(ctx.get("dp", 1) or 1), "model_parallel": int(ctx.get("tp", 1)),
                 "pipeline_stage": pp, "context_parallel": int(ctx.get("cp", 1) or 1),
                 "micro_batch_num": ga if pp > 1 else 1,
                 "use_seq_parallel": bool(ctx.get("sequence_parallel", False)),
-                "vocab_emb_dp": True, "gradient_aggregation_group": 4,
+                "vocab_emb_dp": False, "gradient_aggregation_group": 4,
             },
+            "micro_batch_interleave_num": 1,
             "recompute_config": {"recompute": ([int(layers)] * pp if layers else True) if recompute == "full" else False,
                                  "select_recompute": recompute == "selective",
                                  "parallel_optimizer_comm_recompute": False, "mp_comm_recompute": True,
-                                 "recompute_slice_activation": True},
+                                 "recompute_slice_activation": False},
             "runner_config": {"batch_size": int(ctx.get("micro_batch_size", 1)),
                               "gradient_accumulation_steps": 1 if pp > 1 else ga},
         }
         precision = ctx.get("precision", "bf16")
-        body["model"] = {"model_config": {
-            "compute_dtype": "float16" if precision == "fp16" else ("bfloat16" if precision == "bf16" else "float32"),
-            "pp_interleave_num": int(ctx.get("vpp", 1) or 1)}}
-        if precision == "fp16":
-            body["runner_wrapper"] = {"scale_sense": {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536,
-                                                      "scale_factor": 2, "scale_window": 1000}}
-        notes = [f"# MindFormers: merge into your model's run YAML (semi-auto parallel, full_batch): global batch "
+        body["runner_wrapper"] = {"scale_sense": {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536,
+                                                  "scale_factor": 2, "scale_window": 1000}
+                                  if precision == "fp16" else 1.0}
+        model_config = {"compute_dtype": _DTYPES.get(str(precision), "float32"), "pp_interleave_num": vpp, "offset": 0}
+        seq_len = (ctx.workload or {}).get("seq_len")
+        if seq_len:
+            model_config["seq_length"] = int(seq_len)
+        body["model"] = {"model_config": model_config}
+        notes = [f"# MindFormers: the run YAML is this file with `base_config: <your model YAML>` on top (or these keys "
+                 f"merged over it); semi-auto parallel, full_batch: global batch "
                  f"{int(ctx.get('micro_batch_size', 1)) * int(ctx.get('dp', 1) or 1) * ga} = batch_size x data_parallel x "
                  f"{'micro_batch_num' if pp > 1 else 'gradient_accumulation_steps'}"]
+        if seq_len:
+            notes.append(f"# measured at sequence length {int(seq_len)}: a dataset with its own length (Megatron "
+                         f"datasets' data_loader.config.seq_length) must match")
+        if precision == "fp16":
+            notes.append("# fp16: if your model YAML's runner_wrapper.scale_sense is a number, replace it by the mapping "
+                         "below (base_config cannot merge a mapping over a number)")
         flags = ctx.get("graph_kernel_flags")
         if flags:
             notes.append(f"# graph-kernel flags go in the environment (best.env): "
                          f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}")
         return "\n".join([*header_lines(ctx), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)
-

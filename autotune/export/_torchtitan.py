@@ -81,6 +81,7 @@ def activation_checkpoint_subcommand(config: dict[str, Any]) -> str:
 class TorchtitanExporter(Exporter):
     name = "torchtitan"
     filename = "launch_torchtitan.sh"
+    shell = True
     executable = True
 
     def render(self, ctx: ExportContext) -> str:
