@@ -40,7 +40,7 @@ from .trial_attrs import A
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
-from .secret_env import SPEC_COPY, masked_backend, write_spec_copy
+from .secret_env import SPEC_COPY, masked_backend, scrub, secret_values, write_spec_copy
 from .space import Space, config_key
 from .spec import Spec
 from .importance import record_importances
@@ -263,6 +263,7 @@ class StudyRunner:
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
         self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
+        self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
 
     # ---- set-up ------------------------------------------------------------------------------
     def _dispatcher_for(self) -> Any:
@@ -675,6 +676,9 @@ class StudyRunner:
         return [0.0 if d == "maximize" else 1e9 for _, d in self.objectives]
 
     def _finish(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult) -> TrialRecord:
+        if self._secrets:  # a probe that printed its environment: no token into any file, MLflow or the cache
+            result.log_tail, result.reason = scrub(result.log_tail, self._secrets), scrub(result.reason, self._secrets)
+            result.info = _scrub_values(result.info, self._secrets)
         live = self._live_steps.pop(trial.number, [])
         pruned_because = self._prune_reasons.pop(trial.number, None)
         if result.status == "pruned" and pruned_because:
@@ -903,6 +907,17 @@ def is_tracked(record: TrialRecord) -> bool:
     answered without a probe (they are counted on the parent run and listed by ``autotune
     report``), and an interrupted probe measured nothing (its config is probed again)."""
     return bool(record.probed) and record.status not in ("duplicate", "interrupted")
+
+
+def _scrub_values(value: Any, secrets: list[str]) -> Any:
+    """``value`` (a probe's info: nested mappings, lists, strings) with the secrets masked."""
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, dict):
+        return {scrub(str(k), secrets): _scrub_values(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_values(v, secrets) for v in value]
+    return value
 
 
 def _frozen_trial(study: optuna.Study, number: int) -> Any:

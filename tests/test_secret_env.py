@@ -68,3 +68,68 @@ def test_masking_keeps_every_other_byte():
     assert masked_spec_text("backend: simulate\n") == "backend: simulate\n"
     backend = {"kind": "command", "env": {"S3_SECRET": "s", "N": "n"}, "secret_env": ["N"]}
     assert masked_backend(backend)["env"] == {"S3_SECRET": MASK, "N": MASK} and backend["env"]["N"] == "n"
+
+
+# ----------------------------------------------------------------- issue #31: mask the loaded data
+def _copy_of(tmp_path: Path, text: str) -> str:
+    from autotune.secret_env import write_spec_copy
+
+    source = tmp_path / "spec.yaml"
+    source.write_text(text)
+    return write_spec_copy(source, tmp_path).read_text()
+
+
+BASE = TINY_TRAIN.replace("backend: simulate\n", "")
+
+
+def test_a_secret_brought_by_a_merge_key_is_masked(tmp_path):
+    import yaml
+
+    copy = _copy_of(tmp_path, BASE + "backend:\n  kind: simulate\n  env:\n    <<: {HF_TOKEN: hf_merged_Zq8s}\n    PLAIN: x\n")
+    assert "hf_merged_Zq8s" not in copy
+    assert yaml.safe_load(copy)["backend"]["env"] == {"HF_TOKEN": MASK, "PLAIN": "x"}
+
+
+def test_a_secret_reused_through_an_alias_is_masked_and_the_copy_still_reads_as_the_spec(tmp_path):
+    from autotune.spec import load_spec
+
+    copy = _copy_of(tmp_path, BASE + "backend:\n  kind: simulate\n  env:\n    HF_TOKEN: &tok hf_alias_Zq8s\n"
+                                      "    OTHER_TOKEN: *tok\n")
+    assert "hf_alias_Zq8s" not in copy
+    spec = load_spec(tmp_path / "autotune_spec.yaml")  # valid YAML, a valid spec
+    assert spec.backend.env == {"HF_TOKEN": MASK, "OTHER_TOKEN": MASK}
+
+
+def test_a_storage_password_is_masked_in_the_copy(tmp_path):
+    copy = _copy_of(tmp_path, BASE + "backend: simulate\ntracking:\n  storage: postgresql+psycopg2://tuner:pw_Zq8s99@db:5432/optuna"
+                                      "  # shared\n")
+    assert "pw_Zq8s99" not in copy and "postgresql+psycopg2://tuner:***@db:5432/optuna" in copy
+    assert "# shared" in copy  # the text-level copy, comments kept, where it reads back as the masked data
+
+
+PRINTING_PROBE = r'''
+import json, os, sys
+print("environment: " + " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.endswith("TOKEN")))
+print(json.dumps({"event": "failure", "status": "crash", "reason": "gave up with " + os.environ["HF_TOKEN"],
+                  "info": {"env": {"HF_TOKEN": os.environ["HF_TOKEN"]}}}))
+sys.exit(1)
+'''
+
+
+def test_a_probe_that_prints_its_environment_leaves_no_secret_in_what_autotune_stores(write_spec, tmp_path):
+    probe = tmp_path / "printing.py"
+    probe.write_text(PRINTING_PROBE)
+    spec = write_spec(TINY_TRAIN.replace("backend: simulate", f"""backend:
+  kind: command
+  argv: [{sys.executable}, {probe}, --trial, "{{trial_file}}"]
+  env: {{HF_TOKEN: hf_printed_Zq8s}}
+ray: {{enabled: false}}""").replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 2, seed: 1}"))
+    run_dir = tmp_path / "study"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir)])
+    assert result.exit_code == 1, result.output  # every trial crashed
+    assert "hf_printed_Zq8s" not in result.output
+    log_tail = next(run_dir.glob("trials/*/log_tail.txt")).read_text()
+    assert f"HF_TOKEN={MASK}" in log_tail  # what the probe printed is kept, the value masked
+    files = [p for p in run_dir.rglob("*") if p.is_file()] + [Path(os.environ["AUTOTUNE_CACHE"])]
+    for path in files:
+        assert b"hf_printed_Zq8s" not in path.read_bytes(), f"the secret leaked into {path}"
