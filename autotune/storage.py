@@ -78,8 +78,28 @@ def study_storage(spec: Spec, run_dir: Path, read_only: bool = False) -> Any:
     (``report``, ``export``), which an archived, read-only run directory must still allow."""
     path = journal_path(spec, run_dir)
     if path is None:
-        return optuna.storages.RDBStorage(spec.tracking.storage, heartbeat_interval=None)
+        try:
+            return optuna.storages.RDBStorage(spec.tracking.storage, heartbeat_interval=None)
+        except ImportError as exc:  # SQLAlchemy picked a driver module that is not installed
+            raise StorageDamaged(_driver_hint(spec.tracking.storage, exc)) from None
     return _journal(path, read_only)
+
+
+# the database drivers autotune's test extra installs, by URL scheme
+_DRIVERS = {"postgresql": "postgresql+psycopg2", "postgres": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
+
+
+def _driver_hint(url: str, exc: Exception) -> str:
+    """Optuna's "Failed to import DB access module" names neither the field nor the fix: for a bare
+    ``postgresql://`` SQLAlchemy 2.1 picks psycopg 3, which is not what is installed."""
+    from .secret_env import masked_url
+
+    scheme = url.split("://", 1)[0]
+    fix = _DRIVERS.get(scheme)
+    how = (f"name the driver in the URL: {masked_url(fix + url[len(scheme):])} (psycopg2 is installed with "
+           "autotune's test extra; pip install psycopg2-binary otherwise)" if fix else
+           "install the database driver the URL's scheme names, or name an installed one (scheme+driver://)")
+    return (f"tracking.storage {masked_url(url)!r}: no database driver for it can be imported ({exc}); {how}")
 
 
 def journal_path(spec: Spec, run_dir: Path) -> Path | None:

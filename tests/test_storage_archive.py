@@ -55,3 +55,12 @@ def test_a_journal_cut_mid_file_is_damage_not_a_shorter_study(write_spec, tmp_pa
     assert "the journal was cut" in result.stderr and "optuna.journal" in result.stderr
     report = CliRunner().invoke(app, ["report", str(run_dir)])
     assert report.exit_code == 3 and "the journal was cut" in report.stderr
+
+
+def test_a_database_url_without_an_installed_driver_names_the_field_and_the_fix(write_spec, tmp_path):
+    spec = write_spec(TINY_TRAIN + "tracking: {storage: 'postgresql://tuner:pw_Zq8s99@127.0.0.1:1/optuna'}\n")
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--no-tracking"])
+    assert result.exit_code == 3, result.output
+    assert "tracking.storage" in result.stderr
+    assert "postgresql+psycopg2://tuner:***@127.0.0.1:1/optuna" in result.stderr
+    assert "pw_Zq8s99" not in result.output
