@@ -50,3 +50,47 @@ def test_a_timeout_names_the_limit_and_the_spec_field(tmp_path):
     result = run_probe_process([sys.executable, str(script)], {}, trial, 1.5, watchdog=False, kill_grace_s=1)
     assert result.status == "timeout"
     assert "1.5 s" in result.reason and "workload.timeout_s" in result.reason and "backend.timeout_s" in result.reason
+
+
+ESCAPER = r'''
+import json, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                  "time.sleep(120)", sys.argv[1]], start_new_session=True,  # leaves the probe's process group
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while True:
+    try:
+        if open(sys.argv[1]).read():
+            break
+    except OSError:
+        pass
+    time.sleep(0.01)
+print(json.dumps({"metrics": {"tokens_per_s_per_device": 1.0}}))
+'''
+
+
+def test_a_grandchild_that_calls_setsid_does_not_outlive_the_probe(tmp_path):
+    """Issue #31: killing the probe's process group misses a descendant that started its own
+    session; the probe's environment mark finds it."""
+    import os
+    import time
+
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    pid_file = tmp_path / "escaped.pid"
+    trial = tmp_path / "trial.json"
+    trial.write_text("{}")
+    result = run_probe_process([sys.executable, str(script), str(pid_file)], {}, trial, 60, watchdog=False)
+    assert result.status == "ok", result
+    pid = int(pid_file.read_text())
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{pid}/stat").read().split()[2] == "Z":  # killed, waiting for its reaper
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the setsid grandchild outlived its probe")

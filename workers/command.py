@@ -127,6 +127,10 @@ def run_probe_process(
             proc_env[str(key)] = str(value)
     proc_env[TRIAL_FILE_ENV] = trial_file
     proc_env.setdefault("PYTHONUNBUFFERED", "1")
+    # every process the probe starts inherits this mark, also one that leaves the process group
+    # (setsid, a daemonising launcher): the sweep at the end finds it by the mark
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
+    proc_env[PROBE_MARK_ENV] = marker
 
     if cwd is not None and not Path(cwd).is_dir():
         return ProbeResult("invalid", reason=f"probe working directory {str(cwd)!r} does not exist",
@@ -216,6 +220,9 @@ def run_probe_process(
         reader_stop.set()  # from now on the reader drops lines; it closes the pipe at EOF
         reader.join(timeout=0.5)
 
+    escaped = _kill_marked(marker)
+    if escaped:
+        log.warning("probe %s left %d process(es) outside its process group (setsid): killed", argv[0], escaped)
     result = run.result(rc, stopped=stopped, timed_out=timed_out)
     result.wall_s = time.monotonic() - t0
     if timed_out and result.status == "timeout":
@@ -447,6 +454,34 @@ def _leader_exited(proc: subprocess.Popen) -> bool:
     except ChildProcessError:
         return proc.poll() is not None
     return info is not None
+
+
+PROBE_MARK_ENV = "AUTOTUNE_PROBE_MARK"
+
+
+def _kill_marked(marker: str) -> int:
+    """SIGKILL every process whose environment carries this probe's mark (Linux ``/proc``; elsewhere
+    nothing is found): the descendants that left the probe's process group, which killing the
+    group cannot reach. A process that cleared its environment is not found: nothing else marks
+    it. Returns how many were killed."""
+    needle = f"{PROBE_MARK_ENV}={marker}".encode()
+    killed = 0
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return killed
 
 
 def _signal_group(pgid: int, sig: int) -> None:
