@@ -175,6 +175,10 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         workload = spec.workload
         warmup = int(getattr(workload, "warmup_steps", 1) or 0)
         iterations = backend.iterations or warmup + int(getattr(workload, "measured_steps", 3) or 1)
+        if choice.kind in ("megatron", "mindspeed") and not backend.iterations:
+            # Megatron-LM core_v0.16+ logs iteration 1 without resetting its timer: the first line after
+            # warm-up averages warm-up in and is not measured (stack_logs._megatron), so one more runs
+            iterations += 1
         entry_backend = backend
         if backend.entry and not backend.entry.startswith("-m ") and not os.path.isabs(backend.entry) \
                 and spec.source_path is not None:  # a script path is relative to the spec

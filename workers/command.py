@@ -354,9 +354,10 @@ class _Run:
             status, reason = classify_failure(rc, [], timed_out=True)
         elif rc == 0 and has_metrics and self.failure is None:
             status, reason = (self.reader.verdict(self.steps) if self.reader is not None else None) or ("ok", "")
-        elif rc == 0 and self.failure is None:
-            status, reason = "crash", ("probe exited 0 without a metrics line" if self.reader is None
-                                       else f"probe exited 0 without metrics: {self.reader.missing}")
+        elif rc == 0 and self.failure is None:  # the stack's own verdict first (every iteration skipped: nan)
+            status, reason = (self.reader.verdict(self.steps) if self.reader is not None else None) or (
+                "crash", "probe exited 0 without a metrics line" if self.reader is None
+                else f"probe exited 0 without metrics: {self.reader.missing}")
         else:
             output = list(self.lines)
             if self.failure is not None and self.failure_line not in output:

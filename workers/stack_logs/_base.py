@@ -8,7 +8,7 @@ import re
 import statistics
 from typing import Any, Iterable
 
-__all__ = ["StackLog", "number"]
+__all__ = ["StackLog", "number", "all_skipped", "non_finite_loss"]
 
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
 
@@ -28,11 +28,18 @@ class StackLog(abc.ABC):
     """Reads one stack's own log lines as the probe protocol.
 
     ``parse`` turns a log line into protocol messages (``{"event": "step", ...}`` with the
-    iteration's time, loss, throughput and memory as the stack printed them; the first
-    ``warmup`` iterations are marked ``phase: warmup`` and never measured); ``failure`` names a
-    failure only this stack words so (an argument check, a collective timeout); ``verdict``
-    judges a run that exited 0 (NaN or skipped iterations). ``metrics`` summarises the measured
-    iterations the way autotune's own probe does (median step time).
+    iteration's time, loss, throughput and memory as the stack printed them; a line whose figures
+    cover any of the first ``warmup`` iterations is marked ``phase: warmup`` and never measured:
+    a stack that averages its time over the iterations since its last line leaks warm-up into the
+    next line otherwise); ``failure`` names a failure only this stack words so (an argument check,
+    a collective timeout, its NaN check); ``verdict`` judges a run that exited 0 (a non-finite
+    loss, NaN or skipped iterations). ``metrics`` summarises the measured iterations the way
+    autotune's own probe does (median step time).
+
+    A step the stack skipped (fp16 loss scaling found an overflow and left the weights alone) is
+    marked ``skipped: true``: it did no optimizer update, so its time is not an iteration's time
+    and its loss is not the model's loss (Megatron-LM main prints ``lm loss: 0.000000E+00`` for
+    it); ``metrics`` leaves it out.
 
     ``tokens_per_iteration``: global batch x sequence length, for tokens/s when the stack prints
     only a time; ``devices``: the trial's world size (per-device figures)."""
@@ -65,16 +72,22 @@ class StackLog(abc.ABC):
         return None
 
     # ---- shared -----------------------------------------------------------------------------------
-    def step(self, iteration: int, **fields: Any) -> list[dict[str, Any]]:
+    def step(self, iteration: int, *, covers_from: int | None = None, **fields: Any) -> list[dict[str, Any]]:
         """The step event for ``iteration`` with the fields given (None ones left out), its phase,
         and tokens/s per device derived from the step time when the stack printed no rate; none
-        for an iteration already reported (a stack that logs on every rank)."""
+        for an iteration already reported (a stack that logs on every rank).
+
+        ``covers_from``: the first iteration the line's figures are averaged over (default: the
+        line's own); the line is measured only when that one is past warm-up."""
         if iteration in self._seen:
             return []
         self._seen.add(iteration)
         self.iterations = max(self.iterations, iteration)
+        first = iteration if covers_from is None else min(int(covers_from), iteration)
         event: dict[str, Any] = {"event": "step", "step": int(iteration),
-                                 "phase": "warmup" if iteration <= self.warmup else "measure"}
+                                 "phase": "warmup" if first <= self.warmup else "measure"}
+        if first != iteration:
+            event["covers_from"] = first
         event.update({k: v for k, v in fields.items() if v is not None})
         step_time = event.get("step_time_s")
         if "tokens_per_s_per_device" not in event and self.tokens_per_iteration and step_time:
@@ -88,9 +101,21 @@ class StackLog(abc.ABC):
             self.peak_memory_gib = gib if self.peak_memory_gib is None else max(self.peak_memory_gib, gib)
 
     def metrics(self, steps: Iterable[dict[str, Any]]) -> dict[str, float] | None:
-        """The probe's metrics from its measured iterations (None when none was measured)."""
-        measured = [s for s in steps if s.get("phase") == "measure" and _finite(s.get("step_time_s"))]
+        """The probe's metrics from its measured iterations, skipped ones left out (None when none
+        was measured).
+
+        When every measured iteration was skipped there is no step time, but the run did measure
+        its memory: ``{"measured_steps": 0}`` and the peak seen (the config fitted; :meth:`verdict`
+        says ``nan``, and the memory model still learns from the peak)."""
+        steps = list(steps)
+        in_phase = [s for s in steps if s.get("phase") == "measure"]
+        measured = [s for s in in_phase if not s.get("skipped") and _finite(s.get("step_time_s"))]
         if not measured:
+            if in_phase and all(s.get("skipped") for s in in_phase):
+                out = {"measured_steps": 0.0}
+                if self.peak_memory_gib is not None:
+                    out["peak_memory_gib"] = self.peak_memory_gib
+                return out
             return None
         step_time = statistics.median(float(s["step_time_s"]) for s in measured)
         out: dict[str, float] = {"step_time_s": step_time, "measured_steps": float(len(measured))}
@@ -110,6 +135,23 @@ class StackLog(abc.ABC):
         if self.peak_reserved_gib is not None:
             out["peak_reserved_gib"] = self.peak_reserved_gib
         return out
+
+
+def all_skipped(steps: Iterable[dict[str, Any]]) -> int:
+    """How many measured steps there were when every one of them was skipped (else 0)."""
+    measured = [s for s in steps if s.get("phase") == "measure"]
+    return len(measured) if measured and all(s.get("skipped") for s in measured) else 0
+
+
+def non_finite_loss(steps: Iterable[dict[str, Any]], *keys: str) -> dict[str, Any] | None:
+    """The first step whose ``keys`` (default: loss) hold a NaN or an infinity, warm-up included:
+    once a loss is non-finite the weights that follow are too."""
+    for s in steps:
+        for key in keys or ("loss",):
+            value = s.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                return s
+    return None
 
 
 def _finite(value: Any) -> bool:
