@@ -126,12 +126,19 @@ def test_mindformers_yaml_puts_grad_accum_where_mindformers_reads_it(ctx):
     assert (pc["data_parallel"], pc["model_parallel"], pc["pipeline_stage"]) == (2, 2, 2)
     assert pc["micro_batch_num"] == 16 and doc["runner_config"]["gradient_accumulation_steps"] == 1
     assert doc["recompute_config"]["recompute"] == [4, 4] and doc["model"]["model_config"]["pp_interleave_num"] == 2
+    # vpp 2 needs MindSpore's interleave too (LayerSetting keeps one chunk without it), and the measured
+    # sequence length (MindFormers reads it from the model config only); tests/test_export_mindformers.py
+    # checks these with MindFormers' own code
+    assert doc["parallel"]["pipeline_config"] == {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
+    assert doc["model"]["model_config"]["seq_length"] == 4096 and doc["model"]["model_config"]["offset"] == 0
+    assert doc["parallel"]["dataset_strategy"] == "full_batch" and doc["micro_batch_interleave_num"] == 1
     assert "graph_kernel_flags" not in doc["context"]  # MindSpore 2.10 ignores it: the env file carries it
     text = EXPORTERS["mindformers"].render(ctx)
     assert "MS_DEV_GRAPH_KERNEL_FLAGS=--enable_parallel_fusion --opt_level=2" in text
     ctx.config.update(pp=1, vpp=1, dp=4, grad_accum=8)  # no pipeline: MindFormers accumulates itself
     doc = yaml.safe_load(EXPORTERS["mindformers"].render(ctx))
     assert doc["parallel_config"]["micro_batch_num"] == 1 and doc["runner_config"]["gradient_accumulation_steps"] == 8
+    assert "pipeline_config" not in doc["parallel"] and doc["model"]["model_config"]["pp_interleave_num"] == 1
 
 
 def test_env_file_sources_in_a_shell(ctx, tmp_path):

@@ -8,8 +8,8 @@ precision must be the measured config's (issue: "exports the real tools accept")
 - DeepSpeed: ``deepspeed.runtime.config.DeepSpeedConfig`` with the world a plain
   ``deepspeed.initialize`` sees.
 - torchtitan 0.3: its ``ConfigManager`` (tyro) on the exported command line.
-- MindFormers (does not install beside MindSpore 2.10 on a CPU machine: it needs MindSpore 2.11,
-  datasets, transformers, opencv): its batch and recompute rules, taken from its source (golden).
+- MindFormers: tests/test_export_mindformers.py (MindFormers 2.1.0's own config, trainer and network code in
+  .venv-mindspore).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from autotune.export import EXPORTERS, ExportContext, ExportRefused, write_exports
 from autotune.export._base import script_arrays
@@ -353,43 +352,9 @@ def test_torchtitan_config_manager_parses_the_launch_and_reads_back_the_measured
 
 
 # ----------------------------------------------------------------------------------- MindFormers
-def _mindformers_launch(body: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """MindFormers' own rules, from its source (mindformers 2.1.0 on PyPI):
-    ``mindformers/trainer/base_trainer.py`` ``BaseTrainer._check_global_batch_size_for_auto_parallel``
-    (semi-auto parallel, full_batch: pp > 1 -> batch_size x data_parallel x micro_batch_num x
-    micro_batch_interleave_num, gradient_accumulation_steps ignored; pp = 1 -> batch_size x
-    data_parallel x micro_batch_interleave_num x gradient_accumulation_steps, micro_batch_num reset
-    to 1) and ``mindformers/parallel_core/training_graph/transformer/utils.py``
-    ``LayerSetting._format_recompute_list`` (True: every layer of each stage; a list of ints: that
-    many layers of each stage)."""
-    pc, rc, runner = body["parallel_config"], body["recompute_config"], body["runner_config"]
-    assert body["parallel"]["parallel_mode"] == 1 and body["parallel"]["full_batch"] is True  # semi_auto_parallel
-    pp, dp = pc["pipeline_stage"], pc["data_parallel"]
-    interleave = body.get("micro_batch_interleave_num", 1)
-    if pp > 1:
-        global_batch = runner["batch_size"] * dp * pc["micro_batch_num"] * interleave
-    else:
-        global_batch = runner["batch_size"] * dp * interleave * runner["gradient_accumulation_steps"]
-    recompute = rc["recompute"]
-    per_stage = num_layers // pp
-    layers = (per_stage if recompute is True else min(recompute[0], per_stage) if isinstance(recompute, list) else 0)
-    assert not isinstance(recompute, list) or len(recompute) == pp
-    dtype = body["model"]["model_config"]["compute_dtype"]
-    return {"global_batch": global_batch, "micro_batch": runner["batch_size"], "tp": pc["model_parallel"], "pp": pp,
-            "cp": pc["context_parallel"], "dp": dp, "vpp": body["model"]["model_config"]["pp_interleave_num"],
-            "recompute": "full" if layers else "selective" if rc["select_recompute"] else "none",
-            "recompute_layers_per_stage": layers, "zero_stage": 1 if body["parallel"]["enable_parallel_optimizer"] else 0,
-            "precision": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]}
-
-
-@pytest.mark.parametrize("name", sorted(MEGATRON_CONFIGS))
-def test_mindformers_yaml_launches_the_measured_config_by_mindformers_rules(name):
-    config = MEGATRON_CONFIGS[name]
-    ctx = context(config, "mindformers")
-    assert EXPORTERS["mindformers"].unsupported(ctx) == []
-    body = yaml.safe_load(EXPORTERS["mindformers"].render(ctx))
-    assert _mindformers_launch(body, ctx.model["num_hidden_layers"]) == launched(config)
-    assert "graph_kernel_flags" not in body["context"]  # MindSpore 2.10 ignores it there
+# tests/test_export_mindformers.py: these configs exported, merged into MindFormers Llama (and
+# Qwen3) model YAMLs and read back by MindFormers 2.1.0's own config, trainer and network code
+# (batch rule, LayerSetting's pipeline chunks and recomputed layers) in .venv-mindspore.
 
 
 # ------------------------------------------------------------------------- the worked example

@@ -6,8 +6,8 @@ YAML as its base and its own keys win).
 Checked by MindFormers 2.1.0's own code on CPU (``tests/test_export_mindformers.py``): the merged
 YAML is loaded with ``MindFormerConfig``, the context built (``build_context``), the trainer's
 config steps run (``_train_dataset_preprocess``, ``set_config`` with its batch rule, ``check_rules``)
-and the Llama network built without weights, whose ``LayerSetting`` decides the pipeline chunks and
-the recomputed layers.
+and the network built without weights (the legacy Llama, and an mcore Qwen3 from 2.1.0's own YAML),
+whose ``LayerSetting`` decides the pipeline chunks and the recomputed layers.
 
 What launches is the measured config, by MindFormers' batch rule (``BaseTrainer.
 _check_global_batch_size_for_auto_parallel``): in semi-auto parallel the global batch is
@@ -36,10 +36,11 @@ the mcore models refuse one of another length). ``model_config.seq_length`` is t
 sequence length (MindFormers takes it from nowhere else; a dataset with its own length must match).
 Precision: ``compute_dtype``, with dynamic loss scaling for fp16 and none (``scale_sense: 1.0``) for
 bf16 and fp32; parameter and norm/softmax dtypes stay the model YAML's (their keys differ between
-the legacy and the mcore models, and the mcore conversion refuses both spellings at once).
-``base_config`` cannot merge fp16's loss-scale mapping over a number (MindFormers'
-``_merge_a_into_b`` copies the base value as a mapping): the header says to replace it by hand. Graph-kernel flags are not a context key MindSpore 2.10 reads: they go into
-the ``env`` export as ``MS_DEV_GRAPH_KERNEL_FLAGS`` (named in this file's header).
+the legacy and the mcore models, and the mcore conversion refuses ``param_init_type`` beside a
+YAML's ``params_dtype``). ``base_config`` cannot merge fp16's loss-scale mapping over a number
+(MindFormers' ``_merge_a_into_b`` copies the base value as a mapping): the header says to replace it
+by hand. Graph-kernel flags are not a context key MindSpore 2.10 reads: they go into the ``env``
+export as ``MS_DEV_GRAPH_KERNEL_FLAGS`` (named in this file's header).
 """
 
 from __future__ import annotations
