@@ -184,6 +184,9 @@ def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can it
 
     try:
         dispatcher = RayDispatcher(address=address, num_cpus=spec.ray.num_cpus if spec and not address else None)
+    except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
     except Exception as exc:
         _error(f"cannot reach the Ray cluster{f' at {address}' if address else ''}: {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
@@ -653,6 +656,9 @@ def _measured_profile(spec: Spec, choice: Any) -> Spec:
 
     try:
         return ensure_measured_profile(spec, choice.simulated, lambda text: err.print(Text(text, style="dim")))
+    except ConnectionError as exc:  # the Ray cluster does not answer (dispatch.RayUnreachable)
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
     except ValueError as exc:  # AUTOTUNE_CALIBRATE set to something else than auto / never
         _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None

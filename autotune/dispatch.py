@@ -50,6 +50,8 @@ __all__ = [
     "LocalProcessDispatcher",
     "ProbeLaunch",
     "RayDispatcher",
+    "RayUnreachable",
+    "check_ray_address",
     "probe_env",
     "resources_for",
 ]
@@ -60,6 +62,14 @@ log = logging.getLogger(__name__)
 # (SIGTERM, KILL_GRACE_S, SIGKILL) before the worker itself is killed.
 _FORCE_CANCEL_AFTER_S = 10.0
 _NODE_CACHE_S = 5.0
+# Step events go to the driver's sink actor in batches (``_StepBatcher``): at most this many per
+# actor call, and none waits longer than this many seconds once the probe's loop polls again.
+_STEP_BATCH = 500
+_STEP_FLUSH_S = 0.2
+# How long a cluster address (``ray.address``, ``--ray-address``) gets to answer before ``ray.init``
+# is even tried: Ray's own connect retries for minutes in C++, deaf to SIGTERM (see check_ray_address).
+_RAY_CONNECT_TIMEOUT_S = 10.0
+_RAY_CLIENT_PORT = 10001  # Ray Client's default port, for a ``ray://host`` without one
 
 
 @dataclass
@@ -406,6 +416,10 @@ class _StepSink:
     def put(self, number: int, event: dict[str, Any]) -> None:
         self._events.append((number, event))
 
+    def put_many(self, number: int, events: list[dict[str, Any]]) -> None:
+        """A batch of one trial's events, in order (``_StepBatcher``: one actor call per batch)."""
+        self._events.extend((number, event) for event in events)
+
     def started(self, number: int, where: dict[str, Any]) -> None:
         """Where trial ``number``'s task runs (node, worker pid): named when that node fails."""
         self._where[number] = where
@@ -418,12 +432,54 @@ class _StepSink:
         return out
 
 
+class _StepBatcher:
+    """Sends one trial's step events to the ``_StepSink`` actor in batches, on the task's thread.
+
+    Why batches: every actor call costs the probe's reader loop far more than parsing a line, and
+    ``run_probe_process`` gives the output still queued when the probe exits about a second to
+    drain. With one call per event, a probe printing >= 10,000 steps lost its final metrics line
+    (a ``crash``: "exited 0 without a metrics line"). Events are buffered and sent as one call per
+    ``_STEP_BATCH`` events or per ``_STEP_FLUSH_S`` seconds, whichever comes first, so the driver
+    still sees them live (pruning reads them): an event after a quiet spell goes out at once, and
+    ``tick`` (polled every ~50 ms as ``run_probe_process``'s ``should_stop``) sends what a burst
+    left in the buffer. ``flush`` at the end sends the rest. Ray runs one caller's calls to an
+    actor in the order they were made, so the events stay in order. Progress is optional: a sink
+    that fails is ignored, never the probe."""
+
+    def __init__(self, sink: Any, number: int) -> None:
+        self._sink = sink
+        self._number = number
+        self._events: list[dict[str, Any]] = []
+        self._sent = 0.0  # monotonic time of the last call (0: none yet, the first event goes at once)
+
+    def add(self, event: dict[str, Any]) -> None:
+        self._events.append(event)
+        if len(self._events) >= _STEP_BATCH or time.monotonic() - self._sent >= _STEP_FLUSH_S:
+            self.flush()
+
+    def tick(self) -> bool:
+        """Send a batch that has waited ``_STEP_FLUSH_S``; always False (never stops the probe)."""
+        if self._events and time.monotonic() - self._sent >= _STEP_FLUSH_S:
+            self.flush()
+        return False
+
+    def flush(self) -> None:
+        events, self._events = self._events, []
+        self._sent = time.monotonic()
+        if events:
+            try:
+                self._sink.put_many.remote(self._number, events)  # fire and forget
+            except Exception:  # progress is optional; the probe's result is not
+                pass
+
+
 def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None,
                     node: dict[str, Any] | None = None) -> dict[str, Any]:
     """Body of the Ray task: on the worker, write the trial file to local disk and run the probe;
-    step events go to ``sink`` (a :class:`_StepSink` actor) as they come. ``node``: this task is
-    one node of a multi-node trial (``nnodes``, ``node_rank``, ``master_addr``, ``master_port``
-    fill the argv placeholders and the environment; only node 0 streams step events)."""
+    step events go to ``sink`` (a :class:`_StepSink` actor) as they come, in batches
+    (:class:`_StepBatcher`). ``node``: this task is one node of a multi-node trial (``nnodes``,
+    ``node_rank``, ``master_addr``, ``master_port`` fill the argv placeholders and the
+    environment; only node 0 streams step events)."""
     from autotune.workers.command import run_probe_process
     from autotune.workers.protocol import TrialRequest as _Request
 
@@ -449,23 +505,104 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
         except Exception:  # where it ran is for the failure's reason only
             pass
 
+    batcher = _StepBatcher(sink, number) if sink is not None else None
+
     def on_event(event: dict[str, Any]) -> None:
-        if sink is not None and event.get("event") == "step":
-            try:
-                sink.put.remote(number, event)  # fire and forget: never slows the probe down
-            except Exception:  # progress is optional; the probe's result is not
-                pass
+        if batcher is not None and event.get("event") == "step":
+            batcher.add(event)  # a list append, mostly: never slows the reading of the probe's output
 
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         path = write_trial_file(request, Path(tmp) / "trial.json")
         argv, reader = prepare_launch(launch, Path(path))
-        result = run_probe_process(argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
-                                   metric_patterns=launch.metric_patterns, on_event=on_event, log_reader=reader)
+        try:
+            result = run_probe_process(argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
+                                       metric_patterns=launch.metric_patterns, on_event=on_event, log_reader=reader,
+                                       should_stop=batcher.tick if batcher is not None else None)
+        finally:
+            if batcher is not None:
+                batcher.flush()  # the last batch, before the result: the driver sees every event
     result.info.setdefault("host", socket.gethostname())
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):
             result.info.setdefault(var, os.environ[var])
     return result.to_json()
+
+
+class RayUnreachable(ConnectionError):
+    """The Ray cluster address does not answer. A ``ConnectionError`` (an ``OSError``, not a
+    ``ValueError``): the CLI reports it as an infrastructure failure (exit 3), not a bad spec."""
+
+
+def _ray_endpoint(address: str) -> tuple[str, int, str] | None:
+    """What ``ray.init(address=...)`` will connect to: ``(host, port, what)``, or None when that
+    cannot be told here (Ray then answers for itself, at once: no cluster found, a bad address).
+
+    ``ray://host[:port]`` is Ray Client's server on ``host`` (port 10001 by default); ``auto`` is
+    ``RAY_ADDRESS`` or the cluster last started on this machine; ``host:port`` is the head's GCS, as
+    Ray itself rewrites it (a loopback host becomes this node's IP: the check asks what Ray asks)."""
+    from urllib.parse import urlsplit
+
+    addr = address.strip()
+    if addr == "auto":
+        addr = os.environ.get("RAY_ADDRESS", "").strip() or "auto"
+    if addr.startswith("ray://"):
+        try:
+            parts = urlsplit("//" + addr[len("ray://"):])
+            host, port = parts.hostname, parts.port or _RAY_CLIENT_PORT
+        except ValueError:
+            return None
+        return (host, port, "Ray Client server") if host else None
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(addr) or ""
+    except Exception:  # a private helper that moved, or no cluster for "auto": Ray says why itself
+        resolved = "" if addr == "auto" else addr
+    try:
+        parts = urlsplit("//" + resolved)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    return (host, port, "GCS") if host and port else None
+
+
+def check_ray_address(address: str, timeout_s: float = _RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`RayUnreachable`, naming ``address``, when nothing accepts a TCP connection at
+    the Ray cluster address within ``timeout_s`` seconds (retried while refused: a head that is
+    just starting gets the time).
+
+    Why before ``ray.init``: for a ``host:port`` nobody listens on, Ray 2.60 retries its GCS
+    connection in C++ (5 s per try, ``NUM_REDIS_GET_RETRIES`` = 20 tries) and was seen to hang
+    over 330 s without an error, with SIGTERM acting only ~32 s later; for ``ray://`` Ray Client
+    gives up after ~32 s with "ray client connection timeout", naming no address. Ray offers no overall timeout for ``ray.init`` (ray-project/ray#46863: the maintainers
+    suggest a timer of the caller's own), and these checks are plain sockets, so SIGTERM and
+    Ctrl-C act at once. A port that answers is then left to Ray."""
+    endpoint = _ray_endpoint(address)
+    if endpoint is None:
+        return
+    host, port, what = endpoint
+    deadline = time.monotonic() + timeout_s
+    error: OSError | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(3.0, left))):
+                return
+        except OSError as exc:
+            error = exc
+        if deadline - time.monotonic() <= 0.5:
+            break
+        time.sleep(0.5)
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = "" if shown in address else f" (Ray connects to its {what} at {shown})"
+    if error is None or isinstance(error, TimeoutError):
+        why = "no answer"
+    else:
+        why = error.strerror or str(error) or type(error).__name__
+    raise RayUnreachable(
+        f"cannot reach the Ray cluster at {address}{where}: {why} (tried for {timeout_s:g} s). Is the cluster "
+        "up (`ray status` on its head) and the address right (ray.address, --ray-address: host:port is the "
+        f"head's GCS port, 6379 by default; ray://host:port its Ray Client port, {_RAY_CLIENT_PORT} by default)?")
 
 
 def _route_ray_messages() -> None:
@@ -705,6 +842,7 @@ class RayDispatcher(Dispatcher):
                 log.warning("connecting to the Ray cluster at %s: num_cpus/resources are ignored "
                             "(the cluster's nodes declare their own)", address)
             kwargs["address"] = address
+            check_ray_address(address)  # an address nobody answers at: an error now, not a hang in ray.init
         # Without CANN, Ray's NPU detection logs a harmless "No module named 'acl'" traceback.
         npu_log = logging.getLogger("ray._private.accelerators.npu")
         level = npu_log.level

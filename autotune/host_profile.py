@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from .dispatch import RayUnreachable
 from .spec import Spec
 
 __all__ = ["CALIBRATE_ENV", "PROFILE_CACHE_ENV", "ProfileOrigin", "profile_origin", "calibrate_setting",
@@ -191,6 +192,8 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
                 result = _calibration_task(spec.cluster.accelerator, ranks, threads, spec.cluster.profile_name)
             partial = write_profile(result, path.with_name(f".{path.name}.{os.getpid()}.tmp"))
             os.replace(partial, path)  # whole or absent: two studies calibrating at once never read half a file
+        except RayUnreachable:  # not a calibration problem: the study cannot run either
+            raise
         except Exception as exc:  # no device, a broken collective backend: rank with the data sheet
             say(f"calibration failed ({type(exc).__name__}: {exc}); ranking with {spec.cluster.profile_name}'s "
                 "data-sheet figures")
@@ -231,6 +234,9 @@ def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_
         options["resources"] = bundle
     owns = not ray.is_initialized()
     if owns:
+        from .dispatch import check_ray_address
+
+        check_ray_address(spec.ray.address)  # Ray's own connect has no overall timeout
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=spec.ray.address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
         signal.signal(signal.SIGTERM, handler)  # the CLI's (save the study, exit 143), not Ray's

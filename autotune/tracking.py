@@ -27,6 +27,8 @@ the experiment's artifact location is in the run directory too (MLflow would oth
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import queue
@@ -42,6 +44,10 @@ __all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "error_line",
 log = logging.getLogger(__name__)
 
 _MAX_PARAM = 6000  # MLflow's limit on a param value
+_MAX_TAG = 5000  # a tag value is cut here (MLflow's own limit is higher; a UI cell needs less)
+# The tag of a run whose metric, param or tag names MLflow refuses: each such name as it was and as
+# it was logged (``mlflow_key``), one per line
+RENAMED_TAG = "autotune.renamed_keys"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow's own defaults (120 s timeout, 7 retries with backoff) block a call for minutes when the
 # server is gone; the tracker retries whole writes itself, so each call may give up quickly
@@ -86,6 +92,79 @@ def relocate_artifacts(run_dir: Path) -> str | None:
     return f"the run directory moved: its MLflow artifact paths now point at {new} (were {old})"
 
 
+@functools.lru_cache(maxsize=4096)
+def mlflow_key(name: str) -> str:
+    """``name`` as a metric, param or tag key MLflow accepts; a valid name is returned unchanged.
+
+    Why: MLflow refuses a whole batch for one name it does not accept (over 250 characters, a
+    newline, ``$``, an escape character, a path such as ``a//b`` or ``../x``), and the tracker then
+    deletes the trial's half-written child run: a probe printing one such metric name made its
+    trial, the best one included, vanish from MLflow on every run. The rule is MLflow's own
+    (``mlflow.utils.validation``: ``validate_param_and_metric_name`` character by character,
+    ``path_not_unique``, ``MAX_ENTITY_KEY_LENGTH``), not a guess of it: a character it refuses
+    becomes ``_``, empty and ``.``/``..`` path segments are dropped or replaced, and a name that
+    is still too long is cut and given an 8-character hash of the original, so two long names
+    sharing a prefix stay apart. The same name always gives the same key (comparable across
+    trials); which names were changed is said on the run (``RENAMED_TAG``)."""
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, path_not_unique, validate_param_and_metric_name
+
+    def chars_ok(key: str) -> bool:  # MLflow's regex ends in "$", which also matches before a final newline
+        return bool(validate_param_and_metric_name(key)) and "\n" not in key
+
+    def valid(key: str) -> bool:
+        return chars_ok(key) and not path_not_unique(key) and len(key) <= MAX_ENTITY_KEY_LENGTH
+
+    if valid(name):
+        return name
+
+    def as_path(key: str) -> str:  # what posixpath.normpath leaves alone
+        parts = [{".": "_", "..": "__"}.get(part, part) for part in key.split("/") if part]
+        key = "/".join(parts) or "_"
+        return "_" + key[1:] if key.startswith("..") else key
+
+    key = as_path("".join(c if chars_ok(c) else "_" for c in str(name)))
+    if len(key) > MAX_ENTITY_KEY_LENGTH:
+        key = as_path(key[:MAX_ENTITY_KEY_LENGTH - 9].rstrip("/") + "_" + _digest(name))
+    return key if valid(key) else f"renamed_{_digest(name)}"
+
+
+def _digest(name: str) -> str:
+    return hashlib.sha1(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def _mlflow_names(kind: str, keys: Any) -> tuple[dict[str, str], list[str]]:
+    """Each of ``keys`` (one batch's metric, param or tag names) -> the key it is logged under
+    (``mlflow_key``), and one line per key changed: ``kind 'original' -> 'logged'``. Valid keys
+    keep their names; a changed key that lands on another key of the batch (MLflow refuses a batch
+    with a param or tag twice) gets the original's hash appended."""
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH
+
+    keys = list(dict.fromkeys(keys))
+    names = {k: str(k) for k in keys if mlflow_key(str(k)) == str(k)}
+    taken = set(names.values())
+    renamed: list[str] = []
+    for key in keys:
+        if key in names:
+            continue
+        new = mlflow_key(str(key))
+        if new in taken:
+            new = mlflow_key(new[:MAX_ENTITY_KEY_LENGTH - 9] + "_" + _digest(str(key)))
+        taken.add(new)
+        names[key] = new
+        text = str(key)
+        shown = repr(text) if len(text) <= 300 else f"{text[:300]!r}... ({len(text)} characters)"
+        renamed.append(f"{kind} {shown} -> {new!r}")
+        if (kind, text) not in _WARNED:  # repr: a name's escape characters never reach the terminal
+            _WARNED.add((kind, text))
+            brief = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text)} characters)"
+            log.warning("MLflow does not accept the %s name %s: logged as %r (the run's tag %s lists each such "
+                        "name)", kind, brief, new if len(new) <= 80 else new[:80] + "...", RENAMED_TAG)
+    return names, renamed
+
+
+_WARNED: set[tuple[str, str]] = set()  # names already warned about: once per process, not per trial
+
+
 def mlflow_ui_command(tracking_uri: str) -> str:
     if tracking_uri.startswith(("http://", "https://", "databricks")):
         return f"open {tracking_uri}"
@@ -115,6 +194,8 @@ class Tracker:
         logging.getLogger("alembic").setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
 
+        _store_logs_to_debug()
+
         self.tracking_uri = tracking_uri
         self.retry_after_s = retry_after_s
         self.drain_timeout_s = drain_timeout_s
@@ -133,6 +214,7 @@ class Tracker:
         self.parent_run_id: str | None = None
         self.offline_since: float | None = None
         self.failed_writes: list[str] = []  # rejected by MLflow itself (not a connection problem)
+        self._renamed: dict[str, list[str]] = {}  # run id -> its RENAMED_TAG lines (the parent's, mostly)
         self._jobs: queue.Queue[_Write | None] = queue.Queue()
         self._backlog: deque[_Write] = deque()
         self._unfinished = 0
@@ -181,13 +263,14 @@ class Tracker:
                     self._attempts += 1
                     return
                 # the server answers but refuses this write: retrying would fail the same way
-                self.failed_writes.append(f"{write.what}: {exc}")
+                log.debug("MLflow refused %s", write.what, exc_info=True)
+                self.failed_writes.append(f"{write.what}: {error_line(exc, 300)}")
                 if write.run_id is not None:  # no half-written child left behind
                     try:
                         self.client.delete_run(write.run_id)
                     except Exception:
                         pass
-                log.warning("MLflow refused %s (the trial stays in Optuna storage): %s", write.what, exc)
+                log.warning("MLflow refused %s (the trial stays in Optuna storage): %s", write.what, error_line(exc))
             self._backlog.popleft()
             self._attempts += 1
             self._settle(write)
@@ -261,9 +344,11 @@ class Tracker:
                     return resume_run_id
             except Exception:  # deleted or from another store: start a fresh parent run
                 log.info("previous parent run %s not found; starting a new one", resume_run_id)
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        names, renamed = _mlflow_names("tag", tags.keys())
+        run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                     tags={names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()})
         self.parent_run_id = run.info.run_id
-        self._log_batch(self.parent_run_id, params=params)
+        self._log_batch(self.parent_run_id, params=params, renamed=renamed)
         return self.parent_run_id
 
     def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
@@ -278,7 +363,9 @@ class Tracker:
         step_metrics = [(k, float(v), step) for k, v in (metrics or {}).items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)]
         files = list(artifacts or [])
-        new_params = {k: str(v)[:_MAX_PARAM] for k, v in (params or {}).items()}
+        # compared with what the run holds under the names MLflow keeps (mlflow_key)
+        names, renamed = _mlflow_names("param", (params or {}).keys())
+        new_params = {names[k]: str(v)[:_MAX_PARAM] for k, v in (params or {}).items()}
 
         def write(_: _Write) -> None:
             all_tags = dict(tags or {})
@@ -287,7 +374,7 @@ class Tracker:
                 logged = self.client.get_run(parent).data.params
                 fresh = {k: v for k, v in new_params.items() if k not in logged}
                 all_tags.update({f"{k}.latest": v for k, v in new_params.items() if k in logged and logged[k] != v})
-            self._log_batch(parent, params=fresh, tags=all_tags, step_metrics=step_metrics)
+            self._log_batch(parent, params=fresh, tags=all_tags, step_metrics=step_metrics, renamed=renamed)
             for path in files:
                 if path.is_dir():
                     self.client.log_artifacts(parent, str(path), artifact_path)
@@ -331,9 +418,11 @@ class Tracker:
                     raise
                 log.debug("half-written child %s not deleted: %s", attempt.run_id, exc)
             attempt.run_id = None
+        names, renamed = _mlflow_names("tag", tags.keys())
         run = self.client.create_run(
             self.experiment_id, run_name=f"trial-{number:04d}",
-            tags={"mlflow.parentRunId": parent, "autotune.trial": str(number), **tags},
+            tags={"mlflow.parentRunId": parent, "autotune.trial": str(number),
+                  **{names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()}},
         )
         attempt.run_id = run_id = run.info.run_id
         step_metrics: list[tuple[str, float, int]] = []
@@ -342,7 +431,7 @@ class Tracker:
                 value = event.get(key)
                 if isinstance(value, (int, float)):
                     step_metrics.append((f"step/{key}", float(value), int(event.get("step", i))))
-        self._log_batch(run_id, params=params, metrics=metrics, step_metrics=step_metrics)
+        self._log_batch(run_id, params=params, metrics=metrics, step_metrics=step_metrics, renamed=renamed, fresh=True)
         for path in artifacts or []:
             if path.exists():
                 self.client.log_artifact(run_id, str(path))
@@ -350,20 +439,52 @@ class Tracker:
         attempt.run_id = None  # complete: nothing to clean up
 
     def _log_batch(self, run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
-                   tags: dict[str, str] | None = None, step_metrics: list[tuple[str, float, int]] | None = None) -> None:
+                   tags: dict[str, str] | None = None, step_metrics: list[tuple[str, float, int]] | None = None,
+                   renamed: list[str] | None = None, fresh: bool = False) -> None:
+        """One run's params, metrics and tags, every name made acceptable to MLflow (``mlflow_key``:
+        one refused name would lose the whole write, and with it the trial's child run). The names
+        changed, here or by the caller (``renamed``), are added to the run's ``RENAMED_TAG``, which
+        keeps those of earlier writes (read from the run once, unless ``fresh``: a run just made)."""
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        p = [Param(k, str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
-        m = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
+        p_names, p_renamed = _mlflow_names("param", (params or {}).keys())
+        m_names, m_renamed = _mlflow_names(
+            "metric", [*(metrics or {}).keys(), *(k for k, _, _ in (step_metrics or []))])
+        tags = dict(tags or {})
+        t_names, t_renamed = _mlflow_names("tag", tags.keys())
+        lines = [*(renamed or []), *p_renamed, *m_renamed, *t_renamed]
+        tags = {t_names[k]: v for k, v in tags.items()}
+        merged: list[str] | None = None
+        if lines:
+            known = [] if fresh else self._renamed.get(run_id)
+            if known is None:
+                known = self._renames_logged(run_id)
+            merged = known + [line for line in lines if line not in known]
+            if merged != known:
+                text = "\n".join(merged)
+                tags[RENAMED_TAG] = text if len(text) <= _MAX_TAG else text[:_MAX_TAG - 4] + "\n..."
+        p = [Param(p_names[k], str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
+        m = [Metric(m_names[k], float(v), now, 0) for k, v in (metrics or {}).items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
-        m += [Metric(k, v, now, s) for k, v, s in (step_metrics or []) if v == v]
-        t = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
+        m += [Metric(m_names[k], v, now, s) for k, v, s in (step_metrics or []) if v == v]
+        t = [RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()]
         # MLflow caps one batch at 100 params, 100 tags and 1000 metrics: split to stay inside
         chunks = max((len(p) + 99) // 100, (len(t) + 99) // 100, (len(m) + 999) // 1000, 1)
         for i in range(chunks):
             self.client.log_batch(run_id, metrics=m[i * 1000:(i + 1) * 1000], params=p[i * 100:(i + 1) * 100],
                                   tags=t[i * 100:(i + 1) * 100])
+        if merged is not None and not fresh:  # written: later writes of this run only add to it
+            self._renamed[run_id] = merged
+
+    def _renames_logged(self, run_id: str) -> list[str]:
+        """The lines of the run's ``RENAMED_TAG`` as stored (a resumed parent run's earlier names)."""
+        try:
+            text = self.client.get_run(run_id).data.tags.get(RENAMED_TAG, "")
+        except Exception as exc:  # listed again by the next write that renames a name
+            log.debug("reading %s of run %s failed: %s", RENAMED_TAG, run_id, exc)
+            return []
+        return [line for line in text.splitlines() if line and line != "..."]
 
     def child_runs(self) -> list[Any]:
         """Child runs of the current parent, every status (for reconciliation after a crash);
@@ -381,6 +502,51 @@ class Tracker:
 
 def error_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an error, at most ``limit`` characters: MLflow's errors quote whole HTTP
-    responses and retry histories, a warning needs what failed."""
+    responses and retry histories, a warning needs what failed. A database error (SQLAlchemy's,
+    wrapped by MLflow) is its driver's own message, e.g. ``sqlite3.OperationalError: database or
+    disk is full``: SQLAlchemy's first line is often "(raised as a result of Query-invoked
+    autoflush ...)", and the rest is the SQL statement."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # MlflowException(...) from sqlalchemy.exc.DBAPIError
+        seen.add(id(cause))
+        orig = getattr(cause, "orig", None)
+        if isinstance(orig, BaseException) and str(orig).strip():
+            first = str(orig).strip().splitlines()[0]
+            text = f"{type(orig).__module__}.{type(orig).__name__}: {first}".removeprefix("builtins.")
+            return text if len(text) <= limit else text[:limit] + "..."
+        cause = cause.__cause__
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# Loggers whose records are routed to autotune's debug log (``_store_logs_to_debug``)
+_STORE_LOGGERS = ("mlflow.store", "sqlalchemy", "alembic")
+
+
+class _DebugLog(logging.Handler):
+    """Hands a record of MLflow's store, SQLAlchemy or Alembic to ``autotune.tracking`` at DEBUG,
+    traceback included: wherever autotune's debug records are kept, the details still are."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            log.debug("%s: %s", record.name, record.getMessage(), exc_info=record.exc_info)
+        except Exception:  # pragma: no cover - logging must never break a write
+            pass
+
+
+def _store_logs_to_debug() -> None:
+    """Keep MLflow's store, SQLAlchemy and Alembic logging off the terminal.
+
+    Why: when the SQLite store's disk fills up or its directory turns read-only mid-study, MLflow's
+    ``mlflow.store.db.utils`` logs every failed write with ``logger.exception`` (at ERROR, so the
+    CLI's quiet levels do not stop it) through its own stderr handler: two raw SQLAlchemy
+    tracebacks with SQL statements, above autotune's own one-line message. Every such failure is
+    already an exception the tracker handles (refused: one warning, ``error_line``, listed at the
+    end; unreachable: offline), so these records go to autotune's debug log instead, traceback
+    included. Idempotent (one handler per logger)."""
+    for name in _STORE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _DebugLog) for h in logger.handlers):
+            logger.addHandler(_DebugLog())
+        logger.propagate = False
