@@ -728,7 +728,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
     from .report import (best_payload, improvement_line, results_rows, status_counts, status_line, study_summary,
                          summary_lines, summary_metrics, write_plots, write_results_csv)
     from .recommend import study_recommendation
-    from .search import is_tracked
+    from .records import is_tracked
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
@@ -869,7 +869,7 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     _relocate_mlflow(_run_dir(spec, run_dir))
     from .recommend import study_recommendation
     from .report import best_payload, improvement_line, results_rows, status_line, study_summary, summary_lines
-    from .search import best_records, guide_estimates, trial_records
+    from .records import best_records, guide_estimates, trial_records
 
     objectives = spec.objective_list()
     records = trial_records(study)
@@ -943,7 +943,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     if chosen_formats is None:
         chosen_formats = list(default_formats(spec.target_stack, spec.workload.kind))
     study = _open_existing(spec, run_dir)
-    from .search import best_records, guide_estimates, trial_records
+    from .records import best_records, guide_estimates, trial_records
 
     records = trial_records(study)
     if trial is not None:

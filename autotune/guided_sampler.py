@@ -243,7 +243,7 @@ class GuidedSampler(BaseSampler):
         (mean, sd, measurements)}``. It pools every measurement of the study (configs that share
         parameter values inform each other), so a config measured once and high by the noise
         does not outrank one the evidence as a whole says is faster: the best a study reports
-        (``search.best_records``) is the measured config with the best estimate."""
+        (``records.best_records``) is the measured config with the best estimate."""
         obs = self.observations(trials)
         counts: dict[int, int] = {}
         for o in obs:

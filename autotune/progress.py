@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .search import TrialRecord
+from .records import TrialRecord
 
 __all__ = ["ProgressObserver"]
 

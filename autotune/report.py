@@ -1,6 +1,6 @@
 """What a finished study says: best vs baseline, the results table, Optuna plots.
 
-Pure functions over :class:`~autotune.search.TrialRecord` lists, plus writers for the files the
+Pure functions over :class:`~autotune.records.TrialRecord` lists, plus writers for the files the
 CLI shows and the tracker attaches to the parent run. Nothing here talks to MLflow.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from .importance import study_importances
 from .sanity import is_finite_number as _finite
-from .search import TrialRecord, best_records, is_tracked
+from .records import TrialRecord, best_records, is_tracked
 
 __all__ = ["status_counts", "status_line", "improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
            "summary_lines", "summary_metrics"]

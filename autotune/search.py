@@ -18,7 +18,6 @@ Guarantees, all backed by Optuna storage (a journal file in the run directory by
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -38,19 +37,22 @@ from .context import ProbeContext, probe_context
 from .guided_sampler import GUIDE_ATTR, GuidedSampler
 from .trial_attrs import A
 from .ranking import Ranking, rank_space
+from .records import (TrialRecord, best_records, frozen_trial, guide_estimates, is_tracked, trial_record,
+                      trial_records)
 from .sanity import is_finite_number as _finite
-from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
-from .secret_env import SPEC_COPY, masked_backend, scrub, secret_values, write_spec_copy
+from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, TrialListener
+from .refit import Refit
+from .study_tracking import StudyTracking
+from .secret_env import masked_backend, scrub, secret_values
 from .space import Space, config_key
 from .spec import Spec
 from .importance import record_importances
 from .ranking import UNDISTINGUISHED
 from .storage import open_study, study_storage
 from .study_definition import record_definition
-from .tracking import TERMINAL_STATUSES, error_line
 
-__all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "open_study", "study_storage", "make_sampler",
-           "trial_records", "best_records", "guide_estimates", "TrialRecord", "A"]
+__all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "Unplaceable", "open_study", "study_storage", "make_sampler",
+           "A"]
 
 log = logging.getLogger(__name__)
 
@@ -82,118 +84,6 @@ def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
     if name == "exhaustive":
         return optuna.samplers.BruteForceSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}")
-
-
-# ------------------------------------------------------------------------------------- records
-@dataclass
-class TrialRecord:
-    """A trial as reports and exports see it."""
-
-    number: int
-    state: str
-    config: dict[str, Any]
-    status: str
-    source: str
-    metrics: dict[str, float]
-    predicted: dict[str, float]
-    reason: str
-    probed: bool
-    baseline: bool
-    chosen_because: str
-    values: list[float] | None
-    feasible: bool
-    info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
-    wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number, "state": self.state, "status": self.status, "params": self.config,
-            "metrics": self.metrics, "predicted": self.predicted, "source": self.source,
-            "failure": self.reason if self.status not in ("ok",) else None, "probed": self.probed,
-            "baseline": self.baseline, "chosen_because": self.chosen_because,
-        }
-
-
-def trial_records(study: optuna.Study) -> list[TrialRecord]:
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        feasible = all(v <= 0 for v in t.constraints.values()) if t.constraints else True
-        out.append(TrialRecord(
-            number=t.number, state=t.state.name, config=ua.get(A.CONFIG, dict(t.params)),
-            status=ua.get(A.STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
-            source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
-            reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
-            chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
-            info=ua.get(A.INFO) or {}, wall_s=float(ua.get(A.WALL) or 0.0),
-        ))
-    return out
-
-
-def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] | None:
-    """The guide's estimates of the measured configs (``GuidedSampler.estimates``, kept on the
-    study after every probe), or None in a study the guide did not steer."""
-    raw = study.user_attrs.get(A.GUIDE_ESTIMATES)
-    if not isinstance(raw, dict):
-        return None
-    return {k: (float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()
-            if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)}
-
-
-def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
-                 estimates: dict[str, tuple[float, float, int]] | None = None) -> list[TrialRecord]:
-    """The best probed trials: the single best for one objective, the Pareto front for several
-    (best first by the first objective). Rule rejections and repeats are never "best". A config
-    measured more than once (a close call, measured again) is judged on the mean of its
-    measurements; the record returned is its latest, with those means as its metrics.
-
-    With ``estimates`` (a guided study, one objective) the best is the measured config with the
-    best estimate, not the best single reading: with 2-3 % noise between runs, the highest
-    reading among twenty is often a slower config measured high (the winner's curse), while
-    the guide's estimate pools every measurement. The record returned then carries
-    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
-    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
-          and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
-    if not ok:
-        return []
-    groups: dict[str, list[TrialRecord]] = {}
-    for r in ok:
-        groups.setdefault(config_key(r.config), []).append(r)
-    merged = []
-    for rs in groups.values():
-        latest = max(rs, key=lambda r: r.number)
-        if len(rs) > 1:
-            metrics = dict(latest.metrics)
-            for name in {k for r in rs for k in r.metrics}:
-                values = [r.metrics[name] for r in rs if _finite(r.metrics.get(name))]
-                if values:
-                    metrics[name] = statistics.fmean(values)
-            metrics["measurements"] = len(rs)
-            latest = dataclasses.replace(latest, metrics=metrics)
-        merged.append(latest)
-    ok = merged
-    m, d = objectives[0]
-    ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
-    if len(objectives) == 1:
-        if estimates:
-            def estimate(r: TrialRecord) -> float:
-                e = estimates.get(config_key(r.config))
-                return e[0] if e is not None else float(r.metrics[m])
-
-            top = max(ok, key=estimate) if d == "maximize" else min(ok, key=estimate)
-            e = estimates.get(config_key(top.config))
-            if e is not None:
-                top = dataclasses.replace(top, predicted={**top.predicted, f"estimated_{m}": e[0],
-                                                          f"estimated_{m}_sd": e[1]})
-            return [top]
-        return ok[:1]
-    import numpy as np
-
-    from .ranking import pareto_order
-
-    values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in objectives] for r in ok])
-    fronts = pareto_order(values)
-    return [r for r, f in zip(ok, fronts) if f == 0]
 
 
 # ------------------------------------------------------------------------------------ observer
@@ -257,8 +147,13 @@ class StudyRunner:
         self.cache = None if backend.simulated else cache
         self.reuse_cache = reuse_cache
         self.ranking: Ranking | None = None
-        self.refit = Refit()  # identity until a probe is measured
-        self._refit_shown: Refit | None = None  # the last refit told to the user
+        # what observes each finished trial, in this order: MLflow, the model's refit, the guide
+        self.tracking = (StudyTracking(tracker, spec, backend, run_dir, parallel=self.parallel, space_size=self.space.size)
+                         if tracker else None)
+        self.refits = RefitListener(bool(self.context.hardware.get("calibrated_at")), on_moved=self._say_refit,
+                                    on_refit=self.tracking.log_refit if self.tracking else None)
+        self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
+        self.cache_writer = ResultCacheListener(self.cache, self._cache_key, spec.name) if self.cache else None
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
@@ -389,9 +284,13 @@ class StudyRunner:
         probes_done = sum(1 for r in records if is_tracked(r) and r.status != "infra")
         budget = self.spec.search.n_trials
         self._enqueue_plan(study, ranking, budget - probes_done)
-        self._start_tracking(study)
-        self._reconcile_tracking(study)
-        self._refit(study)  # a resumed study starts from the fit of what it measured before
+        if self.guided is not None:
+            self.listeners.append(GuideEstimatesListener(self.guided))
+        if self.tracking:
+            self.tracking.start(study, ranking)
+            self.tracking.reconcile(study)
+        for listener in self.listeners:
+            listener.study_started(study)
         self.observer.on_start(budget, probes_done)
 
         seen: dict[str, int] = {}
@@ -498,7 +397,7 @@ class StudyRunner:
         best = best_records(records, self.objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
-                            parent_run_id=self.tracker.parent_run_id if self.tracker else None,
+                            parent_run_id=self.tracking.parent_run_id if self.tracking else None,
                             infra_failure=self.infra_failure)
 
     def _check_placeable(self, dispatcher: Any) -> None:
@@ -554,7 +453,7 @@ class StudyRunner:
             why = ua.get(A.CHOSEN, "queued")
         key = config_key(config)
         if key in seen and A.REMEASURE_OF not in ua:
-            original = _frozen_trial(study, seen[key])  # not study.trials: it deep-copies every trial
+            original = frozen_trial(study, seen[key])
             trial.set_user_attr(A.DUPLICATE_OF, seen[key])
             trial.set_user_attr(A.STATUS, "duplicate")
             trial.set_user_attr(A.REASON, f"same canonical config as trial {seen[key]}; not probed again")
@@ -569,7 +468,7 @@ class StudyRunner:
             trial.set_user_attr(A.CHOSEN, why)
         if not self.backend.simulated:  # predicted next to measured, for every probe, with the latest refit
             predicted = dict(ua.get(A.PREDICTED) or self._prediction(config))
-            predicted.update(self.refit.apply(predicted))  # beside the raw prediction, never instead
+            predicted.update(self.refits.refit.apply(predicted))  # beside the raw prediction, never instead
             trial.set_user_attr(A.PREDICTED, predicted)
         return config, why
 
@@ -626,34 +525,14 @@ class StudyRunner:
         result.info = {**result.info, "cached_from": origin}
         return result, origin
 
-    def _to_cache(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
-        if self.cache is None or "cached_from" in result.info:
-            return
-        try:
-            self.cache.put(self._cache_key(config), result, self.spec.name, number)
-        except Exception as exc:  # the cache saves time; losing a write costs a probe later, not data
-            log.warning("could not write the result cache %s: %s", self.cache.path, exc)
+    @property
+    def refit(self) -> Refit:
+        """The model's current refit (what later predictions carry as ``refit_*``)."""
+        return self.refits.refit
 
-    def _refit(self, study: optuna.Study, after: int | None = None) -> None:
-        """Refit the model's per-group factors (``autotune.refit.GROUPS``) from every measured trial
-        (predicted breakdown vs measured step time); later predictions carry ``refit_*`` values."""
-        pairs = [(r.predicted, r.metrics.get("step_time_s"), r.metrics.get("comm_time_s")) for r in trial_records(study)
-                 if r.status == "ok" and r.source == "measured" and r.probed]
-        # a measured profile (autotune calibrate) is trusted more than a data sheet
-        ridge = RIDGE_MEASURED if self.context.hardware.get("calibrated_at") else RIDGE_DATA_SHEET
-        refit = fit_refit(pairs, ridge=ridge)
-        if refit.n == self.refit.n:
-            return
-        shown = self._refit_shown
-        moved = shown is None or any(abs(refit.factors[g] / shown.factors[g] - 1) > 0.10 for g in refit.factors)
-        self.refit = refit
-        if after is not None and self.tracker:
-            self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
-        if after is not None and moved:  # a line when the fit moves, not one per trial
-            self._refit_shown = refit
-            self.observer.on_message(
-                f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
-                f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
+    def _say_refit(self, refit: Refit, after: int) -> None:
+        self.observer.on_message(f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
+                                 f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
 
     def _prediction(self, config: dict[str, Any]) -> dict[str, float]:
         """The simulator's raw prediction for one config (from the ranking when there is one)."""
@@ -689,7 +568,8 @@ class StudyRunner:
             if times and "step_time_s" not in result.metrics:  # the partial measurement
                 result.metrics = {**result.metrics, "step_time_s": statistics.median(times),
                                   "measured_steps": float(len(times))}
-        self._to_cache(trial.number, config, result)
+        if self.cache_writer is not None:
+            self.cache_writer.probe_returned(trial.number, config, result)
         metrics = dict(result.metrics)
         step_peak = _step_peak_memory(result.steps)
         if step_peak is not None and not (_finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak):
@@ -728,14 +608,9 @@ class StudyRunner:
             _tell(study, trial, state=TrialState.FAIL)
         else:  # crash, timeout: nothing learnt about the config itself
             _tell(study, trial, state=TrialState.FAIL)
-        record = next(r for r in trial_records_one(study, trial.number))
-        self._log_trial(study, record, result)
-        if record.status == "ok" and record.source == "measured" and record.predicted:
-            self._refit(study, after=record.number)
-        if self.guided is not None and record.status in ("ok", "pruned"):
-            # the guide's pooled estimates, which the best is reported from (best_records)
-            estimates = self.guided.estimates(study.get_trials(deepcopy=False))
-            study.set_user_attr(A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()})
+        record = trial_record(study, trial.number)
+        for listener in self.listeners:
+            listener.trial_finished(study, record, result)
         return record
 
     def _requeue_after_lost_capacity(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any],
@@ -807,107 +682,6 @@ class StudyRunner:
         best = best_records(trial_records(study), self.objectives, guide_estimates(study))
         return best[0] if best else None
 
-    # ---- tracking ----------------------------------------------------------------------------------
-    def _start_tracking(self, study: optuna.Study) -> None:
-        if not self.tracker:
-            return
-        previous = study.user_attrs.get("autotune.parent_run_id")
-        params = {
-            "model": self.spec.model.name, "workload": self.spec.workload.kind, "world_size": self.spec.cluster.world_size,
-            "accelerator": self.spec.cluster.accelerator, "hardware_profile": self.spec.cluster.profile_name,
-            "backend": self.backend.kind, "sampler": self.spec.search.sampler, "n_trials": self.spec.search.n_trials,
-            "parallel_trials": self.parallel, "objectives": ",".join(f"{m}:{d}" for m, d in self.objectives),
-            "space_size": self.space.size,
-        }
-        tags = {"autotune.study": self.spec.name, "autotune.backend": self.backend.kind,
-                "autotune.source": "simulated" if self.backend.simulated else "measured",
-                "autotune.backend_reason": self.backend.reason}
-        if self.parallel != self.spec.search.parallel_trials:  # the effective setting, and why
-            tags["autotune.parallel_trials_note"] = (
-                f"parallel_trials {self.parallel}, the spec says {self.spec.search.parallel_trials}: "
-                "simulated trials are predictions, computed one after another in the driver")
-        run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
-        study.set_user_attr("autotune.parent_run_id", run_id)
-        if self.spec.source_path:  # the copy the run directory keeps, secrets masked
-            copy = self.run_dir / SPEC_COPY
-            if not copy.exists():
-                write_spec_copy(self.spec.source_path, self.run_dir)
-            self.tracker.log_parent(artifacts=[copy], artifact_path="spec")
-        if self.ranking is not None:
-            self.tracker.log_parent(metrics={"space_valid": self.ranking.enumeration.valid,
-                                             "space_fit_predicted": self.ranking.fit},
-                                    artifacts=[self.run_dir / "ranking.csv"])
-
-    def _reconcile_tracking(self, study: optuna.Study) -> None:
-        """Make MLflow hold exactly the tracked trials of Optuna storage (:func:`is_tracked`).
-
-        A trial finished in Optuna but missing in MLflow (the run was killed between the two
-        writes, or the server was down) is logged now; a child left ``RUNNING`` (a write broken
-        half-way) is not complete, so it is deleted and the trial logged again; a second child of
-        one trial is deleted. Nothing measured is lost, and a re-run of a finished study changes
-        nothing in MLflow."""
-        if not self.tracker:
-            return
-        # MLflow itself says which trials it holds: a finished Optuna trial cannot take a user
-        # attribute any more, so the child run's ``autotune.trial`` tag is the record of it.
-        try:
-            children = self.tracker.child_runs()
-        except Exception as exc:  # the server went away since the start: the next run reconciles
-            log.warning("could not read MLflow's child runs (%s); the trials MLflow lacks are logged by the next run",
-                        error_line(exc))
-            return
-        logged: set[int] = set()
-        for run in sorted(children, key=lambda r: r.info.status not in TERMINAL_STATUSES):
-            number = run.data.tags.get("autotune.trial", "")
-            if not number.isdigit():
-                continue
-            if run.info.status in TERMINAL_STATUSES and int(number) not in logged:
-                logged.add(int(number))
-            else:  # half-written, or a second child of the same trial
-                self.tracker.delete_run(run.info.run_id)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-            if t.number in logged or A.STATUS not in t.user_attrs:
-                continue
-            record = trial_records_one(study, t.number)[0]
-            if not is_tracked(record):
-                continue
-            path = self.run_dir / "trials" / f"{t.number:04d}" / "result.json"
-            result = ProbeResult.from_json(json.loads(path.read_text())) if path.exists() else None
-            self._log_trial(study, record, result)
-
-    def _log_trial(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
-        if not self.tracker or not is_tracked(record):
-            return
-        metrics = {k: v for k, v in record.metrics.items() if _finite(v)}
-        for k, v in record.predicted.items():
-            if _finite(v):
-                metrics[f"predicted_{k}"] = v
-        first = self.objectives[0][0]
-        measured = record.metrics.get(first)
-        for prefix in ("", "refit_"):
-            predicted = record.predicted.get(prefix + first)
-            if _finite(predicted) and _finite(measured) and measured:
-                metrics[f"{prefix}prediction_error_pct"] = 100.0 * (predicted - measured) / abs(measured)
-        tags = {"autotune.status": record.status, "autotune.source": record.source or "rules",
-                "autotune.backend": self.backend.kind, "autotune.chosen_because": record.chosen_because,
-                "autotune.optuna_state": record.state}
-        if record.reason:
-            tags["autotune.failure_reason"] = record.reason
-        if record.baseline:
-            tags["autotune.baseline"] = "true"
-        artifacts = [self.run_dir / "trials" / f"{record.number:04d}" / n for n in ("result.json", "log_tail.txt")]
-        self.tracker.log_trial(record.number, record.config, metrics, tags,
-                               steps=result.steps if result else None, artifacts=artifacts,
-                               failed=record.status not in ("ok", "pruned"))
-
-
-def is_tracked(record: TrialRecord) -> bool:
-    """The one rule for what becomes an MLflow child run, on a first run and on every resume: a
-    config that was probed, simulated or answered from the cache. Rule rejections and repeats are
-    answered without a probe (they are counted on the parent run and listed by ``autotune
-    report``), and an interrupted probe measured nothing (its config is probed again)."""
-    return bool(record.probed) and record.status not in ("duplicate", "interrupted")
-
 
 def _scrub_values(value: Any, secrets: list[str]) -> Any:
     """``value`` (a probe's info: nested mappings, lists, strings) with the secrets masked."""
@@ -918,28 +692,6 @@ def _scrub_values(value: Any, secrets: list[str]) -> Any:
     if isinstance(value, list):
         return [_scrub_values(v, secrets) for v in value]
     return value
-
-
-def _frozen_trial(study: optuna.Study, number: int) -> Any:
-    """One trial by number, straight from the storage (None if there is no such trial)."""
-    try:
-        return study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
-    except KeyError:
-        return None
-
-
-def trial_records_one(study: optuna.Study, number: int) -> list[TrialRecord]:
-    t = _frozen_trial(study, number)
-    dummy = _OneTrialStudy(t)
-    return trial_records(dummy)  # type: ignore[arg-type]
-
-
-class _OneTrialStudy:
-    def __init__(self, trial: Any):
-        self._trial = trial
-
-    def get_trials(self, deepcopy: bool = False, states: Any = None) -> list[Any]:
-        return [self._trial]
 
 
 def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> dict[str, float]:

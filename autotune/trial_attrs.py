@@ -28,5 +28,5 @@ class A:
     WALL = "autotune.wall_s"
     INFO = "autotune.info"
     # study-level: the guide's estimate of every measured config's objective ({key: [mean, sd, n]}),
-    # from which the best is reported (search.best_records)
+    # from which the best is reported (records.best_records)
     GUIDE_ESTIMATES = "autotune.guide_estimates"

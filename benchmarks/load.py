@@ -67,7 +67,7 @@ def counts(run_dir: Path) -> dict[str, int]:
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from autotune.search import trial_records
+    from autotune.records import trial_records
     from autotune.secret_env import SPEC_COPY
     from autotune.spec import load_spec
     from autotune.storage import open_study
@@ -79,7 +79,7 @@ def counts(run_dir: Path) -> dict[str, int]:
     runs = client.search_runs([exp.experiment_id], max_results=50000)
     children = [int(r.data.tags["autotune.trial"]) for r in runs if "mlflow.parentRunId" in r.data.tags]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from autotune.search import is_tracked
+    from autotune.records import is_tracked
 
     tracked = {r.number for r in records if is_tracked(r)}
     return {"optuna_trials": len(records), "tracked": len(tracked), "mlflow_children": len(children),

@@ -57,7 +57,8 @@ from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.guided import Guide, _MemoryBelief  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
-from autotune.search import StudyRunner, best_records, trial_records  # noqa: E402
+from autotune.records import best_records, trial_records  # noqa: E402
+from autotune.search import StudyRunner  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import Spec  # noqa: E402
 

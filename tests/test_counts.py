@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.progress import ProgressObserver
 from autotune.report import status_counts, status_line
-from autotune.search import TrialRecord
+from autotune.records import TrialRecord
 from support import TINY_TRAIN
 
 

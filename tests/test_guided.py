@@ -182,7 +182,8 @@ def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
 
 
 def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
-    from autotune.search import A, best_records
+    from autotune.records import best_records
+    from autotune.search import A
     from autotune.space import config_key
 
     runner = _runner(tmp_path, world, 12)
@@ -380,7 +381,7 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
     high. A guided study reports the measured config with the guide's best estimate (pooled over
     every measurement); its metrics stay what was measured, and the report says why."""
     from autotune.report import best_by_estimate
-    from autotune.search import TrialRecord, best_records
+    from autotune.records import TrialRecord, best_records
     from autotune.space import config_key
 
     def record(number, tp, metrics):
@@ -410,7 +411,8 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
 
 
 def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_path, world):
-    from autotune.search import A, best_records, guide_estimates
+    from autotune.records import best_records, guide_estimates
+    from autotune.search import A
     from autotune.space import config_key
 
     runner = _runner(tmp_path, world, 10)

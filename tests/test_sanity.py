@@ -8,7 +8,8 @@ from autotune.backends import BackendChoice
 from autotune.context import probe_context
 from autotune.dispatch import InProcessDispatcher
 from autotune.sanity import implausible_metrics
-from autotune.search import StudyRunner, trial_records
+from autotune.records import trial_records
+from autotune.search import StudyRunner
 from autotune.spec import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN

@@ -8,7 +8,8 @@ from optuna.trial import TrialState
 
 from autotune.backends import BackendChoice
 from autotune.dispatch import InProcessDispatcher
-from autotune.search import A, StudyRunner, open_study, trial_records
+from autotune.records import trial_records
+from autotune.search import A, StudyRunner, open_study
 from autotune.spec import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN

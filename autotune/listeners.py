@@ -1,0 +1,101 @@
+"""What observes a study's finished trials: MLflow, the result cache, the model's refit, the guide.
+
+The study loop (:mod:`autotune.search`) tells each listener, in order, that the study started and
+that a trial finished (its record as stored, and the probe's result); none of them decides anything
+about the trial. Like Optuna's callbacks, but with the start of the study too (a resumed study's
+MLflow parent run, the refit of what it measured before).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import optuna
+
+from autotune.workers.protocol import ProbeResult
+
+from .records import TrialRecord, trial_records
+from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
+from .trial_attrs import A
+
+__all__ = ["TrialListener", "ResultCacheListener", "RefitListener", "GuideEstimatesListener"]
+
+log = logging.getLogger(__name__)
+
+
+class TrialListener:
+    """The listener contract (both hooks optional)."""
+
+    def study_started(self, study: optuna.Study) -> None:
+        """The study is open and its plan queued; nothing has been probed in this run yet."""
+
+    def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
+        """``record`` is the trial as stored (told to Optuna); ``result`` what the probe returned."""
+
+
+class ResultCacheListener(TrialListener):
+    """Keeps every real probe's result across studies (:mod:`autotune.cache`), keyed by the config
+    and everything else that decides a measurement (model, workload, cluster, backend, software)."""
+
+    def __init__(self, cache: Any, key_of: Callable[[dict[str, Any]], str], study_name: str):
+        self.cache = cache
+        self.key_of = key_of
+        self.study_name = study_name
+
+    def probe_returned(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
+        """The raw result, before the study interprets it (what another study would have seen)."""
+        if "cached_from" in result.info:
+            return
+        try:
+            self.cache.put(self.key_of(config), result, self.study_name, number)
+        except Exception as exc:  # the cache saves time; losing a write costs a probe later, not data
+            log.warning("could not write the result cache %s: %s", self.cache.path, exc)
+
+
+class RefitListener(TrialListener):
+    """Refits the model's per-group factors (:mod:`autotune.refit`) from every measured trial, so
+    the predictions kept beside later probes carry ``refit_*`` values; says so when the fit moves."""
+
+    def __init__(self, calibrated: bool, on_moved: Callable[[Refit, int], None],
+                 on_refit: Callable[[Refit], None] | None = None):
+        self.ridge = RIDGE_MEASURED if calibrated else RIDGE_DATA_SHEET  # a measured profile is trusted more
+        self.on_moved = on_moved
+        self.on_refit = on_refit
+        self.refit = Refit()  # identity until a probe is measured
+        self._shown: Refit | None = None
+
+    def study_started(self, study: optuna.Study) -> None:
+        self._fit(study, after=None)  # a resumed study starts from the fit of what it measured before
+
+    def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
+        if record.status == "ok" and record.source == "measured" and record.predicted:
+            self._fit(study, after=record.number)
+
+    def _fit(self, study: optuna.Study, after: int | None) -> None:
+        pairs = [(r.predicted, r.metrics.get("step_time_s"), r.metrics.get("comm_time_s")) for r in trial_records(study)
+                 if r.status == "ok" and r.source == "measured" and r.probed]
+        refit = fit_refit(pairs, ridge=self.ridge)
+        if refit.n == self.refit.n:
+            return
+        shown = self._shown
+        moved = shown is None or any(abs(refit.factors[g] / shown.factors[g] - 1) > 0.10 for g in refit.factors)
+        self.refit = refit
+        if after is not None and self.on_refit is not None:
+            self.on_refit(refit)
+        if after is not None and moved:  # a line when the fit moves, not one per trial
+            self._shown = refit
+            self.on_moved(refit, after)
+
+
+class GuideEstimatesListener(TrialListener):
+    """Keeps the guide's pooled estimate of every measured config on the study, from which the
+    best is reported (:func:`autotune.records.best_records`)."""
+
+    def __init__(self, guide: Any):
+        self.guide = guide
+
+    def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
+        if record.status in ("ok", "pruned"):
+            estimates = self.guide.estimates(study.get_trials(deepcopy=False))
+            study.set_user_attr(A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()})

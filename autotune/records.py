@@ -1,0 +1,161 @@
+"""A study's trials as reports, exports, MLflow and the search see them: :class:`TrialRecord`, read
+from the trial attributes autotune writes (:mod:`.trial_attrs`), and the rules every reader shares:
+which trials are the best (:func:`best_records`) and which become MLflow child runs
+(:func:`is_tracked`). Pure functions over an Optuna study; nothing here writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .sanity import is_finite_number as _finite
+from .space import config_key
+from .trial_attrs import A
+
+__all__ = ["TrialRecord", "trial_records", "trial_record", "frozen_trial", "guide_estimates", "best_records",
+           "is_tracked"]
+
+
+@dataclass
+class TrialRecord:
+    """A trial as reports and exports see it."""
+
+    number: int
+    state: str
+    config: dict[str, Any]
+    status: str
+    source: str
+    metrics: dict[str, float]
+    predicted: dict[str, float]
+    reason: str
+    probed: bool
+    baseline: bool
+    chosen_because: str
+    values: list[float] | None
+    feasible: bool
+    info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
+    wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number, "state": self.state, "status": self.status, "params": self.config,
+            "metrics": self.metrics, "predicted": self.predicted, "source": self.source,
+            "failure": self.reason if self.status not in ("ok",) else None, "probed": self.probed,
+            "baseline": self.baseline, "chosen_because": self.chosen_because,
+        }
+
+
+def trial_records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of the study as a record."""
+    return [_record(t) for t in study.get_trials(deepcopy=False)]
+
+
+def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
+    ua = t.user_attrs
+    feasible = all(v <= 0 for v in t.constraints.values()) if t.constraints else True
+    return TrialRecord(
+        number=t.number, state=t.state.name, config=ua.get(A.CONFIG, dict(t.params)),
+        status=ua.get(A.STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
+        source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
+        reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
+        chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
+        info=ua.get(A.INFO) or {}, wall_s=float(ua.get(A.WALL) or 0.0),
+    )
+
+
+def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] | None:
+    """The guide's estimates of the measured configs (``GuidedSampler.estimates``, kept on the
+    study after every probe), or None in a study the guide did not steer."""
+    raw = study.user_attrs.get(A.GUIDE_ESTIMATES)
+    if not isinstance(raw, dict):
+        return None
+    return {k: (float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()
+            if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)}
+
+
+def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
+                 estimates: dict[str, tuple[float, float, int]] | None = None) -> list[TrialRecord]:
+    """The best probed trials: the single best for one objective, the Pareto front for several
+    (best first by the first objective). Rule rejections and repeats are never "best". A config
+    measured more than once (a close call, measured again) is judged on the mean of its
+    measurements; the record returned is its latest, with those means as its metrics.
+
+    With ``estimates`` (a guided study, one objective) the best is the measured config with the
+    best estimate, not the best single reading: with 2-3 % noise between runs, the highest
+    reading among twenty is often a slower config measured high (the winner's curse), while
+    the guide's estimate pools every measurement. The record returned then carries
+    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
+    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
+          and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
+    if not ok:
+        return []
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in ok:
+        groups.setdefault(config_key(r.config), []).append(r)
+    merged = []
+    for rs in groups.values():
+        latest = max(rs, key=lambda r: r.number)
+        if len(rs) > 1:
+            metrics = dict(latest.metrics)
+            for name in {k for r in rs for k in r.metrics}:
+                values = [r.metrics[name] for r in rs if _finite(r.metrics.get(name))]
+                if values:
+                    metrics[name] = statistics.fmean(values)
+            metrics["measurements"] = len(rs)
+            latest = dataclasses.replace(latest, metrics=metrics)
+        merged.append(latest)
+    ok = merged
+    m, d = objectives[0]
+    ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
+    if len(objectives) == 1:
+        if estimates:
+            def estimate(r: TrialRecord) -> float:
+                e = estimates.get(config_key(r.config))
+                return e[0] if e is not None else float(r.metrics[m])
+
+            top = max(ok, key=estimate) if d == "maximize" else min(ok, key=estimate)
+            e = estimates.get(config_key(top.config))
+            if e is not None:
+                top = dataclasses.replace(top, predicted={**top.predicted, f"estimated_{m}": e[0],
+                                                          f"estimated_{m}_sd": e[1]})
+            return [top]
+        return ok[:1]
+    import numpy as np
+
+    from .ranking import pareto_order
+
+    values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in objectives] for r in ok])
+    fronts = pareto_order(values)
+    return [r for r, f in zip(ok, fronts) if f == 0]
+
+
+
+
+def is_tracked(record: TrialRecord) -> bool:
+    """The one rule for what becomes an MLflow child run, on a first run and on every resume: a
+    config that was probed, simulated or answered from the cache. Rule rejections and repeats are
+    answered without a probe (they are counted on the parent run and listed by ``autotune
+    report``), and an interrupted probe measured nothing (its config is probed again)."""
+    return bool(record.probed) and record.status not in ("duplicate", "interrupted")
+
+
+
+
+def frozen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial | None:
+    """One trial by number through Optuna's public API, without deep-copying the study's trials
+    (a study's trials are numbered 0, 1, ... in the order ``get_trials`` returns them)."""
+    trials = study.get_trials(deepcopy=False)
+    if 0 <= number < len(trials) and trials[number].number == number:
+        return trials[number]
+    return next((t for t in trials if t.number == number), None)
+
+
+def trial_record(study: optuna.Study, number: int) -> TrialRecord:
+    """The record of one trial."""
+    return _record(frozen_trial(study, number))

@@ -1,0 +1,45 @@
+"""What a study has found, read once: its trials, the best, the baseline and the recommendation.
+
+``report``, ``export``, the end of ``run`` and the MLflow parent run all need the same four
+things and must agree on them: a study's best is one rule (:func:`~autotune.records.best_records`,
+with the guide's pooled estimates where it steered), its recommendation another
+(:mod:`autotune.recommend`). They are derived here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import optuna
+
+from .recommend import Recommendation, study_recommendation
+from .records import TrialRecord, best_records, guide_estimates, trial_records
+from .spec import Spec
+
+__all__ = ["StudyResult"]
+
+
+@dataclass
+class StudyResult:
+    """A study's records and what follows from them (``best``: one record, or a Pareto front)."""
+
+    records: list[TrialRecord]
+    best: list[TrialRecord]
+    baseline: TrialRecord | None
+    recommendation: Recommendation | None
+
+    @classmethod
+    def load(cls, spec: Spec, study: optuna.Study) -> "StudyResult":
+        records = trial_records(study)
+        best = best_records(records, spec.objective_list(), guide_estimates(study))
+        baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
+        return cls(records, best, baseline, study_recommendation(spec, records, best))
+
+    @property
+    def chosen(self) -> TrialRecord | None:
+        """The config the study recommends (and exports): the recommendation, else the best."""
+        if self.recommendation is not None:
+            return self.recommendation.chosen
+        return self.best[0] if self.best else None
+
+    def record(self, number: int) -> TrialRecord | None:
+        return next((r for r in self.records if r.number == number), None)
