@@ -323,7 +323,9 @@ def _public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_default(o: Any) -> Any:
-    return o.item() if hasattr(o, "item") else str(o)
+    from .finish import json_default
+
+    return json_default(o)
 
 
 def _short(config: dict[str, Any]) -> str:
@@ -609,9 +611,9 @@ def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, define
         raise typer.Exit(EXIT_INFRA) from None
     finally:
         runner.close()
-        if tracker and status != "FINISHED":
-            _finish_tracking(tracker, "KILLED" if status == "KILLED" else "FAILED")
-    _finish_run(spec, directory, choice, outcome, tracker, as_json)
+        if status != "FINISHED":
+            _close_tracking(runner, "KILLED" if status == "KILLED" else "FAILED")
+    _finish_run(spec, directory, choice, outcome, runner, as_json)
 
 
 def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: dict[str, Any], fresh: bool) -> None:
@@ -709,90 +711,42 @@ def _tracker(spec: Spec, directory: Path) -> Any:
         raise typer.Exit(EXIT_INFRA) from None
 
 
-def _finish_tracking(tracker: Any, status: str) -> None:
-    """Close the parent run; a tracking server that is down costs at most the tracker's drain
-    timeout here, and the user learns how the missing runs get written."""
-    left = tracker.finish_parent(status)
-    if left:
-        _warn(f"MLflow at {tracker.tracking_uri} stopped taking writes: {left} not done; every trial is "
-              "in the Optuna storage: run the same command again once it answers, and the missing runs are "
-              "logged (nothing is probed again)")
-    for failure in tracker.failed_writes[:5]:
-        _warn(f"MLflow refused {failure}")
+def _close_tracking(runner: Any, status: str) -> None:
+    """Close the MLflow parent run and say what the user must know (writes MLflow refused)."""
+    if runner.tracking is not None:
+        for warning in runner.tracking.close(status):
+            _warn(warning)
 
 
-def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker: Any, as_json: bool) -> None:
-    from .export import EXPORTERS, default_formats, refusals, write_exports
+def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: Any, as_json: bool) -> None:
     from autotune.workers.protocol import FAILURE_STATUSES
 
-    from .report import (best_payload, improvement_line, results_rows, status_counts, status_line, study_summary,
-                         summary_lines, summary_metrics, write_plots, write_results_csv)
-    from .recommend import study_recommendation
+    from .export import default_formats
+    from .finish import finish_study
     from .records import is_tracked
+    from .report import best_payload, status_counts, status_line
     from .tracking import mlflow_ui_command
 
     objectives = spec.objective_list()
-    err.print(Text("writing the results, plots, exports" + (" and the MLflow parent run" if tracker else "")
-                   if tracker else "writing the results, plots and exports", style="dim"))
-    rows = results_rows(outcome.records, objectives)
-    results_csv = write_results_csv(rows, directory / "results.csv")
-    best = outcome.best[0] if outcome.best else None
-    recommendation = study_recommendation(spec, outcome.records, outcome.best)
-    chosen = recommendation.chosen if recommendation else best
-    line = improvement_line(best, outcome.baseline, *objectives[0])
-    exports: dict[str, Path] = {}
-    if chosen is not None:
-        context = _export_context(spec, chosen)
-        target_formats = default_formats(spec.target_stack, spec.workload.kind)
-        # every format that can launch the config exactly; the target's own are expected to
-        refused = refusals(context, list(EXPORTERS))
-        for name, reasons in refused.items():
-            if name in target_formats:  # a study resumed from before its target
-                _warn(f"not exported as {name}: {', '.join(reasons)}")
-            else:
-                log.info("not exported as %s: %s", name, ", ".join(reasons))
-        exports = write_exports(context, directory / "export", [f for f in EXPORTERS if f not in refused])
-    summary = study_summary(outcome.study, outcome.records, objectives, outcome.best, outcome.baseline, recommendation)
-    plots = write_plots(outcome.study, directory / "plots", objectives, summary.get("importances"))
-    summary_json = directory / "summary.json"
-    summary_json.write_text(json.dumps(summary, indent=1, default=_json_default))
-    summary_md = directory / "summary.md"
-    summary_md.write_text(f"# {spec.name}\n\n" + (f"{line}\n\n" if line else "") + "```\n"
-                          + "\n".join(summary_lines(summary)) + "\n```\n")
-    if tracker:
-        metrics: dict[str, float] = {"probes": outcome.probes_run, **summary_metrics(summary)}
-        if best is not None:
-            for m, _ in objectives:
-                if isinstance(best.metrics.get(m), (int, float)):
-                    metrics[f"best_{m}"] = best.metrics[m]
-        if outcome.baseline is not None:
-            for m, _ in objectives:
-                if isinstance(outcome.baseline.metrics.get(m), (int, float)):
-                    metrics[f"baseline_{m}"] = outcome.baseline.metrics[m]
-        tags = {"autotune.stopped_because": outcome.stopped_because}
-        if line:
-            tags["autotune.improvement"] = line
-        if best is not None:
-            tags["autotune.best_trial"] = str(best.number)
-        params = {f"best.{k}": v for k, v in best.config.items()} if best is not None else {}
-        if recommendation is not None:
-            tags["autotune.recommended_trial"] = str(recommendation.chosen.number)
-            if recommendation.sentence:
-                tags["autotune.recommendation"] = recommendation.sentence
-            if recommendation.changed:
-                params.update({f"recommended.{k}": v for k, v in recommendation.chosen.config.items()})
-        tracker.log_parent(metrics=metrics, tags=tags, params=params,
-                           artifacts=[results_csv, summary_json, summary_md])
-        tracker.log_parent(artifacts=list(exports.values()), artifact_path="export")
-        tracker.log_parent(artifacts=plots, artifact_path="plots")
-        _finish_tracking(tracker, "FINISHED")
-    failed = sum(1 for r in outcome.records if is_tracked(r) and r.status in FAILURE_STATUSES)
+    tracking = runner.tracking
+    err.print(Text("writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
+                   if tracking else "writing the results, plots and exports", style="dim"))
+    finished = finish_study(spec, directory, outcome.study, outcome.result, probes_run=outcome.probes_run,
+                            stopped_because=outcome.stopped_because, tracking=tracking)
+    for name, reasons in finished.target_refusals.items():  # a study resumed from before its target
+        _warn(f"not exported as {name}: {', '.join(reasons)}")
+    if tracking:
+        _close_tracking(runner, "FINISHED")
+    result, exports, line = outcome.result, finished.exports, finished.improvement
+    best = result.best[0] if result.best else None
+    recommendation, chosen = result.recommendation, result.chosen
+    failed = sum(1 for r in result.records if is_tracked(r) and r.status in FAILURE_STATUSES)
     if as_json:
         payload = {
             "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",
-            "probes": outcome.probes_run, "failed": failed, "statuses": status_counts(outcome.records),
+            "probes": outcome.probes_run, "failed": failed, "statuses": status_counts(result.records),
             "stopped_because": outcome.stopped_because,
-            "best": [best_payload(b) for b in outcome.best], "improvement": line, "run_dir": str(directory),
+            "best": [best_payload(b) for b in result.best], "improvement": line, "run_dir": str(directory),
             "recommended": best_payload(chosen) if chosen is not None else None,
             "recommendation": recommendation.sentence if recommendation else "",
             "exports": {k: str(v) for k, v in exports.items()},
@@ -801,10 +755,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         out.print_json(json.dumps(payload, default=_json_default))
     else:
         source = "simulated" if choice.simulated else "measured"
-        err.print(f"{status_line(outcome.records)} ({outcome.probes_run} probed, {source}); stopped: "
+        err.print(f"{status_line(result.records)} ({outcome.probes_run} probed, {source}); stopped: "
                   f"{outcome.stopped_because}", markup=False)
         if best is not None and choice.simulated:
-            _print_preview(outcome.records, objectives, recommendation)
+            _print_preview(result.records, objectives, recommendation)
         if best is not None:
             m = objectives[0][0]
             out.print(Text.assemble(("best", "bold"), f" trial {best.number}: {_short(best.config)}"))
@@ -822,8 +776,8 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, tracker:
         _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
     spec_arg = str(spec.source_path) if spec.source_path else spec.name
-    if tracker:
-        err.print(f"  browse trials:   {mlflow_ui_command(tracker.tracking_uri)}", markup=False)
+    if tracking:
+        err.print(f"  browse trials:   {mlflow_ui_command(tracking.tracker.tracking_uri)}", markup=False)
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
         launch = next((exports[f] for f in default_formats(spec.target_stack, spec.workload.kind)
@@ -867,16 +821,14 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
     _relocate_mlflow(_run_dir(spec, run_dir))
-    from .recommend import study_recommendation
     from .report import best_payload, improvement_line, results_rows, status_line, study_summary, summary_lines
-    from .records import best_records, guide_estimates, trial_records
+    from .study_result import StudyResult
 
     objectives = spec.objective_list()
-    records = trial_records(study)
-    best = best_records(records, objectives, guide_estimates(study))
-    baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
+    result = StudyResult.load(spec, study)
+    records, best, baseline = result.records, result.best, result.baseline
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
-    summary = study_summary(study, records, objectives, best, baseline, study_recommendation(spec, records, best))
+    summary = study_summary(study, records, objectives, best, baseline, result.recommendation)
     if as_json:
         payload = {"study": spec.name, "objectives": [{"metric": m, "direction": d} for m, d in objectives],
                    "trials": [r.to_json() for r in records], "best": [best_payload(b) for b in best],
@@ -943,30 +895,27 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     if chosen_formats is None:
         chosen_formats = list(default_formats(spec.target_stack, spec.workload.kind))
     study = _open_existing(spec, run_dir)
-    from .records import best_records, guide_estimates, trial_records
+    from .study_result import StudyResult
 
-    records = trial_records(study)
+    result = StudyResult.load(spec, study)
     if trial is not None:
-        chosen = next((r for r in records if r.number == trial), None)
+        chosen = result.record(trial)
         if chosen is None:
-            _error(f"--trial {trial}: the study has trials 0..{len(records) - 1}")
+            _error(f"--trial {trial}: the study has trials 0..{len(result.records) - 1}")
             raise typer.Exit(EXIT_INPUT)
     else:
-        best = best_records(records, spec.objective_list(), guide_estimates(study))
-        if not best:
+        chosen = result.chosen
+        if chosen is None:
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)
-        from .recommend import study_recommendation
-
-        recommendation = study_recommendation(spec, records, best)
-        chosen = recommendation.chosen if recommendation else best[0]
-        if recommendation is not None and recommendation.changed:
-            err.print(f"exporting the recommended config: {recommendation.sentence} (--trial {best[0].number} "
-                      "exports the best)", markup=False)
+        if result.recommendation is not None and result.recommendation.changed:
+            err.print(f"exporting the recommended config: {result.recommendation.sentence} (--trial "
+                      f"{result.best[0].number} exports the best)", markup=False)
     directory = out_dir or _run_dir(spec, run_dir) / "export"
     from .export import ExportRefused, refusals
+    from .finish import export_context
 
-    context = _export_context(spec, chosen)
+    context = export_context(spec, chosen)
     if formats == "all":  # every format that can launch the config; say why the others cannot
         refused = refusals(context, chosen_formats)
         for name, reasons in refused.items():
@@ -986,15 +935,6 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
         return
     for kind, path in paths.items():
         out.print(f"{kind}: {path}", highlight=False, soft_wrap=True, markup=False)
-
-
-def _export_context(spec: Spec, record: Any) -> Any:
-    from .context import probe_context
-    from .export import ExportContext
-
-    ctx = probe_context(spec)
-    cluster = {k: v for k, v in ctx.cluster.items() if k != "hardware"}
-    return ExportContext.from_record(spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +42,7 @@ from .records import (TrialRecord, best_records, frozen_trial, guide_estimates, 
 from .sanity import is_finite_number as _finite
 from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, TrialListener
 from .refit import Refit
+from .study_result import StudyResult
 from .study_tracking import StudyTracking
 from .secret_env import masked_backend, scrub, secret_values
 from .space import Space, config_key
@@ -107,15 +108,24 @@ class _Quiet:
 @dataclass
 class StudyOutcome:
     study: optuna.Study
-    records: list[TrialRecord]
-    best: list[TrialRecord]
-    baseline: TrialRecord | None
+    result: StudyResult
     ranking: Ranking | None
     probes_run: int
     stopped_because: str
     parent_run_id: str | None = None
-    artifacts: dict[str, Path] = field(default_factory=dict)
     infra_failure: str | None = None  # the study stopped because the infrastructure failed (exit 3)
+
+    @property
+    def records(self) -> list[TrialRecord]:
+        return self.result.records
+
+    @property
+    def best(self) -> list[TrialRecord]:
+        return self.result.best
+
+    @property
+    def baseline(self) -> TrialRecord | None:
+        return self.result.baseline
 
 
 class Unplaceable(RuntimeError):
@@ -153,7 +163,7 @@ class StudyRunner:
         self.refits = RefitListener(bool(self.context.hardware.get("calibrated_at")), on_moved=self._say_refit,
                                     on_refit=self.tracking.log_refit if self.tracking else None)
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
-        self.cache_writer = ResultCacheListener(self.cache, self._cache_key, spec.name) if self.cache else None
+        self.cache_writer = ResultCacheListener(self.cache, self._cache_key, spec.name) if self.cache is not None else None
         self._live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self._prune_reasons: dict[int, str] = {}  # trials being stopped early, and why
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
@@ -393,10 +403,7 @@ class StudyRunner:
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, ranking if self.backend.simulated else None)
-        records = trial_records(study)
-        best = best_records(records, self.objectives, guide_estimates(study))
-        baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
-        return StudyOutcome(study, records, best, baseline, ranking, started, stopped,
+        return StudyOutcome(study, StudyResult.load(self.spec, study), ranking, started, stopped,
                             parent_run_id=self.tracking.parent_run_id if self.tracking else None,
                             infra_failure=self.infra_failure)
 
