@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.workers.protocol import ProbeResult, TrialRequest
 
-from .backends import BackendChoice, launch_for, least_trial_devices, trial_placement
+from .backends import BackendChoice, launch_for, least_trial_devices, trial_devices, trial_placement
 from .context import ProbeContext, probe_context
 from .guided_sampler import GUIDE_ATTR, GuidedSampler
 from .trial_attrs import A
@@ -40,6 +40,7 @@ from .ranking import Ranking, rank_space
 from .records import (TrialRecord, best_records, frozen_trial, guide_estimates, is_tracked, trial_record,
                       trial_records)
 from .sanity import is_finite_number as _finite
+from .interpret import interpret, measured_step_times, penalty, settle_pruned
 from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, TrialListener
 from .refit import Refit
 from .study_result import StudyResult
@@ -444,7 +445,7 @@ class StudyRunner:
                 trial.set_user_attr(A.REASON, f"rejected by rules: {reason}")
                 trial.set_user_attr(A.SOURCE, "rules")
                 trial.set_constraint("feasible", float(len(resolved.violations)))
-                _tell(study, trial, self._penalty())
+                _tell(study, trial, penalty(self.objectives))
                 return None
             config = resolved.config
             trial.set_user_attr(A.CONFIG, config)
@@ -504,7 +505,7 @@ class StudyRunner:
         for handle, (trial, _) in pending.items():
             if trial.number in self._prune_reasons:
                 continue
-            times = _measured_step_times(self._live_steps.get(trial.number, []))
+            times = measured_step_times(self._live_steps.get(trial.number, []))
             if len(times) < spec.prune_min_steps:
                 continue
             median = statistics.median(times)
@@ -556,65 +557,36 @@ class StudyRunner:
             raw = {k: v[0] for k, v in predictions.items()}
         return _predicted(raw, self.objectives)
 
-    def _penalty(self) -> list[float]:
-        """Objective values told for infeasible trials. They are marked infeasible by constraint,
-        so constraint-aware samplers rank them below every feasible trial whatever the value."""
-        return [0.0 if d == "maximize" else 1e9 for _, d in self.objectives]
-
     def _finish(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult) -> TrialRecord:
+        """interpret -> record -> tell -> notify, for one finished trial."""
         if self._secrets:  # a probe that printed its environment: no token into any file, MLflow or the cache
             result.log_tail, result.reason = scrub(result.log_tail, self._secrets), scrub(result.reason, self._secrets)
             result.info = _scrub_values(result.info, self._secrets)
-        live = self._live_steps.pop(trial.number, [])
-        pruned_because = self._prune_reasons.pop(trial.number, None)
-        if result.status == "pruned" and pruned_because:
-            result.reason = pruned_because
-            if not result.steps:  # a Ray task cancelled mid-run returns none: keep what streamed
-                result.steps = live
-            times = _measured_step_times(result.steps)
-            if times and "step_time_s" not in result.metrics:  # the partial measurement
-                result.metrics = {**result.metrics, "step_time_s": statistics.median(times),
-                                  "measured_steps": float(len(times))}
+        settle_pruned(result, self._live_steps.pop(trial.number, []), self._prune_reasons.pop(trial.number, None))
         if self.cache_writer is not None:
             self.cache_writer.probe_returned(trial.number, config, result)
-        metrics = dict(result.metrics)
-        step_peak = _step_peak_memory(result.steps)
-        if step_peak is not None and not (_finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak):
-            metrics["peak_memory_gib"] = step_peak  # the peak of every step, not only the end state
-        self._derive_metrics(metrics, config, result)
-        if result.ok and result.source != "simulated":
-            self._check_plausible(metrics, config, result)
-        trial.set_user_attr(A.STATUS, result.status)
-        trial.set_user_attr(A.SOURCE, result.source)
-        trial.set_user_attr(A.METRICS, metrics)
-        trial.set_user_attr(A.WALL, round(result.wall_s, 3))
+        meaning = interpret(config, result, self.context, self.objectives, trial_devices(self.spec, config))
+        result.status, result.reason = meaning.probe_status, meaning.probe_reason
+        for name, value in ((A.STATUS, result.status), (A.SOURCE, result.source), (A.METRICS, meaning.metrics),
+                            (A.WALL, round(result.wall_s, 3))):
+            trial.set_user_attr(name, value)
         if result.reason:
             trial.set_user_attr(A.REASON, result.reason[:2000])
         if result.info:
             trial.set_user_attr(A.INFO, _jsonable(result.info))
         self._save_trial_files(trial.number, config, result)
-        missing = [m for m, _ in self.objectives if result.ok and not _finite(metrics.get(m))]
-        if missing:
-            trial.set_user_attr(A.STATUS, "crash")
-            trial.set_user_attr(A.REASON, f"probe reported no value for objective(s) {missing}")
-            _tell(study, trial, state=TrialState.FAIL)
-        elif result.ok:
-            trial.set_constraint("feasible", 0.0)
-            _tell(study, trial, [float(metrics[m]) for m, _ in self.objectives])
-        elif result.status in ("oom", "invalid", "nan"):
-            trial.set_constraint("feasible", 1.0)
-            _tell(study, trial, self._penalty())
-        elif result.status == "pruned":
-            _tell(study, trial, state=TrialState.PRUNED)
-        elif result.status == "infra":  # a node or worker died: never fed to the search as a bad config
-            lost = result.info.get("capacity_lost")
-            if lost:  # capacity that was there is gone: stop, and leave the config for the re-run
-                self._requeue_after_lost_capacity(study, trial, config, lost)
-            else:
-                self._retry_after_infra(study, trial, config)
-            _tell(study, trial, state=TrialState.FAIL)
-        else:  # crash, timeout: nothing learnt about the config itself
-            _tell(study, trial, state=TrialState.FAIL)
+        if meaning.status != result.status:
+            trial.set_user_attr(A.STATUS, meaning.status)
+            trial.set_user_attr(A.REASON, meaning.reason)
+        if meaning.retry == "capacity_lost":  # capacity that was there is gone: stop, leave the config for the re-run
+            self._requeue_after_lost_capacity(study, trial, config, meaning.capacity_lost)
+        elif meaning.retry == "infra":
+            self._retry_after_infra(study, trial, config)
+        if meaning.tell in ("values", "infeasible"):
+            trial.set_constraint("feasible", 0.0 if meaning.tell == "values" else 1.0)
+            _tell(study, trial, meaning.values)
+        else:
+            _tell(study, trial, state=TrialState.PRUNED if meaning.tell == "pruned" else TrialState.FAIL)
         record = trial_record(study, trial.number)
         for listener in self.listeners:
             listener.trial_finished(study, record, result)
@@ -651,32 +623,6 @@ class StudyRunner:
         trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; retried once as a new trial"[:2000])
         self.observer.on_message(f"trial {trial.number}: infrastructure failure; its config is retried once")
 
-    def _derive_metrics(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
-        if not result.ok or result.source == "simulated":
-            return
-        from autotune.objectives import derive_metrics
-
-        derived = derive_metrics(metrics, self.context.model, self.context.workload, self.context.hardware,
-                                 self._devices(config), str(config.get("precision", "bf16")))
-        for k, v in derived.items():
-            metrics.setdefault(k, v)
-
-    def _check_plausible(self, metrics: dict[str, Any], config: dict[str, Any], result: ProbeResult) -> None:
-        """A measurement that cannot be real (a negative time, MFU above 100 %) is a crash with
-        the reason: its metrics stay recorded, and it never becomes the best."""
-        from .sanity import implausible_metrics
-
-        c = self.context
-        problems = implausible_metrics(metrics, c.model, c.workload, c.hardware, str(config.get("precision", "bf16")))
-        if problems:
-            result.status = "crash"
-            result.reason = "implausible metrics from the probe: " + "; ".join(problems)
-
-    def _devices(self, config: dict[str, Any]) -> int:
-        if self.space.training:
-            return int(config.get("tp", 1)) * int(config.get("pp", 1)) * int(config.get("cp", 1)) * int(config.get("dp", 1))
-        return int(config.get("tp", 1))
-
     def _save_trial_files(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
         folder = self.run_dir / "trials" / f"{number:04d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -709,13 +655,6 @@ def _predicted(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> di
     return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith(("time_", "mem_"))) and _finite(v)}
 
 
-def _step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
-    """The highest memory any step reported (``memory_gib`` / ``peak_memory_gib``), warm-up included:
-    a config that peaks in its first step needs that memory too."""
-    values = [float(e[k]) for e in steps for k in ("memory_gib", "peak_memory_gib") if _finite(e.get(k))]
-    return max(values) if values else None
-
-
 MAX_INFRA_IN_A_ROW = 3  # then the cluster, not the configs, is the problem: stop and say so
 
 
@@ -729,13 +668,6 @@ def _tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
     except RuntimeError as exc:
         if "Study.stop" not in str(exc):
             raise
-
-
-def _measured_step_times(steps: list[dict[str, Any]]) -> list[float]:
-    """Step times of the measured phase (all steps when the probe names no phases)."""
-    phased = any("phase" in e for e in steps)
-    return [float(e["step_time_s"]) for e in steps
-            if _finite(e.get("step_time_s")) and (not phased or e.get("phase") == "measure")]
 
 
 def _jsonable(obj: Any) -> Any:

@@ -15,7 +15,7 @@ from autotune.guided import Guide, Observation
 from autotune.ranking import rank_space
 from autotune.report import memory_calibration, probe_costs
 from autotune.records import TrialRecord
-from autotune.search import _step_peak_memory
+from autotune.interpret import step_peak_memory as _step_peak_memory
 from autotune.space import Space
 from autotune.spec import Spec
 from autotune.workers.command import run_probe_process
