@@ -572,6 +572,17 @@ def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, define
     from .progress import ProgressObserver
     from .search import StudyRunner, Unplaceable
 
+    from .assembly import dispatcher_for, launcher_for
+
+    try:
+        dispatcher = dispatcher_for(spec, choice, directory)
+    except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    except Exception as exc:  # Ray would not start: say what failed, keep the traceback for -v
+        log.debug("dispatcher failed", exc_info=True)
+        _error(f"cannot start the trials' dispatcher: {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
     tracker = None
     if not no_tracking:
         err.print(Text("opening the MLflow store", style="dim"))
@@ -587,8 +598,9 @@ def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, define
             _warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
     from .storage import StorageDamaged
 
-    runner = StudyRunner(spec, directory, choice, tracker=tracker, observer=observer, cache=cache,
-                         reuse_cache=reuse_cache, stop_requested=lambda: _SIGTERM_RECEIVED, definition=defined_as)
+    runner = StudyRunner(spec, directory, choice, dispatcher=dispatcher, launcher=launcher_for(spec, choice),
+                         tracker=tracker, observer=observer, cache=cache, reuse_cache=reuse_cache,
+                         stop_requested=lambda: _SIGTERM_RECEIVED, definition=defined_as)
     status = "FAILED"
     try:
         with observer:

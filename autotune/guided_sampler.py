@@ -82,6 +82,7 @@ class GuidedSampler(BaseSampler):
         self.guide = Guide(ranking, self.objective, settings)
         self.n_trials = n_trials
         self._independent = independent_sampler or RandomSampler(seed=seed)
+        self._said: dict[int, dict[str, Any]] = {}  # trial number -> why the guide proposed its config
         self._distributions = space.distributions()
         self._params = ranking.enumeration.params
         self._by_params: dict[str, int] = {}
@@ -113,6 +114,11 @@ class GuidedSampler(BaseSampler):
                                                     max_oom_share=sp.max_oom_share))
         return cls(ranking, space, objectives[0], **kwargs)
 
+    def proposal(self, number: int) -> dict[str, Any]:
+        """Why the guide chose trial ``number``'s config, its prediction, and whether it is a
+        deliberate re-measurement (empty for a trial the guide did not propose)."""
+        return dict(self._said.get(number) or {})
+
     # ---- Optuna's sampler interface ------------------------------------------------------------
     def reseed_rng(self) -> None:
         self._independent.reseed_rng()
@@ -134,8 +140,11 @@ class GuidedSampler(BaseSampler):
             if proposal is not None:
                 chosen = self.ranking.enumeration.params_of(proposal.index)
                 params = {n: chosen[n] for n in ours if _contains(search_space[n], chosen[n])}
-                study._storage.set_trial_system_attr(trial._trial_id, GUIDE_ATTR, {
-                    "reason": proposal.reason, "predicted": proposal.predicted, "remeasure": proposal.remeasure})
+                said = {"reason": proposal.reason, "predicted": proposal.predicted, "remeasure": proposal.remeasure}
+                self._said[trial.number] = said  # what autotune's loop reads (GuidedSampler.proposal)
+                # for a plain Optuna objective, on the trial itself: a sampler hook gets a FrozenTrial,
+                # and Optuna has no public setter for it
+                study._storage.set_trial_system_attr(trial._trial_id, GUIDE_ATTR, said)
         for name, distribution in search_space.items():  # what the guide does not cover
             if name not in params and name not in fixed:
                 params[name] = self._independent.sample_independent(study, trial, name, distribution)

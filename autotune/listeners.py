@@ -9,7 +9,7 @@ MLflow parent run, the refit of what it measured before).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import optuna
 
@@ -19,9 +19,26 @@ from .records import TrialRecord, trial_records
 from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
 from .trial_attrs import A
 
-__all__ = ["TrialListener", "ResultCacheListener", "RefitListener", "GuideEstimatesListener"]
+__all__ = ["SearchObserver", "TrialListener", "ResultCacheListener", "RefitListener", "GuideEstimatesListener"]
 
 log = logging.getLogger(__name__)
+
+
+class SearchObserver(Protocol):
+    """What the loop tells the user interface (a rich progress bar in the CLI, nothing in tests)."""
+
+    def on_start(self, budget: int, done: int) -> None: ...
+    def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None: ...
+    def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
+    def on_message(self, text: str) -> None: ...
+
+
+class _Quiet:
+    def on_start(self, budget: int, done: int) -> None: ...
+    def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None: ...
+    def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
+    def on_message(self, text: str) -> None:
+        log.info(text)
 
 
 class TrialListener:

@@ -16,7 +16,7 @@ __all__ = ["ProgressObserver"]
 
 
 class ProgressObserver:
-    """A :class:`~autotune.search.SearchObserver` drawing a rich progress bar.
+    """A :class:`~autotune.listeners.SearchObserver` drawing a rich progress bar.
 
     Failed trials are printed above the bar as they happen (with their reason), so a user sees
     an OOM wave early instead of at the end. ``quiet`` (``--json``) hides only the bar: messages

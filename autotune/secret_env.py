@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 __all__ = ["MASK", "SPEC_COPY", "looks_secret", "secret_env_names", "masked_backend", "masked_spec_text",
-           "masked_spec_data", "masked_url", "secret_values", "scrub", "write_spec_copy"]
+           "masked_spec_data", "masked_url", "secret_values", "scrub", "scrub_values", "write_spec_copy"]
 
 MASK = "***"
 SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from (report/export read it back)
@@ -95,6 +95,17 @@ def scrub(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, MASK)
     return text
+
+
+def scrub_values(value: Any, secrets: list[str]) -> Any:
+    """``value`` (a probe's info: nested mappings, lists, strings) with the secrets masked."""
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, dict):
+        return {scrub(str(k), secrets): scrub_values(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_values(v, secrets) for v in value]
+    return value
 
 
 def masked_spec_text(text: str) -> str:

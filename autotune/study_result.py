@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 import optuna
 
+from .ranking import Ranking
 from .recommend import Recommendation, study_recommendation
 from .records import TrialRecord, best_records, guide_estimates, trial_records
 from .spec import Spec
 
-__all__ = ["StudyResult"]
+__all__ = ["StudyResult", "StudyOutcome"]
 
 
 @dataclass
@@ -43,3 +44,28 @@ class StudyResult:
 
     def record(self, number: int) -> TrialRecord | None:
         return next((r for r in self.records if r.number == number), None)
+
+
+@dataclass
+class StudyOutcome:
+    """What one run of the search loop ended with (:meth:`autotune.search.StudyRunner.run`)."""
+
+    study: optuna.Study
+    result: StudyResult
+    ranking: Ranking | None
+    probes_run: int
+    stopped_because: str
+    parent_run_id: str | None = None
+    infra_failure: str | None = None  # the study stopped because the infrastructure failed (exit 3)
+
+    @property
+    def records(self) -> list[TrialRecord]:
+        return self.result.records
+
+    @property
+    def best(self) -> list[TrialRecord]:
+        return self.result.best
+
+    @property
+    def baseline(self) -> TrialRecord | None:
+        return self.result.baseline

@@ -42,6 +42,14 @@ from autotune.context import probe_context  # noqa: E402
 from autotune.ranking import rank_space  # noqa: E402
 from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, fit_refit  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
+
+
+def _assembled(spec, run_dir):
+    """The dispatcher and launcher the CLI would give a torch study (autotune.assembly)."""
+    from autotune.assembly import dispatcher_for, launcher_for
+
+    choice = BackendChoice("torch", "benchmark")
+    return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
 
@@ -90,7 +98,7 @@ def measure(tmp: Path) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
     for n, values in enumerate(CONFIGS):
         space = {name: [value] for name, value in zip(NAMES, values)}
         spec = _spec(tmp, None, space, name=f"rank-fidelity-{n}")
-        runner = StudyRunner(spec, tmp / f"run{n}", BackendChoice("torch", "benchmark"))
+        runner = StudyRunner(spec, tmp / f"run{n}", BackendChoice("torch", "benchmark"), **_assembled(spec, tmp / f"run{n}"))
         try:
             outcome = runner.run()
         finally:

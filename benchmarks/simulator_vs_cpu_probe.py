@@ -32,6 +32,14 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.refit import fit_refit  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
+
+
+def _assembled(spec, run_dir):
+    """The dispatcher and launcher the CLI would give a torch study (autotune.assembly)."""
+    from autotune.assembly import dispatcher_for, launcher_for
+
+    choice = BackendChoice("torch", "benchmark")
+    return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
 from autotune.spec import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +78,7 @@ def main() -> None:
         spec_path.write_text(yaml.safe_dump(data))
         spec = load_spec(spec_path)
         run_dir = args.keep or Path(tmp) / "run"
-        runner = StudyRunner(spec, run_dir, BackendChoice("torch", "benchmark"))
+        runner = StudyRunner(spec, run_dir, BackendChoice("torch", "benchmark"), **_assembled(spec, run_dir))
         try:
             outcome = runner.run()
         finally:

@@ -133,7 +133,7 @@ def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sam
     runner_holder: dict = {}
 
     def probe(request):
-        predicted = runner_holder["runner"]._prediction(request.params)
+        predicted = runner_holder["runner"].resolver.prediction(request.params)
         step = 3.0 * predicted["step_time_s"]
         return ProbeResult("ok", metrics={"step_time_s": step, "tokens_per_s_per_device": 1.0 / step})
 
