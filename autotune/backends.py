@@ -15,7 +15,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from .spec import BACKEND_KINDS, STACK_PRESETS, Spec
+from .spec import BACKEND_KINDS, Spec
+from .stacks import preset, preset_names
 from autotune.workers.protocol import TrialRequest
 
 __all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for", "trial_devices", "trial_placement",
@@ -67,11 +68,12 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     simulator (said on the first line; ``--backend`` forces the probes)."""
     kind = override or spec.backend.kind
     acc = spec.cluster.accelerator
-    if kind not in BACKEND_KINDS:
-        raise ValueError(f"--backend: expected one of {', '.join(BACKEND_KINDS)}, got {kind!r}")
+    kinds = (*BACKEND_KINDS, *(name for name in preset_names() if name not in BACKEND_KINDS))
+    if kind not in kinds:
+        raise ValueError(f"--backend: expected one of {', '.join(kinds)}, got {kind!r}")
     if kind == "simulate":
         return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
-    if kind in STACK_PRESETS:
+    if preset(kind) is not None:  # a registered stack preset (autotune.stacks)
         if kind != spec.backend.kind:
             raise ValueError(f"--backend {kind}: the spec's backend is {spec.backend.kind!r}; a stack preset needs "
                              f"backend.kind: {kind} with its entry and args in the spec")
@@ -169,21 +171,20 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         os.makedirs(work, exist_ok=True)
         return ProbeLaunch(argv=ms_argv(request, python), env={**probe_env(python), **env}, timeout_s=timeout,
                            resources=resources, metric_patterns=None, cwd=work, **spread)
-    if choice.kind in STACK_PRESETS:
+    stack = preset(choice.kind)
+    if stack is not None:  # the stack's own launch and log (autotune.stacks, autotune.stack_presets)
         from .stack_presets import preset_launch
 
         workload = spec.workload
         warmup = int(getattr(workload, "warmup_steps", 1) or 0)
         iterations = backend.iterations or warmup + int(getattr(workload, "measured_steps", 3) or 1)
-        if choice.kind in ("megatron", "mindspeed") and not backend.iterations:
-            # Megatron-LM core_v0.16+ logs iteration 1 without resetting its timer: the first line after
-            # warm-up averages warm-up in and is not measured (stack_logs._megatron), so one more runs
-            iterations += 1
+        if not backend.iterations:  # lines the stack logs that cannot be measured (Megatron's first after warm-up)
+            iterations += stack.extra_iterations
         entry_backend = backend
         if backend.entry and not backend.entry.startswith("-m ") and not os.path.isabs(backend.entry) \
                 and spec.source_path is not None:  # a script path is relative to the spec
             entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
-        launch = preset_launch(choice.kind, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
+        launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
         return ProbeLaunch(argv=launch["argv"], env={**launch["env"], **env}, timeout_s=timeout, resources=resources,
                            metric_patterns=backend.metric_patterns or None, cwd=cwd, files=launch["files"],
                            stack_log=launch["stack_log"], **spread)

@@ -40,7 +40,7 @@ def probe_context(spec: Spec) -> ProbeContext:
         "threads_per_rank": spec.cluster.threads_per_rank,
         "hardware": hardware,
     }
-    from .targets import memory_rule
+    from .stacks import memory_rule
 
     workload = spec.workload.model_dump()
     if spec.is_training:  # how the stack that runs the config holds its model states

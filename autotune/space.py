@@ -20,7 +20,7 @@ import numpy as np
 
 from .safe_expr import Expression, compile_expression
 from .spec import Spec, TrainWorkload
-from .targets import target_violations
+from .stacks import target_violations
 
 __all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS"]
 

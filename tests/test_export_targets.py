@@ -30,7 +30,7 @@ from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand
 from autotune.space import Space
 from autotune.spec import parse_spec
-from autotune.targets import TARGETS, unsupported_reasons
+from autotune.stacks import STACKS, unsupported_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LLAMA2_7B = {"name": "llama2-7b", "arch": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
@@ -109,7 +109,7 @@ def _flags(argv: list[str]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- the space
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", list(STACKS))
 def test_the_space_holds_only_configs_the_target_can_launch(target):
     spec = parse_spec({
         "name": "t", "model": "llama2-7b", "target": target,

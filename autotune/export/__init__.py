@@ -1,43 +1,67 @@
-"""Launch-ready forms of a chosen config, one small exporter per target stack.
+"""Launch-ready forms of a chosen config: autotune's own YAML and env file, and each stack's launch.
 
 ``autotune export RUN_OR_SPEC --format megatron,deepspeed,mindformers,torchtitan,env,yaml`` (or
 ``all``). Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
-implementations live in private modules. Every file starts with the same header (in the file
-format's comment syntax, or an ``_autotune`` key in JSON): study, trial, whether the numbers were
-measured or simulated, the metrics, and the software the probe saw (torch / torch_npu / CANN /
-MindSpore / driver versions), so a file found later explains itself.
+implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`)
+holds the one that launches it, so :data:`EXPORTERS` is yaml, env and the registered stacks'
+exporters. Every file starts with the same header (in the file format's comment syntax, or an
+``_autotune`` key in JSON): study, trial, whether the numbers were measured or simulated, the
+metrics, and the software the probe saw (torch / torch_npu / CANN / MindSpore / driver
+versions), so a file found later explains itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ._base import ExportContext, Exporter, ExportRefused, header_fields, header_lines
-from ._deepspeed import DeepSpeedExporter
 from ._env import EnvExporter
-from ._megatron import MegatronExporter, megatron_args
-from ._mindformers import MindFormersExporter
-from ._torchtitan import TorchtitanExporter
+from ._megatron import megatron_args
 from ._yaml import YamlExporter
 
 __all__ = ["Exporter", "ExportContext", "ExportRefused", "EXPORTERS", "DEFAULT_FORMATS", "header_lines",
            "header_fields", "megatron_args", "write_exports", "parse_formats", "default_formats", "refusals"]
 
-EXPORTERS: dict[str, Exporter] = {e.name: e for e in (
-    YamlExporter(), EnvExporter(), MegatronExporter(), DeepSpeedExporter(), MindFormersExporter(), TorchtitanExporter(),
-)}
+
+class _Exporters(Mapping[str, Exporter]):
+    """``{format: Exporter}``: autotune's own yaml and env, then each registered stack's exporter
+    (:func:`autotune.stacks.exporters`), read from the registry at each use (a stack registered
+    later is exported too)."""
+
+    _own: tuple[Exporter, ...] = (YamlExporter(), EnvExporter())
+
+    def _all(self) -> dict[str, Exporter]:
+        from autotune.stacks import exporters
+
+        return {**{e.name: e for e in self._own}, **exporters()}
+
+    def __getitem__(self, name: str) -> Exporter:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"EXPORTERS({', '.join(self)})"
+
+
+EXPORTERS: Mapping[str, Exporter] = _Exporters()
 DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes for the default targets
 
 
 def default_formats(target: str, workload_kind: str = "train") -> tuple[str, ...]:
     """The exports a finished study gets: autotune's own YAML, the env file, and the launch form
-    of the study's target stack (:mod:`autotune.targets`); an inference study gets no training
-    launch (every launch format is a training one)."""
-    from autotune.targets import TARGET_FORMATS
+    of the study's target stack (:func:`autotune.stacks.target_format`); an inference study gets
+    no training launch (every launch format is a training one)."""
+    from autotune.stacks import target_format
 
     if workload_kind != "train":
         return ("yaml", "env")
-    return ("yaml", "env", TARGET_FORMATS.get(target, "megatron"))
+    return ("yaml", "env", target_format(target))
 
 
 def parse_formats(text: str) -> list[str]:

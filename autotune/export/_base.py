@@ -26,7 +26,7 @@ class ExportContext:
     workload: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)  # as the probe reported it
-    target: str = ""                      # the study's target stack (autotune.targets); "" = unknown
+    target: str = ""                      # the study's target stack (autotune.stacks); "" = unknown
 
     @classmethod
     def from_record(cls, study: str, record: Any, model: dict | None = None, workload: dict | None = None,
@@ -130,14 +130,14 @@ class Exporter(abc.ABC):
     def unsupported(self, ctx: ExportContext) -> list[str]:
         """Reasons this format cannot launch ``ctx.config`` exactly. A format for one family of
         stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers) applies that stack's rules
-        (:mod:`autotune.targets`); a study tuned for another stack gets them too, since the same
-        config is exported."""
-        from autotune.targets import FORMAT_TARGETS, unsupported_reasons
+        (:mod:`autotune.stacks`: the stacks whose descriptor holds this exporter); a study tuned for
+        another stack gets them too, since the same config is exported."""
+        from autotune.stacks import format_targets, unsupported_reasons
 
         unsafe = [name for name in ctx.env if not ENV_NAME.fullmatch(name)] if self.shell else []
         if unsafe:  # `export NAME=...` cannot quote a name: `X=1;touch PWNED;#` would run as a command
             return [f"env name(s) {', '.join(map(repr, unsafe))} are not shell variable names ([A-Za-z_][A-Za-z0-9_]*)"]
-        targets = FORMAT_TARGETS.get(self.name)
+        targets = format_targets(self.name)
         if not targets:
             return []
         kind = ctx.workload.get("kind", "train")

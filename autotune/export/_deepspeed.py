@@ -7,7 +7,7 @@ takes the data-parallel world to be all ranks and checks ``train_batch_size ==
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``. Model parallelism (tp, pp,
 cp) is not something a DeepSpeed config can switch on, so such configs are refused rather than
 exported with a batch check that fails or a world that is not the measured one (see
-:mod:`autotune.targets`).
+:mod:`autotune.stacks`).
 """
 
 from __future__ import annotations

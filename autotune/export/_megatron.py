@@ -14,7 +14,7 @@ What launches is exactly the measured config: Megatron derives dp = world / (tpÂ
 grad-accum = global batch / (micro-batch Â· dp); ``--recompute-method block`` counts layers per
 *virtual* stage, so ``--recompute-num-layers`` is the measured per-stage count divided by vpp; the
 distributed optimizer is ZeRO-1 and nothing more (ZeRO-2/3 are refused, see
-:mod:`autotune.targets`).
+:mod:`autotune.stacks`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The mapping launches exactly the measured config:
 - ZeRO on FSDP2: stage 0 = ``data_parallel_replicate_degree`` dp (DDP); stage 2 = shard over dp
   without resharding after forward; stage 3 = shard, resharding after forward (the torch probe's
   own mapping). Stage 1 and fp16 have no torchtitan form, and bf16 needs FSDP (refused by
-  :mod:`autotune.targets`).
+  :mod:`autotune.stacks`).
 - Batch: without pipelining ``local_batch_size`` is the micro-batch and ``global_batch_size``
   micro-batch x grad-accum x dp, so torchtitan accumulates grad-accum micro-batches; with
   pipelining the pipeline's micro-batches are the accumulation (``local_batch_size`` = micro-batch x

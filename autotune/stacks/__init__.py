@@ -1,0 +1,144 @@
+"""The production stacks a study tunes for (the spec's ``target:``) and runs as the probe (stack presets).
+
+One :class:`Stack` per stack, in its own module, registered here: what the space may contain for
+it, its memory rule, its exporter, its preset launch and log reader, its supported versions and
+when it is the default target. Everything else asks this registry: :mod:`autotune.space` (rules),
+:mod:`autotune.context` (memory rule), :mod:`autotune.export` (exporters and their refusals),
+:mod:`autotune.backends` and :mod:`autotune.stack_presets` (the preset launch), and
+:mod:`autotune.spec` (the names ``target:`` and ``backend.kind`` accept; this package never
+imports the spec). Adding a stack is one module and one ``register`` line below
+(docs/ARCHITECTURE.md, "Adding a stack").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._base import MINDSPORE_PARAMS, PresetLaunch, PresetRun, Rule, Stack
+
+if TYPE_CHECKING:
+    from autotune.export import Exporter
+
+__all__ = ["MINDSPORE_PARAMS", "STACKS", "PresetLaunch", "PresetRun", "Rule", "Stack", "default_target", "exporters",
+           "format_targets", "get", "memory_rule", "names", "preset", "preset_names", "register", "supported_versions",
+           "target_format", "target_violations", "unregister", "unsupported_reasons"]
+
+STACKS: dict[str, Stack] = {}  # by name, in registration order (the first stack of a shared format is its default)
+
+# names a stack cannot take: `target: none` is "no stack in mind"; a preset's name is a backend kind;
+# an exporter's name is an export format beside autotune's own
+RESERVED_NAMES = ("none", "auto", "simulate", "command", "torch", "mindspore")
+OWN_FORMATS = ("yaml", "env")
+FALLBACK_MEMORY_RULE = "megatron"  # `target: none`: the simulator's default rule
+FALLBACK_FORMAT = "megatron"       # `target: none`: the launch a finished study is exported as
+
+
+def register(stack: Stack) -> Stack:
+    """Add ``stack`` to the registry (its name and its exporter's format must be new)."""
+    if stack.name in STACKS:
+        raise ValueError(f"stack {stack.name!r} is registered already")
+    if stack.name in RESERVED_NAMES:
+        raise ValueError(f"{stack.name!r} cannot name a stack: it means something else ({', '.join(RESERVED_NAMES)})")
+    fmt = stack.exporter.name
+    if not fmt or fmt in OWN_FORMATS:
+        raise ValueError(f"stack {stack.name!r}: its exporter needs a name other than {', '.join(OWN_FORMATS)}")
+    clash = [s.name for s in STACKS.values() if s.exporter.name == fmt and s.exporter is not stack.exporter]
+    if clash:
+        raise ValueError(f"stack {stack.name!r}: export format {fmt!r} is another exporter's already "
+                         f"(stack {clash[0]}); stacks share a format by sharing its exporter")
+    STACKS[stack.name] = stack
+    return stack
+
+
+def unregister(name: str) -> Stack:
+    """Remove a stack (tests, plugins); returns it."""
+    return STACKS.pop(name)
+
+
+def get(name: str) -> Stack:
+    """The stack called ``name``; a ValueError naming the registered ones otherwise."""
+    try:
+        return STACKS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; expected one of {', '.join(STACKS)}") from None
+
+
+def names() -> tuple[str, ...]:
+    """Every registered stack: what ``target:`` accepts (besides ``none``)."""
+    return tuple(STACKS)
+
+
+def preset(kind: str) -> Stack | None:
+    """The stack that ``backend: {kind: KIND}`` runs as the probe, or None."""
+    stack = STACKS.get(kind)
+    return stack if stack is not None and stack.preset else None
+
+
+def preset_names() -> tuple[str, ...]:
+    """The backend presets: stacks with a launch and a log reader."""
+    return tuple(name for name, stack in STACKS.items() if stack.preset)
+
+
+def default_target(backend_kind: str, accelerator: str, searched: tuple[str, ...] = ()) -> str:
+    """The stack a spec without ``target:`` is tuned for: the one whose ``default_when`` holds
+    (MindFormers for MindSpore probes or a space over MindSpore's own settings, MindSpeed-LLM on
+    Ascend, Megatron-LM elsewhere); ``none`` when no registered stack claims the combination."""
+    for stack in STACKS.values():
+        if stack.default_when is not None and stack.default_when(backend_kind, accelerator, tuple(searched)):
+            return stack.name
+    return "none"
+
+
+def target_violations(target: str, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """``{reason: bool array}``: which of ``n`` configs (as columns) ``target`` cannot launch."""
+    return get(target).violations(cols, n)
+
+
+def unsupported_reasons(target: str, config: dict[str, Any]) -> list[str]:
+    """Why ``target`` cannot launch this one config (empty when it can)."""
+    return get(target).unsupported(config)
+
+
+def memory_rule(target: str, backend_kind: str) -> str:
+    """The memory rule the model prices: the probe's own when autotune's torch probe measures
+    (its peaks are what a probe can run out of), else the target stack's."""
+    if backend_kind == "torch":
+        return "torch-probe"
+    stack = STACKS.get(target)
+    return stack.memory_rule if stack is not None else FALLBACK_MEMORY_RULE
+
+
+def exporters() -> dict[str, Exporter]:
+    """Each stack's exporter by format name, in registration order (a shared one once)."""
+    out: dict[str, Exporter] = {}
+    for stack in STACKS.values():
+        out.setdefault(stack.exporter.name, stack.exporter)
+    return out
+
+
+def format_targets(fmt: str) -> tuple[str, ...]:
+    """The stacks export format ``fmt`` launches (empty for autotune's own yaml and env)."""
+    return tuple(name for name, stack in STACKS.items() if stack.exporter.name == fmt)
+
+
+def target_format(target: str) -> str:
+    """The export format that launches ``target``."""
+    stack = STACKS.get(target)
+    return stack.exporter.name if stack is not None else FALLBACK_FORMAT
+
+
+def supported_versions() -> dict[str, str]:
+    """What each stack's export was checked against (tests/test_export_targets.py; the README says the same)."""
+    return {name: stack.supported_versions for name, stack in STACKS.items()}
+
+
+# ---------------------------------------------------------------------------- the built-in stacks
+from . import deepspeed, megatron, mindformers, mindspeed, torchtitan
+
+register(mindspeed.STACK)
+register(megatron.STACK)
+register(deepspeed.STACK)
+register(torchtitan.STACK)
+register(mindformers.STACK)

@@ -1,0 +1,340 @@
+"""The contract every registered stack keeps (issue #32: "A stack is one descriptor").
+
+Parametrized over :data:`autotune.stacks.STACKS`, so a stack added to the registry is checked
+with no change here: its rules and its exporter agree (a config the rules allow is exported and
+the export launches the same parallel sizes; a config they forbid is refused with the same
+reason), its space holds exactly what its rules allow, its memory rule is one the simulator
+prices, a preset's launch names the stack's log reader and that reader reads the stack's golden
+log, the default-target conditions exclude one another, and the spec accepts its name. Then a toy
+stack registered here shows that a module and a ``register`` line are all a stack takes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from autotune import stacks
+from autotune.backends import launch_for, select_backend
+from autotune.context import probe_context
+from autotune.export import (EXPORTERS, ExportContext, Exporter, ExportRefused, default_formats, parse_formats,
+                             write_exports)
+from autotune.export._base import header_fields, script_arrays
+from autotune.space import Space
+from autotune.spec import BACKEND_KINDS, parse_spec
+from autotune.stack_presets import preset_launch
+from autotune.stacks import STACKS, PresetLaunch, PresetRun, Stack, register, unregister
+from autotune.stacks._base import col
+from autotune.workers.protocol import TrialRequest
+from autotune.workers.simulate._memory import MEMORY_RULES
+from autotune.workers.stack_logs import STACK_LOGS, stack_log
+
+GOLDEN_LOGS = Path(__file__).resolve().parent / "fixtures" / "stack_logs"
+NAMES = list(STACKS)
+PRESETS = [name for name in NAMES if STACKS[name].preset]
+WORLD = 8
+
+SPEC = {
+    "name": "contract", "model": "llama2-7b", "target": "none",
+    "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+    "cluster": {"accelerator": "npu", "devices_per_node": WORLD},
+    "space": {"tp": [1, 2, 4], "pp": [1, 2], "vpp": [1, 2], "cp": [1, 2], "micro_batch_size": [1, 2],
+              "recompute": ["none", "selective", "full"], "recompute_layers": [2, 3, 16],
+              "zero_stage": [0, 1, 2, 3], "precision": ["bf16", "fp16", "fp32"],
+              "compile": ["none", "default", "max-autotune"]},
+}
+
+
+def _spec(target: str = "none", **changes: Any):
+    """The contract spec tuned for ``target`` (set after validation: a stack registered at run
+    time is not in the spec's list of names)."""
+    return parse_spec({**SPEC, **changes}).model_copy(update={"target": target})
+
+
+@pytest.fixture(scope="module")
+def candidates() -> list[dict[str, Any]]:
+    """Canonical configs of a space no stack restricts, and some with MindSpore's own settings."""
+    configs = Space(_spec()).enumerate().configs
+    sample = configs[:: max(1, len(configs) // 300)]
+    return sample + [{**c, "mode": "graph", "jit_level": "O1"} for c in sample[::10]]
+
+
+def _context(config: dict[str, Any], target: str) -> ExportContext:
+    spec = _spec()
+    return ExportContext(study="contract", trial=1, config=dict(config), metrics={"tokens_per_s_per_device": 1.0},
+                         source="simulated", model=spec.model.model_dump(), workload=spec.workload.model_dump(),
+                         cluster={"nodes": 1, "devices_per_node": WORLD, "world_size": WORLD}, target=target)
+
+
+# ------------------------------------------------------- what each format launches, read back
+def _flags(args: list[str]) -> dict[str, str]:
+    return {a: b for a, b in itertools.pairwise(args) if a.startswith("--") and not b.startswith("--")}
+
+
+def _megatron_sizes(text: str) -> dict[str, int]:
+    f = _flags(script_arrays(text)["AUTOTUNE_ARGS"])
+    tp, pp = int(f["--tensor-model-parallel-size"]), int(f["--pipeline-model-parallel-size"])
+    cp = int(f.get("--context-parallel-size", 1))
+    return {"tp": tp, "pp": pp, "cp": cp, "dp": WORLD // (tp * pp * cp),
+            "micro_batch_size": int(f["--micro-batch-size"])}
+
+
+def _deepspeed_sizes(text: str) -> dict[str, int]:
+    d = json.loads(text)
+    mbs, ga = d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"]
+    return {"tp": 1, "pp": 1, "cp": 1, "dp": d["train_batch_size"] // (mbs * ga), "micro_batch_size": mbs}
+
+
+def _torchtitan_sizes(text: str) -> dict[str, int]:
+    f = _flags(script_arrays(text)["AUTOTUNE_ARGS"])
+    pp = int(f["--parallelism.pipeline_parallel_degree"])
+    return {"tp": int(f["--parallelism.tensor_parallel_degree"]), "pp": pp,
+            "cp": int(f["--parallelism.context_parallel_degree"]),
+            "dp": (int(f["--parallelism.data_parallel_replicate_degree"])
+                   * int(f["--parallelism.data_parallel_shard_degree"])),
+            "micro_batch_size": int(f["--parallelism.pipeline_parallel_microbatch_size"] if pp > 1
+                                    else f["--training.local_batch_size"])}
+
+
+def _mindformers_sizes(text: str) -> dict[str, int]:
+    p = yaml.safe_load(text)["parallel_config"]
+    return {"tp": p["model_parallel"], "pp": p["pipeline_stage"], "cp": p["context_parallel"], "dp": p["data_parallel"],
+            "micro_batch_size": yaml.safe_load(text)["runner_config"]["batch_size"]}
+
+
+def _toy_sizes(text: str) -> dict[str, int]:
+    return {k: v for k, v in json.loads(text).items() if k != "_autotune"}
+
+
+# each export format's launch, read back as the parallel sizes it runs (a new format adds its reader)
+READ_BACK: dict[str, Callable[[str], dict[str, int]]] = {
+    "megatron": _megatron_sizes, "deepspeed": _deepspeed_sizes, "torchtitan": _torchtitan_sizes,
+    "mindformers": _mindformers_sizes, "toy": _toy_sizes,
+}
+
+
+# ------------------------------------------------------------------------- rules <-> exporter
+@pytest.mark.parametrize("name", NAMES)
+def test_rules_and_exporter_agree(name, candidates, tmp_path):
+    stack = STACKS[name]
+    exporter = stack.exporter
+    assert EXPORTERS[exporter.name] is exporter and name in stacks.format_targets(exporter.name)
+    assert exporter.name in READ_BACK, f"add a reader of the {exporter.name} export to READ_BACK"
+    allowed = [*Space(_spec(name)).enumerate().configs,  # what the space holds for it, and MindSpore-set configs
+               *(c for c in candidates if "mode" in c and not stack.unsupported(c))]
+    forbidden = [c for c in candidates if stack.unsupported(c)]
+    assert len(allowed) > 10 and forbidden, "the contract space should hold configs the stack launches and others"
+    for config in allowed[:: max(1, len(allowed) // 40)]:
+        ctx = _context(config, name)
+        assert exporter.unsupported(ctx) == [], config
+        sizes = READ_BACK[exporter.name](exporter.render(ctx))
+        assert sizes == {k: int(config.get(k, 1) or 1) for k in sizes}, config
+    for config in forbidden[:: max(1, len(forbidden) // 40)]:
+        ctx = _context(config, name)
+        reasons = stack.unsupported(config)
+        assert exporter.unsupported(ctx) == reasons + exporter.workload_reasons(ctx), config
+        with pytest.raises(ExportRefused) as refused:
+            write_exports(ctx, tmp_path / "refused", [exporter.name])
+        assert all(reason in str(refused.value) for reason in reasons)
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_space_holds_exactly_what_the_rules_allow(name, candidates):
+    space = Space(_spec(name)).enumerate()
+    plain = [c for c in candidates if "mode" not in c]
+    assert {json.dumps(c, sort_keys=True) for c in space.configs} >= {
+        json.dumps(c, sort_keys=True) for c in plain if not STACKS[name].unsupported(c)}
+    assert all(STACKS[name].unsupported(c) == [] for c in space.configs)
+    rejected = {reason for reason in space.invalid_reasons if reason.startswith(f"target {name}: ")}
+    assert rejected, "the stack's rules reject nothing in the contract space"
+
+
+def test_rules_are_vectorised():
+    cols = {"tp": np.array([1, 2]), "pp": np.array([1, 1]), "zero_stage": np.array([0, 3])}
+    for stack in STACKS.values():
+        for reason, bad in stack.violations(cols, 2).items():
+            assert reason.startswith(f"target {stack.name}: ") and bad.shape == (2,) and bad.dtype == bool
+
+
+# ---------------------------------------------------------------- memory rule, default target
+@pytest.mark.parametrize("name", NAMES)
+def test_the_memory_rule_is_one_the_simulator_prices(name):
+    stack = STACKS[name]
+    assert stack.memory_rule in MEMORY_RULES
+    assert probe_context(_spec(name)).workload["memory_rule"] == stack.memory_rule
+    assert stacks.memory_rule(name, "torch") == "torch-probe"  # autotune's torch probe holds its own states
+
+
+COMBINATIONS = [(backend, accelerator, searched) for backend in (*BACKEND_KINDS, *NAMES)
+                for accelerator in ("npu", "cuda", "cpu")
+                for searched in ((), ("tp", "zero_stage"), ("mode",), ("jit_level", "tp"), ("graph_kernel_flags",))]
+
+
+def test_default_target_conditions_exclude_one_another():
+    for combination in COMBINATIONS:
+        claims = [s.name for s in STACKS.values() if s.default_when is not None and s.default_when(*combination)]
+        assert len(claims) <= 1, (combination, claims)
+        assert stacks.default_target(*combination) == (claims[0] if claims else "none")
+
+
+def test_the_built_in_defaults():
+    assert stacks.default_target("auto", "npu") == "mindspeed"
+    assert stacks.default_target("torch", "cuda") == "megatron"
+    assert stacks.default_target("auto", "cpu", ("tp",)) == "megatron"
+    assert stacks.default_target("mindspore", "cpu") == "mindformers"
+    assert stacks.default_target("auto", "npu", ("graph_kernel_flags",)) == "mindformers"
+    base = {"name": "t", "model": "tiny-llama", "workload": {"kind": "train", "seq_len": 64, "global_batch_size": 8}}
+    assert parse_spec({**base, "cluster": {"accelerator": "npu"}}).target_stack == "mindspeed"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_spec_accepts_the_stack(name):
+    assert parse_spec({**SPEC, "target": name}).target_stack == name
+    if STACKS[name].preset:
+        assert name in BACKEND_KINDS
+        backend = {"kind": name, **({"entry": STACKS[name].entry_example} if not STACKS[name].default_entry else {})}
+        assert parse_spec({**SPEC, "backend": backend}).backend.kind == name
+
+
+# ------------------------------------------------------------------- preset launch <-> log reader
+def _request(spec: Any, config: dict[str, Any]) -> TrialRequest:
+    ctx = probe_context(spec)
+    return TrialRequest(params=dict(config), model=ctx.model, workload=ctx.workload, cluster=ctx.cluster,
+                        study="contract", number=3)
+
+
+def _golden_log(name: str) -> Path:
+    """``NAME.log``, else the newest version's ``NAME_<version>.log`` that ends well."""
+    if (GOLDEN_LOGS / f"{name}.log").exists():
+        return GOLDEN_LOGS / f"{name}.log"
+    versions = sorted(p for p in GOLDEN_LOGS.glob(f"{name}_*.log") if not re.search(r"nan|skip|overflow", p.stem))
+    assert versions, f"no golden log of {name} in {GOLDEN_LOGS}"
+    return versions[-1]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_preset_launch_names_the_reader_of_its_log(name, candidates):
+    stack = STACKS[name]
+    assert stack.log_reader in STACK_LOGS
+    allowed = [c for c in candidates if not stack.unsupported(c)]
+    config = max(allowed, key=lambda c: c["tp"] * c["pp"] * c["cp"])  # model parallel where the stack has it
+    backend = SimpleNamespace(entry=stack.default_entry or stack.entry_example, args=["--steps", "{iterations}"])
+    launch = preset_launch(name, backend, _request(_spec(name), config), iterations=6, warmup=1)
+    assert launch["stack_log"]["kind"] == stack.log_reader
+    assert launch["env"]["AUTOTUNE_ITERATIONS"] == "6" and launch["argv"][-1] != "{iterations}"
+    assert launch["stack_log"]["devices"] == WORLD
+    reader = stack_log(launch["stack_log"])
+    steps = [e for line in _golden_log(name).read_text().splitlines() for e in reader.parse(line)]
+    metrics = reader.metrics(steps)
+    assert metrics and metrics["step_time_s"] > 0 and metrics["tokens_per_s_per_device"] > 0, metrics
+    assert reader.verdict(steps) is None
+
+
+def test_not_every_stack_is_a_preset():
+    assert set(PRESETS) == set(stacks.preset_names()) and set(PRESETS) < set(NAMES)
+    for name in set(NAMES) - set(PRESETS):
+        assert STACKS[name].launch is None and STACKS[name].log_reader is None
+        with pytest.raises(ValueError, match="no stack preset"):
+            preset_launch(name, SimpleNamespace(entry="x.py", args=[]), _request(_spec(), {"tp": 1}), 2, 1)
+
+
+# --------------------------------------------------------------------------------- registration
+def test_each_registration_is_unique():
+    assert all(STACKS[name].name == name for name in STACKS)
+    exporters = {}
+    for stack in STACKS.values():  # one exporter per format; stacks sharing a format share the exporter
+        assert exporters.setdefault(stack.exporter.name, stack.exporter) is stack.exporter
+    assert not {"yaml", "env"} & set(exporters)
+    for stack in STACKS.values():
+        with pytest.raises(ValueError, match="registered already"):
+            register(stack)
+    with pytest.raises(ValueError, match="cannot name a stack"):
+        register(Stack(name="none", rules=lambda n: [], memory_rule="megatron", exporter=STACKS[NAMES[0]].exporter,
+                       supported_versions=""))
+    with pytest.raises(ValueError, match="launch and a log reader"):
+        Stack(name="half", rules=lambda n: [], memory_rule="megatron", exporter=STACKS[NAMES[0]].exporter,
+              supported_versions="", log_reader="megatron")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_stack_says_what_it_was_checked_against(name):
+    assert re.search(r"\d", STACKS[name].supported_versions)
+
+
+# ----------------------------------------------------------------- adding a stack: module + line
+class ToyExporter(Exporter):
+    name = "toy"
+    filename = "toy.json"
+
+    def render(self, ctx: ExportContext) -> str:
+        sizes = {k: int(ctx.get(k, 1) or 1) for k in ("tp", "pp", "cp", "dp", "micro_batch_size")}
+        return json.dumps({"_autotune": header_fields(ctx), **sizes})
+
+
+def toy_rules(n: int):
+    return [("toy has no pipeline parallelism", lambda c: col(c, "pp", 1, n).astype(int) > 1)]
+
+
+def toy_launch(run: PresetRun) -> PresetLaunch:
+    return PresetLaunch([*run.launcher, *run.entry, "--tp", str(run.config["tp"]), "--steps", str(run.iterations),
+                         *run.user], env={"TOY": "1"}, files={"toy.json": "{}"})
+
+
+TOY = Stack(name="toy", rules=toy_rules, memory_rule="deepspeed", exporter=ToyExporter(), supported_versions="toy 1.0",
+            default_when=None, launch=toy_launch, log_reader="torchtitan", entry_example="toy.py", extra_iterations=2)
+
+
+@pytest.fixture
+def toy():
+    register(TOY)  # the one registration line (in autotune/stacks/__init__.py for a built-in stack)
+    try:
+        yield TOY
+    finally:
+        unregister("toy")
+
+
+def test_a_registered_stack_is_seen_by_the_space_the_export_and_the_backend_choice(toy, tmp_path):
+    # the space keeps only what the toy launches
+    spec = _spec("toy", space={"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1, 2]})
+    enumeration = Space(spec).enumerate()
+    assert enumeration.configs and all(c["pp"] == 1 for c in enumeration.configs)
+    assert any("target toy: toy has no pipeline parallelism" in r for r in enumeration.invalid_reasons)
+    assert probe_context(spec).workload["memory_rule"] == "deepspeed"
+
+    # the export: its format, its refusals, the default formats of a study tuned for it
+    assert "toy" in EXPORTERS and parse_formats("all")[-1] == "toy" and parse_formats("toy") == ["toy"]
+    assert default_formats("toy") == ("yaml", "env", "toy")
+    with pytest.raises(ExportRefused, match="toy has no pipeline parallelism"):
+        write_exports(_context({"tp": 2, "pp": 2, "cp": 1, "dp": 2}, "toy"), tmp_path, ["toy"])
+    config = enumeration.configs[-1]
+    paths = write_exports(_context(config, "toy"), tmp_path, ["yaml", "toy"])
+    assert _toy_sizes(paths["toy"].read_text())["tp"] == config["tp"]
+
+    # the backend: a preset of its own, launched by its launch and read by its reader
+    backend = spec.backend.model_copy(update={"kind": "toy", "entry": "toy.py"})
+    preset_spec = spec.model_copy(update={"backend": backend})
+    choice = select_backend(preset_spec)
+    assert choice.kind == "toy" and not choice.simulated
+    launch = launch_for(preset_spec, choice, _request(preset_spec, config))
+    iterations = spec.workload.warmup_steps + spec.workload.measured_steps + TOY.extra_iterations
+    assert "--tp" in launch.argv and launch.argv[launch.argv.index("--steps") + 1] == str(iterations)
+    assert launch.env["TOY"] == "1" and launch.files == {"toy.json": "{}"}
+    assert launch.stack_log["kind"] == "torchtitan"
+
+
+def test_an_unregistered_stack_is_gone():
+    register(TOY)
+    unregister("toy")
+    assert "toy" not in EXPORTERS and "toy" not in stacks.preset_names()
+    with pytest.raises(ValueError, match="unknown target 'toy'"):
+        stacks.unsupported_reasons("toy", {"tp": 1})
