@@ -733,7 +733,7 @@ def _close_tracking(runner: Any, status: str) -> None:
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: Any, as_json: bool) -> None:
     from autotune.workers.protocol import FAILURE_STATUSES
 
-    from .export import default_formats
+    from .exports import default_formats
     from .finish import finish_study
     from .records import is_tracked
     from .report import best_payload, status_counts, status_line
@@ -896,7 +896,7 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     DeepSpeed JSON, MindFormers YAML, torchtitan 0.3 launch script. A format that cannot launch the
     measured config (a training launch of an inference study among them) is refused (exit 2)."""
     _setup_logging(False)
-    from .export import default_formats, parse_formats, write_exports
+    from .exports import default_formats, parse_formats, write_exports
 
     try:
         chosen_formats = parse_formats(formats) if formats else None
@@ -924,7 +924,8 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
             err.print(f"exporting the recommended config: {result.recommendation.sentence} (--trial "
                       f"{result.best[0].number} exports the best)", markup=False)
     directory = out_dir or _run_dir(spec, run_dir) / "export"
-    from .export import ExportRefused, refusals
+    from .export import ExportRefused
+    from .exports import refusals
     from .finish import export_context
 
     context = export_context(spec, chosen)

@@ -54,7 +54,7 @@ def finish_study(spec: Spec, directory: Path, study: optuna.Study, result: Study
                  stopped_because: str, tracking: Any = None) -> FinishedStudy:
     """Write ``results.csv``, ``summary.json``/``summary.md``, the plots and every export that can
     launch the recommended config exactly; give MLflow's parent run its closing content."""
-    from .export import EXPORTERS, default_formats, refusals, write_exports
+    from .exports import EXPORTERS, default_formats, refusals, write_exports
     from .report import (improvement_line, results_rows, study_summary, summary_lines, summary_metrics, write_plots,
                          write_results_csv)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -109,3 +111,59 @@ def command_spec(write_spec, tmp_path: Path, *, n_trials: int, parallel: int, ra
 def probe_log(tmp_path: Path) -> list[dict]:
     path = tmp_path / "probe_log.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# ------------------------------------------------------------------ probes that leave processes behind
+def script(tmp_path: Path, code: str, name: str = "probe.py") -> list[str]:
+    """argv of a Python probe written from ``code`` (dedented) into ``tmp_path``."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return [sys.executable, str(path)]
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def wait_dead(pid: int, within_s: float = 15.0) -> bool:
+    """True once ``pid`` is gone (or a zombie) within ``within_s``."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+GRANDCHILD_THEN = """
+    print("started", flush=True)
+    time.sleep(60)
+"""
+
+
+def grandchild_probe(tmp_path: Path, pid_file: Path, then: str = GRANDCHILD_THEN, grandchild_output: str = "") -> list[str]:
+    """A probe that starts a grandchild (sleeping a minute) which writes its pid to ``pid_file``,
+    and goes on only once the grandchild is up; ``then`` is the rest of the probe."""
+    spawn = f"""
+        import json, subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]]
+            {grandchild_output})
+        while True:
+            try:
+                if open(sys.argv[1]).read():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
+    """
+    return script(tmp_path, textwrap.dedent(spawn) + textwrap.dedent(then), "grandchild_probe.py") + [str(pid_file)]

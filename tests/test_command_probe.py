@@ -8,43 +8,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from autotune.workers.command import MAX_LINE_BYTES, run_probe_process
-from support import read_pid
+from support import GRANDCHILD_THEN, grandchild_probe, read_pid, script, wait_dead
 
 PY = sys.executable
-
-
-def script(tmp_path: Path, code: str, name: str = "probe.py") -> list[str]:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(code))
-    return [PY, str(path)]
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def wait_dead(pid: int, within_s: float = 10.0) -> bool:
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return not alive(pid)
 
 
 @pytest.fixture
@@ -54,29 +25,6 @@ def trial_file(tmp_path: Path) -> Path:
     return path
 
 
-# The start of a probe that starts a grandchild (sleeping a minute) which writes its pid to
-# argv[1], and goes on only once the grandchild is up; ``then`` is the rest of the probe.
-def grandchild_probe(tmp_path: Path, pid_file: Path, then: str, grandchild_output: str = "") -> list[str]:
-    spawn = f"""
-        import json, subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]]
-            {grandchild_output})
-        while True:
-            try:
-                if open(sys.argv[1]).read():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
-    """
-    return script(tmp_path, textwrap.dedent(spawn) + textwrap.dedent(then)) + [str(pid_file)]
-
-
-GRANDCHILD_THEN = """
-    print("started", flush=True)
-    time.sleep(60)
-"""
 
 
 def test_metrics_steps_and_log_tail(tmp_path, trial_file):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 import time
@@ -21,7 +20,7 @@ from autotune.dispatch import (
     resources_for,
 )
 from autotune.workers.protocol import ProbeResult, TrialRequest
-from support import read_pid
+from support import grandchild_probe, read_pid, wait_dead
 
 PY = sys.executable
 
@@ -63,31 +62,6 @@ def drain(dispatcher, timeout: float = 60.0) -> dict[int, ProbeResult]:
             out[handle.number] = result
     assert not dispatcher.pending, "trials never finished"
     return out
-
-
-def grandchild_probe(tmp_path: Path, pid_file: Path) -> list[str]:
-    path = tmp_path / "sleeper.py"
-    path.write_text(textwrap.dedent("""
-        import subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]])
-        time.sleep(60)
-    """))
-    return [PY, str(path), str(pid_file)]
-
-
-def wait_dead(pid: int, within_s: float = 15.0) -> bool:
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state in ("Z", "X"):
-                return True
-        except (ProcessLookupError, FileNotFoundError):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- resources ----------------------------------------------------------------------------------

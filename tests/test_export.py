@@ -10,7 +10,8 @@ import json
 import pytest
 import yaml
 
-from autotune.export import EXPORTERS, ExportContext, parse_formats, write_exports
+from autotune.export import ExportContext
+from autotune.exports import EXPORTERS, parse_formats, write_exports
 from autotune.export._base import script_arrays
 
 CONFIG = {"tp": 2, "pp": 2, "vpp": 2, "cp": 1, "dp": 2, "micro_batch_size": 2, "grad_accum": 16,

@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.export import EXPORTERS, ExportContext
+from autotune.export import ExportContext
+from autotune.exports import EXPORTERS
 from autotune.models import PRESETS
 from test_export_targets import LLAMA2_7B, LLAMA3_8B, MEGATRON_CONFIGS, cfg, launched
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from autotune.export import EXPORTERS, ExportContext, ExportRefused, write_exports
+from autotune.export import ExportContext, ExportRefused
+from autotune.exports import EXPORTERS, write_exports
 from autotune.export._base import script_arrays
 from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand

@@ -74,7 +74,7 @@ def test_mlflow_opens_on_the_study(write_spec, tmp_path):
     the parent carries the best config as params, its effective settings, and every export."""
     from mlflow.tracking import MlflowClient
 
-    from autotune.export import EXPORTERS
+    from autotune.exports import EXPORTERS
 
     spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
                                          "search: {n_trials: 6, seed: 1, parallel_trials: 4}"))

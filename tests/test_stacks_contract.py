@@ -26,8 +26,8 @@ import yaml
 from autotune import stacks
 from autotune.backends import launch_for, select_backend
 from autotune.context import probe_context
-from autotune.export import (EXPORTERS, ExportContext, Exporter, ExportRefused, default_formats, parse_formats,
-                             write_exports)
+from autotune.export import ExportContext, Exporter, ExportRefused
+from autotune.exports import EXPORTERS, default_formats, parse_formats, write_exports
 from autotune.export._base import header_fields, script_arrays
 from autotune.space import Space
 from autotune.spec import BACKEND_KINDS, parse_spec

@@ -3,8 +3,8 @@
 ``autotune export RUN_OR_SPEC --format megatron,deepspeed,mindformers,torchtitan,env,yaml`` (or
 ``all``). Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
 implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`)
-holds the one that launches it, so :data:`EXPORTERS` is yaml, env and the registered stacks'
-exporters. Every file starts with the same header (in the file format's comment syntax, or an
+holds the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml,
+env and the registered stacks' exporters) above both, so the formats never import the stacks. Every file starts with the same header (in the file format's comment syntax, or an
 ``_autotune`` key in JSON): study, trial, whether the numbers were measured or simulated, the
 metrics, and the software the probe saw (torch / torch_npu / CANN / MindSpore / driver
 versions), so a file found later explains itself.
@@ -12,91 +12,10 @@ versions), so a file found later explains itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-
 from ._base import ExportContext, Exporter, ExportRefused, header_fields, header_lines
 from ._env import EnvExporter
 from ._megatron import megatron_args
 from ._yaml import YamlExporter
 
-__all__ = ["Exporter", "ExportContext", "ExportRefused", "EXPORTERS", "DEFAULT_FORMATS", "header_lines",
-           "header_fields", "megatron_args", "write_exports", "parse_formats", "default_formats", "refusals"]
-
-
-class _Exporters(Mapping[str, Exporter]):
-    """``{format: Exporter}``: autotune's own yaml and env, then each registered stack's exporter
-    (:func:`autotune.stacks.exporters`), read from the registry at each use (a stack registered
-    later is exported too)."""
-
-    _own: tuple[Exporter, ...] = (YamlExporter(), EnvExporter())
-
-    def _all(self) -> dict[str, Exporter]:
-        from autotune.stacks import exporters
-
-        return {**{e.name: e for e in self._own}, **exporters()}
-
-    def __getitem__(self, name: str) -> Exporter:
-        return self._all()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __repr__(self) -> str:
-        return f"EXPORTERS({', '.join(self)})"
-
-
-EXPORTERS: Mapping[str, Exporter] = _Exporters()
-DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes for the default targets
-
-
-def default_formats(target: str, workload_kind: str = "train") -> tuple[str, ...]:
-    """The exports a finished study gets: autotune's own YAML, the env file, and the launch form
-    of the study's target stack (:func:`autotune.stacks.target_format`); an inference study gets
-    no training launch (every launch format is a training one)."""
-    from autotune.stacks import target_format
-
-    if workload_kind != "train":
-        return ("yaml", "env")
-    return ("yaml", "env", target_format(target))
-
-
-def parse_formats(text: str) -> list[str]:
-    """``"megatron,deepspeed"`` or ``"all"`` -> exporter names; unknown names raise ValueError."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return list(EXPORTERS)
-    unknown = [n for n in names if n not in EXPORTERS]
-    if unknown or not names:
-        raise ValueError(f"unknown export format(s) {', '.join(unknown) or '(none)'}: expected a comma-separated list "
-                         f"of {', '.join(EXPORTERS)}, or all")
-    return names
-
-
-def refusals(context: ExportContext, formats: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
-    """``{format: reasons}`` for the formats that cannot launch the context's config exactly."""
-    return {name: reasons for name in formats if (reasons := EXPORTERS[name].unsupported(context))}
-
-
-def write_exports(context: ExportContext, out_dir: Path, formats: list[str] | tuple[str, ...] = DEFAULT_FORMATS
-                  ) -> dict[str, Path]:
-    """Write each format's file. A format that cannot launch the config exactly raises
-    :class:`ExportRefused` with the reasons, before any file is written: a config is never
-    exported as something else."""
-    refused = refusals(context, formats)
-    if refused:
-        raise ExportRefused("; ".join(f"{name} cannot launch trial {context.trial}'s config: {', '.join(reasons)}"
-                                      for name, reasons in refused.items()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name in formats:
-        exporter = EXPORTERS[name]
-        path = out_dir / exporter.filename
-        path.write_text(exporter.render(context))
-        if exporter.executable:
-            path.chmod(0o755)
-        paths[name] = path
-    return paths
+__all__ = ["Exporter", "ExportContext", "ExportRefused", "EnvExporter", "YamlExporter", "header_lines", "header_fields",
+           "megatron_args"]

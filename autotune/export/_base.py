@@ -7,7 +7,7 @@ import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Exporter", "ExportContext", "ExportRefused", "header_fields", "header_lines", "one_line", "bash_array",
            "script_arrays"]
@@ -122,6 +122,10 @@ class Exporter(abc.ABC):
     filename: str = ""
     executable: bool = False
     shell: bool = False  # the file is run or sourced by a shell: every env name in it must be a plain name
+    # set by the stack registry (autotune.stacks.register), which holds this exporter: the stacks it
+    # launches, in registration order, and their rules (why one of them cannot launch a config)
+    targets: tuple[str, ...] = ()
+    target_rules: Callable[[str, dict[str, Any]], list[str]] | None = None
 
     @abc.abstractmethod
     def render(self, ctx: ExportContext) -> str:
@@ -132,12 +136,10 @@ class Exporter(abc.ABC):
         stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers) applies that stack's rules
         (:mod:`autotune.stacks`: the stacks whose descriptor holds this exporter); a study tuned for
         another stack gets them too, since the same config is exported."""
-        from autotune.stacks import format_targets, unsupported_reasons
-
         unsafe = [name for name in ctx.env if not ENV_NAME.fullmatch(name)] if self.shell else []
         if unsafe:  # `export NAME=...` cannot quote a name: `X=1;touch PWNED;#` would run as a command
             return [f"env name(s) {', '.join(map(repr, unsafe))} are not shell variable names ([A-Za-z_][A-Za-z0-9_]*)"]
-        targets = format_targets(self.name)
+        targets = self.targets
         if not targets:
             return []
         kind = ctx.workload.get("kind", "train")
@@ -145,7 +147,8 @@ class Exporter(abc.ABC):
             return [f"{self.name} writes a training launch, and this study tuned a {kind} workload: its config "
                     "(batch, kv-cache dtype, quantization) is in best_config.yaml and best.env"]
         target = ctx.target if ctx.target in targets else targets[0]
-        return unsupported_reasons(target, ctx.config) + self.workload_reasons(ctx)
+        rules = self.target_rules(target, ctx.config) if self.target_rules is not None else []
+        return rules + self.workload_reasons(ctx)
 
     def workload_reasons(self, ctx: ExportContext) -> list[str]:
         """Why the format cannot launch the study's model and workload (default: none)."""

@@ -49,12 +49,18 @@ def register(stack: Stack) -> Stack:
         raise ValueError(f"stack {stack.name!r}: export format {fmt!r} is another exporter's already "
                          f"(stack {clash[0]}); stacks share a format by sharing its exporter")
     STACKS[stack.name] = stack
+    # the exporter refuses a config by its stacks' rules (the registry tells it: formats never
+    # import the stacks, which hold them)
+    stack.exporter.targets = (*stack.exporter.targets, stack.name)
+    stack.exporter.target_rules = unsupported_reasons
     return stack
 
 
 def unregister(name: str) -> Stack:
     """Remove a stack (tests, plugins); returns it."""
-    return STACKS.pop(name)
+    stack = STACKS.pop(name)
+    stack.exporter.targets = tuple(t for t in stack.exporter.targets if t != name)
+    return stack
 
 
 def get(name: str) -> Stack:
