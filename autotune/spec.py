@@ -7,18 +7,46 @@ was expected, e.g.::
 
     spec.yaml:14: space.recompute[1]: Input should be 'none', 'selective' or 'full' (got 'ful')
 
+What the reader accepts (issue #31): a regular file of at most ``MAX_SPEC_BYTES`` (1 MiB; a spec
+is a few KiB), never a directory, FIFO or device (refused before it is opened for reading), in
+UTF-8, with or without a UTF-8 byte-order mark. A UTF-16 or UTF-32 file (with a byte-order mark,
+or recognised by its NUL bytes) is refused with the way to convert it, not decoded: every other
+reader of the spec (the copy kept in the run directory, ``report``, ``export``) reads UTF-8, so
+one encoding keeps them all reading the same text. YAML is read with PyYAML's safe loader only
+(``!!python/...`` and unknown tags are errors naming their line), as YAML 1.1 (``yes``/``no``/
+``on``/``off`` are booleans, ``1:20`` is 80). A key written twice in one mapping, at any depth,
+is an error naming the line of the second one and the key's path (YAML parsers silently keep
+the last). Aliases (``*name``) and merge keys (``<<: *name``, ``<<: [*a, *b]``) are allowed; a key
+that a merge brings in and the mapping also writes out is YAML's documented override (the
+written one wins), not a duplicate, while a second ``<<`` key in one mapping is one.
+
+Every environment variable name, wherever it enters the spec (``space.env``, ``backend.env``,
+``backend.secret_env``, the ``env.VAR`` keys of ``baseline``), follows one rule,
+:data:`ENV_NAME_RULE`: a POSIX shell name. The values the simulator reads
+(``PYTORCH_NPU_ALLOC_CONF``, ``PYTORCH_CUDA_ALLOC_CONF``, ``HCCL_BUFFSIZE``,
+``MULTI_STREAM_MEMORY_REUSE``) are checked here, with their field path, not first in ``plan``.
+
+A rendered error never carries a control, bidi or other invisible character as it is: they are
+written as escapes (``\u202e``), so the text a terminal shows is the text the spec holds.
+
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 """
 
 from __future__ import annotations
 
 
+import codecs
+import math
+import os
+import re
+import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .models import MODEL_ALIASES, PRESETS, ModelSpec, load_hf_config
 from .safe_expr import ExpressionError, compile_expression
@@ -39,11 +67,154 @@ __all__ = [
     "RaySpec",
     "CANONICAL_PARAMS",
     "DERIVED_PARAMS",
+    "ENV_NAME_RULE",
+    "MAX_SPEC_BYTES",
+    "decode_spec_bytes",
+    "env_name_problem",
+    "env_value_problem",
+    "escape_text",
+    "parse_spec_text",
+    "path_problem",
+    "read_spec_text",
 ]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _read_hf_config(path: Path) -> dict:
+    """A Hugging Face config.json, read with the spec's own bounds (a regular file, at most
+    MAX_SPEC_BYTES, UTF-8); every problem is a ValueError naming the file."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ValueError(f"config.json file {path}: {exc.strerror or exc}") from None
+    if size > MAX_SPEC_BYTES:
+        raise ValueError(f"config.json file {path} is {size:,} bytes; a model config is a few KiB "
+                         f"(at most {MAX_SPEC_BYTES:,} bytes read)")
+    try:
+        return load_hf_config(path)
+    except OSError as exc:
+        raise ValueError(f"config.json file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config.json file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (ValueError, TypeError, LookupError, AttributeError) as exc:  # json.JSONDecodeError included
+        raise ValueError(f"config.json file {path}: {exc}") from None
+
+
+# ----------------------------------------------------------------------- names, values and paths
+ENV_NAME_RULE = "letters A-Z a-z, digits and '_', not starting with a digit (a POSIX shell name)"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ENV_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: one NAME=value string of a process environment
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
+
+
+def env_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be an environment variable's name, or None. The one rule for every
+    name a spec gives (``space.env``, ``backend.env``, ``backend.secret_env``, ``baseline`` env.VAR):
+    a name reaches ``export NAME=...`` lines and process environments, where ``X=1;touch y;#``
+    or ``$(cmd)`` would be code, not a name."""
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        return f"not an environment variable name: {ENV_NAME_RULE}"
+    return None
+
+
+def _env_name(name: str) -> str:
+    problem = env_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+
+# what the simulator reads of a trial's environment (workers/simulate/_columns.py, _row_env)
+_ALLOC_CONF = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+_BOOL_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")  # _truthy's true words, and false ones
+MULTI_STREAM_MEMORY_REUSE_VALUES = (0, 1, 2)
+
+
+def env_value_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be the value of environment variable ``name``, or None: a NUL (no
+    process environment holds one), longer than an environment string may be, or a value the
+    simulator reads (allocator configs, ``HCCL_BUFFSIZE``, ``MULTI_STREAM_MEMORY_REUSE``) and
+    cannot parse, which ``plan`` would otherwise be the first to find."""
+    if "\x00" in value:
+        return "contains a NUL character, which no environment variable can hold"
+    size = len(name) + 1 + len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ENV_BYTES:
+        return f"{name}=... is {size:,} bytes; an environment variable holds at most {MAX_ENV_BYTES:,}"
+    if name in _ALLOC_CONF and value != "":
+        from autotune.workers.simulate._columns import parse_alloc_conf
+
+        try:
+            parse_alloc_conf(value)
+        except ValueError as exc:
+            return f"{exc} (options: expandable_segments:True|False, max_split_size_mb:N, garbage_collection_threshold:F)"
+        for part in value.split(","):
+            key, _, option = part.partition(":")
+            key, option = key.strip().lower(), option.strip()
+            if key == "expandable_segments" and option.lower() not in _BOOL_WORDS:
+                return f"allocator config {_short(value)}: expandable_segments expects True or False, got {_short(option)}"
+            if key in ("max_split_size_mb", "garbage_collection_threshold") and not (
+                    math.isfinite(float(option)) and float(option) >= 0):
+                return f"allocator config {_short(value)}: {key} expects a finite number >= 0, got {_short(option)}"
+    if name == "HCCL_BUFFSIZE" and value != "":
+        try:
+            size_mb = float(value)
+        except ValueError:
+            size_mb = math.nan
+        if not (math.isfinite(size_mb) and size_mb > 0):
+            return f"HCCL_BUFFSIZE is a buffer size in MB, a number > 0 (got {_short(value)})"
+    if name == "MULTI_STREAM_MEMORY_REUSE" and value != "":
+        try:
+            reuse = int(value)
+        except ValueError:
+            reuse = None
+        if reuse not in MULTI_STREAM_MEMORY_REUSE_VALUES:
+            return (f"MULTI_STREAM_MEMORY_REUSE is one of {', '.join(map(str, MULTI_STREAM_MEMORY_REUSE_VALUES))} "
+                    f"(got {_short(value)})")
+    return None
+
+
+def _env_values_of_backend(v: dict[str, str]) -> dict[str, str]:
+    for name, value in v.items():
+        problem = env_value_problem(name, value)
+        if problem:
+            raise ValueError(f"{name}: {problem}")
+    return v
+
+
+def path_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a file system path, or None (a NUL, longer than PATH_MAX, or a
+    component longer than NAME_MAX: the OS refuses those with an error, not "no such file")."""
+    if "\x00" in text:
+        return "a path cannot hold a NUL character"
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_PATH_BYTES:
+        return f"too long for a path ({len(raw):,} bytes; at most {MAX_PATH_BYTES:,})"
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        return f"a path component of {longest:,} bytes is too long for a file name (at most {MAX_NAME_BYTES})"
+    return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, shortened: an error quotes what the spec says, not megabytes of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value):,} characters" if isinstance(value, (str, bytes)) else f"{len(text):,} characters shown"
+    return f"{text[:limit - 40]}...{text[-20:]} ({size})"
 
 
 # --------------------------------------------------------------------------------------- workload
@@ -111,8 +282,11 @@ class ClusterSpec(_Strict):
 
         if v is None or not is_profile_file(v):
             return v
+        problem = path_problem(v)
+        if problem:
+            raise ValueError(f"the hardware profile file's path: {problem}")
         path = Path(v) if Path(v).is_absolute() else Path((info.context or {}).get("base_dir", ".")) / v
-        if not path.is_file():
+        if not _is_file(path):
             raise ValueError(f"hardware profile file {path} does not exist (write one with `autotune calibrate`)")
         return str(path.resolve())
 
@@ -135,10 +309,11 @@ class BackendSpec(_Strict):
     kind: BackendKind = "auto"
     argv: list[str] | None = None
     timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every probe; values of "
+    env: Annotated[dict[EnvName, str], AfterValidator(_env_values_of_backend)] = Field(
+        default_factory=dict, description="extra environment for every probe; values of "
                                 "keys that look secret (TOKEN, PASSWORD, SECRET, KEY, CREDENTIAL, AUTH) or named in "
                                 "secret_env reach the probe only, and are masked in every copy autotune keeps")
-    secret_env: list[str] = Field(default_factory=list, description="more env keys whose values are secret")
+    secret_env: list[EnvName] = Field(default_factory=list, description="more env keys whose values are secret")
     resources: dict[str, Any] | None = Field(
         None, description="Ray resources per trial, replacing the default derived from the cluster"
     )
@@ -159,6 +334,14 @@ class BackendSpec(_Strict):
                             "'{iterations}' is replaced by the iterations to run (also $AUTOTUNE_ITERATIONS)")
     iterations: int | None = Field(None, gt=0, description="stack presets: training iterations per probe (default: "
                                    "workload.warmup_steps + measured_steps; the warm-up ones are not measured)")
+
+    @field_validator("python", "cwd", "entry")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        problem = path_problem(v.removeprefix("-m ")) if v is not None else None
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @field_validator("metric_patterns")
     @classmethod
@@ -255,7 +438,7 @@ class SpaceSpec(_Strict):
     batch_size: IntChoice | None = None
     kv_cache_dtype: list[Literal["bf16", "fp16", "fp8", "int8"]] | None = None
     quantization: list[Literal["none", "int8", "w8a8", "int4"]] | None = None
-    env: dict[str, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
+    env: dict[EnvName, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
 
     @field_validator(
         "tp", "pp", "cp", "vpp", "micro_batch_size", "recompute_layers", "batch_size",
@@ -284,8 +467,6 @@ class SpaceSpec(_Strict):
     def _env_values(cls, v: dict[str, list[Any]]) -> dict[str, list[str]]:
         out = {}
         for var, values in v.items():
-            if not var or not var.replace("_", "a").isalnum():
-                raise ValueError(f"environment variable name {var!r} is not a valid name")
             if not values:
                 raise ValueError(f"env.{var} needs at least one value")
             out[var] = [env_value(x) for x in values]
@@ -370,6 +551,17 @@ class RaySpec(_Strict):
                                        "failure")
 
 
+def _baseline_key(key: str) -> str:
+    if key.startswith("env."):
+        problem = env_name_problem(key[4:])
+        if problem:
+            raise ValueError(f"{problem} (an env.VAR key sets the environment variable VAR)")
+    return key
+
+
+BaselineKey = Annotated[str, AfterValidator(_baseline_key)]
+
+
 class Spec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -380,7 +572,7 @@ class Spec(_Strict):
     space: SpaceSpec = Field(default_factory=SpaceSpec)
     constraints: list[str] = Field(default_factory=list)
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
-    baseline: dict[str, Any] | None = None
+    baseline: dict[BaselineKey, Any] | None = None
     target: Literal["mindspeed", "megatron", "deepspeed", "torchtitan", "mindformers", "none"] | None = Field(
         None, description="the stack that will run the chosen config in production; the space keeps only configs it can "
                           "launch and the exports launch exactly the measured config (default: mindformers for the "
@@ -400,16 +592,21 @@ class Spec(_Strict):
         if isinstance(v, str):
             if v in PRESETS:
                 return {"name": v, **PRESETS[v]}
+            problem = path_problem(v)
+            if problem:  # neither a preset nor a path the OS could open
+                raise ValueError(f"unknown model preset {_short(v)}; presets: {', '.join(PRESETS)}; or a path to "
+                                 f"a config.json, and as a path: {problem}")
             path = Path(v) if Path(v).is_absolute() else base / v
-            if v.endswith(".json") or path.is_file():
-                if not path.is_file():
-                    raise ValueError(f"config.json file {path} does not exist")
-                return load_hf_config(path)
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}; or a path to a config.json")
+            if v.endswith(".json") or _is_file(path):
+                if not _is_file(path):
+                    raise ValueError(f"config.json file {path} does not exist (or is not a regular file)")
+                return _read_hf_config(path)
+            raise ValueError(f"unknown model preset {_short(v)}; presets: {', '.join(PRESETS)}; or a path to a "
+                             "config.json")
         if isinstance(v, dict) and "preset" in v:
             preset = v["preset"]
-            if preset not in PRESETS:
-                raise ValueError(f"unknown model preset {preset!r}; presets: {', '.join(PRESETS)}")
+            if not isinstance(preset, str) or preset not in PRESETS:
+                raise ValueError(f"unknown model preset {_short(preset)}; presets: {', '.join(PRESETS)}")
             rest = {k: x for k, x in v.items() if k != "preset"}
             return {"name": preset, **PRESETS[preset], **rest}
         return v
@@ -471,9 +668,37 @@ class SpecProblem:
     line: int | None = None
 
     def render(self, file: str) -> str:
-        where = f"{file}:{self.line}" if self.line else file
-        path = _dotted(self.loc)
-        return f"{where}: {path}: {self.message}" if path else f"{where}: {self.message}"
+        """``file:line: path: message`` on one line, every control, bidi or invisible character
+        escaped (a U+202E in a key would otherwise reverse the text the terminal shows)."""
+        where = f"{escape_text(file)}:{self.line}" if self.line else escape_text(file)
+        path = escape_text(_dotted(self.loc))
+        message = escape_text(self.message)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS - 500]} ... {message[-400:]}"
+        return f"{where}: {path}: {message}" if path else f"{where}: {message}"
+
+
+MAX_MESSAGE_CHARS = 2000
+# C0/C1 controls, format characters (bidi overrides and isolates, zero-width ones, the BOM), lone
+# surrogates, line and paragraph separators
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every character a terminal would not show as itself written as an escape
+    (``\\n``, ``\\x1b``, ``\\u202e``); everything else, non-ASCII letters included, as it is."""
+    if text.isprintable():  # the usual case; isprintable() is False for all of the above
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) not in _UNSAFE_CATEGORIES:
+            out.append(ch)
+        elif ch in "\n\t\r":
+            out.append(repr(ch)[1:-1])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
 
 
 class SpecError(ValueError):
@@ -488,10 +713,11 @@ class SpecError(ValueError):
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) and not isinstance(part, bool):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            out += ("." if out else "") + (text if len(text) <= 100 else f"{text[:60]}...({len(text):,} characters)")
     return out
 
 
@@ -500,11 +726,10 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     best = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            # the last of the keys that match: a key written out after a merge (<<) brought the same one
+            nxt = next((v for k, v in reversed(node.value) if getattr(k, "value", None) == str(part)), None)
             if nxt is None:
-                # an unexpected key: point at the key itself
-                key = next((k for k, _ in node.value if getattr(k, "value", None) == str(part)), None)
-                return key.start_mark.line + 1 if key is not None else best
+                return best
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             nxt = node.value[part]
         else:
@@ -514,24 +739,40 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return best
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Drop pydantic's union-branch labels (``list[int]``, ``IntRange``, ``train``) from a path."""
-    return tuple(p for p in loc if isinstance(p, int) or ("[" not in str(p) and str(p) not in
-                 ("IntRange", "train", "infer", "function-after[_check_shapes(), ModelSpec]", "BackendSpec")))
+_LABELS = ("IntRange", "train", "infer", "function-after[_check_shapes(), ModelSpec]", "BackendSpec")
 
 
-def _format_pydantic(exc: ValidationError) -> list[SpecProblem]:
+def _clean_loc(loc: tuple[Any, ...], data: Any = None) -> tuple[Any, ...]:
+    """Drop pydantic's union-branch labels (``list[int]``, ``IntRange``, ``train``, ``[key]``) from
+    a path. A part that is a key of the spec's own data at that point is the user's, kept
+    whatever it holds (a key ``"\x1b[31mtp"`` has a bracket, and is no label)."""
+    out = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and not isinstance(part, int) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, int) or ("[" not in str(part) and str(part) not in _LABELS):
+            node = None  # a field the data lacks (missing), or one made by a validator: no data below
+        else:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _format_pydantic(exc: ValidationError, data: Any = None) -> list[SpecProblem]:
     problems: list[SpecProblem] = []
     seen: set[tuple] = set()
     for err in exc.errors(include_url=False):
-        loc = _clean_loc(tuple(err["loc"]))
+        loc = _clean_loc(tuple(err["loc"]), data)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif "input" in err and not isinstance(err["input"], (dict, list)):
-            msg += f" (got {err['input']!r})"
+            msg += f" (got {_short(err['input'])})"
         key = (loc, msg)
         if key in seen:
             continue
@@ -613,11 +854,27 @@ def _semantic_problems(spec: Spec) -> list[SpecProblem]:
         except ExpressionError as exc:
             problems.append(SpecProblem(("constraints", i), str(exc)))
 
+    for var, values in spec.space.env.items():  # the values the simulator reads: found here, not in plan
+        for i, value in enumerate(values):
+            problem = env_value_problem(var, value)
+            if problem:
+                problems.append(SpecProblem(("space", "env", var, i), problem))
+
     if spec.baseline is not None:
         unknown = [key for key in spec.baseline if key not in CANONICAL_PARAMS and not key.startswith("env.")]
         for key in unknown:
-            problems.append(SpecProblem(("baseline", key), f"unknown parameter {key!r}; use canonical names "
+            problems.append(SpecProblem(("baseline", key), f"unknown parameter {_short(key)}; use canonical names "
                                         f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+        for key, value in spec.baseline.items():
+            if not key.startswith("env."):
+                continue
+            if isinstance(value, (dict, list)) or value is None:
+                problem = f"an environment variable's value is a string, number or boolean (got {_short(value)})"
+            else:
+                problem = env_value_problem(key[4:], env_value(value))
+            if problem:
+                unknown.append(key)
+                problems.append(SpecProblem(("baseline", key), problem))
         for key, value in spec.baseline.items():  # the baseline is a trial of the study: its values are searched ones
             values = choices.get(key)
             if values is None:
@@ -663,7 +920,7 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
     except RecursionError:
         raise SpecError(file, [SpecProblem((), "nested too deeply to read (a spec nests a few levels)")]) from None
     except ValidationError as exc:
-        problems = _format_pydantic(exc)
+        problems = _format_pydantic(exc, data)
         for p in problems:
             p.line = _line_of(root, p.loc)
         raise SpecError(file, problems) from None
@@ -678,17 +935,33 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
 MAX_YAML_VALUES = 100_000
 
 
+class _TooManyValues(Exception):
+    pass
+
+
+class _RecursiveAlias(Exception):
+    def __init__(self, line: int):
+        self.line = line
+
+
+_IN_PROGRESS = -1
+
+
 def _expanded_size(node: yaml.Node | None, seen: dict[int, int] | None = None) -> int:
     """How many values the YAML holds once every alias is expanded (an "alias bomb" of nine
     nested lists of nine aliases is a few lines but 387 million values). Aliases share their
     node in the composed graph, so this counts each shared node once per reference, memoised:
-    linear in the file, whatever the expansion."""
+    linear in the file, whatever the expansion. An alias inside its own anchor's node (``&a
+    [*a]``, a list that contains itself) is :class:`_RecursiveAlias`."""
     if node is None:
         return 0
     seen = {} if seen is None else seen
     key = id(node)
     if key in seen:
+        if seen[key] == _IN_PROGRESS:
+            raise _RecursiveAlias(node.start_mark.line + 1)
         return seen[key]
+    seen[key] = _IN_PROGRESS
     size = 1
     if isinstance(node, yaml.SequenceNode):
         size += sum(_expanded_size(child, seen) for child in node.value)
@@ -713,29 +986,248 @@ def _oversized_ints(data: Any) -> list[SpecProblem]:
     return problems[::-1]
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read, parse (``yaml.safe_load`` semantics) and validate a spec file."""
+# ------------------------------------------------------------------------------------ the reader
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB; PyYAML reads about 1 MiB a second
+_UTF32_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)  # before UTF-16's: FF FE 00 00 starts with FF FE
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _os_reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def read_spec_text(path: str | Path) -> str:
+    """The text of the spec file at ``path``, or a :class:`SpecError` naming the file: it must be
+    a regular file (a FIFO would block forever, ``/dev/zero`` never ends; both are refused before
+    they are opened for reading), of at most :data:`MAX_SPEC_BYTES`, in UTF-8 (a UTF-8 byte-order
+    mark is dropped; UTF-16/32 and other encodings are refused with the way to convert them)."""
     path = Path(path)
     file = str(path)
+
+    def refuse(message: str, line: int | None = None) -> SpecError:
+        return SpecError(file, [SpecProblem((), message, line)])
+
     try:
-        text = path.read_text()
+        info = os.stat(path)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise refuse(f"cannot read the spec: it is {_file_kind(info.st_mode)}, not a regular file; give the path of "
+                     "a YAML spec file")
+    if info.st_size > MAX_SPEC_BYTES:
+        raise refuse(f"cannot read the spec: it is {info.st_size:,} bytes, above the limit of {MAX_SPEC_BYTES:,} "
+                     "bytes (1 MiB; a spec is a few KiB)")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise SpecError(file, [SpecProblem((), f"cannot read the spec: {exc.strerror or exc}")]) from None
+        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        expanded = _expanded_size(root)
-        if expanded > MAX_YAML_VALUES:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # replaced between the stat and the open
+            raise refuse(f"cannot read the spec: it is {_file_kind(opened.st_mode)}, not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_SPEC_BYTES:
+            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > MAX_SPEC_BYTES:  # grew since the stat
+        raise refuse(f"cannot read the spec: it is larger than the limit of {MAX_SPEC_BYTES:,} bytes (1 MiB; a spec "
+                     "is a few KiB)")
+    return decode_spec_bytes(raw, file)
+
+
+def decode_spec_bytes(raw: bytes, file: str = "<spec>") -> str:
+    """UTF-8 text of a spec's bytes (see :func:`read_spec_text`), or a :class:`SpecError`."""
+    convert = f"convert it, e.g. `iconv -f {{enc}} -t UTF-8 {file} > spec-utf8.yaml`"
+    for boms, encoding in ((_UTF32_BOMS, "UTF-32"), (_UTF16_BOMS, "UTF-16")):
+        if raw.startswith(boms):
+            raise SpecError(file, [SpecProblem((), f"the spec is {encoding} text (it starts with a {encoding} "
+                                               "byte-order mark); autotune reads specs in UTF-8: "
+                                               + convert.format(enc=encoding))])
+    raw = raw.removeprefix(codecs.BOM_UTF8)
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise SpecError(file, [SpecProblem((), "the spec holds NUL bytes, so it is not UTF-8 text: a binary file, "
+                                           "or UTF-16/UTF-32 without a byte-order mark; "
+                                           + convert.format(enc="UTF-16"), line)])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(file, [SpecProblem((), f"the spec is not UTF-8 text: byte 0x{raw[exc.start]:02x} at column "
+                                           f"{column} ({exc.reason}); Latin-1 or Windows-1252 perhaps: "
+                                           + convert.format(enc="LATIN1"), line)]) from None
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python tags), whose every construction error is a located
+    ``ConstructorError``: ``!!int 'abc'`` or a date such as ``2001-02-30`` raise a bare
+    ValueError in PyYAML (an "internal error" in autotune until issue #31)."""
+
+    composed = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        """PyYAML's, stopping at the first node past MAX_YAML_VALUES: a 1 MiB flow list of 300,000
+        values takes PyYAML seconds to compose, and is refused whole anyway."""
+        self.composed += 1
+        if self.composed > MAX_YAML_VALUES:
+            raise _TooManyValues()
+        return super().compose_node(parent, index)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (yaml.YAMLError, RecursionError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 (ValueError, TypeError, OverflowError... of one value)
+            self.recursive_objects.pop(node, None)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read the {node.tag.rsplit(':', 1)[-1]} value {_short(getattr(node, 'value', ''))}: "
+                f"{type(exc).__name__}: {exc}", node.start_mark) from None
+
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """PyYAML's int (``0x1F``, ``0o17``/``017``, ``1:20``), refusing one of more characters
+        than a spec's largest integer needs before building it: a sexagesimal ``1:1:1:...`` of a
+        few hundred KiB takes PyYAML minutes (each ``:`` multiplies a growing number by 60)."""
+        text = self.construct_scalar(node)
+        if len(text) > MAX_INT_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer written in {len(text):,} characters; a spec's integers are at most "
+                f"2**53 - 1 ({MAX_SPEC_INT:,})", node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+MAX_INT_CHARS = 100  # 2**53 - 1 has 16 digits; room for signs, underscores and base prefixes
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+
+
+def _duplicate_keys(root: yaml.Node | None, loader: yaml.SafeLoader) -> list[SpecProblem]:
+    """Every key written a second time in one mapping, at any depth, with the line of the
+    second one and the key's path. Keys are compared as the values YAML reads them as (``1``
+    and ``0x1``, ``yes`` and ``true`` are one key). A merge (``<<``) is no duplicate of a key the
+    mapping writes out: that is YAML's override. Aliased nodes are checked once, where their
+    anchor is."""
+    problems: list[SpecProblem] = []
+    visited: set[int] = set()
+    stack: list[tuple[tuple[Any, ...], yaml.Node | None]] = [((), root)]
+    while stack:
+        loc, node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((loc + (i,), child) for i, child in enumerate(node.value))
+            continue
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        first: dict[Any, yaml.Node] = {}
+        first_merge: yaml.Node | None = None
+        for key, value in node.value:
+            if key.tag == _MERGE_TAG:
+                if first_merge is not None:
+                    problems.append(SpecProblem(loc + ("<<",), (
+                        f"a second merge key '<<' in one mapping (the first is at line {first_merge.start_mark.line + 1}); "
+                        "merge several mappings with one: `<<: [*first, *second]`"), key.start_mark.line + 1))
+                first_merge = first_merge or key
+                stack.append((loc, value))
+                continue
+            if not isinstance(key, yaml.ScalarNode):
+                stack.append((loc + ("?",), value))  # a list or mapping as a key: the loader refuses it
+                continue
+            shown = key.value
+            name = "=" if key.tag == _VALUE_TAG else loader.construct_object(key, deep=True)
+            try:
+                earlier = first.get(name)
+            except TypeError:  # unhashable: the loader refuses it
+                earlier = None
+            if earlier is None:
+                try:
+                    first[name] = key
+                except TypeError:
+                    pass
+            else:
+                same = "" if earlier.value == shown else f" (read as the same key as {_short(earlier.value)})"
+                problems.append(SpecProblem(loc + (shown,), (
+                    f"duplicate key {_short(shown)}{same}: already at line {earlier.start_mark.line + 1}; YAML keeps "
+                    "only the last one, silently: write the key once"), key.start_mark.line + 1))
+            stack.append((loc + (shown,), value))
+    return sorted(problems, key=lambda p: p.line or 0)
+
+
+def parse_spec_text(text: str, file: str = "<spec>") -> tuple[Any, yaml.Node | None]:
+    """The data of a spec's YAML text and its node tree (for lines), or a :class:`SpecError`:
+    invalid YAML, an alias bomb, a duplicate key."""
+    loader = None
+    try:
+        loader = _SpecLoader(text)  # the reader checks the characters here already
+        root = loader.get_single_node()
+        if _expanded_size(root) > MAX_YAML_VALUES:
             raise SpecError(file, [SpecProblem((), f"the YAML expands to more than {MAX_YAML_VALUES:,} values through its "
                                                "aliases (*name); a spec needs a few hundred: write the values out")])
-        data = yaml.safe_load(text)
+        duplicates = _duplicate_keys(root, loader)
+        if duplicates:
+            raise SpecError(file, duplicates)
+        data = loader.construct_document(root) if root is not None else None
+    except _TooManyValues:
+        raise SpecError(file, [SpecProblem((), (
+            f"the YAML holds more than {MAX_YAML_VALUES:,} values (keys and values); a spec needs a few hundred "
+            "(a long run of integers is a range: {low, high, step})"))]) from None
+    except _RecursiveAlias as exc:
+        raise SpecError(file, [SpecProblem((), "invalid YAML: an alias (*name) inside the node its anchor (&name) "
+                                           "names, a structure that contains itself", exc.line)]) from None
     except RecursionError:
         raise SpecError(file, [SpecProblem((), "invalid YAML: nested too deeply to read (a spec nests a few levels)")]) from None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
+        mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc.problem} {exc.context or ''}".strip(), line)]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else _short(exc.character)
+        raise SpecError(file, [SpecProblem((), f"invalid YAML: unacceptable character {what}: {exc.reason} (control "
+                                           "characters are written as escapes in a double-quoted string)", line)]) from None
     except yaml.YAMLError as exc:
         raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc}")]) from None
-    spec = parse_spec(data, file, path.parent, root)
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return data, root
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read (:func:`read_spec_text`), parse (PyYAML's safe loader, duplicate keys refused) and
+    validate a spec file; every problem is a :class:`SpecError` naming the file."""
+    path = Path(path)
+    text = read_spec_text(path)
+    data, root = parse_spec_text(text, str(path))
+    spec = parse_spec(data, str(path), path.parent, root)
     spec.source_path = path.resolve()
     return spec
