@@ -50,6 +50,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .models import MODEL_ALIASES, PRESETS, ModelSpec, load_hf_config
 from .safe_expr import ExpressionError, compile_expression
+from .stacks import STACKS, default_target, names as stack_names, preset_names
 
 __all__ = [
     "Spec",
@@ -296,10 +297,10 @@ class ClusterSpec(_Strict):
 
 
 # ---------------------------------------------------------------------------------------- backend
-BackendKind = Literal["auto", "simulate", "command", "torch", "mindspore", "megatron", "mindspeed", "torchtitan",
-                      "deepspeed"]
+STACK_PRESETS: tuple[str, ...] = preset_names()  # the stacks autotune runs as the probe (autotune.stacks)
+BackendKind = Literal[("auto", "simulate", "command", "torch", "mindspore", *STACK_PRESETS)]  # type: ignore[valid-type]
 BACKEND_KINDS: tuple[str, ...] = get_args(BackendKind)  # what `backend.kind` and `run --backend` accept
-STACK_PRESETS = ("megatron", "mindspeed", "torchtitan", "deepspeed")
+TargetName = Literal[(*stack_names(), "none")]  # type: ignore[valid-type]  # the registered stacks, or none
 
 
 class BackendSpec(_Strict):
@@ -364,12 +365,12 @@ class BackendSpec(_Strict):
             raise ValueError("backend kind 'command' needs argv, a list such as [python, train.py, --trial, '{trial_file}']")
         if self.kind != "command" and self.argv:
             raise ValueError(f"argv is only used by backend kind 'command', not {self.kind!r}")
-        if self.kind in STACK_PRESETS and self.kind != "torchtitan" and not self.entry:
+        if self.kind in STACK_PRESETS and not STACKS[self.kind].default_entry and not self.entry:
             raise ValueError(f"backend kind {self.kind!r} needs entry, the training script "
-                             f"({'pretrain_gpt.py' if self.kind != 'deepspeed' else 'train.py'})")
+                             f"({STACKS[self.kind].entry_example})")
         if self.kind not in STACK_PRESETS and (self.entry or self.args or self.iterations):
-            raise ValueError("entry, args and iterations are for the stack presets (kind megatron, mindspeed, "
-                             f"torchtitan, deepspeed), not {self.kind!r}")
+            raise ValueError(f"entry, args and iterations are for the stack presets (kind {', '.join(STACK_PRESETS)}), "
+                             f"not {self.kind!r}")
         return self
 
 
@@ -573,7 +574,7 @@ class Spec(_Strict):
     constraints: list[str] = Field(default_factory=list)
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     baseline: dict[BaselineKey, Any] | None = None
-    target: Literal["mindspeed", "megatron", "deepspeed", "torchtitan", "mindformers", "none"] | None = Field(
+    target: TargetName | None = Field(
         None, description="the stack that will run the chosen config in production; the space keeps only configs it can "
                           "launch and the exports launch exactly the measured config (default: mindformers for the "
                           "mindspore backend, mindspeed on npu, megatron elsewhere); 'none': no stack in mind, the "
@@ -632,9 +633,7 @@ class Spec(_Strict):
 
     @property
     def target_stack(self) -> str:
-        """``target``, or the default for the backend and accelerator (:mod:`autotune.targets`)."""
-        from .targets import default_target
-
+        """``target``, or the default for the backend and accelerator (:func:`autotune.stacks.default_target`)."""
         return self.target or default_target(self.backend.kind, self.cluster.accelerator, tuple(self.space.choices()))
 
     def objective_list(self) -> list[tuple[str, str]]:
