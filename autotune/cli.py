@@ -30,7 +30,9 @@ from rich.markup import escape
 from rich.text import Text
 
 from .secret_env import SPEC_COPY
-from .spec import Spec, SpecError, load_spec
+from .spec import Spec
+from .spec_errors import SpecError, escape_text
+from .spec_load import load_spec
 
 __all__ = ["app", "main"]
 
@@ -235,9 +237,9 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
     empty = _why_empty(spec)
     if empty:
         if as_json:
-            out.print_json(json.dumps({"ok": False, "errors": [f"{spec_path}: constraints: {empty}"]}))
+            out.print_json(json.dumps({"ok": False, "errors": [f"{escape_text(str(spec_path))}: constraints: {empty}"]}))
         else:
-            _error(f"{spec_path}: constraints: {empty}")
+            _error(f"{escape_text(str(spec_path))}: constraints: {empty}")
         raise typer.Exit(EXIT_INPUT)
     if as_json:
         out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
@@ -259,7 +261,7 @@ def _why_empty(spec: Spec) -> Optional[str]:
 def _refuse_empty(spec: Spec, spec_path: Path) -> None:
     empty = _why_empty(spec)
     if empty:
-        _error(f"{spec_path}: constraints: {empty}")
+        _error(f"{escape_text(str(spec_path))}: constraints: {empty}")
         raise typer.Exit(EXIT_INPUT)
 
 
@@ -283,7 +285,7 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
         _error(f"{exc}; narrow the space or raise search.exhaustive_limit")
         raise typer.Exit(EXIT_INPUT) from None
     if enumeration.why_empty():
-        _error(f"{spec_path}: constraints: {enumeration.why_empty()}")
+        _error(f"{escape_text(str(spec_path))}: constraints: {enumeration.why_empty()}")
         raise typer.Exit(EXIT_INPUT)
     ranking = rank_space(enumeration, probe_context(spec), objectives)
     # the top distinct layouts: configs the model prices the same are one row, their knobs named
@@ -649,7 +651,7 @@ def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: 
         return
     changes = changed_fields(before, defined_as)
     if not fresh:
-        _error(f"{spec_path}: the spec changed what defines the study {spec.name!r} kept in {directory} "
+        _error(f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
                f"({len(study.trials)} trial(s) measured under the old definition):")
         for line in changes:
             err.print(f"  {line}", markup=False)

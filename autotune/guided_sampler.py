@@ -97,7 +97,8 @@ class GuidedSampler(BaseSampler):
         (the study runner has them already)."""
         from .context import probe_context
         from .ranking import rank_space
-        from .spec import Spec, load_spec
+        from .spec import Spec
+        from .spec_load import load_spec
 
         if not isinstance(spec, Spec):
             spec = load_spec(Path(spec))

@@ -150,7 +150,9 @@ def write_spec_copy(source: Path, run_dir: Path) -> Path:
     which keeps the comments, is written only when it loads back as exactly that masked data;
     otherwise the masked data itself is written (a merge key that brought a token, an alias that
     reused one)."""
-    text = Path(source).read_text(encoding="utf-8-sig")
+    from .spec_load import read_spec_text
+
+    text = read_spec_text(source)  # the same bounds and encoding as load_spec
     data = yaml.safe_load(text)
     masked = masked_spec_data(data)
     copy = run_dir / SPEC_COPY

@@ -1,24 +1,14 @@
-"""The tuning spec: one YAML file that says what to tune, where, for what, and with what budget.
+"""The tuning spec's schema: one YAML file that says what to tune, where, for what, and with what budget.
 
-Every section is a typed pydantic model with ``extra="forbid"`` so a misspelt key is an error,
-never silently ignored. :func:`load_spec` turns any problem into a :class:`SpecError` whose lines
-name the file, the line (where the YAML parser knows it), the dotted path of the field and what
-was expected, e.g.::
-
-    spec.yaml:14: space.recompute[1]: Input should be 'none', 'selective' or 'full' (got 'ful')
-
-What the reader accepts (issue #31): a regular file of at most ``MAX_SPEC_BYTES`` (1 MiB; a spec
-is a few KiB), never a directory, FIFO or device (refused before it is opened for reading), in
-UTF-8, with or without a UTF-8 byte-order mark. A UTF-16 or UTF-32 file (with a byte-order mark,
-or recognised by its NUL bytes) is refused with the way to convert it, not decoded: every other
-reader of the spec (the copy kept in the run directory, ``report``, ``export``) reads UTF-8, so
-one encoding keeps them all reading the same text. YAML is read with PyYAML's safe loader only
-(``!!python/...`` and unknown tags are errors naming their line), as YAML 1.1 (``yes``/``no``/
-``on``/``off`` are booleans, ``1:20`` is 80). A key written twice in one mapping, at any depth,
-is an error naming the line of the second one and the key's path (YAML parsers silently keep
-the last). Aliases (``*name``) and merge keys (``<<: *name``, ``<<: [*a, *b]``) are allowed; a key
-that a merge brings in and the mapping also writes out is YAML's documented override (the
-written one wins), not a duplicate, while a second ``<<`` key in one mapping is one.
+Like torchtitan's ``config/job_config.py``, this module is the schema only: one pydantic section
+per part of the spec, every field with its description, ``extra="forbid"`` so a misspelt key is an
+error, never silently ignored, and the field-level rules (an environment variable's name, a path's
+length, a value the simulator reads). Reading a file (encodings, YAML locations, duplicate keys)
+is :mod:`autotune.spec_load`; rendering errors with the file, line and field is
+:mod:`autotune.spec_errors`; the checks across sections (objectives against the workload, the
+baseline against the space, the hardware profile) are :mod:`autotune.spec_checks`. This module
+imports neither the space nor the simulator at import time, so the space (which reads the spec)
+is above it and the dependency runs one way.
 
 Every environment variable name, wherever it enters the spec (``space.env``, ``backend.env``,
 ``backend.secret_env``, the ``env.VAR`` keys of ``baseline``), follows one rule,
@@ -26,37 +16,24 @@ Every environment variable name, wherever it enters the spec (``space.env``, ``b
 (``PYTORCH_NPU_ALLOC_CONF``, ``PYTORCH_CUDA_ALLOC_CONF``, ``HCCL_BUFFSIZE``,
 ``MULTI_STREAM_MEMORY_REUSE``) are checked here, with their field path, not first in ``plan``.
 
-A rendered error never carries a control, bidi or other invisible character as it is: they are
-written as escapes (``\u202e``), so the text a terminal shows is the text the spec holds.
-
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 """
 
 from __future__ import annotations
 
 
-import codecs
 import math
-import os
 import re
-import stat
-import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .models import MODEL_ALIASES, PRESETS, ModelSpec, load_hf_config
-from .safe_expr import ExpressionError, compile_expression
+from .models import PRESETS, ModelSpec, load_hf_config
 from .stacks import STACKS, default_target, names as stack_names, preset_names
 
 __all__ = [
     "Spec",
-    "SpecError",
-    "load_spec",
-    "parse_spec",
     "TrainWorkload",
     "InferWorkload",
     "ClusterSpec",
@@ -70,13 +47,9 @@ __all__ = [
     "DERIVED_PARAMS",
     "ENV_NAME_RULE",
     "MAX_SPEC_BYTES",
-    "decode_spec_bytes",
     "env_name_problem",
     "env_value_problem",
-    "escape_text",
-    "parse_spec_text",
     "path_problem",
-    "read_spec_text",
 ]
 
 
@@ -108,6 +81,7 @@ def _read_hf_config(path: Path) -> dict:
 ENV_NAME_RULE = "letters A-Z a-z, digits and '_', not starting with a digit (a POSIX shell name)"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: one NAME=value string of a process environment
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB; PyYAML reads about 1 MiB a second
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
 
@@ -158,17 +132,17 @@ def env_value_problem(name: str, value: str) -> str | None:
             key, _, option = part.partition(":")
             key, option = key.strip().lower(), option.strip()
             if key == "expandable_segments" and option.lower() not in _BOOL_WORDS:
-                return f"allocator config {_short(value)}: expandable_segments expects True or False, got {_short(option)}"
+                return f"allocator config {short_value(value)}: expandable_segments expects True or False, got {short_value(option)}"
             if key in ("max_split_size_mb", "garbage_collection_threshold") and not (
                     math.isfinite(float(option)) and float(option) >= 0):
-                return f"allocator config {_short(value)}: {key} expects a finite number >= 0, got {_short(option)}"
+                return f"allocator config {short_value(value)}: {key} expects a finite number >= 0, got {short_value(option)}"
     if name == "HCCL_BUFFSIZE" and value != "":
         try:
             size_mb = float(value)
         except ValueError:
             size_mb = math.nan
         if not (math.isfinite(size_mb) and size_mb > 0):
-            return f"HCCL_BUFFSIZE is a buffer size in MB, a number > 0 (got {_short(value)})"
+            return f"HCCL_BUFFSIZE is a buffer size in MB, a number > 0 (got {short_value(value)})"
     if name == "MULTI_STREAM_MEMORY_REUSE" and value != "":
         try:
             reuse = int(value)
@@ -176,7 +150,7 @@ def env_value_problem(name: str, value: str) -> str | None:
             reuse = None
         if reuse not in MULTI_STREAM_MEMORY_REUSE_VALUES:
             return (f"MULTI_STREAM_MEMORY_REUSE is one of {', '.join(map(str, MULTI_STREAM_MEMORY_REUSE_VALUES))} "
-                    f"(got {_short(value)})")
+                    f"(got {short_value(value)})")
     return None
 
 
@@ -209,7 +183,7 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _short(value: Any, limit: int = 120) -> str:
+def short_value(value: Any, limit: int = 120) -> str:
     """``repr(value)``, shortened: an error quotes what the spec says, not megabytes of it."""
     text = repr(value)
     if len(text) <= limit:
@@ -595,19 +569,19 @@ class Spec(_Strict):
                 return {"name": v, **PRESETS[v]}
             problem = path_problem(v)
             if problem:  # neither a preset nor a path the OS could open
-                raise ValueError(f"unknown model preset {_short(v)}; presets: {', '.join(PRESETS)}; or a path to "
+                raise ValueError(f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to "
                                  f"a config.json, and as a path: {problem}")
             path = Path(v) if Path(v).is_absolute() else base / v
             if v.endswith(".json") or _is_file(path):
                 if not _is_file(path):
                     raise ValueError(f"config.json file {path} does not exist (or is not a regular file)")
                 return _read_hf_config(path)
-            raise ValueError(f"unknown model preset {_short(v)}; presets: {', '.join(PRESETS)}; or a path to a "
+            raise ValueError(f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to a "
                              "config.json")
         if isinstance(v, dict) and "preset" in v:
             preset = v["preset"]
             if not isinstance(preset, str) or preset not in PRESETS:
-                raise ValueError(f"unknown model preset {_short(preset)}; presets: {', '.join(PRESETS)}")
+                raise ValueError(f"unknown model preset {short_value(preset)}; presets: {', '.join(PRESETS)}")
             rest = {k: x for k, x in v.items() if k != "preset"}
             return {"name": preset, **PRESETS[preset], **rest}
         return v
@@ -657,576 +631,3 @@ class Spec(_Strict):
                 f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
                 f"backend {self.backend.kind}, target {self.target_stack}, objectives {objs}, "
                 f"budget {self.search.n_trials} trials")
-
-
-# ----------------------------------------------------------------------------------------- errors
-@dataclass
-class SpecProblem:
-    loc: tuple[Any, ...]
-    message: str
-    line: int | None = None
-
-    def render(self, file: str) -> str:
-        """``file:line: path: message`` on one line, every control, bidi or invisible character
-        escaped (a U+202E in a key would otherwise reverse the text the terminal shows)."""
-        where = f"{escape_text(file)}:{self.line}" if self.line else escape_text(file)
-        path = escape_text(_dotted(self.loc))
-        message = escape_text(self.message)
-        if len(message) > MAX_MESSAGE_CHARS:
-            message = f"{message[:MAX_MESSAGE_CHARS - 500]} ... {message[-400:]}"
-        return f"{where}: {path}: {message}" if path else f"{where}: {message}"
-
-
-MAX_MESSAGE_CHARS = 2000
-# C0/C1 controls, format characters (bidi overrides and isolates, zero-width ones, the BOM), lone
-# surrogates, line and paragraph separators
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def escape_text(text: str) -> str:
-    """``text`` with every character a terminal would not show as itself written as an escape
-    (``\\n``, ``\\x1b``, ``\\u202e``); everything else, non-ASCII letters included, as it is."""
-    if text.isprintable():  # the usual case; isprintable() is False for all of the above
-        return text
-    out = []
-    for ch in text:
-        if unicodedata.category(ch) not in _UNSAFE_CATEGORIES:
-            out.append(ch)
-        elif ch in "\n\t\r":
-            out.append(repr(ch)[1:-1])
-        else:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-    return "".join(out)
-
-
-class SpecError(ValueError):
-    """The spec cannot be used; ``problems`` has one entry per thing to fix."""
-
-    def __init__(self, file: str, problems: list[SpecProblem]):
-        self.file = file
-        self.problems = problems
-        super().__init__("\n".join(p.render(file) for p in problems))
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int) and not isinstance(part, bool):
-            out += f"[{part}]"
-        else:
-            text = str(part)
-            out += ("." if out else "") + (text if len(text) <= 100 else f"{text[:60]}...({len(text):,} characters)")
-    return out
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at ``loc``, or of its nearest existing parent."""
-    best = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            # the last of the keys that match: a key written out after a merge (<<) brought the same one
-            nxt = next((v for k, v in reversed(node.value) if getattr(k, "value", None) == str(part)), None)
-            if nxt is None:
-                return best
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            nxt = node.value[part]
-        else:
-            continue  # pydantic adds union/tag names (e.g. 'train', 'list[int]') that YAML lacks
-        node = nxt
-        best = node.start_mark.line + 1
-    return best
-
-
-_LABELS = ("IntRange", "train", "infer", "function-after[_check_shapes(), ModelSpec]", "BackendSpec")
-
-
-def _clean_loc(loc: tuple[Any, ...], data: Any = None) -> tuple[Any, ...]:
-    """Drop pydantic's union-branch labels (``list[int]``, ``IntRange``, ``train``, ``[key]``) from
-    a path. A part that is a key of the spec's own data at that point is the user's, kept
-    whatever it holds (a key ``"\x1b[31mtp"`` has a bracket, and is no label)."""
-    out = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and not isinstance(part, int) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        elif isinstance(part, int) or ("[" not in str(part) and str(part) not in _LABELS):
-            node = None  # a field the data lacks (missing), or one made by a validator: no data below
-        else:
-            continue
-        out.append(part)
-    return tuple(out)
-
-
-def _format_pydantic(exc: ValidationError, data: Any = None) -> list[SpecProblem]:
-    problems: list[SpecProblem] = []
-    seen: set[tuple] = set()
-    for err in exc.errors(include_url=False):
-        loc = _clean_loc(tuple(err["loc"]), data)
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field {loc[-1]!r}" if loc else "unknown field"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        elif "input" in err and not isinstance(err["input"], (dict, list)):
-            msg += f" (got {_short(err['input'])})"
-        key = (loc, msg)
-        if key in seen:
-            continue
-        seen.add(key)
-        problems.append(SpecProblem(loc, msg))
-    # A value that fits no branch of a union yields one error per branch; keep the most specific.
-    by_loc: dict[tuple, list[SpecProblem]] = {}
-    for p in problems:
-        by_loc.setdefault(p.loc, []).append(p)
-    out = []
-    for ps in by_loc.values():
-        # a mapping given where a list or a range fits: the list branch's "valid list" says nothing
-        specific = [p for p in ps if not p.message.startswith(("Input should be a valid list",
-                                                                "Input should be a valid dictionary"))]
-        out += specific or ps
-    return out
-
-
-def _sample_env(choices: dict[str, list[Any]], names: frozenset[str]) -> dict[str, Any]:
-    """One value of the right type for each name a constraint reads (the first searched value,
-    else the default, else 1): evaluating on it finds type errors at validation, not in ``plan``."""
-    from .space import INFER_DEFAULTS, TRAIN_DEFAULTS
-
-    defaults = {**INFER_DEFAULTS, **TRAIN_DEFAULTS}
-    return {n: choices[n][0] if choices.get(n) else defaults.get(n, 1) for n in names}
-
-
-def _semantic_problems(spec: Spec) -> list[SpecProblem]:
-    """Checks across sections that field types cannot express."""
-    from autotune.objectives import METRICS
-    from autotune.workers.hardware import available_profiles, is_profile_file, load_profile
-
-    problems: list[SpecProblem] = []
-    cluster = spec.cluster
-    if not is_profile_file(cluster.profile_name) and cluster.profile_name not in available_profiles():
-        problems.append(SpecProblem(("cluster", "profile"), f"unknown hardware profile {cluster.profile_name!r}; "
-                                    f"available: {', '.join(available_profiles())}"))
-    else:
-        try:
-            profile = load_profile(cluster.profile_name, cluster.overrides)
-            if profile.get("accelerator") != cluster.accelerator:
-                problems.append(SpecProblem(("cluster", "profile"), f"profile {cluster.profile_name!r} is for "
-                                            f"{profile.get('accelerator')}, but cluster.accelerator is {cluster.accelerator}"))
-        except ValueError as exc:
-            problems.append(SpecProblem(("cluster", "overrides"), str(exc)))
-
-    kind = spec.workload.kind
-    for i, obj in enumerate(spec.objectives):
-        metric = METRICS.get(obj.metric)
-        if metric is None:
-            problems.append(SpecProblem(("objectives", i, "metric"), f"unknown metric {obj.metric!r}; "
-                                        f"known: {', '.join(sorted(METRICS))}"))
-        elif metric.workload != kind:
-            problems.append(SpecProblem(("objectives", i, "metric"), f"{obj.metric} is a {metric.workload} metric "
-                                        f"but the workload is {kind}"))
-
-    choices = spec.space.choices()
-    train_only = {"tp": False, "pp": True, "cp": True, "vpp": True, "micro_batch_size": True, "sequence_parallel": True,
-                  "recompute": True, "recompute_layers": True, "zero_stage": True}
-    infer_only = {"batch_size", "kv_cache_dtype", "quantization"}
-    for name in choices:
-        if kind == "infer" and train_only.get(name):
-            problems.append(SpecProblem(("space", name), f"{name} is a training parameter; the workload is infer"))
-        if kind == "train" and name in infer_only:
-            problems.append(SpecProblem(("space", name), f"{name} is an inference parameter; the workload is train"))
-    world = cluster.world_size
-    for name in ("tp", "pp", "cp"):
-        values = choices.get(name, [])
-        if values and not any(world % v == 0 for v in values):
-            problems.append(SpecProblem(("space", name), f"no value of {values} divides the world size {world} "
-                                        f"({cluster.nodes} nodes x {cluster.devices_per_node} devices)"))
-
-    names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices)
-    names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
-    for i, source in enumerate(spec.constraints):
-        try:
-            expression = compile_expression(source, names)
-            expression.evaluate(_sample_env(choices, expression.names))  # types: a string in arithmetic
-        except ExpressionError as exc:
-            problems.append(SpecProblem(("constraints", i), str(exc)))
-
-    for var, values in spec.space.env.items():  # the values the simulator reads: found here, not in plan
-        for i, value in enumerate(values):
-            problem = env_value_problem(var, value)
-            if problem:
-                problems.append(SpecProblem(("space", "env", var, i), problem))
-
-    if spec.baseline is not None:
-        unknown = [key for key in spec.baseline if key not in CANONICAL_PARAMS and not key.startswith("env.")]
-        for key in unknown:
-            problems.append(SpecProblem(("baseline", key), f"unknown parameter {_short(key)}; use canonical names "
-                                        f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
-        for key, value in spec.baseline.items():
-            if not key.startswith("env."):
-                continue
-            if isinstance(value, (dict, list)) or value is None:
-                problem = f"an environment variable's value is a string, number or boolean (got {_short(value)})"
-            else:
-                problem = env_value_problem(key[4:], env_value(value))
-            if problem:
-                unknown.append(key)
-                problems.append(SpecProblem(("baseline", key), problem))
-        for key, value in spec.baseline.items():  # the baseline is a trial of the study: its values are searched ones
-            values = choices.get(key)
-            if values is None:
-                continue
-            shown = env_value(value) if key.startswith("env.") else value
-            if not any(shown == v and type(shown) is type(v) for v in values):
-                listed = values if len(values) <= 12 else [*values[:5], "...", *values[-5:]]
-                problems.append(SpecProblem(("baseline", key), f"{value!r} is not a value of space.{key} {listed}; "
-                                            "add it to the space (the baseline is measured as a trial of the study)"))
-        if not unknown and not problems:  # the baseline is probed first: it must be a config the rules allow
-            from .space import Space
-
-            try:
-                violations = Space(spec).resolve(dict(spec.baseline)).violations
-            except (TypeError, ValueError) as exc:
-                violations = [f"cannot be resolved ({exc})"]
-            for reason in violations:
-                problems.append(SpecProblem(("baseline",), f"the baseline breaks a rule: {reason}"))
-    if spec.backend.kind == "mindspore" and spec.cluster.accelerator == "cuda":
-        problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
-    seq_len, positions = getattr(spec.workload, "seq_len", None), spec.model.max_position_embeddings
-    if kind == "train" and seq_len and seq_len > positions and spec.target_stack in ("megatron", "mindspeed"):
-        problems.append(SpecProblem(("workload", "seq_len"), (
-            f"{seq_len} is above the model's max_position_embeddings {positions}: Megatron's validate_args refuses "
-            f"--seq-length {seq_len} with --max-position-embeddings {positions} (target {spec.target_stack}); train "
-            f"at most {positions}, or give the model `max_position_embeddings: {seq_len}` (a model mapping, for a "
-            "context extension)")))
-    return problems
-
-
-def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
-               root: yaml.Node | None = None) -> Spec:
-    """Validate an already-parsed mapping (``load_spec`` reads the file and keeps line numbers)."""
-    if not isinstance(data, dict):
-        raise SpecError(file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")])
-    problems = _oversized_ints(data)
-    if problems:
-        for p in problems:
-            p.line = _line_of(root, p.loc)
-        raise SpecError(file, problems)
-    try:
-        spec = Spec.model_validate(data, context={"base_dir": str(base_dir or Path("."))})
-    except RecursionError:
-        raise SpecError(file, [SpecProblem((), "nested too deeply to read (a spec nests a few levels)")]) from None
-    except ValidationError as exc:
-        problems = _format_pydantic(exc, data)
-        for p in problems:
-            p.line = _line_of(root, p.loc)
-        raise SpecError(file, problems) from None
-    problems = _semantic_problems(spec)
-    if problems:
-        for p in problems:
-            p.line = _line_of(root, p.loc)
-        raise SpecError(file, problems)
-    return spec
-
-
-MAX_YAML_VALUES = 100_000
-
-
-class _TooManyValues(Exception):
-    pass
-
-
-class _RecursiveAlias(Exception):
-    def __init__(self, line: int):
-        self.line = line
-
-
-_IN_PROGRESS = -1
-
-
-def _expanded_size(node: yaml.Node | None, seen: dict[int, int] | None = None) -> int:
-    """How many values the YAML holds once every alias is expanded (an "alias bomb" of nine
-    nested lists of nine aliases is a few lines but 387 million values). Aliases share their
-    node in the composed graph, so this counts each shared node once per reference, memoised:
-    linear in the file, whatever the expansion. An alias inside its own anchor's node (``&a
-    [*a]``, a list that contains itself) is :class:`_RecursiveAlias`."""
-    if node is None:
-        return 0
-    seen = {} if seen is None else seen
-    key = id(node)
-    if key in seen:
-        if seen[key] == _IN_PROGRESS:
-            raise _RecursiveAlias(node.start_mark.line + 1)
-        return seen[key]
-    seen[key] = _IN_PROGRESS
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, seen) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, seen) + _expanded_size(v, seen) for k, v in node.value)
-    seen[key] = min(size, MAX_YAML_VALUES + 1)
-    return seen[key]
-
-
-def _oversized_ints(data: Any) -> list[SpecProblem]:
-    """Integers no field can use (OverflowError deep in numpy otherwise), with their path."""
-    problems = []
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
-    while stack:
-        loc, value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((loc + (k,), v) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((loc + (i,), v) for i, v in enumerate(value))
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
-            problems.append(SpecProblem(loc, f"{value} is too large an integer (at most 2**53 - 1 = {MAX_SPEC_INT:,})"))
-    return problems[::-1]
-
-
-# ------------------------------------------------------------------------------------ the reader
-MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB; PyYAML reads about 1 MiB a second
-_UTF32_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)  # before UTF-16's: FF FE 00 00 starts with FF FE
-_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def _os_reason(exc: BaseException) -> str:
-    return getattr(exc, "strerror", None) or str(exc)
-
-
-def read_spec_text(path: str | Path) -> str:
-    """The text of the spec file at ``path``, or a :class:`SpecError` naming the file: it must be
-    a regular file (a FIFO would block forever, ``/dev/zero`` never ends; both are refused before
-    they are opened for reading), of at most :data:`MAX_SPEC_BYTES`, in UTF-8 (a UTF-8 byte-order
-    mark is dropped; UTF-16/32 and other encodings are refused with the way to convert them)."""
-    path = Path(path)
-    file = str(path)
-
-    def refuse(message: str, line: int | None = None) -> SpecError:
-        return SpecError(file, [SpecProblem((), message, line)])
-
-    try:
-        info = os.stat(path)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise refuse(f"cannot read the spec: it is {_file_kind(info.st_mode)}, not a regular file; give the path of "
-                     "a YAML spec file")
-    if info.st_size > MAX_SPEC_BYTES:
-        raise refuse(f"cannot read the spec: it is {info.st_size:,} bytes, above the limit of {MAX_SPEC_BYTES:,} "
-                     "bytes (1 MiB; a spec is a few KiB)")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
-    try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):  # replaced between the stat and the open
-            raise refuse(f"cannot read the spec: it is {_file_kind(opened.st_mode)}, not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_SPEC_BYTES:
-            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) > MAX_SPEC_BYTES:  # grew since the stat
-        raise refuse(f"cannot read the spec: it is larger than the limit of {MAX_SPEC_BYTES:,} bytes (1 MiB; a spec "
-                     "is a few KiB)")
-    return decode_spec_bytes(raw, file)
-
-
-def decode_spec_bytes(raw: bytes, file: str = "<spec>") -> str:
-    """UTF-8 text of a spec's bytes (see :func:`read_spec_text`), or a :class:`SpecError`."""
-    convert = f"convert it, e.g. `iconv -f {{enc}} -t UTF-8 {file} > spec-utf8.yaml`"
-    for boms, encoding in ((_UTF32_BOMS, "UTF-32"), (_UTF16_BOMS, "UTF-16")):
-        if raw.startswith(boms):
-            raise SpecError(file, [SpecProblem((), f"the spec is {encoding} text (it starts with a {encoding} "
-                                               "byte-order mark); autotune reads specs in UTF-8: "
-                                               + convert.format(enc=encoding))])
-    raw = raw.removeprefix(codecs.BOM_UTF8)
-    nul = raw.find(b"\0")
-    if nul >= 0:
-        line = raw.count(b"\n", 0, nul) + 1
-        raise SpecError(file, [SpecProblem((), "the spec holds NUL bytes, so it is not UTF-8 text: a binary file, "
-                                           "or UTF-16/UTF-32 without a byte-order mark; "
-                                           + convert.format(enc="UTF-16"), line)])
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SpecError(file, [SpecProblem((), f"the spec is not UTF-8 text: byte 0x{raw[exc.start]:02x} at column "
-                                           f"{column} ({exc.reason}); Latin-1 or Windows-1252 perhaps: "
-                                           + convert.format(enc="LATIN1"), line)]) from None
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (no Python tags), whose every construction error is a located
-    ``ConstructorError``: ``!!int 'abc'`` or a date such as ``2001-02-30`` raise a bare
-    ValueError in PyYAML (an "internal error" in autotune until issue #31)."""
-
-    composed = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        """PyYAML's, stopping at the first node past MAX_YAML_VALUES: a 1 MiB flow list of 300,000
-        values takes PyYAML seconds to compose, and is refused whole anyway."""
-        self.composed += 1
-        if self.composed > MAX_YAML_VALUES:
-            raise _TooManyValues()
-        return super().compose_node(parent, index)
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep)
-        except (yaml.YAMLError, RecursionError, MemoryError):
-            raise
-        except Exception as exc:  # noqa: BLE001 (ValueError, TypeError, OverflowError... of one value)
-            self.recursive_objects.pop(node, None)
-            raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read the {node.tag.rsplit(':', 1)[-1]} value {_short(getattr(node, 'value', ''))}: "
-                f"{type(exc).__name__}: {exc}", node.start_mark) from None
-
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        """PyYAML's int (``0x1F``, ``0o17``/``017``, ``1:20``), refusing one of more characters
-        than a spec's largest integer needs before building it: a sexagesimal ``1:1:1:...`` of a
-        few hundred KiB takes PyYAML minutes (each ``:`` multiplies a growing number by 60)."""
-        text = self.construct_scalar(node)
-        if len(text) > MAX_INT_CHARS:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"an integer written in {len(text):,} characters; a spec's integers are at most "
-                f"2**53 - 1 ({MAX_SPEC_INT:,})", node.start_mark)
-        return super().construct_yaml_int(node)
-
-
-MAX_INT_CHARS = 100  # 2**53 - 1 has 16 digits; room for signs, underscores and base prefixes
-_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_VALUE_TAG = "tag:yaml.org,2002:value"
-
-
-def _duplicate_keys(root: yaml.Node | None, loader: yaml.SafeLoader) -> list[SpecProblem]:
-    """Every key written a second time in one mapping, at any depth, with the line of the
-    second one and the key's path. Keys are compared as the values YAML reads them as (``1``
-    and ``0x1``, ``yes`` and ``true`` are one key). A merge (``<<``) is no duplicate of a key the
-    mapping writes out: that is YAML's override. Aliased nodes are checked once, where their
-    anchor is."""
-    problems: list[SpecProblem] = []
-    visited: set[int] = set()
-    stack: list[tuple[tuple[Any, ...], yaml.Node | None]] = [((), root)]
-    while stack:
-        loc, node = stack.pop()
-        if node is None or id(node) in visited:
-            continue
-        visited.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            stack.extend((loc + (i,), child) for i, child in enumerate(node.value))
-            continue
-        if not isinstance(node, yaml.MappingNode):
-            continue
-        first: dict[Any, yaml.Node] = {}
-        first_merge: yaml.Node | None = None
-        for key, value in node.value:
-            if key.tag == _MERGE_TAG:
-                if first_merge is not None:
-                    problems.append(SpecProblem(loc + ("<<",), (
-                        f"a second merge key '<<' in one mapping (the first is at line {first_merge.start_mark.line + 1}); "
-                        "merge several mappings with one: `<<: [*first, *second]`"), key.start_mark.line + 1))
-                first_merge = first_merge or key
-                stack.append((loc, value))
-                continue
-            if not isinstance(key, yaml.ScalarNode):
-                stack.append((loc + ("?",), value))  # a list or mapping as a key: the loader refuses it
-                continue
-            shown = key.value
-            name = "=" if key.tag == _VALUE_TAG else loader.construct_object(key, deep=True)
-            try:
-                earlier = first.get(name)
-            except TypeError:  # unhashable: the loader refuses it
-                earlier = None
-            if earlier is None:
-                try:
-                    first[name] = key
-                except TypeError:
-                    pass
-            else:
-                same = "" if earlier.value == shown else f" (read as the same key as {_short(earlier.value)})"
-                problems.append(SpecProblem(loc + (shown,), (
-                    f"duplicate key {_short(shown)}{same}: already at line {earlier.start_mark.line + 1}; YAML keeps "
-                    "only the last one, silently: write the key once"), key.start_mark.line + 1))
-            stack.append((loc + (shown,), value))
-    return sorted(problems, key=lambda p: p.line or 0)
-
-
-def parse_spec_text(text: str, file: str = "<spec>") -> tuple[Any, yaml.Node | None]:
-    """The data of a spec's YAML text and its node tree (for lines), or a :class:`SpecError`:
-    invalid YAML, an alias bomb, a duplicate key."""
-    loader = None
-    try:
-        loader = _SpecLoader(text)  # the reader checks the characters here already
-        root = loader.get_single_node()
-        if _expanded_size(root) > MAX_YAML_VALUES:
-            raise SpecError(file, [SpecProblem((), f"the YAML expands to more than {MAX_YAML_VALUES:,} values through its "
-                                               "aliases (*name); a spec needs a few hundred: write the values out")])
-        duplicates = _duplicate_keys(root, loader)
-        if duplicates:
-            raise SpecError(file, duplicates)
-        data = loader.construct_document(root) if root is not None else None
-    except _TooManyValues:
-        raise SpecError(file, [SpecProblem((), (
-            f"the YAML holds more than {MAX_YAML_VALUES:,} values (keys and values); a spec needs a few hundred "
-            "(a long run of integers is a range: {low, high, step})"))]) from None
-    except _RecursiveAlias as exc:
-        raise SpecError(file, [SpecProblem((), "invalid YAML: an alias (*name) inside the node its anchor (&name) "
-                                           "names, a structure that contains itself", exc.line)]) from None
-    except RecursionError:
-        raise SpecError(file, [SpecProblem((), "invalid YAML: nested too deeply to read (a spec nests a few levels)")]) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc.problem} {exc.context or ''}".strip(), line)]) from None
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
-        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else _short(exc.character)
-        raise SpecError(file, [SpecProblem((), f"invalid YAML: unacceptable character {what}: {exc.reason} (control "
-                                           "characters are written as escapes in a double-quoted string)", line)]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc}")]) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    return data, root
-
-
-def load_spec(path: str | Path) -> Spec:
-    """Read (:func:`read_spec_text`), parse (PyYAML's safe loader, duplicate keys refused) and
-    validate a spec file; every problem is a :class:`SpecError` naming the file."""
-    path = Path(path)
-    text = read_spec_text(path)
-    data, root = parse_spec_text(text, str(path))
-    spec = parse_spec(data, str(path), path.parent, root)
-    spec.source_path = path.resolve()
-    return spec

@@ -69,7 +69,7 @@ def counts(run_dir: Path) -> dict[str, int]:
 
     from autotune.records import trial_records
     from autotune.secret_env import SPEC_COPY
-    from autotune.spec import load_spec
+    from autotune.spec_load import load_spec
     from autotune.storage import open_study
 
     spec = load_spec(run_dir / SPEC_COPY)

@@ -34,7 +34,7 @@ import optuna  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.dispatch import RayDispatcher  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
+from autotune.spec_load import load_spec  # noqa: E402
 from autotune.tracking import Tracker, default_tracking_uri  # noqa: E402
 
 SPEC = """

@@ -51,7 +51,7 @@ def _assembled(spec, run_dir):
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
 from autotune.space import Space, config_key  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
+from autotune.spec_load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # (tp, pp, micro_batch_size, recompute, zero_stage, precision): every knob varies, both ways

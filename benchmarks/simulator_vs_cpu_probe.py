@@ -40,7 +40,7 @@ def _assembled(spec, run_dir):
 
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
-from autotune.spec import load_spec  # noqa: E402
+from autotune.spec_load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

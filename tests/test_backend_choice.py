@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from autotune.backends import select_backend
 from autotune.cli import app
-from autotune.spec import BACKEND_KINDS, parse_spec
+from autotune.spec import BACKEND_KINDS
+from autotune.spec_load import parse_spec
 
 
 def _preset(kind: str = "megatron", accelerator: str = "npu") -> dict:

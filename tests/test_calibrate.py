@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.spec import SpecError, load_spec
+from autotune.spec_errors import SpecError
+from autotune.spec_load import load_spec
 from autotune.workers.calibrate import fit_gemm_curve, fit_half_dim, fit_latency_bandwidth
 from autotune.workers.calibrate_layer import COLLECTIVES_PER_LAYER, fit_tp_latency
 from autotune.workers.hardware import PROFILE_KEYS, load_profile

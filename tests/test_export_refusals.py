@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.export import ExportContext
 from autotune.exports import EXPORTERS
-from autotune.spec import SpecError, parse_spec
+from autotune.spec_errors import SpecError
+from autotune.spec_load import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

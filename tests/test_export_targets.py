@@ -30,7 +30,7 @@ from autotune.export._base import script_arrays
 from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand
 from autotune.space import Space
-from autotune.spec import parse_spec
+from autotune.spec_load import parse_spec
 from autotune.stacks import STACKS, unsupported_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -396,7 +396,7 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
 
 
 def test_a_baseline_the_target_cannot_launch_is_a_spec_error():
-    from autotune.spec import SpecError
+    from autotune.spec_errors import SpecError
 
     data = {"name": "t", "model": "llama2-7b", "target": "mindspeed",
             "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},

@@ -40,7 +40,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from autotune.safe_expr import ExpressionError, compile_expression  # noqa: E402
-from autotune.spec import Spec, SpecError, load_spec  # noqa: E402
+from autotune.spec import Spec  # noqa: E402
+from autotune.spec_errors import SpecError  # noqa: E402
+from autotune.spec_load import load_spec  # noqa: E402
 from support import TINY_TRAIN  # noqa: E402
 
 BASE = yaml.safe_load(TINY_TRAIN)
@@ -598,7 +600,7 @@ def check_file_outcome(file: str, outcome, expect: dict) -> None:
     assert isinstance(outcome, Spec), outcome
     assert "duplicate_line" not in expect and "error" not in expect, expect
     if expect.get("same"):
-        from autotune.spec import parse_spec
+        from autotune.spec_load import parse_spec
 
         wanted = parse_spec(copy.deepcopy(expect["same"])).model_dump(exclude={"source_path"})
         assert outcome.model_dump(exclude={"source_path"}) == wanted, "a merge, alias or encoding read differently"

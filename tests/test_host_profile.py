@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from autotune import host_profile
 from autotune.cli import app
-from autotune.spec import load_spec
+from autotune.spec_load import load_spec
 from support import command_spec
 
 

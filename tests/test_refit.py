@@ -8,7 +8,7 @@ from autotune.backends import BackendChoice
 from autotune.dispatch import InProcessDispatcher
 from autotune.refit import Refit, fit_refit
 from autotune.search import StudyRunner
-from autotune.spec import load_spec
+from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 

@@ -10,7 +10,7 @@ from autotune.backends import BackendChoice
 from autotune.dispatch import InProcessDispatcher
 from autotune.records import trial_records
 from autotune.search import A, StudyRunner, open_study
-from autotune.spec import load_spec
+from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 

@@ -91,7 +91,7 @@ def test_a_secret_brought_by_a_merge_key_is_masked(tmp_path):
 
 
 def test_a_secret_reused_through_an_alias_is_masked_and_the_copy_still_reads_as_the_spec(tmp_path):
-    from autotune.spec import load_spec
+    from autotune.spec_load import load_spec
 
     copy = _copy_of(tmp_path, BASE + "backend:\n  kind: simulate\n  env:\n    HF_TOKEN: &tok hf_alias_Zq8s\n"
                                       "    OTHER_TOKEN: *tok\n")

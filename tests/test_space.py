@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from autotune.space import Space, config_key
-from autotune.spec import load_spec
+from autotune.spec_load import load_spec
 from support import REPO, TINY_TRAIN
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.spec import SpecError, load_spec
+from autotune.spec_errors import SpecError
+from autotune.spec_load import load_spec
 from support import REPO, TINY_TRAIN
 
 

@@ -15,10 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.spec import SpecError, load_spec
+from autotune.spec_errors import SpecError
+from autotune.spec_load import load_spec
 from support import TINY_TRAIN
 
-MAX_SPEC_BYTES = 1 << 20  # autotune.spec.MAX_SPEC_BYTES (test_the_size_limit_is_the_documented_one)
+MAX_SPEC_BYTES = 1 << 20  # autotune.spec_load.MAX_SPEC_BYTES (test_the_size_limit_is_the_documented_one)
 
 SPEC = textwrap.dedent(TINY_TRAIN).lstrip()  # line 1 is "name: tiny"
 
@@ -219,7 +220,7 @@ def test_yaml_values_pyyaml_cannot_build_are_located_errors(tmp_path):
 
 
 def test_the_size_limit_is_the_documented_one():
-    from autotune import spec
+    from autotune import spec_load as spec
 
     assert spec.MAX_SPEC_BYTES == MAX_SPEC_BYTES and "1 MiB" in spec.__doc__
 
@@ -303,7 +304,7 @@ def test_control_and_bidi_characters_in_a_field_path_are_escaped(tmp_path, key, 
 
 
 def test_escape_text_keeps_letters_and_escapes_the_invisible():
-    from autotune.spec import escape_text
+    from autotune.spec_errors import escape_text
 
     assert escape_text("naïve 🙂 tp") == "naïve 🙂 tp"
     assert escape_text("a\u202eb\u2067c\x00d\x7fe\x85f\ud800g\u2028") == \

@@ -30,7 +30,8 @@ from autotune.export import ExportContext, Exporter, ExportRefused
 from autotune.exports import EXPORTERS, default_formats, parse_formats, write_exports
 from autotune.export._base import header_fields, script_arrays
 from autotune.space import Space
-from autotune.spec import BACKEND_KINDS, parse_spec
+from autotune.spec import BACKEND_KINDS
+from autotune.spec_load import parse_spec
 from autotune.stack_presets import preset_launch
 from autotune.stacks import STACKS, PresetLaunch, PresetRun, Stack, register, unregister
 from autotune.stacks._base import col

@@ -22,7 +22,7 @@ import optuna
 from autotune.backends import BackendChoice, launch_for, select_backend
 from autotune.context import probe_context
 from autotune.guided_sampler import GuidedSampler, report_failure
-from autotune.spec import load_spec
+from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult, TrialRequest
 
 

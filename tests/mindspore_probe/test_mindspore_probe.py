@@ -205,7 +205,7 @@ def test_the_npu_mindspore_spec_previews_on_the_simulator_without_npus(monkeypat
     """`autotune run search_spaces/llama2_7b_8npu_mindspore.yaml` on a machine without NPUs: the
     simulator, announced; `--backend mindspore` would force the probes."""
     from autotune.backends import select_backend
-    from autotune.spec import load_spec
+    from autotune.spec_load import load_spec
 
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
     spec = load_spec(REPO / "search_spaces" / "llama2_7b_8npu_mindspore.yaml")

@@ -1,0 +1,99 @@
+"""Dependencies run one way (issue #32; docs/ARCHITECTURE.md): no import cycle among autotune's
+modules, lazy (function-level) imports included, and the probes (``workers/``) never import the
+driver's search, tracking or MLflow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = {"autotune": REPO / "autotune", "autotune.workers": REPO / "workers", "autotune.objectives": REPO / "objectives"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for target in targets:
+            while target and target not in known:  # a name imported from a module: the module
+                target = target.rsplit(".", 1)[0] if "." in target else ""
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph = {m: _imports(m, p, known) for m, p in modules.items()}
+    for m in list(graph):  # importing a package runs its __init__: not a dependency on its own modules
+        graph[m] = {d for d in graph[m] if not m.startswith(d + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_in_autotune():
+    assert _cycles(_graph()) == []
+
+
+def test_probes_never_import_the_driver():
+    graph = _graph()
+    for module, deps in graph.items():
+        if module.startswith("autotune.workers"):
+            driver = {d for d in deps if d.startswith("autotune.") and not d.startswith(("autotune.workers",
+                                                                                         "autotune.objectives"))}
+            assert not driver, (module, driver)
