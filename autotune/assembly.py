@@ -28,7 +28,9 @@ def dispatcher_for(spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
         return dispatch.InProcessDispatcher(simulate_trial)
     if not spec.ray.enabled:
         return dispatch.LocalProcessDispatcher(max_parallel=spec.search.parallel_trials)
-    return dispatch.RayDispatcher(address=spec.ray.address, num_cpus=spec.ray.num_cpus, resources=None, run_dir=run_dir)
+    from .ray_dispatch import RayDispatcher
+
+    return RayDispatcher(address=spec.ray.address, num_cpus=spec.ray.num_cpus, resources=None, run_dir=run_dir)
 
 
 def launcher_for(spec: Spec, backend: BackendChoice) -> Callable[[TrialRequest], Any]:

@@ -182,7 +182,7 @@ def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can it
     spec = _load(spec_path) if spec_path else None
     address = ray_address or (spec.ray.address if spec else None)
     from .doctor import cluster_report, placement_verdict
-    from .dispatch import RayDispatcher
+    from .ray_dispatch import RayDispatcher
 
     try:
         dispatcher = RayDispatcher(address=address, num_cpus=spec.ray.num_cpus if spec and not address else None)

@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from .dispatch import RayUnreachable
+from .ray_dispatch import RayUnreachable
 from .spec import Spec
 
 __all__ = ["CALIBRATE_ENV", "PROFILE_CACHE_ENV", "ProfileOrigin", "profile_origin", "calibrate_setting",
@@ -234,7 +234,7 @@ def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_
         options["resources"] = bundle
     owns = not ray.is_initialized()
     if owns:
-        from .dispatch import check_ray_address
+        from .ray_dispatch import check_ray_address
 
         check_ray_address(spec.ray.address)  # Ray's own connect has no overall timeout
         handler = signal.getsignal(signal.SIGTERM)

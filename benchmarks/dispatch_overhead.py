@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.dispatch import Dispatcher, LocalProcessDispatcher, ProbeLaunch, RayDispatcher
+from autotune.dispatch import Dispatcher, LocalProcessDispatcher, ProbeLaunch
+from autotune.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import TrialRequest
 
 PROBES = {

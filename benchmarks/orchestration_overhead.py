@@ -32,7 +32,7 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 import optuna  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
-from autotune.dispatch import RayDispatcher  # noqa: E402
+from autotune.ray_dispatch import RayDispatcher  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
 from autotune.spec_load import load_spec  # noqa: E402
 from autotune.tracking import Tracker, default_tracking_uri  # noqa: E402

@@ -15,10 +15,10 @@ from autotune.dispatch import (
     InProcessDispatcher,
     LocalProcessDispatcher,
     ProbeLaunch,
-    RayDispatcher,
     probe_env,
     resources_for,
 )
+from autotune.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import ProbeResult, TrialRequest
 from support import grandchild_probe, read_pid, wait_dead
 
@@ -255,7 +255,7 @@ def test_stop_tasks_cancels_only_unfinished_and_forces_only_ignored_cancels(ray_
     kill the driver inside Ray), and forces only a task still running after the grace period."""
     import ray
 
-    from autotune.dispatch import stop_tasks
+    from autotune.ray_tasks import stop_tasks
 
     cancels: list[tuple[object, bool]] = []
     real_cancel = ray.cancel

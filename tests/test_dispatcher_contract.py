@@ -5,13 +5,12 @@ what is pending, and says a placeable trial can be placed."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from autotune.dispatch import LocalProcessDispatcher, ProbeLaunch, RayDispatcher
+from autotune.dispatch import LocalProcessDispatcher, ProbeLaunch
+from autotune.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import TrialRequest
 from support import grandchild_probe, read_pid, script, wait_dead
 

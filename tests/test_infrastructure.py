@@ -143,7 +143,7 @@ def test_ray_cluster_messages_go_to_the_log_not_stdout(capsys, caplog):
 
     import ray._private.worker as ray_worker
 
-    from autotune.dispatch import _route_ray_messages
+    from autotune.ray_dispatch import _route_ray_messages
 
     saved = ray_worker.print_to_stdstream
     try:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("ray")
 
-from autotune.dispatch import RayDispatcher, RayUnreachable  # noqa: E402
+from autotune.ray_dispatch import RayDispatcher, RayUnreachable  # noqa: E402
 
 
 def closed_port() -> int:
