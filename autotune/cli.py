@@ -3,6 +3,11 @@
 Like ``ray job`` and ``optuna``: logs and progress go to stderr, data to stdout, ``--json`` gives
 scripts a stable object, and the exit codes are documented:
 
+(Why one module of some 970 lines: the commands share their options, exit codes and output
+helpers; each command only parses, calls the stage that does the work (:mod:`autotune.finish`,
+:mod:`autotune.search`, :mod:`autotune.doctor`, ...) and prints what it returns.)
+
+
 ====  ==========================================================================
 0     success
 1     the study ran but no trial succeeded (see the report for the reasons)

@@ -17,6 +17,9 @@ Every environment variable name, wherever it enters the spec (``space.env``, ``b
 ``MULTI_STREAM_MEMORY_REUSE``) are checked here, with their field path, not first in ``plan``.
 
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
+
+Why one module of some 630 lines: it is the schema, every section and field with its description
+and its field-level rule, as one reference a reader can scan; nothing else lives here.
 """
 
 from __future__ import annotations

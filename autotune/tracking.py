@@ -4,6 +4,10 @@ All MLflow calls of the project live here and run in the driver only (probes nev
 The client API (``MlflowClient``) is used rather than the fluent one so that concurrent trials can
 be logged without a global "active run", and every write is a single batch call.
 
+Why one module of some 550 lines: it is the one place that talks to MLflow, and its parts (the
+write queue, its bounds and retries, MLflow-valid names, the relocation of a moved store) guard
+the same writes; what is written is decided elsewhere (:mod:`autotune.study_tracking`).
+
 Why the writes are queued, bounded and retried: a tracking server is a shared service that
 restarts, and a study that waits on it, or dies with it, loses hours of probes. Optuna storage is
 the record of the study; MLflow is a view of it. So:
