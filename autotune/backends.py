@@ -19,8 +19,15 @@ from .spec import BACKEND_KINDS, Spec
 from .stacks import preset, preset_names
 from autotune.workers.protocol import TrialRequest
 
-__all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for", "trial_devices", "trial_placement",
-           "least_trial_devices"]
+__all__ = [
+    "BackendChoice",
+    "select_backend",
+    "visible_devices",
+    "launch_for",
+    "trial_devices",
+    "trial_placement",
+    "least_trial_devices",
+]
 
 
 @dataclass(frozen=True)
@@ -72,18 +79,25 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     if kind not in kinds:
         raise ValueError(f"--backend: expected one of {', '.join(kinds)}, got {kind!r}")
     if kind == "simulate":
-        return BackendChoice("simulate", "backend 'simulate' requested: results are predictions of the analytical model")
+        return BackendChoice(
+            "simulate", "backend 'simulate' requested: results are predictions of the analytical model"
+        )
     if preset(kind) is not None:  # a registered stack preset (autotune.stacks)
         if kind != spec.backend.kind:
-            raise ValueError(f"--backend {kind}: the spec's backend is {spec.backend.kind!r}; a stack preset needs "
-                             f"backend.kind: {kind} with its entry and args in the spec")
+            raise ValueError(
+                f"--backend {kind}: the spec's backend is {spec.backend.kind!r}; a stack preset needs "
+                f"backend.kind: {kind} with its entry and args in the spec"
+            )
         return BackendChoice(kind, f"stack preset '{kind}': the stack's own launch and log, every result a measurement")
     if kind in ("torch", "mindspore") and override is None and acc != "cpu" and visible_devices(acc) == 0:
         # the spec names a real probe for devices this machine lacks: preview with the
         # simulator (``--backend`` forces the probe anyway)
         name = {"npu": "NPU", "cuda": "GPU"}[acc]
-        return BackendChoice("simulate", f"the spec asks for {kind} probes but no {name} is visible: using the "
-                                         f"simulator; results are predictions (--backend {kind} forces the probes)")
+        return BackendChoice(
+            "simulate",
+            f"the spec asks for {kind} probes but no {name} is visible: using the "
+            f"simulator; results are predictions (--backend {kind} forces the probes)",
+        )
     if kind in ("command", "torch", "mindspore"):
         if kind == "command" and not spec.backend.argv:
             raise ValueError("--backend command needs backend.argv in the spec")
@@ -93,11 +107,16 @@ def select_backend(spec: Spec, override: str | None = None) -> BackendChoice:
     if acc != "cpu" and visible_devices(acc) == 0:
         return BackendChoice("simulate", f"no {name} visible: using the simulator; results are predictions")
     if acc == "npu" and not _npu_runtime_installed():
-        return BackendChoice("simulate", f"{visible_devices(acc)} NPU(s) visible but torch_npu is not installed here "
-                                         "(pip install 'autotune[npu]'): using the simulator; results are predictions")
+        return BackendChoice(
+            "simulate",
+            f"{visible_devices(acc)} NPU(s) visible but torch_npu is not installed here "
+            "(pip install 'autotune[npu]'): using the simulator; results are predictions",
+        )
     if not _torch_installed():
-        return BackendChoice("simulate", "torch is not installed (pip install 'autotune[torch]'): using the simulator; "
-                                         "results are predictions")
+        return BackendChoice(
+            "simulate",
+            "torch is not installed (pip install 'autotune[torch]'): using the simulator; results are predictions",
+        )
     have = visible_devices(acc)
     return BackendChoice("torch", f"{have} {name}(s) visible: real torch probes; every result is a measurement")
 
@@ -132,8 +151,11 @@ def trial_placement(spec: Spec, devices: int) -> dict:
     from .dispatch import resources_for
 
     nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
-    return {"resources": resources_for(spec.cluster.accelerator, devices, spec.backend.resources), "nodes": nodes,
-            "bundle": node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node)}
+    return {
+        "resources": resources_for(spec.cluster.accelerator, devices, spec.backend.resources),
+        "nodes": nodes,
+        "bundle": node_bundle(spec.cluster.accelerator, spec.cluster.devices_per_node),
+    }
 
 
 def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
@@ -148,19 +170,30 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     cwd = backend.cwd
     if cwd and not os.path.isabs(cwd) and spec.source_path is not None:
         cwd = str(spec.source_path.resolve().parent / cwd)
-    spread = dict(nodes=nodes, bundle=placement["bundle"],
-                  placement_timeout_s=spec.ray.placement_timeout_s) if nodes > 1 else {}
+    spread = (
+        dict(nodes=nodes, bundle=placement["bundle"], placement_timeout_s=spec.ray.placement_timeout_s)
+        if nodes > 1
+        else {}
+    )
     if choice.kind == "command":
-        return ProbeLaunch(argv=list(backend.argv or []), env=env, timeout_s=timeout, resources=resources,
-                           metric_patterns=backend.metric_patterns or None, cwd=cwd, **spread)
+        return ProbeLaunch(
+            argv=list(backend.argv or []),
+            env=env,
+            timeout_s=timeout,
+            resources=resources,
+            metric_patterns=backend.metric_patterns or None,
+            cwd=cwd,
+            **spread,
+        )
     if choice.kind == "torch":
         from autotune.workers.torch_probe.launch import probe_argv, torchrun_argv
 
         # backend.launcher: warm / spawn on one node (seconds less per trial), torchrun across nodes
         python = backend.python or sys.executable
         argv = torchrun_argv(request, python) if nodes > 1 else probe_argv(request, python)
-        return ProbeLaunch(argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None,
-                           cwd=cwd, **spread)
+        return ProbeLaunch(
+            argv=argv, env=env, timeout_s=timeout, resources=resources, metric_patterns=None, cwd=cwd, **spread
+        )
     if choice.kind == "mindspore":
         from autotune.workers.mindspore_probe.launch import probe_argv as ms_argv, probe_env, resolve_python
 
@@ -169,8 +202,15 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         # shared scratch folder keeps them out of the user's tree and reuses them across trials
         work = cwd or os.path.join(tempfile.gettempdir(), f"autotune-mindspore-{os.getuid()}")
         os.makedirs(work, exist_ok=True)
-        return ProbeLaunch(argv=ms_argv(request, python), env={**probe_env(python), **env}, timeout_s=timeout,
-                           resources=resources, metric_patterns=None, cwd=work, **spread)
+        return ProbeLaunch(
+            argv=ms_argv(request, python),
+            env={**probe_env(python), **env},
+            timeout_s=timeout,
+            resources=resources,
+            metric_patterns=None,
+            cwd=work,
+            **spread,
+        )
     stack = preset(choice.kind)
     if stack is not None:  # the stack's own launch and log (autotune.stacks, autotune.stack_presets)
         from .stack_presets import preset_launch
@@ -181,11 +221,23 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         if not backend.iterations:  # lines the stack logs that cannot be measured (Megatron's first after warm-up)
             iterations += stack.extra_iterations
         entry_backend = backend
-        if backend.entry and not backend.entry.startswith("-m ") and not os.path.isabs(backend.entry) \
-                and spec.source_path is not None:  # a script path is relative to the spec
+        if (
+            backend.entry
+            and not backend.entry.startswith("-m ")
+            and not os.path.isabs(backend.entry)
+            and spec.source_path is not None
+        ):  # a script path is relative to the spec
             entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
         launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
-        return ProbeLaunch(argv=launch["argv"], env={**launch["env"], **env}, timeout_s=timeout, resources=resources,
-                           metric_patterns=backend.metric_patterns or None, cwd=cwd, files=launch["files"],
-                           stack_log=launch["stack_log"], **spread)
+        return ProbeLaunch(
+            argv=launch["argv"],
+            env={**launch["env"], **env},
+            timeout_s=timeout,
+            resources=resources,
+            metric_patterns=backend.metric_patterns or None,
+            cwd=cwd,
+            files=launch["files"],
+            stack_log=launch["stack_log"],
+            **spread,
+        )
     raise ValueError(f"backend {choice.kind!r} is not launched as a process")

@@ -52,13 +52,20 @@ def _software() -> dict[str, str]:
     return out
 
 
-def cache_key(config_key: str, model: dict[str, Any], workload: dict[str, Any], cluster: dict[str, Any],
-              backend: dict[str, Any]) -> str:
+def cache_key(
+    config_key: str, model: dict[str, Any], workload: dict[str, Any], cluster: dict[str, Any], backend: dict[str, Any]
+) -> str:
     """The key of one measurement: a hash of everything that decides it (see the module doc)."""
     work = {k: v for k, v in workload.items() if k not in ("timeout_s",)}
     back = {k: backend.get(k) for k in ("kind", "argv", "env", "python", "metric_patterns", "cwd")}
-    payload = {"config": config_key, "model": model, "workload": work, "cluster": cluster, "backend": back,
-               "software": _software()}
+    payload = {
+        "config": config_key,
+        "model": model,
+        "workload": work,
+        "cluster": cluster,
+        "backend": back,
+        "software": _software(),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -70,8 +77,10 @@ class ResultCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, study TEXT, trial INTEGER, "
-                         "created REAL, result TEXT)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, study TEXT, trial INTEGER, "
+            "created REAL, result TEXT)"
+        )
 
     def get(self, key: str) -> tuple[ProbeResult, dict[str, Any]] | None:
         """The cached result and where it came from (``{"study", "trial", "created"}``), or None."""
@@ -85,8 +94,10 @@ class ResultCache:
         """Keep a result that would repeat; True when stored."""
         if result.status not in CACHEABLE or result.source != "measured":
             return False
-        self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
-                         (key, study, trial, time.time(), json.dumps(result.to_json(), default=str)))
+        self._db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
+            (key, study, trial, time.time(), json.dumps(result.to_json(), default=str)),
+        )
         return True
 
     def __len__(self) -> int:

@@ -41,8 +41,12 @@ from .spec_load import load_spec
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Declarative auto-tuner for large-model training and inference configurations.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Declarative auto-tuner for large-model training and inference configurations.",
+)
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and commands stay copyable
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("autotune")
@@ -80,6 +84,7 @@ def _was_terminated(exc: KeyboardInterrupt) -> bool:
 
 def _interrupted_exit(exc: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if _was_terminated(exc) else EXIT_INTERRUPTED
+
 
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
 RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
@@ -175,12 +180,17 @@ def _with_overrides(spec: Spec, **changes: Any) -> Spec:
 
 # --------------------------------------------------------------------------------------- doctor
 @app.command()
-def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can its largest trial be placed?",
-                                                      show_default=False),
-           ray_address: Optional[str] = typer.Option(None, "--ray-address",
-                                                     help="the Ray cluster ('auto', host:6379); default: the spec's "
-                                                          "ray.address, else a local Ray on this machine"),
-           as_json: bool = JsonOpt) -> None:
+def doctor(
+    spec_path: Optional[Path] = typer.Argument(
+        None, help="a spec: can its largest trial be placed?", show_default=False
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None,
+        "--ray-address",
+        help="the Ray cluster ('auto', host:6379); default: the spec's ray.address, else a local Ray on this machine",
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
     """The Ray cluster node by node: accelerators, free resources, software (torch, torch_npu,
     CANN, MindSpore, ...), and whether the spec's largest trial can be placed (exit 1 if not)."""
     _setup_logging(False)
@@ -206,17 +216,27 @@ def doctor(spec_path: Optional[Path] = typer.Argument(None, help="a spec: can it
         c = spec.cluster
         verdict = placement_verdict(nodes, c.accelerator, c.nodes, c.devices_per_node)
     if as_json:
-        out.print_json(json.dumps({"address": address or "local", "nodes": nodes,
-                                   "placement": {"ok": verdict[0], "why": verdict[1]} if verdict else None}))
+        out.print_json(
+            json.dumps(
+                {
+                    "address": address or "local",
+                    "nodes": nodes,
+                    "placement": {"ok": verdict[0], "why": verdict[1]} if verdict else None,
+                }
+            )
+        )
     else:
         out.print(f"[bold]Ray cluster[/bold] {escape(address or 'local (this machine)')}: {len(nodes)} node(s)")
         for n in nodes:
-            devices = ", ".join(f"{k} {n['free'].get(k, v):g}/{v:g} free" for k, v in n["total"].items()
-                                if k in ("CPU", "GPU", "NPU"))
+            devices = ", ".join(
+                f"{k} {n['free'].get(k, v):g}/{v:g} free" for k, v in n["total"].items() if k in ("CPU", "GPU", "NPU")
+            )
             soft = n.get("software") or {}
             software = ", ".join(f"{k} {v}" for k, v in soft.items()) if soft else n.get("error", "none found")
-            out.print(f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): "
-                      f"{devices}", markup=False)
+            out.print(
+                f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): {devices}",
+                markup=False,
+            )
             out.print(f"      software: {software}", markup=False)
             if n.get("visible_devices"):
                 out.print(f"      visible: {n['visible_devices']}", markup=False)
@@ -242,7 +262,9 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
     empty = _why_empty(spec)
     if empty:
         if as_json:
-            out.print_json(json.dumps({"ok": False, "errors": [f"{escape_text(str(spec_path))}: constraints: {empty}"]}))
+            out.print_json(
+                json.dumps({"ok": False, "errors": [f"{escape_text(str(spec_path))}: constraints: {empty}"]})
+            )
         else:
             _error(f"{escape_text(str(spec_path))}: constraints: {empty}")
         raise typer.Exit(EXIT_INPUT)
@@ -272,8 +294,12 @@ def _refuse_empty(spec: Spec, spec_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- plan
 @app.command()
-def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to show"), as_json: bool = JsonOpt,
-         verbose: bool = typer.Option(False, "-v", "--verbose")) -> None:
+def plan(
+    spec_path: Path = SpecArg,
+    top: int = typer.Option(10, help="configs to show"),
+    as_json: bool = JsonOpt,
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
     """Space size, valid configs, configs the memory model says fit, and the predicted top N."""
     _setup_logging(verbose)
     spec = _load(spec_path)
@@ -298,20 +324,27 @@ def plan(spec_path: Path = SpecArg, top: int = typer.Option(10, help="configs to
     best = [(ranking.enumeration.configs[lay.index], ranking.metrics_of(lay.index)) for lay in layouts]
     if as_json:
         payload = {
-            "space_size": enumeration.space_size, "valid": enumeration.valid, "fit": ranking.fit,
+            "space_size": enumeration.space_size,
+            "valid": enumeration.valid,
+            "fit": ranking.fit,
             "invalid_reasons": enumeration.invalid_reasons,
             "objectives": [{"metric": m, "direction": d} for m, d in objectives],
             "profile": {k: v for k, v in profile.items() if k != "line"},
-            "top": [{"params": c, "metrics": _public_metrics(m), "undistinguished": lay.undistinguished}
-                    for (c, m), lay in zip(best, layouts)],
+            "top": [
+                {"params": c, "metrics": _public_metrics(m), "undistinguished": lay.undistinguished}
+                for (c, m), lay in zip(best, layouts)
+            ],
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
     out.print(spec.summary())
     out.print(profile["line"], markup=False)
-    out.print(f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
-              f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
-              if len(ranking.order) else f"space: {enumeration.space_size:,} combinations, no valid config")
+    out.print(
+        f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
+        f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
+        if len(ranking.order)
+        else f"space: {enumeration.space_size:,} combinations, no valid config"
+    )
     for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
         out.print(Text(f"  {count:,} rejected: {reason}", style="dim"))
     if not best:
@@ -336,10 +369,30 @@ def _json_default(o: Any) -> Any:
 
 
 def _short(config: dict[str, Any]) -> str:
-    keys = ["tp", "pp", "vpp", "cp", "dp", "micro_batch_size", "grad_accum", "sequence_parallel", "recompute",
-            "recompute_layers", "zero_stage", "precision", "batch_size"]
-    short = {"micro_batch_size": "mbs", "grad_accum": "ga", "sequence_parallel": "sp", "zero_stage": "zero",
-             "recompute_layers": "rl", "precision": "", "batch_size": "bs"}
+    keys = [
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "dp",
+        "micro_batch_size",
+        "grad_accum",
+        "sequence_parallel",
+        "recompute",
+        "recompute_layers",
+        "zero_stage",
+        "precision",
+        "batch_size",
+    ]
+    short = {
+        "micro_batch_size": "mbs",
+        "grad_accum": "ga",
+        "sequence_parallel": "sp",
+        "zero_stage": "zero",
+        "recompute_layers": "rl",
+        "precision": "",
+        "batch_size": "bs",
+    }
     parts = []
     for k in keys:
         if k not in config:
@@ -366,7 +419,9 @@ def _print_top_table(rows: list[tuple[dict, dict]], objectives: list[tuple[str, 
     to a reader if it can be copied, so it is never truncated or wrapped into a cell."""
     names = [m for m, _ in objectives]
     training = any("tokens_per_s" in k or k == "step_time_s" for k in rows[0][1]) if rows else True
-    extra = ("step_time_s", "mfu", "peak_memory_gib") if training else ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
+    extra = (
+        ("step_time_s", "mfu", "peak_memory_gib") if training else ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
+    )
     names += [m for m in extra if m not in names and any(m in metrics for _, metrics in rows)]
     widths = [max(len(m), 9) for m in names]
     out.print(f"[bold]{title}[/bold]")
@@ -390,25 +445,36 @@ def _print_preview(records: list[Any], objectives: list[tuple[str, str]], recomm
     capacity = None
     if recommendation is not None and recommendation.best_headroom_gib is not None:
         capacity = recommendation.best_headroom_gib + recommendation.best.metrics["peak_memory_gib"]
-    room = [capacity - r.metrics["peak_memory_gib"] if capacity is not None and isinstance(
-        r.metrics.get("peak_memory_gib"), (int, float)) else 0.0 for r in ok]
+    room = [
+        capacity - r.metrics["peak_memory_gib"]
+        if capacity is not None and isinstance(r.metrics.get("peak_memory_gib"), (int, float))
+        else 0.0
+        for r in ok
+    ]
     import numpy as np
 
     front = pareto_order(np.array([[sign * r.metrics[metric], h] for r, h in zip(ok, room)])) == 0 if ok else []
-    out.print(f"[bold]top {min(top, len(ok))} of {len(ok)} distinct layouts (simulated, not measured)[/bold]; "
-              "* on the front of speed against memory headroom")
+    out.print(
+        f"[bold]top {min(top, len(ok))} of {len(ok)} distinct layouts (simulated, not measured)[/bold]; "
+        "* on the front of speed against memory headroom"
+    )
     out.print(f"  trial  {metric:>24}  peak GiB  free GiB  config")
     shown = list(zip(ok, room, front))[:top]
-    knobs = [r.chosen_because.split(UNDISTINGUISHED, 1)[1] if UNDISTINGUISHED in r.chosen_because else ""
-             for r, _, _ in shown]
+    knobs = [
+        r.chosen_because.split(UNDISTINGUISHED, 1)[1] if UNDISTINGUISHED in r.chosen_because else ""
+        for r, _, _ in shown
+    ]
     # the knobs most layouts leave to the probes, said once (rows marked ~), other sets per row
     named = [k for k in knobs if k]
     shared = max(set(named), key=named.count) if named else ""
     for (r, h, on_front), left in zip(shown, knobs):
         mark = "*" if on_front else " "
-        out.print(f"{mark} {r.number:>5}  {_fmt_metric(r.metrics[metric]):>24}  {r.metrics.get('peak_memory_gib', 0):8.1f}"
-                  f"  {h:8.1f}  {_short({k: v for k, v in r.config.items() if not k.startswith('env.')})}"
-                  + ("  ~" if left and left == shared else ""), markup=False)
+        out.print(
+            f"{mark} {r.number:>5}  {_fmt_metric(r.metrics[metric]):>24}  {r.metrics.get('peak_memory_gib', 0):8.1f}"
+            f"  {h:8.1f}  {_short({k: v for k, v in r.config.items() if not k.startswith('env.')})}"
+            + ("  ~" if left and left == shared else ""),
+            markup=False,
+        )
         if left and left != shared:
             out.print(f"{'':9}{UNDISTINGUISHED}{left}", markup=False)
     if shared:
@@ -420,10 +486,15 @@ def _print_breakdown(metrics: dict[str, Any]) -> None:
     tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
     if mem:
         total = metrics.get("peak_memory_gib")
-        out.print("memory per device of the top config (GiB, predicted): " +
-                  ", ".join(f"{k} {v:.2f}" for k, v in mem.items() if v) + (f" = {total:.2f}" if total else ""))
+        out.print(
+            "memory per device of the top config (GiB, predicted): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in mem.items() if v)
+            + (f" = {total:.2f}" if total else "")
+        )
     if tim:
-        out.print("step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v))
+        out.print(
+            "step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v)
+        )
 
 
 # ------------------------------------------------------------------------------------ calibrate
@@ -454,20 +525,29 @@ def calibrate(
     from autotune.workers.torch_probe.failures import ProbeFailure
 
     try:
-        result = measure(accelerator, quick=quick, ranks=ranks, threads=threads,
-                         progress=lambda text: err.print(f"measuring {text}", markup=False))
+        result = measure(
+            accelerator,
+            quick=quick,
+            ranks=ranks,
+            threads=threads,
+            progress=lambda text: err.print(f"measuring {text}", markup=False),
+        )
     except (ImportError, RuntimeError, ValueError, ProbeFailure) as exc:  # no device, no torch_npu, a degenerate fit
         _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     path = write_profile(result, out_path)
     profile = result["profile"]
     if as_json:
-        out.print_json(json.dumps({"path": str(path), "profile": profile, "measured": result["measured"]},
-                                  default=_json_default))
+        out.print_json(
+            json.dumps({"path": str(path), "profile": profile, "measured": result["measured"]}, default=_json_default)
+        )
         return
     peaks = ", ".join(f"{k} {v:.4g}" for k, v in profile["peak_tflops"].items() if k != "int8")
-    out.print(f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
-              f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s, {profile['collective_latency_us']:.0f} us latency")
+    out.print(
+        f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
+        f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s, "
+        f"{profile['collective_latency_us']:.0f} us latency"
+    )
     err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {escape(str(path))}}}")
 
 
@@ -475,18 +555,31 @@ def calibrate(
 @app.command()
 def run(
     spec_path: Path = SpecArg,
-    backend: Optional[str] = typer.Option(None, help="auto | simulate | command | torch | mindspore | megatron | "
-                                          "mindspeed | torchtitan | deepspeed (overrides the spec)"),
+    backend: Optional[str] = typer.Option(
+        None,
+        help="auto | simulate | command | torch | mindspore | megatron | "
+        "mindspeed | torchtitan | deepspeed (overrides the spec)",
+    ),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="probe budget"),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="trials at once"),
     seed: Optional[int] = typer.Option(None, help="sampler seed"),
     run_dir: Optional[Path] = RunDirOpt,
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"
+    ),
     no_tracking: bool = typer.Option(False, "--no-tracking", help="do not write MLflow runs"),
-    reuse_cache: bool = typer.Option(False, "--reuse-cache", help="answer configs measured before (any study, "
-                                     "same model, workload, cluster, backend and software) from the result cache"),
-    fresh_study: bool = typer.Option(False, "--fresh-study", help="the spec changed what defines the study kept "
-                                     "in the run directory: set that study aside (kept, renamed) and start anew"),
+    reuse_cache: bool = typer.Option(
+        False,
+        "--reuse-cache",
+        help="answer configs measured before (any study, "
+        "same model, workload, cluster, backend and software) from the result cache",
+    ),
+    fresh_study: bool = typer.Option(
+        False,
+        "--fresh-study",
+        help="the spec changed what defines the study kept "
+        "in the run directory: set that study aside (kept, renamed) and start anew",
+    ),
     as_json: bool = JsonOpt,
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
@@ -527,14 +620,31 @@ def run(
         _error(f"cannot lock the run directory {directory} ({exc.strerror or exc}); pass a writable --run-dir")
         raise typer.Exit(EXIT_INPUT) from None
     try:
-        _run_locked(spec, spec_path, directory, choice, fresh_study=fresh_study, no_tracking=no_tracking,
-                    reuse_cache=reuse_cache, as_json=as_json)
+        _run_locked(
+            spec,
+            spec_path,
+            directory,
+            choice,
+            fresh_study=fresh_study,
+            no_tracking=no_tracking,
+            reuse_cache=reuse_cache,
+            as_json=as_json,
+        )
     finally:
         lock.release()
 
 
-def _run_locked(spec: Spec, spec_path: Path, directory: Path, choice: Any, *, fresh_study: bool, no_tracking: bool,
-                reuse_cache: bool, as_json: bool) -> None:
+def _run_locked(
+    spec: Spec,
+    spec_path: Path,
+    directory: Path,
+    choice: Any,
+    *,
+    fresh_study: bool,
+    no_tracking: bool,
+    reuse_cache: bool,
+    as_json: bool,
+) -> None:
     """The study itself, with the run directory locked by this driver (:mod:`.run_lock`)."""
     from .study_definition import definition
 
@@ -542,8 +652,16 @@ def _run_locked(spec: Spec, spec_path: Path, directory: Path, choice: Any, *, fr
     _check_definition(spec, spec_path, directory, defined_as, fresh_study)
     lease = _lease_shared_study(spec, directory)
     try:
-        _run_study(spec, spec_path, directory, choice, defined_as, no_tracking=no_tracking, reuse_cache=reuse_cache,
-                   as_json=as_json)
+        _run_study(
+            spec,
+            spec_path,
+            directory,
+            choice,
+            defined_as,
+            no_tracking=no_tracking,
+            reuse_cache=reuse_cache,
+            as_json=as_json,
+        )
     finally:
         if lease is not None:
             lease.release()
@@ -570,8 +688,17 @@ def _lease_shared_study(spec: Spec, directory: Path) -> Any:
     return lease
 
 
-def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, defined_as: dict[str, Any], *,
-               no_tracking: bool, reuse_cache: bool, as_json: bool) -> None:
+def _run_study(
+    spec: Spec,
+    spec_path: Path,
+    directory: Path,
+    choice: Any,
+    defined_as: dict[str, Any],
+    *,
+    no_tracking: bool,
+    reuse_cache: bool,
+    as_json: bool,
+) -> None:
     """Probe, record and finish the study (its run directory locked, its lease held)."""
     _remember_spec(spec_path, directory)
     spec = _measured_profile(spec, choice)
@@ -605,9 +732,19 @@ def _run_study(spec: Spec, spec_path: Path, directory: Path, choice: Any, define
             _warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
     from .storage import StorageDamaged
 
-    runner = StudyRunner(spec, directory, choice, dispatcher=dispatcher, launcher=launcher_for(spec, choice),
-                         tracker=tracker, observer=observer, cache=cache, reuse_cache=reuse_cache,
-                         stop_requested=lambda: _SIGTERM_RECEIVED, definition=defined_as)
+    runner = StudyRunner(
+        spec,
+        directory,
+        choice,
+        dispatcher=dispatcher,
+        launcher=launcher_for(spec, choice),
+        tracker=tracker,
+        observer=observer,
+        cache=cache,
+        reuse_cache=reuse_cache,
+        stop_requested=lambda: _SIGTERM_RECEIVED,
+        definition=defined_as,
+    )
     status = "FAILED"
     try:
         with observer:
@@ -656,18 +793,28 @@ def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: 
         return
     changes = changed_fields(before, defined_as)
     if not fresh:
-        _error(f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
-               f"({len(study.trials)} trial(s) measured under the old definition):")
+        _error(
+            f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
+            f"({len(study.trials)} trial(s) measured under the old definition):"
+        )
         for line in changes:
             err.print(f"  {line}", markup=False)
-        err.print("resuming would mix trials of two different studies. Either start it in a new directory "
-                  "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
-                  "kept in the same storage under another name, its trial folders under superseded-*/; nothing "
-                  "is deleted); or undo the edit to resume the old study.", markup=False)
+        err.print(
+            "resuming would mix trials of two different studies. Either start it in a new directory "
+            "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
+            "kept in the same storage under another name, its trial folders under superseded-*/; nothing "
+            "is deleted); or undo the edit to resume the old study.",
+            markup=False,
+        )
         raise typer.Exit(EXIT_INPUT)
     aside = set_aside(spec.name, study_storage(spec, directory), directory)
-    err.print(Text(f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
-                   f"{aside!r} in the same storage; starting a new study {spec.name!r}", style="dim"))
+    err.print(
+        Text(
+            f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
+            f"{aside!r} in the same storage; starting a new study {spec.name!r}",
+            style="dim",
+        )
+    )
 
 
 def _measured_profile(spec: Spec, choice: Any) -> Spec:
@@ -724,9 +871,11 @@ def _tracker(spec: Spec, directory: Path) -> Any:
     try:
         return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
     except Exception as exc:
-        _error(f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {error_line(exc, 300)}. Start the server or fix the "
-               "URI; or run with --no-tracking and run the same command again once it answers: the trials "
-               "measured meanwhile are logged then, and nothing is probed twice")
+        _error(
+            f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {error_line(exc, 300)}. Start the server or "
+            "fix the URI; or run with --no-tracking and run the same command again once it answers: the trials "
+            "measured meanwhile are logged then, and nothing is probed twice"
+        )
         raise typer.Exit(EXIT_INFRA) from None
 
 
@@ -748,10 +897,23 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
 
     objectives = spec.objective_list()
     tracking = runner.tracking
-    err.print(Text("writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
-                   if tracking else "writing the results, plots and exports", style="dim"))
-    finished = finish_study(spec, directory, outcome.study, outcome.result, probes_run=outcome.probes_run,
-                            stopped_because=outcome.stopped_because, tracking=tracking)
+    err.print(
+        Text(
+            "writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
+            if tracking
+            else "writing the results, plots and exports",
+            style="dim",
+        )
+    )
+    finished = finish_study(
+        spec,
+        directory,
+        outcome.study,
+        outcome.result,
+        probes_run=outcome.probes_run,
+        stopped_because=outcome.stopped_because,
+        tracking=tracking,
+    )
     for name, reasons in finished.target_refusals.items():  # a study resumed from before its target
         _warn(f"not exported as {name}: {', '.join(reasons)}")
     if tracking:
@@ -762,10 +924,16 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
     failed = sum(1 for r in result.records if is_tracked(r) and r.status in FAILURE_STATUSES)
     if as_json:
         payload = {
-            "study": spec.name, "backend": choice.kind, "source": "simulated" if choice.simulated else "measured",
-            "probes": outcome.probes_run, "failed": failed, "statuses": status_counts(result.records),
+            "study": spec.name,
+            "backend": choice.kind,
+            "source": "simulated" if choice.simulated else "measured",
+            "probes": outcome.probes_run,
+            "failed": failed,
+            "statuses": status_counts(result.records),
             "stopped_because": outcome.stopped_because,
-            "best": [best_payload(b) for b in result.best], "improvement": line, "run_dir": str(directory),
+            "best": [best_payload(b) for b in result.best],
+            "improvement": line,
+            "run_dir": str(directory),
             "recommended": best_payload(chosen) if chosen is not None else None,
             "recommendation": recommendation.sentence if recommendation else "",
             "exports": {k: str(v) for k, v in exports.items()},
@@ -774,16 +942,34 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         out.print_json(json.dumps(payload, default=_json_default))
     else:
         source = "simulated" if choice.simulated else "measured"
-        err.print(f"{status_line(result.records)} ({outcome.probes_run} probed, {source}); stopped: "
-                  f"{outcome.stopped_because}", markup=False)
+        err.print(
+            f"{status_line(result.records)} ({outcome.probes_run} probed, {source}); stopped: "
+            f"{outcome.stopped_because}",
+            markup=False,
+        )
         if best is not None and choice.simulated:
             _print_preview(result.records, objectives, recommendation)
         if best is not None:
             m = objectives[0][0]
             out.print(Text.assemble(("best", "bold"), f" trial {best.number}: {_short(best.config)}"))
-            out.print("  " + ", ".join(f"{k} {v:,.4g}" for k, v in best.metrics.items()
-                                        if k in (m, "mfu", "peak_memory_gib", "step_time_s", "tokens_per_s_per_device",
-                                                 "ttft_ms", "decode_tokens_per_s")) + f"  ({source})")
+            out.print(
+                "  "
+                + ", ".join(
+                    f"{k} {v:,.4g}"
+                    for k, v in best.metrics.items()
+                    if k
+                    in (
+                        m,
+                        "mfu",
+                        "peak_memory_gib",
+                        "step_time_s",
+                        "tokens_per_s_per_device",
+                        "ttft_ms",
+                        "decode_tokens_per_s",
+                    )
+                )
+                + f"  ({source})"
+            )
             if line:
                 out.print(f"  {line}", markup=False)
             if recommendation is not None and recommendation.sentence:
@@ -799,9 +985,14 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         err.print(f"  browse trials:   {mlflow_ui_command(tracking.tracker.tracking_uri)}", markup=False)
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
-        launch = next((exports[f] for f in default_formats(spec.target_stack, spec.workload.kind)
-                       if f not in ("yaml", "env") and f in exports), None) or next(
-            (p for f, p in exports.items() if f not in ("yaml", "env")), None)
+        launch = next(
+            (
+                exports[f]
+                for f in default_formats(spec.target_stack, spec.workload.kind)
+                if f not in ("yaml", "env") and f in exports
+            ),
+            None,
+        ) or next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
         label = "recommended:    " if recommendation is not None and recommendation.changed else "best config:    "
         how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
         err.print(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})", markup=False)
@@ -833,8 +1024,12 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
 
 
 @app.command()
-def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, as_json: bool = JsonOpt,
-           top: int = typer.Option(20, help="rows in the table")) -> None:
+def report(
+    spec_path: Path = RunOrSpecArg,
+    run_dir: Optional[Path] = RunDirOpt,
+    as_json: bool = JsonOpt,
+    top: int = typer.Option(20, help="rows in the table"),
+) -> None:
     """Every trial of the study with its status, metrics and failure reason."""
     _setup_logging(False)
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
@@ -849,10 +1044,15 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
     summary = study_summary(study, records, objectives, best, baseline, result.recommendation)
     if as_json:
-        payload = {"study": spec.name, "objectives": [{"metric": m, "direction": d} for m, d in objectives],
-                   "trials": [r.to_json() for r in records], "best": [best_payload(b) for b in best],
-                   "baseline": best_payload(baseline) if baseline else None, "improvement": line,
-                   "summary": summary}
+        payload = {
+            "study": spec.name,
+            "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+            "trials": [r.to_json() for r in records],
+            "best": [best_payload(b) for b in best],
+            "baseline": best_payload(baseline) if baseline else None,
+            "improvement": line,
+            "summary": summary,
+        }
         out.print_json(json.dumps(payload, default=_json_default))
         return
     rows = results_rows(records, objectives)
@@ -862,8 +1062,11 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
     first = names[0]
     columns = [*names, f"predicted {first}", "peak_memory_gib"]
     widths = [max(len(c), 9) for c in columns]
-    out.print("trial     status    source     " + "  ".join(c.rjust(w) for c, w in zip(columns, widths))
-              + "  config  —  why chosen / why failed")
+    out.print(
+        "trial     status    source     "
+        + "  ".join(c.rjust(w) for c, w in zip(columns, widths))
+        + "  config  —  why chosen / why failed"
+    )
     by_number = {r.number: r for r in records}
     for row in rows[:top]:
         rec = by_number[row["trial"]]
@@ -871,8 +1074,9 @@ def report(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt, 
         cells = "  ".join(_fmt_metric(v).rjust(w) for v, w in zip(values, widths))
         why = rec.reason if rec.status != "ok" else rec.chosen_because
         number = f"{rec.number}{'*' if rec.baseline else ''}"
-        out.print(f"{number:<9} {rec.status:<9} {rec.source:<10} {cells}  {_short(rec.config)}  —  {why[:160]}",
-                  markup=False)
+        out.print(
+            f"{number:<9} {rec.status:<9} {rec.source:<10} {cells}  {_short(rec.config)}  —  {why[:160]}", markup=False
+        )
     if any(r.baseline for r in records):
         out.print("(* the baseline of the spec)")
     if line:
@@ -889,16 +1093,22 @@ def _fmt_metric(v: Any) -> str:
 
 # --------------------------------------------------------------------------------------- export
 @app.command()
-def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
-           out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
-           formats: Optional[str] = typer.Option(None, "--format",
-                                                 help="comma-separated: yaml, env, megatron (torchrun script with "
-                                                      "MindSpeed-LLM / Megatron-LM arguments), deepspeed (config JSON), "
-                                                      "mindformers (parallel_config YAML), torchtitan (0.3 launch "
-                                                      "script); or all (those that can launch the config). Default: "
-                                                      "yaml, env and the launch form of the spec's target"),
-           trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
-           as_json: bool = JsonOpt) -> None:
+def export(
+    spec_path: Path = RunOrSpecArg,
+    run_dir: Optional[Path] = RunDirOpt,
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
+    formats: Optional[str] = typer.Option(
+        None,
+        "--format",
+        help="comma-separated: yaml, env, megatron (torchrun script with "
+        "MindSpeed-LLM / Megatron-LM arguments), deepspeed (config JSON), "
+        "mindformers (parallel_config YAML), torchtitan (0.3 launch "
+        "script); or all (those that can launch the config). Default: "
+        "yaml, env and the launch form of the spec's target",
+    ),
+    trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
+    as_json: bool = JsonOpt,
+) -> None:
     """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
     DeepSpeed JSON, MindFormers YAML, torchtitan 0.3 launch script. A format that cannot launch the
     measured config (a training launch of an inference study among them) is refused (exit 2)."""
@@ -928,8 +1138,11 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)
         if result.recommendation is not None and result.recommendation.changed:
-            err.print(f"exporting the recommended config: {result.recommendation.sentence} (--trial "
-                      f"{result.best[0].number} exports the best)", markup=False)
+            err.print(
+                f"exporting the recommended config: {result.recommendation.sentence} (--trial "
+                f"{result.best[0].number} exports the best)",
+                markup=False,
+            )
     directory = out_dir or _run_dir(spec, run_dir) / "export"
     from .export import ExportRefused
     from .exports import refusals
@@ -945,9 +1158,12 @@ def export(spec_path: Path = RunOrSpecArg, run_dir: Optional[Path] = RunDirOpt,
     try:
         paths = write_exports(context, directory, chosen_formats)
     except ExportRefused as exc:
-        hint = ("export yaml or env" if spec.workload.kind != "train" else
-                f"the study's target is {spec.target_stack}: export its format, or set `target:` in the spec and run "
-                "the study again")
+        hint = (
+            "export yaml or env"
+            if spec.workload.kind != "train"
+            else f"the study's target is {spec.target_stack}: export its format, or set `target:` in the spec and run "
+            "the study again"
+        )
         _error(f"{exc} ({hint})")
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
@@ -968,8 +1184,10 @@ def main() -> None:
     except Exception as exc:  # a bug: say so in one line, keep the traceback for AUTOTUNE_DEBUG=1
         if os.environ.get("AUTOTUNE_DEBUG"):
             raise
-        _error(f"internal error: {type(exc).__name__}: {exc} (a bug in autotune; AUTOTUNE_DEBUG=1 shows the "
-               "traceback; please report it)")
+        _error(
+            f"internal error: {type(exc).__name__}: {exc} (a bug in autotune; AUTOTUNE_DEBUG=1 shows the "
+            "traceback; please report it)"
+        )
         sys.exit(EXIT_INTERNAL)
 
 

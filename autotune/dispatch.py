@@ -101,8 +101,12 @@ NODE_PLACEHOLDERS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_
 
 def node_env(node: dict[str, Any]) -> dict[str, str]:
     """What one node of a multi-node trial is told: the same values as the argv placeholders."""
-    return {"NNODES": str(node["nnodes"]), "NODE_RANK": str(node["node_rank"]), "MASTER_ADDR": str(node["master_addr"]),
-            "MASTER_PORT": str(node["master_port"])}
+    return {
+        "NNODES": str(node["nnodes"]),
+        "NODE_RANK": str(node["node_rank"]),
+        "MASTER_ADDR": str(node["master_addr"]),
+        "MASTER_PORT": str(node["master_port"]),
+    }
 
 
 def visible_devices_env() -> dict[str, str]:
@@ -208,8 +212,9 @@ class Dispatcher(ABC):
         since the last call, in order (live progress and pruning). Default: none."""
         return []
 
-    def placement_problem(self, resources: dict[str, Any], nodes: int = 1,
-                          bundle: dict[str, float] | None = None) -> tuple[str, str] | None:
+    def placement_problem(
+        self, resources: dict[str, Any], nodes: int = 1, bundle: dict[str, float] | None = None
+    ) -> tuple[str, str] | None:
         """Why a trial with this request cannot be placed (``("never"|"lost", why)``), or None.
         Default: every trial can be placed (this machine's processes)."""
         return None
@@ -229,8 +234,16 @@ def _crash(exc: BaseException, what: str) -> ProbeResult:
 def _infrastructure_errors(ray: Any) -> tuple[type, ...]:
     """Ray's exceptions that mean the machine failed, not the probe: a worker process killed
     (``WorkerCrashedError``), a node or its raylet gone, the object or its owner lost."""
-    names = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "RaySystemError", "ObjectLostError",
-             "OwnerDiedError", "ObjectReconstructionFailedError", "ActorDiedError")
+    names = (
+        "WorkerCrashedError",
+        "NodeDiedError",
+        "LocalRayletDiedError",
+        "RaySystemError",
+        "ObjectLostError",
+        "OwnerDiedError",
+        "ObjectReconstructionFailedError",
+        "ActorDiedError",
+    )
     return tuple(cls for name in names if isinstance(cls := getattr(ray.exceptions, name, None), type))
 
 
@@ -291,8 +304,12 @@ class LocalProcessDispatcher(Dispatcher):
     event)``, if given, receives the probes' events, from the worker threads. Resource requests
     are not checked: this is for one machine whose devices the caller already knows."""
 
-    def __init__(self, max_parallel: int = 1, run_dir: str | Path | None = None,
-                 on_event: Callable[[int, dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_parallel: int = 1,
+        run_dir: str | Path | None = None,
+        on_event: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
         self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="autotune-probe")
@@ -324,8 +341,11 @@ class LocalProcessDispatcher(Dispatcher):
         if stop.is_set():
             return ProbeResult("pruned", reason="cancelled before it started")
         if launch.nodes > 1:
-            return ProbeResult("invalid", reason=f"the trial spans {launch.nodes} nodes: that needs Ray (ray.enabled: "
-                                                 "true, and --ray-address for a cluster)")
+            return ProbeResult(
+                "invalid",
+                reason=f"the trial spans {launch.nodes} nodes: that needs Ray (ray.enabled: "
+                "true, and --ray-address for a cluster)",
+            )
         try:
             write_trial_file(request, path)
             number, callback, steps = request.number, self._on_event, self._steps
@@ -338,9 +358,16 @@ class LocalProcessDispatcher(Dispatcher):
 
             argv, reader = prepare_launch(launch, path)
             return run_probe_process(
-                argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
-                on_event=on_event, should_stop=stop.is_set, metric_patterns=launch.metric_patterns,
-                log_reader=reader)
+                argv,
+                probe_env(request, launch),
+                path,
+                launch.timeout_s,
+                cwd=launch.cwd,
+                on_event=on_event,
+                should_stop=stop.is_set,
+                metric_patterns=launch.metric_patterns,
+                log_reader=reader,
+            )
         except Exception as exc:
             return _crash(exc, "running the probe failed")
 

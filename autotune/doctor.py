@@ -19,8 +19,10 @@ from typing import Any
 __all__ = ["node_software", "cluster_report", "placement_verdict", "declare_command", "SOFTWARE"]
 
 SOFTWARE = ("torch", "torch_npu", "mindspore", "deepspeed", "megatron-core", "torchtitan", "ray")
-_CANN_FILES = ("/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
-               "/usr/local/Ascend/ascend-toolkit/latest/compiler/version.info")
+_CANN_FILES = (
+    "/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
+    "/usr/local/Ascend/ascend-toolkit/latest/compiler/version.info",
+)
 
 
 def node_software() -> dict[str, Any]:
@@ -44,8 +46,12 @@ def node_software() -> dict[str, Any]:
         if "CANN" in versions:
             break
     visible = {k: os.environ[k] for k in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in os.environ}
-    return {"host": socket.gethostname(), "python": platform.python_version(), "software": versions,
-            "visible_devices": visible}
+    return {
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "software": versions,
+        "visible_devices": visible,
+    }
 
 
 def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
@@ -60,8 +66,10 @@ def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         free_per_node = {}
     probe = ray.remote(num_cpus=0, max_retries=0)(node_software)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-            for n in nodes]
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        for n in nodes
+    ]
     out = []
     for node, ref in zip(nodes, refs):
         try:
@@ -72,8 +80,17 @@ def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         free = {k: float(v) for k, v in (free_per_node.get(node["NodeID"]) or {}).items() if not k.startswith("node:")}
         # several raylets on one host share its address: the raylet port and node id tell them apart
         label = f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')} (node {node['NodeID'][:8]})"
-        out.append({"node_id": node["NodeID"], "address": node.get("NodeManagerAddress"),
-                    "port": node.get("NodeManagerPort"), "label": label, "total": total, "free": free, **software})
+        out.append(
+            {
+                "node_id": node["NodeID"],
+                "address": node.get("NodeManagerAddress"),
+                "port": node.get("NodeManagerPort"),
+                "label": label,
+                "total": total,
+                "free": free,
+                **software,
+            }
+        )
     return out
 
 
@@ -81,7 +98,9 @@ def _resource_name(accelerator: str) -> str:
     return {"npu": "NPU", "cuda": "GPU"}.get(accelerator, "CPU")
 
 
-def placement_verdict(nodes: list[dict[str, Any]], accelerator: str, trial_nodes: int, per_node: int) -> tuple[bool, str]:
+def placement_verdict(
+    nodes: list[dict[str, Any]], accelerator: str, trial_nodes: int, per_node: int
+) -> tuple[bool, str]:
     """Whether a trial of ``trial_nodes`` x ``per_node`` devices can be placed (one bundle per
     node, each on a different node), and the sentence that says so."""
     name = _resource_name(accelerator)
@@ -89,13 +108,20 @@ def placement_verdict(nodes: list[dict[str, Any]], accelerator: str, trial_nodes
     free_now = [n for n in holding if n["free"].get(name, n["total"].get(name, 0.0)) >= per_node]
     have = "; ".join(f"{n.get('label', n['address'])}: {n['total'].get(name, 0):g}" for n in nodes) or "no node"
     if len(holding) >= trial_nodes:
-        busy = "" if len(free_now) >= trial_nodes else (f"; only {len(free_now)} of them have it free now: the trial "
-                                                           "waits for running work to end")
-        return True, (f"the largest trial ({trial_nodes} node(s) x {per_node} {name}) can be placed: {len(holding)} "
-                      f"node(s) have {per_node} {name}{busy}")
-    return False, (f"the largest trial needs {trial_nodes} node(s) with {per_node} {name} each, but only "
-                   f"{len(holding)} node(s) of the cluster have that many (declared {name} per node: {have}); "
-                   f"add nodes or declare the devices with `{declare_command(accelerator, per_node)}`")
+        busy = (
+            ""
+            if len(free_now) >= trial_nodes
+            else (f"; only {len(free_now)} of them have it free now: the trial waits for running work to end")
+        )
+        return True, (
+            f"the largest trial ({trial_nodes} node(s) x {per_node} {name}) can be placed: {len(holding)} "
+            f"node(s) have {per_node} {name}{busy}"
+        )
+    return False, (
+        f"the largest trial needs {trial_nodes} node(s) with {per_node} {name} each, but only "
+        f"{len(holding)} node(s) of the cluster have that many (declared {name} per node: {have}); "
+        f"add nodes or declare the devices with `{declare_command(accelerator, per_node)}`"
+    )
 
 
 def declare_command(accelerator: str, per_node: int) -> str:

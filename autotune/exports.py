@@ -57,8 +57,10 @@ def parse_formats(text: str) -> list[str]:
         return list(EXPORTERS)
     unknown = [n for n in names if n not in EXPORTERS]
     if unknown or not names:
-        raise ValueError(f"unknown export format(s) {', '.join(unknown) or '(none)'}: expected a comma-separated list "
-                         f"of {', '.join(EXPORTERS)}, or all")
+        raise ValueError(
+            f"unknown export format(s) {', '.join(unknown) or '(none)'}: expected a comma-separated list "
+            f"of {', '.join(EXPORTERS)}, or all"
+        )
     return names
 
 
@@ -67,15 +69,20 @@ def refusals(context: ExportContext, formats: list[str] | tuple[str, ...]) -> di
     return {name: reasons for name in formats if (reasons := EXPORTERS[name].unsupported(context))}
 
 
-def write_exports(context: ExportContext, out_dir: Path, formats: list[str] | tuple[str, ...] = DEFAULT_FORMATS
-                  ) -> dict[str, Path]:
+def write_exports(
+    context: ExportContext, out_dir: Path, formats: list[str] | tuple[str, ...] = DEFAULT_FORMATS
+) -> dict[str, Path]:
     """Write each format's file. A format that cannot launch the config exactly raises
     :class:`ExportRefused` with the reasons, before any file is written: a config is never
     exported as something else."""
     refused = refusals(context, formats)
     if refused:
-        raise ExportRefused("; ".join(f"{name} cannot launch trial {context.trial}'s config: {', '.join(reasons)}"
-                                      for name, reasons in refused.items()))
+        raise ExportRefused(
+            "; ".join(
+                f"{name} cannot launch trial {context.trial}'s config: {', '.join(reasons)}"
+                for name, reasons in refused.items()
+            )
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in formats:

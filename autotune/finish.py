@@ -50,13 +50,28 @@ def export_context(spec: Spec, record: TrialRecord) -> Any:
     return ExportContext.from_record(spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack)
 
 
-def finish_study(spec: Spec, directory: Path, study: optuna.Study, result: StudyResult, *, probes_run: int,
-                 stopped_because: str, tracking: Any = None) -> FinishedStudy:
+def finish_study(
+    spec: Spec,
+    directory: Path,
+    study: optuna.Study,
+    result: StudyResult,
+    *,
+    probes_run: int,
+    stopped_because: str,
+    tracking: Any = None,
+) -> FinishedStudy:
     """Write ``results.csv``, ``summary.json``/``summary.md``, the plots and every export that can
     launch the recommended config exactly; give MLflow's parent run its closing content."""
     from .exports import EXPORTERS, default_formats, refusals, write_exports
-    from .report import (improvement_line, results_rows, study_summary, summary_lines, summary_metrics, write_plots,
-                         write_results_csv)
+    from .report import (
+        improvement_line,
+        results_rows,
+        study_summary,
+        summary_lines,
+        summary_metrics,
+        write_plots,
+        write_results_csv,
+    )
 
     objectives = spec.objective_list()
     results_csv = write_results_csv(results_rows(result.records, objectives), directory / "results.csv")
@@ -81,11 +96,19 @@ def finish_study(spec: Spec, directory: Path, study: optuna.Study, result: Study
     summary_json = directory / "summary.json"
     summary_json.write_text(json.dumps(summary, indent=1, default=json_default))
     summary_md = directory / "summary.md"
-    summary_md.write_text(f"# {spec.name}\n\n" + (f"{line}\n\n" if line else "") + "```\n"
-                          + "\n".join(summary_lines(summary)) + "\n```\n")
+    summary_md.write_text(
+        f"# {spec.name}\n\n" + (f"{line}\n\n" if line else "") + "```\n" + "\n".join(summary_lines(summary)) + "\n```\n"
+    )
     finished.files = [results_csv, summary_json, summary_md]
     if tracking is not None:
-        tracking.finish(result, probes_run=probes_run, stopped_because=stopped_because, improvement=line,
-                        summary_metrics=summary_metrics(summary), files=finished.files, exports=finished.exports,
-                        plots=finished.plots)
+        tracking.finish(
+            result,
+            probes_run=probes_run,
+            stopped_because=stopped_because,
+            improvement=line,
+            summary_metrics=summary_metrics(summary),
+            files=finished.files,
+            exports=finished.exports,
+            plots=finished.plots,
+        )
     return finished

@@ -77,40 +77,44 @@ _MAX_ONE_HOT_VALUES = 16
 class GuideSettings:
     """Knobs of the guide (``search:`` fields of the spec carry the same names)."""
 
-    prior_sigma: float = 0.25       # how wrong a component factor of the simulator may be (25 %)
-    value_sigma: float = 0.04       # effect of one parameter value beyond what the simulator prices (4 %)
-    unpriced_sigma: float = 1.5     # log-factor of an execution parameter the simulator does not price (mode, jit level)
-    memory_sigma: float = 0.12      # how wrong a memory component may be
-    memory_value_sigma: float = 0.08  # memory effect of one parameter value beyond what the simulator prices (share of the peak)
-    noise: float = 0.03             # measurement noise, relative (median of repeated steps)
-    peak_noise: float = 0.01        # measurement noise of a peak, relative: a config's peak repeats to about 1 %
-    explore_kappa: float = 1.0      # optimism of the next pick, in standard deviations
-    fit_confidence: float = 0.95    # P(fits in memory) a config needs to be probed
-    stop_early: bool = True         # apply the stopping rule (else the budget is spent)
-    stop_kappa: float = 2.0         # optimism of the stopping rule
-    stop_margin: float = 0.0        # stop when every bound is below best * (1 + margin)
+    prior_sigma: float = 0.25  # how wrong a component factor of the simulator may be (25 %)
+    value_sigma: float = 0.04  # effect of one parameter value beyond what the simulator prices (4 %)
+    unpriced_sigma: float = 1.5  # log-factor of an execution parameter the simulator does not price (mode, jit level)
+    memory_sigma: float = 0.12  # how wrong a memory component may be
+    memory_value_sigma: float = (
+        0.08  # memory effect of one parameter value beyond what the simulator prices (share of the peak)
+    )
+    noise: float = 0.03  # measurement noise, relative (median of repeated steps)
+    peak_noise: float = 0.01  # measurement noise of a peak, relative: a config's peak repeats to about 1 %
+    explore_kappa: float = 1.0  # optimism of the next pick, in standard deviations
+    fit_confidence: float = 0.95  # P(fits in memory) a config needs to be probed
+    stop_early: bool = True  # apply the stopping rule (else the budget is spent)
+    stop_kappa: float = 2.0  # optimism of the stopping rule
+    stop_margin: float = 0.0  # stop when every bound is below best * (1 + margin)
     min_probes_before_stop: int = 3
     min_fit_probability: float = 0.5  # probe a config less likely than this to fit only when none is likelier
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
-    fit_power: float = 3.0            # weight of P(fits) against the expected improvement
-    remeasure_within: float = 0.03    # the two best measured this close: measure again before the end
-    scout: bool = True                # value a sure config for the unsure ones its measurement would make sure
-    max_oom_share: float | None = 0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
+    fit_power: float = 3.0  # weight of P(fits) against the expected improvement
+    remeasure_within: float = 0.03  # the two best measured this close: measure again before the end
+    scout: bool = True  # value a sure config for the unsure ones its measurement would make sure
+    max_oom_share: float | None = (
+        0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
+    )
 
 
 @dataclass(frozen=True)
 class Observation:
     """One measured (or failed) trial, as the guide sees it."""
 
-    index: int                      # row in the ranking
-    status: str                     # ok / oom / pruned / nan / error ...
+    index: int  # row in the ranking
+    status: str  # ok / oom / pruned / nan / error ...
     objective: float | None = None  # measured value of the first objective
     step_time_s: float | None = None
     peak_memory_gib: float | None = None
     number: int = -1
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
     oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
-    peak_counts: str = "device"     # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
+    peak_counts: str = "device"  # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
 
 
 @dataclass
@@ -178,15 +182,21 @@ class Guide:
         self.objective_raw = np.asarray(p[self.metric], dtype=float)
         self.step_derived = self.metric in STEP_DERIVED and "step_time_s" in p
         comp_names = [k for k in COMPONENTS if f"time_{k}" in p]
-        self.time_components = np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names],
-                                        axis=1) if comp_names and self.step_derived else None
+        self.time_components = (
+            np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names], axis=1)
+            if comp_names and self.step_derived
+            else None
+        )
         mem_names = sorted(k for k in p if k.startswith("mem_"))
-        self.mem_names = [k[len("mem_"):] for k in mem_names]
-        self.mem_components = (np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1)
-                               if mem_names else None)
+        self.mem_names = [k[len("mem_") :] for k in mem_names]
+        self.mem_components = (
+            np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1) if mem_names else None
+        )
         self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
         self.one_hot, self.one_hot_names = self._one_hot(ranking.enumeration.configs)
-        self.unpriced = self._unpriced_columns(ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw)))
+        self.unpriced = self._unpriced_columns(
+            ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw))
+        )
         self.families = [family_of(c) for c in ranking.enumeration.configs]
 
     # ---- features ----------------------------------------------------------------------------------
@@ -248,8 +258,9 @@ class Guide:
         are zero, and a parameter value's effect is a share of what it counts."""
         comps = self.mem_components[rows] if self.mem_components is not None else self.peak[rows][:, None]
         if counts is not None and self.mem_components is not None:
-            keep = np.array([[name not in PEAK_LEAVES_OUT.get(c, ()) for name in self.mem_names] for c in counts],
-                            dtype=float)
+            keep = np.array(
+                [[name not in PEAK_LEAVES_OUT.get(c, ()) for name in self.mem_names] for c in counts], dtype=float
+            )
             comps = comps * keep
         total = comps.sum(axis=1, keepdims=True)
         return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
@@ -260,7 +271,11 @@ class Guide:
         s = self.settings
         k = self.one_hot.shape[1]
         if self.step_derived and self.time_components is not None:
-            rows = [(o.index, o.step_time_s) for o in obs if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)]
+            rows = [
+                (o.index, o.step_time_s)
+                for o in obs
+                if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)
+            ]
             step_mean, step_sd = self._step_model(rows)
             raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)
             step_mean = np.maximum(step_mean, 0.05 * raw_step)
@@ -271,16 +286,25 @@ class Guide:
                 mean, sd = step_mean, step_sd
             return mean, sd
         # any other objective: a multiplicative correction of the raw prediction by parameter values
-        rows = [(o.index, o.objective) for o in obs if o.objective is not None and o.objective > 0
-                and math.isfinite(o.objective) and self.objective_raw[o.index] > 0]
+        rows = [
+            (o.index, o.objective)
+            for o in obs
+            if o.objective is not None
+            and o.objective > 0
+            and math.isfinite(o.objective)
+            and self.objective_raw[o.index] > 0
+        ]
         prior_mean = np.concatenate([[1.0], np.zeros(k)])
         prior_sd = np.concatenate([[s.prior_sigma], self._value_prior(s.value_sigma)])
-        design = np.concatenate([np.ones((self.n, 1)), self.one_hot], axis=1) * np.nan_to_num(self.objective_raw)[:, None]
+        design = (
+            np.concatenate([np.ones((self.n, 1)), self.one_hot], axis=1) * np.nan_to_num(self.objective_raw)[:, None]
+        )
         if rows:
             idx = np.array([r[0] for r in rows])
             measured = np.array([r[1] for r in rows], dtype=float)
-            post = _solve(design[idx] / measured[:, None], np.ones(len(rows)), prior_mean, prior_sd,
-                          np.full(len(rows), s.noise))
+            post = _solve(
+                design[idx] / measured[:, None], np.ones(len(rows)), prior_mean, prior_sd, np.full(len(rows), s.noise)
+            )
         else:
             post = _Posterior(prior_mean, np.diag(prior_sd**2))
         return _predict(post, design)
@@ -293,8 +317,9 @@ class Guide:
         s = self.settings
         ncomp = self.time_components.shape[1]
         lin_cols = ~self.unpriced
-        design = np.concatenate([self.time_components,
-                                 self.one_hot[:, lin_cols] * self.time_components.sum(axis=1, keepdims=True)], axis=1)
+        design = np.concatenate(
+            [self.time_components, self.one_hot[:, lin_cols] * self.time_components.sum(axis=1, keepdims=True)], axis=1
+        )
         prior_mean = np.concatenate([np.ones(ncomp), np.zeros(int(lin_cols.sum()))])
         prior_sd = np.concatenate([np.full(ncomp, s.prior_sigma), np.full(int(lin_cols.sum()), s.value_sigma)])
         execution = self.one_hot[:, self.unpriced]
@@ -313,8 +338,9 @@ class Guide:
                 if not n_exec:
                     break
                 linear = np.maximum(design[idx] @ post.mean, 1e-12)
-                exec_post = _solve(execution[idx], np.log(measured / linear), exec_prior.mean,
-                                   np.full(n_exec, s.unpriced_sigma), noise)
+                exec_post = _solve(
+                    execution[idx], np.log(measured / linear), exec_prior.mean, np.full(n_exec, s.unpriced_sigma), noise
+                )
         mean, sd = _predict(post, design)
         if n_exec:
             factor_log, factor_sd = _predict(exec_post, execution)
@@ -364,11 +390,15 @@ class Guide:
         prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.memory_value_sigma)])
         return _Posterior(prior_mean, np.diag(prior_sd**2))
 
-    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
-                    counts: np.ndarray) -> _Posterior:
+    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, counts: np.ndarray) -> _Posterior:
         prior = self._memory_prior()
-        return _solve(self._mem_design(idx, counts) / targets[:, None], np.ones(len(idx)), prior.mean,
-                      np.sqrt(np.diag(prior.cov)), noise)
+        return _solve(
+            self._mem_design(idx, counts) / targets[:, None],
+            np.ones(len(idx)),
+            prior.mean,
+            np.sqrt(np.diag(prior.cov)),
+            noise,
+        )
 
     def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray | float]:
         """The memory each config may use, and its uncertainty (GiB). The profile's capacity, until
@@ -385,7 +415,9 @@ class Guide:
         usable memory is lowered by half the difference of the predicted buffers, with the
         difference's uniform spread added to its uncertainty; one with fewer is not credited."""
         nominal = self.limit
-        failed = [o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]]
+        failed = [
+            o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]
+        ]
         if not failed:
             return nominal, 0.0
         taught_by = min(failed, key=lambda o: o.oom_needed_gib)
@@ -403,8 +435,9 @@ class Guide:
             sd = np.sqrt(sd**2 + more**2 / 12.0)
         return usable, sd
 
-    def _memory_evidence(self, obs: list[Observation]
-                         ) -> tuple[list[int], list[float], list[float], list[int], list[str]]:
+    def _memory_evidence(
+        self, obs: list[Observation]
+    ) -> tuple[list[int], list[float], list[float], list[int], list[str]]:
         """Rows, target peaks, relative noise, what each target is (0 a measured peak, +1 a lower
         bound: an OOM, it needed at least this; -1 an upper bound: it fitted, at most this) and
         what it counts (``PEAK_LEAVES_OUT``: an OOM's and a bound's are the device's)."""
@@ -434,16 +467,20 @@ class Guide:
                 counts.append("device")
         return rows, targets, noise, bound, counts
 
-    def _informative_bounds(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
-                            bound: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    def _informative_bounds(
+        self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, bound: np.ndarray, counts: np.ndarray
+    ) -> np.ndarray:
         """Which evidence rows to fit: every measured peak, and a bound only where the model
         without it violates it (a censored observation, as in a Tobit fit). An OOM at 41 GiB of
         a config predicted at 60 says nothing new; fitted as a point it would pull the
         prediction down to 41 and make the config that failed look likely to fit."""
         active = bound == 0
         for _ in range(4):
-            post = (self._memory_fit(idx[active], targets[active], noise[active], counts[active]) if active.any()
-                    else self._memory_prior())
+            post = (
+                self._memory_fit(idx[active], targets[active], noise[active], counts[active])
+                if active.any()
+                else self._memory_prior()
+            )
             predicted = self._mem_design(idx, counts) @ post.mean
             violated = ((bound > 0) & (predicted < targets)) | ((bound < 0) & (predicted > targets))
             grown = active | violated
@@ -452,8 +489,9 @@ class Guide:
             active = grown
         return active
 
-    def _memory_discrepancy(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray,
-                            post: _Posterior, counts: np.ndarray) -> float:
+    def _memory_discrepancy(
+        self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, post: _Posterior, counts: np.ndarray
+    ) -> float:
         """Relative error of the memory model on configs it was not fitted to (leave-one-out),
         beyond what the model itself expected there: 0 while its errors stay within its own
         predictive uncertainty and the measurement noise.
@@ -476,7 +514,7 @@ class Guide:
         for i in range(n):
             keep = np.arange(n) != i
             loo = self._memory_fit(idx[keep], targets[keep], noise[keep], counts[keep])
-            z = self._mem_design(idx[i:i + 1], counts[i:i + 1])[0]
+            z = self._mem_design(idx[i : i + 1], counts[i : i + 1])[0]
             predicted = max(float(z @ loo.mean), 1e-9)
             err = targets[i] / predicted - 1.0
             excess.append(err * err - float(z @ loo.cov @ z) / predicted**2 - noise[i] ** 2)
@@ -497,8 +535,9 @@ class Guide:
         return p_fit
 
     # ---- decisions -----------------------------------------------------------------------------------
-    def close_call(self, obs: list[Observation], exclude: Iterable[int] = (),
-                   allowed: np.ndarray | None = None) -> Proposal | None:
+    def close_call(
+        self, obs: list[Observation], exclude: Iterable[int] = (), allowed: np.ndarray | None = None
+    ) -> Proposal | None:
         """A second measurement of one of the two best configs, when they are closer than the
         noise can tell apart and one was measured only once; the best is judged on the mean."""
         sign = 1.0 if self.direction == "maximize" else -1.0
@@ -517,14 +556,27 @@ class Guide:
         for index in sorted((first, second), key=lambda i: len(values[i])):
             if len(values[index]) < 2 and index not in busy and (allowed is None or allowed[index]):
                 numbers = {o.index: o.number for o in obs}
-                return Proposal(index, self.ranking.enumeration.configs[index], (
-                    f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
-                    f"{numbers.get(second)} ({b:.4g}), {abs(a - b) / abs(a):.1%} apart: within the noise"),
-                    remeasure=True)
+                return Proposal(
+                    index,
+                    self.ranking.enumeration.configs[index],
+                    (
+                        f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
+                        f"{numbers.get(second)} ({b:.4g}), {abs(a - b) / abs(a):.1%} apart: within the noise"
+                    ),
+                    remeasure=True,
+                )
         return None
 
-    def scout_value(self, obs: list[Observation], belief: "_MemoryBelief", sure: np.ndarray, unsure: np.ndarray,
-                    gain: np.ndarray, p_fit: np.ndarray, top: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    def scout_value(
+        self,
+        obs: list[Observation],
+        belief: "_MemoryBelief",
+        sure: np.ndarray,
+        unsure: np.ndarray,
+        gain: np.ndarray,
+        p_fit: np.ndarray,
+        top: int = 64,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """What probing each sure config is worth for the configs it would make sure.
 
         A promising config near the limit whose memory is uncertain only because nothing like it
@@ -562,8 +614,11 @@ class Guide:
         r = c**2 / np.maximum(var_j + noise_j, 1e-12)[None, :]
         total = (belief.sd[unsure_idx] ** 2 + np.broadcast_to(usable_sd, belief.sd.shape)[unsure_idx] ** 2)[:, None]
         sd_after = np.sqrt(np.maximum(total - r, 1e-12))
-        margin = usable[unsure_idx][:, None] - _norm_ppf(self.settings.fit_confidence) * sd_after \
+        margin = (
+            usable[unsure_idx][:, None]
+            - _norm_ppf(self.settings.fit_confidence) * sd_after
             - belief.mean[unsure_idx][:, None]
+        )
         made_sure = _norm_cdf(margin / np.sqrt(np.maximum(r, 1e-12)))
         worth = gain[unsure_idx][:, None] * made_sure
         out[sure_idx] = worth.max(axis=0)
@@ -582,9 +637,14 @@ class Guide:
         total = probes + (budget_left if budget_left is not None else max(probes, 20))
         return ooms >= max(1, math.floor(share * total + 1e-9))
 
-    def propose(self, obs: Iterable[Observation], exclude: Iterable[int] = (),
-                best: float | None = None, budget_left: int | None = None,
-                allowed: np.ndarray | None = None) -> tuple[Proposal | None, str]:
+    def propose(
+        self,
+        obs: Iterable[Observation],
+        exclude: Iterable[int] = (),
+        best: float | None = None,
+        budget_left: int | None = None,
+        allowed: np.ndarray | None = None,
+    ) -> tuple[Proposal | None, str]:
         """The next config to probe, or None with the reason to stop. Near the end of the budget
         (and before stopping early) a close call between the two best is measured again.
         ``allowed`` (a mask over the ranking) narrows the choice, e.g. to configs matching
@@ -598,8 +658,12 @@ class Guide:
 
         def with_prediction(proposal: Proposal) -> Proposal:
             i = proposal.index
-            proposal.predicted = {f"guided_{self.metric}": float(mean[i]), f"guided_{self.metric}_sd": float(sd[i]),
-                                  "guided_peak_memory_gib": float(mem_mean[i]), "guided_p_fit": float(p_fit[i])}
+            proposal.predicted = {
+                f"guided_{self.metric}": float(mean[i]),
+                f"guided_{self.metric}_sd": float(sd[i]),
+                "guided_peak_memory_gib": float(mem_mean[i]),
+                "guided_p_fit": float(p_fit[i]),
+            }
             return proposal
 
         if budget_left is not None and budget_left <= 2:
@@ -612,8 +676,11 @@ class Guide:
         if probed:
             candidates[list(probed)] = False
         if not candidates.any():
-            return None, ("every valid config of the space has been probed" if allowed is None else
-                          "every valid config with the fixed parameters has been probed")
+            return None, (
+                "every valid config of the space has been probed"
+                if allowed is None
+                else "every valid config with the fixed parameters has been probed"
+            )
         ucb = sign * mean + s.explore_kappa * sd
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
@@ -625,8 +692,10 @@ class Guide:
                 again = self.close_call(obs, exclude, allowed)
                 if again is not None:
                     return with_prediction(again), ""
-                return None, (f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
-                              f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win")
+                return None, (
+                    f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
+                    f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win"
+                )
         safest = ""
         ooms = sum(1 for o in obs if o.status == "oom")
         spent = self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
@@ -637,9 +706,11 @@ class Guide:
             if not pool.any() and spent and best is not None:
                 top = float(np.max(np.where(candidates, p_fit, 0.0)))
                 if top < s.min_fit_probability:
-                    return None, (f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
-                                  f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
-                                  f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})")
+                    return None, (
+                        f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
+                        f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
+                        f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})"
+                    )
                 pool = candidates & (p_fit >= 0.9 * top)
                 safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
             # nothing measured and nothing sure to fit: the safest configs (below), not any config
@@ -652,8 +723,10 @@ class Guide:
             # limit is (a study that stops after its first OOM finds nothing)
             top = float(np.max(np.where(candidates, p_fit, 0.0)))
             if top < s.give_up_probability:
-                return None, (f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
-                              "learned from the OOMs so far)")
+                return None, (
+                    f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
+                    "learned from the OOMs so far)"
+                )
             pool = candidates & (p_fit >= 0.9 * top)
             safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
         scouted = None
@@ -685,9 +758,11 @@ class Guide:
         if safest:
             parts.append(safest)
         if scout_for is not None:
-            parts.append(f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "
-                         f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
-                         "this one surely fits and tells its memory, so it need not be risked")
+            parts.append(
+                f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "
+                f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
+                "this one surely fits and tells its memory, so it need not be risked"
+            )
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
         return with_prediction(Proposal(index, config, "; ".join(parts), scout_for=scout_for)), ""

@@ -45,8 +45,8 @@ from .workers.protocol import PEAK_COUNTS_KEY
 
 __all__ = ["GuidedSampler", "report_failure", "GUIDE_ATTR", "OUTCOME_ATTR"]
 
-GUIDE_ATTR = "autotune.guide"        # system attribute: why the guide chose a trial's config, its prediction
-OUTCOME_ATTR = "autotune.outcome"    # system attribute: a failed trial's status and OOM byte counts (after_trial)
+GUIDE_ATTR = "autotune.guide"  # system attribute: why the guide chose a trial's config, its prediction
+OUTCOME_ATTR = "autotune.outcome"  # system attribute: a failed trial's status and OOM byte counts (after_trial)
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _NOT_PROBES = ("duplicate", "interrupted", "running", "infra")  # infra: the machine failed, not the config
 
@@ -71,9 +71,17 @@ class GuidedSampler(BaseSampler):
     study's budget, when known, so that a close call between the two best is measured again
     before the end."""
 
-    def __init__(self, ranking: Ranking, space: Space, objective: tuple[str, str] | None = None, *,
-                 settings: GuideSettings | None = None, seed: int | None = None, n_trials: int | None = None,
-                 independent_sampler: BaseSampler | None = None):
+    def __init__(
+        self,
+        ranking: Ranking,
+        space: Space,
+        objective: tuple[str, str] | None = None,
+        *,
+        settings: GuideSettings | None = None,
+        seed: int | None = None,
+        n_trials: int | None = None,
+        independent_sampler: BaseSampler | None = None,
+    ):
         if not ranking.enumeration.configs:
             raise ValueError("the space has no valid config: there is nothing for the guide to propose")
         self.ranking = ranking
@@ -89,8 +97,9 @@ class GuidedSampler(BaseSampler):
         self._cache: tuple[Any, tuple[Proposal | None, str]] | None = None
 
     @classmethod
-    def from_spec(cls, spec: Any, *, space: Space | None = None, ranking: Ranking | None = None,
-                  **kwargs: Any) -> "GuidedSampler":
+    def from_spec(
+        cls, spec: Any, *, space: Space | None = None, ranking: Ranking | None = None, **kwargs: Any
+    ) -> "GuidedSampler":
         """The sampler for a spec (a :class:`~autotune.spec.Spec` or the path of its YAML file),
         with the spec's ``search`` settings, seed and budget; the first objective guides. The
         space is enumerated and ranked with the simulator unless ``space``/``ranking`` are given
@@ -109,10 +118,16 @@ class GuidedSampler(BaseSampler):
         sp = spec.search
         kwargs.setdefault("seed", sp.seed)
         kwargs.setdefault("n_trials", sp.n_trials)
-        kwargs.setdefault("settings", GuideSettings(explore_kappa=sp.explore_kappa, fit_confidence=sp.fit_confidence,
-                                                    stop_early=sp.stop_early,
-                                                    min_fit_probability=sp.min_fit_probability,
-                                                    max_oom_share=sp.max_oom_share))
+        kwargs.setdefault(
+            "settings",
+            GuideSettings(
+                explore_kappa=sp.explore_kappa,
+                fit_confidence=sp.fit_confidence,
+                stop_early=sp.stop_early,
+                min_fit_probability=sp.min_fit_probability,
+                max_oom_share=sp.max_oom_share,
+            ),
+        )
         return cls(ranking, space, objectives[0], **kwargs)
 
     def proposal(self, number: int) -> dict[str, Any]:
@@ -127,8 +142,9 @@ class GuidedSampler(BaseSampler):
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self._distributions)
 
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space:
             return {}
         self._check_single_objective(study)
@@ -151,8 +167,9 @@ class GuidedSampler(BaseSampler):
                 params[name] = self._independent.sample_independent(study, trial, name, distribution)
         return params
 
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         self._check_single_objective(study)
         return self._independent.sample_independent(study, trial, param_name, param_distribution)
 
@@ -184,8 +201,9 @@ class GuidedSampler(BaseSampler):
         params = {}
         for name, distribution in self._distributions.items():
             if isinstance(distribution, optuna.distributions.IntDistribution):
-                params[name] = trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step,
-                                                 log=distribution.log)
+                params[name] = trial.suggest_int(
+                    name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+                )
             else:
                 params[name] = trial.suggest_categorical(name, distribution.choices)
         resolved = self.space.resolve(params)
@@ -236,16 +254,26 @@ class GuidedSampler(BaseSampler):
             if counts == "allocated" and _finite(metrics.get("peak_reserved_gib")):
                 # the allocator's reserve counts its fragmentation too: the closer figure to the device's
                 peak, counts = metrics["peak_reserved_gib"], "reserved"
-            evidence = ((ua.get(A.INFO) or {}).get("oom") or (t.system_attrs.get(OUTCOME_ATTR) or {}).get("oom")
-                        or {}) if status == "oom" else {}
+            evidence = (
+                ((ua.get(A.INFO) or {}).get("oom") or (t.system_attrs.get(OUTCOME_ATTR) or {}).get("oom") or {})
+                if status == "oom"
+                else {}
+            )
             needed, requested = evidence.get("needed_at_least"), evidence.get("requested")
             in_use = needed - requested if _finite(needed) and _finite(requested) else None
-            out.append(Observation(index=index, status=status, number=t.number,
-                                   objective=float(objective) if _finite(objective) else None,
-                                   step_time_s=float(step) if _finite(step) else None,
-                                   peak_memory_gib=float(peak) if _finite(peak) else None,
-                                   oom_needed_gib=float(needed) if _finite(needed) else None,
-                                   oom_in_use_gib=in_use, peak_counts=counts))
+            out.append(
+                Observation(
+                    index=index,
+                    status=status,
+                    number=t.number,
+                    objective=float(objective) if _finite(objective) else None,
+                    step_time_s=float(step) if _finite(step) else None,
+                    peak_memory_gib=float(peak) if _finite(peak) else None,
+                    oom_needed_gib=float(needed) if _finite(needed) else None,
+                    oom_in_use_gib=in_use,
+                    peak_counts=counts,
+                )
+            )
         return out
 
     def estimates(self, trials: list[FrozenTrial]) -> dict[str, tuple[float, float, int]]:
@@ -263,11 +291,13 @@ class GuidedSampler(BaseSampler):
             return {}
         mean, sd = self.guide._objective_model(obs)
         configs = self.ranking.enumeration.configs
-        return {config_key(configs[i]): (float(mean[i]), float(sd[i]), n) for i, n in counts.items()
-                if _finite(float(mean[i])) and _finite(float(sd[i]))}
+        return {
+            config_key(configs[i]): (float(mean[i]), float(sd[i]), n)
+            for i, n in counts.items()
+            if _finite(float(mean[i])) and _finite(float(sd[i]))
+        }
 
-    def _propose(self, study: Study, current: int | None,
-                 allowed: np.ndarray | None) -> tuple[Proposal | None, str]:
+    def _propose(self, study: Study, current: int | None, allowed: np.ndarray | None) -> tuple[Proposal | None, str]:
         trials = study.get_trials(deepcopy=False)
         others = [t for t in trials if t.number != current]
         state = tuple((t.number, t.state) for t in others)
@@ -275,8 +305,9 @@ class GuidedSampler(BaseSampler):
             return self._cache[1]
         obs = self.observations(others)
         running = [i for t in others if t.state == TrialState.RUNNING and (i := self._index_of(t)) is not None]
-        answer = self.guide.propose(obs, exclude=running, best=self._best(obs), budget_left=self._budget_left(others),
-                                    allowed=allowed)
+        answer = self.guide.propose(
+            obs, exclude=running, best=self._best(obs), budget_left=self._budget_left(others), allowed=allowed
+        )
         if allowed is None:
             self._cache = (state, answer)
         return answer
@@ -295,8 +326,13 @@ class GuidedSampler(BaseSampler):
     def _budget_left(self, trials: list[FrozenTrial]) -> int | None:
         if self.n_trials is None:
             return None
-        probes = sum(1 for t in trials if t.state in (*_FINISHED, TrialState.RUNNING)
-                     and _status(t) not in ("duplicate", "interrupted", "infra") and t.user_attrs.get(A.SOURCE) != "rules")
+        probes = sum(
+            1
+            for t in trials
+            if t.state in (*_FINISHED, TrialState.RUNNING)
+            and _status(t) not in ("duplicate", "interrupted", "infra")
+            and t.user_attrs.get(A.SOURCE) != "rules"
+        )
         return self.n_trials - probes
 
     def _index_of(self, trial: FrozenTrial) -> int | None:
@@ -328,12 +364,16 @@ class GuidedSampler(BaseSampler):
 
     def _check_single_objective(self, study: Study) -> None:
         if len(study.directions) != 1:
-            raise ValueError("GuidedSampler guides single-objective studies; with several objectives use "
-                             "optuna's NSGAIISampler or TPESampler")
+            raise ValueError(
+                "GuidedSampler guides single-objective studies; with several objectives use "
+                "optuna's NSGAIISampler or TPESampler"
+            )
         direction = "maximize" if study.direction == StudyDirection.MAXIMIZE else "minimize"
         if direction != self.objective[1]:
-            raise ValueError(f"the study is created to {direction} but the guide's objective "
-                             f"{self.objective[0]!r} is to {self.objective[1]}")
+            raise ValueError(
+                f"the study is created to {direction} but the guide's objective "
+                f"{self.objective[0]!r} is to {self.objective[1]}"
+            )
 
 
 def _status(trial: FrozenTrial) -> str:

@@ -35,9 +35,18 @@ from typing import Any, Callable
 from .ray_dispatch import RayUnreachable
 from .spec import Spec
 
-__all__ = ["CALIBRATE_ENV", "PROFILE_CACHE_ENV", "ProfileOrigin", "profile_origin", "calibrate_setting",
-           "calibration_key", "cached_profile_path", "why_not_calibrated", "ensure_measured_profile",
-           "planned_profile"]
+__all__ = [
+    "CALIBRATE_ENV",
+    "PROFILE_CACHE_ENV",
+    "ProfileOrigin",
+    "profile_origin",
+    "calibrate_setting",
+    "calibration_key",
+    "cached_profile_path",
+    "why_not_calibrated",
+    "ensure_measured_profile",
+    "planned_profile",
+]
 
 CALIBRATE_ENV = "AUTOTUNE_CALIBRATE"  # cluster.calibrate where a spec leaves it out
 PROFILE_CACHE_ENV = "AUTOTUNE_PROFILE_CACHE"  # directory of the measured profiles
@@ -127,10 +136,20 @@ def calibration_key(spec: Spec) -> dict[str, object]:
         except metadata.PackageNotFoundError:
             continue
     ranks, threads = _calibration_shape(spec)
-    where = ({"ray_cluster": spec.ray.address} if _on_ray_cluster(spec) else
-             {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count()})
-    return {**where, "accelerator": spec.cluster.accelerator, "base_profile": spec.cluster.profile_name,
-            "ranks": ranks, "threads_per_rank": threads, "python": platform.python_version(), "software": software}
+    where = (
+        {"ray_cluster": spec.ray.address}
+        if _on_ray_cluster(spec)
+        else {"host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    )
+    return {
+        **where,
+        "accelerator": spec.cluster.accelerator,
+        "base_profile": spec.cluster.profile_name,
+        "ranks": ranks,
+        "threads_per_rank": threads,
+        "python": platform.python_version(),
+        "software": software,
+    }
 
 
 def _cache_dir() -> Path:
@@ -181,9 +200,11 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
 
         ranks, threads = _calibration_shape(spec)
         where = f"a node of the Ray cluster at {spec.ray.address}" if _on_ray_cluster(spec) else "this host"
-        say(f"calibrating {where} first: {spec.cluster.profile_name} holds data-sheet figures "
+        say(
+            f"calibrating {where} first: {spec.cluster.profile_name} holds data-sheet figures "
             f"(quick: GEMMs per precision, memory, collectives and a tensor-parallel layer step on {ranks} "
-            f"{spec.cluster.accelerator} rank(s); about 20 s on a CPU; cluster.calibrate: never skips it)")
+            f"{spec.cluster.accelerator} rank(s); about 20 s on a CPU; cluster.calibrate: never skips it)"
+        )
         started = time.perf_counter()
         try:
             if _on_ray_cluster(spec):
@@ -195,15 +216,21 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
         except RayUnreachable:  # not a calibration problem: the study cannot run either
             raise
         except Exception as exc:  # no device, a broken collective backend: rank with the data sheet
-            say(f"calibration failed ({type(exc).__name__}: {exc}); ranking with {spec.cluster.profile_name}'s "
-                "data-sheet figures")
+            say(
+                f"calibration failed ({type(exc).__name__}: {exc}); ranking with {spec.cluster.profile_name}'s "
+                "data-sheet figures"
+            )
             return spec
         same = "cluster" if _on_ray_cluster(spec) else "host"
-        say(f"measured in {time.perf_counter() - started:.0f} s; cached at {path} for later studies on this {same} "
-            "and software")
+        say(
+            f"measured in {time.perf_counter() - started:.0f} s; cached at {path} for later studies on this {same} "
+            "and software"
+        )
     else:
-        say(f"profile: {profile_origin(str(path)).describe()}, this {'cluster' if _on_ray_cluster(spec) else 'host'}'s "
-            "cached calibration")
+        say(
+            f"profile: {profile_origin(str(path)).describe()}, this {'cluster' if _on_ray_cluster(spec) else 'host'}'s "
+            "cached calibration"
+        )
     return _with_profile(spec, path)
 
 
@@ -244,15 +271,18 @@ def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_
         need = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0.0), **options.get("resources", {})}
         nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
         if not any(all(node.get(k, 0.0) >= v for k, v in need.items() if v) for node in nodes):
-            raise RuntimeError(f"no node of the Ray cluster has {', '.join(f'{v:g} {k}' for k, v in need.items() if v)}")
+            raise RuntimeError(
+                f"no node of the Ray cluster has {', '.join(f'{v:g} {k}' for k, v in need.items() if v)}"
+            )
         task = ray.remote(**options)(_calibration_task)
         ref = task.remote(spec.cluster.accelerator, ranks, threads, spec.cluster.profile_name)
         try:
             return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
-            raise RuntimeError(f"no node of the cluster ran the calibration within {timeout_s:.0f} s "
-                               f"(it needs {options})") from None
+            raise RuntimeError(
+                f"no node of the cluster ran the calibration within {timeout_s:.0f} s (it needs {options})"
+            ) from None
     finally:
         if owns:
             ray.shutdown()
@@ -273,5 +303,9 @@ def planned_profile(spec: Spec, simulated: bool) -> tuple[Spec, dict[str, object
         line += "; `autotune run` measures this host first (about 20 s) and ranks with that"
     elif why is None:
         line += ", this host's cached calibration"
-    return spec, {"profile": origin.name, "measured_at": origin.measured_at.isoformat() if origin.measured_at else None,
-                  "calibrates_first": first, "line": line}
+    return spec, {
+        "profile": origin.name,
+        "measured_at": origin.measured_at.isoformat() if origin.measured_at else None,
+        "calibrates_first": first,
+        "line": line,
+    }

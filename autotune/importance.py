@@ -68,7 +68,8 @@ def trial_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str
             with warnings.catch_warnings():  # importances do not depend on the direction
                 warnings.simplefilter("ignore")
                 values = optuna.importance.get_param_importances(
-                    study, evaluator=FanovaImportanceEvaluator(seed=0), target=lambda t, i=i: t.values[i])
+                    study, evaluator=FanovaImportanceEvaluator(seed=0), target=lambda t, i=i: t.values[i]
+                )
         except Exception as exc:  # too few completed trials, or a parameter that never varied
             log.info("importances for %s skipped: %s", metric, exc)
             continue
@@ -81,8 +82,10 @@ def record_importances(study: Any, objectives: list[tuple[str, str]], ranking: A
     predictions, else fANOVA over the trials) and keep them in the study's storage."""
     if ranking is not None:
         n = int(np.asarray(ranking.predictions.get("fits", []), dtype=bool).sum())
-        entry = {"values": model_importances(ranking, objectives),
-                 "source": f"the model over all {n:,} feasible configs"}
+        entry = {
+            "values": model_importances(ranking, objectives),
+            "source": f"the model over all {n:,} feasible configs",
+        }
     else:
         done = sum(1 for t in study.get_trials(deepcopy=False) if t.values is not None)
         entry = {"values": trial_importances(study, objectives), "source": f"fANOVA over {done} trials"}

@@ -28,10 +28,10 @@ __all__ = ["Interpretation", "interpret", "penalty", "settle_pruned", "step_peak
 
 @dataclass
 class Interpretation:
-    status: str            # the trial's
+    status: str  # the trial's
     reason: str
     metrics: dict[str, Any]
-    tell: str              # values | infeasible | pruned | fail
+    tell: str  # values | infeasible | pruned | fail
     values: list[float] | None = None
     retry: str | None = None  # infra (retry once) | capacity_lost (queue for the re-run)
     capacity_lost: list[str] = field(default_factory=list)
@@ -45,13 +45,16 @@ def penalty(objectives: list[tuple[str, str]]) -> list[float]:
     return [0.0 if d == "maximize" else 1e9 for _, d in objectives]
 
 
-def interpret(config: dict[str, Any], result: ProbeResult, context: Any, objectives: list[tuple[str, str]],
-              devices: int) -> Interpretation:
+def interpret(
+    config: dict[str, Any], result: ProbeResult, context: Any, objectives: list[tuple[str, str]], devices: int
+) -> Interpretation:
     """The study's reading of ``result`` for ``config`` (``context``: the probe context's model,
     workload and hardware; ``devices``: the trial's device count)."""
     metrics = dict(result.metrics)
     step_peak = step_peak_memory(result.steps)
-    if step_peak is not None and not (_finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak):
+    if step_peak is not None and not (
+        _finite(metrics.get("peak_memory_gib")) and metrics["peak_memory_gib"] >= step_peak
+    ):
         metrics["peak_memory_gib"] = step_peak  # the peak of every step, not only the end state
     status, reason = result.status, result.reason
     if result.ok and result.source != "simulated":
@@ -60,8 +63,9 @@ def interpret(config: dict[str, Any], result: ProbeResult, context: Any, objecti
         from .sanity import implausible_metrics
 
         precision = str(config.get("precision", "bf16"))
-        for k, v in derive_metrics(metrics, context.model, context.workload, context.hardware, devices,
-                                   precision).items():
+        for k, v in derive_metrics(
+            metrics, context.model, context.workload, context.hardware, devices, precision
+        ).items():
             metrics.setdefault(k, v)
         problems = implausible_metrics(metrics, context.model, context.workload, context.hardware, precision)
         if problems:
@@ -92,7 +96,11 @@ def settle_pruned(result: ProbeResult, live_steps: list[dict[str, Any]], because
         result.steps = live_steps
     times = measured_step_times(result.steps)
     if times and "step_time_s" not in result.metrics:  # the partial measurement
-        result.metrics = {**result.metrics, "step_time_s": statistics.median(times), "measured_steps": float(len(times))}
+        result.metrics = {
+            **result.metrics,
+            "step_time_s": statistics.median(times),
+            "measured_steps": float(len(times)),
+        }
 
 
 def step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
@@ -105,5 +113,8 @@ def step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
 def measured_step_times(steps: list[dict[str, Any]]) -> list[float]:
     """Step times of the measured phase (all steps when the probe names no phases)."""
     phased = any("phase" in e for e in steps)
-    return [float(e["step_time_s"]) for e in steps
-            if _finite(e.get("step_time_s")) and (not phased or e.get("phase") == "measure")]
+    return [
+        float(e["step_time_s"])
+        for e in steps
+        if _finite(e.get("step_time_s")) and (not phased or e.get("phase") == "measure")
+    ]

@@ -74,8 +74,9 @@ class RefitListener(TrialListener):
     """Refits the model's per-group factors (:mod:`autotune.refit`) from every measured trial, so
     the predictions kept beside later probes carry ``refit_*`` values; says so when the fit moves."""
 
-    def __init__(self, calibrated: bool, on_moved: Callable[[Refit, int], None],
-                 on_refit: Callable[[Refit], None] | None = None):
+    def __init__(
+        self, calibrated: bool, on_moved: Callable[[Refit, int], None], on_refit: Callable[[Refit], None] | None = None
+    ):
         self.ridge = RIDGE_MEASURED if calibrated else RIDGE_DATA_SHEET  # a measured profile is trusted more
         self.on_moved = on_moved
         self.on_refit = on_refit
@@ -90,8 +91,11 @@ class RefitListener(TrialListener):
             self._fit(study, after=record.number)
 
     def _fit(self, study: optuna.Study, after: int | None) -> None:
-        pairs = [(r.predicted, r.metrics.get("step_time_s"), r.metrics.get("comm_time_s")) for r in trial_records(study)
-                 if r.status == "ok" and r.source == "measured" and r.probed]
+        pairs = [
+            (r.predicted, r.metrics.get("step_time_s"), r.metrics.get("comm_time_s"))
+            for r in trial_records(study)
+            if r.status == "ok" and r.source == "measured" and r.probed
+        ]
         refit = fit_refit(pairs, ridge=self.ridge)
         if refit.n == self.refit.n:
             return
@@ -115,4 +119,6 @@ class GuideEstimatesListener(TrialListener):
     def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
         if record.status in ("ok", "pruned"):
             estimates = self.guide.estimates(study.get_trials(deepcopy=False))
-            study.set_user_attr(A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()})
+            study.set_user_attr(
+                A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()}
+            )

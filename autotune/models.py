@@ -22,7 +22,9 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("custom", description="label used in reports and the result cache")
-    arch: Literal["llama", "gpt"] = Field("llama", description="llama: SwiGLU, RMSNorm, RoPE, GQA; gpt: GeLU MLP, LayerNorm")
+    arch: Literal["llama", "gpt"] = Field(
+        "llama", description="llama: SwiGLU, RMSNorm, RoPE, GQA; gpt: GeLU MLP, LayerNorm"
+    )
     hidden_size: int = Field(gt=0)
     num_hidden_layers: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -76,22 +78,67 @@ MODEL_ALIASES = ("layers", "heads", "kv_heads", "hidden", "ffn", "vocab")
 
 # Published architectures (Hugging Face config.json of each model).
 PRESETS: dict[str, dict] = {
-    "llama2-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                      intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096),
-    "llama2-13b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
-                       intermediate_size=13824, vocab_size=32000, max_position_embeddings=4096),
-    "llama2-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                       intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096),
-    "llama3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    "llama2-7b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=11008,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "llama2-13b": dict(
+        hidden_size=5120,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        intermediate_size=13824,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "llama2-70b": dict(
+        hidden_size=8192,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        intermediate_size=28672,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+    ),
     # Small enough to train for real on two CPU processes in seconds.
-    "tiny-llama": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                       intermediate_size=688, vocab_size=2048, max_position_embeddings=1024),
+    "tiny-llama": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=688,
+        vocab_size=2048,
+        max_position_embeddings=1024,
+    ),
 }
 
-_HF_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta",
-              "rms_norm_eps")
+_HF_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+)
 
 
 def load_hf_config(path: Path) -> dict:

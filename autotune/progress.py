@@ -27,8 +27,14 @@ class ProgressObserver:
         self.metric = objectives[0][0]
         self.quiet = quiet
         self.progress = Progress(
-            TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(), console=console, transient=False, disable=quiet,
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=quiet,
         )
         self.task: Any = None
         self.running = 0
@@ -57,8 +63,9 @@ class ProgressObserver:
         if self.task is not None and record.status != "infra":  # not a probe of the budget: its retry is
             self.progress.advance(self.task)
         if record.status not in ("ok",):  # a probe's words: brackets in them are text, never markup
-            self.progress.console.print(Text.assemble(f"  trial {record.number}: ", (record.status, "yellow"),
-                                                      f" {record.reason[:160]}"))
+            self.progress.console.print(
+                Text.assemble(f"  trial {record.number}: ", (record.status, "yellow"), f" {record.reason[:160]}")
+            )
         self._status(best)
 
     def on_message(self, text: str) -> None:

@@ -29,8 +29,9 @@ class LoserPruner:
     def __init__(self, spec: Spec, simulated: bool):
         self.settings = spec.search
         objectives = spec.objective_list()
-        self.active = (spec.search.prune and not simulated and len(objectives) == 1
-                       and objectives[0][0] in _STEP_OBJECTIVES)
+        self.active = (
+            spec.search.prune and not simulated and len(objectives) == 1 and objectives[0][0] in _STEP_OBJECTIVES
+        )
         self.live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self.reasons: dict[int, str] = {}  # trials being stopped early, and why
 
@@ -38,8 +39,13 @@ class LoserPruner:
         """What streamed from a finished trial, and why it was stopped (None: it was not)."""
         return self.live_steps.pop(number, []), self.reasons.pop(number, None)
 
-    def prune(self, events: list[tuple[int, dict[str, Any]]], pending: dict[Any, tuple[Any, dict]],
-              best: Callable[[], TrialRecord | None], cancel: Callable[[Any], None]) -> None:
+    def prune(
+        self,
+        events: list[tuple[int, dict[str, Any]]],
+        pending: dict[Any, tuple[Any, dict]],
+        best: Callable[[], TrialRecord | None],
+        cancel: Callable[[Any], None],
+    ) -> None:
         """Take the new step ``events``; cancel each pending trial that cannot beat ``best()``."""
         for number, event in events:
             self.live_steps.setdefault(number, []).append(event)
@@ -61,5 +67,6 @@ class LoserPruner:
                 self.reasons[trial.number] = (
                     f"stopped early after {len(times)} measured steps: median step {median:.4g} s is "
                     f"{median / best_step:.2f}x the best's {best_step:.4g} s (trial {leader.number}); "
-                    f"margin {margin:.0%}")
+                    f"margin {margin:.0%}"
+                )
                 cancel(handle)

@@ -30,7 +30,7 @@ class Layout:
     a probe can choose between. ``index`` is the one with the most memory headroom."""
 
     index: int
-    rank: int                         # 1-based, among distinct layouts
+    rank: int  # 1-based, among distinct layouts
     members: list[int]
     undistinguished: dict[str, list[Any]]  # parameter -> the values the members take (two or more)
 
@@ -84,8 +84,11 @@ class Ranking:
         """The ranking with the configs the model cannot tell apart (equal predictions of every
         objective) collapsed into one layout each, in ranking order; the first ``k``."""
         fits = np.asarray(self.predictions["fits"], dtype=bool)
-        values = np.stack([np.asarray(self.predictions[m], dtype=float) for m, _ in self.objectives], axis=1) \
-            if len(self.order) else np.zeros((0, len(self.objectives)))
+        values = (
+            np.stack([np.asarray(self.predictions[m], dtype=float) for m, _ in self.objectives], axis=1)
+            if len(self.order)
+            else np.zeros((0, len(self.objectives)))
+        )
         keys = [tuple(row) for row in np.round(np.nan_to_num(values, nan=-1.0), 9).tolist()]
         groups: dict[tuple, list[int]] = {}
         for i in self.order.tolist():
@@ -122,7 +125,9 @@ class Ranking:
             for rank, i in enumerate(self.order, start=1):
                 row = [configs[i].get(p, "") for p in param_names]
                 values = [self.predictions[m][i] for m in metric_names]
-                writer.writerow([rank, *row, *(f"{v:.6g}" if isinstance(v, (float, np.floating)) else v for v in values)])
+                writer.writerow(
+                    [rank, *row, *(f"{v:.6g}" if isinstance(v, (float, np.floating)) else v for v in values)]
+                )
         return path
 
 

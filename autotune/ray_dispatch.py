@@ -21,10 +21,29 @@ from typing import Any
 
 from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
 
-from .dispatch import (_FORCE_CANCEL_AFTER_S, _NODE_CACHE_S, _RAY_CLIENT_PORT, _RAY_CONNECT_TIMEOUT_S, Dispatcher, Handle, ProbeLaunch,
-                       _crash, _infrastructure_errors, _trial_file_name)
-from .ray_tasks import (_StepSink, _fmt, _holds, _node_name, _ray_multinode_task, _ray_probe_task, _requirements,
-                        _unfinished, stop_tasks)
+from .dispatch import (
+    _FORCE_CANCEL_AFTER_S,
+    _NODE_CACHE_S,
+    _RAY_CLIENT_PORT,
+    _RAY_CONNECT_TIMEOUT_S,
+    Dispatcher,
+    Handle,
+    ProbeLaunch,
+    _crash,
+    _infrastructure_errors,
+    _trial_file_name,
+)
+from .ray_tasks import (
+    _StepSink,
+    _fmt,
+    _holds,
+    _node_name,
+    _ray_multinode_task,
+    _ray_probe_task,
+    _requirements,
+    _unfinished,
+    stop_tasks,
+)
 
 __all__ = ["RayDispatcher", "RayUnreachable", "check_ray_address"]
 
@@ -50,7 +69,7 @@ def _ray_endpoint(address: str) -> tuple[str, int, str] | None:
         addr = os.environ.get("RAY_ADDRESS", "").strip() or "auto"
     if addr.startswith("ray://"):
         try:
-            parts = urlsplit("//" + addr[len("ray://"):])
+            parts = urlsplit("//" + addr[len("ray://") :])
             host, port = parts.hostname, parts.port or _RAY_CLIENT_PORT
         except ValueError:
             return None
@@ -77,7 +96,8 @@ def check_ray_address(address: str, timeout_s: float = _RAY_CONNECT_TIMEOUT_S) -
     Why before ``ray.init``: for a ``host:port`` nobody listens on, Ray 2.60 retries its GCS
     connection in C++ (5 s per try, ``NUM_REDIS_GET_RETRIES`` = 20 tries) and was seen to hang
     over 330 s without an error, with SIGTERM acting only ~32 s later; for ``ray://`` Ray Client
-    gives up after ~32 s with "ray client connection timeout", naming no address. Ray offers no overall timeout for ``ray.init`` (ray-project/ray#46863: the maintainers
+    gives up after ~32 s with "ray client connection timeout", naming no address. Ray offers no overall
+    timeout for ``ray.init`` (ray-project/ray#46863: the maintainers
     suggest a timer of the caller's own), and these checks are plain sockets, so SIGTERM and
     Ctrl-C act at once. A port that answers is then left to Ray."""
     endpoint = _ray_endpoint(address)
@@ -105,7 +125,8 @@ def check_ray_address(address: str, timeout_s: float = _RAY_CONNECT_TIMEOUT_S) -
     raise RayUnreachable(
         f"cannot reach the Ray cluster at {address}{where}: {why} (tried for {timeout_s:g} s). Is the cluster "
         "up (`ray status` on its head) and the address right (ray.address, --ray-address: host:port is the "
-        f"head's GCS port, 6379 by default; ray://host:port its Ray Client port, {_RAY_CLIENT_PORT} by default)?")
+        f"head's GCS port, 6379 by default; ray://host:port its Ray Client port, {_RAY_CLIENT_PORT} by default)?"
+    )
 
 
 def _route_ray_messages() -> None:
@@ -150,9 +171,16 @@ class RayDispatcher(Dispatcher):
     one written on its worker's local disk: the driver sends the request, not a path).
     """
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None,
-                 resources: dict[str, float] | None = None, run_dir: str | Path | None = None, *,
-                 object_store_memory: int | None = 128 * 2**20, check_feasible: bool = True) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        resources: dict[str, float] | None = None,
+        run_dir: str | Path | None = None,
+        *,
+        object_store_memory: int | None = 128 * 2**20,
+        check_feasible: bool = True,
+    ) -> None:
         import ray
 
         self._ray = ray
@@ -176,8 +204,9 @@ class RayDispatcher(Dispatcher):
 
     def _init_ray(self, address, num_cpus, resources, object_store_memory) -> None:
         ray = self._ray
-        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                                      logging_level=logging.WARNING)
+        kwargs: dict[str, Any] = dict(
+            include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, logging_level=logging.WARNING
+        )
         if address is None:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -188,8 +217,11 @@ class RayDispatcher(Dispatcher):
                 kwargs["object_store_memory"] = int(object_store_memory)
         else:
             if num_cpus is not None or resources:
-                log.warning("connecting to the Ray cluster at %s: num_cpus/resources are ignored "
-                            "(the cluster's nodes declare their own)", address)
+                log.warning(
+                    "connecting to the Ray cluster at %s: num_cpus/resources are ignored "
+                    "(the cluster's nodes declare their own)",
+                    address,
+                )
             kwargs["address"] = address
             check_ray_address(address)  # an address nobody answers at: an error now, not a hang in ray.init
         # Without CANN, Ray's NPU detection logs a harmless "No module named 'acl'" traceback.
@@ -232,11 +264,15 @@ class RayDispatcher(Dispatcher):
         """The nodes this dispatcher saw alive that the cluster has lost since (those that could
         hold ``need``, when given), each as ``address (node id)``."""
         self._node_resources(refresh=True)
-        return [f"{seen['address']} (node {node_id[:12]})" for node_id, seen in self._seen_nodes.items()
-                if node_id in self._dead_nodes and (need is None or _holds(seen["resources"], need))]
+        return [
+            f"{seen['address']} (node {node_id[:12]})"
+            for node_id, seen in self._seen_nodes.items()
+            if node_id in self._dead_nodes and (need is None or _holds(seen["resources"], need))
+        ]
 
-    def placement_problem(self, resources: dict[str, Any], nodes: int = 1,
-                          bundle: dict[str, float] | None = None) -> tuple[str, str] | None:
+    def placement_problem(
+        self, resources: dict[str, Any], nodes: int = 1, bundle: dict[str, float] | None = None
+    ) -> tuple[str, str] | None:
         """Why a trial with this request can not be placed: ``("never", why)`` when the cluster
         never had what it needs (a bad study for this cluster: refuse it before any trial), or
         ``("lost", why)`` when it had it and has lost the nodes since (an infrastructure failure:
@@ -249,8 +285,10 @@ class RayDispatcher(Dispatcher):
                 return None
             lost = self.lost_nodes(need)
             per_node = ", ".join(_fmt({k: nd.get(k, 0.0) for k in need}) for nd in alive)
-            why = (f"the trial spans {nodes} nodes of {_fmt(need)} each, but only {len(holding)} node(s) of the "
-                   f"Ray cluster can hold that (per node: {per_node})")
+            why = (
+                f"the trial spans {nodes} nodes of {_fmt(need)} each, but only {len(holding)} node(s) of the "
+                f"Ray cluster can hold that (per node: {per_node})"
+            )
             if len(holding) + len(lost) >= nodes:
                 return "lost", f"{why}: the cluster lost {', '.join(lost)}, which held it"
             return "never", f"{why}; the cluster can never place it"
@@ -279,8 +317,10 @@ class RayDispatcher(Dispatcher):
         shown = {k: total.get(k, 0.0) for k in ("CPU", "GPU", "NPU") if k in total or k in need}
         shown.update({k: total.get(k, 0.0) for k in need if k not in shown})
         if all(total.get(k, 0.0) >= v for k, v in need.items()):
-            return (f"needs {_fmt(need)} on one node but no node of the Ray cluster has it "
-                    f"(the cluster offers {_fmt(shown)} over {len(nodes)} nodes)")
+            return (
+                f"needs {_fmt(need)} on one node but no node of the Ray cluster has it "
+                f"(the cluster offers {_fmt(shown)} over {len(nodes)} nodes)"
+            )
         return f"needs {_fmt(need)} but the Ray cluster offers {_fmt(shown)}"
 
     # -- Dispatcher ----------------------------------------------------------------------------
@@ -366,8 +406,11 @@ class RayDispatcher(Dispatcher):
             try:
                 result = ProbeResult.from_json(ray.get(ref))
             except Exception as exc:
-                if cancelled or isinstance(exc, ray.exceptions.TaskCancelledError) or \
-                        isinstance(getattr(exc, "cause", None), ray.exceptions.TaskCancelledError):
+                if (
+                    cancelled
+                    or isinstance(exc, ray.exceptions.TaskCancelledError)
+                    or isinstance(getattr(exc, "cause", None), ray.exceptions.TaskCancelledError)
+                ):
                     result = ProbeResult("pruned", reason="cancelled by the driver")
                 elif isinstance(exc, _infrastructure_errors(ray)):
                     result = self._infra(handle, exc)
@@ -387,18 +430,28 @@ class RayDispatcher(Dispatcher):
             where = self._ray.get(self._sink.where.remote(handle.number), timeout=5)
         except Exception:
             where = {}
-        node = (f"node {where.get('node_ip')} ({str(where.get('node_id', ''))[:12]}), Ray worker pid "
-                f"{where.get('worker_pid')}" if where else "a node it never reported from")
+        node = (
+            f"node {where.get('node_ip')} ({str(where.get('node_id', ''))[:12]}), Ray worker pid "
+            f"{where.get('worker_pid')}"
+            if where
+            else "a node it never reported from"
+        )
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return ProbeResult("infra", reason=f"infrastructure failure on {node}: {type(exc).__name__}: {first}"[:500],
-                           info={"node": where} if where else {})
+        return ProbeResult(
+            "infra",
+            reason=f"infrastructure failure on {node}: {type(exc).__name__}: {first}"[:500],
+            info={"node": where} if where else {},
+        )
 
     def _escalate_cancels(self) -> None:
         """Force the cancels a task ignored for ``_FORCE_CANCEL_AFTER_S``; a task that finished
         meanwhile (its result not yet collected) is left alone, as in ``cancel``."""
         now = time.monotonic()
-        overdue = {handle.ref: handle for handle, since in self._cancelled.items()
-                   if since >= 0 and now - since > _FORCE_CANCEL_AFTER_S and handle.ref in self._refs}
+        overdue = {
+            handle.ref: handle
+            for handle, since in self._cancelled.items()
+            if since >= 0 and now - since > _FORCE_CANCEL_AFTER_S and handle.ref in self._refs
+        }
         for ref in _unfinished(self._ray, list(overdue)):
             handle = overdue[ref]
             log.warning("trial %d did not stop after a cancel; killing its Ray worker", handle.number)

@@ -16,8 +16,18 @@ from typing import Any
 
 from autotune.workers.protocol import ProbeResult, write_trial_file
 
-from .dispatch import (NODE_PLACEHOLDERS, ProbeLaunch, _FORCE_CANCEL_AFTER_S, _STEP_BATCH, _STEP_FLUSH_S,
-                       _infrastructure_errors, node_env, prepare_launch, probe_env, visible_devices_env)
+from .dispatch import (
+    NODE_PLACEHOLDERS,
+    ProbeLaunch,
+    _FORCE_CANCEL_AFTER_S,
+    _STEP_BATCH,
+    _STEP_FLUSH_S,
+    _infrastructure_errors,
+    node_env,
+    prepare_launch,
+    probe_env,
+    visible_devices_env,
+)
 
 __all__ = ["stop_tasks"]
 
@@ -92,8 +102,9 @@ class _StepBatcher:
                 pass
 
 
-def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None,
-                    node: dict[str, Any] | None = None) -> dict[str, Any]:
+def _ray_probe_task(
+    request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None, node: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Body of the Ray task: on the worker, write the trial file to local disk and run the probe;
     step events go to ``sink`` (a :class:`_StepSink` actor) as they come, in batches
     (:class:`_StepBatcher`). ``node``: this task is one node of a multi-node trial (``nnodes``,
@@ -119,8 +130,10 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
             import ray
 
             ctx = ray.get_runtime_context()
-            sink.started.remote(number, {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
-                                         "worker_pid": os.getpid()})
+            sink.started.remote(
+                number,
+                {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(), "worker_pid": os.getpid()},
+            )
         except Exception:  # where it ran is for the failure's reason only
             pass
 
@@ -134,9 +147,17 @@ def _ray_probe_task(request_data: dict[str, Any], launch_data: dict[str, Any], s
         path = write_trial_file(request, Path(tmp) / "trial.json")
         argv, reader = prepare_launch(launch, Path(path))
         try:
-            result = run_probe_process(argv, probe_env(request, launch), path, launch.timeout_s, cwd=launch.cwd,
-                                       metric_patterns=launch.metric_patterns, on_event=on_event, log_reader=reader,
-                                       should_stop=batcher.tick if batcher is not None else None)
+            result = run_probe_process(
+                argv,
+                probe_env(request, launch),
+                path,
+                launch.timeout_s,
+                cwd=launch.cwd,
+                metric_patterns=launch.metric_patterns,
+                on_event=on_event,
+                log_reader=reader,
+                should_stop=batcher.tick if batcher is not None else None,
+            )
         finally:
             if batcher is not None:
                 batcher.flush()  # the last batch, before the result: the driver sees every event
@@ -162,6 +183,7 @@ def _requirements(resources: dict[str, Any]) -> dict[str, float]:
 def _fmt(amounts: dict[str, float]) -> str:
     def num(v: float) -> str:
         return f"{v:g}" if v < 1e6 else f"{v / 2**30:.1f} GiB"
+
     return "{" + ", ".join(f"{k}: {num(v)}" for k, v in amounts.items()) + "}"
 
 
@@ -237,8 +259,11 @@ def stop_tasks(ray: Any, refs: list[Any], grace_s: float = _FORCE_CANCEL_AFTER_S
 def _bundle_options(bundle: dict[str, float]) -> dict[str, Any]:
     """A bundle's amounts as a task's ``.options()`` (CPU and GPU by name, the rest as resources)."""
     other = {k: float(v) for k, v in bundle.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": float(bundle.get("CPU", 0)), "num_gpus": float(bundle.get("GPU", 0)),
-            **({"resources": other} if other else {})}
+    return {
+        "num_cpus": float(bundle.get("CPU", 0)),
+        "num_gpus": float(bundle.get("GPU", 0)),
+        **({"resources": other} if other else {}),
+    }
 
 
 def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None) -> dict[str, Any]:
@@ -254,24 +279,37 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
 
     launch = ProbeLaunch(**launch_data)
     n, bundle = int(launch.nodes), dict(launch.bundle)
-    pg = placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD",
-                         name=f"autotune-trial-{request_data.get('number')}")
+    pg = placement_group(
+        [dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD", name=f"autotune-trial-{request_data.get('number')}"
+    )
     refs: list[Any] = []
     try:
         ready, _ = ray.wait([pg.ready()], timeout=launch.placement_timeout_s)
         if not ready:
             free = ray.available_resources()
-            return ProbeResult("infra", reason=(
-                f"the trial's {n} nodes could not be reserved within {launch.placement_timeout_s:g} s: it needs "
-                f"{n} bundles of {_fmt(bundle)} on distinct nodes (placement group, STRICT_SPREAD); the cluster has "
-                f"{_fmt({k: free.get(k, 0.0) for k in bundle})} free now")).to_json()
-        addr, port = ray.get(ray.remote(num_cpus=0)(_node_address).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)).remote())
+            return ProbeResult(
+                "infra",
+                reason=(
+                    f"the trial's {n} nodes could not be reserved within {launch.placement_timeout_s:g} s: it needs "
+                    f"{n} bundles of {_fmt(bundle)} on distinct nodes (placement group, STRICT_SPREAD); the cluster "
+                    "has "
+                    f"{_fmt({k: free.get(k, 0.0) for k in bundle})} free now"
+                ),
+            ).to_json()
+        addr, port = ray.get(
+            ray.remote(num_cpus=0)(_node_address)
+            .options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0))
+            .remote()
+        )
         task = ray.remote(max_retries=0)(_ray_probe_task)
         for rank in range(n):
             node = {"nnodes": n, "node_rank": rank, "master_addr": addr, "master_port": port}
-            refs.append(task.options(**_bundle_options(bundle), scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=rank)).remote(request_data, launch_data, sink, node))
+            refs.append(
+                task.options(
+                    **_bundle_options(bundle),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+                ).remote(request_data, launch_data, sink, node)
+            )
         results: dict[int, ProbeResult] = {}
         while len(results) < n:
             left = [r for i, r in enumerate(refs) if i not in results]
@@ -281,20 +319,36 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
                 result = ProbeResult.from_json(ray.get(done[0]))
             except Exception as exc:
                 kind = "infra" if isinstance(exc, _infrastructure_errors(ray)) else "crash"
-                result = ProbeResult(kind, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                result = ProbeResult(
+                    kind, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
             if rank > 0 and result.status == "crash" and result.info.get("returncode") == 0 and not result.metrics:
                 result = ProbeResult("ok", steps=result.steps, info=result.info)  # only node 0 reports metrics
             results[rank] = result
             if not result.ok and result.status != "pruned":
                 host = result.info.get("host") or _bundle_node(pg, rank)
-                failed = ProbeResult(result.status, metrics=result.metrics, steps=result.steps, log_tail=result.log_tail,
-                                     reason=f"node {rank} of {n} ({host}) failed: {result.reason}"[:2000],
-                                     info={**result.info, "failed_node": rank})
+                failed = ProbeResult(
+                    result.status,
+                    metrics=result.metrics,
+                    steps=result.steps,
+                    log_tail=result.log_tail,
+                    reason=f"node {rank} of {n} ({host}) failed: {result.reason}"[:2000],
+                    info={**result.info, "failed_node": rank},
+                )
                 return failed.to_json()  # the finally below stops the other nodes
         first = results[0]
-        first.info["nodes"] = [{"node_rank": r, "host": results[r].info.get("host"),
-                                **{k: results[r].info[k] for k in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-                                   if k in results[r].info}} for r in sorted(results)]
+        first.info["nodes"] = [
+            {
+                "node_rank": r,
+                "host": results[r].info.get("host"),
+                **{
+                    k: results[r].info[k]
+                    for k in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+                    if k in results[r].info
+                },
+            }
+            for r in sorted(results)
+        ]
         return first.to_json()
     finally:  # a failed or cancelled trial: the other nodes' probes end within seconds
         stop_tasks(ray, refs)

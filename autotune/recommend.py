@@ -35,12 +35,12 @@ MEASUREMENT_NOISE = 0.03  # the guide's noise: repeated probes of one config (me
 
 @dataclass
 class Recommendation:
-    chosen: Any                # the TrialRecord recommended (and exported)
-    best: Any                  # the best by the first objective
+    chosen: Any  # the TrialRecord recommended (and exported)
+    best: Any  # the best by the first objective
     headroom_gib: float | None  # what the chosen leaves free
     best_headroom_gib: float | None
     tolerance: float
-    sentence: str              # the rule's verdict, for the report and the run's output
+    sentence: str  # the rule's verdict, for the report and the run's output
 
     @property
     def changed(self) -> bool:
@@ -61,8 +61,15 @@ def _headroom(record: Any, capacity_gib: float | None) -> float | None:
     return float(capacity_gib) - float(peak) - unseen
 
 
-def recommend(records: list[Any], best: list[Any], objectives: list[tuple[str, str]], capacity_gib: float | None,
-              min_headroom_gib: float | None, tolerance: float | None, simulated: bool) -> Recommendation | None:
+def recommend(
+    records: list[Any],
+    best: list[Any],
+    objectives: list[tuple[str, str]],
+    capacity_gib: float | None,
+    min_headroom_gib: float | None,
+    tolerance: float | None,
+    simulated: bool,
+) -> Recommendation | None:
     """The recommendation among ``records`` (``best``: the study's best, as ``best_records``)."""
     if not best:
         return None
@@ -76,8 +83,11 @@ def recommend(records: list[Any], best: list[Any], objectives: list[tuple[str, s
     value = top.metrics.get(metric)
     if not is_finite_number(value) or value == 0:
         return plain
-    error = "the model's error on published runs" if simulated and tolerance is None else (
-        "the measurement noise" if tolerance is None else "recommend.tolerance")
+    error = (
+        "the model's error on published runs"
+        if simulated and tolerance is None
+        else ("the measurement noise" if tolerance is None else "recommend.tolerance")
+    )
 
     def close(r: Any) -> bool:
         v = r.metrics.get(metric)
@@ -88,20 +98,32 @@ def recommend(records: list[Any], best: list[Any], objectives: list[tuple[str, s
     candidates = []
     for r in records:
         room = _headroom(r, capacity_gib)
-        if r.status == "ok" and r.probed and r is not top and room is not None and room >= min_headroom_gib and close(r):
+        if (
+            r.status == "ok"
+            and r.probed
+            and r is not top
+            and room is not None
+            and room >= min_headroom_gib
+            and close(r)
+        ):
             candidates.append((r, room))
-    tight = (f"the best, trial {top.number}, leaves {top_room:.1f} GiB of {capacity_gib:g} free, below "
-             f"recommend.min_headroom_gib {min_headroom_gib:g}")
+    tight = (
+        f"the best, trial {top.number}, leaves {top_room:.1f} GiB of {capacity_gib:g} free, below "
+        f"recommend.min_headroom_gib {min_headroom_gib:g}"
+    )
     if not candidates:
-        plain.sentence = (f"{tight}, and no config within {tol:.1%} ({error}) of it leaves more: it is recommended, "
-                          "tight")
+        plain.sentence = (
+            f"{tight}, and no config within {tol:.1%} ({error}) of it leaves more: it is recommended, tight"
+        )
         return plain
     sign = 1.0 if direction == "maximize" else -1.0
     chosen, room = max(candidates, key=lambda c: (sign * c[0].metrics[metric], c[1]))
     share = chosen.metrics[metric] / value
-    sentence = (f"recommended trial {chosen.number}: {share:.1%} of the best's {metric}, {room - top_room:.1f} GiB "
-                f"more headroom ({room:.1f} GiB free); {tight}, and trial {chosen.number} is within {tol:.1%} "
-                f"({error}) of it")
+    sentence = (
+        f"recommended trial {chosen.number}: {share:.1%} of the best's {metric}, {room - top_room:.1f} GiB "
+        f"more headroom ({room:.1f} GiB free); {tight}, and trial {chosen.number} is within {tol:.1%} "
+        f"({error}) of it"
+    )
     return Recommendation(chosen, top, room, top_room, tol, sentence)
 
 
@@ -114,5 +136,12 @@ def study_recommendation(spec: Any, records: list[Any], best: list[Any]) -> Reco
     from .context import probe_context
 
     capacity = probe_context(spec).hardware.get("device_memory_gib")
-    return recommend(records, best, spec.objective_list(), float(capacity) if is_finite_number(capacity) else None,
-                     spec.recommend.min_headroom_gib, spec.recommend.tolerance, best[0].source == "simulated")
+    return recommend(
+        records,
+        best,
+        spec.objective_list(),
+        float(capacity) if is_finite_number(capacity) else None,
+        spec.recommend.min_headroom_gib,
+        spec.recommend.tolerance,
+        best[0].source == "simulated",
+    )

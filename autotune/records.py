@@ -18,8 +18,15 @@ from .sanity import is_finite_number as _finite
 from .space import config_key
 from .trial_attrs import A
 
-__all__ = ["TrialRecord", "trial_records", "trial_record", "frozen_trial", "guide_estimates", "best_records",
-           "is_tracked"]
+__all__ = [
+    "TrialRecord",
+    "trial_records",
+    "trial_record",
+    "frozen_trial",
+    "guide_estimates",
+    "best_records",
+    "is_tracked",
+]
 
 
 @dataclass
@@ -44,10 +51,17 @@ class TrialRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "number": self.number, "state": self.state, "status": self.status, "params": self.config,
-            "metrics": self.metrics, "predicted": self.predicted, "source": self.source,
-            "failure": self.reason if self.status not in ("ok",) else None, "probed": self.probed,
-            "baseline": self.baseline, "chosen_because": self.chosen_because,
+            "number": self.number,
+            "state": self.state,
+            "status": self.status,
+            "params": self.config,
+            "metrics": self.metrics,
+            "predicted": self.predicted,
+            "source": self.source,
+            "failure": self.reason if self.status not in ("ok",) else None,
+            "probed": self.probed,
+            "baseline": self.baseline,
+            "chosen_because": self.chosen_because,
         }
 
 
@@ -60,12 +74,21 @@ def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
     ua = t.user_attrs
     feasible = all(v <= 0 for v in t.constraints.values()) if t.constraints else True
     return TrialRecord(
-        number=t.number, state=t.state.name, config=ua.get(A.CONFIG, dict(t.params)),
+        number=t.number,
+        state=t.state.name,
+        config=ua.get(A.CONFIG, dict(t.params)),
         status=ua.get(A.STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
-        source=ua.get(A.SOURCE, ""), metrics=ua.get(A.METRICS, {}), predicted=ua.get(A.PREDICTED, {}),
-        reason=ua.get(A.REASON, ""), probed=bool(ua.get(A.PROBED, False)), baseline=bool(ua.get(A.BASELINE, False)),
-        chosen_because=ua.get(A.CHOSEN, ""), values=list(t.values) if t.values else None, feasible=feasible,
-        info=ua.get(A.INFO) or {}, wall_s=float(ua.get(A.WALL) or 0.0),
+        source=ua.get(A.SOURCE, ""),
+        metrics=ua.get(A.METRICS, {}),
+        predicted=ua.get(A.PREDICTED, {}),
+        reason=ua.get(A.REASON, ""),
+        probed=bool(ua.get(A.PROBED, False)),
+        baseline=bool(ua.get(A.BASELINE, False)),
+        chosen_because=ua.get(A.CHOSEN, ""),
+        values=list(t.values) if t.values else None,
+        feasible=feasible,
+        info=ua.get(A.INFO) or {},
+        wall_s=float(ua.get(A.WALL) or 0.0),
     )
 
 
@@ -75,12 +98,18 @@ def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] 
     raw = study.user_attrs.get(A.GUIDE_ESTIMATES)
     if not isinstance(raw, dict):
         return None
-    return {k: (float(v[0]), float(v[1]), int(v[2])) for k, v in raw.items()
-            if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)}
+    return {
+        k: (float(v[0]), float(v[1]), int(v[2]))
+        for k, v in raw.items()
+        if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)
+    }
 
 
-def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
-                 estimates: dict[str, tuple[float, float, int]] | None = None) -> list[TrialRecord]:
+def best_records(
+    records: list[TrialRecord],
+    objectives: list[tuple[str, str]],
+    estimates: dict[str, tuple[float, float, int]] | None = None,
+) -> list[TrialRecord]:
     """The best probed trials: the single best for one objective, the Pareto front for several
     (best first by the first objective). Rule rejections and repeats are never "best". A config
     measured more than once (a close call, measured again) is judged on the mean of its
@@ -91,8 +120,14 @@ def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
     reading among twenty is often a slower config measured high (the winner's curse), while
     the guide's estimate pools every measurement. The record returned then carries
     ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
-    ok = [r for r in records if r.status == "ok" and r.state == "COMPLETE" and r.probed
-          and all(_finite(r.metrics.get(m)) for m, _ in objectives)]
+    ok = [
+        r
+        for r in records
+        if r.status == "ok"
+        and r.state == "COMPLETE"
+        and r.probed
+        and all(_finite(r.metrics.get(m)) for m, _ in objectives)
+    ]
     if not ok:
         return []
     groups: dict[str, list[TrialRecord]] = {}
@@ -115,6 +150,7 @@ def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
     ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
     if len(objectives) == 1:
         if estimates:
+
             def estimate(r: TrialRecord) -> float:
                 e = estimates.get(config_key(r.config))
                 return e[0] if e is not None else float(r.metrics[m])
@@ -122,8 +158,9 @@ def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
             top = max(ok, key=estimate) if d == "maximize" else min(ok, key=estimate)
             e = estimates.get(config_key(top.config))
             if e is not None:
-                top = dataclasses.replace(top, predicted={**top.predicted, f"estimated_{m}": e[0],
-                                                          f"estimated_{m}_sd": e[1]})
+                top = dataclasses.replace(
+                    top, predicted={**top.predicted, f"estimated_{m}": e[0], f"estimated_{m}_sd": e[1]}
+                )
             return [top]
         return ok[:1]
     import numpy as np
@@ -135,16 +172,12 @@ def best_records(records: list[TrialRecord], objectives: list[tuple[str, str]],
     return [r for r, f in zip(ok, fronts) if f == 0]
 
 
-
-
 def is_tracked(record: TrialRecord) -> bool:
     """The one rule for what becomes an MLflow child run, on a first run and on every resume: a
     config that was probed, simulated or answered from the cache. Rule rejections and repeats are
     answered without a probe (they are counted on the parent run and listed by ``autotune
     report``), and an interrupted probe measured nothing (its config is probed again)."""
     return bool(record.probed) and record.status not in ("duplicate", "interrupted")
-
-
 
 
 def frozen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial | None:

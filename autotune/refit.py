@@ -40,8 +40,20 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "dp": ("dp_comm", "zero3_comm"),
 }
 # Every component of GROUPS, in the order the guide's design matrix has always used.
-COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "optimizer", "pp_bubble",
-              "tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
+COMPONENTS = (
+    "gemm",
+    "attention",
+    "elementwise",
+    "launch",
+    "recompute",
+    "optimizer",
+    "pp_bubble",
+    "tp_comm",
+    "cp_comm",
+    "pp_p2p",
+    "dp_comm",
+    "zero3_comm",
+)
 _FACTOR_RANGE = (0.02, 50.0)
 # Ridge weight on each log factor's distance from the common factor, against a data term of squared
 # relative errors; it says how far the profile is trusted. A data-sheet profile can be off by 10x

@@ -16,8 +16,18 @@ from .importance import study_importances
 from .sanity import is_finite_number as _finite
 from .records import TrialRecord, best_records, is_tracked
 
-__all__ = ["status_counts", "status_line", "improvement_line", "results_rows", "write_results_csv", "write_plots", "best_payload", "study_summary",
-           "summary_lines", "summary_metrics"]
+__all__ = [
+    "status_counts",
+    "status_line",
+    "improvement_line",
+    "results_rows",
+    "write_results_csv",
+    "write_plots",
+    "best_payload",
+    "study_summary",
+    "summary_lines",
+    "summary_metrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +103,9 @@ def write_results_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]],
-                importances: dict[str, dict[str, float]] | None = None) -> list[Path]:
+def write_plots(
+    study: Any, out_dir: Path, objectives: list[tuple[str, str]], importances: dict[str, dict[str, float]] | None = None
+) -> list[Path]:
     """The study's plots, each twice: a PNG (a few tens of kB, what MLflow previews at once) and
     an interactive, self-contained HTML for the run directory (plotly inlined: clusters are
     often offline, so ~5 MB each). History per objective, the Pareto front with several, and
@@ -111,8 +122,9 @@ def write_plots(study: Any, out_dir: Path, objectives: list[tuple[str, str]],
     return written
 
 
-def _plot_makers(study: Any, objectives: list[tuple[str, str]], importances: dict[str, dict[str, float]]
-                 ) -> dict[str, tuple[Any, Any]]:
+def _plot_makers(
+    study: Any, objectives: list[tuple[str, str]], importances: dict[str, dict[str, float]]
+) -> dict[str, tuple[Any, Any]]:
     import optuna.visualization as vis
     import optuna.visualization.matplotlib as mvis
 
@@ -132,6 +144,7 @@ def _plot_makers(study: Any, objectives: list[tuple[str, str]], importances: dic
             fig.savefig(path, dpi=100)
             plt.close(fig)
             return path
+
         return write
 
     def save_html(make: Any) -> Any:
@@ -140,19 +153,29 @@ def _plot_makers(study: Any, objectives: list[tuple[str, str]], importances: dic
     names = [m for m, _ in objectives]
     makers: dict[str, tuple[Any, Any]] = {}
     if len(objectives) > 1:
-        makers["pareto_front"] = (save_png(lambda: mvis.plot_pareto_front(study, target_names=names)),
-                                  save_html(lambda: vis.plot_pareto_front(study, target_names=names)))
+        makers["pareto_front"] = (
+            save_png(lambda: mvis.plot_pareto_front(study, target_names=names)),
+            save_html(lambda: vis.plot_pareto_front(study, target_names=names)),
+        )
     for i, name in enumerate(names):
         suffix = "" if len(names) == 1 else f"_{name}"
-        target = (lambda t, i=i: t.values[i])
+
+        def target(t, i=i):
+            return t.values[i]
+
         makers[f"optimization_history{suffix}"] = (
-            save_png(lambda target=target, name=name: mvis.plot_optimization_history(study, target=target,
-                                                                                    target_name=name)),
-            save_html(lambda target=target, name=name: vis.plot_optimization_history(study, target=target,
-                                                                                    target_name=name)))
+            save_png(
+                lambda target=target, name=name: mvis.plot_optimization_history(study, target=target, target_name=name)
+            ),
+            save_html(
+                lambda target=target, name=name: vis.plot_optimization_history(study, target=target, target_name=name)
+            ),
+        )
         if importances.get(name):
-            makers[f"param_importances{suffix}"] = (_importance_png(importances[name], name),
-                                                    _importance_html(importances[name], name))
+            makers[f"param_importances{suffix}"] = (
+                _importance_png(importances[name], name),
+                _importance_html(importances[name], name),
+            )
     return makers
 
 
@@ -172,6 +195,7 @@ def _importance_png(values: dict[str, float], metric: str) -> Any:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
     return write
 
 
@@ -183,17 +207,30 @@ def _importance_html(values: dict[str, float], metric: str) -> Any:
         fig = go.Figure(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h"))
         fig.update_layout(title="parameter importances", xaxis_title=f"importance for {metric}")
         fig.write_html(str(path), include_plotlyjs=True)
+
     return write
 
 
 def best_payload(record: TrialRecord) -> dict[str, Any]:
-    return {"number": record.number, "params": record.config, "metrics": record.metrics, "source": record.source,
-            "predicted": record.predicted}
+    return {
+        "number": record.number,
+        "params": record.config,
+        "metrics": record.metrics,
+        "source": record.source,
+        "predicted": record.predicted,
+    }
 
 
 # metrics of the before/after view, with the direction in which they improve
-_VIEW = {"tokens_per_s_per_device": "maximize", "tokens_per_s": "maximize", "step_time_s": "minimize",
-         "mfu": "maximize", "peak_memory_gib": "minimize", "ttft_ms": "minimize", "decode_tokens_per_s": "maximize"}
+_VIEW = {
+    "tokens_per_s_per_device": "maximize",
+    "tokens_per_s": "maximize",
+    "step_time_s": "minimize",
+    "mfu": "maximize",
+    "peak_memory_gib": "minimize",
+    "ttft_ms": "minimize",
+    "decode_tokens_per_s": "maximize",
+}
 
 
 def _gain(best: float, base: float, direction: str) -> float | None:
@@ -203,8 +240,7 @@ def _gain(best: float, base: float, direction: str) -> float | None:
     return -g if direction == "minimize" else g
 
 
-def best_by_estimate(records: list[TrialRecord], objectives: list[tuple[str, str]],
-                     top: TrialRecord | None) -> str:
+def best_by_estimate(records: list[TrialRecord], objectives: list[tuple[str, str]], top: TrialRecord | None) -> str:
     """Why the best is not the highest reading, when the guide's estimate chose it: "" otherwise."""
     if top is None or len(objectives) != 1:
         return ""
@@ -215,14 +251,22 @@ def best_by_estimate(records: list[TrialRecord], objectives: list[tuple[str, str
         return ""
     other = read[0]
     n = int(top.metrics.get("measurements", 1))
-    return (f"best by the guide's estimate, which pools every measurement of the study: trial {top.number}, "
-            f"{metric} {_fmt(estimate)} ± {_fmt(sd)} (measured {_fmt(top.metrics[metric])}"
-            f"{f', mean of {n}' if n > 1 else ''}); trial {other.number} read higher ({_fmt(other.metrics[metric])}) "
-            "but the rest of the evidence puts it lower: a high reading within the noise")
+    return (
+        f"best by the guide's estimate, which pools every measurement of the study: trial {top.number}, "
+        f"{metric} {_fmt(estimate)} ± {_fmt(sd)} (measured {_fmt(top.metrics[metric])}"
+        f"{f', mean of {n}' if n > 1 else ''}); trial {other.number} read higher ({_fmt(other.metrics[metric])}) "
+        "but the rest of the evidence puts it lower: a high reading within the noise"
+    )
 
 
-def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple[str, str]],
-                  best: list[TrialRecord], baseline: TrialRecord | None, recommendation: Any = None) -> dict[str, Any]:
+def study_summary(
+    study: Any,
+    records: list[TrialRecord],
+    objectives: list[tuple[str, str]],
+    best: list[TrialRecord],
+    baseline: TrialRecord | None,
+    recommendation: Any = None,
+) -> dict[str, Any]:
     """The before/after view of a finished study (what ``report`` prints and the parent run keeps):
     baseline vs best per metric with the gain, the Pareto front (several objectives), parameter
     importances, and the best config's predicted memory breakdown beside its measured peak."""
@@ -238,20 +282,34 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
                 continue
             a = baseline.metrics.get(metric) if baseline else None
             a = a if isinstance(a, (int, float)) else None
-            rows.append({"metric": metric, "direction": direction, "baseline": a, "best": b,
-                         "gain_pct": _gain(b, a, direction) if a is not None else None})
+            rows.append(
+                {
+                    "metric": metric,
+                    "direction": direction,
+                    "baseline": a,
+                    "best": b,
+                    "gain_pct": _gain(b, a, direction) if a is not None else None,
+                }
+            )
     out["before_after"] = rows
     out["best_trial"] = top.number if top else None
     out["best_by_estimate"] = best_by_estimate(records, objectives, top)
     if recommendation is not None:
-        out["recommendation"] = {"trial": recommendation.chosen.number, "best_trial": recommendation.best.number,
-                                 "headroom_gib": recommendation.headroom_gib,
-                                 "best_headroom_gib": recommendation.best_headroom_gib,
-                                 "tolerance": recommendation.tolerance, "changed": recommendation.changed,
-                                 "why": recommendation.sentence}
+        out["recommendation"] = {
+            "trial": recommendation.chosen.number,
+            "best_trial": recommendation.best.number,
+            "headroom_gib": recommendation.headroom_gib,
+            "best_headroom_gib": recommendation.best_headroom_gib,
+            "tolerance": recommendation.tolerance,
+            "changed": recommendation.changed,
+            "why": recommendation.sentence,
+        }
     out["baseline_trial"] = baseline.number if baseline else None
-    out["pareto_front"] = ([{"trial": r.number, "params": r.config, **{m: r.metrics.get(m) for m, _ in objectives}}
-                            for r in best] if len(objectives) > 1 else [])
+    out["pareto_front"] = (
+        [{"trial": r.number, "params": r.config, **{m: r.metrics.get(m) for m, _ in objectives}} for r in best]
+        if len(objectives) > 1
+        else []
+    )
     recorded = study_importances(study, objectives)
     out["importances"] = recorded["values"]
     out["importances_source"] = recorded["source"]
@@ -260,10 +318,12 @@ def study_summary(study: Any, records: list[TrialRecord], objectives: list[tuple
     if top is not None:
         source = top.predicted if any(k.startswith("mem_") for k in top.predicted) else top.metrics
         breakdown = {k[4:]: float(v) for k, v in source.items() if k.startswith("mem_") and isinstance(v, (int, float))}
-        out["memory"] = {"predicted_gib": breakdown,
-                         "predicted_peak_gib": source.get("peak_memory_gib") if breakdown else None,
-                         "measured_peak_gib": top.metrics.get("peak_memory_gib") if top.source != "simulated" else None,
-                         "source": top.source}
+        out["memory"] = {
+            "predicted_gib": breakdown,
+            "predicted_peak_gib": source.get("peak_memory_gib") if breakdown else None,
+            "measured_peak_gib": top.metrics.get("peak_memory_gib") if top.source != "simulated" else None,
+            "source": top.source,
+        }
     return out
 
 
@@ -272,8 +332,12 @@ def probe_costs(records: list[TrialRecord]) -> dict[str, float]:
     taught only "too big", often minutes on a real cluster)."""
     probed = [r for r in records if is_tracked(r) and r.status != "running" and "cached_from" not in r.info]
     oom = [r for r in probed if r.status == "oom"]
-    return {"probes": len(probed), "probe_seconds": round(sum(r.wall_s for r in probed), 3),
-            "oom_probes": len(oom), "oom_probe_seconds": round(sum(r.wall_s for r in oom), 3)}
+    return {
+        "probes": len(probed),
+        "probe_seconds": round(sum(r.wall_s for r in probed), 3),
+        "oom_probes": len(oom),
+        "oom_probe_seconds": round(sum(r.wall_s for r in oom), 3),
+    }
 
 
 CALIBRATION_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0001))
@@ -287,8 +351,11 @@ def memory_calibration(records: list[TrialRecord]) -> list[dict[str, Any]]:
 
 def calibration_pairs(records: list[TrialRecord]) -> list[tuple[float, bool]]:
     """(P(fits) the guide gave a probe, whether it fitted) of every probe with a memory verdict."""
-    return [(float(r.predicted["guided_p_fit"]), r.status != "oom") for r in records
-            if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))]
+    return [
+        (float(r.predicted["guided_p_fit"]), r.status != "oom")
+        for r in records
+        if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))
+    ]
 
 
 def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
@@ -297,8 +364,15 @@ def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
     for low, high in CALIBRATION_BINS:
         inside = [fit for p, fit in pairs if low <= p < high]
         if inside:
-            rows.append({"p_fit_from": low, "p_fit_to": min(high, 1.0), "probes": len(inside),
-                         "fitted": sum(inside), "fit_rate": sum(inside) / len(inside)})
+            rows.append(
+                {
+                    "p_fit_from": low,
+                    "p_fit_to": min(high, 1.0),
+                    "probes": len(inside),
+                    "fitted": sum(inside),
+                    "fit_rate": sum(inside) / len(inside),
+                }
+            )
     return rows
 
 
@@ -307,7 +381,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     rows = summary.get("before_after") or []
     if rows:
-        lines.append(f"before/after (baseline trial {summary.get('baseline_trial')}, best trial {summary.get('best_trial')}):")
+        lines.append(
+            f"before/after (baseline trial {summary.get('baseline_trial')}, best trial {summary.get('best_trial')}):"
+        )
         for r in rows:
             base = _fmt(r["baseline"]) if r["baseline"] is not None else "-"
             gain = _better_or_worse(r["gain_pct"])
@@ -322,25 +398,35 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         names = [o["metric"] for o in summary["objectives"]]
         lines.append(f"Pareto front ({len(front)} trials):")
         for p in front:
-            lines.append("  trial " + str(p["trial"]) + ": " + ", ".join(
-                f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float))))
+            lines.append(
+                "  trial "
+                + str(p["trial"])
+                + ": "
+                + ", ".join(f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float)))
+            )
     for metric, values in (summary.get("importances") or {}).items():
         top = sorted(values.items(), key=lambda kv: -kv[1])[:6]
         source = f" ({summary['importances_source']})" if summary.get("importances_source") else ""
         lines.append(f"parameter importances for {metric}{source}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
     cost = summary.get("probes") or {}
     if cost.get("probes"):
-        lines.append(f"probes: {cost['probes']} in {cost['probe_seconds']:.0f} s; out of memory: {cost['oom_probes']} "
-                     f"({cost['oom_probe_seconds']:.0f} s)")
+        lines.append(
+            f"probes: {cost['probes']} in {cost['probe_seconds']:.0f} s; out of memory: {cost['oom_probes']} "
+            f"({cost['oom_probe_seconds']:.0f} s)"
+        )
     for row in summary.get("memory_calibration") or []:
-        lines.append(f"guide said P(fits) {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f}: {row['fitted']} of "
-                     f"{row['probes']} fitted")
+        lines.append(
+            f"guide said P(fits) {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f}: {row['fitted']} of "
+            f"{row['probes']} fitted"
+        )
     mem = summary.get("memory") or {}
     if mem.get("predicted_gib"):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in mem["predicted_gib"].items() if v)
         measured = mem.get("measured_peak_gib")
-        lines.append(f"memory of the best config (GiB): predicted {parts} = {mem['predicted_peak_gib']:.2f}; "
-                     + (f"measured peak {measured:.2f}" if isinstance(measured, (int, float)) else "not measured (simulated)"))
+        lines.append(
+            f"memory of the best config (GiB): predicted {parts} = {mem['predicted_peak_gib']:.2f}; "
+            + (f"measured peak {measured:.2f}" if isinstance(measured, (int, float)) else "not measured (simulated)")
+        )
     return lines
 
 

@@ -28,8 +28,12 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         config = t.user_attrs.get(A.CONFIG)
         storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")
-        storage.set_trial_user_attr(t._trial_id, A.REASON, "the run was killed while this trial was running"
-                                    + ("; re-queued" if config else " (before its probe started)"))
+        storage.set_trial_user_attr(
+            t._trial_id,
+            A.REASON,
+            "the run was killed while this trial was running"
+            + ("; re-queued" if config else " (before its probe started)"),
+        )
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if not config:
             continue
@@ -42,14 +46,18 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
     return requeued
 
 
-def retry_after_infra(study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], space: Space,
-                      say: Callable[[str], None]) -> None:
+def retry_after_infra(
+    study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], space: Space, say: Callable[[str], None]
+) -> None:
     """Queue the config once more after an infrastructure failure (Ray places it wherever
     the cluster has room now); a second one in a row is left as it is, with its reason."""
     ua = trial.user_attrs
     if A.INFRA_RETRY_OF in ua:
-        trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; the retry of trial {ua[A.INFRA_RETRY_OF]} "
-                                      "failed on the infrastructure too: not retried again"[:2000])
+        trial.set_user_attr(
+            A.REASON,
+            f"{ua.get(A.REASON, '')}; the retry of trial {ua[A.INFRA_RETRY_OF]} "
+            "failed on the infrastructure too: not retried again"[:2000],
+        )
         return
     attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
     attrs[A.INFRA_RETRY_OF] = trial.number
@@ -59,16 +67,18 @@ def retry_after_infra(study: optuna.Study, trial: optuna.Trial, config: dict[str
     say(f"trial {trial.number}: infrastructure failure; its config is retried once")
 
 
-def requeue_after_lost_capacity(study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], space: Space,
-                                lost: list[str]) -> str:
+def requeue_after_lost_capacity(
+    study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], space: Space, lost: list[str]
+) -> str:
     """The cluster lost nodes the study needs: the config is queued again as it was (a retry
     not spent: the infrastructure, not the config, failed) for the re-run, and the study stops
     once the running trials are in (exit 3), rather than spend its budget on trials that
     cannot be placed and feed them to the search as infeasible. Returns why the study stops."""
     ua = trial.user_attrs
-    attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED,
-                                                  A.INFRA_RETRY_OF)}
+    attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED, A.INFRA_RETRY_OF)}
     study.enqueue_trial(params_for(space, config), user_attrs=attrs, skip_if_exists=False)
     trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; queued again for the re-run"[:2000])
-    return (f"the Ray cluster lost {', '.join(lost)}: the study stopped with its configs left unmeasured; bring the "
-            "node(s) back and run the same command to resume them")
+    return (
+        f"the Ray cluster lost {', '.join(lost)}: the study stopped with its configs left unmeasured; bring the "
+        "node(s) back and run the same command to resume them"
+    )

@@ -40,13 +40,18 @@ class StudyInUse(RuntimeError):
 
 
 def _holder() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv[:6])[:300]}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv[:6])[:300],
+    }
 
 
 def _describe(holder: dict[str, Any]) -> str:
-    return (f"autotune pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('started', '?')}"
-            + (f" ({holder['command']})" if holder.get("command") else ""))
+    return f"autotune pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('started', '?')}" + (
+        f" ({holder['command']})" if holder.get("command") else ""
+    )
 
 
 class RunDirLock:
@@ -68,8 +73,10 @@ class RunDirLock:
             except (OSError, ValueError):
                 holder = {}
             os.close(fd)
-            raise StudyInUse(f"the run directory {self.path.parent} is in use by {_describe(holder)}: one driver per "
-                             "study. Wait for it to end (or stop it), or pass another --run-dir") from None
+            raise StudyInUse(
+                f"the run directory {self.path.parent} is in use by {_describe(holder)}: one driver per "
+                "study. Wait for it to end (or stop it), or pass another --run-dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_holder()).encode(), 0)
         self._fd = fd
@@ -119,9 +126,11 @@ class StudyLease:
     def acquire(self) -> None:
         lease = self._current()
         if lease and lease.get("token") != self.token and float(lease.get("expires", 0)) > time.time():
-            raise StudyInUse(f"the study {self.study_name!r} in the shared storage is in use by {_describe(lease)} "
-                             f"(its lease runs until {time.ctime(float(lease['expires']))}): one driver per study. "
-                             "Wait for it to end, or give this study another name")
+            raise StudyInUse(
+                f"the study {self.study_name!r} in the shared storage is in use by {_describe(lease)} "
+                f"(its lease runs until {time.ctime(float(lease['expires']))}): one driver per study. "
+                "Wait for it to end, or give this study another name"
+            )
         self._write(time.time() + self.ttl_s)
         if self._current().get("token") != self.token:  # another driver wrote in between: it won
             raise StudyInUse(f"the study {self.study_name!r} was taken by another driver at the same moment")

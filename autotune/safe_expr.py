@@ -99,8 +99,10 @@ def compile_expression(source: str, allowed_names: set[str] | None = None) -> Ex
     if not isinstance(source, str):
         raise ExpressionError(f"{source!r} is not an expression (a string such as 'heads % tp == 0')")
     if len(source) > MAX_SOURCE_CHARS:
-        raise ExpressionError(f"the expression is {len(source):,} characters long; at most {MAX_SOURCE_CHARS} are "
-                              "accepted (split it into several constraints)")
+        raise ExpressionError(
+            f"the expression is {len(source):,} characters long; at most {MAX_SOURCE_CHARS} are "
+            "accepted (split it into several constraints)"
+        )
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -136,18 +138,24 @@ def _check_bounds(tree: ast.AST, source: str) -> None:
             if isinstance(value, float) and not abs(value) <= 1e18:
                 raise ExpressionError(f"{source!r}: the constant {value!r} is out of range (at most 1e18)")
             if isinstance(value, str) and len(value) > MAX_STRING:
-                raise ExpressionError(f"{source!r}: a string constant of {len(value)} characters (at most {MAX_STRING})")
+                raise ExpressionError(
+                    f"{source!r}: a string constant of {len(value)} characters (at most {MAX_STRING})"
+                )
         if isinstance(node, ast.BinOp):
             for side in (node.left, node.right):
                 if isinstance(side, ast.Constant) and isinstance(side.value, str):
-                    raise ExpressionError(f"{source!r}: strings only compare (==, !=, in); "
-                                          f"{side.value[:20]!r} cannot take part in arithmetic")
+                    raise ExpressionError(
+                        f"{source!r}: strings only compare (==, !=, in); "
+                        f"{side.value[:20]!r} cannot take part in arithmetic"
+                    )
             powers += isinstance(node.op, ast.Pow)
             if powers > MAX_POWERS:
                 raise ExpressionError(f"{source!r}: at most {MAX_POWERS} ** in one expression")
             if isinstance(node.op, ast.Pow) and _constant_exponent(node.right) is None:
-                raise ExpressionError(f"{source!r}: ** needs a constant whole exponent between -{MAX_EXPONENT} "
-                                      f"and {MAX_EXPONENT} (e.g. tp ** 2)")
+                raise ExpressionError(
+                    f"{source!r}: ** needs a constant whole exponent between -{MAX_EXPONENT} "
+                    f"and {MAX_EXPONENT} (e.g. tp ** 2)"
+                )
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
@@ -156,8 +164,12 @@ def _constant_exponent(node: ast.AST) -> int | None:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         sign = -1 if isinstance(node.op, ast.USub) else 1
         node = node.operand
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool) \
-            and abs(node.value) <= MAX_EXPONENT:
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int)
+        and not isinstance(node.value, bool)
+        and abs(node.value) <= MAX_EXPONENT
+    ):
         return sign * node.value
     return None
 

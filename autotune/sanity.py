@@ -29,8 +29,13 @@ def is_finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
-                        hardware: Mapping[str, Any], precision: str) -> list[str]:
+def implausible_metrics(
+    metrics: Mapping[str, Any],
+    model: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    precision: str,
+) -> list[str]:
     """Why these metrics cannot be a real measurement (empty when they can): non-finite values,
     negative durations / rates / sizes (a negative headroom is a profile that understates the
     device, not an impossible measurement), a zero step time, or a throughput whose model FLOPs exceed
@@ -41,21 +46,31 @@ def implausible_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], wo
             continue
         if not math.isfinite(value):
             problems.append(f"{name} = {value} is not a finite number")
-        elif value < 0 and name not in _MAY_BE_NEGATIVE and (name in _NON_NEGATIVE
-                                                            or name.endswith(_NON_NEGATIVE_SUFFIXES)):
+        elif (
+            value < 0
+            and name not in _MAY_BE_NEGATIVE
+            and (name in _NON_NEGATIVE or name.endswith(_NON_NEGATIVE_SUFFIXES))
+        ):
             problems.append(f"{name} = {value:g} is negative")
     if is_finite_number(metrics.get("step_time_s")) and metrics["step_time_s"] == 0:
         problems.append("step_time_s = 0: no step takes no time")
     mfu = _mfu(metrics, model, workload, hardware, precision)
     if mfu is not None and mfu > _MAX_MFU:
         peak = (hardware.get("peak_tflops") or {}).get(precision)
-        problems.append(f"{mfu:.0%} MFU: the reported throughput needs more than the device's peak "
-                        f"({peak:g} TFLOPS {precision} in the hardware profile)")
+        problems.append(
+            f"{mfu:.0%} MFU: the reported throughput needs more than the device's peak "
+            f"({peak:g} TFLOPS {precision} in the hardware profile)"
+        )
     return problems
 
 
-def _mfu(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping[str, Any],
-         hardware: Mapping[str, Any], precision: str) -> float | None:
+def _mfu(
+    metrics: Mapping[str, Any],
+    model: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    precision: str,
+) -> float | None:
     """The highest MFU the reported figures imply: the probe's own ``mfu``, and the one its
     per-device token rate gives (training only; inference rates include the prompt)."""
     values = []
@@ -63,8 +78,13 @@ def _mfu(metrics: Mapping[str, Any], model: Mapping[str, Any], workload: Mapping
         values.append(float(metrics["mfu"]))
     peak = (hardware.get("peak_tflops") or {}).get(precision)
     rate = metrics.get("tokens_per_s_per_device")
-    if (workload.get("kind", "train") == "train" and is_finite_number(peak) and peak > 0
-            and is_finite_number(rate) and model):
+    if (
+        workload.get("kind", "train") == "train"
+        and is_finite_number(peak)
+        and peak > 0
+        and is_finite_number(rate)
+        and model
+    ):
         from autotune.objectives import flops_per_token
 
         try:

@@ -34,8 +34,7 @@ from .context import ProbeContext, probe_context
 from .guided_sampler import GuidedSampler
 from .importance import record_importances
 from .interpret import interpret, settle_pruned
-from .listeners import (GuideEstimatesListener, RefitListener, ResultCacheListener, SearchObserver, TrialListener,
-                        _Quiet)
+from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, SearchObserver, TrialListener, _Quiet
 from .pruning import LoserPruner
 from .ranking import Ranking
 from .records import TrialRecord, best_records, guide_estimates, is_tracked, trial_record, trial_records
@@ -52,8 +51,16 @@ from .study_tracking import StudyTracking
 from .trial_attrs import A
 from .trial_resolve import TrialResolver, tell
 
-__all__ = ["StudyRunner", "SearchObserver", "StudyOutcome", "Unplaceable", "open_study", "study_storage", "make_sampler",
-           "A"]
+__all__ = [
+    "StudyRunner",
+    "SearchObserver",
+    "StudyOutcome",
+    "Unplaceable",
+    "open_study",
+    "study_storage",
+    "make_sampler",
+    "A",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +88,21 @@ class StudyRunner:
     the launch of its probe, None for an in-process dispatcher) it is given. ``tracker`` may be
     None (tests, ``--no-tracking``)."""
 
-    def __init__(self, spec: Spec, run_dir: Path, backend: BackendChoice, *, dispatcher: Any,
-                 launcher: Callable[[TrialRequest], Any] = lambda request: None, tracker: Any = None,
-                 observer: SearchObserver | None = None, cache: Any = None, reuse_cache: bool = False,
-                 stop_requested: Any = None, definition: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        spec: Spec,
+        run_dir: Path,
+        backend: BackendChoice,
+        *,
+        dispatcher: Any,
+        launcher: Callable[[TrialRequest], Any] = lambda request: None,
+        tracker: Any = None,
+        observer: SearchObserver | None = None,
+        cache: Any = None,
+        reuse_cache: bool = False,
+        stop_requested: Any = None,
+        definition: dict[str, Any] | None = None,
+    ):
         self.spec, self.run_dir, self.backend = spec, run_dir, backend
         self.dispatcher, self.launcher = dispatcher, launcher
         self.definition = definition  # what defines the study (study_definition), kept on it when created
@@ -102,17 +120,27 @@ class StudyRunner:
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
         self.resolver: TrialResolver | None = None
         # what observes each finished trial, in this order: MLflow, the model's refit, the guide
-        self.tracking = (StudyTracking(tracker, spec, backend, run_dir, parallel=self.parallel, space_size=self.space.size)
-                         if tracker else None)
-        self.refits = RefitListener(bool(self.context.hardware.get("calibrated_at")), on_moved=self._say_refit,
-                                    on_refit=self.tracking.log_refit if self.tracking else None)
+        self.tracking = (
+            StudyTracking(tracker, spec, backend, run_dir, parallel=self.parallel, space_size=self.space.size)
+            if tracker
+            else None
+        )
+        self.refits = RefitListener(
+            bool(self.context.hardware.get("calibrated_at")),
+            on_moved=self._say_refit,
+            on_refit=self.tracking.log_refit if self.tracking else None,
+        )
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
         self.pruner = LoserPruner(spec, backend.simulated)
         self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
         self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
         # checked, in order, before each proposal: the first that answers stops asking
         self.stop_checks: list[Callable[[optuna.Study, _Loop], str | None]] = [
-            self._deadline_reached, self._space_exhausted, self._sampler_stuck, self._guide_says_stop]
+            self._deadline_reached,
+            self._space_exhausted,
+            self._sampler_stuck,
+            self._guide_says_stop,
+        ]
 
     @property
     def refit(self) -> Refit:
@@ -144,8 +172,12 @@ class StudyRunner:
                     self._collect(study, loop, trial, config, result)
                     if self.stop_requested():
                         raise KeyboardInterrupt
-                self.pruner.prune(self.dispatcher.step_events(), loop.pending, lambda: self._best_single(study),
-                                  self.dispatcher.cancel)
+                self.pruner.prune(
+                    self.dispatcher.step_events(),
+                    loop.pending,
+                    lambda: self._best_single(study),
+                    self.dispatcher.cancel,
+                )
         except KeyboardInterrupt:
             loop.stopped = "interrupted by the user"
             for handle in list(loop.pending):
@@ -154,9 +186,15 @@ class StudyRunner:
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, self.ranking if self.backend.simulated else None)
-        return StudyOutcome(study, StudyResult.load(self.spec, study), self.ranking, loop.started, loop.stopped,
-                            parent_run_id=self.tracking.parent_run_id if self.tracking else None,
-                            infra_failure=self.infra_failure)
+        return StudyOutcome(
+            study,
+            StudyResult.load(self.spec, study),
+            self.ranking,
+            loop.started,
+            loop.stopped,
+            parent_run_id=self.tracking.parent_run_id if self.tracking else None,
+            infra_failure=self.infra_failure,
+        )
 
     def _open(self) -> tuple[optuna.Study, _Loop]:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""
@@ -166,23 +204,44 @@ class StudyRunner:
         ranking = self.ranking
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
-        study = open_study(self.spec, self.run_dir, self.guided or make_sampler(self.spec, self.space,
-                                                                                 len(self.objectives), self.parallel))
+        study = open_study(
+            self.spec,
+            self.run_dir,
+            self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel),
+        )
         if self.definition is not None:
             record_definition(study, self.definition)
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
-            study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing)
+            study.sampler = make_sampler(
+                self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing
+            )
         recover_interrupted(study, self.space, self.observer.on_message)
         probes_done = sum(1 for r in trial_records(study) if is_tracked(r) and r.status != "infra")
         budget = self.spec.search.n_trials
-        enqueue_plan(study, self.spec, self.space, ranking, budget - probes_done, simulated=self.backend.simulated,
-                     guided=self.guided is not None)
-        self.resolver = TrialResolver(self.spec, self.space, self.context, simulated=self.backend.simulated,
-                                      guided=self.guided, ranking=ranking, refit=lambda: self.refits.refit,
-                                      cache=self.cache, reuse_cache=self.reuse_cache)
-        self.cache_writer = (ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name)
-                             if self.cache is not None else None)
+        enqueue_plan(
+            study,
+            self.spec,
+            self.space,
+            ranking,
+            budget - probes_done,
+            simulated=self.backend.simulated,
+            guided=self.guided is not None,
+        )
+        self.resolver = TrialResolver(
+            self.spec,
+            self.space,
+            self.context,
+            simulated=self.backend.simulated,
+            guided=self.guided,
+            ranking=ranking,
+            refit=lambda: self.refits.refit,
+            cache=self.cache,
+            reuse_cache=self.reuse_cache,
+        )
+        self.cache_writer = (
+            ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name) if self.cache is not None else None
+        )
         if self.guided is not None:
             self.listeners.append(GuideEstimatesListener(self.guided))
         if self.tracking:
@@ -204,16 +263,22 @@ class StudyRunner:
         return study, _Loop(budget, probes_done, seen, valid_count(self.spec, self.space, ranking), deadline)
 
     def _may_start(self, loop: _Loop) -> bool:
-        return (len(loop.pending) < self.parallel and loop.started < loop.budget
-                and loop.infra_in_a_row < MAX_INFRA_IN_A_ROW and not self.infra_failure)
+        return (
+            len(loop.pending) < self.parallel
+            and loop.started < loop.budget
+            and loop.infra_in_a_row < MAX_INFRA_IN_A_ROW
+            and not self.infra_failure
+        )
 
     # ---- stop conditions ---------------------------------------------------------------------------
     def _infrastructure_stop(self, loop: _Loop) -> str | None:
         if self.infra_failure:
             return self.infra_failure
         if loop.infra_in_a_row >= MAX_INFRA_IN_A_ROW:
-            self.infra_failure = (f"the infrastructure failed {loop.infra_in_a_row} trials in a row (see their "
-                                  "reasons): fix the cluster and run the same command to resume")
+            self.infra_failure = (
+                f"the infrastructure failed {loop.infra_in_a_row} trials in a row (see their "
+                "reasons): fix the cluster and run the same command to resume"
+            )
             return self.infra_failure
         return None
 
@@ -252,23 +317,31 @@ class StudyRunner:
         loop.started += 1
         if cached is not None:  # measured before, in this or another study: no probe
             result, origin = cached
-            trial.set_user_attr(A.CHOSEN, f"{why}; answered from the result cache (study {origin['study']}, "
-                                          f"trial {origin['trial']})")
+            trial.set_user_attr(
+                A.CHOSEN, f"{why}; answered from the result cache (study {origin['study']}, trial {origin['trial']})"
+            )
             record = self._finish(study, trial, config, result)
             self.observer.on_trial_finished(record, self._best_single(study), len(loop.pending))
             return
-        request = TrialRequest(params=config, model=self.context.model, workload=self.context.workload,
-                               cluster=self.context.cluster, study=self.spec.name, number=trial.number,
-                               backend=masked_backend(self.spec.backend.model_dump()))
+        request = TrialRequest(
+            params=config,
+            model=self.context.model,
+            workload=self.context.workload,
+            cluster=self.context.cluster,
+            study=self.spec.name,
+            number=trial.number,
+            backend=masked_backend(self.spec.backend.model_dump()),
+        )
         launch = self.launcher(request)
         self.observer.on_trial_started(trial.number, config, why)
         loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
 
-    def _collect(self, study: optuna.Study, loop: _Loop, trial: optuna.Trial, config: dict[str, Any],
-                 result: ProbeResult) -> None:
+    def _collect(
+        self, study: optuna.Study, loop: _Loop, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
+    ) -> None:
         record = self._finish(study, trial, config, result)
         if record.status == "infra":  # the machine failed, not the config: no budget spent,
-            loop.started -= 1         # and its retry (queued by _finish) is no repeat
+            loop.started -= 1  # and its retry (queued by _finish) is no repeat
             loop.infra_in_a_row += 1
             if loop.seen.get(config_key(config)) == trial.number:
                 del loop.seen[config_key(config)]
@@ -276,7 +349,9 @@ class StudyRunner:
             loop.infra_in_a_row = 0
         self.observer.on_trial_finished(record, self._best_single(study), len(loop.pending))
 
-    def _finish(self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult) -> TrialRecord:
+    def _finish(
+        self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
+    ) -> TrialRecord:
         """interpret -> record -> tell -> notify, for one finished trial."""
         if self._secrets:  # a probe that printed its environment: no token into any file, MLflow or the cache
             result.log_tail, result.reason = scrub(result.log_tail, self._secrets), scrub(result.reason, self._secrets)
@@ -286,8 +361,12 @@ class StudyRunner:
             self.cache_writer.probe_returned(trial.number, config, result)
         meaning = interpret(config, result, self.context, self.objectives, trial_devices(self.spec, config))
         result.status, result.reason = meaning.probe_status, meaning.probe_reason
-        for name, value in ((A.STATUS, result.status), (A.SOURCE, result.source), (A.METRICS, meaning.metrics),
-                            (A.WALL, round(result.wall_s, 3))):
+        for name, value in (
+            (A.STATUS, result.status),
+            (A.SOURCE, result.source),
+            (A.METRICS, meaning.metrics),
+            (A.WALL, round(result.wall_s, 3)),
+        ):
             trial.set_user_attr(name, value)
         if result.reason:
             trial.set_user_attr(A.REASON, result.reason[:2000])
@@ -319,8 +398,10 @@ class StudyRunner:
         self.dispatcher.shutdown()
 
     def _say_refit(self, refit: Refit, after: int) -> None:
-        self.observer.on_message(f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
-                                 f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
+        self.observer.on_message(
+            f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
+            f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %"
+        )
 
     def _save_trial_files(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
         folder = self.run_dir / "trials" / f"{number:04d}"

@@ -21,8 +21,20 @@ from typing import Any
 
 import yaml
 
-__all__ = ["MASK", "SPEC_COPY", "looks_secret", "secret_env_names", "masked_backend", "masked_spec_text",
-           "masked_spec_data", "masked_url", "secret_values", "scrub", "scrub_values", "write_spec_copy"]
+__all__ = [
+    "MASK",
+    "SPEC_COPY",
+    "looks_secret",
+    "secret_env_names",
+    "masked_backend",
+    "masked_spec_text",
+    "masked_spec_data",
+    "masked_url",
+    "secret_values",
+    "scrub",
+    "scrub_values",
+    "write_spec_copy",
+]
 
 MASK = "***"
 SPEC_COPY = "autotune_spec.yaml"  # the spec a run directory was made from (report/export read it back)
@@ -123,11 +135,18 @@ def masked_spec_text(text: str) -> str:
     env = _child(backend, "env")
     if isinstance(env, yaml.MappingNode):
         declared = _child(backend, "secret_env")
-        names = {n.value for n in declared.value if isinstance(n, yaml.ScalarNode)} \
-            if isinstance(declared, yaml.SequenceNode) else set()
-        spans += [(value.start_mark.index, value.end_mark.index, f"'{MASK}'") for key, value in env.value
-                  if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode)
-                  and (looks_secret(key.value) or key.value in names)]
+        names = (
+            {n.value for n in declared.value if isinstance(n, yaml.ScalarNode)}
+            if isinstance(declared, yaml.SequenceNode)
+            else set()
+        )
+        spans += [
+            (value.start_mark.index, value.end_mark.index, f"'{MASK}'")
+            for key, value in env.value
+            if isinstance(key, yaml.ScalarNode)
+            and isinstance(value, yaml.ScalarNode)
+            and (looks_secret(key.value) or key.value in names)
+        ]
     tracking = _child(root, "tracking")
     for field in _URL_FIELDS:
         node = _child(tracking, field)
@@ -162,8 +181,9 @@ def write_spec_copy(source: Path, run_dir: Path) -> Path:
     except yaml.YAMLError:
         same = False
     if not same:
-        candidate = ("# the spec as autotune loaded it (YAML merges applied), secrets masked\n"
-                     + yaml.dump(masked, Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True))
+        candidate = "# the spec as autotune loaded it (YAML merges applied), secrets masked\n" + yaml.dump(
+            masked, Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True
+        )
     copy.write_text(candidate)
     return copy
 

@@ -26,8 +26,15 @@ __all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "
 
 # Values of parameters the spec does not search (docs/ARCHITECTURE.md defaults).
 TRAIN_DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "sequence_parallel": False,
-    "recompute": "none", "zero_stage": 0, "precision": "bf16",
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vpp": 1,
+    "micro_batch_size": 1,
+    "sequence_parallel": False,
+    "recompute": "none",
+    "zero_stage": 0,
+    "precision": "bf16",
 }
 INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "batch_size": 1, "precision": "bf16"}
 
@@ -83,11 +90,16 @@ class Enumeration:
         parts = []
         for reason in order:
             alone = self.sole_reasons.get(reason, 0)
-            parts.append(f"{reason} rejects {self.invalid_reasons[reason]:,}"
-                         + (f" ({alone:,} that no other rule rejects)" if alone else ""))
+            parts.append(
+                f"{reason} rejects {self.invalid_reasons[reason]:,}"
+                + (f" ({alone:,} that no other rule rejects)" if alone else "")
+            )
         culprits = [r for r in order if r.startswith("constraint ") and self.sole_reasons.get(r)]
-        fix = (f"loosen {', '.join(culprits)} or widen the space" if culprits else
-               "widen the space (more values of the rejected parameters) or loosen the constraints")
+        fix = (
+            f"loosen {', '.join(culprits)} or widen the space"
+            if culprits
+            else "widen the space (more values of the rejected parameters) or loosen the constraints"
+        )
         return f"no valid config in the space's {self.space_size:,} combinations: " + "; ".join(parts) + f". Fix: {fix}"
 
     def params_of(self, index: int) -> dict[str, Any]:
@@ -182,7 +194,11 @@ class Space:
         keep = np.flatnonzero(valid)
         kept = {k: v[keep] for k, v in config_cols.items()}
         # de-duplicate canonical rows, keeping the first occurrence (stable order)
-        codes = np.stack([np.unique(v.astype(str), return_inverse=True)[1] for v in kept.values()], axis=1) if kept else np.zeros((0, 0))
+        codes = (
+            np.stack([np.unique(v.astype(str), return_inverse=True)[1] for v in kept.values()], axis=1)
+            if kept
+            else np.zeros((0, 0))
+        )
         if len(keep):
             _, first = np.unique(codes, axis=0, return_index=True)
             first.sort()
@@ -190,9 +206,7 @@ class Space:
             first = np.zeros(0, dtype=int)
         columns = {k: v[first] for k, v in kept.items()}
         lists = {k: v.tolist() for k, v in columns.items()}
-        configs = [
-            {k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())
-        ] if lists else []
+        configs = [{k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())] if lists else []
         invalid_reasons = {msg: int(bad.sum()) for msg, bad in reasons.items() if bad.any()}
         violations = sum((np.asarray(bad, dtype=int) for bad in reasons.values()), np.zeros(size, dtype=int))
         sole = {msg: int((bad & (violations == 1)).sum()) for msg, bad in reasons.items() if bad.any()}
@@ -208,7 +222,9 @@ class Space:
         tp = out.get("tp", np.ones(n, dtype=int)).astype(int)
         heads, kv_heads = self.constants["heads"], self.constants["kv_heads"]
         reasons[f"heads ({heads}) not divisible by tp"] = heads % tp != 0
-        reasons[f"kv_heads ({kv_heads}) and tp: neither divides the other"] = (kv_heads % tp != 0) & (tp % kv_heads != 0)
+        reasons[f"kv_heads ({kv_heads}) and tp: neither divides the other"] = (kv_heads % tp != 0) & (
+            tp % kv_heads != 0
+        )
         if self.training:
             pp, cp, vpp = (out[k].astype(int) for k in ("pp", "cp", "vpp"))
             mbs = out["micro_batch_size"].astype(int)
@@ -221,7 +237,9 @@ class Space:
             # canonical form: settings that cannot matter take their neutral value
             vpp = np.where(pp == 1, 1, vpp)
             reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = self.layers % (pp * vpp) != 0
-            reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (grad_accum % pp != 0)
+            reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (
+                grad_accum % pp != 0
+            )
             seq = self.constants["seq_len"]
             reasons[f"seq_len ({seq}) not divisible by 2*cp"] = (cp > 1) & (seq % (2 * cp) != 0)
             sp = out["sequence_parallel"].astype(bool) & (tp > 1)
@@ -235,8 +253,18 @@ class Space:
                 # recomputing every layer of a stage is plain full recompute
                 rl_col = np.where((recompute == "full") & (rl >= per_stage), None, rl_col)
                 out["recompute_layers"] = rl_col
-            out.update(tp=tp, pp=pp, cp=cp, vpp=vpp, dp=dp, micro_batch_size=mbs, grad_accum=grad_accum,
-                       sequence_parallel=sp, zero_stage=zero, recompute=recompute)
+            out.update(
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                vpp=vpp,
+                dp=dp,
+                micro_batch_size=mbs,
+                grad_accum=grad_accum,
+                sequence_parallel=sp,
+                zero_stage=zero,
+                recompute=recompute,
+            )
         else:
             reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
             out["tp"] = tp
@@ -266,4 +294,3 @@ def _scalar(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     return v
-

@@ -68,8 +68,10 @@ def _read_hf_config(path: Path) -> dict:
     except OSError as exc:
         raise ValueError(f"config.json file {path}: {exc.strerror or exc}") from None
     if size > MAX_SPEC_BYTES:
-        raise ValueError(f"config.json file {path} is {size:,} bytes; a model config is a few KiB "
-                         f"(at most {MAX_SPEC_BYTES:,} bytes read)")
+        raise ValueError(
+            f"config.json file {path} is {size:,} bytes; a model config is a few KiB "
+            f"(at most {MAX_SPEC_BYTES:,} bytes read)"
+        )
     try:
         return load_hf_config(path)
     except OSError as exc:
@@ -130,15 +132,24 @@ def env_value_problem(name: str, value: str) -> str | None:
         try:
             parse_alloc_conf(value)
         except ValueError as exc:
-            return f"{exc} (options: expandable_segments:True|False, max_split_size_mb:N, garbage_collection_threshold:F)"
+            return (
+                f"{exc} (options: expandable_segments:True|False, max_split_size_mb:N, garbage_collection_threshold:F)"
+            )
         for part in value.split(","):
             key, _, option = part.partition(":")
             key, option = key.strip().lower(), option.strip()
             if key == "expandable_segments" and option.lower() not in _BOOL_WORDS:
-                return f"allocator config {short_value(value)}: expandable_segments expects True or False, got {short_value(option)}"
+                return (
+                    f"allocator config {short_value(value)}: expandable_segments expects True or False, "
+                    f"got {short_value(option)}"
+                )
             if key in ("max_split_size_mb", "garbage_collection_threshold") and not (
-                    math.isfinite(float(option)) and float(option) >= 0):
-                return f"allocator config {short_value(value)}: {key} expects a finite number >= 0, got {short_value(option)}"
+                math.isfinite(float(option)) and float(option) >= 0
+            ):
+                return (
+                    f"allocator config {short_value(value)}: {key} expects a finite number >= 0, "
+                    f"got {short_value(option)}"
+                )
     if name == "HCCL_BUFFSIZE" and value != "":
         try:
             size_mb = float(value)
@@ -152,8 +163,10 @@ def env_value_problem(name: str, value: str) -> str | None:
         except ValueError:
             reuse = None
         if reuse not in MULTI_STREAM_MEMORY_REUSE_VALUES:
-            return (f"MULTI_STREAM_MEMORY_REUSE is one of {', '.join(map(str, MULTI_STREAM_MEMORY_REUSE_VALUES))} "
-                    f"(got {short_value(value)})")
+            return (
+                f"MULTI_STREAM_MEMORY_REUSE is one of {', '.join(map(str, MULTI_STREAM_MEMORY_REUSE_VALUES))} "
+                f"(got {short_value(value)})"
+            )
     return None
 
 
@@ -192,7 +205,7 @@ def short_value(value: Any, limit: int = 120) -> str:
     if len(text) <= limit:
         return text
     size = f"{len(value):,} characters" if isinstance(value, (str, bytes)) else f"{len(text):,} characters shown"
-    return f"{text[:limit - 40]}...{text[-20:]} ({size})"
+    return f"{text[: limit - 40]}...{text[-20:]} ({size})"
 
 
 # --------------------------------------------------------------------------------------- workload
@@ -237,17 +250,24 @@ class ClusterSpec(_Strict):
     ``overrides`` replaces fields of it, e.g. ``device_memory_gib: 32`` for 32 GB 910B parts."""
 
     accelerator: Literal["npu", "cuda", "cpu"] = "npu"
-    profile: str | None = Field(None, description="hardware profile: a bundled name, or the path of a profile file "
-                                                   "(relative to the spec), e.g. from `autotune calibrate`; "
-                                                   "default per accelerator")
+    profile: str | None = Field(
+        None,
+        description="hardware profile: a bundled name, or the path of a profile file "
+        "(relative to the spec), e.g. from `autotune calibrate`; "
+        "default per accelerator",
+    )
     nodes: int = Field(1, gt=0)
     devices_per_node: int = Field(8, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
-    threads_per_rank: int | None = Field(None, gt=0, description="CPU threads per probe process (default: cores / ranks)")
+    threads_per_rank: int | None = Field(
+        None, gt=0, description="CPU threads per probe process (default: cores / ranks)"
+    )
     calibrate: Literal["auto", "never"] | None = Field(
-        None, description="auto: a study with a real backend on a data-sheet profile first measures this host "
-                          "(`autotune calibrate --quick`, cached per host and software) and ranks with that; never: "
-                          "use the profile as it is. Default: the AUTOTUNE_CALIBRATE environment variable, else auto")
+        None,
+        description="auto: a study with a real backend on a data-sheet profile first measures this host "
+        "(`autotune calibrate --quick`, cached per host and software) and ranks with that; never: "
+        "use the profile as it is. Default: the AUTOTUNE_CALIBRATE environment variable, else auto",
+    )
 
     @property
     def world_size(self) -> int:
@@ -288,9 +308,11 @@ class BackendSpec(_Strict):
     argv: list[str] | None = None
     timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
     env: Annotated[dict[EnvName, str], AfterValidator(_env_values_of_backend)] = Field(
-        default_factory=dict, description="extra environment for every probe; values of "
-                                "keys that look secret (TOKEN, PASSWORD, SECRET, KEY, CREDENTIAL, AUTH) or named in "
-                                "secret_env reach the probe only, and are masked in every copy autotune keeps")
+        default_factory=dict,
+        description="extra environment for every probe; values of "
+        "keys that look secret (TOKEN, PASSWORD, SECRET, KEY, CREDENTIAL, AUTH) or named in "
+        "secret_env reach the probe only, and are masked in every copy autotune keeps",
+    )
     secret_env: list[EnvName] = Field(default_factory=list, description="more env keys whose values are secret")
     resources: dict[str, Any] | None = Field(
         None, description="Ray resources per trial, replacing the default derived from the cluster"
@@ -298,20 +320,35 @@ class BackendSpec(_Strict):
     metric_patterns: dict[str, str] = Field(default_factory=dict, description="metric -> regex with one group")
     python: str | None = Field(None, description="interpreter for the mindspore/torch probe")
     launcher: Literal["auto", "warm", "spawn", "torchrun"] = Field(
-        "auto", description="how the torch probe's ranks start: 'warm' forks them from a server that has imported "
-                            "torch already (single node), 'spawn' starts fresh processes (single node), 'torchrun' "
-                            "(any); 'auto' = warm on a single cpu node, spawn on a single accelerator node, torchrun "
-                            "across nodes")
-    cwd: str | None = Field(None, description="working directory of the probe; a relative path is relative to the "
-                                             "spec file (default: where autotune runs)")
-    entry: str | None = Field(None, description="stack presets (megatron, mindspeed, torchtitan, deepspeed): the "
-                              "training entry point, a script path (pretrain_gpt.py, train.py) or '-m package.module' "
-                              "(torchtitan's default: -m torchtitan.train); run under torchrun --standalone")
-    args: list[str] = Field(default_factory=list, description="stack presets: the job's own arguments (data, "
-                            "tokenizer, --module/--config), after autotune's (Megatron keeps the last of a repeated flag); "
-                            "'{iterations}' is replaced by the iterations to run (also $AUTOTUNE_ITERATIONS)")
-    iterations: int | None = Field(None, gt=0, description="stack presets: training iterations per probe (default: "
-                                   "workload.warmup_steps + measured_steps; the warm-up ones are not measured)")
+        "auto",
+        description="how the torch probe's ranks start: 'warm' forks them from a server that has imported "
+        "torch already (single node), 'spawn' starts fresh processes (single node), 'torchrun' "
+        "(any); 'auto' = warm on a single cpu node, spawn on a single accelerator node, torchrun "
+        "across nodes",
+    )
+    cwd: str | None = Field(
+        None,
+        description="working directory of the probe; a relative path is relative to the "
+        "spec file (default: where autotune runs)",
+    )
+    entry: str | None = Field(
+        None,
+        description="stack presets (megatron, mindspeed, torchtitan, deepspeed): the "
+        "training entry point, a script path (pretrain_gpt.py, train.py) or '-m package.module' "
+        "(torchtitan's default: -m torchtitan.train); run under torchrun --standalone",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="stack presets: the job's own arguments (data, "
+        "tokenizer, --module/--config), after autotune's (Megatron keeps the last of a repeated flag); "
+        "'{iterations}' is replaced by the iterations to run (also $AUTOTUNE_ITERATIONS)",
+    )
+    iterations: int | None = Field(
+        None,
+        gt=0,
+        description="stack presets: training iterations per probe (default: "
+        "workload.warmup_steps + measured_steps; the warm-up ones are not measured)",
+    )
 
     @field_validator("python", "cwd", "entry")
     @classmethod
@@ -332,22 +369,28 @@ class BackendSpec(_Strict):
             except re.error as exc:
                 raise ValueError(f"the pattern for {metric!r} is not a regular expression: {exc}") from None
             if groups < 1:
-                raise ValueError(f"the pattern for {metric!r} needs a group around the number, e.g. "
-                                 f"'{metric}[=:] *([0-9.eE+-]+)'")
+                raise ValueError(
+                    f"the pattern for {metric!r} needs a group around the number, e.g. '{metric}[=:] *([0-9.eE+-]+)'"
+                )
         return v
 
     @model_validator(mode="after")
     def _argv_for_command(self) -> "BackendSpec":
         if self.kind == "command" and not self.argv:
-            raise ValueError("backend kind 'command' needs argv, a list such as [python, train.py, --trial, '{trial_file}']")
+            raise ValueError(
+                "backend kind 'command' needs argv, a list such as [python, train.py, --trial, '{trial_file}']"
+            )
         if self.kind != "command" and self.argv:
             raise ValueError(f"argv is only used by backend kind 'command', not {self.kind!r}")
         if self.kind in STACK_PRESETS and not STACKS[self.kind].default_entry and not self.entry:
-            raise ValueError(f"backend kind {self.kind!r} needs entry, the training script "
-                             f"({STACKS[self.kind].entry_example})")
+            raise ValueError(
+                f"backend kind {self.kind!r} needs entry, the training script ({STACKS[self.kind].entry_example})"
+            )
         if self.kind not in STACK_PRESETS and (self.entry or self.args or self.iterations):
-            raise ValueError(f"entry, args and iterations are for the stack presets (kind {', '.join(STACK_PRESETS)}), "
-                             f"not {self.kind!r}")
+            raise ValueError(
+                f"entry, args and iterations are for the stack presets (kind {', '.join(STACK_PRESETS)}), "
+                f"not {self.kind!r}"
+            )
         return self
 
 
@@ -370,8 +413,10 @@ class IntRange(_Strict):
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
         count = (self.high - self.low) // self.step + 1
         if count > MAX_RANGE_VALUES:
-            raise ValueError(f"the range has {count:,} values; at most {MAX_RANGE_VALUES:,} (raise step, or list "
-                             "the values worth trying)")
+            raise ValueError(
+                f"the range has {count:,} values; at most {MAX_RANGE_VALUES:,} (raise step, or list "
+                "the values worth trying)"
+            )
         if self.log and (self.low <= 0 or self.step != 1):
             raise ValueError("log ranges need low > 0 and step 1")
         return self
@@ -419,9 +464,23 @@ class SpaceSpec(_Strict):
     env: dict[EnvName, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
 
     @field_validator(
-        "tp", "pp", "cp", "vpp", "micro_batch_size", "recompute_layers", "batch_size",
-        "sequence_parallel", "recompute", "zero_stage", "precision", "compile", "graph_kernel_flags",
-        "jit_level", "mode", "kv_cache_dtype", "quantization",
+        "tp",
+        "pp",
+        "cp",
+        "vpp",
+        "micro_batch_size",
+        "recompute_layers",
+        "batch_size",
+        "sequence_parallel",
+        "recompute",
+        "zero_stage",
+        "precision",
+        "compile",
+        "graph_kernel_flags",
+        "jit_level",
+        "mode",
+        "kv_cache_dtype",
+        "quantization",
     )
     @classmethod
     def _non_empty_unique(cls, v: Any) -> Any:
@@ -484,34 +543,70 @@ class SearchSpec(_Strict):
     seed: int | None = Field(0, ge=0, lt=2**32, description="sampler seed (numpy's range: 0 <= seed < 2**32)")
     timeout_s: float | None = Field(None, gt=0, description="stop starting new trials after this long")
     exhaustive_limit: int = Field(2_000_000, gt=0, description="largest space ranked exhaustively by the simulator")
-    prune: bool = Field(True, description="stop a real probe early once its measured steps are confidently slower "
-                                          "than the best trial's (throughput and step-time objectives)")
-    prune_margin: float = Field(0.5, gt=0, description="stop when the median measured step time exceeds the best's "
-                                                       "by more than this fraction (0.5: 50 %, above run-to-run noise)")
+    prune: bool = Field(
+        True,
+        description="stop a real probe early once its measured steps are confidently slower "
+        "than the best trial's (throughput and step-time objectives)",
+    )
+    prune_margin: float = Field(
+        0.5,
+        gt=0,
+        description="stop when the median measured step time exceeds the best's "
+        "by more than this fraction (0.5: 50 %, above run-to-run noise)",
+    )
     prune_min_steps: int = Field(2, ge=1, description="measured steps a probe shows before it may be stopped")
-    stop_early: bool = Field(True, description="sampler auto: stop before the budget when the model's optimistic "
-                                               "bound of every remaining config is below the best measured")
-    explore_kappa: float = Field(1.0, ge=0, description="sampler auto: optimism of the next pick, in standard "
-                                                        "deviations of the model's uncertainty")
-    fit_confidence: float = Field(0.95, gt=0, lt=1, description="sampler auto: probability of fitting in memory the "
-                                                                "first probe needs (nothing measured yet)")
-    min_fit_probability: float = Field(0.5, gt=0, lt=1, description="sampler auto: the least probability of fitting "
-                                       "in memory a config needs to be probed while likelier ones remain; higher: "
-                                       "fewer OOM probes, a near-limit optimum found later (benchmarks/README.md)")
-    max_oom_share: float | None = Field(0.05, gt=0, lt=1, description="sampler auto: cap on OOM probes, as a share "
-                                        "of n_trials (at least one); past it only configs fit_confidence likely to fit "
-                                        "are probed; null: no cap (benchmarks/README.md shows the trade-off)")
+    stop_early: bool = Field(
+        True,
+        description="sampler auto: stop before the budget when the model's optimistic "
+        "bound of every remaining config is below the best measured",
+    )
+    explore_kappa: float = Field(
+        1.0,
+        ge=0,
+        description="sampler auto: optimism of the next pick, in standard deviations of the model's uncertainty",
+    )
+    fit_confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="sampler auto: probability of fitting in memory the first probe needs (nothing measured yet)",
+    )
+    min_fit_probability: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="sampler auto: the least probability of fitting "
+        "in memory a config needs to be probed while likelier ones remain; higher: "
+        "fewer OOM probes, a near-limit optimum found later (benchmarks/README.md)",
+    )
+    max_oom_share: float | None = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="sampler auto: cap on OOM probes, as a share "
+        "of n_trials (at least one); past it only configs fit_confidence likely to fit "
+        "are probed; null: no cap (benchmarks/README.md shows the trade-off)",
+    )
 
 
 class RecommendSpec(_Strict):
     """Which config the study recommends and exports (autotune/recommend.py states the rule)."""
 
-    min_headroom_gib: float | None = Field(4.0, ge=0, description="when the best leaves less device memory free, "
-                                           "recommend the best config within `tolerance` of it that leaves this much; "
-                                           "null: always the best")
-    tolerance: float | None = Field(None, gt=0, lt=1, description="how close to the best counts as as good (a share); "
-                                    "default: the simulator's error on published runs (5.3 %) for predictions, the "
-                                    "measurement noise (3 %) for measured trials")
+    min_headroom_gib: float | None = Field(
+        4.0,
+        ge=0,
+        description="when the best leaves less device memory free, "
+        "recommend the best config within `tolerance` of it that leaves this much; "
+        "null: always the best",
+    )
+    tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="how close to the best counts as as good (a share); "
+        "default: the simulator's error on published runs (5.3 %) for predictions, the "
+        "measurement noise (3 %) for measured trials",
+    )
 
 
 class TrackingSpec(_Strict):
@@ -524,9 +619,13 @@ class RaySpec(_Strict):
     address: str | None = Field(None, description="None starts a local Ray; 'auto' or ray://host:port connects")
     num_cpus: int | None = Field(None, gt=0, description="CPUs for a local Ray (default: the machine's)")
     enabled: bool = Field(True, description="false runs real probes as local subprocesses without Ray")
-    placement_timeout_s: float = Field(120.0, gt=0, description="how long a trial spanning several nodes waits for "
-                                       "its placement group (one bundle per node) before it is an infrastructure "
-                                       "failure")
+    placement_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="how long a trial spanning several nodes waits for "
+        "its placement group (one bundle per node) before it is an infrastructure "
+        "failure",
+    )
 
 
 def _baseline_key(key: str) -> str:
@@ -552,10 +651,12 @@ class Spec(_Strict):
     objectives: list[ObjectiveSpec] = Field(default_factory=list)
     baseline: dict[BaselineKey, Any] | None = None
     target: TargetName | None = Field(
-        None, description="the stack that will run the chosen config in production; the space keeps only configs it can "
-                          "launch and the exports launch exactly the measured config (default: mindformers for the "
-                          "mindspore backend, mindspeed on npu, megatron elsewhere); 'none': no stack in mind, the "
-                          "space is not restricted and each export format refuses what it cannot launch")
+        None,
+        description="the stack that will run the chosen config in production; the space keeps only configs it can "
+        "launch and the exports launch exactly the measured config (default: mindformers for the "
+        "mindspore backend, mindspeed on npu, megatron elsewhere); 'none': no stack in mind, the "
+        "space is not restricted and each export format refuses what it cannot launch",
+    )
     search: SearchSpec = Field(default_factory=SearchSpec)
     recommend: RecommendSpec = Field(default_factory=RecommendSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
@@ -572,15 +673,18 @@ class Spec(_Strict):
                 return {"name": v, **PRESETS[v]}
             problem = path_problem(v)
             if problem:  # neither a preset nor a path the OS could open
-                raise ValueError(f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to "
-                                 f"a config.json, and as a path: {problem}")
+                raise ValueError(
+                    f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to "
+                    f"a config.json, and as a path: {problem}"
+                )
             path = Path(v) if Path(v).is_absolute() else base / v
             if v.endswith(".json") or _is_file(path):
                 if not _is_file(path):
                     raise ValueError(f"config.json file {path} does not exist (or is not a regular file)")
                 return _read_hf_config(path)
-            raise ValueError(f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to a "
-                             "config.json")
+            raise ValueError(
+                f"unknown model preset {short_value(v)}; presets: {', '.join(PRESETS)}; or a path to a config.json"
+            )
         if isinstance(v, dict) and "preset" in v:
             preset = v["preset"]
             if not isinstance(preset, str) or preset not in PRESETS:
@@ -624,13 +728,18 @@ class Spec(_Strict):
 
     def summary(self) -> str:
         w = self.workload
-        work = (f"train seq {w.seq_len} gbs {w.global_batch_size}" if isinstance(w, TrainWorkload)
-                else f"infer prompt {w.prompt_len} gen {w.gen_len}")
+        work = (
+            f"train seq {w.seq_len} gbs {w.global_batch_size}"
+            if isinstance(w, TrainWorkload)
+            else f"infer prompt {w.prompt_len} gen {w.gen_len}"
+        )
         objs = ", ".join(f"{m} ({d[:3]})" for m, d in self.objective_list())
         n = self.model.num_parameters()
         size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
-        return (f"{self.name}: {self.model.name} ({size} params), {work}, "
-                f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
-                f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
-                f"backend {self.backend.kind}, target {self.target_stack}, objectives {objs}, "
-                f"budget {self.search.n_trials} trials")
+        return (
+            f"{self.name}: {self.model.name} ({size} params), {work}, "
+            f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
+            f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
+            f"backend {self.backend.kind}, target {self.target_stack}, objectives {objs}, "
+            f"budget {self.search.n_trials} trials"
+        )

@@ -34,14 +34,23 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     problems: list[SpecProblem] = []
     cluster = spec.cluster
     if not is_profile_file(cluster.profile_name) and cluster.profile_name not in available_profiles():
-        problems.append(SpecProblem(("cluster", "profile"), f"unknown hardware profile {cluster.profile_name!r}; "
-                                    f"available: {', '.join(available_profiles())}"))
+        problems.append(
+            SpecProblem(
+                ("cluster", "profile"),
+                f"unknown hardware profile {cluster.profile_name!r}; available: {', '.join(available_profiles())}",
+            )
+        )
     else:
         try:
             profile = load_profile(cluster.profile_name, cluster.overrides)
             if profile.get("accelerator") != cluster.accelerator:
-                problems.append(SpecProblem(("cluster", "profile"), f"profile {cluster.profile_name!r} is for "
-                                            f"{profile.get('accelerator')}, but cluster.accelerator is {cluster.accelerator}"))
+                problems.append(
+                    SpecProblem(
+                        ("cluster", "profile"),
+                        f"profile {cluster.profile_name!r} is for "
+                        f"{profile.get('accelerator')}, but cluster.accelerator is {cluster.accelerator}",
+                    )
+                )
         except ValueError as exc:
             problems.append(SpecProblem(("cluster", "overrides"), str(exc)))
 
@@ -49,15 +58,31 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     for i, obj in enumerate(spec.objectives):
         metric = METRICS.get(obj.metric)
         if metric is None:
-            problems.append(SpecProblem(("objectives", i, "metric"), f"unknown metric {obj.metric!r}; "
-                                        f"known: {', '.join(sorted(METRICS))}"))
+            problems.append(
+                SpecProblem(
+                    ("objectives", i, "metric"), f"unknown metric {obj.metric!r}; known: {', '.join(sorted(METRICS))}"
+                )
+            )
         elif metric.workload != kind:
-            problems.append(SpecProblem(("objectives", i, "metric"), f"{obj.metric} is a {metric.workload} metric "
-                                        f"but the workload is {kind}"))
+            problems.append(
+                SpecProblem(
+                    ("objectives", i, "metric"),
+                    f"{obj.metric} is a {metric.workload} metric but the workload is {kind}",
+                )
+            )
 
     choices = spec.space.choices()
-    train_only = {"tp": False, "pp": True, "cp": True, "vpp": True, "micro_batch_size": True, "sequence_parallel": True,
-                  "recompute": True, "recompute_layers": True, "zero_stage": True}
+    train_only = {
+        "tp": False,
+        "pp": True,
+        "cp": True,
+        "vpp": True,
+        "micro_batch_size": True,
+        "sequence_parallel": True,
+        "recompute": True,
+        "recompute_layers": True,
+        "zero_stage": True,
+    }
     infer_only = {"batch_size", "kv_cache_dtype", "quantization"}
     for name in choices:
         if kind == "infer" and train_only.get(name):
@@ -68,8 +93,13 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     for name in ("tp", "pp", "cp"):
         values = choices.get(name, [])
         if values and not any(world % v == 0 for v in values):
-            problems.append(SpecProblem(("space", name), f"no value of {values} divides the world size {world} "
-                                        f"({cluster.nodes} nodes x {cluster.devices_per_node} devices)"))
+            problems.append(
+                SpecProblem(
+                    ("space", name),
+                    f"no value of {values} divides the world size {world} "
+                    f"({cluster.nodes} nodes x {cluster.devices_per_node} devices)",
+                )
+            )
 
     names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices)
     names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
@@ -89,8 +119,13 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     if spec.baseline is not None:
         unknown = [key for key in spec.baseline if key not in CANONICAL_PARAMS and not key.startswith("env.")]
         for key in unknown:
-            problems.append(SpecProblem(("baseline", key), f"unknown parameter {short_value(key)}; use canonical names "
-                                        f"({', '.join(CANONICAL_PARAMS)}) or env.VAR"))
+            problems.append(
+                SpecProblem(
+                    ("baseline", key),
+                    f"unknown parameter {short_value(key)}; use canonical names "
+                    f"({', '.join(CANONICAL_PARAMS)}) or env.VAR",
+                )
+            )
         for key, value in spec.baseline.items():
             if not key.startswith("env."):
                 continue
@@ -108,8 +143,13 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
             shown = env_value(value) if key.startswith("env.") else value
             if not any(shown == v and type(shown) is type(v) for v in values):
                 listed = values if len(values) <= 12 else [*values[:5], "...", *values[-5:]]
-                problems.append(SpecProblem(("baseline", key), f"{value!r} is not a value of space.{key} {listed}; "
-                                            "add it to the space (the baseline is measured as a trial of the study)"))
+                problems.append(
+                    SpecProblem(
+                        ("baseline", key),
+                        f"{value!r} is not a value of space.{key} {listed}; "
+                        "add it to the space (the baseline is measured as a trial of the study)",
+                    )
+                )
         if not unknown and not problems:  # the baseline is probed first: it must be a config the rules allow
             from .space import Space
 
@@ -123,9 +163,15 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
         problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
     seq_len, positions = getattr(spec.workload, "seq_len", None), spec.model.max_position_embeddings
     if kind == "train" and seq_len and seq_len > positions and spec.target_stack in ("megatron", "mindspeed"):
-        problems.append(SpecProblem(("workload", "seq_len"), (
-            f"{seq_len} is above the model's max_position_embeddings {positions}: Megatron's validate_args refuses "
-            f"--seq-length {seq_len} with --max-position-embeddings {positions} (target {spec.target_stack}); train "
-            f"at most {positions}, or give the model `max_position_embeddings: {seq_len}` (a model mapping, for a "
-            "context extension)")))
+        problems.append(
+            SpecProblem(
+                ("workload", "seq_len"),
+                (
+                    f"{seq_len} is above the model's max_position_embeddings {positions}: Megatron's "
+                    f"validate_args refuses --seq-length {seq_len} with --max-position-embeddings {positions} "
+                    f"(target {spec.target_stack}); train at most {positions}, or give the model "
+                    f"`max_position_embeddings: {seq_len}` (a model mapping, for a context extension)"
+                ),
+            )
+        )
     return problems

@@ -35,7 +35,7 @@ class SpecProblem:
         path = escape_text(_dotted(self.loc))
         message = escape_text(self.message)
         if len(message) > MAX_MESSAGE_CHARS:
-            message = f"{message[:MAX_MESSAGE_CHARS - 500]} ... {message[-400:]}"
+            message = f"{message[: MAX_MESSAGE_CHARS - 500]} ... {message[-400:]}"
         return f"{where}: {path}: {message}" if path else f"{where}: {message}"
 
 
@@ -146,7 +146,10 @@ def _format_pydantic(exc: ValidationError, data: Any = None) -> list[SpecProblem
     out = []
     for ps in by_loc.values():
         # a mapping given where a list or a range fits: the list branch's "valid list" says nothing
-        specific = [p for p in ps if not p.message.startswith(("Input should be a valid list",
-                                                                "Input should be a valid dictionary"))]
+        specific = [
+            p
+            for p in ps
+            if not p.message.startswith(("Input should be a valid list", "Input should be a valid dictionary"))
+        ]
         out += specific or ps
     return out

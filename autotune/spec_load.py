@@ -35,11 +35,12 @@ from .spec_errors import SpecError, SpecProblem, _format_pydantic, _line_of
 __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec", "parse_spec_text", "read_spec_text", "decode_spec_bytes"]
 
 
-def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None,
-               root: yaml.Node | None = None) -> Spec:
+def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None, root: yaml.Node | None = None) -> Spec:
     """Validate an already-parsed mapping (``load_spec`` reads the file and keeps line numbers)."""
     if not isinstance(data, dict):
-        raise SpecError(file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")])
+        raise SpecError(
+            file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")]
+        )
     problems = _oversized_ints(data)
     if problems:
         for p in problems:
@@ -155,11 +156,15 @@ def read_spec_text(path: str | Path) -> str:
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise refuse(f"cannot read the spec: it is {_file_kind(info.st_mode)}, not a regular file; give the path of "
-                     "a YAML spec file")
+        raise refuse(
+            f"cannot read the spec: it is {_file_kind(info.st_mode)}, not a regular file; give the path of "
+            "a YAML spec file"
+        )
     if info.st_size > MAX_SPEC_BYTES:
-        raise refuse(f"cannot read the spec: it is {info.st_size:,} bytes, above the limit of {MAX_SPEC_BYTES:,} "
-                     "bytes (1 MiB; a spec is a few KiB)")
+        raise refuse(
+            f"cannot read the spec: it is {info.st_size:,} bytes, above the limit of {MAX_SPEC_BYTES:,} "
+            "bytes (1 MiB; a spec is a few KiB)"
+        )
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -182,8 +187,10 @@ def read_spec_text(path: str | Path) -> str:
         os.close(fd)
     raw = b"".join(chunks)
     if len(raw) > MAX_SPEC_BYTES:  # grew since the stat
-        raise refuse(f"cannot read the spec: it is larger than the limit of {MAX_SPEC_BYTES:,} bytes (1 MiB; a spec "
-                     "is a few KiB)")
+        raise refuse(
+            f"cannot read the spec: it is larger than the limit of {MAX_SPEC_BYTES:,} bytes (1 MiB; a spec "
+            "is a few KiB)"
+        )
     return decode_spec_bytes(raw, file)
 
 
@@ -192,24 +199,47 @@ def decode_spec_bytes(raw: bytes, file: str = "<spec>") -> str:
     convert = f"convert it, e.g. `iconv -f {{enc}} -t UTF-8 {file} > spec-utf8.yaml`"
     for boms, encoding in ((_UTF32_BOMS, "UTF-32"), (_UTF16_BOMS, "UTF-16")):
         if raw.startswith(boms):
-            raise SpecError(file, [SpecProblem((), f"the spec is {encoding} text (it starts with a {encoding} "
-                                               "byte-order mark); autotune reads specs in UTF-8: "
-                                               + convert.format(enc=encoding))])
+            raise SpecError(
+                file,
+                [
+                    SpecProblem(
+                        (),
+                        f"the spec is {encoding} text (it starts with a {encoding} "
+                        "byte-order mark); autotune reads specs in UTF-8: " + convert.format(enc=encoding),
+                    )
+                ],
+            )
     raw = raw.removeprefix(codecs.BOM_UTF8)
     nul = raw.find(b"\0")
     if nul >= 0:
         line = raw.count(b"\n", 0, nul) + 1
-        raise SpecError(file, [SpecProblem((), "the spec holds NUL bytes, so it is not UTF-8 text: a binary file, "
-                                           "or UTF-16/UTF-32 without a byte-order mark; "
-                                           + convert.format(enc="UTF-16"), line)])
+        raise SpecError(
+            file,
+            [
+                SpecProblem(
+                    (),
+                    "the spec holds NUL bytes, so it is not UTF-8 text: a binary file, "
+                    "or UTF-16/UTF-32 without a byte-order mark; " + convert.format(enc="UTF-16"),
+                    line,
+                )
+            ],
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SpecError(file, [SpecProblem((), f"the spec is not UTF-8 text: byte 0x{raw[exc.start]:02x} at column "
-                                           f"{column} ({exc.reason}); Latin-1 or Windows-1252 perhaps: "
-                                           + convert.format(enc="LATIN1"), line)]) from None
+        raise SpecError(
+            file,
+            [
+                SpecProblem(
+                    (),
+                    f"the spec is not UTF-8 text: byte 0x{raw[exc.start]:02x} at column "
+                    f"{column} ({exc.reason}); Latin-1 or Windows-1252 perhaps: " + convert.format(enc="LATIN1"),
+                    line,
+                )
+            ],
+        ) from None
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -235,9 +265,12 @@ class _SpecLoader(yaml.SafeLoader):
         except Exception as exc:  # noqa: BLE001 (ValueError, TypeError, OverflowError... of one value)
             self.recursive_objects.pop(node, None)
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read the {node.tag.rsplit(':', 1)[-1]} value {short_value(getattr(node, 'value', ''))}: "
-                f"{type(exc).__name__}: {exc}", node.start_mark) from None
-
+                None,
+                None,
+                f"cannot read the {node.tag.rsplit(':', 1)[-1]} value {short_value(getattr(node, 'value', ''))}: "
+                f"{type(exc).__name__}: {exc}",
+                node.start_mark,
+            ) from None
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         """PyYAML's int (``0x1F``, ``0o17``/``017``, ``1:20``), refusing one of more characters
@@ -246,8 +279,12 @@ class _SpecLoader(yaml.SafeLoader):
         text = self.construct_scalar(node)
         if len(text) > MAX_INT_CHARS:
             raise yaml.constructor.ConstructorError(
-                None, None, f"an integer written in {len(text):,} characters; a spec's integers are at most "
-                f"2**53 - 1 ({MAX_SPEC_INT:,})", node.start_mark)
+                None,
+                None,
+                f"an integer written in {len(text):,} characters; a spec's integers are at most "
+                f"2**53 - 1 ({MAX_SPEC_INT:,})",
+                node.start_mark,
+            )
         return super().construct_yaml_int(node)
 
 
@@ -282,9 +319,17 @@ def _duplicate_keys(root: yaml.Node | None, loader: yaml.SafeLoader) -> list[Spe
         for key, value in node.value:
             if key.tag == _MERGE_TAG:
                 if first_merge is not None:
-                    problems.append(SpecProblem(loc + ("<<",), (
-                        f"a second merge key '<<' in one mapping (the first is at line {first_merge.start_mark.line + 1}); "
-                        "merge several mappings with one: `<<: [*first, *second]`"), key.start_mark.line + 1))
+                    problems.append(
+                        SpecProblem(
+                            loc + ("<<",),
+                            (
+                                "a second merge key '<<' in one mapping (the first is at line "
+                                f"{first_merge.start_mark.line + 1}); "
+                                "merge several mappings with one: `<<: [*first, *second]`"
+                            ),
+                            key.start_mark.line + 1,
+                        )
+                    )
                 first_merge = first_merge or key
                 stack.append((loc, value))
                 continue
@@ -304,9 +349,17 @@ def _duplicate_keys(root: yaml.Node | None, loader: yaml.SafeLoader) -> list[Spe
                     pass
             else:
                 same = "" if earlier.value == shown else f" (read as the same key as {short_value(earlier.value)})"
-                problems.append(SpecProblem(loc + (shown,), (
-                    f"duplicate key {short_value(shown)}{same}: already at line {earlier.start_mark.line + 1}; YAML keeps "
-                    "only the last one, silently: write the key once"), key.start_mark.line + 1))
+                problems.append(
+                    SpecProblem(
+                        loc + (shown,),
+                        (
+                            f"duplicate key {short_value(shown)}{same}: already at line "
+                            f"{earlier.start_mark.line + 1}; YAML keeps "
+                            "only the last one, silently: write the key once"
+                        ),
+                        key.start_mark.line + 1,
+                    )
+                )
             stack.append((loc + (shown,), value))
     return sorted(problems, key=lambda p: p.line or 0)
 
@@ -319,30 +372,70 @@ def parse_spec_text(text: str, file: str = "<spec>") -> tuple[Any, yaml.Node | N
         loader = _SpecLoader(text)  # the reader checks the characters here already
         root = loader.get_single_node()
         if _expanded_size(root) > MAX_YAML_VALUES:
-            raise SpecError(file, [SpecProblem((), f"the YAML expands to more than {MAX_YAML_VALUES:,} values through its "
-                                               "aliases (*name); a spec needs a few hundred: write the values out")])
+            raise SpecError(
+                file,
+                [
+                    SpecProblem(
+                        (),
+                        f"the YAML expands to more than {MAX_YAML_VALUES:,} values through its "
+                        "aliases (*name); a spec needs a few hundred: write the values out",
+                    )
+                ],
+            )
         duplicates = _duplicate_keys(root, loader)
         if duplicates:
             raise SpecError(file, duplicates)
         data = loader.construct_document(root) if root is not None else None
     except _TooManyValues:
-        raise SpecError(file, [SpecProblem((), (
-            f"the YAML holds more than {MAX_YAML_VALUES:,} values (keys and values); a spec needs a few hundred "
-            "(a long run of integers is a range: {low, high, step})"))]) from None
+        raise SpecError(
+            file,
+            [
+                SpecProblem(
+                    (),
+                    (
+                        f"the YAML holds more than {MAX_YAML_VALUES:,} values (keys and values); a spec needs a few "
+                        "hundred "
+                        "(a long run of integers is a range: {low, high, step})"
+                    ),
+                )
+            ],
+        ) from None
     except _RecursiveAlias as exc:
-        raise SpecError(file, [SpecProblem((), "invalid YAML: an alias (*name) inside the node its anchor (&name) "
-                                           "names, a structure that contains itself", exc.line)]) from None
+        raise SpecError(
+            file,
+            [
+                SpecProblem(
+                    (),
+                    "invalid YAML: an alias (*name) inside the node its anchor (&name) "
+                    "names, a structure that contains itself",
+                    exc.line,
+                )
+            ],
+        ) from None
     except RecursionError:
-        raise SpecError(file, [SpecProblem((), "invalid YAML: nested too deeply to read (a spec nests a few levels)")]) from None
+        raise SpecError(
+            file, [SpecProblem((), "invalid YAML: nested too deeply to read (a spec nests a few levels)")]
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc.problem} {exc.context or ''}".strip(), line)]) from None
+        raise SpecError(
+            file, [SpecProblem((), f"invalid YAML: {exc.problem} {exc.context or ''}".strip(), line)]
+        ) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
         what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else short_value(exc.character)
-        raise SpecError(file, [SpecProblem((), f"invalid YAML: unacceptable character {what}: {exc.reason} (control "
-                                           "characters are written as escapes in a double-quoted string)", line)]) from None
+        raise SpecError(
+            file,
+            [
+                SpecProblem(
+                    (),
+                    f"invalid YAML: unacceptable character {what}: {exc.reason} (control "
+                    "characters are written as escapes in a double-quoted string)",
+                    line,
+                )
+            ],
+        ) from None
     except yaml.YAMLError as exc:
         raise SpecError(file, [SpecProblem((), f"invalid YAML: {exc}")]) from None
     finally:

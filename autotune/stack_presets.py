@@ -33,32 +33,64 @@ def _entry(entry: str) -> list[str]:
     return [entry]
 
 
-def preset_launch(kind: str, backend: Any, request: Any, iterations: int, warmup: int,
-                  python: str | None = None, nodes: int = 1) -> dict[str, Any]:
+def preset_launch(
+    kind: str, backend: Any, request: Any, iterations: int, warmup: int, python: str | None = None, nodes: int = 1
+) -> dict[str, Any]:
     """``argv``, ``env``, ``files`` (name -> text, written beside the trial file; ``{trial_dir}``
     in argv names that folder) and the ``stack_log`` options of one trial's launch."""
     stack = preset(kind)
     if stack is None or stack.launch is None:
         raise ValueError(f"no stack preset {kind!r}; expected one of {', '.join(preset_names())}")
     config, workload = request.params, request.workload
-    devices = (int(config.get("tp", 1)) * int(config.get("pp", 1)) * int(config.get("cp", 1) or 1)
-               * int(config.get("dp", 1) or 1))
+    devices = (
+        int(config.get("tp", 1))
+        * int(config.get("pp", 1))
+        * int(config.get("cp", 1) or 1)
+        * int(config.get("dp", 1) or 1)
+    )
     gbs = int(workload.get("global_batch_size") or 0)
     seq = int(workload.get("seq_len") or 0)
-    rendezvous = ["--standalone"] if nodes <= 1 else [  # one process per node, the dispatcher fills these in
-        "--nnodes", "{nnodes}", "--node-rank", "{node_rank}", "--master-addr", "{master_addr}",
-        "--master-port", "{master_port}"]
-    launcher = [python or sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node",
-                str(devices // max(1, nodes))]
+    rendezvous = (
+        ["--standalone"]
+        if nodes <= 1
+        else [  # one process per node, the dispatcher fills these in
+            "--nnodes",
+            "{nnodes}",
+            "--node-rank",
+            "{node_rank}",
+            "--master-addr",
+            "{master_addr}",
+            "--master-port",
+            "{master_port}",
+        ]
+    )
+    launcher = [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        "--nproc-per-node",
+        str(devices // max(1, nodes)),
+    ]
     entry = backend.entry or stack.default_entry
-    run = PresetRun(request=request, launcher=launcher, entry=_entry(str(entry)) if entry else [],
-                    user=[str(a).replace("{iterations}", str(iterations)) for a in (backend.args or [])],
-                    iterations=iterations, devices=devices, global_batch_size=gbs,
-                    layers=int(request.model.get("num_hidden_layers") or 0))
+    run = PresetRun(
+        request=request,
+        launcher=launcher,
+        entry=_entry(str(entry)) if entry else [],
+        user=[str(a).replace("{iterations}", str(iterations)) for a in (backend.args or [])],
+        iterations=iterations,
+        devices=devices,
+        global_batch_size=gbs,
+        layers=int(request.model.get("num_hidden_layers") or 0),
+    )
     launch = stack.launch(run)
     # $AUTOTUNE_ITERATIONS: for a script with no standard flag for its step count (DeepSpeed)
     env: dict[str, str] = {"AUTOTUNE_ITERATIONS": str(iterations), **launch.env}
-    log_options = {"kind": stack.log_reader, "warmup": warmup,
-                   "tokens_per_iteration": gbs * seq if gbs and seq else None, "devices": devices,
-                   "samples_per_iteration": gbs or None}
+    log_options = {
+        "kind": stack.log_reader,
+        "warmup": warmup,
+        "tokens_per_iteration": gbs * seq if gbs and seq else None,
+        "devices": devices,
+        "samples_per_iteration": gbs or None,
+    }
     return {"argv": list(launch.argv), "env": env, "files": dict(launch.files), "stack_log": log_options}

@@ -55,9 +55,11 @@ def check_journal(path: Path) -> str | None:
             f.flush()
             os.fsync(f.fileno())
         data = data[:cut]
-        recovered = (f"{path}: the last record was cut mid-write (the run was killed while writing it); "
-                     f"{len(torn_bytes)} byte(s) moved to {torn.name}, "
-                     "the study continues from the record before it")
+        recovered = (
+            f"{path}: the last record was cut mid-write (the run was killed while writing it); "
+            f"{len(torn_bytes)} byte(s) moved to {torn.name}, "
+            "the study continues from the record before it"
+        )
     fix = "restore the file from a backup, or pass a new --run-dir to start the study over"
     for number, line in enumerate(data.splitlines(), start=1):
         try:
@@ -67,8 +69,10 @@ def check_journal(path: Path) -> str | None:
             raise StorageDamaged(f"{path}: line {number} is not an Optuna journal record ({shown!r}); {fix}") from None
         op = record.get("op_code") if isinstance(record, dict) else None
         if isinstance(op, bool) or not isinstance(op, int) or op not in known:
-            raise StorageDamaged(f"{path}: line {number} has no Optuna operation this version knows "
-                                 f"(op_code {op!r}; optuna {optuna.__version__}); {fix}")
+            raise StorageDamaged(
+                f"{path}: line {number} has no Optuna operation this version knows "
+                f"(op_code {op!r}; optuna {optuna.__version__}); {fix}"
+            )
     return recovered
 
 
@@ -96,10 +100,13 @@ def _driver_hint(url: str, exc: Exception) -> str:
 
     scheme = url.split("://", 1)[0]
     fix = _DRIVERS.get(scheme)
-    how = (f"name the driver in the URL: {masked_url(fix + url[len(scheme):])} (psycopg2 is installed with "
-           "autotune's test extra; pip install psycopg2-binary otherwise)" if fix else
-           "install the database driver the URL's scheme names, or name an installed one (scheme+driver://)")
-    return (f"tracking.storage {masked_url(url)!r}: no database driver for it can be imported ({exc}); {how}")
+    how = (
+        f"name the driver in the URL: {masked_url(fix + url[len(scheme) :])} (psycopg2 is installed with "
+        "autotune's test extra; pip install psycopg2-binary otherwise)"
+        if fix
+        else "install the database driver the URL's scheme names, or name an installed one (scheme+driver://)"
+    )
+    return f"tracking.storage {masked_url(url)!r}: no database driver for it can be imported ({exc}); {how}"
 
 
 def journal_path(spec: Spec, run_dir: Path) -> Path | None:
@@ -198,8 +205,9 @@ class _FlockJournalLock:
             self._in_process.release()
 
 
-def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler | None = None,
-               create: bool = True) -> optuna.Study:
+def open_study(
+    spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler | None = None, create: bool = True
+) -> optuna.Study:
     """The spec's study. Raises :class:`StorageDamaged` (naming the file) for a storage that
     cannot be read as a study, and ``KeyError`` when ``create`` is false and there is no study of
     that name in it."""
@@ -212,7 +220,8 @@ def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler |
                 f"{path} is {'empty' if path.exists() else 'missing'}, but {run_dir} holds {len(earlier)} trial "
                 f"result(s) of an earlier run of this study (e.g. {earlier[0].relative_to(run_dir)}): the study's "
                 "record was lost, and starting afresh would probe those configs again and orphan their MLflow runs. "
-                "Restore the journal from a backup, or pass a new --run-dir to start over")
+                "Restore the journal from a backup, or pass a new --run-dir to start over"
+            )
     try:
         storage = study_storage(spec, run_dir, read_only=not create)
     except StorageDamaged:
@@ -220,14 +229,17 @@ def open_study(spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler |
     except Exception as exc:  # Optuna could not replay what it read
         if path is None:
             raise
-        raise StorageDamaged(f"{where}: Optuna cannot replay it ({type(exc).__name__}: {exc}); restore the file "
-                             "from a backup, or pass a new --run-dir to start the study over") from None
+        raise StorageDamaged(
+            f"{where}: Optuna cannot replay it ({type(exc).__name__}: {exc}); restore the file "
+            "from a backup, or pass a new --run-dir to start the study over"
+        ) from None
     directions = [d for _, d in spec.objective_list()]
     if not create:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
     else:
-        study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions, sampler=sampler,
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            study_name=spec.name, storage=storage, directions=directions, sampler=sampler, load_if_exists=True
+        )
     if path is not None:
         _check_no_trial_lost(study, path, run_dir)
     return study
@@ -240,11 +252,15 @@ def _check_no_trial_lost(study: optuna.Study, path: Path, run_dir: Path) -> None
     knows nothing of says records were lost (a crash mid-write loses at most the last record, of a
     trial the journal already holds)."""
     known = {t.number for t in study.get_trials(deepcopy=False)}
-    lost = sorted(int(p.parent.name) for p in run_dir.glob("trials/[0-9]*/result.json")
-                  if p.parent.name.isdigit() and int(p.parent.name) not in known)
+    lost = sorted(
+        int(p.parent.name)
+        for p in run_dir.glob("trials/[0-9]*/result.json")
+        if p.parent.name.isdigit() and int(p.parent.name) not in known
+    )
     if lost:
         raise StorageDamaged(
             f"{path} holds {len(known)} trial(s), but {run_dir} holds results of trial(s) "
             f"{', '.join(map(str, lost[:8]))}{' ...' if len(lost) > 8 else ''} that it does not: the journal was cut "
             "and lost records; resuming would probe those configs again and double their MLflow runs. Restore the "
-            "journal from a backup, or pass a new --run-dir to start over")
+            "journal from a backup, or pass a new --run-dir to start over"
+        )

@@ -29,8 +29,15 @@ import optuna
 from .secret_env import SPEC_COPY, masked_backend
 from .spec import Spec
 
-__all__ = ["DEFINING", "DEFINITION_ATTR", "definition", "changed_fields", "stored_definition", "record_definition",
-           "set_aside"]
+__all__ = [
+    "DEFINING",
+    "DEFINITION_ATTR",
+    "definition",
+    "changed_fields",
+    "stored_definition",
+    "record_definition",
+    "set_aside",
+]
 
 DEFINITION_ATTR = "autotune.definition"
 DEFINING = ("model", "workload", "cluster", "space", "constraints", "objectives", "target", "backend")

@@ -21,16 +21,25 @@ from .space import Space, config_key
 from .spec import Spec
 from .trial_attrs import A
 
-__all__ = ["Unplaceable", "make_sampler", "rank_for_study", "enqueue_plan", "params_for", "predicted_of", "valid_count",
-           "check_placeable"]
+__all__ = [
+    "Unplaceable",
+    "make_sampler",
+    "rank_for_study",
+    "enqueue_plan",
+    "params_for",
+    "predicted_of",
+    "valid_count",
+    "check_placeable",
+]
 
 
 class Unplaceable(RuntimeError):
     """No trial of the study can ever be placed on the cluster: refused before the first trial."""
 
 
-def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
-                 resumed_at: int = 0) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    spec: Spec, space: Space, n_objectives: int, parallel: int, resumed_at: int = 0
+) -> optuna.samplers.BaseSampler:
     """The spec's sampler. A resumed study (``resumed_at`` trials already in it) gets a seed
     derived from the spec's and that count: with the spec's own seed a seeded sampler would
     replay its earlier proposals, all measured already, and probe nothing new."""
@@ -39,8 +48,12 @@ def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
     if seed is not None and resumed_at:
         seed = (seed * 1_000_003 + resumed_at) % 2**32
     if name in ("auto", "tpe"):
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=parallel > 1,
-                                          n_startup_trials=min(10, max(3, spec.search.n_trials // 4)))
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            constant_liar=parallel > 1,
+            n_startup_trials=min(10, max(3, spec.search.n_trials // 4)),
+        )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -57,25 +70,38 @@ def make_sampler(spec: Spec, space: Space, n_objectives: int, parallel: int,
     raise ValueError(f"unknown sampler {name!r}")
 
 
-def rank_for_study(spec: Spec, space: Space, context: ProbeContext, run_dir: Path,
-                   say: Callable[[str], None]) -> Ranking | None:
+def rank_for_study(
+    spec: Spec, space: Space, context: ProbeContext, run_dir: Path, say: Callable[[str], None]
+) -> Ranking | None:
     """Whole-space simulator ranking when the space is small enough to enumerate."""
     if space.size > spec.search.exhaustive_limit:
-        say(f"space of {space.size:,} combinations is above the exhaustive limit "
-                                 f"({spec.search.exhaustive_limit:,}): sampling instead of ranking")
+        say(
+            f"space of {space.size:,} combinations is above the exhaustive limit "
+            f"({spec.search.exhaustive_limit:,}): sampling instead of ranking"
+        )
         return None
     started = time.perf_counter()
     say(f"ranking the space with the simulator ({space.size:,} combinations)")
     enumeration = space.enumerate()
     ranking = rank_space(enumeration, context, spec.objective_list())
     ranking.write_csv(run_dir / "ranking.csv")
-    say(f"ranked {enumeration.valid:,} valid configs, {ranking.fit:,} predicted to fit "
-        f"({time.perf_counter() - started:.1f} s)")
+    say(
+        f"ranked {enumeration.valid:,} valid configs, {ranking.fit:,} predicted to fit "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
     return ranking
 
 
-def enqueue_plan(study: optuna.Study, spec: Spec, space: Space, ranking: Ranking | None, budget_left: int, *,
-                 simulated: bool, guided: bool) -> None:
+def enqueue_plan(
+    study: optuna.Study,
+    spec: Spec,
+    space: Space,
+    ranking: Ranking | None,
+    budget_left: int,
+    *,
+    simulated: bool,
+    guided: bool,
+) -> None:
     """Queue the baseline and, for ``sampler: auto``, the simulator's best bets.
 
     A resumed study already holds its plan (waiting trials) and gets no second one."""
@@ -86,8 +112,15 @@ def enqueue_plan(study: optuna.Study, spec: Spec, space: Space, ranking: Ranking
     if spec.baseline and not any(t.user_attrs.get(A.BASELINE) for t in trials):
         params = params_for(space, spec.baseline)
         resolved = space.resolve({**params, **spec.baseline})
-        study.enqueue_trial(params, user_attrs={A.BASELINE: True, A.CONFIG: resolved.config, A.KEY: resolved.key,
-                                                 A.CHOSEN: "baseline from the spec"})
+        study.enqueue_trial(
+            params,
+            user_attrs={
+                A.BASELINE: True,
+                A.CONFIG: resolved.config,
+                A.KEY: resolved.key,
+                A.CHOSEN: "baseline from the spec",
+            },
+        )
         already.add(resolved.key)
         budget_left -= 1
     if spec.search.sampler != "auto" or ranking is None or budget_left <= 0 or guided:
@@ -106,9 +139,15 @@ def enqueue_plan(study: optuna.Study, spec: Spec, space: Space, ranking: Ranking
         why = f"rank {layout.rank} by model"
         if layout.undistinguished:
             why += f"; {UNDISTINGUISHED}{layout.undistinguished_text()}"
-        study.enqueue_trial(params_for(space, config), user_attrs={
-            A.CONFIG: config, A.KEY: key, A.PREDICTED: predicted_of(metrics, spec.objective_list()), A.CHOSEN: why,
-        })
+        study.enqueue_trial(
+            params_for(space, config),
+            user_attrs={
+                A.CONFIG: config,
+                A.KEY: key,
+                A.PREDICTED: predicted_of(metrics, spec.objective_list()),
+                A.CHOSEN: why,
+            },
+        )
         already.add(key)
         queued += 1
         if queued >= k:
@@ -129,8 +168,15 @@ def params_for(space: Space, config: dict[str, Any]) -> dict[str, Any]:
 def predicted_of(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> dict[str, float]:
     """The prediction kept with a trial: the metrics a user compares, and the step-time breakdown
     the refit (:mod:`autotune.refit`) learns from."""
-    keys = {m for m, _ in objectives} | {"step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib",
-                                          "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s"}
+    keys = {m for m, _ in objectives} | {
+        "step_time_s",
+        "tokens_per_s_per_device",
+        "mfu",
+        "peak_memory_gib",
+        "memory_headroom_gib",
+        "ttft_ms",
+        "decode_tokens_per_s",
+    }
     return {k: float(v) for k, v in metrics.items() if (k in keys or k.startswith(("time_", "mem_"))) and _finite(v)}
 
 
@@ -151,6 +197,8 @@ def check_placeable(spec: Spec, dispatcher: Any) -> None:
     problem = dispatcher.placement_problem(**placement)
     if problem is not None:
         spread = f" over {placement['nodes']} nodes" if placement["nodes"] > 1 else ""
-        raise Unplaceable(f"no trial of this study can be placed on the Ray cluster: {problem[1]}. Each trial needs "
-                          f"{devices} {spec.cluster.accelerator} device(s){spread} (the spec's cluster "
-                          "section): start the nodes it needs, or change the spec's cluster")
+        raise Unplaceable(
+            f"no trial of this study can be placed on the Ray cluster: {problem[1]}. Each trial needs "
+            f"{devices} {spec.cluster.accelerator} device(s){spread} (the spec's cluster "
+            "section): start the nodes it needs, or change the spec's cluster"
+        )

@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 class StudyTracking(TrialListener):
     """The study's MLflow content, written through ``tracker``."""
 
-    def __init__(self, tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path, *, parallel: int,
-                 space_size: int):
+    def __init__(
+        self, tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path, *, parallel: int, space_size: int
+    ):
         self.tracker = tracker
         self.spec = spec
         self.backend = backend
@@ -60,19 +61,29 @@ class StudyTracking(TrialListener):
         """Open (or resume) the study's parent run: what was tuned, on what, how."""
         previous = study.user_attrs.get("autotune.parent_run_id")
         params = {
-            "model": self.spec.model.name, "workload": self.spec.workload.kind, "world_size": self.spec.cluster.world_size,
-            "accelerator": self.spec.cluster.accelerator, "hardware_profile": self.spec.cluster.profile_name,
-            "backend": self.backend.kind, "sampler": self.spec.search.sampler, "n_trials": self.spec.search.n_trials,
-            "parallel_trials": self.parallel, "objectives": ",".join(f"{m}:{d}" for m, d in self.objectives),
+            "model": self.spec.model.name,
+            "workload": self.spec.workload.kind,
+            "world_size": self.spec.cluster.world_size,
+            "accelerator": self.spec.cluster.accelerator,
+            "hardware_profile": self.spec.cluster.profile_name,
+            "backend": self.backend.kind,
+            "sampler": self.spec.search.sampler,
+            "n_trials": self.spec.search.n_trials,
+            "parallel_trials": self.parallel,
+            "objectives": ",".join(f"{m}:{d}" for m, d in self.objectives),
             "space_size": self.space_size,
         }
-        tags = {"autotune.study": self.spec.name, "autotune.backend": self.backend.kind,
-                "autotune.source": "simulated" if self.backend.simulated else "measured",
-                "autotune.backend_reason": self.backend.reason}
+        tags = {
+            "autotune.study": self.spec.name,
+            "autotune.backend": self.backend.kind,
+            "autotune.source": "simulated" if self.backend.simulated else "measured",
+            "autotune.backend_reason": self.backend.reason,
+        }
         if self.parallel != self.spec.search.parallel_trials:  # the effective setting, and why
             tags["autotune.parallel_trials_note"] = (
                 f"parallel_trials {self.parallel}, the spec says {self.spec.search.parallel_trials}: "
-                "simulated trials are predictions, computed one after another in the driver")
+                "simulated trials are predictions, computed one after another in the driver"
+            )
         run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
         study.set_user_attr("autotune.parent_run_id", run_id)
         if self.spec.source_path:  # the copy the run directory keeps, secrets masked
@@ -81,9 +92,10 @@ class StudyTracking(TrialListener):
                 write_spec_copy(self.spec.source_path, self.run_dir)
             self.tracker.log_parent(artifacts=[copy], artifact_path="spec")
         if ranking is not None:
-            self.tracker.log_parent(metrics={"space_valid": ranking.enumeration.valid,
-                                             "space_fit_predicted": ranking.fit},
-                                    artifacts=[self.run_dir / "ranking.csv"])
+            self.tracker.log_parent(
+                metrics={"space_valid": ranking.enumeration.valid, "space_fit_predicted": ranking.fit},
+                artifacts=[self.run_dir / "ranking.csv"],
+            )
 
     def reconcile(self, study: optuna.Study) -> None:
         """Make MLflow hold exactly the tracked trials of Optuna storage (:func:`is_tracked`).
@@ -98,8 +110,10 @@ class StudyTracking(TrialListener):
         try:
             children = self.tracker.child_runs()
         except Exception as exc:  # the server went away since the start: the next run reconciles
-            log.warning("could not read MLflow's child runs (%s); the trials MLflow lacks are logged by the next run",
-                        error_line(exc))
+            log.warning(
+                "could not read MLflow's child runs (%s); the trials MLflow lacks are logged by the next run",
+                error_line(exc),
+            )
             return
         logged: set[int] = set()
         for run in sorted(children, key=lambda r: r.info.status not in TERMINAL_STATUSES):
@@ -135,21 +149,40 @@ class StudyTracking(TrialListener):
             predicted = record.predicted.get(prefix + first)
             if _finite(predicted) and _finite(measured) and measured:
                 metrics[f"{prefix}prediction_error_pct"] = 100.0 * (predicted - measured) / abs(measured)
-        tags = {"autotune.status": record.status, "autotune.source": record.source or "rules",
-                "autotune.backend": self.backend.kind, "autotune.chosen_because": record.chosen_because,
-                "autotune.optuna_state": record.state}
+        tags = {
+            "autotune.status": record.status,
+            "autotune.source": record.source or "rules",
+            "autotune.backend": self.backend.kind,
+            "autotune.chosen_because": record.chosen_because,
+            "autotune.optuna_state": record.state,
+        }
         if record.reason:
             tags["autotune.failure_reason"] = record.reason
         if record.baseline:
             tags["autotune.baseline"] = "true"
         artifacts = [self.run_dir / "trials" / f"{record.number:04d}" / n for n in ("result.json", "log_tail.txt")]
-        self.tracker.log_trial(record.number, record.config, metrics, tags,
-                               steps=result.steps if result else None, artifacts=artifacts,
-                               failed=record.status not in ("ok", "pruned"))
+        self.tracker.log_trial(
+            record.number,
+            record.config,
+            metrics,
+            tags,
+            steps=result.steps if result else None,
+            artifacts=artifacts,
+            failed=record.status not in ("ok", "pruned"),
+        )
 
-    def finish(self, result: Any, *, probes_run: int, stopped_because: str, improvement: str | None,
-               summary_metrics: dict[str, float], files: list[Path], exports: dict[str, Path],
-               plots: list[Path]) -> None:
+    def finish(
+        self,
+        result: Any,
+        *,
+        probes_run: int,
+        stopped_because: str,
+        improvement: str | None,
+        summary_metrics: dict[str, float],
+        files: list[Path],
+        exports: dict[str, Path],
+        plots: list[Path],
+    ) -> None:
         """The parent run's closing content: the best, baseline and recommended configs, the
         summary figures, the result files, exports and plots."""
         best = result.best[0] if result.best else None
@@ -186,8 +219,10 @@ class StudyTracking(TrialListener):
         warnings = []
         left = self.tracker.finish_parent(status)
         if left:
-            warnings.append(f"MLflow at {self.tracker.tracking_uri} stopped taking writes: {left} not done; every "
-                            "trial is in the Optuna storage: run the same command again once it answers, and the "
-                            "missing runs are logged (nothing is probed again)")
+            warnings.append(
+                f"MLflow at {self.tracker.tracking_uri} stopped taking writes: {left} not done; every "
+                "trial is in the Optuna storage: run the same command again once it answers, and the "
+                "missing runs are logged (nothing is probed again)"
+            )
         warnings += [f"MLflow refused {failure}" for failure in self.tracker.failed_writes[:5]]
         return warnings

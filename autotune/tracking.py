@@ -55,8 +55,11 @@ RENAMED_TAG = "autotune.renamed_keys"
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow's own defaults (120 s timeout, 7 retries with backoff) block a call for minutes when the
 # server is gone; the tracker retries whole writes itself, so each call may give up quickly
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 
 
 # the experiment tag MLflow 3's UI reads to open an experiment on its runs table rather than its
@@ -84,15 +87,21 @@ def relocate_artifacts(run_dir: Path) -> str | None:
         return None
     new = (run_dir / "mlartifacts").resolve().as_uri()
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT artifact_location FROM experiments WHERE artifact_location LIKE '%/mlartifacts'"
-                            ).fetchall()
+        rows = conn.execute(
+            "SELECT artifact_location FROM experiments WHERE artifact_location LIKE '%/mlartifacts'"
+        ).fetchall()
         old = next((r[0] for r in rows if r[0] != new), None)
         if old is None:
             return None
-        conn.execute("UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
-                     "WHERE substr(artifact_location, 1, ?) = ?", (new, len(old) + 1, len(old), old))
-        conn.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
-                     (new, len(old) + 1, len(old), old))
+        conn.execute(
+            "UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
+            "WHERE substr(artifact_location, 1, ?) = ?",
+            (new, len(old) + 1, len(old), old),
+        )
+        conn.execute(
+            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
+            (new, len(old) + 1, len(old), old),
+        )
     return f"the run directory moved: its MLflow artifact paths now point at {new} (were {old})"
 
 
@@ -128,7 +137,7 @@ def mlflow_key(name: str) -> str:
 
     key = as_path("".join(c if chars_ok(c) else "_" for c in str(name)))
     if len(key) > MAX_ENTITY_KEY_LENGTH:
-        key = as_path(key[:MAX_ENTITY_KEY_LENGTH - 9].rstrip("/") + "_" + _digest(name))
+        key = as_path(key[: MAX_ENTITY_KEY_LENGTH - 9].rstrip("/") + "_" + _digest(name))
     return key if valid(key) else f"renamed_{_digest(name)}"
 
 
@@ -152,7 +161,7 @@ def _mlflow_names(kind: str, keys: Any) -> tuple[dict[str, str], list[str]]:
             continue
         new = mlflow_key(str(key))
         if new in taken:
-            new = mlflow_key(new[:MAX_ENTITY_KEY_LENGTH - 9] + "_" + _digest(str(key)))
+            new = mlflow_key(new[: MAX_ENTITY_KEY_LENGTH - 9] + "_" + _digest(str(key)))
         taken.add(new)
         names[key] = new
         text = str(key)
@@ -161,8 +170,13 @@ def _mlflow_names(kind: str, keys: Any) -> tuple[dict[str, str], list[str]]:
         if (kind, text) not in _WARNED:  # repr: a name's escape characters never reach the terminal
             _WARNED.add((kind, text))
             brief = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text)} characters)"
-            log.warning("MLflow does not accept the %s name %s: logged as %r (the run's tag %s lists each such "
-                        "name)", kind, brief, new if len(new) <= 80 else new[:80] + "...", RENAMED_TAG)
+            log.warning(
+                "MLflow does not accept the %s name %s: logged as %r (the run's tag %s lists each such name)",
+                kind,
+                brief,
+                new if len(new) <= 80 else new[:80] + "...",
+                RENAMED_TAG,
+            )
     return names, renamed
 
 
@@ -189,8 +203,15 @@ class Tracker:
     """Writes one study's runs. ``parent_run_id`` is kept by the caller (in Optuna storage) so a
     resumed study continues the same parent run instead of starting a second one."""
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_dir: Path, *,
-                 retry_after_s: float = 30.0, drain_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        artifact_dir: Path,
+        *,
+        retry_after_s: float = 30.0,
+        drain_timeout_s: float = 60.0,
+    ):
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if tracking_uri.startswith(("http://", "https://")):
             for key, value in _HTTP_DEFAULTS.items():
@@ -207,7 +228,11 @@ class Tracker:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             artifact_dir.mkdir(parents=True, exist_ok=True)
-            location = artifact_dir.resolve().as_uri() if "://" not in tracking_uri or tracking_uri.startswith("sqlite") else None
+            location = (
+                artifact_dir.resolve().as_uri()
+                if "://" not in tracking_uri or tracking_uri.startswith("sqlite")
+                else None
+            )
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
@@ -279,8 +304,11 @@ class Tracker:
             self._attempts += 1
             self._settle(write)
         if self.offline_since is not None:
-            log.warning("MLflow at %s answers again after %.0f s: the queued writes are done",
-                        self.tracking_uri, time.monotonic() - self.offline_since)
+            log.warning(
+                "MLflow at %s answers again after %.0f s: the queued writes are done",
+                self.tracking_uri,
+                time.monotonic() - self.offline_since,
+            )
             self.offline_since = None
 
     def _settle(self, write: _Write) -> None:
@@ -300,9 +328,15 @@ class Tracker:
         self._next_check = time.monotonic() + self.retry_after_s
         if self.offline_since is None:
             self.offline_since = time.monotonic()
-            log.warning("MLflow at %s does not answer (%s). The study goes on: every trial is in Optuna "
-                        "storage, and the %d queued write(s) are sent when it answers again (asked every "
-                        "%.0f s)", self.tracking_uri, error_line(exc), len(self._backlog), self.retry_after_s)
+            log.warning(
+                "MLflow at %s does not answer (%s). The study goes on: every trial is in Optuna "
+                "storage, and the %d queued write(s) are sent when it answers again (asked every "
+                "%.0f s)",
+                self.tracking_uri,
+                error_line(exc),
+                len(self._backlog),
+                self.retry_after_s,
+            )
         with self._idle:  # flush() waits for writes that can still happen, not for a dead server
             self._idle.notify_all()
 
@@ -321,8 +355,9 @@ class Tracker:
             self._next_check = 0.0
             self._jobs.put(None)  # wake the writer
         with self._idle:
-            while self._unfinished and not (self.offline_since is not None and self._jobs.empty()
-                                            and (not retry_now or self._attempts > attempts)):
+            while self._unfinished and not (
+                self.offline_since is not None and self._jobs.empty() and (not retry_now or self._attempts > attempts)
+            ):
                 if timeout is not None:
                     left = max(start, self._last_progress) + timeout - time.monotonic()
                     if left <= 0:
@@ -333,8 +368,9 @@ class Tracker:
             return self._unfinished
 
     # ---- parent ------------------------------------------------------------------------------
-    def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str],
-                     resume_run_id: str | None = None) -> str:
+    def start_parent(
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], resume_run_id: str | None = None
+    ) -> str:
         """Synchronous, at the start: a study whose tracking store cannot be reached at all is
         told so before it probes anything (each call is bounded, see the module docstring)."""
         if resume_run_id:
@@ -349,23 +385,33 @@ class Tracker:
             except Exception:  # deleted or from another store: start a fresh parent run
                 log.info("previous parent run %s not found; starting a new one", resume_run_id)
         names, renamed = _mlflow_names("tag", tags.keys())
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                     tags={names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()})
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()}
+        )
         self.parent_run_id = run.info.run_id
         self._log_batch(self.parent_run_id, params=params, renamed=renamed)
         return self.parent_run_id
 
-    def log_parent(self, metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-                   artifacts: list[Path] | None = None, artifact_path: str | None = None, step: int = 0,
-                   params: dict[str, Any] | None = None) -> None:
+    def log_parent(
+        self,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+        artifacts: list[Path] | None = None,
+        artifact_path: str | None = None,
+        step: int = 0,
+        params: dict[str, Any] | None = None,
+    ) -> None:
         """Queue metrics (at ``step``: a history such as the refit after each measurement), tags,
         params and artifacts for the parent run, after every trial queued before. MLflow never
         changes a logged param: one that already has another value (a resumed study found a
         better config) is set as the tag ``<name>.latest`` instead."""
         assert self.parent_run_id
         parent = self.parent_run_id
-        step_metrics = [(k, float(v), step) for k, v in (metrics or {}).items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        step_metrics = [
+            (k, float(v), step)
+            for k, v in (metrics or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
         files = list(artifacts or [])
         # compared with what the run holds under the names MLflow keeps (mlflow_key)
         names, renamed = _mlflow_names("param", (params or {}).keys())
@@ -385,7 +431,9 @@ class Tracker:
                 elif path.exists():
                     self.client.log_artifact(parent, str(path), artifact_path)
 
-        self._submit(f"the parent run's {', '.join(sorted((metrics or {}) | (tags or {}))) or 'artifacts'}"[:120], write)
+        self._submit(
+            f"the parent run's {', '.join(sorted((metrics or {}) | (tags or {}))) or 'artifacts'}"[:120], write
+        )
 
     def finish_parent(self, status: str = "FINISHED") -> int:
         """Close the parent run after every queued write; waits at most ``drain_timeout_s``
@@ -393,13 +441,22 @@ class Tracker:
         which the next run of the same study writes (it reconciles MLflow with Optuna storage)."""
         if self.parent_run_id:
             parent = self.parent_run_id
-            self._submit(f"the parent run's status {status}", lambda _: self.client.set_terminated(parent, status=status))
+            self._submit(
+                f"the parent run's status {status}", lambda _: self.client.set_terminated(parent, status=status)
+            )
         return self.flush(timeout=self.drain_timeout_s, retry_now=True)
 
     # ---- children ----------------------------------------------------------------------------
-    def log_trial(self, number: int, params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str],
-                  steps: list[dict[str, Any]] | None = None, artifacts: list[Path] | None = None,
-                  failed: bool = False) -> None:
+    def log_trial(
+        self,
+        number: int,
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        tags: dict[str, str],
+        steps: list[dict[str, Any]] | None = None,
+        artifacts: list[Path] | None = None,
+        failed: bool = False,
+    ) -> None:
         """Queue one finished trial as a child run."""
         assert self.parent_run_id
         parent = self.parent_run_id
@@ -409,9 +466,18 @@ class Tracker:
 
         self._submit(f"trial {number}", write)
 
-    def _log_trial(self, attempt: _Write, parent: str, number: int, params: dict[str, Any], metrics: dict[str, float],
-                   tags: dict[str, str], steps: list[dict[str, Any]] | None, artifacts: list[Path] | None,
-                   failed: bool) -> None:
+    def _log_trial(
+        self,
+        attempt: _Write,
+        parent: str,
+        number: int,
+        params: dict[str, Any],
+        metrics: dict[str, float],
+        tags: dict[str, str],
+        steps: list[dict[str, Any]] | None,
+        artifacts: list[Path] | None,
+        failed: bool,
+    ) -> None:
         """One finished trial as a child run, created and closed in one go; a child left by an
         attempt that broke half-way is deleted first, so a trial never has two."""
         if attempt.run_id is not None:
@@ -424,9 +490,13 @@ class Tracker:
             attempt.run_id = None
         names, renamed = _mlflow_names("tag", tags.keys())
         run = self.client.create_run(
-            self.experiment_id, run_name=f"trial-{number:04d}",
-            tags={"mlflow.parentRunId": parent, "autotune.trial": str(number),
-                  **{names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()}},
+            self.experiment_id,
+            run_name=f"trial-{number:04d}",
+            tags={
+                "mlflow.parentRunId": parent,
+                "autotune.trial": str(number),
+                **{names[k]: str(v)[:_MAX_TAG] for k, v in tags.items()},
+            },
         )
         attempt.run_id = run_id = run.info.run_id
         step_metrics: list[tuple[str, float, int]] = []
@@ -442,9 +512,16 @@ class Tracker:
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
         attempt.run_id = None  # complete: nothing to clean up
 
-    def _log_batch(self, run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
-                   tags: dict[str, str] | None = None, step_metrics: list[tuple[str, float, int]] | None = None,
-                   renamed: list[str] | None = None, fresh: bool = False) -> None:
+    def _log_batch(
+        self,
+        run_id: str,
+        params: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        tags: dict[str, str] | None = None,
+        step_metrics: list[tuple[str, float, int]] | None = None,
+        renamed: list[str] | None = None,
+        fresh: bool = False,
+    ) -> None:
         """One run's params, metrics and tags, every name made acceptable to MLflow (``mlflow_key``:
         one refused name would lose the whole write, and with it the trial's child run). The names
         changed, here or by the caller (``renamed``), are added to the run's ``RENAMED_TAG``, which
@@ -454,7 +531,8 @@ class Tracker:
         now = int(time.time() * 1000)
         p_names, p_renamed = _mlflow_names("param", (params or {}).keys())
         m_names, m_renamed = _mlflow_names(
-            "metric", [*(metrics or {}).keys(), *(k for k, _, _ in (step_metrics or []))])
+            "metric", [*(metrics or {}).keys(), *(k for k, _, _ in (step_metrics or []))]
+        )
         tags = dict(tags or {})
         t_names, t_renamed = _mlflow_names("tag", tags.keys())
         lines = [*(renamed or []), *p_renamed, *m_renamed, *t_renamed]
@@ -467,17 +545,24 @@ class Tracker:
             merged = known + [line for line in lines if line not in known]
             if merged != known:
                 text = "\n".join(merged)
-                tags[RENAMED_TAG] = text if len(text) <= _MAX_TAG else text[:_MAX_TAG - 4] + "\n..."
+                tags[RENAMED_TAG] = text if len(text) <= _MAX_TAG else text[: _MAX_TAG - 4] + "\n..."
         p = [Param(p_names[k], str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
-        m = [Metric(m_names[k], float(v), now, 0) for k, v in (metrics or {}).items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+        m = [
+            Metric(m_names[k], float(v), now, 0)
+            for k, v in (metrics or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+        ]
         m += [Metric(m_names[k], v, now, s) for k, v, s in (step_metrics or []) if v == v]
         t = [RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()]
         # MLflow caps one batch at 100 params, 100 tags and 1000 metrics: split to stay inside
         chunks = max((len(p) + 99) // 100, (len(t) + 99) // 100, (len(m) + 999) // 1000, 1)
         for i in range(chunks):
-            self.client.log_batch(run_id, metrics=m[i * 1000:(i + 1) * 1000], params=p[i * 100:(i + 1) * 100],
-                                  tags=t[i * 100:(i + 1) * 100])
+            self.client.log_batch(
+                run_id,
+                metrics=m[i * 1000 : (i + 1) * 1000],
+                params=p[i * 100 : (i + 1) * 100],
+                tags=t[i * 100 : (i + 1) * 100],
+            )
         if merged is not None and not fresh:  # written: later writes of this run only add to it
             self._renamed[run_id] = merged
 

@@ -42,8 +42,19 @@ def tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
 class TrialResolver:
     """Resolves the proposals of one study (``refit``: a callable giving the model's current refit)."""
 
-    def __init__(self, spec: Spec, space: Space, context: Any, *, simulated: bool, guided: Any, ranking: Any,
-                 refit: Any, cache: Any = None, reuse_cache: bool = False):
+    def __init__(
+        self,
+        spec: Spec,
+        space: Space,
+        context: Any,
+        *,
+        simulated: bool,
+        guided: Any,
+        ranking: Any,
+        refit: Any,
+        cache: Any = None,
+        reuse_cache: bool = False,
+    ):
         self.spec, self.space, self.context = spec, space, context
         self.objectives = spec.objective_list()
         self.simulated, self.guided, self.ranking, self.refit = simulated, guided, ranking, refit
@@ -116,7 +127,9 @@ class TrialResolver:
         from .cache import cache_key
 
         c = self.context
-        return cache_key(config_key(config), c.model, c.workload, c.cluster, masked_backend(self.spec.backend.model_dump()))
+        return cache_key(
+            config_key(config), c.model, c.workload, c.cluster, masked_backend(self.spec.backend.model_dump())
+        )
 
     def from_cache(self, config: dict[str, Any]) -> tuple[ProbeResult, dict[str, Any]] | None:
         if self.cache is None or not self.reuse_cache:

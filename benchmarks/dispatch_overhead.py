@@ -34,8 +34,14 @@ PROBES = {
 
 
 def request(number: int) -> TrialRequest:
-    return TrialRequest(params={"tp": 1, "pp": 1, "micro_batch_size": 1}, model={"arch": "llama"},
-                        workload={"kind": "train"}, cluster={"accelerator": "cpu"}, study="bench", number=number)
+    return TrialRequest(
+        params={"tp": 1, "pp": 1, "micro_batch_size": 1},
+        model={"arch": "llama"},
+        workload={"kind": "train"},
+        cluster={"accelerator": "cpu"},
+        study="bench",
+        number=number,
+    )
 
 
 def run_through(dispatcher: Dispatcher, launch: ProbeLaunch, trials: int, parallel: int) -> float:
@@ -71,7 +77,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
         dispatchers: dict[str, Dispatcher] = {
-            "LocalProcessDispatcher": LocalProcessDispatcher(max_parallel=par, run_dir=Path(tmp) / "local")}
+            "LocalProcessDispatcher": LocalProcessDispatcher(max_parallel=par, run_dir=Path(tmp) / "local")
+        }
         start_s = None
         if not args.no_ray:
             t0 = time.perf_counter()

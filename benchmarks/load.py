@@ -54,8 +54,12 @@ def run_cli(args: list[str]) -> tuple[float, float, dict]:
     """Wall seconds, peak RSS (MiB) of the child, and its --json payload."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "autotune.cli", *args, "--json"], capture_output=True, text=True,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         sys.exit(f"autotune run exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -82,9 +86,14 @@ def counts(run_dir: Path) -> dict[str, int]:
     from autotune.records import is_tracked
 
     tracked = {r.number for r in records if is_tracked(r)}
-    return {"optuna_trials": len(records), "tracked": len(tracked), "mlflow_children": len(children),
-            "duplicated": len(children) - len(set(children)), "lost": len(tracked - set(children)),
-            "parents": sum(1 for r in runs if "mlflow.parentRunId" not in r.data.tags)}
+    return {
+        "optuna_trials": len(records),
+        "tracked": len(tracked),
+        "mlflow_children": len(children),
+        "duplicated": len(children) - len(set(children)),
+        "lost": len(tracked - set(children)),
+        "parents": sum(1 for r in runs if "mlflow.parentRunId" not in r.data.tags),
+    }
 
 
 def main() -> None:
@@ -103,11 +112,12 @@ def main() -> None:
     wall2, _, payload2 = run_cli(["run", str(spec), "--run-dir", str(run_dir)])
     second = counts(run_dir)
     print(f"backend {args.backend}, {args.trials} trials, {args.parallel} parallel, run dir {run_dir}")
-    print(f"first run:  {wall:7.1f} s wall, {wall / max(payload['probes'], 1) * 1000:6.1f} ms/probe, driver peak RSS "
-          f"{rss:,.0f} MiB, stopped: {payload['stopped_because']}")
+    print(
+        f"first run:  {wall:7.1f} s wall, {wall / max(payload['probes'], 1) * 1000:6.1f} ms/probe, driver peak RSS "
+        f"{rss:,.0f} MiB, stopped: {payload['stopped_because']}"
+    )
     print(f"            {json.dumps(first)}")
-    print(f"re-run:     {wall2:7.1f} s wall, probes reported {payload2['probes']} (same study), "
-          f"{json.dumps(second)}")
+    print(f"re-run:     {wall2:7.1f} s wall, probes reported {payload2['probes']} (same study), {json.dumps(second)}")
     unchanged = second == first
     print(f"re-run changed nothing: {unchanged}; lost {first['lost']}, duplicated {first['duplicated']}")
     sys.exit(0 if unchanged and not first["lost"] and not first["duplicated"] else 1)

@@ -58,8 +58,9 @@ search: {{n_trials: {trials}, parallel_trials: {parallel}, sampler: {sampler}, s
 """
 
 
-def one_study(tmp: Path, dispatcher: RayDispatcher, tag: str, trials: int, parallel: int, sampler: str,
-              tracked: bool) -> float:
+def one_study(
+    tmp: Path, dispatcher: RayDispatcher, tag: str, trials: int, parallel: int, sampler: str, tracked: bool
+) -> float:
     folder = tmp / tag
     folder.mkdir(parents=True)
     path = folder / "spec.yaml"
@@ -103,13 +104,17 @@ def main() -> None:
         finally:
             dispatcher.shutdown()
     print(f"(local Ray start: {ray_start:.1f} s, once per study, not included below)")
-    print(f"\n{args.trials} no-op trials per study, {args.parallel} in flight, {args.repeats} interleaved repeats; "
-          f"{os.cpu_count()} CPU cores\n")
+    print(
+        f"\n{args.trials} no-op trials per study, {args.parallel} in flight, {args.repeats} interleaved repeats; "
+        f"{os.cpu_count()} CPU cores\n"
+    )
     print(f"{'sampler':<8} {'tracking':<9} {'median ms/trial':>16} {'min':>7} {'max':>7}")
     print("-" * 51)
     for (sampler, tracked), ms in times.items():
-        print(f"{sampler:<8} {'mlflow' if tracked else 'off':<9} {statistics.median(ms):>16.1f} "
-              f"{min(ms):>7.1f} {max(ms):>7.1f}")
+        print(
+            f"{sampler:<8} {'mlflow' if tracked else 'off':<9} {statistics.median(ms):>16.1f} "
+            f"{min(ms):>7.1f} {max(ms):>7.1f}"
+        )
     print("\n(amortised: wall time of the study / trials.) target: <= 25 ms/trial amortised at 4 parallel")
 
 

@@ -50,16 +50,26 @@ def _assembled(spec, run_dir):
 
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
+
+
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec_load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # (tp, pp, micro_batch_size, recompute, zero_stage, precision): every knob varies, both ways
 CONFIGS = [
-    (1, 1, 4, "none", 0, "fp32"), (2, 1, 1, "full", 0, "fp32"), (1, 2, 1, "none", 0, "fp32"),
-    (1, 1, 1, "none", 1, "fp32"), (2, 1, 4, "selective", 0, "fp32"), (1, 2, 2, "full", 0, "fp32"),
-    (1, 1, 2, "full", 1, "fp32"), (2, 1, 2, "none", 0, "fp32"), (1, 1, 4, "selective", 0, "bf16"),
-    (1, 2, 4, "none", 1, "fp32"), (2, 1, 1, "none", 0, "bf16"), (1, 1, 1, "selective", 0, "fp32"),
+    (1, 1, 4, "none", 0, "fp32"),
+    (2, 1, 1, "full", 0, "fp32"),
+    (1, 2, 1, "none", 0, "fp32"),
+    (1, 1, 1, "none", 1, "fp32"),
+    (2, 1, 4, "selective", 0, "fp32"),
+    (1, 2, 2, "full", 0, "fp32"),
+    (1, 1, 2, "full", 1, "fp32"),
+    (2, 1, 2, "none", 0, "fp32"),
+    (1, 1, 4, "selective", 0, "bf16"),
+    (1, 2, 4, "none", 1, "fp32"),
+    (2, 1, 1, "none", 0, "bf16"),
+    (1, 1, 1, "selective", 0, "fp32"),
 ]
 NAMES = ("tp", "pp", "micro_batch_size", "recompute", "zero_stage", "precision")
 
@@ -98,15 +108,20 @@ def measure(tmp: Path) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
     for n, values in enumerate(CONFIGS):
         space = {name: [value] for name, value in zip(NAMES, values)}
         spec = _spec(tmp, None, space, name=f"rank-fidelity-{n}")
-        runner = StudyRunner(spec, tmp / f"run{n}", BackendChoice("torch", "benchmark"), **_assembled(spec, tmp / f"run{n}"))
+        runner = StudyRunner(
+            spec, tmp / f"run{n}", BackendChoice("torch", "benchmark"), **_assembled(spec, tmp / f"run{n}")
+        )
         try:
             outcome = runner.run()
         finally:
             runner.close()
         record = next(r for r in outcome.records if r.probed)
-        print(f"  measured {n + 1}/{len(CONFIGS)}: {record.status} "
-              f"{record.metrics.get('tokens_per_s_per_device', float('nan')):,.0f} tokens/s/device  {values}",
-              file=sys.stderr, flush=True)
+        print(
+            f"  measured {n + 1}/{len(CONFIGS)}: {record.status} "
+            f"{record.metrics.get('tokens_per_s_per_device', float('nan')):,.0f} tokens/s/device  {values}",
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append((config_key(record.config), record.config, record.metrics if record.status == "ok" else {}))
     return rows
 
@@ -121,9 +136,13 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, help="a calibrated profile (autotune calibrate --out FILE)")
     ap.add_argument("--refit-probes", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--measurements", type=Path, default=None,
-                    help="judge against the measurements of an earlier --json output instead of probing again "
-                         "(compare profiles on the same measurements, without the probes' run-to-run noise)")
+    ap.add_argument(
+        "--measurements",
+        type=Path,
+        default=None,
+        help="judge against the measurements of an earlier --json output instead of probing again "
+        "(compare profiles on the same measurements, without the probes' run-to-run noise)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-rank-fidelity-") as tmp_name:
         tmp = Path(tmp_name)
@@ -141,29 +160,46 @@ def main() -> None:
         columns["calibrated profile"] = [calibrated[k][metric] for k, _, _ in rows]
     k = args.refit_probes
     base = calibrated or shipped
-    refit = fit_refit(((base[key], m["step_time_s"]) for key, _, m in rows[:k]),
-                      ridge=RIDGE_MEASURED if calibrated else RIDGE_DATA_SHEET)  # as a study would
+    refit = fit_refit(
+        ((base[key], m["step_time_s"]) for key, _, m in rows[:k]),
+        ridge=RIDGE_MEASURED if calibrated else RIDGE_DATA_SHEET,
+    )  # as a study would
     after = [refit.apply(base[key]).get(f"refit_{metric}", base[key][metric]) for key, _, _ in rows]
     print(f"\n{len(rows)} configs measured on this host; predicted {metric} against measured\n")
     head = "  ".join(f"{c:>20}" for c in (*columns, f"refit after {k}"))
     print(f"{'config':<40}  {head}  {'measured':>10}")
     for i, (_, config, m) in enumerate(rows):
         c = config
-        label = (f"tp{c['tp']} pp{c['pp']} mbs{c['micro_batch_size']} {c['recompute']} zero{c['zero_stage']} "
-                 f"{c['precision']}") + (" (refit)" if i < k else "")
+        label = (
+            f"tp{c['tp']} pp{c['pp']} mbs{c['micro_batch_size']} {c['recompute']} zero{c['zero_stage']} "
+            f"{c['precision']}"
+        ) + (" (refit)" if i < k else "")
         cells = "  ".join(f"{col[i]:>20,.0f}" for col in (*columns.values(), after))
         print(f"{label:<40}  {cells}  {m[metric]:>10,.0f}")
     print()
     for name, col in columns.items():
         print(f"{name}: {judge(col, meas)}")
-    print(f"after {k} refit probes ({refit.describe()}), on the other "
-          f"{len(rows) - k}: {judge(after[k:], meas[k:])}")
+    print(f"after {k} refit probes ({refit.describe()}), on the other {len(rows) - k}: {judge(after[k:], meas[k:])}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": [{"config": c, "measured": m[metric], "measured_metrics": m,
-                                                   "shipped_prediction": shipped[key],
-                                                   "calibrated_prediction": (calibrated or {}).get(key)}
-                                                  for key, c, m in rows],
-                                         **{n: col for n, col in columns.items()}, "refit": after}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": [
+                        {
+                            "config": c,
+                            "measured": m[metric],
+                            "measured_metrics": m,
+                            "shipped_prediction": shipped[key],
+                            "calibrated_prediction": (calibrated or {}).get(key),
+                        }
+                        for key, c, m in rows
+                    ],
+                    **{n: col for n, col in columns.items()},
+                    "refit": after,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

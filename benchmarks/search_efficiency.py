@@ -72,26 +72,55 @@ LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
 ROOMY_HEADROOM = 0.03  # share of the usable memory a "roomy" optimum leaves free (Truth.roomy_optimum)
 
 
-def spec_for(name: str, sc: dict[str, Any], budget: int, seed: int, world_file: Path | None,
-             min_fit: float = 0.5, max_oom_share: float | None = 0.05) -> Spec:
+def spec_for(
+    name: str,
+    sc: dict[str, Any],
+    budget: int,
+    seed: int,
+    world_file: Path | None,
+    min_fit: float = 0.5,
+    max_oom_share: float | None = 0.05,
+) -> Spec:
     data = {
         "name": f"bench-{name}",
         "model": sc["model"],
         "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": sc["gbs"], "timeout_s": 60},
-        "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": sc["nodes"], "devices_per_node": 8,
-                    "overrides": {"device_memory_gib": sc["memory"]}},
+        "cluster": {
+            "accelerator": "npu",
+            "profile": "ascend-910b",
+            "nodes": sc["nodes"],
+            "devices_per_node": 8,
+            "overrides": {"device_memory_gib": sc["memory"]},
+        },
         "target": "none",  # the space of issue #5's figures (ZeRO-3 with tp, which no single stack launches)
-        "backend": {"kind": "command", "argv": [sys.executable, str(LAUNCHER), "{trial_file}"],
-                    "env": {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}},
-        "space": {"tp": [1, 2, 4, 8], "pp": sc["pp"], "vpp": [1, 2], "micro_batch_size": [1, 2, 4, 8],
-                  "sequence_parallel": [False, True], "recompute": ["none", "selective", "full"],
-                  "zero_stage": [0, 1, 2, 3],
-                  "env": {"PYTORCH_NPU_ALLOC_CONF": ["expandable_segments:False", "expandable_segments:True"],
-                          "HCCL_BUFFSIZE": ["120", "200", "400"]}},
+        "backend": {
+            "kind": "command",
+            "argv": [sys.executable, str(LAUNCHER), "{trial_file}"],
+            "env": {"AUTOTUNE_BENCH_WORLD": str(world_file or "")},
+        },
+        "space": {
+            "tp": [1, 2, 4, 8],
+            "pp": sc["pp"],
+            "vpp": [1, 2],
+            "micro_batch_size": [1, 2, 4, 8],
+            "sequence_parallel": [False, True],
+            "recompute": ["none", "selective", "full"],
+            "zero_stage": [0, 1, 2, 3],
+            "env": {
+                "PYTORCH_NPU_ALLOC_CONF": ["expandable_segments:False", "expandable_segments:True"],
+                "HCCL_BUFFSIZE": ["120", "200", "400"],
+            },
+        },
         "constraints": ["tp <= devices_per_node"],
         "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
-        "search": {"n_trials": budget, "sampler": "auto", "seed": seed, "prune": False,
-                   "min_fit_probability": min_fit, "max_oom_share": max_oom_share},
+        "search": {
+            "n_trials": budget,
+            "sampler": "auto",
+            "seed": seed,
+            "prune": False,
+            "min_fit_probability": min_fit,
+            "max_oom_share": max_oom_share,
+        },
         "ray": {"enabled": False},
     }
     return Spec.model_validate(data)
@@ -105,8 +134,9 @@ class Truth:
         self.ctx = ctx
         self.world = world
         t = world.truth(ctx.model, ctx.workload, ctx.cluster, configs)
-        self.value = {config_key(c): (float(v) if f else 0.0) for c, v, f in
-                      zip(configs, t["tokens_per_s_per_device"], t["fits"])}
+        self.value = {
+            config_key(c): (float(v) if f else 0.0) for c, v, f in zip(configs, t["tokens_per_s_per_device"], t["fits"])
+        }
         self.optimum = max(self.value.values())
         # the best config that leaves at least ROOMY_HEADROOM of the usable memory free: what a team
         # launches for a long run (allocator variance over hours), and what ``recommend`` steers to
@@ -141,9 +171,14 @@ def curve(probes: list[tuple], truth: Truth, max_probes: int) -> dict[str, Any]:
     reach = next((i + 1 for i, r in enumerate(ratios) if r >= 0.98), None)
     first20 = probes[:20]
     at20 = at(20)
-    return {"at10": at(10), "at20": at20, "probes_to_98": reach, "probes": n,
-            "at20_of_roomy": at20 * truth.optimum / truth.roomy_optimum if truth.roomy_optimum else 0.0,
-            "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20))}
+    return {
+        "at10": at(10),
+        "at20": at20,
+        "probes_to_98": reach,
+        "probes": n,
+        "at20_of_roomy": at20 * truth.optimum / truth.roomy_optimum if truth.roomy_optimum else 0.0,
+        "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20)),
+    }
 
 
 ORACLE_PEAK_SD = 0.003  # the oracle's uncertainty of a peak, relative (a measured peak repeats to about that)
@@ -178,8 +213,9 @@ def memory_oracle(truth: Truth):
         Guide._memory_belief, Guide.usable_limit = saved
 
 
-def run_autotune(spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
-                 ) -> tuple[list[tuple], str, list]:
+def run_autotune(
+    spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
+) -> tuple[list[tuple], str, list]:
     dispatcher = None
     if in_process:
         from autotune.dispatch import InProcessDispatcher
@@ -260,21 +296,40 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=20)
     ap.add_argument("--max-probes", type=int, default=100)
     ap.add_argument("--in-process", action="store_true", help="call the world without a launcher subprocess")
-    ap.add_argument("--report-by", choices=("estimate", "measured"), default="estimate",
-                    help="autotune's reported best: the guide's estimate (what a study reports) or the best "
-                         "mean measurement (what it reported before 2026-11-24)")
+    ap.add_argument(
+        "--report-by",
+        choices=("estimate", "measured"),
+        default="estimate",
+        help="autotune's reported best: the guide's estimate (what a study reports) or the best "
+        "mean measurement (what it reported before 2026-11-24)",
+    )
     ap.add_argument("--methods", default="autotune,random,tpe")
     ap.add_argument("--json", type=Path, help="write every world's result here")
-    ap.add_argument("--min-fit", type=float, default=0.5,
-                    help="the guide's search.min_fit_probability (the OOM-risk / speed-of-finding trade-off)")
-    ap.add_argument("--max-oom-share", type=float, default=0.05,
-                    help="the guide's search.max_oom_share (cap on OOM probes; 0: none)")
-    ap.add_argument("--memory-oracle", action="store_true",
-                    help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
-                         "with a perfect memory model (a diagnostic)")
-    ap.add_argument("--families", default="none",
-                    help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
-                         + ", ".join(STRUCTURE_FAMILIES) + ", or all (one run per family)")
+    ap.add_argument(
+        "--min-fit",
+        type=float,
+        default=0.5,
+        help="the guide's search.min_fit_probability (the OOM-risk / speed-of-finding trade-off)",
+    )
+    ap.add_argument(
+        "--max-oom-share",
+        type=float,
+        default=0.05,
+        help="the guide's search.max_oom_share (cap on OOM probes; 0: none)",
+    )
+    ap.add_argument(
+        "--memory-oracle",
+        action="store_true",
+        help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
+        "with a perfect memory model (a diagnostic)",
+    )
+    ap.add_argument(
+        "--families",
+        default="none",
+        help="comma-separated memory structures of the worlds: none (issue #5's worlds), "
+        + ", ".join(STRUCTURE_FAMILIES)
+        + ", or all (one run per family)",
+    )
     args = ap.parse_args()
     families = list(STRUCTURE_FAMILIES) if args.families == "all" else args.families.split(",")
     for family in families:
@@ -294,8 +349,9 @@ def main() -> None:
             configs = space.enumerate().configs
             results[name] = {m: [] for m in methods}
             for w in range(args.worlds):
-                world = World.draw(1000 + w, probe_context(base).hardware, space.choices,
-                                   () if family == "none" else (family,))
+                world = World.draw(
+                    1000 + w, probe_context(base).hardware, space.choices, () if family == "none" else (family,)
+                )
                 world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                 world_file.write_text(json.dumps(world.to_json()))
                 spec = spec_for(scenario, sc, args.budget, w, world_file, args.min_fit, args.max_oom_share or None)
@@ -305,8 +361,9 @@ def main() -> None:
                     stopped = ""
                     if method == "autotune":
                         with memory_oracle(truth) if args.memory_oracle else contextlib.nullcontext():
-                            probes, stopped, calib = run_autotune(spec, truth, Path(tmp) / f"{scenario}-{family}-{w}",
-                                                                  args.in_process, args.report_by)
+                            probes, stopped, calib = run_autotune(
+                                spec, truth, Path(tmp) / f"{scenario}-{family}-{w}", args.in_process, args.report_by
+                            )
                         calibration.setdefault(family, []).extend(calib)
                         row = curve(probes, truth, args.budget)
                     elif method == "random":
@@ -315,35 +372,49 @@ def main() -> None:
                         row = curve(run_tpe(truth, Space(spec), w, args.max_probes), truth, args.max_probes)
                     row.update(world=w, seconds=time.perf_counter() - t0, stopped=stopped)
                     results[name][method].append(row)
-                    print(f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
-                          f"to98 {row['probes_to_98']} oom {row['oom_share']:.0%} probes {row['probes']} "
-                          f"{stopped}", file=sys.stderr, flush=True)
-            print(f"{name}: {len(configs)} valid configs, {truth.oom_share_of_space:.0%} of the last world's OOM",
-                  file=sys.stderr)
-    print(f"\n{args.worlds} worlds per scenario, autotune budget {args.budget}, random/TPE up to {args.max_probes} "
-          f"probes; {time.perf_counter() - t_start:.0f} s")
-    print("| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM probes | "
-          f"median probes to 98 % | worlds within 2 % of the best with {ROOMY_HEADROOM:.0%} free by 20 |")
+                    print(
+                        f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
+                        f"to98 {row['probes_to_98']} oom {row['oom_share']:.0%} probes {row['probes']} "
+                        f"{stopped}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            print(
+                f"{name}: {len(configs)} valid configs, {truth.oom_share_of_space:.0%} of the last world's OOM",
+                file=sys.stderr,
+            )
+    print(
+        f"\n{args.worlds} worlds per scenario, autotune budget {args.budget}, random/TPE up to {args.max_probes} "
+        f"probes; {time.perf_counter() - t_start:.0f} s"
+    )
+    print(
+        "| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM probes | "
+        f"median probes to 98 % | worlds within 2 % of the best with {ROOMY_HEADROOM:.0%} free by 20 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, by_method in results.items():
         for method, rows in by_method.items():
             reach = [r["probes_to_98"] if r["probes_to_98"] else math.inf for r in rows]
             med_reach = statistics.median(reach)
             cap = args.budget if method == "autotune" else args.max_probes
-            print(f"| {name} | {method} | {statistics.median(r['at10'] for r in rows):.3f} | "
-                  f"{statistics.median(r['at20'] for r in rows):.3f} | "
-                  f"{sum(1 for r in rows if r['at20'] >= 0.98) / len(rows):.0%} | "
-                  f"{statistics.mean(r['oom_share'] for r in rows):.1%} | "
-                  f"{med_reach if math.isfinite(med_reach) else f'> {cap}'} | "
-                  f"{sum(1 for r in rows if r['at20_of_roomy'] >= 0.98) / len(rows):.0%} |")
+            print(
+                f"| {name} | {method} | {statistics.median(r['at10'] for r in rows):.3f} | "
+                f"{statistics.median(r['at20'] for r in rows):.3f} | "
+                f"{sum(1 for r in rows if r['at20'] >= 0.98) / len(rows):.0%} | "
+                f"{statistics.mean(r['oom_share'] for r in rows):.1%} | "
+                f"{med_reach if math.isfinite(med_reach) else f'> {cap}'} | "
+                f"{sum(1 for r in rows if r['at20_of_roomy'] >= 0.98) / len(rows):.0%} |"
+            )
     if calibration:
         print("\nmemory calibration of the guide: P(fits) it gave a probe when it chose it, and how many fitted")
         print("| worlds | P(fits) | probes | fitted |")
         print("|---|---|---|---|")
         for family, pairs in calibration.items():
             for row in calibration_rows(pairs):
-                print(f"| {family} | {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f} | {row['probes']} | "
-                      f"{row['fit_rate']:.1%} |")
+                print(
+                    f"| {family} | {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f} | {row['probes']} | "
+                    f"{row['fit_rate']:.1%} |"
+                )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -40,6 +40,8 @@ def _assembled(spec, run_dir):
 
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
+
+
 from autotune.spec_load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,9 +92,11 @@ def main() -> None:
     for r in sorted(rows, key=lambda r: -r.metrics["tokens_per_s_per_device"]):
         p, m = r.predicted["tokens_per_s_per_device"], r.metrics["tokens_per_s_per_device"]
         c = r.config
-        print(f"{r.number:>5}  {p:>10,.0f}  {m:>9,.0f}  {100 * (p - m) / m:>+8.0f}  "
-              f"tp{c['tp']} pp{c['pp']} dp{c['dp']} mbs{c['micro_batch_size']} zero{c['zero_stage']} "
-              f"{c['recompute']} {c['precision']}")
+        print(
+            f"{r.number:>5}  {p:>10,.0f}  {m:>9,.0f}  {100 * (p - m) / m:>+8.0f}  "
+            f"tp{c['tp']} pp{c['pp']} dp{c['dp']} mbs{c['micro_batch_size']} zero{c['zero_stage']} "
+            f"{c['recompute']} {c['precision']}"
+        )
     if len(rows) < 3:
         print("\nfewer than 3 measured configs: no correlation")
         return
@@ -101,8 +105,10 @@ def main() -> None:
     mape = sum(abs(p - m) / m for p, m in zip(predicted, measured)) / len(rows) * 100
     print(f"\nSpearman rank correlation {spearman(predicted, measured):.3f}; MAPE {mape:,.0f} %")
     refit = fit_refit((r.predicted, r.metrics.get("step_time_s")) for r in rows)
-    print(f"refit from all {refit.n}: {refit.describe()}; "
-          f"step-time error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %")
+    print(
+        f"refit from all {refit.n}: {refit.describe()}; "
+        f"step-time error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %"
+    )
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ measured from outside; the probe's own metrics split it:
 - build: meta model → parallelise → materialise → optimizer (``time_model_build_s``);
 - warm-up and measured: the steps (``time_warmup_s``, ``time_measure_s``).
 
-The warm launcher's server is started by one untimed trial first (its cold start is printed);
-a study pays that once, not per trial. Fixed overhead = everything but the measured steps, as a share of the wall time (target of
-issue #4: <= 25 % on the tiny CPU spec). Medians over ``--repeats``; timings on this CPU vary by
-up to +-30 % between identical runs, so read the shares, not the third digit.
-"""
+The warm launcher's server is started by one untimed trial first (its cold start is printed); a
+study pays that once, not per trial. Fixed overhead = everything but the measured steps, as a share
+of the wall time (target of issue #4: <= 25 % on the tiny CPU spec). Medians over ``--repeats``;
+timings on this CPU vary by up to +-30 % between identical runs, so read the shares, not the third
+digit."""
 
 from __future__ import annotations
 
@@ -41,8 +41,17 @@ try:
 
     TINY = dict(PRESETS["tiny-llama"], name="tiny-llama", arch="llama")
 except ImportError:  # the preset's published values, should autotune.models move
-    TINY = dict(name="tiny-llama", arch="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-                num_key_value_heads=4, intermediate_size=688, vocab_size=2048, max_position_embeddings=1024)
+    TINY = dict(
+        name="tiny-llama",
+        arch="llama",
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=688,
+        vocab_size=2048,
+        max_position_embeddings=1024,
+    )
 
 MODES = {
     "dp2": {"dp": 2, "zero_stage": 0},
@@ -61,15 +70,23 @@ def run_trial(params: dict, launcher: str, args: argparse.Namespace, workdir: Pa
     request = TrialRequest(
         params=dict(params, micro_batch_size=params.get("micro_batch_size", 1)),
         model=TINY,
-        workload=dict(kind="train", seq_len=args.seq_len, global_batch_size=args.global_batch,
-                      warmup_steps=args.warmup, measured_steps=args.measured, timeout_s=300),
+        workload=dict(
+            kind="train",
+            seq_len=args.seq_len,
+            global_batch_size=args.global_batch,
+            warmup_steps=args.warmup,
+            measured_steps=args.measured,
+            timeout_s=300,
+        ),
         cluster=dict(accelerator="cpu", nodes=1, devices_per_node=2, world_size=2),
-        study="bench", number=number,
+        study="bench",
+        number=number,
     )
     trial = write_trial_file(request, workdir / f"trial_{number}.json")
     t0 = time.perf_counter()
-    proc = subprocess.run(LAUNCHERS[launcher](request, sys.executable, str(trial)), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        LAUNCHERS[launcher](request, sys.executable, str(trial)), capture_output=True, text=True, timeout=600
+    )
     wall = time.perf_counter() - t0
     msgs = [m for m in (parse_output_line(line) for line in proc.stdout.splitlines()) if m]
     result = next((m for m in msgs if "metrics" in m), None)
@@ -118,23 +135,38 @@ def main() -> None:
                 rows[(mode, launcher)].append(run_trial(MODES[mode], launcher, args, Path(tmp), n))
                 n += 1
 
-    print(f"tiny-llama, seq {args.seq_len}, global batch {args.global_batch}, "
-          f"{args.warmup} warm-up + {args.measured} measured steps, 2 CPU processes, median of {args.repeats}")
+    print(
+        f"tiny-llama, seq {args.seq_len}, global batch {args.global_batch}, "
+        f"{args.warmup} warm-up + {args.measured} measured steps, 2 CPU processes, median of {args.repeats}"
+    )
     if cold_start is not None:
         print(f"warm launcher: first trial (starts the server) {cold_start:.2f} s, not counted below")
-    print(f"{'mode':9} {'launcher':9} {'wall s':>7} " + " ".join(f"{p:>12}" for p in PARTS)
-          + f" {'overhead':>9} {'tok/s':>8}")
+    print(
+        f"{'mode':9} {'launcher':9} {'wall s':>7} "
+        + " ".join(f"{p:>12}" for p in PARTS)
+        + f" {'overhead':>9} {'tok/s':>8}"
+    )
     summary = {}
     for mode, launcher in keys:
         rs = rows[(mode, launcher)]
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         overhead = 1.0 - med["measured"] / med["wall"]
-        print(f"{mode:9} {launcher:9} {med['wall']:7.2f} "
-              + " ".join(f"{med[p]:6.2f} ({med[p] / med['wall']:3.0%})".rjust(12) for p in PARTS)
-              + f" {overhead:9.0%} {med['tokens_per_s']:8.0f}")
+        print(
+            f"{mode:9} {launcher:9} {med['wall']:7.2f} "
+            + " ".join(f"{med[p]:6.2f} ({med[p] / med['wall']:3.0%})".rjust(12) for p in PARTS)
+            + f" {overhead:9.0%} {med['tokens_per_s']:8.0f}"
+        )
         summary[f"{mode}/{launcher}"] = dict(med, fixed_overhead_share=overhead)
-    print(json.dumps({"benchmark": "torch_probe_overhead", "args": vars(args), "warm_cold_start_s": cold_start,
-                      "median": summary}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "torch_probe_overhead",
+                "args": vars(args),
+                "warm_cold_start_s": cold_start,
+                "median": summary,
+            }
+        )
+    )
     if "warm" in launchers:
         warm.shutdown_server()
 

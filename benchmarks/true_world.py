@@ -42,8 +42,15 @@ HW_VALUES = {  # absolute ranges
     "fragmentation_expandable": (0.0, 0.08),
     "runtime_reserve_gib": (2.5, 6.0),
 }
-TIME_FACTORS = {"recompute": (0.7, 1.5), "pp_bubble": (0.8, 1.6), "optimizer": (0.5, 2.0), "tp_comm": (0.7, 1.6),
-                "dp_comm": (0.7, 1.5), "pp_p2p": (0.5, 2.0), "zero3_comm": (0.7, 1.6)}
+TIME_FACTORS = {
+    "recompute": (0.7, 1.5),
+    "pp_bubble": (0.8, 1.6),
+    "optimizer": (0.5, 2.0),
+    "tp_comm": (0.7, 1.6),
+    "dp_comm": (0.7, 1.5),
+    "pp_p2p": (0.5, 2.0),
+    "zero3_comm": (0.7, 1.6),
+}
 MEM_FACTORS = {"activations": (0.9, 1.25), "comm_buffers": (0.5, 2.0), "logits": (0.9, 1.3)}
 VALUE_EFFECTS = {"micro_batch_size": (0.92, 1.08), "env.PYTORCH_NPU_ALLOC_CONF": (0.97, 1.03), "vpp": (0.95, 1.05)}
 NOISE = 0.02  # relative sd of a measured step time (a median of steps, not one step)
@@ -82,8 +89,9 @@ class World:
     structure: dict[str, float] = field(default_factory=dict)  # family -> strength (STRUCTURE_FAMILIES)
 
     @classmethod
-    def draw(cls, seed: int, hardware: dict[str, Any], space: dict[str, list[Any]],
-             families: tuple[str, ...] = ()) -> "World":
+    def draw(
+        cls, seed: int, hardware: dict[str, Any], space: dict[str, list[Any]], families: tuple[str, ...] = ()
+    ) -> "World":
         """A world; ``families`` adds memory terms of those structural families (strength drawn
         from the seed), on top of the coefficient perturbations every world has."""
         world = cls._draw(seed, hardware, space)
@@ -101,23 +109,40 @@ class World:
         for key, (lo, hi) in HW_VALUES.items():
             if key in hw:
                 hw[key] = float(rng.uniform(lo, hi))
-        effects = {name: {repr(v): float(rng.uniform(*VALUE_EFFECTS[name])) for v in space[name]}
-                   for name in VALUE_EFFECTS if name in space}
-        return cls(seed, hw, {k: float(rng.uniform(*r)) for k, r in TIME_FACTORS.items()},
-                   {k: float(rng.uniform(*r)) for k, r in MEM_FACTORS.items()}, effects)
+        effects = {
+            name: {repr(v): float(rng.uniform(*VALUE_EFFECTS[name])) for v in space[name]}
+            for name in VALUE_EFFECTS
+            if name in space
+        }
+        return cls(
+            seed,
+            hw,
+            {k: float(rng.uniform(*r)) for k, r in TIME_FACTORS.items()},
+            {k: float(rng.uniform(*r)) for k, r in MEM_FACTORS.items()},
+            effects,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "hardware": self.hardware, "time_factors": self.time_factors,
-                "mem_factors": self.mem_factors, "value_effects": self.value_effects, "structure": self.structure}
+        return {
+            "seed": self.seed,
+            "hardware": self.hardware,
+            "time_factors": self.time_factors,
+            "mem_factors": self.mem_factors,
+            "value_effects": self.value_effects,
+            "structure": self.structure,
+        }
 
-    def structural_memory(self, model: dict, workload: dict, configs: list[dict[str, Any]], p: dict[str, np.ndarray]
-                          ) -> tuple[np.ndarray, np.ndarray]:
+    def structural_memory(
+        self, model: dict, workload: dict, configs: list[dict[str, Any]], p: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(extra GiB per config, usable capacity lost in GiB per config) of the world's structural
         families; zeros without any."""
         n = len(configs)
         extra, lost = np.zeros(n), np.zeros(n)
-        col = {k: np.array([c.get(k, d) for c in configs]) for k, d in
-               (("zero_stage", 0), ("micro_batch_size", 1), ("tp", 1), ("pp", 1), ("dp", 1), ("cp", 1))}
+        col = {
+            k: np.array([c.get(k, d) for c in configs])
+            for k, d in (("zero_stage", 0), ("micro_batch_size", 1), ("tp", 1), ("pp", 1), ("dp", 1), ("cp", 1))
+        }
         mem = lambda k: np.nan_to_num(np.asarray(p[f"mem_{k}"], dtype=float))  # noqa: E731
         for family, strength in self.structure.items():
             if family == "fp32-grads":
@@ -126,8 +151,11 @@ class World:
                 extra += np.where(col["zero_stage"] < 2, strength * mem("weights") * 2.0, 0.0)
             elif family == "alloc-frag":
                 alloc = np.array([str(c.get("env.PYTORCH_NPU_ALLOC_CONF", "")) for c in configs])
-                base = np.where(np.char.find(alloc, "expandable_segments:True") >= 0, 0.25,
-                                np.where(np.char.find(alloc, "max_split") >= 0, 0.6, 1.0))
+                base = np.where(
+                    np.char.find(alloc, "expandable_segments:True") >= 0,
+                    0.25,
+                    np.where(np.char.find(alloc, "max_split") >= 0, 0.6, 1.0),
+                )
                 dynamic = mem("activations") + mem("logits") + mem("zero3_gather")
                 extra += strength * base * np.log2(2.0 * col["micro_batch_size"]) * dynamic
             elif family == "usable-below":
@@ -150,8 +178,12 @@ class World:
 
     def truth(self, model: dict, workload: dict, cluster: dict, configs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Noise-free step time, peak memory and whether it fits, for many configs at once."""
-        from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, \
-            simulate_configs
+        from autotune.workers.simulate import (
+            TRAIN_MEM_COMPONENTS,
+            TRAIN_TIME_COMPONENTS,
+            columns_from_params,
+            simulate_configs,
+        )
 
         p = simulate_configs(model, workload, self.hardware, cluster, columns_from_params(configs))
         step = sum(np.nan_to_num(p[f"time_{k}"]) * self.time_factors.get(k, 1.0) for k in TRAIN_TIME_COMPONENTS)
@@ -166,13 +198,21 @@ class World:
         limit = np.asarray(p["memory_limit_gib"], dtype=float) - lost
         world = np.asarray(p["tokens_per_s"] / p["tokens_per_s_per_device"], dtype=float)
         tokens = float(workload["global_batch_size"]) * float(workload["seq_len"])
-        return {"step_time_s": np.where(valid, step, np.nan), "peak_memory_gib": np.where(valid, mem, np.nan),
-                "fits": valid & (mem <= limit), "valid": valid, "devices": world,
-                "tokens_per_s_per_device": np.where(valid, tokens / step / world, np.nan), "limit": limit,
-                "capacity": np.asarray(p["memory_limit_gib"], dtype=float),
-                "outside_allocator_gib": np.where(valid, outside, np.nan)}
+        return {
+            "step_time_s": np.where(valid, step, np.nan),
+            "peak_memory_gib": np.where(valid, mem, np.nan),
+            "fits": valid & (mem <= limit),
+            "valid": valid,
+            "devices": world,
+            "tokens_per_s_per_device": np.where(valid, tokens / step / world, np.nan),
+            "limit": limit,
+            "capacity": np.asarray(p["memory_limit_gib"], dtype=float),
+            "outside_allocator_gib": np.where(valid, outside, np.nan),
+        }
 
-    def measure(self, model: dict, workload: dict, cluster: dict, config: dict[str, Any], run: int = 0) -> dict[str, Any]:
+    def measure(
+        self, model: dict, workload: dict, cluster: dict, config: dict[str, Any], run: int = 0
+    ) -> dict[str, Any]:
         """One probe: the truth plus noise. The noise is fixed by world, config and ``run`` (the
         trial number): a repeated benchmark sees the same numbers, a re-measurement new noise."""
         t = self.truth(model, workload, cluster, [config])
@@ -187,16 +227,29 @@ class World:
             requested = max(0.05, float(rng.uniform(0.3, 1.0)) * (need - in_use))
             # the allocator's own counts leave out what is outside it; "free" is the device's
             outside = float(t["outside_allocator_gib"][0]) if "allocator-peak" in self.structure else 0.0
-            return {"failure": "oom", "need": need, "limit": usable, "capacity": capacity,
-                    "in_use": in_use, "requested": requested, "allocated": in_use - outside}
+            return {
+                "failure": "oom",
+                "need": need,
+                "limit": usable,
+                "capacity": capacity,
+                "in_use": in_use,
+                "requested": requested,
+                "allocated": in_use - outside,
+            }
         key = json.dumps(config, sort_keys=True, default=str)
         rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run])
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
         step = float(t["step_time_s"][0]) * noise
         tps_dev = float(t["tokens_per_s_per_device"][0]) / noise
         peak = float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))
-        out: dict[str, Any] = {"metrics": {"step_time_s": step, "tokens_per_s_per_device": tps_dev,
-                                           "tokens_per_s": tps_dev * float(t["devices"][0]), "peak_memory_gib": peak}}
+        out: dict[str, Any] = {
+            "metrics": {
+                "step_time_s": step,
+                "tokens_per_s_per_device": tps_dev,
+                "tokens_per_s": tps_dev * float(t["devices"][0]),
+                "peak_memory_gib": peak,
+            }
+        }
         if "allocator-peak" in self.structure:
             out["metrics"]["peak_memory_gib"] = peak - float(t["outside_allocator_gib"][0])
             out["info"] = {"peak_memory_counts": "allocated"}
@@ -207,16 +260,20 @@ def oom_message(out: dict[str, Any]) -> str:
     """torch_npu's words and byte counts for a failed allocation."""
     free = max(0.0, out["capacity"] - out["in_use"])
     allocated = out.get("allocated", out["in_use"])
-    return (f"RuntimeError: NPU out of memory. Tried to allocate {out['requested']:.2f} GiB (NPU 0; "
-            f"{out['capacity']:.2f} GiB total capacity; {allocated:.2f} GiB already allocated; "
-            f"{allocated:.2f} GiB current active; {free:.2f} GiB free; {allocated:.2f} GiB reserved in "
-            f"total by PyTorch)")
+    return (
+        f"RuntimeError: NPU out of memory. Tried to allocate {out['requested']:.2f} GiB (NPU 0; "
+        f"{out['capacity']:.2f} GiB total capacity; {allocated:.2f} GiB already allocated; "
+        f"{allocated:.2f} GiB current active; {free:.2f} GiB free; {allocated:.2f} GiB reserved in "
+        f"total by PyTorch)"
+    )
 
 
 def main(argv: list[str]) -> int:
     trial = json.loads(open(argv[0]).read())
     world = World.from_json(json.loads(open(os.environ["AUTOTUNE_BENCH_WORLD"]).read()))
-    out = world.measure(trial["model"], trial["workload"], trial["cluster"], trial["params"], int(trial.get("number", 0)))
+    out = world.measure(
+        trial["model"], trial["workload"], trial["cluster"], trial["params"], int(trial.get("number", 0))
+    )
     if out.get("failure") == "oom":
         print(oom_message(out), flush=True)
         return 1

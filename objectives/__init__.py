@@ -38,25 +38,60 @@ class Metric:
 
 
 _ALL = [
-    Metric("tokens_per_s_per_device", "tokens/s/device", "maximize", "train",
-           "training tokens processed per second divided by the devices the trial uses; the fair "
-           "comparison across parallel layouts"),
-    Metric("tokens_per_s", "tokens/s", "maximize", "train",
-           "training tokens (global_batch_size x seq_len) per second over the whole job"),
+    Metric(
+        "tokens_per_s_per_device",
+        "tokens/s/device",
+        "maximize",
+        "train",
+        "training tokens processed per second divided by the devices the trial uses; the fair "
+        "comparison across parallel layouts",
+    ),
+    Metric(
+        "tokens_per_s",
+        "tokens/s",
+        "maximize",
+        "train",
+        "training tokens (global_batch_size x seq_len) per second over the whole job",
+    ),
     Metric("samples_per_s", "samples/s", "maximize", "train", "sequences per second over the whole job"),
     Metric("step_time_s", "s", "minimize", "train", "wall time of one optimizer step (all micro-batches)"),
-    Metric("mfu", "fraction", "maximize", "train",
-           "model FLOPs utilisation: flops_per_token x tokens/s/device / peak of the precision "
-           "(recompute not counted; see flops_per_token)"),
-    Metric("peak_memory_gib", "GiB", "minimize", "train",
-           "peak device memory of the most loaded device, runtime and communication buffers included"),
-    Metric("memory_headroom_gib", "GiB", "maximize", "train",
-           "device memory left at the peak: device_memory_gib - peak_memory_gib"),
+    Metric(
+        "mfu",
+        "fraction",
+        "maximize",
+        "train",
+        "model FLOPs utilisation: flops_per_token x tokens/s/device / peak of the precision "
+        "(recompute not counted; see flops_per_token)",
+    ),
+    Metric(
+        "peak_memory_gib",
+        "GiB",
+        "minimize",
+        "train",
+        "peak device memory of the most loaded device, runtime and communication buffers included",
+    ),
+    Metric(
+        "memory_headroom_gib",
+        "GiB",
+        "maximize",
+        "train",
+        "device memory left at the peak: device_memory_gib - peak_memory_gib",
+    ),
     Metric("ttft_ms", "ms", "minimize", "infer", "time to first token: prefill of the whole batch"),
-    Metric("decode_tokens_per_s", "tokens/s", "maximize", "infer",
-           "generated tokens per second summed over the batch, at steady decode"),
-    Metric("time_for_100_tokens_s", "s", "minimize", "infer",
-           "time until each sequence of the batch has 100 new tokens: prefill + 100 decode steps"),
+    Metric(
+        "decode_tokens_per_s",
+        "tokens/s",
+        "maximize",
+        "infer",
+        "generated tokens per second summed over the batch, at steady decode",
+    ),
+    Metric(
+        "time_for_100_tokens_s",
+        "s",
+        "minimize",
+        "infer",
+        "time until each sequence of the batch has 100 new tokens: prefill + 100 decode steps",
+    ),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
 # Inference runs report memory too; the train-tagged definitions apply unchanged.

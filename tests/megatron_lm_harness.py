@@ -21,12 +21,31 @@ import os
 import sys
 import typing
 
-READ_BACK = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-             "context_parallel_size", "data_parallel_size", "micro_batch_size", "global_batch_size",
-             "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
-             "use_distributed_optimizer", "bf16", "fp16", "hidden_dropout", "attention_dropout", "rotary_base",
-             "norm_epsilon", "num_layers", "num_query_groups", "untie_embeddings_and_output_weights", "swiglu",
-             "transformer_impl")
+READ_BACK = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "data_parallel_size",
+    "micro_batch_size",
+    "global_batch_size",
+    "sequence_parallel",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "use_distributed_optimizer",
+    "bf16",
+    "fp16",
+    "hidden_dropout",
+    "attention_dropout",
+    "rotary_base",
+    "norm_epsilon",
+    "num_layers",
+    "num_query_groups",
+    "untie_embeddings_and_output_weights",
+    "swiglu",
+    "transformer_impl",
+)
 
 
 def main() -> int:

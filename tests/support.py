@@ -64,18 +64,29 @@ GUIDED_SPEC = {
     "name": "guided",
     "model": "llama2-7b",
     "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-    "cluster": {"accelerator": "npu", "profile": "ascend-910b", "nodes": 1, "devices_per_node": 8,
-                "overrides": {"device_memory_gib": 40}},
+    "cluster": {
+        "accelerator": "npu",
+        "profile": "ascend-910b",
+        "nodes": 1,
+        "devices_per_node": 8,
+        "overrides": {"device_memory_gib": 40},
+    },
     "target": "none",
-    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "recompute": ["none", "selective", "full"],
-              "zero_stage": [0, 1, 3], "sequence_parallel": [False, True]},
+    "space": {
+        "tp": [1, 2, 4, 8],
+        "pp": [1, 2, 4],
+        "micro_batch_size": [1, 2, 4],
+        "recompute": ["none", "selective", "full"],
+        "zero_stage": [0, 1, 3],
+        "sequence_parallel": [False, True],
+    },
     "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
 }
 
 
 # A user's launcher: reads the trial file, logs when it ran, prints one metrics line. Throughput
 # rises with micro-batch and falls with tp; micro-batch 4 without recompute "runs out of memory".
-COMMAND_PROBE = r'''
+COMMAND_PROBE = r"""
 import json, os, sys, time
 trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
 p = trial["params"]
@@ -91,20 +102,25 @@ if p["micro_batch_size"] == 4 and p["recompute"] == "none":
 tps = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"]
 print(json.dumps({"event": "step", "step": 0, "step_time_s": 0.1}))
 print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0}}))
-'''
+"""
 
 
 def command_spec(write_spec, tmp_path: Path, *, n_trials: int, parallel: int, ray: str, sleep: float = 0.3) -> Path:
     script = tmp_path / "probe.py"
     script.write_text(COMMAND_PROBE)
-    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+    text = TINY_TRAIN.replace(
+        "backend: simulate",
+        f"""backend:
   kind: command
   argv: [{sys.executable}, {script}, --trial, "{{trial_file}}"]
   timeout_s: 60
   resources: {{num_cpus: 1}}
-  env: {{PROBE_LOG: "{tmp_path / 'probe_log.jsonl'}", PROBE_SLEEP: "{sleep}"}}""")
-    text = text.replace("search: {n_trials: 6, seed: 1}",
-                        f"search: {{n_trials: {n_trials}, parallel_trials: {parallel}, sampler: random, seed: 3}}\n{ray}")
+  env: {{PROBE_LOG: "{tmp_path / "probe_log.jsonl"}", PROBE_SLEEP: "{sleep}"}}""",
+    )
+    text = text.replace(
+        "search: {n_trials: 6, seed: 1}",
+        f"search: {{n_trials: {n_trials}, parallel_trials: {parallel}, sampler: random, seed: 3}}\n{ray}",
+    )
     return write_spec(text, "command.yaml")
 
 
@@ -150,7 +166,9 @@ GRANDCHILD_THEN = """
 """
 
 
-def grandchild_probe(tmp_path: Path, pid_file: Path, then: str = GRANDCHILD_THEN, grandchild_output: str = "") -> list[str]:
+def grandchild_probe(
+    tmp_path: Path, pid_file: Path, then: str = GRANDCHILD_THEN, grandchild_output: str = ""
+) -> list[str]:
     """A probe that starts a grandchild (sleeping a minute) which writes its pid to ``pid_file``,
     and goes on only once the grandchild is up; ``then`` is the rest of the probe."""
     spawn = f"""

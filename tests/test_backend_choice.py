@@ -15,9 +15,14 @@ from autotune.spec_load import parse_spec
 
 
 def _preset(kind: str = "megatron", accelerator: str = "npu") -> dict:
-    return {"name": "p", "model": "llama2-7b", "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-            "cluster": {"accelerator": accelerator, "nodes": 1, "devices_per_node": 8},
-            "backend": {"kind": kind, "entry": "pretrain_gpt.py"}, "space": {"tp": [1, 2]}}
+    return {
+        "name": "p",
+        "model": "llama2-7b",
+        "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+        "cluster": {"accelerator": accelerator, "nodes": 1, "devices_per_node": 8},
+        "backend": {"kind": kind, "entry": "pretrain_gpt.py"},
+        "space": {"tp": [1, 2]},
+    }
 
 
 @pytest.mark.parametrize("accelerator", ["npu", "cuda"])
@@ -34,8 +39,9 @@ def test_npu_devices_count_without_torch_npu_in_autotunes_environment(monkeypatc
     from autotune import backends
 
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(backends.glob, "glob", lambda pattern: ["/dev/davinci0", "/dev/davinci1"]
-                        if "davinci" in pattern else [])
+    monkeypatch.setattr(
+        backends.glob, "glob", lambda pattern: ["/dev/davinci0", "/dev/davinci1"] if "davinci" in pattern else []
+    )
     monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: None)
     assert backends.visible_devices("npu") == 2
     # auto still needs an NPU runtime in this interpreter for its own torch probe, and says so
@@ -50,11 +56,13 @@ def test_run_backend_option_takes_every_backend_kind(tmp_path):
     import yaml
 
     spec.write_text(yaml.safe_dump(_preset("megatron")))
-    result = CliRunner().invoke(app, ["run", str(spec), "--backend", "torchtitan", "--run-dir", str(tmp_path / "r"),
-                                      "--no-tracking"])
+    result = CliRunner().invoke(
+        app, ["run", str(spec), "--backend", "torchtitan", "--run-dir", str(tmp_path / "r"), "--no-tracking"]
+    )
     assert result.exit_code == 2
     assert "expected auto, simulate" not in result.output  # not the old list that left the presets out
     assert "backend.kind: torchtitan" in result.output
-    bad = CliRunner().invoke(app, ["run", str(spec), "--backend", "nonsense", "--run-dir", str(tmp_path / "r"),
-                                   "--no-tracking"])
+    bad = CliRunner().invoke(
+        app, ["run", str(spec), "--backend", "nonsense", "--run-dir", str(tmp_path / "r"), "--no-tracking"]
+    )
     assert bad.exit_code == 2 and "megatron" in bad.output and "deepspeed" in bad.output

@@ -28,8 +28,9 @@ def test_fit_half_dim_recovers_the_curve(half):
 def test_fit_gemm_curve_shares_half_and_keeps_a_plateau_per_precision():
     shapes = [(256, 256, 512), (1024, 128, 256), (512, 512, 512), (256, 688, 256), (2048, 2048, 2048)]
     eff = {s: (s[0] / (s[0] + 48.0)) * (s[1] / (s[1] + 48.0)) * (s[2] / (s[2] + 48.0)) for s in shapes}
-    half, plateaus = fit_gemm_curve({"fp32": {s: 0.2 * e for s, e in eff.items()},
-                                     "bf16": {s: 0.014 * e for s, e in eff.items()}})
+    half, plateaus = fit_gemm_curve(
+        {"fp32": {s: 0.2 * e for s, e in eff.items()}, "bf16": {s: 0.014 * e for s, e in eff.items()}}
+    )
     assert half == pytest.approx(48.0, rel=0.1)
     assert plateaus["fp32"] == pytest.approx(0.2, rel=0.05) and plateaus["bf16"] == pytest.approx(0.014, rel=0.05)
 
@@ -50,8 +51,13 @@ def test_fit_tp_latency_recovers_what_each_collective_pays_beyond_its_bytes(late
     for nbytes in (262144, 524288, 1048576):
         local = 0.01 * nbytes / 262144  # compute grows with the micro-batch, the same on both sides
         per_collective = 2 * latency + 2 * (2 - 1) / 2 * nbytes / bw
-        rows.append({"allreduce_bytes": nbytes, "local_s": local,
-                     "sharded_s": local + COLLECTIVES_PER_LAYER * layers * per_collective})
+        rows.append(
+            {
+                "allreduce_bytes": nbytes,
+                "local_s": local,
+                "sharded_s": local + COLLECTIVES_PER_LAYER * layers * per_collective,
+            }
+        )
     assert fit_tp_latency({"tp": 2, "layers": layers, "rows": rows}, bw) == pytest.approx(latency, abs=1e-9)
 
 
@@ -91,8 +97,9 @@ def test_the_simulator_adds_the_measured_optimizer_cost_per_parameter_tensor():
     cluster = {"accelerator": "cpu", "nodes": 1, "devices_per_node": 2, "world_size": 2}
     base = load_profile("cpu")
     plain = simulate_configs(model, workload, base, cluster, columns_from_params(params))
-    measured = simulate_configs(model, workload, {**base, "optimizer_us_per_tensor": 100.0}, cluster,
-                                columns_from_params(params))
+    measured = simulate_configs(
+        model, workload, {**base, "optimizer_us_per_tensor": 100.0}, cluster, columns_from_params(params)
+    )
     # 4 layers x 9 tensors + embedding, final norm, head; a pipeline stage holds half the layers
     extra = measured["time_optimizer"] - plain["time_optimizer"]
     assert np.allclose(extra, [39 * 100e-6, 21 * 100e-6])
@@ -114,8 +121,12 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     # GEMMs at squares and at transformer-layer shapes; the plateau is the fitted curve's
     shapes = [tuple(map(int, k.split("x"))) for k in measured["gemm_tflops"]["fp32"]]
     assert any(m != k or k != n for m, k, n in shapes) and any(m == k == n for m, k, n in shapes)
-    half, plateaus = fit_gemm_curve({p: {tuple(map(int, k.split("x"))): v for k, v in table.items()}
-                                     for p, table in measured["gemm_tflops"].items()})
+    half, plateaus = fit_gemm_curve(
+        {
+            p: {tuple(map(int, k.split("x"))): v for k, v in table.items()}
+            for p, table in measured["gemm_tflops"].items()
+        }
+    )
     assert profile["gemm_half_dim"] == half
     assert profile["peak_tflops"]["bf16"] == pytest.approx(plateaus["bf16"], rel=1e-3)
     # collectives at several sizes: a latency and a bandwidth, both in the profile
@@ -140,13 +151,18 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     assert profile["device_memory_gib"] == pytest.approx(host_gib, rel=0.01)
     for name, busbw in measured["collective_busbw_gbps"].items():
         assert busbw is None or busbw <= measured["memory_bandwidth_gbps"], (name, busbw)
-    assert "inter_node_bandwidth_gbps" in measured["not_measured"] and "device_memory_gib" not in measured["not_measured"]
+    assert (
+        "inter_node_bandwidth_gbps" in measured["not_measured"] and "device_memory_gib" not in measured["not_measured"]
+    )
     assert "not measured, kept from the base profile 'cpu'" in out.read_text()
 
     # a spec names the file relative to itself; plan uses it
-    spec_path = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
-                                              "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2, "
-                                              "profile: profiles/host.yaml}"))
+    spec_path = write_spec(
+        TINY_TRAIN.replace(
+            "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+            "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2, profile: profiles/host.yaml}",
+        )
+    )
     spec = load_spec(spec_path)
     assert spec.cluster.profile == str(out.resolve())
     plan = CliRunner().invoke(app, ["plan", str(spec_path), "--json", "--top", "1"])

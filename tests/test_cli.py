@@ -19,6 +19,7 @@ from support import REPO, TINY_TRAIN, command_spec as _command_spec, mlflow_runs
 
 runner = CliRunner()
 
+
 def _invoke(*args: str):
     return runner.invoke(app, list(args))
 
@@ -79,9 +80,13 @@ def test_plan_table_shows_each_config_on_one_line(write_spec):
 
 # ------------------------------------------------------------------------------ run (simulator)
 def test_run_simulated_report_export_and_mlflow(write_spec, tmp_path):
-    spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                         "search: {n_trials: 6, seed: 1}\nbaseline: {tp: 2, pp: 1, micro_batch_size: 1, "
-                                         "zero_stage: 0, recompute: full}"))
+    spec = write_spec(
+        TINY_TRAIN.replace(
+            "search: {n_trials: 6, seed: 1}",
+            "search: {n_trials: 6, seed: 1}\nbaseline: {tp: 2, pp: 1, micro_batch_size: 1, "
+            "zero_stage: 0, recompute: full}",
+        )
+    )
     run_dir = tmp_path / "study"
     result, payload = _run_json(spec, run_dir)
     assert "backend: simulate" in result.stderr
@@ -154,8 +159,9 @@ def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
     keys = [json.dumps(e["params"], sort_keys=True) for e in starts]
     assert len(set(keys)) == 8
     # at most parallel_trials at once, and the two slots were really used together
-    timeline = sorted([(e["t"], 1) for e in events if e["event"] == "start"] +
-                      [(e["t"], -1) for e in events if e["event"] == "end"])
+    timeline = sorted(
+        [(e["t"], 1) for e in events if e["event"] == "start"] + [(e["t"], -1) for e in events if e["event"] == "end"]
+    )
     running = peak = 0
     for _, delta in timeline:
         running += delta
@@ -175,7 +181,8 @@ def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
             assert t["metrics"]["tokens_per_s_per_device"] == pytest.approx(expected)
     ok = [t for t in probed if t["status"] == "ok"]
     assert report["best"][0]["metrics"]["tokens_per_s_per_device"] == max(
-        t["metrics"]["tokens_per_s_per_device"] for t in ok)
+        t["metrics"]["tokens_per_s_per_device"] for t in ok
+    )
 
     # an OOM is an infeasible config for the sampler, not a silently ignored failure
     from autotune.search import open_study
@@ -190,12 +197,25 @@ def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
 # -------------------------------------------------------------------------------- SIGKILL resume
 def _cli(*args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    return subprocess.Popen([sys.executable, "-m", "autotune.cli", *args], env=env, cwd=str(REPO),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", *args],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("ray, sig", [("ray: {num_cpus: 2}", signal.SIGTERM), ("ray: {enabled: false}", signal.SIGTERM),
-                                      ("ray: {num_cpus: 2}", signal.SIGINT)], ids=["term-ray", "term-subprocess", "int-ray"])
+@pytest.mark.parametrize(
+    "ray, sig",
+    [
+        ("ray: {num_cpus: 2}", signal.SIGTERM),
+        ("ray: {enabled: false}", signal.SIGTERM),
+        ("ray: {num_cpus: 2}", signal.SIGINT),
+    ],
+    ids=["term-ray", "term-subprocess", "int-ray"],
+)
 def test_sigterm_saves_the_study_exits_143_and_resumes(write_spec, tmp_path, ray, sig):
     """SIGTERM (a scheduler's stop) behaves like Ctrl-C (SIGINT): the study is saved, the MLflow
     parent is closed, exit 143 (130), and the same command completes the budget (Ray used to
@@ -278,18 +298,25 @@ def test_sigkill_mid_study_then_rerun_completes_the_budget(write_spec, tmp_path)
 
 
 def test_several_objectives_give_a_pareto_front(write_spec, tmp_path):
-    spec = write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]",
-                                         "objectives:\n  - {metric: tokens_per_s_per_device}\n"
-                                         "  - {metric: peak_memory_gib, direction: minimize}"))
+    spec = write_spec(
+        TINY_TRAIN.replace(
+            "objectives: [tokens_per_s_per_device]",
+            "objectives:\n  - {metric: tokens_per_s_per_device}\n  - {metric: peak_memory_gib, direction: minimize}",
+        )
+    )
     run_dir = tmp_path / "study"
     best = _run_json(spec, run_dir)[1]["best"]
     assert best  # the Pareto front: no member is dominated by another
     for a in best:
         for b in best:
-            better_or_equal = (b["metrics"]["tokens_per_s_per_device"] >= a["metrics"]["tokens_per_s_per_device"]
-                               and b["metrics"]["peak_memory_gib"] <= a["metrics"]["peak_memory_gib"])
-            strictly = (b["metrics"]["tokens_per_s_per_device"] > a["metrics"]["tokens_per_s_per_device"]
-                        or b["metrics"]["peak_memory_gib"] < a["metrics"]["peak_memory_gib"])
+            better_or_equal = (
+                b["metrics"]["tokens_per_s_per_device"] >= a["metrics"]["tokens_per_s_per_device"]
+                and b["metrics"]["peak_memory_gib"] <= a["metrics"]["peak_memory_gib"]
+            )
+            strictly = (
+                b["metrics"]["tokens_per_s_per_device"] > a["metrics"]["tokens_per_s_per_device"]
+                or b["metrics"]["peak_memory_gib"] < a["metrics"]["peak_memory_gib"]
+            )
             assert not (better_or_equal and strictly)
     assert (run_dir / "plots" / "pareto_front.html").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -301,8 +328,15 @@ def test_shipped_command_backend_example_runs_from_anywhere(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     result, payload = _run_json(REPO / "examples" / "command_backend" / "spec.yaml", tmp_path / "study")
     assert payload["source"] == "measured" and payload["probes"] == 8
-    report = json.loads(_invoke("report", str(REPO / "examples" / "command_backend" / "spec.yaml"),
-                                "--run-dir", str(tmp_path / "study"), "--json").stdout)
+    report = json.loads(
+        _invoke(
+            "report",
+            str(REPO / "examples" / "command_backend" / "spec.yaml"),
+            "--run-dir",
+            str(tmp_path / "study"),
+            "--json",
+        ).stdout
+    )
     statuses = {t["status"] for t in report["trials"] if t["probed"]}
     assert statuses <= {"ok", "oom", "pruned"} and "ok" in statuses  # pruned: a config 1.5x slower than the best
 
@@ -349,14 +383,14 @@ def test_plan_breaks_ties_toward_memory_headroom(name):
         if a["metrics"][first] == b["metrics"][first]:
             assert a["metrics"]["memory_headroom_gib"] >= b["metrics"]["memory_headroom_gib"]
     table = _invoke("plan", str(spec), "--top", "10").stdout
-    rows = [line[line.index("tp="):] for line in table.splitlines() if line[:5].strip().isdigit() and "tp=" in line]
+    rows = [line[line.index("tp=") :] for line in table.splitlines() if line[:5].strip().isdigit() and "tp=" in line]
     assert len(rows) == 10 and len(set(rows)) == 10
 
 
 # A launcher whose tp=2 configs are 10x slower per step; it logs when it finishes all its steps.
 # Their 200 steps last 10 s, so the pruner stops them first even on a loaded 2-core machine (with
 # 25 steps, 1.25 s, a Ray study under the full test suite's load once finished one unpruned).
-SLOW_TP2_PROBE = r'''
+SLOW_TP2_PROBE = r"""
 import json, os, sys, time
 p = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))["params"]
 step_time = 1.0 if p["tp"] == 2 else 0.1
@@ -367,21 +401,25 @@ for i in range(steps):
 with open(os.environ["PROBE_LOG"], "a") as f:
     f.write(json.dumps({"event": "end", "params": p}) + "\n")
 print(json.dumps({"metrics": {"step_time_s": step_time, "tokens_per_s_per_device": 100.0 / step_time}}))
-'''
+"""
 
 
 @pytest.mark.parametrize("ray", ["ray: {num_cpus: 2}", "ray: {enabled: false}"])
 def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
     script = tmp_path / "probe.py"
     script.write_text(SLOW_TP2_PROBE)
-    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+    text = TINY_TRAIN.replace(
+        "backend: simulate",
+        f"""backend:
   kind: command
   argv: [{sys.executable}, {script}, --trial, "{{trial_file}}"]
   resources: {{num_cpus: 1}}
-  env: {{PROBE_LOG: "{tmp_path / 'probe_log.jsonl'}"}}""").replace(
+  env: {{PROBE_LOG: "{tmp_path / "probe_log.jsonl"}"}}""",
+    ).replace(
         "search: {n_trials: 6, seed: 1}",
         f"search: {{n_trials: 4, seed: 1, sampler: random}}\n{ray}\n"
-        "baseline: {tp: 1, pp: 1, micro_batch_size: 1, zero_stage: 0, recompute: none}")
+        "baseline: {tp: 1, pp: 1, micro_batch_size: 1, zero_stage: 0, recompute: none}",
+    )
     text = text.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1, 2]\n  pp: [1]\n")
     spec = write_spec(text, "prune.yaml")
     run_dir = tmp_path / "study"
@@ -430,7 +468,9 @@ def test_result_cache_keeps_only_outcomes_that_repeat(tmp_path):
     key = cache_key("tp=1", model, work, cluster, backend)
     assert cache_key("tp=2", model, work, cluster, backend) != key
     assert cache_key("tp=1", model, {"seq_len": 16}, cluster, backend) != key
-    assert cache_key("tp=1", model, {"seq_len": 8, "timeout_s": 5}, cluster, backend) == key  # a deadline is not the config
+    assert (
+        cache_key("tp=1", model, {"seq_len": 8, "timeout_s": 5}, cluster, backend) == key
+    )  # a deadline is not the config
     for status in ("timeout", "crash", "pruned"):
         assert not cache.put(key, ProbeResult(status), "s", 0)
     assert not cache.put(key, ProbeResult("ok", metrics={"x": 1.0}, source="simulated"), "s", 0)

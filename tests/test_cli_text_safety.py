@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from support import TINY_TRAIN
 
-PROBE = r'''
+PROBE = r"""
 import sys
 print("[rank0]: [W init.cpp:767] warning: [/bold] is not a tag [red]")
 print("RuntimeError: a failure with [/bold] and [link=x] in it")
 sys.exit(1)
-'''
+"""
 
 
 def test_probe_output_with_markup_does_not_crash_the_study(write_spec, tmp_path):

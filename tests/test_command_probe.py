@@ -25,17 +25,18 @@ def trial_file(tmp_path: Path) -> Path:
     return path
 
 
-
-
 def test_metrics_steps_and_log_tail(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import json
         print("loading model")
         for i in range(3):
             print(json.dumps({"event": "step", "step": i, "loss": 2.0 - i / 10}))
         print(json.dumps({"metrics": {"tokens_per_s": 1234.5, "peak_mem_gb": "3.25", "mode": "train"},
                           "info": {"torch": "2.13"}}))
-    """)
+    """,
+    )
     events = []
     result = run_probe_process(argv, {}, trial_file, 30, on_event=events.append)
     assert result.status == "ok", result
@@ -51,13 +52,16 @@ def test_metrics_steps_and_log_tail(tmp_path, trial_file):
 
 def test_steps_are_streamed_while_the_probe_runs(tmp_path, trial_file):
     marker = tmp_path / "go"
-    argv = script(tmp_path, f"""
+    argv = script(
+        tmp_path,
+        f"""
         import json, os, time
         print(json.dumps({{"event": "step", "step": 0}}))
         while not os.path.exists({str(marker)!r}):
             time.sleep(0.01)
         print(json.dumps({{"metrics": {{"x": 1}}}}))
-    """)
+    """,
+    )
 
     def on_event(event):  # the probe only goes on once its first step has been seen
         marker.write_text("1")
@@ -67,13 +71,16 @@ def test_steps_are_streamed_while_the_probe_runs(tmp_path, trial_file):
 
 
 def test_env_trial_file_and_templating(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import json, os, sys
         print(json.dumps({"metrics": {"argc": len(sys.argv)}, "info": {
             "argv": sys.argv[1:], "env": os.environ.get("MY_SETTING"), "home": os.environ.get("HOME"),
             "trial_env": os.environ["AUTOTUNE_TRIAL_FILE"],
             "content": json.load(open(os.environ["AUTOTUNE_TRIAL_FILE"]))}}))
-    """) + ["--config={trial_file}", "{not_a_placeholder}", "{trial_file}"]
+    """,
+    ) + ["--config={trial_file}", "{not_a_placeholder}", "{trial_file}"]
     result = run_probe_process(argv, {"MY_SETTING": "expandable_segments:True"}, trial_file, 30)
     assert result.status == "ok", result
     info = result.info
@@ -87,10 +94,13 @@ def test_env_trial_file_and_templating(tmp_path, trial_file):
 def test_cwd(tmp_path, trial_file):
     work = tmp_path / "work"
     work.mkdir()
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import json, os
         print(json.dumps({"metrics": {"x": 1}, "info": {"cwd": os.getcwd()}}))
-    """)
+    """,
+    )
     result = run_probe_process(argv, {}, trial_file, 30, cwd=work)
     assert result.status == "ok" and Path(result.info["cwd"]) == work
     missing = run_probe_process(argv, {}, trial_file, 30, cwd=tmp_path / "nope")
@@ -98,12 +108,15 @@ def test_cwd(tmp_path, trial_file):
 
 
 def test_out_of_memory_exit_is_oom(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import sys
         print("step 1 ok")
         print("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         sys.exit(1)
-    """)
+    """,
+    )
     result = run_probe_process(argv, {}, trial_file, 30)
     assert result.status == "oom", result
     assert "out of memory" in result.reason
@@ -140,13 +153,19 @@ def test_nonzero_exit_is_crash_with_last_line(tmp_path, trial_file):
 
 
 def test_regex_metric_extraction(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         for it, tput in ((10, 101.5), (20, 120.25), (30, 118.0)):
             print(f" iteration {it}/30 | throughput per GPU (TFLOP/s/GPU): {tput} | tokens/s: 4,{it}00 |")
         print("training finished")
-    """)
-    patterns = {"tflops": r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)",
-                "tokens_per_s": r"tokens/s: ([0-9,]+)", "absent": r"never printed: (\d+)"}
+    """,
+    )
+    patterns = {
+        "tflops": r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)",
+        "tokens_per_s": r"tokens/s: ([0-9,]+)",
+        "absent": r"never printed: (\d+)",
+    }
     result = run_probe_process(argv, {}, trial_file, 30, metric_patterns=patterns)
     assert result.status == "ok", result
     assert result.metrics == {"tflops": 118.0, "tokens_per_s": 43000.0}  # last match wins; "4,3000"
@@ -174,12 +193,15 @@ def test_timeout_kills_the_whole_group(tmp_path, trial_file):
 
 
 def test_sigterm_ignored_gets_sigkill(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("ignoring SIGTERM", flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     result = run_probe_process(argv, {}, trial_file, 0.5, kill_grace_s=0.5)
     assert result.status == "timeout"
     assert result.info["returncode"] == -signal.SIGKILL
@@ -187,13 +209,17 @@ def test_sigterm_ignored_gets_sigkill(tmp_path, trial_file):
 
 def test_should_stop_prunes_with_partial_steps(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
-    argv = grandchild_probe(tmp_path, pid_file, """
+    argv = grandchild_probe(
+        tmp_path,
+        pid_file,
+        """
         i = 0
         while True:  # steps only once the grandchild is up, so that pruning finds it
             print(json.dumps({"event": "step", "step": i, "tokens_per_s": 10.0 * i}))
             i += 1
             time.sleep(0.02)
-    """)
+    """,
+    )
     seen = []
     result = run_probe_process(argv, {}, trial_file, 60, on_event=seen.append, should_stop=lambda: len(seen) >= 3)
     assert result.status == "pruned", result
@@ -204,16 +230,23 @@ def test_should_stop_prunes_with_partial_steps(tmp_path, trial_file):
 
 def test_leftover_processes_are_killed_when_the_probe_exits(tmp_path, trial_file):
     pid_file = tmp_path / "straggler.pid"
-    argv = grandchild_probe(tmp_path, pid_file, """
+    argv = grandchild_probe(
+        tmp_path,
+        pid_file,
+        """
         print(json.dumps({"metrics": {"x": 1}}))
-    """, grandchild_output=", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL")
+    """,
+        grandchild_output=", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL",
+    )
     result = run_probe_process(argv, {}, trial_file, 30)
     assert result.status == "ok", result
     assert wait_dead(read_pid(pid_file))
 
 
 def test_garbage_output_does_not_break_the_reader(tmp_path, trial_file):
-    argv = script(tmp_path, f"""
+    argv = script(
+        tmp_path,
+        f"""
         import json, os, sys
         out = sys.stdout.buffer
         out.write(os.urandom(100_000))            # binary, no newline
@@ -223,7 +256,8 @@ def test_garbage_output_does_not_break_the_reader(tmp_path, trial_file):
         out.write(b'{{"event": "step", "step": 0}}\\n')
         out.write(json.dumps({{"metrics": {{"ok": 1}}}}).encode() + b"\\n")
         out.flush()
-    """)
+    """,
+    )
     result = run_probe_process(argv, {}, trial_file, 60)
     assert result.status == "ok", result.reason
     assert result.metrics == {"ok": 1.0}
@@ -233,12 +267,15 @@ def test_garbage_output_does_not_break_the_reader(tmp_path, trial_file):
 
 
 def test_log_tail_is_bounded(tmp_path, trial_file):
-    argv = script(tmp_path, """
+    argv = script(
+        tmp_path,
+        """
         import json
         for i in range(5000):
             print("line", i)
         print(json.dumps({"metrics": {"x": 1}}))
-    """)
+    """,
+    )
     result = run_probe_process(argv, {}, trial_file, 30, log_tail_lines=20)
     assert result.status == "ok"
     lines = result.log_tail.splitlines()
@@ -247,10 +284,14 @@ def test_log_tail_is_bounded(tmp_path, trial_file):
 
 def test_callback_error_still_kills_the_group(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
-    argv = grandchild_probe(tmp_path, pid_file, """
+    argv = grandchild_probe(
+        tmp_path,
+        pid_file,
+        """
         print(json.dumps({"event": "step", "step": 0}), flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
 
     def on_event(event):
         raise RuntimeError("callback bug")
@@ -265,10 +306,12 @@ def test_watchdog_kills_the_group_when_the_runner_dies(tmp_path, trial_file):
     pid_file = tmp_path / "grandchild.pid"
     probe = grandchild_probe(tmp_path, pid_file, GRANDCHILD_THEN)
     runner = tmp_path / "runner.py"
-    runner.write_text(textwrap.dedent(f"""
+    runner.write_text(
+        textwrap.dedent(f"""
         from autotune.workers.command import run_probe_process
         run_probe_process({probe!r}, {{}}, {str(trial_file)!r}, 120, kill_grace_s=0.5)
-    """))
+    """)
+    )
     proc = subprocess.Popen([PY, str(runner)])
     try:
         pid = read_pid(pid_file, within_s=30)

@@ -17,9 +17,21 @@ from support import TINY_TRAIN
 
 
 def _record(number: int, status: str) -> TrialRecord:
-    return TrialRecord(number=number, state="COMPLETE", config={"tp": 1}, status=status, source="measured",
-                       metrics={}, predicted={}, reason="" if status == "ok" else status, probed=True, baseline=False,
-                       chosen_because="", values=None, feasible=True)
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        config={"tp": 1},
+        status=status,
+        source="measured",
+        metrics={},
+        predicted={},
+        reason="" if status == "ok" else status,
+        probed=True,
+        baseline=False,
+        chosen_because="",
+        values=None,
+        feasible=True,
+    )
 
 
 def test_an_infrastructure_retry_does_not_advance_the_bar_past_the_budget():
@@ -40,8 +52,11 @@ def test_a_pruned_trial_is_counted_pruned_not_failed():
 
 
 def test_run_and_report_print_the_same_counts(write_spec, tmp_path):
-    spec = write_spec(TINY_TRAIN.replace("objectives:", "constraints: [\"micro_batch_size < 4\"]\nobjectives:")
-                      .replace("seed: 1}", "seed: 1, sampler: random}"))
+    spec = write_spec(
+        TINY_TRAIN.replace("objectives:", 'constraints: ["micro_batch_size < 4"]\nobjectives:').replace(
+            "seed: 1}", "seed: 1, sampler: random}"
+        )
+    )
     run_dir = tmp_path / "run"
     ran = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--no-tracking", "--json"])
     assert ran.exit_code == 0, ran.output

@@ -37,8 +37,14 @@ ECHO_PROBE = textwrap.dedent("""
 
 def request(number: int, **params) -> TrialRequest:
     params.setdefault("tp", number + 1)
-    return TrialRequest(params=params, model={"arch": "llama"}, workload={"kind": "train"},
-                        cluster={"accelerator": "cpu"}, study="t", number=number)
+    return TrialRequest(
+        params=params,
+        model={"arch": "llama"},
+        workload={"kind": "train"},
+        cluster={"accelerator": "cpu"},
+        study="t",
+        number=number,
+    )
 
 
 @pytest.fixture
@@ -47,8 +53,7 @@ def echo_launch(tmp_path: Path):
     path.write_text(ECHO_PROBE)
 
     def make(**kw) -> ProbeLaunch:
-        return ProbeLaunch(argv=[PY, str(path), "--trial", "{trial_file}"], env={"STATIC_VAR": "s"},
-                           timeout_s=60, **kw)
+        return ProbeLaunch(argv=[PY, str(path), "--trial", "{trial_file}"], env={"STATIC_VAR": "s"}, timeout_s=60, **kw)
 
     return make
 
@@ -79,8 +84,11 @@ def test_resources_for():
 def test_probe_env_trial_params_win():
     launch = ProbeLaunch(argv=["x"], env={"A": "1", "PYTORCH_NPU_ALLOC_CONF": "default"})
     req = request(0, **{"env.PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "env.HCCL_BUFFSIZE": 200})
-    assert probe_env(req, launch) == {"A": "1", "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
-                                      "HCCL_BUFFSIZE": "200"}
+    assert probe_env(req, launch) == {
+        "A": "1",
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "HCCL_BUFFSIZE": "200",
+    }
 
 
 # -- in-process -----------------------------------------------------------------------------------
@@ -163,8 +171,10 @@ def ray_dispatcher(tmp_path_factory):
 
 def test_ray_runs_trials_in_parallel(ray_dispatcher, echo_launch):
     d = ray_dispatcher
-    handles = [d.submit(request(i, **{"env.PYTORCH_NPU_ALLOC_CONF": f"conf{i}"}),
-                        echo_launch(resources={"num_cpus": 0.5})) for i in range(4)]
+    handles = [
+        d.submit(request(i, **{"env.PYTORCH_NPU_ALLOC_CONF": f"conf{i}"}), echo_launch(resources={"num_cpus": 0.5}))
+        for i in range(4)
+    ]
     assert d.pending == 4
     results = drain(d)
     assert sorted(results) == [0, 1, 2, 3] and [h.number for h in handles] == [0, 1, 2, 3]
@@ -194,8 +204,9 @@ def test_ray_impossible_request_is_invalid_at_once(ray_dispatcher, echo_launch):
 def test_ray_cancel_kills_the_probe_group(ray_dispatcher, tmp_path):
     d = ray_dispatcher
     pid_file = tmp_path / "gc.pid"
-    h = d.submit(request(11), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60,
-                                          resources={"num_cpus": 0.5}))
+    h = d.submit(
+        request(11), ProbeLaunch(argv=grandchild_probe(tmp_path, pid_file), timeout_s=60, resources={"num_cpus": 0.5})
+    )
     pid = read_pid(pid_file)
     d.cancel(h)
     results = drain(d)

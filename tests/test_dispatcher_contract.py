@@ -16,17 +16,23 @@ from support import grandchild_probe, read_pid, script, wait_dead
 
 pytestmark = pytest.mark.timeout(300)
 
-OK_PROBE = r'''
+OK_PROBE = r"""
 import json, os, sys
 trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
 if os.environ.get("NODE_RANK", "0") == "0":
     print(json.dumps({"metrics": {"tokens_per_s_per_device": 10.0 * trial["params"]["tp"], "step_time_s": 1.0}}))
-'''
+"""
 
 
 def _request(number: int) -> TrialRequest:
-    return TrialRequest(params={"tp": number + 1}, model={"arch": "llama"}, workload={"kind": "train"},
-                        cluster={"accelerator": "cpu"}, study="contract", number=number)
+    return TrialRequest(
+        params={"tp": number + 1},
+        model={"arch": "llama"},
+        workload={"kind": "train"},
+        cluster={"accelerator": "cpu"},
+        study="contract",
+        number=number,
+    )
 
 
 @pytest.fixture(scope="module", params=["local", "ray", "ray-2-nodes"])
@@ -55,8 +61,7 @@ def dispatching(request, tmp_path_factory):
         cluster.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20)
     cluster.wait_for_nodes()
     d = RayDispatcher(address=cluster.address, run_dir=tmp_path_factory.mktemp("multi"))
-    yield d, {"nodes": 2, "bundle": {"NPU": 1.0, "CPU": 1.0}, "placement_timeout_s": 60.0,
-              "resources": {"num_cpus": 0}}
+    yield d, {"nodes": 2, "bundle": {"NPU": 1.0, "CPU": 1.0}, "placement_timeout_s": 60.0, "resources": {"num_cpus": 0}}
     d.shutdown()
     ray.shutdown()
     cluster.shutdown()
@@ -90,8 +95,11 @@ def test_each_trial_comes_back_once_with_its_result(dispatching, tmp_path):
 
 def test_a_failing_probe_is_classified(dispatching, tmp_path):
     d, extra = dispatching
-    argv = script(tmp_path, "import sys\nprint('RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB')\n"
-                            "sys.exit(1)\n", "oom.py")
+    argv = script(
+        tmp_path,
+        "import sys\nprint('RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB')\nsys.exit(1)\n",
+        "oom.py",
+    )
     d.submit(_request(5), _launch(argv, extra))
     result = _drain(d)[5]
     assert result.status == "oom", result

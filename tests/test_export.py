@@ -14,26 +14,66 @@ from autotune.export import ExportContext
 from autotune.exports import EXPORTERS, parse_formats, write_exports
 from autotune.export._base import script_arrays
 
-CONFIG = {"tp": 2, "pp": 2, "vpp": 2, "cp": 1, "dp": 2, "micro_batch_size": 2, "grad_accum": 16,
-          "sequence_parallel": True, "recompute": "full", "recompute_layers": 4, "zero_stage": 1, "precision": "bf16",
-          "env.PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "env.HCCL_BUFFSIZE": "200",
-          "graph_kernel_flags": "--enable_parallel_fusion --opt_level=2", "jit_level": "O1"}
-MODEL = {"name": "llama2-7b", "arch": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-         "num_key_value_heads": 8, "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096}
+CONFIG = {
+    "tp": 2,
+    "pp": 2,
+    "vpp": 2,
+    "cp": 1,
+    "dp": 2,
+    "micro_batch_size": 2,
+    "grad_accum": 16,
+    "sequence_parallel": True,
+    "recompute": "full",
+    "recompute_layers": 4,
+    "zero_stage": 1,
+    "precision": "bf16",
+    "env.PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "env.HCCL_BUFFSIZE": "200",
+    "graph_kernel_flags": "--enable_parallel_fusion --opt_level=2",
+    "jit_level": "O1",
+}
+MODEL = {
+    "name": "llama2-7b",
+    "arch": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
 SOFTWARE = {"torch": "2.13.0", "torch_npu": "2.13.0", "cann": "8.1.RC1", "driver": "24.1.0"}
 
 
 @pytest.fixture
 def ctx():
-    return ExportContext(study="llama2-7b-8npu", trial=7, config=dict(CONFIG),
-                         metrics={"tokens_per_s_per_device": 2901.5, "step_time_s": 11.29, "peak_memory_gib": 51.2},
-                         source="measured", model=MODEL, workload={"seq_len": 4096, "global_batch_size": 64},
-                         cluster={"accelerator": "npu", "nodes": 1, "devices_per_node": 8, "world_size": 8},
-                         software=SOFTWARE)
+    return ExportContext(
+        study="llama2-7b-8npu",
+        trial=7,
+        config=dict(CONFIG),
+        metrics={"tokens_per_s_per_device": 2901.5, "step_time_s": 11.29, "peak_memory_gib": 51.2},
+        source="measured",
+        model=MODEL,
+        workload={"seq_len": 4096, "global_batch_size": 64},
+        cluster={"accelerator": "npu", "nodes": 1, "devices_per_node": 8, "world_size": 8},
+        software=SOFTWARE,
+    )
 
 
-PLAIN = {"tp": 1, "pp": 1, "cp": 1, "vpp": 1, "dp": 8, "micro_batch_size": 2, "grad_accum": 4, "zero_stage": 0,
-         "precision": "fp32", "recompute": "none", "env.HCCL_BUFFSIZE": "200"}  # every format can launch this
+PLAIN = {
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vpp": 1,
+    "dp": 8,
+    "micro_batch_size": 2,
+    "grad_accum": 4,
+    "zero_stage": 0,
+    "precision": "fp32",
+    "recompute": "none",
+    "env.HCCL_BUFFSIZE": "200",
+}  # every format can launch this
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTERS))
@@ -62,8 +102,13 @@ def test_probe_text_cannot_inject_commands_through_the_header(ctx, tmp_path):
     ctx.metrics = {"x\nexport EVIL=1\n": 1.0}
     paths = write_exports(ctx, tmp_path, ["env", "megatron"])
     env_file = paths["env"]
-    out = subprocess.run(["bash", "-c", f'source "{env_file}" && echo "[$EVIL]"'], cwd=tmp_path,
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        ["bash", "-c", f'source "{env_file}" && echo "[$EVIL]"'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == "[]" and not (tmp_path / "INJECTED").exists()
     assert all(line.startswith(("#", "export", "")) for line in paths["env"].read_text().splitlines())
 
@@ -146,9 +191,17 @@ def test_env_file_sources_in_a_shell(ctx, tmp_path):
     import subprocess
 
     path = write_exports(ctx, tmp_path, ["env"])["env"]
-    out = subprocess.run(["bash", "-c", f'source "{path}" && echo "$PYTORCH_NPU_ALLOC_CONF|$PYTORCH_CUDA_ALLOC_CONF|'
-                                        f'$HCCL_BUFFSIZE|$MS_DEV_GRAPH_KERNEL_FLAGS"'],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source "{path}" && echo "$PYTORCH_NPU_ALLOC_CONF|$PYTORCH_CUDA_ALLOC_CONF|'
+            f'$HCCL_BUFFSIZE|$MS_DEV_GRAPH_KERNEL_FLAGS"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == "expandable_segments:True|expandable_segments:True|200|--enable_parallel_fusion --opt_level=2"
 
 

@@ -46,9 +46,19 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "mindformers"
 READBACK = FIXTURES / "readback.py"
 LLAMA2_70B = {"name": "llama2-70b", "arch": "llama", **PRESETS["llama2-70b"], "rms_norm_eps": 1e-5}
-QWEN3_32B = {"name": "qwen3-32b", "arch": "llama", "hidden_size": 5120, "num_hidden_layers": 64,  # the YAML's model
-             "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 25600, "vocab_size": 151936,
-             "max_position_embeddings": 4096, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
+QWEN3_32B = {
+    "name": "qwen3-32b",
+    "arch": "llama",
+    "hidden_size": 5120,
+    "num_hidden_layers": 64,  # the YAML's model
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 25600,
+    "vocab_size": 151936,
+    "max_position_embeddings": 4096,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-6,
+}
 
 
 def _mindformers_python() -> tuple[str | None, str]:
@@ -56,11 +66,17 @@ def _mindformers_python() -> tuple[str | None, str]:
     python = os.environ.get("AUTOTUNE_MINDSPORE_PYTHON") or str(REPO / ".venv-mindspore" / "bin" / "python")
     if not Path(python).is_file():
         return None, f"no MindSpore environment ({python}; README set-up: .venv-mindspore)"
-    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('mindformers') is None)"],
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('mindformers') is None)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if probe.returncode:
-        return None, (f"MindFormers is not installed in {python} (README set-up: .venv-mindspore/bin/pip install "
-                      f"--no-deps -r tests/fixtures/mindformers/requirements.txt)")
+        return None, (
+            f"MindFormers is not installed in {python} (README set-up: .venv-mindspore/bin/pip install "
+            f"--no-deps -r tests/fixtures/mindformers/requirements.txt)"
+        )
     return python, ""
 
 
@@ -68,10 +84,16 @@ MF_PYTHON, WHY_NOT = _mindformers_python()
 pytestmark = pytest.mark.skipif(MF_PYTHON is None, reason=WHY_NOT)
 
 
-def _case(config: dict[str, Any], model: dict[str, Any], yaml_name: str, seq_len: int = 4096,
-          follows_header: bool = True) -> dict[str, Any]:
-    return {"config": config, "model": model, "base": FIXTURES / yaml_name, "seq_len": seq_len,
-            "follows_header": follows_header}
+def _case(
+    config: dict[str, Any], model: dict[str, Any], yaml_name: str, seq_len: int = 4096, follows_header: bool = True
+) -> dict[str, Any]:
+    return {
+        "config": config,
+        "model": model,
+        "base": FIXTURES / yaml_name,
+        "seq_len": seq_len,
+        "follows_header": follows_header,
+    }
 
 
 # The configs the Megatron test launches (tests/test_export_targets.py), on the Llama2-7B model YAML;
@@ -80,16 +102,28 @@ def _case(config: dict[str, Any], model: dict[str, Any], yaml_name: str, seq_len
 # interleaved 5 ways (the issue's 70B vpp 5, which ran with one chunk) and a study measured at 8192
 # merged into the 4096 YAML (which trained at 4096).
 CASES = {
-    **{name: _case(config, LLAMA3_8B if config["dp"] * config["tp"] * config["pp"] * config["cp"] == 16 else LLAMA2_7B,
-                   "pretrain_llama2_7b.yaml") for name, config in MEGATRON_CONFIGS.items()},
-    **{f"qwen3-{name}": _case(MEGATRON_CONFIGS[name], QWEN3_32B, "pretrain_qwen3_32b_4k.yaml")
-       for name in ("tp2-pp2-vpp2-rl4", "pp4-vpp2-full-fp16")},
-    "llama2-70b-tp8-pp4-vpp5-rl10": _case(cfg(tp=8, pp=4, vpp=5, sp=True, rc="full", rl=10, zero=1, world=64, gbs=128),
-                                          LLAMA2_70B, "pretrain_llama2_70b.yaml"),
+    **{
+        name: _case(
+            config,
+            LLAMA3_8B if config["dp"] * config["tp"] * config["pp"] * config["cp"] == 16 else LLAMA2_7B,
+            "pretrain_llama2_7b.yaml",
+        )
+        for name, config in MEGATRON_CONFIGS.items()
+    },
+    **{
+        f"qwen3-{name}": _case(MEGATRON_CONFIGS[name], QWEN3_32B, "pretrain_qwen3_32b_4k.yaml")
+        for name in ("tp2-pp2-vpp2-rl4", "pp4-vpp2-full-fp16")
+    },
+    "llama2-70b-tp8-pp4-vpp5-rl10": _case(
+        cfg(tp=8, pp=4, vpp=5, sp=True, rc="full", rl=10, zero=1, world=64, gbs=128),
+        LLAMA2_70B,
+        "pretrain_llama2_70b.yaml",
+    ),
     "tp2-pp2-seq8192": _case(cfg(tp=2, pp=2, sp=True, zero=1), LLAMA2_7B, "pretrain_llama2_7b.yaml", seq_len=8192),
     # the fp16 export put on the bf16 Qwen3 YAML without the header's edit: MindFormers refuses to load it
-    "qwen3-fp16-header-not-followed": _case(MEGATRON_CONFIGS["tp4-cp2-selective-fp16"], QWEN3_32B,
-                                            "pretrain_qwen3_32b_4k.yaml", follows_header=False),
+    "qwen3-fp16-header-not-followed": _case(
+        MEGATRON_CONFIGS["tp4-cp2-selective-fp16"], QWEN3_32B, "pretrain_qwen3_32b_4k.yaml", follows_header=False
+    ),
 }
 REFUSED = {"qwen3-fp16-header-not-followed"}
 
@@ -98,10 +132,17 @@ def export_context(case: dict[str, Any]) -> ExportContext:
     config = case["config"]
     world = config["dp"] * config["tp"] * config["pp"] * config["cp"]
     gbs = config["micro_batch_size"] * config["grad_accum"] * config["dp"]
-    return ExportContext(study="s", trial=3, config=dict(config), metrics={"tokens_per_s_per_device": 1.0},
-                         source="measured", model=case["model"],
-                         workload={"seq_len": case["seq_len"], "global_batch_size": gbs},
-                         cluster={"nodes": world // 8, "devices_per_node": 8, "world_size": world}, target="mindformers")
+    return ExportContext(
+        study="s",
+        trial=3,
+        config=dict(config),
+        metrics={"tokens_per_s_per_device": 1.0},
+        source="measured",
+        model=case["model"],
+        workload={"seq_len": case["seq_len"], "global_batch_size": gbs},
+        cluster={"nodes": world // 8, "devices_per_node": 8, "world_size": world},
+        target="mindformers",
+    )
 
 
 def run_yaml(name: str, export: str, tmp: Path) -> str:
@@ -112,7 +153,9 @@ def run_yaml(name: str, export: str, tmp: Path) -> str:
     scale = (yaml.safe_load(export).get("runner_wrapper") or {}).get("scale_sense")
     text = base.read_text()
     if isinstance(scale, dict) and CASES[name]["follows_header"]:
-        edited = re.sub(r"(?m)^(\s+scale_sense:)\s*[-+.0-9eE]+\s*$", lambda m: f"{m.group(1)} {json.dumps(scale)}", text)
+        edited = re.sub(
+            r"(?m)^(\s+scale_sense:)\s*[-+.0-9eE]+\s*$", lambda m: f"{m.group(1)} {json.dumps(scale)}", text
+        )
         if edited != text:
             base = tmp / f"{name}.model.yaml"
             base.write_text(edited)
@@ -126,17 +169,27 @@ def read_back(exports: dict[str, str], tmp: Path) -> dict[str, dict[str, Any]]:
         path = tmp / f"{name}.yaml"
         path.write_text(run_yaml(name, text, tmp))
         config = CASES[name]["config"]
-        cases.append({"name": name, "yaml": str(path), "world": config["dp"] * config["tp"] * config["pp"] * config["cp"]})
+        cases.append(
+            {"name": name, "yaml": str(path), "world": config["dp"] * config["tp"] * config["pp"] * config["cp"]}
+        )
     (tmp / "cases.json").write_text(json.dumps(cases))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK_SIZE", "RANK_ID")}
-    proc = subprocess.run([MF_PYTHON, str(READBACK), str(tmp / "cases.json")], capture_output=True, text=True,
-                          timeout=240, cwd=tmp, env=env)  # cwd: MindFormers writes ./output (logs, strategy)
+    proc = subprocess.run(
+        [MF_PYTHON, str(READBACK), str(tmp / "cases.json")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp,
+        env=env,
+    )  # cwd: MindFormers writes ./output (logs, strategy)
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("READBACK "):
-            result = json.loads(line[len("READBACK "):])
+            result = json.loads(line[len("READBACK ") :])
             out[result["name"]] = result
-    assert set(out) == set(exports), f"readback.py exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert set(out) == set(exports), (
+        f"readback.py exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return out
 
 
@@ -155,15 +208,23 @@ def expected(case: dict[str, Any]) -> dict[str, Any]:
 def launched_by_mindformers(got: dict[str, Any]) -> dict[str, Any]:
     """The same fields from what MindFormers built (``readback.py``)."""
     full, selective = got["recompute_layers_per_stage"], got["selective_layers_per_stage"]
-    return {"global_batch": got["global_batch"], "micro_batch": got["micro_batch"], "tp": got["tp"], "pp": got["pp"],
-            "cp": got["cp"], "dp": got["dp"], "vpp": got["vpp"],
-            "recompute": "full" if any(full) else "selective" if any(selective) else "none",
-            # one number when every stage recomputes the same count, else the per-stage list
-            "recompute_layers_per_stage": full[0] if len(set(full)) == 1 else full,
-            "zero_stage": 1 if got["optimizer_shard"] else 0,
-            "precision": {"BFloat16": "bf16", "Float16": "fp16", "Float32": "fp32"}.get(got["compute_dtype"],
-                                                                                        got["compute_dtype"]),
-            "seq_length": got["seq_length"]}
+    return {
+        "global_batch": got["global_batch"],
+        "micro_batch": got["micro_batch"],
+        "tp": got["tp"],
+        "pp": got["pp"],
+        "cp": got["cp"],
+        "dp": got["dp"],
+        "vpp": got["vpp"],
+        "recompute": "full" if any(full) else "selective" if any(selective) else "none",
+        # one number when every stage recomputes the same count, else the per-stage list
+        "recompute_layers_per_stage": full[0] if len(set(full)) == 1 else full,
+        "zero_stage": 1 if got["optimizer_shard"] else 0,
+        "precision": {"BFloat16": "bf16", "Float16": "fp16", "Float32": "fp32"}.get(
+            got["compute_dtype"], got["compute_dtype"]
+        ),
+        "seq_length": got["seq_length"],
+    }
 
 
 def differences(name: str, got: dict[str, Any]) -> list[str]:
@@ -183,15 +244,16 @@ def differences(name: str, got: dict[str, Any]) -> list[str]:
         "pipeline stages in MindSpore": (got["pipeline_stages"], pp),
         # the layers' own pipeline stages: vpp chunks of equal size on every stage
         "chunks per stage": (got["chunks_per_stage"], [vpp] * pp),
-        "layers per chunk": (got["layers_per_chunk"],
-                             [[got["num_layers"] // (pp * vpp)] * pp for _ in range(vpp)]),
+        "layers per chunk": (got["layers_per_chunk"], [[got["num_layers"] // (pp * vpp)] * pp for _ in range(vpp)]),
         "sequence parallel": (got["sequence_parallel"], bool(config["sequence_parallel"])),
         # optimizer sharding as ZeRO-1: states (and MindSpore's weight slices), not the gradients
         "gradient accumulation shard": (got["grad_accumulation_shard"], False),
         # the embedding table split over model_parallel as Megatron's vocab-parallel embedding, not
         # replicated on every tp rank (the legacy Llama splits it over context_parallel too)
-        "embedding table split": (got["embedding_split"],
-                                  config["tp"] * (config["cp"] if got["model_kind"] == "legacy" else 1)),
+        "embedding table split": (
+            got["embedding_split"],
+            config["tp"] * (config["cp"] if got["model_kind"] == "legacy" else 1),
+        ),
         "loss scaling": (got["loss_scale"], "DynamicLossScaleUpdateCell" if config["precision"] == "fp16" else 1.0),
         "semi-auto parallel": (got["parallel_mode"], "semi_auto_parallel"),
         "full batch": (got["full_batch"], True),
@@ -225,7 +287,8 @@ def test_fp16_loss_scaling_over_a_numeric_one_needs_the_headers_edit(mindformers
     got = mindformers_readback["qwen3-fp16-header-not-followed"]
     assert not got["ok"] and "'float' object has no attribute 'copy'" in got["error"]
     assert "replace it by the mapping below" in EXPORTERS["mindformers"].render(
-        export_context(CASES["qwen3-fp16-header-not-followed"]))
+        export_context(CASES["qwen3-fp16-header-not-followed"])
+    )
     assert mindformers_readback["qwen3-pp4-vpp2-full-fp16"]["loss_scale"] == "DynamicLossScaleUpdateCell"
 
 

@@ -38,8 +38,13 @@ def test_an_inference_study_writes_no_training_launch_and_refuses_one(tmp_path):
     assert default.exit_code == 0 and set(json.loads(default.stdout)["files"]) == {"yaml", "env"}
 
 
-LONG = {"name": "long", "model": "llama2-7b", "workload": {"kind": "train", "seq_len": 8192, "global_batch_size": 64},
-        "cluster": {"accelerator": "npu", "nodes": 1, "devices_per_node": 8}, "space": {"tp": [1, 2]}}
+LONG = {
+    "name": "long",
+    "model": "llama2-7b",
+    "workload": {"kind": "train", "seq_len": 8192, "global_batch_size": 64},
+    "cluster": {"accelerator": "npu", "nodes": 1, "devices_per_node": 8},
+    "space": {"tp": [1, 2]},
+}
 
 
 @pytest.mark.parametrize("target", ["megatron", "mindspeed"])
@@ -54,11 +59,16 @@ def test_a_sequence_longer_than_the_models_positions_is_a_spec_error_for_megatro
 
 
 def test_the_megatron_export_refuses_a_sequence_longer_than_the_positions():
-    ctx = ExportContext(study="s", trial=0, config={"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1,
-                                                    "grad_accum": 8, "precision": "bf16"}, metrics={},
-                        model={"num_hidden_layers": 32, "max_position_embeddings": 4096},
-                        workload={"kind": "train", "seq_len": 8192, "global_batch_size": 64},
-                        cluster={"nodes": 1, "devices_per_node": 8}, target="none")
+    ctx = ExportContext(
+        study="s",
+        trial=0,
+        config={"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "grad_accum": 8, "precision": "bf16"},
+        metrics={},
+        model={"num_hidden_layers": 32, "max_position_embeddings": 4096},
+        workload={"kind": "train", "seq_len": 8192, "global_batch_size": 64},
+        cluster={"nodes": 1, "devices_per_node": 8},
+        target="none",
+    )
     reasons = EXPORTERS["megatron"].unsupported(ctx)
     assert reasons and "--seq-length 8192 above --max-position-embeddings 4096" in reasons[0]
     ctx.workload["seq_len"] = 4096
@@ -77,9 +87,16 @@ def test_an_env_name_that_is_not_a_shell_name_is_never_written_to_a_shell_file(t
 
     config = {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "grad_accum": 8, "precision": "bf16"}
     hostile = {**config, "env.X=1;touch PWNED;#": "v", "env.$(touch PWNED2)": "w"}
-    ctx = ExportContext(study="s", trial=0, config=hostile, metrics={}, model={"num_hidden_layers": 32},
-                        workload={"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-                        cluster={"nodes": 1, "devices_per_node": 8}, target="megatron")
+    ctx = ExportContext(
+        study="s",
+        trial=0,
+        config=hostile,
+        metrics={},
+        model={"num_hidden_layers": 32},
+        workload={"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+        cluster={"nodes": 1, "devices_per_node": 8},
+        target="megatron",
+    )
     for fmt in ("env", "megatron", "torchtitan"):
         assert any("not shell variable names" in r for r in EXPORTERS[fmt].unsupported(ctx)), fmt
     with pytest.raises(ExportRefused):
@@ -88,7 +105,10 @@ def test_an_env_name_that_is_not_a_shell_name_is_never_written_to_a_shell_file(t
     # a value with shell syntax is quoted: sourcing the file runs nothing
     ctx.config = {**config, "env.PYTORCH_NPU_ALLOC_CONF": "$(touch PWNED3);`touch PWNED4`"}
     paths = write_exports(ctx, tmp_path / "ok", ["env"])
-    subprocess.run(["bash", "-c", f"source {paths['env']} && printf %s \"$PYTORCH_NPU_ALLOC_CONF\" > value"],
-                   cwd=tmp_path, check=True)
+    subprocess.run(
+        ["bash", "-c", f'source {paths["env"]} && printf %s "$PYTORCH_NPU_ALLOC_CONF" > value'],
+        cwd=tmp_path,
+        check=True,
+    )
     assert (tmp_path / "value").read_text() == "$(touch PWNED3);`touch PWNED4`"
     assert not list(tmp_path.glob("PWNED*"))

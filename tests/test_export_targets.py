@@ -34,18 +34,46 @@ from autotune.spec_load import parse_spec
 from autotune.stacks import STACKS, unsupported_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
-LLAMA2_7B = {"name": "llama2-7b", "arch": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
-             "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}
-LLAMA3_8B = {**LLAMA2_7B, "name": "llama3-8b", "num_key_value_heads": 8, "intermediate_size": 14336,
-             "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0}
+LLAMA2_7B = {
+    "name": "llama2-7b",
+    "arch": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+}
+LLAMA3_8B = {
+    **LLAMA2_7B,
+    "name": "llama3-8b",
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
 
 
 def cfg(tp=1, pp=1, cp=1, vpp=1, mbs=1, sp=False, rc="none", rl=None, zero=0, prec="bf16", world=8, gbs=64):
     """A canonical config as the space resolves it (dp and grad_accum derived)."""
     dp = world // (tp * pp * cp)
-    out = {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "dp": dp, "micro_batch_size": mbs, "grad_accum": gbs // (mbs * dp),
-           "sequence_parallel": sp, "recompute": rc, "zero_stage": zero, "precision": prec}
+    out = {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "vpp": vpp,
+        "dp": dp,
+        "micro_batch_size": mbs,
+        "grad_accum": gbs // (mbs * dp),
+        "sequence_parallel": sp,
+        "recompute": rc,
+        "zero_stage": zero,
+        "precision": prec,
+    }
     if rl is not None:
         out["recompute_layers"] = rl
     return out
@@ -62,8 +90,11 @@ MEGATRON_CONFIGS = {
     "llama3-2node-pp2": cfg(pp=2, zero=1, world=16, gbs=128),
 }
 DEEPSPEED_CONFIGS = {
-    "zero1-bf16": cfg(mbs=2, zero=1), "zero3-full": cfg(zero=3, rc="full"), "zero2-fp16": cfg(mbs=4, zero=2, prec="fp16"),
-    "zero0-fp32": cfg(prec="fp32"), "2node-zero3": cfg(zero=3, mbs=2, world=16, gbs=128),
+    "zero1-bf16": cfg(mbs=2, zero=1),
+    "zero3-full": cfg(zero=3, rc="full"),
+    "zero2-fp16": cfg(mbs=4, zero=2, prec="fp16"),
+    "zero0-fp32": cfg(prec="fp32"),
+    "2node-zero3": cfg(zero=3, mbs=2, world=16, gbs=128),
 }
 TORCHTITAN_CONFIGS = {
     "tp2-pp2-vpp2-zero3": cfg(tp=2, pp=2, vpp=2, sp=True, rc="full", zero=3),
@@ -78,20 +109,36 @@ def context(config: dict[str, Any], target: str, model: dict[str, Any] | None = 
     world = config["dp"] * config["tp"] * config["pp"] * config["cp"]
     model = model or (LLAMA3_8B if world == 16 else LLAMA2_7B)
     gbs = config["micro_batch_size"] * config["grad_accum"] * config["dp"]
-    return ExportContext(study="s", trial=3, config=dict(config), metrics={"tokens_per_s_per_device": 1.0},
-                         source="measured", model=model, workload={"seq_len": 4096, "global_batch_size": gbs},
-                         cluster={"nodes": world // 8, "devices_per_node": 8, "world_size": world}, target=target)
+    return ExportContext(
+        study="s",
+        trial=3,
+        config=dict(config),
+        metrics={"tokens_per_s_per_device": 1.0},
+        source="measured",
+        model=model,
+        workload={"seq_len": 4096, "global_batch_size": gbs},
+        cluster={"nodes": world // 8, "devices_per_node": 8, "world_size": world},
+        target=target,
+    )
 
 
 def launched(config: dict[str, Any]) -> dict[str, Any]:
     """What a launch must reproduce: the measured config's batch, parallel and memory settings."""
-    return {"global_batch": config["micro_batch_size"] * config["grad_accum"] * config["dp"],
-            "micro_batch": config["micro_batch_size"], "tp": config["tp"], "pp": config["pp"], "cp": config["cp"],
-            "dp": config["dp"], "vpp": config["vpp"] if config["pp"] > 1 else 1,
-            "recompute": config["recompute"],
-            "recompute_layers_per_stage": (config.get("recompute_layers") or 32 // config["pp"])
-            if config["recompute"] == "full" else 0,
-            "zero_stage": config["zero_stage"], "precision": config["precision"]}
+    return {
+        "global_batch": config["micro_batch_size"] * config["grad_accum"] * config["dp"],
+        "micro_batch": config["micro_batch_size"],
+        "tp": config["tp"],
+        "pp": config["pp"],
+        "cp": config["cp"],
+        "dp": config["dp"],
+        "vpp": config["vpp"] if config["pp"] > 1 else 1,
+        "recompute": config["recompute"],
+        "recompute_layers_per_stage": (config.get("recompute_layers") or 32 // config["pp"])
+        if config["recompute"] == "full"
+        else 0,
+        "zero_stage": config["zero_stage"],
+        "precision": config["precision"],
+    }
 
 
 def _flags(argv: list[str]) -> dict[str, Any]:
@@ -112,13 +159,25 @@ def _flags(argv: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- the space
 @pytest.mark.parametrize("target", list(STACKS))
 def test_the_space_holds_only_configs_the_target_can_launch(target):
-    spec = parse_spec({
-        "name": "t", "model": "llama2-7b", "target": target,
-        "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-        "cluster": {"accelerator": "npu", "devices_per_node": 8},
-        "space": {"tp": [1, 2, 4], "pp": [1, 2], "vpp": [1, 2], "micro_batch_size": [1, 2], "recompute": ["none", "selective", "full"],
-                  "recompute_layers": [2, 3, 16], "zero_stage": [0, 1, 2, 3], "precision": ["bf16", "fp16", "fp32"]},
-    })
+    spec = parse_spec(
+        {
+            "name": "t",
+            "model": "llama2-7b",
+            "target": target,
+            "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+            "cluster": {"accelerator": "npu", "devices_per_node": 8},
+            "space": {
+                "tp": [1, 2, 4],
+                "pp": [1, 2],
+                "vpp": [1, 2],
+                "micro_batch_size": [1, 2],
+                "recompute": ["none", "selective", "full"],
+                "recompute_layers": [2, 3, 16],
+                "zero_stage": [0, 1, 2, 3],
+                "precision": ["bf16", "fp16", "fp32"],
+            },
+        }
+    )
     enumeration = Space(spec).enumerate()
     assert enumeration.configs
     assert any(reason.startswith(f"target {target}:") for reason in enumeration.invalid_reasons)
@@ -149,8 +208,12 @@ def test_default_target_follows_the_backend():
     base = {"name": "t", "model": "tiny-llama", "workload": {"kind": "train", "seq_len": 64, "global_batch_size": 8}}
     assert parse_spec({**base, "cluster": {"accelerator": "npu"}}).target_stack == "mindspeed"
     assert parse_spec({**base, "cluster": {"accelerator": "cuda"}}).target_stack == "megatron"
-    assert parse_spec({**base, "cluster": {"accelerator": "cpu", "devices_per_node": 1},
-                       "backend": "mindspore"}).target_stack == "mindformers"
+    assert (
+        parse_spec(
+            {**base, "cluster": {"accelerator": "cpu", "devices_per_node": 1}, "backend": "mindspore"}
+        ).target_stack
+        == "mindformers"
+    )
     assert parse_spec({**base, "target": "torchtitan"}).target_stack == "torchtitan"
 
 
@@ -166,7 +229,7 @@ def _script_env(script: str) -> dict[str, str]:
     env = {}
     for line in script.splitlines():
         if line.startswith("export "):
-            key, _, value = line[len("export "):].split("  #")[0].partition("=")
+            key, _, value = line[len("export ") :].split("  #")[0].partition("=")
             env[key] = value.strip().strip("'")
     return env
 
@@ -184,17 +247,30 @@ def _megatron_core_readback(args: dict[str, Any]) -> dict[str, Any]:
     vpp = layers // pp // int(per_chunk) if per_chunk else None
     dtype = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else torch.float32
     tc = TransformerConfig(
-        num_layers=layers, hidden_size=int(args["hidden_size"]), num_attention_heads=int(args["num_attention_heads"]),
-        ffn_hidden_size=int(args["ffn_hidden_size"]), num_query_groups=int(args.get("num_query_groups") or args["num_attention_heads"]),
-        tensor_model_parallel_size=int(args["tensor_model_parallel_size"]), pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp, context_parallel_size=int(args.get("context_parallel_size", 1)),
-        sequence_parallel=bool(args.get("sequence_parallel")), recompute_granularity=args.get("recompute_granularity"),
+        num_layers=layers,
+        hidden_size=int(args["hidden_size"]),
+        num_attention_heads=int(args["num_attention_heads"]),
+        ffn_hidden_size=int(args["ffn_hidden_size"]),
+        num_query_groups=int(args.get("num_query_groups") or args["num_attention_heads"]),
+        tensor_model_parallel_size=int(args["tensor_model_parallel_size"]),
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=int(args.get("context_parallel_size", 1)),
+        sequence_parallel=bool(args.get("sequence_parallel")),
+        recompute_granularity=args.get("recompute_granularity"),
         recompute_method=args.get("recompute_method"),
         recompute_num_layers=int(args["recompute_num_layers"]) if "recompute_num_layers" in args else None,
-        bf16=bool(args.get("bf16")), fp16=bool(args.get("fp16")), params_dtype=dtype, pipeline_dtype=dtype,
-        hidden_dropout=float(args["hidden_dropout"]), attention_dropout=float(args["attention_dropout"]),
-        gated_linear_unit=bool(args.get("swiglu")), add_bias_linear=not args.get("disable_bias_linear"),
-        normalization=args["normalization"], layernorm_epsilon=float(args["norm_epsilon"]))
+        bf16=bool(args.get("bf16")),
+        fp16=bool(args.get("fp16")),
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        hidden_dropout=float(args["hidden_dropout"]),
+        attention_dropout=float(args["attention_dropout"]),
+        gated_linear_unit=bool(args.get("swiglu")),
+        add_bias_linear=not args.get("disable_bias_linear"),
+        normalization=args["normalization"],
+        layernorm_epsilon=float(args["norm_epsilon"]),
+    )
     ddp = DistributedDataParallelConfig(use_distributed_optimizer=bool(args.get("use_distributed_optimizer")))
     return {"tc": tc, "ddp": ddp}
 
@@ -210,19 +286,34 @@ def test_megatron_export_builds_megatron_cores_configs_and_launches_the_measured
     world = config["dp"] * config["tp"] * config["pp"] * config["cp"]
     dp = world // (tc.tensor_model_parallel_size * tc.pipeline_model_parallel_size * tc.context_parallel_size)
     vpp = tc.virtual_pipeline_model_parallel_size or 1
-    per_stage = (tc.recompute_num_layers * vpp if tc.recompute_method == "block" else tc.num_layers // tc.pipeline_model_parallel_size
-                 ) if tc.recompute_granularity == "full" else 0
-    got = {"global_batch": int(args["global_batch_size"]), "micro_batch": int(args["micro_batch_size"]),
-           "tp": tc.tensor_model_parallel_size, "pp": tc.pipeline_model_parallel_size, "cp": tc.context_parallel_size,
-           "dp": dp, "vpp": vpp, "recompute": tc.recompute_granularity or "none",
-           "recompute_layers_per_stage": per_stage, "zero_stage": 1 if ddp.use_distributed_optimizer else 0,
-           "precision": "bf16" if tc.bf16 else "fp16" if tc.fp16 else "fp32"}
+    per_stage = (
+        (
+            tc.recompute_num_layers * vpp
+            if tc.recompute_method == "block"
+            else tc.num_layers // tc.pipeline_model_parallel_size
+        )
+        if tc.recompute_granularity == "full"
+        else 0
+    )
+    got = {
+        "global_batch": int(args["global_batch_size"]),
+        "micro_batch": int(args["micro_batch_size"]),
+        "tp": tc.tensor_model_parallel_size,
+        "pp": tc.pipeline_model_parallel_size,
+        "cp": tc.context_parallel_size,
+        "dp": dp,
+        "vpp": vpp,
+        "recompute": tc.recompute_granularity or "none",
+        "recompute_layers_per_stage": per_stage,
+        "zero_stage": 1 if ddp.use_distributed_optimizer else 0,
+        "precision": "bf16" if tc.bf16 else "fp16" if tc.fp16 else "fp32",
+    }
     assert got == launched(config)
     assert tc.hidden_dropout == 0.0 and tc.attention_dropout == 0.0  # Llama has no dropout
     assert _script_env(script)["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     rope = float(args["rotary_base"])
     assert rope == (500000.0 if world == 16 else 10000.0)
-    assert (arrays["STACK_ARGS"][:len(MINDSPEED_FLAGS)] == list(MINDSPEED_FLAGS)) == (target == "mindspeed")
+    assert (arrays["STACK_ARGS"][: len(MINDSPEED_FLAGS)] == list(MINDSPEED_FLAGS)) == (target == "mindspeed")
     if target == "mindspeed" and config["cp"] > 1:  # ring attention, not the Ulysses default of older MindSpeed
         assert arrays["STACK_ARGS"][-2:] == ["--context-parallel-algo", "megatron_cp_algo"]
 
@@ -236,44 +327,90 @@ def test_mindspeed_flags_are_those_of_mindspeed_llms_llama_examples():
     _, arrays = _megatron_script(MEGATRON_CONFIGS["tp8-mbs4"], "mindspeed")
     exported = set(a for a in arrays["MODEL_ARGS"] + arrays["STACK_ARGS"] if a.startswith("--"))
     # every architecture/fusion flag the example sets that autotune also decides, it sets the same way
-    for flag in ("--attention-dropout", "--hidden-dropout", "--swiglu", "--disable-bias-linear",
-                 "--untie-embeddings-and-output-weights", "--make-vocab-size-divisible-by", "--use-flash-attn",
-                 "--use-fused-rmsnorm", "--use-fused-swiglu", "--use-fused-rotary-pos-emb", "--transformer-impl"):
+    for flag in (
+        "--attention-dropout",
+        "--hidden-dropout",
+        "--swiglu",
+        "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights",
+        "--make-vocab-size-divisible-by",
+        "--use-flash-attn",
+        "--use-fused-rmsnorm",
+        "--use-fused-swiglu",
+        "--use-fused-rotary-pos-emb",
+        "--transformer-impl",
+    ):
         assert flag in golden and flag in exported, flag
 
 
 MEGATRON_LM = os.environ.get("AUTOTUNE_MEGATRON_LM")
 
 
-@pytest.mark.skipif(not MEGATRON_LM, reason="set AUTOTUNE_MEGATRON_LM to a Megatron-LM checkout to run its "
-                                           "parse_args + validate_args on the exports")
+@pytest.mark.skipif(
+    not MEGATRON_LM,
+    reason="set AUTOTUNE_MEGATRON_LM to a Megatron-LM checkout to run its parse_args + validate_args on the exports",
+)
 def test_megatron_lm_parse_and_validate_args_accept_every_export():
-    user_args = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "32000", "--mock-data", "--train-iters", "10",
-                 "--lr", "1e-4"]
+    user_args = [
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "32000",
+        "--mock-data",
+        "--train-iters",
+        "10",
+        "--lr",
+        "1e-4",
+    ]
     cases, expected = [], []
     for target in ("megatron", "mindspeed"):
         for name, config in sorted(MEGATRON_CONFIGS.items()):
             script, arrays = _megatron_script(config, target)
             world = config["dp"] * config["tp"] * config["pp"] * config["cp"]
-            cases.append({"argv": arrays["MODEL_ARGS"] + arrays["STACK_ARGS"] + arrays["AUTOTUNE_ARGS"] + user_args,
-                          "env": _script_env(script), "world_size": world, "ignore_unknown": target == "mindspeed"})
+            cases.append(
+                {
+                    "argv": arrays["MODEL_ARGS"] + arrays["STACK_ARGS"] + arrays["AUTOTUNE_ARGS"] + user_args,
+                    "env": _script_env(script),
+                    "world_size": world,
+                    "ignore_unknown": target == "mindspeed",
+                }
+            )
             expected.append((target, name, config))
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "megatron_lm_harness.py"), MEGATRON_LM],
-                          input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "megatron_lm_harness.py"), MEGATRON_LM],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout)
     for (target, name, config), result in zip(expected, results):
         assert result["ok"], (target, name, result.get("error"))
         a = result["args"]
         vpp = a["virtual_pipeline_model_parallel_size"] or 1
-        per_stage = (a["recompute_num_layers"] * vpp if a["recompute_method"] == "block"
-                     else a["num_layers"] // a["pipeline_model_parallel_size"]) if a["recompute_granularity"] == "full" else 0
-        got = {"global_batch": a["global_batch_size"], "micro_batch": a["micro_batch_size"],
-               "tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
-               "cp": a["context_parallel_size"], "dp": a["data_parallel_size"], "vpp": vpp,
-               "recompute": a["recompute_granularity"] or "none", "recompute_layers_per_stage": per_stage,
-               "zero_stage": 1 if a["use_distributed_optimizer"] else 0,
-               "precision": "bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32"}
+        per_stage = (
+            (
+                a["recompute_num_layers"] * vpp
+                if a["recompute_method"] == "block"
+                else a["num_layers"] // a["pipeline_model_parallel_size"]
+            )
+            if a["recompute_granularity"] == "full"
+            else 0
+        )
+        got = {
+            "global_batch": a["global_batch_size"],
+            "micro_batch": a["micro_batch_size"],
+            "tp": a["tensor_model_parallel_size"],
+            "pp": a["pipeline_model_parallel_size"],
+            "cp": a["context_parallel_size"],
+            "dp": a["data_parallel_size"],
+            "vpp": vpp,
+            "recompute": a["recompute_granularity"] or "none",
+            "recompute_layers_per_stage": per_stage,
+            "zero_stage": 1 if a["use_distributed_optimizer"] else 0,
+            "precision": "bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32",
+        }
         assert got == launched(config), (target, name)
         assert a["hidden_dropout"] == 0.0 and a["attention_dropout"] == 0.0
 
@@ -296,12 +433,19 @@ def test_deepspeed_config_passes_deepspeeds_batch_check_for_the_world_it_names(n
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     ds = DeepSpeedConfig(data)
     assert ds.world_size == world
-    got = {"global_batch": ds.train_batch_size, "micro_batch": ds.train_micro_batch_size_per_gpu,
-           "tp": 1, "pp": 1, "cp": 1, "dp": ds.world_size, "vpp": 1,
-           "recompute": "full" if "activation_checkpointing" in data else "none",
-           "recompute_layers_per_stage": 32 if "activation_checkpointing" in data else 0,
-           "zero_stage": ds.zero_optimization_stage,
-           "precision": "bf16" if ds.bfloat16_config.enabled else "fp16" if ds.float16_config.enabled else "fp32"}
+    got = {
+        "global_batch": ds.train_batch_size,
+        "micro_batch": ds.train_micro_batch_size_per_gpu,
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "dp": ds.world_size,
+        "vpp": 1,
+        "recompute": "full" if "activation_checkpointing" in data else "none",
+        "recompute_layers_per_stage": 32 if "activation_checkpointing" in data else 0,
+        "zero_stage": ds.zero_optimization_stage,
+        "precision": "bf16" if ds.bfloat16_config.enabled else "fp16" if ds.float16_config.enabled else "fp32",
+    }
     assert got == launched(config)
     assert ds.gradient_accumulation_steps == config["grad_accum"]
 
@@ -328,8 +472,9 @@ def test_torchtitan_config_manager_parses_the_launch_and_reads_back_the_measured
     assert "TORCHTITAN_MODULE=${TORCHTITAN_MODULE:-llama3}" in script
     args = script_arrays(script)["AUTOTUNE_ARGS"]
     user = ["--training.steps", "10"]  # what a user adds after the tuned flags ("$@")
-    job = torchtitan_manager().parse_args(["--module", "llama3", "--config", "llama3_8b", *args, *user,
-                                           activation_checkpoint_subcommand(config)])
+    job = torchtitan_manager().parse_args(
+        ["--module", "llama3", "--config", "llama3_8b", *args, *user, activation_checkpoint_subcommand(config)]
+    )
     p, t = job.parallelism, job.training
     dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
     pp = p.pipeline_parallel_degree
@@ -337,11 +482,19 @@ def test_torchtitan_config_manager_parses_the_launch_and_reads_back_the_measured
     vpp = (32 // pp) // p.pipeline_parallel_layers_per_stage if pp > 1 else 1
     ac = type(job.activation_checkpoint).__qualname__.split(".")[0]
     zero = 0 if p.data_parallel_shard_degree == 1 else 3 if p.fsdp_reshard_after_forward == "always" else 2
-    got = {"global_batch": t.global_batch_size, "micro_batch": micro, "tp": p.tensor_parallel_degree, "pp": pp,
-           "cp": p.context_parallel_degree, "dp": dp, "vpp": vpp,
-           "recompute": {"FullAC": "full", "SelectiveAC": "selective"}.get(ac, "none"),
-           "recompute_layers_per_stage": 32 // pp if ac == "FullAC" else 0, "zero_stage": zero,
-           "precision": "bf16" if t.mixed_precision_param == "bfloat16" else "fp32"}
+    got = {
+        "global_batch": t.global_batch_size,
+        "micro_batch": micro,
+        "tp": p.tensor_parallel_degree,
+        "pp": pp,
+        "cp": p.context_parallel_degree,
+        "dp": dp,
+        "vpp": vpp,
+        "recompute": {"FullAC": "full", "SelectiveAC": "selective"}.get(ac, "none"),
+        "recompute_layers_per_stage": 32 // pp if ac == "FullAC" else 0,
+        "zero_stage": zero,
+        "precision": "bf16" if t.mixed_precision_param == "bfloat16" else "fp32",
+    }
     assert got == launched(config)
     if pp > 1:  # even stages, as measured (torchtitan's default takes a layer off the first and last)
         assert p.pipeline_parallel_first_stage_less_layers == 0 and p.pipeline_parallel_last_stage_less_layers == 0
@@ -368,8 +521,21 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
 
     spec = Path(__file__).resolve().parents[1] / "examples" / "mindspeed_llama2_7b" / "spec.yaml"
     run_dir = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", str(spec), "--backend", "simulate", "--run-dir", str(run_dir),
-                                      "--no-tracking", "--n-trials", "3", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(spec),
+            "--backend",
+            "simulate",
+            "--run-dir",
+            str(run_dir),
+            "--no-tracking",
+            "--n-trials",
+            "3",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     script = run_dir / "export" / "launch_megatron.sh"
     assert json.loads(result.stdout)["exports"]["megatron"] == str(script)
@@ -378,17 +544,26 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "torchrun"
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$RECORD"\n'
-                    'echo "CDMC=$CUDA_DEVICE_MAX_CONNECTIONS ALLOC=$PYTORCH_NPU_ALLOC_CONF" >> "$RECORD"\n')
+    fake.write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$RECORD"\n'
+        'echo "CDMC=$CUDA_DEVICE_MAX_CONNECTIONS ALLOC=$PYTORCH_NPU_ALLOC_CONF" >> "$RECORD"\n'
+    )
     fake.chmod(0o755)
     record = tmp_path / "argv.txt"
-    user = ["--tokenizer-type", "PretrainedFromHF", "--data-path", "/data/my corpus_text_document",
-            "--use-fused-rmsnorm", "--micro-batch-size", "1"]
+    user = [
+        "--tokenizer-type",
+        "PretrainedFromHF",
+        "--data-path",
+        "/data/my corpus_text_document",
+        "--use-fused-rmsnorm",
+        "--micro-batch-size",
+        "1",
+    ]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
     subprocess.run(["bash", str(script), *user], env=env, check=True, timeout=60)
     lines = record.read_text().splitlines()
     argv, env_line = lines[:-1], lines[-1]
-    assert argv[-len(user):] == user  # the user's flags, untouched and last (a space in a path survives)
+    assert argv[-len(user) :] == user  # the user's flags, untouched and last (a space in a path survives)
     assert "pretrain_gpt.py" in argv and "--transformer-impl" in argv and "--use-flash-attn" in argv
     assert argv[argv.index("--tensor-model-parallel-size") + 1] == str(best["tp"])
     assert argv[argv.index("--global-batch-size") + 1] == "64"
@@ -398,9 +573,14 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
 def test_a_baseline_the_target_cannot_launch_is_a_spec_error():
     from autotune.spec_errors import SpecError
 
-    data = {"name": "t", "model": "llama2-7b", "target": "mindspeed",
-            "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-            "space": {"zero_stage": [0, 1, 2]}, "baseline": {"tp": 1, "zero_stage": 2}}
+    data = {
+        "name": "t",
+        "model": "llama2-7b",
+        "target": "mindspeed",
+        "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
+        "space": {"zero_stage": [0, 1, 2]},
+        "baseline": {"tp": 1, "zero_stage": 2},
+    }
     with pytest.raises(SpecError, match=r"baseline: the baseline breaks a rule: target mindspeed: ZeRO-2/3"):
         parse_spec(data, "spec.yaml")
     data["baseline"]["zero_stage"] = 1

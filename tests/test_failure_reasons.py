@@ -11,7 +11,7 @@ from autotune.workers.protocol import native_cause
 
 # What a MindSpore 2.10 CPU run printed when AKG's kernel build failed in a worker: the C++ log
 # line with the cause, then the Python exception of the scheduler that lost the worker.
-AKG_CRASH = r'''
+AKG_CRASH = r"""
 import json, sys
 sys.stderr.write("[WARNING] ME(4242:140111,MainProcess):2026-11-22-10:00:00.000.000 [mindspore/run_check] ok\n")
 sys.stderr.write("[ERROR] KERNEL(4242,7f1c,python):2026-11-22-10:00:01.123.456 [mindspore/ccsrc/kernel/graph_kernel/"
@@ -20,7 +20,7 @@ sys.stderr.write("[ERROR] KERNEL(4242,7f1c,python):2026-11-22-10:00:01.123.456 [
 sys.stderr.write("Traceback (most recent call last):\n  File \"probe.py\", line 1\nRuntimeError: Response is empty.\n")
 print(json.dumps({"event": "failure", "status": "crash", "reason": "rank 0: RuntimeError: Response is empty."}))
 sys.exit(1)
-'''
+"""
 
 
 def test_a_crash_reason_carries_the_runtimes_own_error_line(tmp_path):
@@ -52,7 +52,7 @@ def test_a_timeout_names_the_limit_and_the_spec_field(tmp_path):
     assert "1.5 s" in result.reason and "workload.timeout_s" in result.reason and "backend.timeout_s" in result.reason
 
 
-ESCAPER = r'''
+ESCAPER = r"""
 import json, subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
                   "time.sleep(120)", sys.argv[1]], start_new_session=True,  # leaves the probe's process group
@@ -65,7 +65,7 @@ while True:
         pass
     time.sleep(0.01)
 print(json.dumps({"metrics": {"tokens_per_s_per_device": 1.0}}))
-'''
+"""
 
 
 def test_a_grandchild_that_calls_setsid_does_not_outlive_the_probe(tmp_path):

@@ -25,7 +25,7 @@ from support import TINY_TRAIN, free_port, mlflow_runs
 
 # A launcher that fails in the way named by the first unclaimed fault (each fault once, whatever
 # order the trials run in); it logs which trial got which fault outside the run directory.
-FAULTY_PROBE = r'''
+FAULTY_PROBE = r"""
 import json, os, signal, subprocess, sys, time
 trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
 faults = os.environ["FAULTS"].split(",")
@@ -72,7 +72,7 @@ elif fault == "kill-worker":  # the Ray worker running this trial dies (only und
     time.sleep(30)
 elif fault == "implausible":
     print(json.dumps({"metrics": {"tokens_per_s_per_device": 1e15, "step_time_s": -1.0}}))
-'''
+"""
 
 # fault -> (status in Optuna and MLflow, a piece of the recorded reason)
 EXPECTED = {
@@ -100,15 +100,19 @@ def _spec(write_spec, tmp_path: Path, *, ray: str, storage: str | None, faults: 
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
     tracking = f"tracking: {{storage: '{storage}'}}\n" if storage else ""
-    text = TINY_TRAIN.replace("backend: simulate", f"""backend:
+    text = TINY_TRAIN.replace(
+        "backend: simulate",
+        f"""backend:
   kind: command
   argv: [{sys.executable}, {probe}, --trial, "{{trial_file}}"]
   timeout_s: 4
   resources: {{num_cpus: 1}}
-  env: {{FAULTS: "{','.join(faults)}", FAULT_DIR: "{fault_dir}"}}
-{tracking}{ray}""").replace("search: {n_trials: 6, seed: 1}",
-                            f"search: {{n_trials: {len(faults) + 1}, parallel_trials: 2, sampler: random, seed: 7, "
-                            "prune: false}")
+  env: {{FAULTS: "{",".join(faults)}", FAULT_DIR: "{fault_dir}"}}
+{tracking}{ray}""",
+    ).replace(
+        "search: {n_trials: 6, seed: 1}",
+        f"search: {{n_trials: {len(faults) + 1}, parallel_trials: 2, sampler: random, seed: 7, prune: false}}",
+    )
     return write_spec(text, "faults.yaml")
 
 
@@ -189,11 +193,31 @@ def postgres():
         shutil.chown(root, "postgres")
     port = free_port()
     try:
-        subprocess.run([*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60", "-o",
-                        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *run_as,
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, LookupError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         shutil.rmtree(root, ignore_errors=True)

@@ -76,8 +76,9 @@ def test_mlflow_opens_on_the_study(write_spec, tmp_path):
 
     from autotune.exports import EXPORTERS
 
-    spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                         "search: {n_trials: 6, seed: 1, parallel_trials: 4}"))
+    spec = write_spec(
+        TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, parallel_trials: 4}")
+    )
     run_dir = tmp_path / "study"
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
@@ -200,8 +201,14 @@ def test_the_recommendation_trades_a_sliver_of_speed_for_headroom(tmp_path):
 def _record(number, value, peak, metric="tokens_per_s_per_device"):
     from types import SimpleNamespace
 
-    return SimpleNamespace(number=number, status="ok", probed=True, source="measured", config={"tp": number},
-                           metrics={metric: value, "peak_memory_gib": peak})
+    return SimpleNamespace(
+        number=number,
+        status="ok",
+        probed=True,
+        source="measured",
+        config={"tp": number},
+        metrics={metric: value, "peak_memory_gib": peak},
+    )
 
 
 @pytest.mark.parametrize("direction, values", [("maximize", (100.0, 98.0, 90.0)), ("minimize", (1.0, 1.02, 1.1))])
@@ -230,8 +237,12 @@ def test_headroom_counts_what_an_allocator_peak_did_not_see():
 
     best, roomy = _record(0, 100.0, 63.0), _record(1, 99.0, 50.0)
     roomy.info = {"peak_memory_counts": "allocated"}
-    roomy.predicted = {"mem_fragmentation": 4.0, "mem_comm_buffers": 1.5, "mem_runtime_reserve": 3.0,
-                       "mem_activations": 20.0}
+    roomy.predicted = {
+        "mem_fragmentation": 4.0,
+        "mem_comm_buffers": 1.5,
+        "mem_runtime_reserve": 3.0,
+        "mem_activations": 20.0,
+    }
     records = [best, roomy]
     metric = [("tokens_per_s_per_device", "maximize")]
     assert recommend(records, [best], metric, 64.0, 10.0, None, simulated=False).chosen is best  # 5.5 GiB free

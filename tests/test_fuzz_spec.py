@@ -46,19 +46,42 @@ from autotune.spec_load import load_spec  # noqa: E402
 from support import TINY_TRAIN  # noqa: E402
 
 BASE = yaml.safe_load(TINY_TRAIN)
-BASE.update({"constraints": ["tp * pp <= 2"], "baseline": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 0,
-                                                           "recompute": "none"}})
+BASE.update(
+    {
+        "constraints": ["tp * pp <= 2"],
+        "baseline": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 0, "recompute": "none"},
+    }
+)
 
 scalars = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(min_value=-2**70, max_value=2**70), st.sampled_from([0, 1, -1, 2**31, 2**53, 2**63, 10**30]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, -1, 2**31, 2**53, 2**63, 10**30]),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=40), st.sampled_from(["[/bold]", "[red]x", "$(rm -rf /)", "a\nb", "\x00", "🙂", "1e30", "auto",
-                                           "{trial_file}", "none", "tp", "env.X"]),
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "[/bold]",
+            "[red]x",
+            "$(rm -rf /)",
+            "a\nb",
+            "\x00",
+            "🙂",
+            "1e30",
+            "auto",
+            "{trial_file}",
+            "none",
+            "tp",
+            "env.X",
+        ]
+    ),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-                      max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def _paths(data, prefix=()):
@@ -73,15 +96,19 @@ def _paths(data, prefix=()):
 
 EXAMPLES = int(os.environ.get("AUTOTUNE_FUZZ_EXAMPLES", "300"))  # more: AUTOTUNE_FUZZ_EXAMPLES=5000
 PATHS = [p for p in _paths(BASE) if p]
-KEYS = sorted({p[-1] for p in PATHS if isinstance(p[-1], str)} | {"low", "high", "step", "log", "env", "argv",
-                                                                 "metric_patterns", "target", "profile", "overrides"})
+KEYS = sorted(
+    {p[-1] for p in PATHS if isinstance(p[-1], str)}
+    | {"low", "high", "step", "log", "env", "argv", "metric_patterns", "target", "profile", "overrides"}
+)
 
 
 def like(original):
     """Values of the original's own type, extremes included: these pass the type checks and
     reach the code behind them (the ranking, the memory model)."""
-    ints = st.one_of(st.sampled_from([1, 2, 4, 8, 3, 2**20, 2**53 - 1, 2**53, 2**63, 10**30, 0, -1]),
-                     st.integers(min_value=-2**70, max_value=2**70))
+    ints = st.one_of(
+        st.sampled_from([1, 2, 4, 8, 3, 2**20, 2**53 - 1, 2**53, 2**63, 10**30, 0, -1]),
+        st.integers(min_value=-(2**70), max_value=2**70),
+    )
     if isinstance(original, bool):
         return st.booleans()
     if isinstance(original, int):
@@ -90,9 +117,14 @@ def like(original):
         return st.floats(allow_nan=True, allow_infinity=True)
     if isinstance(original, str):
         return st.one_of(st.sampled_from([original.upper(), original + "x", "", " ", "[/bold]"]), st.text(max_size=20))
-    if isinstance(original, list) and original and all(isinstance(v, int) and not isinstance(v, bool) for v in original):
-        return st.one_of(st.lists(ints, min_size=1, max_size=4, unique=True),
-                         st.fixed_dictionaries({"low": ints, "high": ints}))
+    if (
+        isinstance(original, list)
+        and original
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in original)
+    ):
+        return st.one_of(
+            st.lists(ints, min_size=1, max_size=4, unique=True), st.fixed_dictionaries({"low": ints, "high": ints})
+        )
     if isinstance(original, list):
         return st.lists(st.sampled_from(original + [None, "full", 7]), max_size=5)
     return values
@@ -149,8 +181,11 @@ def _check(path, spec_or_error):
     assert ranking.fit <= enumeration.valid <= enumeration.space_size
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=mutated_specs())
 def test_fuzzed_specs_are_a_spec_or_located_errors(tmp_path, data):
     path = tmp_path / "fuzz.yaml"
@@ -162,8 +197,11 @@ def test_fuzzed_specs_are_a_spec_or_located_errors(tmp_path, data):
     _check(path, outcome)
 
 
-@settings(max_examples=max(EXAMPLES // 8, 20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=max(EXAMPLES // 8, 20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=mutated_specs())
 def test_fuzzed_specs_through_the_cli_exit_0_or_2(tmp_path, data):
     from typer.testing import CliRunner
@@ -180,7 +218,9 @@ def test_fuzzed_specs_through_the_cli_exit_0_or_2(tmp_path, data):
         assert planned.exit_code in (0, 1), planned.output
 
 
-@settings(max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(text=st.text(alphabet=string.printable, max_size=200))
 def test_arbitrary_yaml_text_is_a_spec_or_located_errors(tmp_path, text):
     path = tmp_path / "text.yaml"
@@ -195,10 +235,52 @@ def test_arbitrary_yaml_text_is_a_spec_or_located_errors(tmp_path, text):
 # -------------------------------------------------------------------------------- expressions
 NAMES = ["tp", "pp", "mbs", "heads", "recompute", "sp"]
 ENV = {"tp": 2, "pp": 4, "mbs": 1, "heads": 32, "recompute": "full", "sp": True}
-tokens = st.sampled_from(NAMES + ["1", "0", "-1", "2.5", "10**9", "9**9", "'full'", "'a'", "True", "None", "+", "-",
-                                  "*", "/", "//", "%", "**", "==", "!=", "<", ">=", "and", "or", "not", "in", "(", ")",
-                                  ",", "[", "]", "if", "else", "min(", "max(", "abs(", "lambda", ".", "__class__",
-                                  "env.X", "'x' * 10**10", "1e308"])
+tokens = st.sampled_from(
+    NAMES
+    + [
+        "1",
+        "0",
+        "-1",
+        "2.5",
+        "10**9",
+        "9**9",
+        "'full'",
+        "'a'",
+        "True",
+        "None",
+        "+",
+        "-",
+        "*",
+        "/",
+        "//",
+        "%",
+        "**",
+        "==",
+        "!=",
+        "<",
+        ">=",
+        "and",
+        "or",
+        "not",
+        "in",
+        "(",
+        ")",
+        ",",
+        "[",
+        "]",
+        "if",
+        "else",
+        "min(",
+        "max(",
+        "abs(",
+        "lambda",
+        ".",
+        "__class__",
+        "env.X",
+        "'x' * 10**10",
+        "1e308",
+    ]
+)
 
 
 @settings(max_examples=EXAMPLES * 2, deadline=None)
@@ -240,8 +322,9 @@ def _quoted(text: str) -> str:
     """A YAML double-quoted scalar: every character YAML cannot hold as it is, escaped."""
     out = []
     for ch in json.dumps(text, ensure_ascii=False)[1:-1]:
-        out.append(ch if ch.isprintable() or ch == " " else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
-                   else f"\\U{ord(ch):08x}")
+        out.append(
+            ch if ch.isprintable() or ch == " " else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
+        )
     return '"' + "".join(out) + '"'
 
 
@@ -356,20 +439,123 @@ def _get(data, path):
     return data
 
 
-TAGS = ["!!python/object:os.system", "!!python/object/apply:os.system", "!!python/name:os.system", "!custom",
-        "!!str", "!!int", "!!float", "!!bool", "!!null", "!!binary", "!!timestamp", "!!set", "!!omap", "!!pairs",
-        "!<tag:yaml.org,2002:int>", "!<tag:example.com,2000:x>", "!!map", "!!seq", "!"]
-YAML11 = ["yes", "no", "on", "off", "y", "n", "Yes", "NO", "On", "OFF", "~", "null", "0o17", "017", "0x1F", "0b101",
-          "1:20", "1:20.5", "190:20:30", "-1:00", ".inf", "-.Inf", ".NaN", "1e3", "1.0e+3", "1_000", "+1", "0",
-          "2001-12-14", "2001-02-30", "2001-13-01t10:00:00Z", "2001-12-14 21:59:43.10 -5", "=", "<<", "'<<'",
-          "0.", ".5", "-0", "09", "0x_1", "1__0", "12:60", "!!int 0x", "!!float .", "!!bool maybe"]
-NASTY = ["\u202etp", "\x1b[31mred\x1b[0m", "a\u200bb", "\u2066x\u2069", "line\u2028sep", "nul\x00", "tab\tx", "\ufeff",
-         "\ud800", "[/bold]", "$(touch PWNED)", "X=1;touch PWNED;#", "é", "🙂", "\x85", "\x7f"]
-SPECIAL_PATHS = ["directory", "fifo", "dev_zero", "dev_null", "missing", "symlink_loop", "dangling_symlink",
-                 "symlink_to_dev_zero", "symlink_to_fifo", "empty", "name_too_long", "nul_in_path",
-                 "not_a_directory"]
-KINDS = ["duplicate", "duplicate_spelling", "merge", "merge_override", "two_merges", "alias", "encoding", "binary",
-         "tag", "yaml11", "huge", "deep", "nasty", "data"]
+TAGS = [
+    "!!python/object:os.system",
+    "!!python/object/apply:os.system",
+    "!!python/name:os.system",
+    "!custom",
+    "!!str",
+    "!!int",
+    "!!float",
+    "!!bool",
+    "!!null",
+    "!!binary",
+    "!!timestamp",
+    "!!set",
+    "!!omap",
+    "!!pairs",
+    "!<tag:yaml.org,2002:int>",
+    "!<tag:example.com,2000:x>",
+    "!!map",
+    "!!seq",
+    "!",
+]
+YAML11 = [
+    "yes",
+    "no",
+    "on",
+    "off",
+    "y",
+    "n",
+    "Yes",
+    "NO",
+    "On",
+    "OFF",
+    "~",
+    "null",
+    "0o17",
+    "017",
+    "0x1F",
+    "0b101",
+    "1:20",
+    "1:20.5",
+    "190:20:30",
+    "-1:00",
+    ".inf",
+    "-.Inf",
+    ".NaN",
+    "1e3",
+    "1.0e+3",
+    "1_000",
+    "+1",
+    "0",
+    "2001-12-14",
+    "2001-02-30",
+    "2001-13-01t10:00:00Z",
+    "2001-12-14 21:59:43.10 -5",
+    "=",
+    "<<",
+    "'<<'",
+    "0.",
+    ".5",
+    "-0",
+    "09",
+    "0x_1",
+    "1__0",
+    "12:60",
+    "!!int 0x",
+    "!!float .",
+    "!!bool maybe",
+]
+NASTY = [
+    "\u202etp",
+    "\x1b[31mred\x1b[0m",
+    "a\u200bb",
+    "\u2066x\u2069",
+    "line\u2028sep",
+    "nul\x00",
+    "tab\tx",
+    "\ufeff",
+    "\ud800",
+    "[/bold]",
+    "$(touch PWNED)",
+    "X=1;touch PWNED;#",
+    "é",
+    "🙂",
+    "\x85",
+    "\x7f",
+]
+SPECIAL_PATHS = [
+    "directory",
+    "fifo",
+    "dev_zero",
+    "dev_null",
+    "missing",
+    "symlink_loop",
+    "dangling_symlink",
+    "symlink_to_dev_zero",
+    "symlink_to_fifo",
+    "empty",
+    "name_too_long",
+    "nul_in_path",
+    "not_a_directory",
+]
+KINDS = [
+    "duplicate",
+    "duplicate_spelling",
+    "merge",
+    "merge_override",
+    "two_merges",
+    "alias",
+    "encoding",
+    "binary",
+    "tag",
+    "yaml11",
+    "huge",
+    "deep",
+    "nasty",
+    "data",
+]
 
 
 def _random_value(rng: random.Random, depth: int = 0):
@@ -378,9 +564,40 @@ def _random_value(rng: random.Random, depth: int = 0):
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     if depth < 2 and pick < 0.25:
         return {rng.choice(KEYS + ["x", "tp", "env"]): _random_value(rng, depth + 1) for _ in range(rng.randrange(3))}
-    return rng.choice([None, True, False, 0, 1, -1, 2, 8, 2**31, 2**53, 2**63, 10**30, 1.5, -0.0, float("nan"),
-                       float("inf"), "", "x", "auto", "full", "none", "bf16", "tp", "env.X", "{trial_file}", "1e30",
-                       "[/bold]", "a b", "tiny-llama", *NASTY])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            0,
+            1,
+            -1,
+            2,
+            8,
+            2**31,
+            2**53,
+            2**63,
+            10**30,
+            1.5,
+            -0.0,
+            float("nan"),
+            float("inf"),
+            "",
+            "x",
+            "auto",
+            "full",
+            "none",
+            "bf16",
+            "tp",
+            "env.X",
+            "{trial_file}",
+            "1e30",
+            "[/bold]",
+            "a b",
+            "tiny-llama",
+            *NASTY,
+        ]
+    )
 
 
 def random_data_mutant(rng: random.Random) -> dict:
@@ -439,7 +656,7 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
             kept[key] = mapping[key]
         if kind == "two_merges" and len(merged) > 1:
             first = dict(list(merged.items())[: len(merged) // 2])
-            second = dict(list(merged.items())[len(merged) // 2:])
+            second = dict(list(merged.items())[len(merged) // 2 :])
             new = {Raw("<<"): first, Raw("<< "): second, **kept}  # two keys spelt '<<'
             expect = {"error": "a second merge key"}
         else:
@@ -451,8 +668,9 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
         rebuilt[path[-1]] = new
         return _encode(doc.render(data)), expect
     if kind == "alias":
-        values = [(p, _get(data, p)) for p in _scalar_paths(data)] + \
-                 [(p, m) for p, m in _mapping_paths(data) if p and m and not isinstance(p[-1], int)]
+        values = [(p, _get(data, p)) for p in _scalar_paths(data)] + [
+            (p, m) for p, m in _mapping_paths(data) if p and m and not isinstance(p[-1], int)
+        ]
         pairs = [(a, b) for a, b in zip(values, values[1:]) if a[1] == b[1] and type(a[1]) is type(b[1])]
         lists = [(p, v) for p, v in ((p, _get(data, p)) for p in PATHS if p and isinstance(_get(data, p), list))]
         for p, v in lists:
@@ -472,12 +690,28 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
     if kind == "encoding":
         data["description"] = rng.choice(["café", "naïve ünïcode", "日本語", "🙂", "plain"])
         text = doc.render(data)
-        codec = rng.choice(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le",
-                            "utf-32-be", "latin-1", "cp1252", "shift_jis", "utf-7", "truncated", "surrogate"])
+        codec = rng.choice(
+            [
+                "utf-8",
+                "utf-8-sig",
+                "utf-16",
+                "utf-16-le",
+                "utf-16-be",
+                "utf-32",
+                "utf-32-le",
+                "utf-32-be",
+                "latin-1",
+                "cp1252",
+                "shift_jis",
+                "utf-7",
+                "truncated",
+                "surrogate",
+            ]
+        )
         if codec == "truncated":
             raw = text.encode()
             cut = raw.find("é".encode()) if "é" in text else -1
-            return (raw[:cut + 1] + raw[cut + 2:] if cut >= 0 else raw[: len(raw) // 2] + b"\xc3"), {}
+            return (raw[: cut + 1] + raw[cut + 2 :] if cut >= 0 else raw[: len(raw) // 2] + b"\xc3"), {}
         if codec == "surrogate":
             return text.encode() + b"note: \xed\xa0\x80\n", {"error": "not UTF-8"}
         try:
@@ -487,8 +721,20 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
         return raw, ({"same": data} if codec in ("utf-8", "utf-8-sig") else {})
     if kind == "binary":
         size = rng.choice([0, 1, 2, 3, 4, 16, 512, 4096])
-        head = rng.choice([b"", b"\x89PNG\r\n\x1a\n", b"\x7fELF", b"\x1f\x8b\x08", b"PK\x03\x04", b"\xff\xfe",
-                           b"\xfe\xff", b"\xef\xbb\xbf", b"\x00\x00\xfe\xff", b"name: x\n"])
+        head = rng.choice(
+            [
+                b"",
+                b"\x89PNG\r\n\x1a\n",
+                b"\x7fELF",
+                b"\x1f\x8b\x08",
+                b"PK\x03\x04",
+                b"\xff\xfe",
+                b"\xfe\xff",
+                b"\xef\xbb\xbf",
+                b"\x00\x00\xfe\xff",
+                b"name: x\n",
+            ]
+        )
         return head + rng.randbytes(size), {}
     if kind == "tag":
         path = rng.choice(list(_scalar_paths(data)))
@@ -613,10 +859,15 @@ def _load(path: str):
         return exc
 
 
-@settings(max_examples=max(EXAMPLES // 2, 30), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(seed=st.integers(min_value=0, max_value=2**32 - 1),
-       kind=st.sampled_from([k for k in KINDS if k not in ("huge", "deep")]))
+@settings(
+    max_examples=max(EXAMPLES // 2, 30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    kind=st.sampled_from([k for k in KINDS if k not in ("huge", "deep")]),
+)
 def test_fuzzed_files_are_a_spec_or_located_errors(tmp_path, seed, kind):
     raw, expect = file_mutant(random.Random(seed), kind)
     path = tmp_path / "fuzz.yaml"
@@ -645,16 +896,48 @@ def test_special_spec_paths_are_located_errors(tmp_path, which):
 
 
 # the values of the environment variables the simulator reads: what the spec accepts, it parses
-ENV_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(
-    ["0", "1", "2", "3", "-1", "1.0", " 1 ", "+1", "1_0", "nan", "inf", "-inf", "1e309", "200", "0.5", "",
-     "expandable_segments:True", "expandable_segments:yes", "expandable_segments:maybe", "max_split_size_mb:512",
-     "max_split_size_mb:", "max_split_size_mb:nan", "garbage_collection_threshold:0.8,expandable_segments:False",
-     "garbage_collection_threshold:-1", "unknown_option:1", "9" * 5000]))
+ENV_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "2",
+            "3",
+            "-1",
+            "1.0",
+            " 1 ",
+            "+1",
+            "1_0",
+            "nan",
+            "inf",
+            "-inf",
+            "1e309",
+            "200",
+            "0.5",
+            "",
+            "expandable_segments:True",
+            "expandable_segments:yes",
+            "expandable_segments:maybe",
+            "max_split_size_mb:512",
+            "max_split_size_mb:",
+            "max_split_size_mb:nan",
+            "garbage_collection_threshold:0.8,expandable_segments:False",
+            "garbage_collection_threshold:-1",
+            "unknown_option:1",
+            "9" * 5000,
+        ]
+    ),
+)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(name=st.sampled_from(["PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "HCCL_BUFFSIZE",
-                             "MULTI_STREAM_MEMORY_REUSE", "OTHER"]), value=ENV_TEXT)
+@given(
+    name=st.sampled_from(
+        ["PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "HCCL_BUFFSIZE", "MULTI_STREAM_MEMORY_REUSE", "OTHER"]
+    ),
+    value=ENV_TEXT,
+)
 def test_an_env_value_the_spec_accepts_is_one_the_simulator_reads(name, value):
     from autotune.spec import env_value_problem
     from autotune.workers.simulate._columns import columns_from_params
@@ -704,10 +987,23 @@ def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
     rng = random.Random(seed)
     kinds = KINDS + ["special"]
     weights = [3 if k in ("data", "duplicate", "nasty", "tag", "yaml11") else 2 for k in KINDS] + [1]
-    figures: dict = {"mutants": 0, "seed": seed, "by_kind": Counter(), "validate": Counter(), "plan": Counter(),
-                     "pairs": Counter(), "tracebacks": 0, "exit_70": 0, "exit_70_by_kind": Counter(), "hangs": 0,
-                     "broken_promises": 0, "validate_ok_plan_refused": 0, "slowest_s": 0.0, "over_5_s": 0,
-                     "examples": []}
+    figures: dict = {
+        "mutants": 0,
+        "seed": seed,
+        "by_kind": Counter(),
+        "validate": Counter(),
+        "plan": Counter(),
+        "pairs": Counter(),
+        "tracebacks": 0,
+        "exit_70": 0,
+        "exit_70_by_kind": Counter(),
+        "hangs": 0,
+        "broken_promises": 0,
+        "validate_ok_plan_refused": 0,
+        "slowest_s": 0.0,
+        "over_5_s": 0,
+        "examples": [],
+    }
     start = time.monotonic()
     specials = 0
     for n in range(mutants):
@@ -754,15 +1050,18 @@ def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
         # (a NUL in a path cannot come from a command line: click refuses it, in its own words)
         if validate[0] == 2 and os.path.basename(path) not in validate[1] and "\x00" not in path:
             bad.append("an error that does not name the file: " + validate[1][-300:])
-        if ("same" in expect and validate[0] != 0) or (("duplicate_line" in expect or "error" in expect)
-                                                       and validate[0] != 2):
+        if ("same" in expect and validate[0] != 0) or (
+            ("duplicate_line" in expect or "error" in expect) and validate[0] != 2
+        ):
             figures["broken_promises"] += 1
             bad.append(f"promised {expect}, validate exit {validate[0]}: {validate[1][-300:]}")
         if bad and len(figures["examples"]) < 20:
             figures["examples"].append({"n": n, "kind": kind, "path": path, "problems": bad})
         if log and (n + 1) % 500 == 0:
-            log(f"{n + 1} mutants, {time.monotonic() - start:.0f} s, exit 70s {figures['exit_70']}, "
-                f"tracebacks {figures['tracebacks']}, hangs {figures['hangs']}")
+            log(
+                f"{n + 1} mutants, {time.monotonic() - start:.0f} s, exit 70s {figures['exit_70']}, "
+                f"tracebacks {figures['tracebacks']}, hangs {figures['hangs']}"
+            )
     figures["seconds"] = round(time.monotonic() - start, 1)
     return {k: (dict(sorted(v.items(), key=str)) if isinstance(v, Counter) else v) for k, v in figures.items()}
 
@@ -787,7 +1086,8 @@ if __name__ == "__main__":  # the deep run as a script: python tests/test_fuzz_s
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-deep-fuzz-") as directory:
-        result = deep_fuzz(options.mutants, options.seed, Path(directory),
-                           log=lambda line: print(line, file=sys.stderr, flush=True))
+        result = deep_fuzz(
+            options.mutants, options.seed, Path(directory), log=lambda line: print(line, file=sys.stderr, flush=True)
+        )
     print(json.dumps(result, indent=1, default=str))
     sys.exit(0 if not result["examples"] else 1)

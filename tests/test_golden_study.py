@@ -28,8 +28,10 @@ from support import REPO, command_spec
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_study"
 
 # tags and params whose values are times, ids, paths, hosts or versions
-_VOLATILE = re.compile(r"^mlflow\.(user|source\.|runName|parentRunId|log-model|note\.content)|"
-                       r"resumed|_s$|seconds|wall|time|duration|software|host|path|uri|run_id|calibrated|written")
+_VOLATILE = re.compile(
+    r"^mlflow\.(user|source\.|runName|parentRunId|log-model|note\.content)|"
+    r"resumed|_s$|seconds|wall|time|duration|software|host|path|uri|run_id|calibrated|written"
+)
 
 
 def _round(value: Any) -> Any:
@@ -58,18 +60,38 @@ def study_record(run_dir: Path, experiment: str) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
     report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
-    trials = [{"number": t["number"], "status": t["status"], "params": t["params"], "probed": t["probed"],
-               "baseline": t["baseline"], "source": t["source"],
-               "metrics": _stable(t["metrics"]), "failure": re.sub(r"/\S+", "PATH", t.get("failure") or "")}
-              for t in report["trials"]]
+    trials = [
+        {
+            "number": t["number"],
+            "status": t["status"],
+            "params": t["params"],
+            "probed": t["probed"],
+            "baseline": t["baseline"],
+            "source": t["source"],
+            "metrics": _stable(t["metrics"]),
+            "failure": re.sub(r"/\S+", "PATH", t.get("failure") or ""),
+        }
+        for t in report["trials"]
+    ]
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], max_results=1000)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = sorted((r for r in runs if "mlflow.parentRunId" in r.data.tags), key=lambda r: r.data.tags.get("autotune.trial", ""))
-    mlflow_runs = [{"name": r.data.tags.get("mlflow.runName", "") if not r.data.tags.get("autotune.trial") else
-                    f"trial {r.data.tags['autotune.trial']}", "status": r.info.status,
-                    "params": _stable(r.data.params), "metrics": _stable(r.data.metrics), "tags": _stable(r.data.tags),
-                    "artifacts": _artifacts(client, r.info.run_id)} for r in [*parents, *children]]
+    children = sorted(
+        (r for r in runs if "mlflow.parentRunId" in r.data.tags), key=lambda r: r.data.tags.get("autotune.trial", "")
+    )
+    mlflow_runs = [
+        {
+            "name": r.data.tags.get("mlflow.runName", "")
+            if not r.data.tags.get("autotune.trial")
+            else f"trial {r.data.tags['autotune.trial']}",
+            "status": r.info.status,
+            "params": _stable(r.data.params),
+            "metrics": _stable(r.data.metrics),
+            "tags": _stable(r.data.tags),
+            "artifacts": _artifacts(client, r.info.run_id),
+        }
+        for r in [*parents, *children]
+    ]
     return {"trials": trials, "mlflow": mlflow_runs}
 
 
@@ -91,8 +113,9 @@ def _compare(name: str, record: dict[str, Any]) -> None:
 def test_a_seeded_simulated_study_of_the_shipped_spec_is_unchanged(tmp_path):
     run_dir = tmp_path / "run"
     spec = REPO / "search_spaces" / "llama2_7b_8npu.yaml"
-    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--n-trials", "12", "--seed", "7",
-                                      "--json"])
+    result = CliRunner().invoke(
+        app, ["run", str(spec), "--run-dir", str(run_dir), "--n-trials", "12", "--seed", "7", "--json"]
+    )
     assert result.exit_code == 0, result.output
     _compare("llama2_7b_8npu_simulated", study_record(run_dir, "llama2-7b-8npu"))
 

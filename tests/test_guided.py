@@ -44,14 +44,17 @@ def _measure(world, index, status=None):
     ranking, step, mem, fits, value = world
     if not fits[index]:
         return Observation(index, "oom")
-    return Observation(index, "ok", objective=float(value[index]), step_time_s=float(step[index]),
-                       peak_memory_gib=float(mem[index]))
+    return Observation(
+        index, "ok", objective=float(value[index]), step_time_s=float(step[index]), peak_memory_gib=float(mem[index])
+    )
 
 
 def test_finds_the_perturbed_optimum_in_a_few_probes_without_repeats(world):
     ranking, step, mem, fits, value = world
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
-    raw_best = int(np.nanargmax(np.where(ranking.predictions["fits"], ranking.predictions["tokens_per_s_per_device"], -1)))
+    raw_best = int(
+        np.nanargmax(np.where(ranking.predictions["fits"], ranking.predictions["tokens_per_s_per_device"], -1))
+    )
     assert value[raw_best] < 0.97 * value.max()  # the simulator's own favourite is not the optimum here
     obs: list[Observation] = []
     reasons = []
@@ -82,9 +85,13 @@ def test_an_oom_raises_the_memory_estimate_of_similar_configs(world):
     before, _ = guide._memory_model([])
     after, _ = guide._memory_model([Observation(i, "oom")])
     assert after[i] > limit[i] > before[i]
-    similar = [j for j, c in enumerate(ranking.enumeration.configs)
-               if j != i and c["tp"] == ranking.enumeration.configs[i]["tp"]
-               and c["recompute"] == ranking.enumeration.configs[i]["recompute"]]
+    similar = [
+        j
+        for j, c in enumerate(ranking.enumeration.configs)
+        if j != i
+        and c["tp"] == ranking.enumeration.configs[i]["tp"]
+        and c["recompute"] == ranking.enumeration.configs[i]["recompute"]
+    ]
     assert np.mean(after[similar] / before[similar]) > 1.0
 
 
@@ -144,19 +151,32 @@ def _runner(tmp_path, world, n_trials: int, run_dir_name: str = "run", kill_at: 
             return ProbeResult("oom", reason="NPU out of memory")
         measured[i] = measured.get(i, 0) + 1
         noise = 1.0 + 0.02 * np.sin(7.0 * measured[i] + i)  # repeatable, differs per measurement
-        return ProbeResult("ok", metrics={"tokens_per_s_per_device": float(value[i]) / noise,
-                                          "step_time_s": float(step[i]) * noise, "peak_memory_gib": float(mem[i])})
+        return ProbeResult(
+            "ok",
+            metrics={
+                "tokens_per_s_per_device": float(value[i]) / noise,
+                "step_time_s": float(step[i]) * noise,
+                "peak_memory_gib": float(mem[i]),
+            },
+        )
 
-    data = dict(SPEC, backend={"kind": "command", "argv": ["unused", "{trial_file}"]},
-                search={"n_trials": n_trials, "sampler": "auto", "prune": False})
+    data = dict(
+        SPEC,
+        backend={"kind": "command", "argv": ["unused", "{trial_file}"]},
+        search={"n_trials": n_trials, "sampler": "auto", "prune": False},
+    )
     spec = Spec.model_validate(data)
-    return StudyRunner(spec, tmp_path / run_dir_name, BackendChoice("command", "test world"),
-                       dispatcher=InProcessDispatcher(probe))
+    return StudyRunner(
+        spec, tmp_path / run_dir_name, BackendChoice("command", "test world"), dispatcher=InProcessDispatcher(probe)
+    )
 
 
 def _probed(outcome):
-    return [(r.config, r.chosen_because, r.status) for r in sorted(outcome.records, key=lambda r: r.number)
-            if r.probed and r.status != "interrupted"]
+    return [
+        (r.config, r.chosen_because, r.status)
+        for r in sorted(outcome.records, key=lambda r: r.number)
+        if r.probed and r.status != "interrupted"
+    ]
 
 
 def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
@@ -171,6 +191,7 @@ def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
     resumed = _probed(again.run())
     again.close()
     assert [c for c, _, _ in resumed] == [c for c, _, _ in whole]
+
     # the same ranking and fit: the same reasons, except the re-queued trial says so (the numbers a
     # reason quotes differ: trial numbers shift by one after the re-queue, and the test world's noise
     # depends on how often the probe function saw a config)
@@ -198,7 +219,9 @@ def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
     for t in repeats:
         assert "re-measure: close call" in t.user_attrs[A.CHOSEN]
     best = best_records(outcome.records, runner.objectives)[0]
-    same = [r for r in outcome.records if r.probed and r.status == "ok" and config_key(r.config) == config_key(best.config)]
+    same = [
+        r for r in outcome.records if r.probed and r.status == "ok" and config_key(r.config) == config_key(best.config)
+    ]
     if len(same) > 1:  # judged on the mean of its measurements
         mean = float(np.mean([r.metrics["tokens_per_s_per_device"] for r in same]))
         assert best.metrics["tokens_per_s_per_device"] == pytest.approx(mean)
@@ -208,12 +231,19 @@ def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
 def test_an_execution_mode_the_simulator_does_not_price_is_learned_as_a_factor():
     """graph vs pynative: the simulator predicts both alike; one measurement of each (20x apart)
     is enough for the guide to stop proposing the slow mode."""
-    data = {"name": "modes", "model": "tiny-llama",
-            "workload": {"kind": "train", "seq_len": 128, "global_batch_size": 8},
-            "cluster": {"accelerator": "cpu", "profile": "cpu", "nodes": 1, "devices_per_node": 1},
-            "space": {"mode": ["graph", "pynative"], "jit_level": ["O0", "O1"], "recompute": ["none", "full"],
-                      "micro_batch_size": [2, 4, 8]},
-            "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}]}
+    data = {
+        "name": "modes",
+        "model": "tiny-llama",
+        "workload": {"kind": "train", "seq_len": 128, "global_batch_size": 8},
+        "cluster": {"accelerator": "cpu", "profile": "cpu", "nodes": 1, "devices_per_node": 1},
+        "space": {
+            "mode": ["graph", "pynative"],
+            "jit_level": ["O0", "O1"],
+            "recompute": ["none", "full"],
+            "micro_batch_size": [2, 4, 8],
+        },
+        "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
+    }
     spec = Spec.model_validate(data)
     enum = Space(spec).enumerate()
     ranking = rank_space(enum, probe_context(spec), spec.objective_list())
@@ -248,7 +278,9 @@ def test_past_the_oom_allowance_only_sure_fits_are_probed(world):
     ok = _measure(world, first.index)
     assert ok.status == "ok"
     # an OOM of a config predicted to fit with a little room: a surprise
-    room = np.where(capped.valid & (capped.peak < capped.limit) & (capped.peak > 0.9 * capped.limit), capped.peak, np.inf)
+    room = np.where(
+        capped.valid & (capped.peak < capped.limit) & (capped.peak > 0.9 * capped.limit), capped.peak, np.inf
+    )
     surprise = int(np.argmin(np.abs(room - 0.95 * capped.limit)))
     obs = [ok, Observation(surprise, "oom", number=1)]
     assert capped.oom_allowance_spent(1, len(obs), 18)
@@ -311,11 +343,22 @@ def test_an_unmeasured_parameter_value_keeps_its_memory_uncertain(world):
     obs = [_measure(world, i) for i in measured]
     belief = guide._memory_belief(obs)
     relative = belief.sd / np.maximum(belief.mean, 1e-9)
-    twin = {i: next(j for j, c in enumerate(configs) if guide.valid[j] and c["zero_stage"] == 0
-                    and all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp")))
-            for i in measured if any(guide.valid[j] and c["zero_stage"] == 0 and
-                                     all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp"))
-                                     for j, c in enumerate(configs))}
+    twin = {
+        i: next(
+            j
+            for j, c in enumerate(configs)
+            if guide.valid[j]
+            and c["zero_stage"] == 0
+            and all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp"))
+        )
+        for i in measured
+        if any(
+            guide.valid[j]
+            and c["zero_stage"] == 0
+            and all(c[k] == configs[i][k] for k in c if k not in ("zero_stage", "dp"))
+            for j, c in enumerate(configs)
+        )
+    }
     assert twin
     for i, j in twin.items():
         assert relative[j] > 2 * relative[i]  # the same config with a ZeRO stage never measured
@@ -342,10 +385,21 @@ def test_a_peak_the_allocator_counted_is_fitted_as_such_and_the_device_need_pred
     rows = [i for i, c in enumerate(configs) if fits[i] and c["tp"] == 2][:6]
     outside = _outside_allocator(guide, rows)
     assert outside.min() > 1.0  # several GiB on this world's 64 GiB devices: worth getting right
-    measured = [Observation(i, "ok", objective=float(value[i]), step_time_s=float(step[i]),
-                            peak_memory_gib=float(mem[i] - o), peak_counts="allocated") for i, o in zip(rows, outside)]
-    blind = [Observation(o.index, "ok", objective=o.objective, step_time_s=o.step_time_s,
-                         peak_memory_gib=o.peak_memory_gib) for o in measured]
+    measured = [
+        Observation(
+            i,
+            "ok",
+            objective=float(value[i]),
+            step_time_s=float(step[i]),
+            peak_memory_gib=float(mem[i] - o),
+            peak_counts="allocated",
+        )
+        for i, o in zip(rows, outside)
+    ]
+    blind = [
+        Observation(o.index, "ok", objective=o.objective, step_time_s=o.step_time_s, peak_memory_gib=o.peak_memory_gib)
+        for o in measured
+    ]
     counted = guide._memory_belief(measured)
     taken_whole = guide._memory_belief(blind)
     # the device's need of the measured configs: recovered when the guide knows what was counted
@@ -367,9 +421,11 @@ def test_a_reserved_peak_leaves_out_only_what_is_outside_the_allocator(world):
     rows = np.array([0, 1])
     whole = guide._mem_design(rows)
     names = guide.mem_names
-    for counts, left_out in (("reserved", {"comm_buffers", "runtime_reserve"}),
-                             ("allocated", {"fragmentation", "comm_buffers", "runtime_reserve"}),
-                             ("device", set())):
+    for counts, left_out in (
+        ("reserved", {"comm_buffers", "runtime_reserve"}),
+        ("allocated", {"fragmentation", "comm_buffers", "runtime_reserve"}),
+        ("device", set()),
+    ):
         design = guide._mem_design(rows, [counts] * 2)
         for k, name in enumerate(names):
             expected = 0.0 if name in left_out else whole[:, k]
@@ -385,18 +441,34 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
     from autotune.space import config_key
 
     def record(number, tp, metrics):
-        return TrialRecord(number=number, state="COMPLETE", config={"tp": tp}, status="ok", source="measured",
-                           metrics=metrics, predicted={}, reason="", probed=True, baseline=False,
-                           chosen_because="", values=None, feasible=True)
+        return TrialRecord(
+            number=number,
+            state="COMPLETE",
+            config={"tp": tp},
+            status="ok",
+            source="measured",
+            metrics=metrics,
+            predicted={},
+            reason="",
+            probed=True,
+            baseline=False,
+            chosen_because="",
+            values=None,
+            feasible=True,
+        )
 
     metric = "tokens_per_s_per_device"
-    lucky, steady, slow = (record(i, tp, {metric: v}) for i, (tp, v) in enumerate(((1, 1050.0), (2, 1020.0),
-                                                                                   (4, 900.0))))
+    lucky, steady, slow = (
+        record(i, tp, {metric: v}) for i, (tp, v) in enumerate(((1, 1050.0), (2, 1020.0), (4, 900.0)))
+    )
     records = [lucky, steady, slow]
     objective = [(metric, "maximize")]
     assert best_records(records, objective)[0].number == 0  # the highest reading
-    estimates = {config_key({"tp": 1}): (995.0, 15.0, 1), config_key({"tp": 2}): (1012.0, 14.0, 1),
-                 config_key({"tp": 4}): (905.0, 12.0, 1)}
+    estimates = {
+        config_key({"tp": 1}): (995.0, 15.0, 1),
+        config_key({"tp": 2}): (1012.0, 14.0, 1),
+        config_key({"tp": 4}): (905.0, 12.0, 1),
+    }
     best = best_records(records, objective, estimates)[0]
     assert best.number == 1 and best.metrics[metric] == 1020.0  # what was measured
     assert best.predicted[f"estimated_{metric}"] == 1012.0
@@ -435,8 +507,11 @@ def test_with_nothing_measured_and_nothing_sure_to_fit_the_safest_configs_go_fir
     odds; an OOM then teaches little, and a study whose first probes all fail has nothing to go
     on. The same after a first OOM, while nothing is measured."""
     ranking = world[0]
-    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"),
-                  GuideSettings(memory_sigma=0.5, memory_value_sigma=0.3, max_oom_share=None))
+    guide = Guide(
+        ranking,
+        ("tokens_per_s_per_device", "maximize"),
+        GuideSettings(memory_sigma=0.5, memory_value_sigma=0.3, max_oom_share=None),
+    )
     obs: list[Observation] = []
     for _ in range(2):
         mem_mean, mem_sd = guide._memory_model(obs)
@@ -469,6 +544,7 @@ def test_derived_values_add_no_memory_effect_of_their_own(world):
     rows = np.flatnonzero(guide.valid)[:50]
     comps = guide.mem_components[rows]
     total = comps.sum(axis=1)
-    expected = np.sqrt(((settings.memory_sigma * comps) ** 2).sum(axis=1)
-                       + len(varying) * (settings.memory_value_sigma * total) ** 2)
+    expected = np.sqrt(
+        ((settings.memory_sigma * comps) ** 2).sum(axis=1) + len(varying) * (settings.memory_value_sigma * total) ** 2
+    )
     assert np.allclose(prior.sd[rows], expected, rtol=1e-6)

@@ -39,8 +39,9 @@ def world(ranked):
     """A machine unlike the model: tensor-parallel communication 2.5x slower, activations 25 % larger."""
     ranking, space, spec = ranked
     ctx = probe_context(spec)
-    p = simulate_configs(ctx.model, ctx.workload, ctx.hardware, ctx.cluster,
-                         columns_from_params(ranking.enumeration.configs))
+    p = simulate_configs(
+        ctx.model, ctx.workload, ctx.hardware, ctx.cluster, columns_from_params(ranking.enumeration.configs)
+    )
     step = sum(np.nan_to_num(p[f"time_{k}"]) * (2.5 if k == "tp_comm" else 1.0) for k in TRAIN_TIME_COMPONENTS)
     mem = sum(np.nan_to_num(p[f"mem_{k}"]) * (1.25 if k == "activations" else 1.0) for k in TRAIN_MEM_COMPONENTS)
     capacity = float(p["memory_limit_gib"][0])
@@ -56,9 +57,13 @@ def _objective(sampler: GuidedSampler, world, seen: list[str]):
         seen.append(key)
         step, mem = truth[key]
         if mem > capacity:
-            report_failure(trial, RuntimeError(
-                f"NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; {capacity:.2f} GiB total capacity; "
-                f"{capacity - 1:.2f} GiB already allocated; 1.00 GiB free; {capacity - 1:.2f} GiB reserved in total by PyTorch)"))
+            report_failure(
+                trial,
+                RuntimeError(
+                    f"NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; {capacity:.2f} GiB total capacity; "
+                    f"{capacity - 1:.2f} GiB already allocated; 1.00 GiB free; {capacity - 1:.2f} GiB reserved in total by PyTorch)"
+                ),
+            )
             raise RuntimeError("out of memory")
         trial.set_user_attr("peak_memory_gib", mem)
         trial.set_user_attr("step_time_s", step)
@@ -91,8 +96,9 @@ def test_plain_optuna_study_finds_the_optimum_and_stops(ranked, world):
     sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0, n_trials=40)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     seen: list[str] = []
-    study.optimize(_objective(sampler, world, seen), n_trials=40, callbacks=[sampler.stop_callback],
-                   catch=(RuntimeError,))
+    study.optimize(
+        _objective(sampler, world, seen), n_trials=40, callbacks=[sampler.stop_callback], catch=(RuntimeError,)
+    )
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert complete and study.best_value >= 0.98 * _best_possible(world)
     # the first trial is one of the model's best bets among those that surely fit (before any
@@ -118,8 +124,11 @@ def test_oom_text_becomes_evidence_that_lowers_p_fit(ranked, world):
     study = optuna.create_study(direction="maximize", sampler=sampler)
     predicted = np.asarray(ranking.predictions["peak_memory_gib"], float)
     # a surprise: predicted to fit, but over the capacity on this machine
-    over = next(i for i, c in enumerate(ranking.enumeration.configs)
-                if truth[config_key(c)][1] > capacity and predicted[i] < capacity)
+    over = next(
+        i
+        for i, c in enumerate(ranking.enumeration.configs)
+        if truth[config_key(c)][1] > capacity and predicted[i] < capacity
+    )
     study.enqueue_trial(ranking.enumeration.params_of(over))
     before = sampler.guide.fit_probability([], *sampler.guide._memory_model([]))
     study.optimize(_objective(sampler, world, []), n_trials=1, catch=(RuntimeError,))
@@ -146,8 +155,13 @@ def test_fixed_parameters_narrow_the_choice(ranked):
     assert config["tp"] == 8 and config["recompute"] == "full"
     # the model's best among the configs with those values
     fits = np.asarray(ranking.predictions["fits"], bool)
-    candidates = [int(i) for i in ranking.order if fits[i] and ranking.enumeration.configs[i]["tp"] == 8
-                  and ranking.enumeration.configs[i]["recompute"] == "full"]
+    candidates = [
+        int(i)
+        for i in ranking.order
+        if fits[i]
+        and ranking.enumeration.configs[i]["tp"] == 8
+        and ranking.enumeration.configs[i]["recompute"] == "full"
+    ]
     assert config_key(config) == config_key(ranking.enumeration.configs[candidates[0]])
 
 
@@ -176,8 +190,9 @@ def test_same_seed_same_sequence_and_a_resumed_study_continues(ranked, world, tm
 
     def run(storage, n, seen):
         sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=3, settings=GuideSettings(stop_early=False))
-        study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage, study_name="s",
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            direction="maximize", sampler=sampler, storage=storage, study_name="s", load_if_exists=True
+        )
         study.optimize(_objective(sampler, world, seen), n_trials=n, catch=(RuntimeError,))
         return study
 
@@ -218,9 +233,20 @@ def test_direction_mismatch_is_a_clear_error(ranked):
 
 def test_plain_optuna_example_runs(tmp_path):
     """examples/plain_optuna: a plain Optuna script with the guide as its sampler, no runner."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "plain_optuna" / "guided_study.py"),
-                          str(ROOT / "search_spaces" / "llama2_7b_8npu.yaml"), "--simulate", "--n-trials", "12"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "plain_optuna" / "guided_study.py"),
+            str(ROOT / "search_spaces" / "llama2_7b_8npu.yaml"),
+            "--simulate",
+            "--n-trials",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "best" in out.stdout and "trials" in out.stdout
     assert "the guide's estimate puts first: {" in out.stdout  # GuidedSampler.estimates in plain Optuna
@@ -237,14 +263,24 @@ def test_what_a_peak_counts_reaches_the_guide(ranked):
     params = [ranking.enumeration.params_of(i) for i in range(4)]
     attrs = [
         {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 30.0}, A.INFO: {"peak_memory_counts": "allocated"}},
-        {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 30.0, "peak_reserved_gib": 32.0},
-         A.INFO: {"peak_memory_counts": "allocated"}},
+        {
+            A.STATUS: "ok",
+            A.METRICS: {"peak_memory_gib": 30.0, "peak_reserved_gib": 32.0},
+            A.INFO: {"peak_memory_counts": "allocated"},
+        },
         {"peak_memory_gib": 31.0, "peak_memory_counts": "reserved"},
         {"peak_memory_gib": 33.0},
     ]
     for p, ua in zip(params, attrs):
-        study.add_trial(optuna.trial.create_trial(
-            params=p, distributions={n: sampler._distributions[n] for n in p}, value=1000.0, user_attrs=ua))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=p, distributions={n: sampler._distributions[n] for n in p}, value=1000.0, user_attrs=ua
+            )
+        )
     obs = sampler.observations(study.trials)
     assert [(o.peak_memory_gib, o.peak_counts) for o in obs] == [
-        (30.0, "allocated"), (32.0, "reserved"), (31.0, "reserved"), (33.0, "device")]
+        (30.0, "allocated"),
+        (32.0, "reserved"),
+        (31.0, "reserved"),
+        (33.0, "device"),
+    ]

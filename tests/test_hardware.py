@@ -7,8 +7,17 @@ from importlib import resources
 import pytest
 from autotune.workers.hardware import PROFILE_KEYS, available_profiles, load_profile
 
-REQUIRED = ("name", "accelerator", "device_memory_gib", "peak_tflops", "memory_bandwidth_gbps",
-            "intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps", "devices_per_node", "runtime_reserve_gib")
+REQUIRED = (
+    "name",
+    "accelerator",
+    "device_memory_gib",
+    "peak_tflops",
+    "memory_bandwidth_gbps",
+    "intra_node_bandwidth_gbps",
+    "inter_node_bandwidth_gbps",
+    "devices_per_node",
+    "runtime_reserve_gib",
+)
 
 
 def test_bundled_profiles_are_package_data():
@@ -29,8 +38,14 @@ def test_profile_has_every_key(name):
     assert profile["name"] == name
     assert profile["accelerator"] in ("npu", "cuda", "cpu")
     assert {"bf16", "fp16", "fp32"} <= set(profile["peak_tflops"])
-    for key in ("gemm_efficiency", "memory_bandwidth_efficiency", "allreduce_efficiency", "allgather_efficiency",
-                "inter_node_efficiency", "flash_attention_efficiency"):
+    for key in (
+        "gemm_efficiency",
+        "memory_bandwidth_efficiency",
+        "allreduce_efficiency",
+        "allgather_efficiency",
+        "inter_node_efficiency",
+        "flash_attention_efficiency",
+    ):
         assert 0 < profile[key] <= 1, key
 
 
@@ -63,16 +78,19 @@ def test_unknown_override_key_names_key_and_valid_keys():
     assert "device_memory" in msg and "device_memory_gib" in msg and "peak_tflops" in msg
 
 
-@pytest.mark.parametrize("overrides", [
-    {"device_memory_gib": "32"},
-    {"device_memory_gib": True},
-    {"devices_per_node": 2.5},
-    {"gemm_efficiency": 1.5},
-    {"accelerator": "tpu"},
-    {"peak_tflops": 300},
-    {"peak_tflops": {"bf8": 1.0}},
-    {"memory_bandwidth_gbps": -1},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"device_memory_gib": "32"},
+        {"device_memory_gib": True},
+        {"devices_per_node": 2.5},
+        {"gemm_efficiency": 1.5},
+        {"accelerator": "tpu"},
+        {"peak_tflops": 300},
+        {"peak_tflops": {"bf8": 1.0}},
+        {"memory_bandwidth_gbps": -1},
+    ],
+)
 def test_override_values_are_type_checked(overrides):
     with pytest.raises(ValueError):
         load_profile("a100-sxm-80gb", overrides)

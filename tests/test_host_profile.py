@@ -28,7 +28,9 @@ def _spec(write_spec, tmp_path):
     path = command_spec(write_spec, tmp_path, n_trials=2, parallel=1, ray="ray: {enabled: false}", sleep=0.05)
     # fp32 and micro-batch 1: the fake launcher's throughput stays plausible on this CPU's measured
     # peak (bf16 here runs at a few GFLOPS, and the sanity check would call it a crash)
-    path.write_text(path.read_text().replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: [1]\n  precision: [fp32]"))
+    path.write_text(
+        path.read_text().replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: [1]\n  precision: [fp32]")
+    )
     return path
 
 
@@ -45,7 +47,9 @@ def test_who_calibrates_and_who_is_told_why_not(write_spec, tmp_path, auto_calib
         host_profile.why_not_calibrated(spec, simulated=False)
     monkeypatch.delenv(host_profile.CALIBRATE_ENV)
     # trials on a Ray cluster: calibrated there (a node's task), cached per cluster, not per driver
-    remote = spec.model_copy(update={"ray": spec.ray.model_copy(update={"enabled": True, "address": "ray://head:10001"})})
+    remote = spec.model_copy(
+        update={"ray": spec.ray.model_copy(update={"enabled": True, "address": "ray://head:10001"})}
+    )
     assert host_profile.why_not_calibrated(remote, simulated=False) is None
     assert host_profile.calibration_key(remote)["ray_cluster"] == "ray://head:10001"
     assert "host" not in host_profile.calibration_key(remote)
@@ -79,7 +83,9 @@ def test_profile_origin_says_data_sheet_or_measured_and_how_old(tmp_path):
     assert origin.describe(now=when + dt.timedelta(days=3, hours=2)).endswith("(measured 2026-11-20 08:00, 3 days ago)")
     # a file written before calibrated_at existed: its header line
     old = tmp_path / "old.yaml"
-    old.write_text("# Hardware profile written by `autotune calibrate` on 2026-11-01T10:00:00.\n" + yaml.safe_dump(profile))
+    old.write_text(
+        "# Hardware profile written by `autotune calibrate` on 2026-11-01T10:00:00.\n" + yaml.safe_dump(profile)
+    )
     assert host_profile.profile_origin(str(old)).measured_at.replace(tzinfo=None) == dt.datetime(2026, 11, 1, 10)
 
 
@@ -106,8 +112,10 @@ def test_a_damaged_cached_profile_is_measured_again(write_spec, tmp_path, auto_c
     def fake(accelerator, **kwargs):
         calls.append(kwargs)
         measured = {"software": {}, "threads_per_device": 1, "gemm_tflops": {}, "memory_bandwidth_gbps": 1.0}
-        return {"profile": {**load_profile(kwargs["base"]), "calibrated_at": "2026-11-24T10:00:00+00:00"},
-                "measured": measured}
+        return {
+            "profile": {**load_profile(kwargs["base"]), "calibrated_at": "2026-11-24T10:00:00+00:00"},
+            "measured": measured,
+        }
 
     monkeypatch.setattr(calibrate_module, "calibrate", fake)
     spec = load_spec(_spec(write_spec, tmp_path))
@@ -161,7 +169,9 @@ def test_trials_on_a_ray_cluster_calibrate_on_one_of_its_nodes(write_spec, tmp_p
         cluster.add_node(num_cpus=2)
         path = _spec(write_spec, tmp_path)
         spec = load_spec(path)
-        spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"enabled": True, "address": cluster.address})})
+        spec = spec.model_copy(
+            update={"ray": spec.ray.model_copy(update={"enabled": True, "address": cluster.address})}
+        )
         said: list[str] = []
         measured = host_profile.ensure_measured_profile(spec, False, said.append)
         assert said[0].startswith(f"calibrating a node of the Ray cluster at {cluster.address} first")

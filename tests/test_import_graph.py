@@ -8,7 +8,11 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROOTS = {"autotune": REPO / "autotune", "autotune.workers": REPO / "workers", "autotune.objectives": REPO / "objectives"}
+ROOTS = {
+    "autotune": REPO / "autotune",
+    "autotune.workers": REPO / "workers",
+    "autotune.objectives": REPO / "objectives",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -94,6 +98,9 @@ def test_probes_never_import_the_driver():
     graph = _graph()
     for module, deps in graph.items():
         if module.startswith("autotune.workers"):
-            driver = {d for d in deps if d.startswith("autotune.") and not d.startswith(("autotune.workers",
-                                                                                         "autotune.objectives"))}
+            driver = {
+                d
+                for d in deps
+                if d.startswith("autotune.") and not d.startswith(("autotune.workers", "autotune.objectives"))
+            }
             assert not driver, (module, driver)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from support import command_spec
 
-KILLER = r'''
+KILLER = r"""
 import json, os, signal, sys, time
 trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
 marker = os.environ["KILL_MARKER"]
@@ -25,7 +25,7 @@ if trial["number"] == 2 and not os.path.exists(marker):
 p = trial["params"]
 print(json.dumps({"event": "step", "step": 1, "step_time_s": 0.1}))
 print(json.dumps({"metrics": {"tokens_per_s_per_device": 1000.0 * p["micro_batch_size"] / p["tp"], "step_time_s": 1.0}}))
-'''
+"""
 
 
 def test_a_killed_ray_worker_is_an_infrastructure_failure_retried_once(write_spec, tmp_path):
@@ -73,8 +73,13 @@ def test_doctor_on_a_local_multi_node_cluster(write_spec, tmp_path):
         for _ in range(2):
             cluster.add_node(num_cpus=1, resources={"NPU": 2}, object_store_memory=80 * 2**20)
         cluster.wait_for_nodes()
-        fits = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
-                                             "cluster: {accelerator: npu, nodes: 2, devices_per_node: 2}"), "fits.yaml")
+        fits = write_spec(
+            TINY_TRAIN.replace(
+                "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+                "cluster: {accelerator: npu, nodes: 2, devices_per_node: 2}",
+            ),
+            "fits.yaml",
+        )
         result = CliRunner().invoke(app, ["doctor", str(fits), "--ray-address", cluster.address, "--json"])
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
@@ -85,8 +90,13 @@ def test_doctor_on_a_local_multi_node_cluster(write_spec, tmp_path):
         assert len({n["label"] for n in report["nodes"]}) == 3
         assert all("torch" in n["software"] and "ray" in n["software"] for n in report["nodes"])
         assert report["placement"]["ok"] and "2 node(s) have 2 NPU" in report["placement"]["why"]
-        too_big = write_spec(TINY_TRAIN.replace("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
-                                                "cluster: {accelerator: npu, nodes: 2, devices_per_node: 4}"), "big.yaml")
+        too_big = write_spec(
+            TINY_TRAIN.replace(
+                "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+                "cluster: {accelerator: npu, nodes: 2, devices_per_node: 4}",
+            ),
+            "big.yaml",
+        )
         result = CliRunner().invoke(app, ["doctor", str(too_big), "--ray-address", cluster.address])
         assert result.exit_code == 1
         assert "needs 2 node(s) with 4 NPU each, but only 0 node(s)" in result.stdout
@@ -108,8 +118,10 @@ def test_doctor_advises_a_ray_start_that_ray_accepts_and_names_each_node(acceler
     from autotune.doctor import placement_verdict
 
     name = {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}[accelerator]
-    nodes = [{"label": f"192.0.2.2:{port} (node {nid})", "address": "192.0.2.2", "total": {name: 1.0}, "free": {}}
-             for port, nid in ((40001, "aaaa1111"), (40002, "bbbb2222"))]
+    nodes = [
+        {"label": f"192.0.2.2:{port} (node {nid})", "address": "192.0.2.2", "total": {name: 1.0}, "free": {}}
+        for port, nid in ((40001, "aaaa1111"), (40002, "bbbb2222"))
+    ]
     ok, why = placement_verdict(nodes, accelerator, 2, 4)
     assert not ok
     assert "192.0.2.2:40001 (node aaaa1111): 1" in why and "192.0.2.2:40002 (node bbbb2222): 1" in why
@@ -117,8 +129,11 @@ def test_doctor_advises_a_ray_start_that_ray_accepts_and_names_each_node(acceler
     argv = shlex.split(command)
     assert argv[:2] == ["ray", "start"] and '"CPU"' not in command and '"GPU"' not in command
     ctx = start.make_context("start", argv[2:])  # Ray's own click parser reads the advice
-    declared = {"cpu": ctx.params.get("num_cpus"), "cuda": ctx.params.get("num_gpus"),
-                "npu": ctx.params.get("resources")}[accelerator]
+    declared = {
+        "cpu": ctx.params.get("num_cpus"),
+        "cuda": ctx.params.get("num_gpus"),
+        "npu": ctx.params.get("resources"),
+    }[accelerator]
     assert declared in (4, '{"NPU": 4}'), ctx.params
 
 
@@ -149,8 +164,9 @@ def test_ray_cluster_messages_go_to_the_log_not_stdout(capsys, caplog):
     try:
         _route_ray_messages()
         with caplog.at_level(logging.WARNING, logger="autotune"):
-            ray_worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False},
-                                          ignore_prefix=False)
+            ray_worker.print_to_stdstream(
+                {"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False}, ignore_prefix=False
+            )
         assert "A worker died" not in capsys.readouterr().out
         assert "ray (raylet): A worker died or was killed" in caplog.text
     finally:

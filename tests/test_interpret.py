@@ -9,16 +9,19 @@ from autotune.models import PRESETS
 from autotune.workers.hardware import load_profile
 from autotune.workers.protocol import ProbeResult
 
-CONTEXT = SimpleNamespace(model={"arch": "llama", **PRESETS["tiny-llama"]},
-                          workload={"kind": "train", "seq_len": 128, "global_batch_size": 8},
-                          hardware=load_profile("cpu"))
+CONTEXT = SimpleNamespace(
+    model={"arch": "llama", **PRESETS["tiny-llama"]},
+    workload={"kind": "train", "seq_len": 128, "global_batch_size": 8},
+    hardware=load_profile("cpu"),
+)
 CONFIG = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 2, "precision": "bf16"}
 OBJ = [("tokens_per_s_per_device", "maximize")]
 
 
 def test_an_ok_measurement_is_told_its_values_with_derived_metrics_and_the_peak_of_every_step():
-    result = ProbeResult("ok", metrics={"step_time_s": 0.5, "peak_memory_gib": 1.0},
-                         steps=[{"event": "step", "peak_memory_gib": 1.7}])
+    result = ProbeResult(
+        "ok", metrics={"step_time_s": 0.5, "peak_memory_gib": 1.0}, steps=[{"event": "step", "peak_memory_gib": 1.7}]
+    )
     meaning = interpret(CONFIG, result, CONTEXT, OBJ, devices=2)
     assert meaning.status == "ok" and meaning.tell == "values"
     assert meaning.metrics["tokens_per_s_per_device"] == 8 * 128 / 0.5 / 2  # derived from the step time
@@ -39,8 +42,10 @@ def test_a_missing_objective_is_a_crash_but_the_probe_file_keeps_its_status():
 
 
 def test_failures_tell_the_search_what_they_teach():
-    told = {s: interpret(CONFIG, ProbeResult(s, reason=s), CONTEXT, OBJ, 2) for s in
-            ("oom", "invalid", "nan", "pruned", "crash", "timeout", "infra")}
+    told = {
+        s: interpret(CONFIG, ProbeResult(s, reason=s), CONTEXT, OBJ, 2)
+        for s in ("oom", "invalid", "nan", "pruned", "crash", "timeout", "infra")
+    }
     assert {s for s, m in told.items() if m.tell == "infeasible"} == {"oom", "invalid", "nan"}
     assert told["oom"].values == [0.0]  # a penalty for a maximised objective, marked infeasible
     assert told["pruned"].tell == "pruned" and told["crash"].tell == told["timeout"].tell == "fail"
@@ -51,9 +56,11 @@ def test_failures_tell_the_search_what_they_teach():
 
 def test_a_pruned_trial_keeps_the_steps_that_streamed_and_why_it_was_stopped():
     result = ProbeResult("pruned", reason="cancelled by the driver")
-    streamed = [{"event": "step", "phase": "warmup", "step_time_s": 9.0}, {"event": "step", "phase": "measure",
-                                                                            "step_time_s": 2.0},
-                {"event": "step", "phase": "measure", "step_time_s": 4.0}]
+    streamed = [
+        {"event": "step", "phase": "warmup", "step_time_s": 9.0},
+        {"event": "step", "phase": "measure", "step_time_s": 2.0},
+        {"event": "step", "phase": "measure", "step_time_s": 4.0},
+    ]
     settle_pruned(result, streamed, "stopped early after 2 measured steps")
     assert result.reason == "stopped early after 2 measured steps"
     assert result.metrics == {"step_time_s": 3.0, "measured_steps": 2.0}

@@ -21,21 +21,30 @@ from autotune.spec import Spec
 from autotune.workers.command import run_probe_process
 from autotune.workers.protocol import oom_evidence
 
-CUDA_NEW = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-            "79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB memory in "
-            "use. Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.30 GiB is reserved by PyTorch but "
-            "unallocated.")
-CUDA_OLD = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
-            "14.56 GiB already allocated; 3.75 MiB free; 14.72 GiB reserved in total by PyTorch)")
-NPU = ("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; 58.12 GiB "
-       "already allocated; 58.12 GiB current active; 1.02 GiB free; 59.40 GiB reserved in total by PyTorch)")
+CUDA_NEW = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB memory in "
+    "use. Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.30 GiB is reserved by PyTorch but "
+    "unallocated."
+)
+CUDA_OLD = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+    "14.56 GiB already allocated; 3.75 MiB free; 14.72 GiB reserved in total by PyTorch)"
+)
+NPU = (
+    "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; 58.12 GiB "
+    "already allocated; 58.12 GiB current active; 1.02 GiB free; 59.40 GiB reserved in total by PyTorch)"
+)
 
 
-@pytest.mark.parametrize("text,requested,capacity,needed", [
-    (CUDA_NEW, 2.0, 79.15, 79.15 - 1.23 + 2.0),
-    (CUDA_OLD, 20 / 1024, 15.78, 15.78 - 3.75 / 1024 + 20 / 1024),
-    (NPU, 2.0, 60.97, 60.97 - 1.02 + 2.0),
-])
+@pytest.mark.parametrize(
+    "text,requested,capacity,needed",
+    [
+        (CUDA_NEW, 2.0, 79.15, 79.15 - 1.23 + 2.0),
+        (CUDA_OLD, 20 / 1024, 15.78, 15.78 - 3.75 / 1024 + 20 / 1024),
+        (NPU, 2.0, 60.97, 60.97 - 1.02 + 2.0),
+    ],
+)
 def test_oom_messages_give_their_byte_counts(text, requested, capacity, needed):
     e = oom_evidence(["[rank0]: step 3", text, "[rank0]: exiting"])
     assert e["requested"] == pytest.approx(requested, abs=1e-3)
@@ -60,8 +69,9 @@ def test_a_probe_says_what_its_peak_counts(tmp_path):
     protocol error (the peak is then taken as the device's), not a silent mismatch."""
     script = tmp_path / "probe.py"
     for counts, kept in (("allocated", "allocated"), ("allocted", None)):
-        line = json.dumps({"metrics": {"step_time_s": 1.0, "peak_memory_gib": 30.0},
-                           "info": {"peak_memory_counts": counts}})
+        line = json.dumps(
+            {"metrics": {"step_time_s": 1.0, "peak_memory_gib": 30.0}, "info": {"peak_memory_counts": counts}}
+        )
         script.write_text(f"print({line!r}, flush=True)\n")
         result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False)
         assert result.status == "ok"
@@ -71,20 +81,33 @@ def test_a_probe_says_what_its_peak_counts(tmp_path):
 
 
 def test_the_peak_of_every_step_counts():
-    steps = [{"event": "step", "phase": "warmup", "memory_gib": 41.5}, {"event": "step", "phase": "measure",
-                                                                        "memory_gib": 38.0}]
+    steps = [
+        {"event": "step", "phase": "warmup", "memory_gib": 41.5},
+        {"event": "step", "phase": "measure", "memory_gib": 38.0},
+    ]
     assert _step_peak_memory(steps) == 41.5
     assert _step_peak_memory([{"event": "step"}]) is None
 
 
 # --------------------------------------------------------------------------------------- guide
 SPEC = {
-    "name": "mem", "model": "llama2-7b", "target": "none",
+    "name": "mem",
+    "model": "llama2-7b",
+    "target": "none",
     "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
-    "cluster": {"accelerator": "npu", "profile": "ascend-910b", "devices_per_node": 8,
-                "overrides": {"device_memory_gib": 40}},
-    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "recompute": ["none", "selective", "full"],
-              "zero_stage": [0, 1, 3]},
+    "cluster": {
+        "accelerator": "npu",
+        "profile": "ascend-910b",
+        "devices_per_node": 8,
+        "overrides": {"device_memory_gib": 40},
+    },
+    "space": {
+        "tp": [1, 2, 4, 8],
+        "pp": [1, 2, 4],
+        "micro_batch_size": [1, 2, 4],
+        "recompute": ["none", "selective", "full"],
+        "zero_stage": [0, 1, 3],
+    },
 }
 
 
@@ -153,14 +176,32 @@ def test_an_oom_lowers_p_fits_of_every_tighter_config_and_uses_the_allocators_by
 # ------------------------------------------------------------------------------------- summary
 def _record(number, status, wall, p_fit=None):
     predicted = {"guided_p_fit": p_fit} if p_fit is not None else {}
-    return TrialRecord(number=number, state="COMPLETE", config={}, status=status, source="measured", metrics={},
-                       predicted=predicted, reason="", probed=True, baseline=False, chosen_because="", values=None,
-                       feasible=status != "oom", wall_s=wall)
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        config={},
+        status=status,
+        source="measured",
+        metrics={},
+        predicted=predicted,
+        reason="",
+        probed=True,
+        baseline=False,
+        chosen_because="",
+        values=None,
+        feasible=status != "oom",
+        wall_s=wall,
+    )
 
 
 def test_summary_counts_what_oom_probes_cost_and_how_honest_p_fits_was():
-    records = [_record(0, "ok", 100.0, 0.99), _record(1, "oom", 240.0, 0.97), _record(2, "ok", 90.0, 0.7),
-               _record(3, "oom", 30.0, 0.6), _record(4, "duplicate", 0.0)]
+    records = [
+        _record(0, "ok", 100.0, 0.99),
+        _record(1, "oom", 240.0, 0.97),
+        _record(2, "ok", 90.0, 0.7),
+        _record(3, "oom", 30.0, 0.6),
+        _record(4, "duplicate", 0.0),
+    ]
     cost = probe_costs(records)
     assert cost == {"probes": 4, "probe_seconds": 460.0, "oom_probes": 2, "oom_probe_seconds": 270.0}
     bins = {(r["p_fit_from"], r["p_fit_to"]): (r["probes"], r["fitted"]) for r in memory_calibration(records)}

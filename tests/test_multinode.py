@@ -17,7 +17,7 @@ from support import TINY_TRAIN
 
 pytestmark = pytest.mark.timeout(600)
 
-RECORDER = r'''
+RECORDER = r"""
 import json, os, sys
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 out = os.environ["RECORD"]
@@ -27,7 +27,7 @@ with open(out, "a") as f:
             "pid": os.getpid()}) + "\n")
 if args["--rank"] == "0":
     print(json.dumps({"metrics": {"tokens_per_s_per_device": 100.0, "step_time_s": 1.0}}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,25 +51,43 @@ def cluster():
 def _spec(write_spec, tmp_path, nodes: int, argv: str, n_trials: int = 2, name: str = "mn.yaml"):
     text = TINY_TRAIN.replace("global_batch_size: 8", "global_batch_size: 12").replace(
         "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
-                              f"cluster: {{accelerator: npu, nodes: {nodes}, devices_per_node: 1}}")
-    text = text.replace("backend: simulate", f"""backend:
+        f"cluster: {{accelerator: npu, nodes: {nodes}, devices_per_node: 1}}",
+    )
+    text = text.replace(
+        "backend: simulate",
+        f"""backend:
   kind: command
   argv: {argv}
   timeout_s: 60
-  env: {{RECORD: "{tmp_path / 'record.jsonl'}"}}""")
-    text = text.replace("search: {n_trials: 6, seed: 1}",
-                        f"search: {{n_trials: {n_trials}, seed: 1, sampler: random}}\ntarget: none")
+  env: {{RECORD: "{tmp_path / "record.jsonl"}"}}""",
+    )
+    text = text.replace(
+        "search: {n_trials: 6, seed: 1}", f"search: {{n_trials: {n_trials}, seed: 1, sampler: random}}\ntarget: none"
+    )
     return write_spec(text.replace("  tp: [1, 2]\n", "  tp: [1]\n").replace("  pp: [1, 2]\n", "  pp: [1]\n"), name)
 
 
 def test_a_command_probe_runs_once_per_node_with_the_rendezvous(write_spec, tmp_path, cluster):
     script = tmp_path / "record.py"
     script.write_text(RECORDER)
-    argv = (f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}", --nnodes, "{{nnodes}}", '
-            f'--master, "{{master_addr}}:{{master_port}}"]')
+    argv = (
+        f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}", --nnodes, "{{nnodes}}", '
+        f'--master, "{{master_addr}}:{{master_port}}"]'
+    )
     spec = _spec(write_spec, tmp_path, 2, argv)
-    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
-                                      "--ray-address", cluster.address])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(spec),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            "--no-tracking",
+            "--ray-address",
+            cluster.address,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["probes"] == 2
     records = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
@@ -89,8 +107,19 @@ def test_a_study_the_cluster_can_never_place_is_refused_before_its_first_trial(w
     its budget; it is refused before the first trial (exit 3) with what a trial needs and what the
     cluster has."""
     spec = _spec(write_spec, tmp_path, 3, f'[{sys.executable}, -c, "pass"]', n_trials=3, name="big.yaml")
-    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
-                                      "--ray-address", cluster.address])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(spec),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            "--no-tracking",
+            "--ray-address",
+            cluster.address,
+        ],
+    )
     assert result.exit_code == 3, result.output
     assert "no trial of this study can be placed" in result.stderr
     assert "spans 3 nodes of {NPU: 1, CPU: 1} each, but only 2 node(s)" in result.stderr
@@ -134,7 +163,7 @@ def test_a_real_two_node_torch_probe_over_gloo_has_the_one_node_loss(write_spec,
     assert losses[2] == pytest.approx(losses[1], rel=1e-5)
 
 
-SLEEPER = r'''
+SLEEPER = r"""
 import json, os, sys, time
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 with open(os.environ["RECORD"], "a") as f:
@@ -143,7 +172,7 @@ with open(os.environ["RECORD"], "a") as f:
 time.sleep(float(os.environ.get("SLEEP", "0")))
 if args["--rank"] == "0":
     print(json.dumps({"metrics": {"tokens_per_s_per_device": 100.0 + float(os.environ.get("SLEEP", "0")), "step_time_s": 1.0}}))
-'''
+"""
 
 
 def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec, tmp_path):
@@ -166,7 +195,9 @@ def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec
     script.write_text(SLEEPER)
     argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}"]'
     spec = _spec(write_spec, tmp_path, 2, argv, n_trials=2, name="kill.yaml")
-    spec.write_text(spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "4"'))
+    spec.write_text(
+        spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "4"')
+    )
 
     def kill_when_running():
         deadline = time.monotonic() + 120
@@ -182,8 +213,19 @@ def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec
     killer = threading.Thread(target=kill_when_running, daemon=True)
     killer.start()
     try:
-        result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json",
-                                          "--no-tracking", "--ray-address", c.address])
+        result = CliRunner().invoke(
+            app,
+            [
+                "run",
+                str(spec),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--json",
+                "--no-tracking",
+                "--ray-address",
+                c.address,
+            ],
+        )
         killer.join(timeout=5)
         assert result.exit_code == 0, result.output
         trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
@@ -221,8 +263,11 @@ def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume
     script.write_text(SLEEPER)
     argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}"]'
     spec = _spec(write_spec, tmp_path, 2, argv, n_trials=3, name="lost.yaml")
-    spec.write_text(spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
-                    .replace("target: none", "target: none\nray: {placement_timeout_s: 30}"))
+    spec.write_text(
+        spec.read_text()
+        .replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
+        .replace("target: none", "target: none\nray: {placement_timeout_s: 30}")
+    )
     killed = {}
 
     def kill_when_running():
@@ -258,8 +303,9 @@ def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume
         ok = [t for t in trials if t["status"] == "ok"]
         assert len(ok) == 3 and len({json.dumps(t["params"], sort_keys=True) for t in ok}) == 3
         first = trials[0]
-        assert any(t["status"] == "ok" and t["params"] == first["params"] for t in trials), \
-            "\n".join(str((t["number"], t["status"], t["params"], t["chosen_because"], t["failure"])) for t in trials)
+        assert any(t["status"] == "ok" and t["params"] == first["params"] for t in trials), "\n".join(
+            str((t["number"], t["status"], t["params"], t["chosen_because"], t["failure"])) for t in trials
+        )
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -271,18 +317,33 @@ def test_trials_pack_side_by_side_and_never_oversubscribe_a_device(write_spec, t
     run side by side, the third waits for a device (never two probes on one NPU)."""
     record = tmp_path / "record.jsonl"
     script = tmp_path / "sleep.py"
-    script.write_text(SLEEPER.replace('with open(os.environ["RECORD"], "a") as f:',
-                                      'time.sleep(0)\nwith open(os.environ["RECORD"], "a") as f:') + r'''
+    script.write_text(
+        SLEEPER.replace(
+            'with open(os.environ["RECORD"], "a") as f:', 'time.sleep(0)\nwith open(os.environ["RECORD"], "a") as f:'
+        )
+        + r"""
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps({"end": time.time(), "pid": os.getpid(), "npu": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
                         "raylet": os.environ.get("RAY_RAYLET_PID")}) + "\n")
-''')
+"""
+    )
     argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "0"]'
     spec = _spec(write_spec, tmp_path, 1, argv, n_trials=3, name="pack.yaml")
     text = spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
     spec.write_text(text.replace("sampler: random}", "sampler: random, parallel_trials: 3}"))
-    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking",
-                                      "--ray-address", cluster.address])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(spec),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            "--no-tracking",
+            "--ray-address",
+            cluster.address,
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in record.read_text().splitlines()]
     spans = {r["pid"]: [r["t"], None, r["raylet"]] for r in rows if "t" in r}
@@ -290,8 +351,9 @@ with open(os.environ["RECORD"], "a") as f:
         if "end" in r:
             spans[r["pid"]][1] = r["end"]
     assert len(spans) == 3
-    events = sorted([(s, 1) for s, _, _ in spans.values()] + [(e, -1) for _, e, _ in spans.values()],
-                    key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(s, 1) for s, _, _ in spans.values()] + [(e, -1) for _, e, _ in spans.values()], key=lambda x: (x[0], x[1])
+    )
     running, most = 0, 0
     for _, step in events:
         running += step
@@ -309,6 +371,7 @@ def test_a_trial_that_cannot_be_placed_in_time_is_an_infrastructure_failure(writ
 
     ray.init(address=cluster.address)
     try:
+
         @ray.remote(num_cpus=0, resources={"NPU": 1})
         class Holder:
             def ping(self):
@@ -318,13 +381,17 @@ def test_a_trial_that_cannot_be_placed_in_time_is_an_infrastructure_failure(writ
         ray.get(holder.ping.remote())
         spec = _spec(write_spec, tmp_path, 2, f'[{sys.executable}, -c, "pass"]', n_trials=1, name="busy.yaml")
         spec.write_text(spec.read_text() + "ray: {placement_timeout_s: 2}\n")
-        result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json",
-                                          "--no-tracking"])
+        result = CliRunner().invoke(
+            app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking"]
+        )
         payload = json.loads(result.stdout)
         assert "the infrastructure failed 3 trials in a row" in payload["stopped_because"], result.output
         trials = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--json"]).stdout)["trials"]
         statuses = [t["status"] for t in trials]
-        assert statuses[:3] == ["infra", "infra", "infra"] and statuses[3:] in ([], ["waiting"])  # a retry, for the resume
+        assert statuses[:3] == ["infra", "infra", "infra"] and statuses[3:] in (
+            [],
+            ["waiting"],
+        )  # a retry, for the resume
         assert "could not be reserved within 2 s" in trials[0]["failure"] and "free now" in trials[0]["failure"]
         assert "retried once" in trials[0]["failure"] and "not retried again" in trials[1]["failure"]
         ray.kill(holder)

@@ -7,18 +7,54 @@ import dataclasses
 import pytest
 from autotune.objectives import METRICS, Metric, derive_metrics, flops_per_token, get_metric
 
-GPT22B = dict(arch="gpt", hidden_size=6144, num_hidden_layers=48, num_attention_heads=64, num_key_value_heads=64,
-              intermediate_size=4 * 6144, vocab_size=51200, max_position_embeddings=2048, tie_word_embeddings=True)
-MPT7B = dict(arch="gpt", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-             intermediate_size=16384, vocab_size=50432, max_position_embeddings=2048, tie_word_embeddings=True)
-LLAMA3_8B = dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192)
+GPT22B = dict(
+    arch="gpt",
+    hidden_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    intermediate_size=4 * 6144,
+    vocab_size=51200,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+MPT7B = dict(
+    arch="gpt",
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    intermediate_size=16384,
+    vocab_size=50432,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+LLAMA3_8B = dict(
+    arch="llama",
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+)
 A100 = {"device_memory_gib": 80.0, "peak_tflops": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}}
 
 
 def test_metric_table():
-    for name in ("tokens_per_s_per_device", "tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_memory_gib",
-                 "memory_headroom_gib", "ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s"):
+    for name in (
+        "tokens_per_s_per_device",
+        "tokens_per_s",
+        "samples_per_s",
+        "step_time_s",
+        "mfu",
+        "peak_memory_gib",
+        "memory_headroom_gib",
+        "ttft_ms",
+        "decode_tokens_per_s",
+        "time_for_100_tokens_s",
+    ):
         assert METRICS[name].name == name
     assert get_metric("memory_headroom") is get_metric("memory_headroom_gib")
     assert get_metric("step_time_s").direction == "minimize"
@@ -53,8 +89,14 @@ def test_llama_gqa_by_hand():
 
 def test_published_mfu_reproduced():
     """llm-foundry's MPT-7B row: 4641 tokens/s/GPU on A100 is MFU 0.6423 with the same accounting."""
-    out = derive_metrics({"step_time_s": 96 * 2048 / (8 * 4641)}, MPT7B,
-                         {"kind": "train", "seq_len": 2048, "global_batch_size": 96}, A100, 8, "bf16")
+    out = derive_metrics(
+        {"step_time_s": 96 * 2048 / (8 * 4641)},
+        MPT7B,
+        {"kind": "train", "seq_len": 2048, "global_batch_size": 96},
+        A100,
+        8,
+        "bf16",
+    )
     assert out["tokens_per_s_per_device"] == pytest.approx(4641, rel=1e-9)
     assert out["mfu"] == pytest.approx(0.6423, abs=0.003)
 
@@ -87,8 +129,14 @@ def test_derive_metrics_from_throughput_only():
 
 def test_derive_metrics_infer():
     workload = {"kind": "infer", "prompt_len": 128, "gen_len": 128}
-    out = derive_metrics({"ttft_ms": 50.0, "decode_tokens_per_s": 400.0, "batch_size": 4, "peak_memory_gib": 20.0},
-                         MPT7B, workload, A100, 1, "bf16")
+    out = derive_metrics(
+        {"ttft_ms": 50.0, "decode_tokens_per_s": 400.0, "batch_size": 4, "peak_memory_gib": 20.0},
+        MPT7B,
+        workload,
+        A100,
+        1,
+        "bf16",
+    )
     assert out["time_for_100_tokens_s"] == pytest.approx(0.05 + 100 * 4 / 400.0)
     assert out["memory_headroom_gib"] == pytest.approx(60.0)
     assert "mfu" not in out

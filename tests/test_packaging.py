@@ -26,15 +26,31 @@ def test_every_package_folder_is_declared():
 
 
 def test_editable_install_imports_mapped_packages():
-    code = ("import autotune.objectives, autotune.workers, autotune.workers.protocol, autotune.workers.hardware as h;"
-            "print(len(h.available_profiles()))")
+    code = (
+        "import autotune.objectives, autotune.workers, autotune.workers.protocol, autotune.workers.hardware as h;"
+        "print(len(h.available_profiles()))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
     assert int(res.stdout.strip()) >= 4
 
 
 def test_wheel_contains_and_imports_mapped_packages(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next((tmp_path / "dist").glob("autotune-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -43,10 +59,21 @@ def test_wheel_contains_and_imports_mapped_packages(tmp_path):
     assert "autotune/objectives/__init__.py" in names
     assert any(n.startswith("autotune/workers/hardware/") and n.endswith(".yaml") for n in names)
     assert not any(n.startswith(("workers/", "objectives/")) for n in names)  # no generic top-level names
-    code = ("import autotune.workers.hardware as h, autotune.objectives as o, autotune.workers as w;"
-            "assert w.__file__.startswith(%r); print(h.available_profiles())" % str(tmp_path / "site"))
-    res = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r});"
-                          "import site; site.main(); sys.path.insert(0, " + repr(str(tmp_path / "site")) + "); " + code],
-                         capture_output=True, text=True, cwd=str(tmp_path))
+    code = (
+        "import autotune.workers.hardware as h, autotune.objectives as o, autotune.workers as w;"
+        "assert w.__file__.startswith(%r); print(h.available_profiles())" % str(tmp_path / "site")
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r});"
+            "import site; site.main(); sys.path.insert(0, " + repr(str(tmp_path / "site")) + "); " + code,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+    )
     assert res.returncode == 0, res.stderr
     assert "ascend-910b" in res.stdout

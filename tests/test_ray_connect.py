@@ -72,8 +72,9 @@ def test_run_exits_3_naming_the_address(write_spec, tmp_path, monkeypatch, calib
     monkeypatch.setenv(PROFILE_CACHE_ENV, str(tmp_path / "profiles"))  # nothing cached: it calibrates
     address = f"127.0.0.1:{closed_port()}"
     spec = command_spec(write_spec, tmp_path, n_trials=2, parallel=1, ray="")
-    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--no-tracking",
-                                      "--ray-address", address])
+    result = CliRunner().invoke(
+        app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--no-tracking", "--ray-address", address]
+    )
     assert result.exit_code == 3, result.output
     assert address in result.output
     assert "Traceback" not in result.output

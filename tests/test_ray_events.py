@@ -40,8 +40,14 @@ SLOW_PROBE = textwrap.dedent("""
 
 
 def request(number: int) -> TrialRequest:
-    return TrialRequest(params={"tp": 1}, model={"arch": "llama"}, workload={"kind": "train"},
-                        cluster={"accelerator": "cpu"}, study="t", number=number)
+    return TrialRequest(
+        params={"tp": 1},
+        model={"arch": "llama"},
+        workload={"kind": "train"},
+        cluster={"accelerator": "cpu"},
+        study="t",
+        number=number,
+    )
 
 
 @pytest.fixture(scope="module")

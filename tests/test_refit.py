@@ -14,8 +14,14 @@ from support import TINY_TRAIN
 
 
 def _pred(compute: float, comm: float) -> dict[str, float]:
-    return {"time_gemm": compute * 0.7, "time_elementwise": compute * 0.3, "time_dp_comm": comm,
-            "step_time_s": compute + comm, "tokens_per_s_per_device": 1000.0 / (compute + comm), "mfu": 0.5}
+    return {
+        "time_gemm": compute * 0.7,
+        "time_elementwise": compute * 0.3,
+        "time_dp_comm": comm,
+        "step_time_s": compute + comm,
+        "tokens_per_s_per_device": 1000.0 / (compute + comm),
+        "mfu": 0.5,
+    }
 
 
 def test_groups_cover_every_time_component_once():
@@ -80,8 +86,12 @@ def test_one_slow_tp_probe_corrects_tp_configs_and_leaves_tp1_alone():
     truth = {"compute": 1.1, "memory": 1.1, "tp": 8.0, "pipeline": 1.1, "dp": 1.0}
 
     def measured(pred):
-        return (truth["compute"] * pred["time_gemm"] + truth["memory"] * pred["time_elementwise"]
-                + truth["tp"] * pred["time_tp_comm"] + truth["pipeline"] * pred["time_pp_bubble"])
+        return (
+            truth["compute"] * pred["time_gemm"]
+            + truth["memory"] * pred["time_elementwise"]
+            + truth["tp"] * pred["time_tp_comm"]
+            + truth["pipeline"] * pred["time_pp_bubble"]
+        )
 
     probes = [_layout(0.0), _layout(0.0, bubble=0.3), _layout(0.1)]
     refit = fit_refit((p, measured(p)) for p in probes)
@@ -128,8 +138,13 @@ def test_pairs_without_a_breakdown_or_measurement_are_ignored():
 def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sampler):
     """Probes that run 3x slower than predicted: after the first measurement every later
     prediction carries a refit_ value close to what is then measured."""
-    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                                   f"search: {{n_trials: 6, seed: 1, sampler: {sampler}}}")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace(
+                "search: {n_trials: 6, seed: 1}", f"search: {{n_trials: 6, seed: 1, sampler: {sampler}}}"
+            )
+        )
+    )
     runner_holder: dict = {}
 
     def probe(request):
@@ -143,10 +158,16 @@ def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sam
         def on_start(self, *a): ...
         def on_trial_started(self, *a): ...
         def on_trial_finished(self, *a): ...
-        def on_message(self, text): messages.append(text)
+        def on_message(self, text):
+            messages.append(text)
 
-    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), observer=Observer(),
-                         dispatcher=InProcessDispatcher(probe))
+    runner = StudyRunner(
+        spec,
+        tmp_path / "run",
+        BackendChoice("command", "test"),
+        observer=Observer(),
+        dispatcher=InProcessDispatcher(probe),
+    )
     runner_holder["runner"] = runner
     outcome = runner.run()
     probed = sorted((r for r in outcome.records if r.probed), key=lambda r: r.number)

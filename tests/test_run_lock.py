@@ -23,8 +23,13 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _autotune(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autotune.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def _wait_for_probe(tmp_path: Path, within_s: float = 60.0) -> None:
@@ -43,14 +48,16 @@ def test_a_second_driver_is_refused_and_a_killed_drivers_lock_is_taken_over(writ
     first = _autotune(*args, start_new_session=True)
     try:
         _wait_for_probe(tmp_path)
-        second = subprocess.run([sys.executable, "-m", "autotune.cli", *args], capture_output=True, text=True,
-                                timeout=120)
+        second = subprocess.run(
+            [sys.executable, "-m", "autotune.cli", *args], capture_output=True, text=True, timeout=120
+        )
         assert second.returncode == 3, second.stderr
         assert f"autotune pid {first.pid}" in second.stderr and "one driver per study" in second.stderr
         os.killpg(first.pid, signal.SIGKILL)  # the holder dies without releasing anything
         first.wait(timeout=30)
-        third = subprocess.run([sys.executable, "-m", "autotune.cli", *args], capture_output=True, text=True,
-                               timeout=240)
+        third = subprocess.run(
+            [sys.executable, "-m", "autotune.cli", *args], capture_output=True, text=True, timeout=240
+        )
         assert third.returncode == 0, third.stderr
     finally:
         if first.poll() is None:

@@ -30,16 +30,21 @@ def test_a_peak_a_little_above_the_profiles_capacity_is_a_measurement(write_spec
     """A config that ran at 32.04 GiB on a "32 GiB" profile is the config near the limit the
     search is after (the profile understates the device a little): it must not be discarded."""
     _, c = _context(write_spec)
-    near = {"step_time_s": 0.5, "tokens_per_s_per_device": 512.0, "peak_memory_gib": 32.04,
-            "memory_headroom_gib": -0.04}
+    near = {
+        "step_time_s": 0.5,
+        "tokens_per_s_per_device": 512.0,
+        "peak_memory_gib": 32.04,
+        "memory_headroom_gib": -0.04,
+    }
     assert implausible_metrics(near, c.model, c.workload, c.hardware, "bf16") == []
     assert implausible_metrics({**near, "peak_memory_gib": -1.0}, c.model, c.workload, c.hardware, "bf16")
 
 
 def test_negative_non_finite_zero_and_faster_than_the_hardware(write_spec):
     _, c = _context(write_spec)
-    problems = implausible_metrics({"step_time_s": -1.0, "peak_memory_gib": math.nan, "ttft_ms": -3},
-                                   c.model, c.workload, c.hardware, "bf16")
+    problems = implausible_metrics(
+        {"step_time_s": -1.0, "peak_memory_gib": math.nan, "ttft_ms": -3}, c.model, c.workload, c.hardware, "bf16"
+    )
     assert any("step_time_s = -1 is negative" in p for p in problems)
     assert any("peak_memory_gib = nan" in p for p in problems)
     assert any("ttft_ms = -3" in p for p in problems)
@@ -50,8 +55,11 @@ def test_negative_non_finite_zero_and_faster_than_the_hardware(write_spec):
 
 
 def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_path):
-    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                                   "search: {n_trials: 4, seed: 1, sampler: random}")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 4, seed: 1, sampler: random}")
+        )
+    )
 
     calls = []
 
@@ -61,7 +69,9 @@ def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_pat
             return ProbeResult("ok", metrics={"step_time_s": -1.0, "tokens_per_s_per_device": 1e12})
         return ProbeResult("ok", metrics={"step_time_s": 1.0, "tokens_per_s_per_device": 100.0 + len(calls)})
 
-    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe))
+    runner = StudyRunner(
+        spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe)
+    )
     outcome = runner.run()
     runner.close()
     bad = next(r for r in trial_records(outcome.study) if r.number == calls[1])
@@ -76,15 +86,26 @@ def test_a_run_that_used_a_little_more_than_the_profile_stays_measured(write_spe
     """The study keeps a config whose measured peak is a hair above the profile's capacity (it ran:
     the profile is what understates the device) as an ordinary measurement that may win; the
     recommendation, not the sanity check, is where tight headroom is weighed."""
-    spec = load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}",
-                                                   "search: {n_trials: 3, seed: 1, sampler: random}")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 3, seed: 1, sampler: random}")
+        )
+    )
     capacity = float(probe_context(spec).hardware["device_memory_gib"])
 
     def probe(request):
-        return ProbeResult("ok", metrics={"step_time_s": 1.0, "tokens_per_s_per_device": 100.0 + request.number,
-                                          "peak_memory_gib": capacity * 1.003})
+        return ProbeResult(
+            "ok",
+            metrics={
+                "step_time_s": 1.0,
+                "tokens_per_s_per_device": 100.0 + request.number,
+                "peak_memory_gib": capacity * 1.003,
+            },
+        )
 
-    runner = StudyRunner(spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe))
+    runner = StudyRunner(
+        spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe)
+    )
     outcome = runner.run()
     runner.close()
     records = [r for r in trial_records(outcome.study) if r.probed]

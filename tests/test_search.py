@@ -32,8 +32,10 @@ def fake_probe(calls: list):
 
 
 def _spec(write_spec, text=TINY_TRAIN, **search):
-    text = text.replace("search: {n_trials: 6, seed: 1}",
-                        "search: {" + ", ".join(f"{k}: {v}" for k, v in {"n_trials": 6, "seed": 1, **search}.items()) + "}")
+    text = text.replace(
+        "search: {n_trials: 6, seed: 1}",
+        "search: {" + ", ".join(f"{k}: {v}" for k, v in {"n_trials": 6, "seed": 1, **search}.items()) + "}",
+    )
     return load_spec(write_spec(text))
 
 
@@ -80,8 +82,19 @@ def test_resume_requeues_interrupted_trial(write_spec, tmp_path):
     runner.run()
     # simulate a kill mid-trial: one more trial left RUNNING with a full config
     study = open_study(spec, tmp_path / "run")
-    config = {"tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "sequence_parallel": False,
-              "recompute": "full", "zero_stage": 3, "precision": "bf16", "dp": 2, "grad_accum": 4}
+    config = {
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "vpp": 1,
+        "micro_batch_size": 1,
+        "sequence_parallel": False,
+        "recompute": "full",
+        "zero_stage": 3,
+        "precision": "bf16",
+        "dp": 2,
+        "grad_accum": 4,
+    }
     t = study.ask({})
     t.set_user_attr(A.CONFIG, config)
     t.set_user_attr(A.PROBED, True)
@@ -114,8 +127,11 @@ def test_trial_killed_while_being_proposed_is_closed_not_requeued(write_spec, tm
 
 
 def test_small_space_exhausts_without_reprobing(write_spec, tmp_path):
-    text = TINY_TRAIN.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1]\n  pp: [1]\n").replace(
-        "micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2]").replace("zero_stage: [0, 1, 3]", "zero_stage: [0]")
+    text = (
+        TINY_TRAIN.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1]\n  pp: [1]\n")
+        .replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2]")
+        .replace("zero_stage: [0, 1, 3]", "zero_stage: [0]")
+    )
     calls: list = []
     spec = _spec(write_spec, text, n_trials=10, sampler="random")
     outcome = _runner(spec, tmp_path, calls).run()
@@ -150,10 +166,17 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
     import sys
 
     journal = tmp_path / "optuna.journal"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from pathlib import Path; from autotune.storage import _journal_lock;"
-        f"_journal_lock(Path({str(journal)!r})).acquire(); print('held', flush=True); time.sleep(60)")],
-        stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from pathlib import Path; from autotune.storage import _journal_lock;"
+                f"_journal_lock(Path({str(journal)!r})).acquire(); print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+    )
     fd = None
     try:
         assert holder.stdout.readline().strip() == b"held"
@@ -211,7 +234,9 @@ def test_a_grid_study_ends_when_its_grid_is_exhausted(write_spec, tmp_path):
 
     import json
 
-    spec = write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 80, seed: 1, sampler: grid}"))
+    spec = write_spec(
+        TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 80, seed: 1, sampler: grid}")
+    )
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)

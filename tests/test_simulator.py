@@ -23,12 +23,36 @@ from autotune.workers.simulate._memory import inflight, layer_activation_bytes
 from support import REPO
 
 GIB = 2.0**30
-LLAMA7B = dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-               intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
-LLAMA70B = dict(LLAMA7B, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                intermediate_size=28672)
-GPT22B = dict(arch="gpt", hidden_size=6144, num_hidden_layers=48, num_attention_heads=64, num_key_value_heads=64,
-              intermediate_size=24576, vocab_size=51200, max_position_embeddings=2048, tie_word_embeddings=True)
+LLAMA7B = dict(
+    arch="llama",
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    intermediate_size=11008,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+LLAMA70B = dict(
+    LLAMA7B,
+    hidden_size=8192,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    intermediate_size=28672,
+)
+GPT22B = dict(
+    arch="gpt",
+    hidden_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    intermediate_size=24576,
+    vocab_size=51200,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 TRAIN = dict(kind="train", seq_len=4096, global_batch_size=64)
 NPU8 = dict(accelerator="npu", nodes=1, devices_per_node=8, world_size=8)
 NPU = load_profile("ascend-910b")
@@ -52,12 +76,14 @@ def _cols(**kw):
 
 # --- memory: hand-computed cases ---------------------------------------------------------------
 
+
 def test_korthikanti_34sbh_per_layer_sp_selective_gpt():
     """Korthikanti et al. 2022: with SP, a GPT layer stores s*b*h/t*(34 + 5*a*s/h) bytes;
     selective recompute drops the 5*a*s^2*b/t attention part, leaving 34*s*b*h/t."""
     s, b, h, a, t = 2048, 1, 6144, 64, 8
-    full, ckpt, s2 = layer_activation_bytes(Shape.of(GPT22B), _cols(tp=t, sequence_parallel=True, micro_batch_size=b),
-                                            float(s), False, {})
+    full, ckpt, s2 = layer_activation_bytes(
+        Shape.of(GPT22B), _cols(tp=t, sequence_parallel=True, micro_batch_size=b), float(s), False, {}
+    )
     assert full[0] == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
     assert full[0] - s2[0] == pytest.approx(34 * s * b * h / t)
     assert ckpt[0] == pytest.approx(2 * s * b * h / t)
@@ -96,7 +122,11 @@ def _llama_params_per_device(model, tp=1):
 
 # Megatron-LM's distributed optimizer documentation (docs/source/api-guide/dist_optimizer.md), bytes
 # per parameter: (precision, without the distributed optimizer, with it over d ranks)
-MEGATRON_TABLE = [("bf16", 18, lambda d: 6 + 12 / d), ("fp16", 20, lambda d: 4 + 16 / d), ("fp32", 16, lambda d: 8 + 8 / d)]
+MEGATRON_TABLE = [
+    ("bf16", 18, lambda d: 6 + 12 / d),
+    ("fp16", 20, lambda d: 4 + 16 / d),
+    ("fp32", 16, lambda d: 8 + 8 / d),
+]
 
 
 @pytest.mark.parametrize("precision,plain,distributed", MEGATRON_TABLE)
@@ -107,7 +137,9 @@ def test_megatron_rule_matches_the_distributed_optimizer_table_byte_for_byte(pre
         out = one(dict(tp=1, pp=1, micro_batch_size=1, precision=precision, zero_stage=zero), workload=work)
         states = (out["mem_weights"] + out["mem_grads"] + out["mem_optimizer"]) * GIB
         assert states == pytest.approx(expected * params, rel=1e-12), (precision, zero)
-    default = one(dict(tp=1, micro_batch_size=1, precision=precision, zero_stage=1), workload=dict(TRAIN, global_batch_size=8))
+    default = one(
+        dict(tp=1, micro_batch_size=1, precision=precision, zero_stage=1), workload=dict(TRAIN, global_batch_size=8)
+    )
     assert default["mem_optimizer"] == pytest.approx(out["mem_optimizer"])  # Megatron's rule is the default
 
 
@@ -129,7 +161,9 @@ def test_fsdp_rules_keep_fp32_states_and_price_the_compute_copy():
         z2 = one(dict(tp=1, micro_batch_size=1, zero_stage=2, precision="bf16"), workload=work)
         assert (z2["mem_weights"] + z2["mem_grads"] + z2["mem_optimizer"]) * GIB == pytest.approx(16 / 8 * params)
         assert z2["mem_zero3_gather"] * GIB >= 2 * params  # the whole bf16 copy held from forward to backward
-    probe0 = one(dict(tp=1, micro_batch_size=1, zero_stage=0, precision="bf16"), workload=dict(TRAIN, memory_rule="torch-probe"))
+    probe0 = one(
+        dict(tp=1, micro_batch_size=1, zero_stage=0, precision="bf16"), workload=dict(TRAIN, memory_rule="torch-probe")
+    )
     assert (probe0["mem_weights"] + probe0["mem_grads"] + probe0["mem_optimizer"]) * GIB == pytest.approx(16 * params)
     assert probe0["mem_zero3_gather"] * GIB == pytest.approx(2 * params)  # autocast's cast cache
 
@@ -141,7 +175,9 @@ def test_selective_recompute_saves_exactly_the_s2_term_without_flash():
     kw = dict(model=GPT22B, workload=work, hardware=A100, cluster=a100)
     none = one(dict(tp=t, micro_batch_size=b, sequence_parallel=True), **kw)
     sel = one(dict(tp=t, micro_batch_size=b, sequence_parallel=True, recompute="selective"), **kw)
-    assert (none["mem_activations"] - sel["mem_activations"]) * GIB == pytest.approx(layers * 5 * a * s * s * b / t, rel=1e-9)
+    assert (none["mem_activations"] - sel["mem_activations"]) * GIB == pytest.approx(
+        layers * 5 * a * s * s * b / t, rel=1e-9
+    )
 
 
 def test_hccl_buffers_follow_hccl_buffsize():
@@ -161,8 +197,12 @@ def test_expandable_segments_reduce_fragmentation():
 
 
 def test_components_sum_to_totals():
-    out = sim([dict(tp=2, pp=2, micro_batch_size=1, recompute="full", zero_stage=1),
-               dict(tp=1, pp=1, micro_batch_size=2, zero_stage=3)])
+    out = sim(
+        [
+            dict(tp=2, pp=2, micro_batch_size=1, recompute="full", zero_stage=1),
+            dict(tp=1, pp=1, micro_batch_size=2, zero_stage=3),
+        ]
+    )
     mem = sum(out[f"mem_{k}"] for k in TRAIN_MEM_COMPONENTS)
     time = sum(out[f"time_{k}"] for k in TRAIN_TIME_COMPONENTS)
     np.testing.assert_allclose(mem, out["peak_memory_gib"], rtol=1e-12)
@@ -172,9 +212,12 @@ def test_components_sum_to_totals():
 
 # --- monotonicity ------------------------------------------------------------------------------
 
+
 def test_more_recompute_less_memory_more_time():
-    out = sim([dict(tp=2, micro_batch_size=2, recompute=r) for r in ("none", "selective", "full")],
-              workload=dict(TRAIN, flash_attention=False))
+    out = sim(
+        [dict(tp=2, micro_batch_size=2, recompute=r) for r in ("none", "selective", "full")],
+        workload=dict(TRAIN, flash_attention=False),
+    )
     assert out["peak_memory_gib"][0] > out["peak_memory_gib"][1] > out["peak_memory_gib"][2]
     assert out["step_time_s"][0] < out["step_time_s"][1] < out["step_time_s"][2]
 
@@ -197,14 +240,18 @@ def test_higher_zero_stage_less_memory():
 
 def test_pipeline_bubble_shrinks_with_more_microbatches_and_interleaving():
     cluster = dict(NPU8, nodes=2, world_size=16)
-    out = sim([dict(tp=2, pp=4, micro_batch_size=1, vpp=v) for v in (1, 2)] + [dict(tp=2, pp=4, micro_batch_size=2)],
-              cluster=cluster, workload=dict(TRAIN, global_batch_size=64))
+    out = sim(
+        [dict(tp=2, pp=4, micro_batch_size=1, vpp=v) for v in (1, 2)] + [dict(tp=2, pp=4, micro_batch_size=2)],
+        cluster=cluster,
+        workload=dict(TRAIN, global_batch_size=64),
+    )
     assert out["time_pp_bubble"][1] < out["time_pp_bubble"][0]
     frac = out["time_pp_bubble"] / out["step_time_s"]
     assert frac[0] < frac[2]  # 32 micro-batches amortise the bubble better than 16
 
 
 # --- validity and the vectorised path -------------------------------------------------------------
+
 
 def test_invalid_configs_are_flagged_not_priced():
     out = sim([dict(tp=3), dict(tp=2, pp=3), dict(pp=2, vpp=3, tp=4), dict(tp=2, micro_batch_size=3), dict(tp=8)])
@@ -216,11 +263,17 @@ def test_vectorised_equals_per_row():
     rng = np.random.default_rng(7)
     params = []
     for _ in range(40):
-        p = {"tp": int(rng.choice([1, 2, 4, 8])), "pp": int(rng.choice([1, 2, 4])),
-             "micro_batch_size": int(rng.choice([1, 2, 4])),
-             "recompute": str(rng.choice(["none", "selective", "full"])), "zero_stage": int(rng.integers(0, 4)),
-             "sequence_parallel": bool(rng.random() < 0.5), "precision": str(rng.choice(["bf16", "fp16", "fp32"])),
-             "vpp": int(rng.choice([1, 2])), "env.HCCL_BUFFSIZE": str(rng.choice([100, 200]))}
+        p = {
+            "tp": int(rng.choice([1, 2, 4, 8])),
+            "pp": int(rng.choice([1, 2, 4])),
+            "micro_batch_size": int(rng.choice([1, 2, 4])),
+            "recompute": str(rng.choice(["none", "selective", "full"])),
+            "zero_stage": int(rng.integers(0, 4)),
+            "sequence_parallel": bool(rng.random() < 0.5),
+            "precision": str(rng.choice(["bf16", "fp16", "fp32"])),
+            "vpp": int(rng.choice([1, 2])),
+            "env.HCCL_BUFFSIZE": str(rng.choice([100, 200])),
+        }
         if rng.random() < 0.5:
             p["env.PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:True,max_split_size_mb:256"
         params.append(p)
@@ -235,9 +288,20 @@ def test_vectorised_equals_per_row():
 
 def test_columns_from_params_defaults_and_env():
     conf = "expandable_segments:True,max_split_size_mb:512,garbage_collection_threshold:0.8"
-    cols = columns_from_params([{"tp": 2}, {"tp": 4, "recompute": "full", "precision": "fp16", "sequence_parallel": True,
-                                            "env.PYTORCH_CUDA_ALLOC_CONF": conf, "env.HCCL_BUFFSIZE": "300",
-                                            "env.MULTI_STREAM_MEMORY_REUSE": "2"}])
+    cols = columns_from_params(
+        [
+            {"tp": 2},
+            {
+                "tp": 4,
+                "recompute": "full",
+                "precision": "fp16",
+                "sequence_parallel": True,
+                "env.PYTORCH_CUDA_ALLOC_CONF": conf,
+                "env.HCCL_BUFFSIZE": "300",
+                "env.MULTI_STREAM_MEMORY_REUSE": "2",
+            },
+        ]
+    )
     assert cols["cp"].tolist() == [1, 1] and cols["vpp"].tolist() == [1, 1]
     assert cols["recompute"].tolist() == [0, 2] and cols["precision"].tolist() == [0, 1]
     assert cols["recompute_layers"].tolist() == [-1, -1] and cols["zero_stage"].tolist() == [0, 0]
@@ -262,8 +326,15 @@ def test_inference_trends():
     assert np.all(np.diff(out["decode_tokens_per_s"]) > 0)
     assert np.all(np.diff(out["ttft_ms"]) > 0)
     assert np.all(np.diff(out["peak_memory_gib"]) > 0)
-    q = sim([dict(tp=8, batch_size=8), dict(tp=8, batch_size=8, kv_cache_dtype="fp8"),
-             dict(tp=8, batch_size=8, quantization="int4")], model=LLAMA70B, workload=INFER)
+    q = sim(
+        [
+            dict(tp=8, batch_size=8),
+            dict(tp=8, batch_size=8, kv_cache_dtype="fp8"),
+            dict(tp=8, batch_size=8, quantization="int4"),
+        ],
+        model=LLAMA70B,
+        workload=INFER,
+    )
     assert q["mem_kv_cache"][1] == pytest.approx(q["mem_kv_cache"][0] / 2)
     assert q["mem_weights"][2] < q["mem_weights"][0] / 3
     assert q["decode_tokens_per_s"][2] > q["decode_tokens_per_s"][0]
@@ -272,13 +343,19 @@ def test_inference_trends():
 def test_inference_decode_is_memory_bound():
     """Batch-1 decode of Llama-2-7B on one A100 streams ~13.5 GB of weights per token: about
     8 ms at 1.6 TB/s, well above the compute time."""
-    out = one(dict(tp=1, batch_size=1), model=LLAMA7B, workload=INFER, hardware=A100,
-              cluster=dict(accelerator="cuda", nodes=1, devices_per_node=8, world_size=1))
+    out = one(
+        dict(tp=1, batch_size=1),
+        model=LLAMA7B,
+        workload=INFER,
+        hardware=A100,
+        cluster=dict(accelerator="cuda", nodes=1, devices_per_node=8, world_size=1),
+    )
     assert 6.0 < 1e3 / out["decode_tokens_per_s"] < 15.0
     assert out["time_for_100_tokens_s"] > 100 / out["decode_tokens_per_s"]
 
 
 # --- the probe --------------------------------------------------------------------------------------
+
 
 def _request(params, model=LLAMA7B, workload=TRAIN, cluster=None):
     cluster = dict(NPU8, hardware=NPU) if cluster is None else cluster
@@ -286,8 +363,9 @@ def _request(params, model=LLAMA7B, workload=TRAIN, cluster=None):
 
 
 def test_simulate_trial_ok():
-    res = simulate_trial(_request({"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 4, "grad_accum": 16,
-                                   "sequence_parallel": True}))
+    res = simulate_trial(
+        _request({"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 4, "grad_accum": 16, "sequence_parallel": True})
+    )
     assert res.status == "ok" and res.source == "simulated"
     for key in ("step_time_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib", "memory_headroom_gib"):
         assert res.metrics[key] > 0
@@ -323,8 +401,7 @@ VALIDATION = REPO / "benchmarks" / "data" / "training_measured.csv"
 
 
 def test_fidelity_mape_within_target():
-    spec = importlib.util.spec_from_file_location("simulator_fidelity",
-                                                  REPO / "benchmarks" / "simulator_fidelity.py")
+    spec = importlib.util.spec_from_file_location("simulator_fidelity", REPO / "benchmarks" / "simulator_fidelity.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     errors = {}

@@ -57,14 +57,22 @@ def test_user_constraint_applies_vectorised_and_scalar(write_spec):
 
 
 def test_distributions(write_spec):
-    spec = load_spec(write_spec(TINY_TRAIN.replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 4}")))
+    spec = load_spec(
+        write_spec(TINY_TRAIN.replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 4}"))
+    )
     d = Space(spec).distributions()
     assert isinstance(d["micro_batch_size"], optuna.distributions.IntDistribution)
     assert isinstance(d["recompute"], optuna.distributions.CategoricalDistribution)
 
 
 def test_recompute_layers_canonical(write_spec):
-    spec = load_spec(write_spec(TINY_TRAIN.replace("  recompute: [none, full]\n", "  recompute: [none, full]\n  recompute_layers: [1, 2, 4]\n")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace(
+                "  recompute: [none, full]\n", "  recompute: [none, full]\n  recompute_layers: [1, 2, 4]\n"
+            )
+        )
+    )
     space = Space(spec)
     none = space.resolve({"tp": 1, "pp": 2, "micro_batch_size": 1, "recompute": "none", "recompute_layers": 2})
     assert "recompute_layers" not in none.config

@@ -26,17 +26,29 @@ def test_shipped_specs_validate(path):
 
 
 def test_hf_config_json_relative_to_spec(write_spec, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 1376, "vocab_size": 4096, "max_position_embeddings": 2048,
-        "rope_theta": 10000.0}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 512,
+                "num_hidden_layers": 6,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "intermediate_size": 1376,
+                "vocab_size": 4096,
+                "max_position_embeddings": 2048,
+                "rope_theta": 10000.0,
+            }
+        )
+    )
     spec = load_spec(write_spec(TINY_TRAIN.replace("model: tiny-llama", "model: config.json")))
     assert spec.model.hidden_size == 512 and spec.model.num_key_value_heads == 2 and spec.model.arch == "llama"
 
 
 def test_explicit_fields_and_preset_with_changes(write_spec):
-    spec = load_spec(write_spec(TINY_TRAIN.replace(
-        "model: tiny-llama", "model: {preset: llama2-7b, num_hidden_layers: 8}")))
+    spec = load_spec(
+        write_spec(TINY_TRAIN.replace("model: tiny-llama", "model: {preset: llama2-7b, num_hidden_layers: 8}"))
+    )
     assert spec.model.num_hidden_layers == 8 and spec.model.hidden_size == 4096
 
 
@@ -87,7 +99,9 @@ def test_constraint_with_unsafe_code(write_spec):
 
 
 def test_unknown_metric_and_wrong_workload_metric(write_spec):
-    msg = _errors(write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]", "objectives: [tokens_per_sec]")))
+    msg = _errors(
+        write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]", "objectives: [tokens_per_sec]"))
+    )
     assert "objectives[0].metric: unknown metric 'tokens_per_sec'" in msg
     msg = _errors(write_spec(TINY_TRAIN.replace("objectives: [tokens_per_s_per_device]", "objectives: [ttft_ms]")))
     assert "ttft_ms is a infer metric" in msg
@@ -99,16 +113,22 @@ def test_command_backend_needs_argv(write_spec):
 
 
 def test_profile_override_unknown_key(write_spec):
-    msg = _errors(write_spec(TINY_TRAIN.replace(
-        "devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gb: 32}}")))
+    msg = _errors(
+        write_spec(
+            TINY_TRAIN.replace("devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gb: 32}}")
+        )
+    )
     assert "cluster.overrides" in msg and "device_memory_gb" in msg
 
 
 def test_profile_override_applies(write_spec):
     from autotune.context import probe_context
 
-    spec = load_spec(write_spec(TINY_TRAIN.replace(
-        "devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gib: 3}}")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace("devices_per_node: 2}", "devices_per_node: 2, overrides: {device_memory_gib: 3}}")
+        )
+    )
     assert probe_context(spec).hardware["device_memory_gib"] == 3
 
 
@@ -118,13 +138,22 @@ def test_tp_values_must_divide_world(write_spec):
 
 
 def test_env_values_flatten(write_spec):
-    spec = load_spec(write_spec(TINY_TRAIN.replace("  recompute: [none, full]\n", "  recompute: [none, full]\n  env:\n    HCCL_BUFFSIZE: [120, 200]\n    FLAG: [true]\n")))
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace(
+                "  recompute: [none, full]\n",
+                "  recompute: [none, full]\n  env:\n    HCCL_BUFFSIZE: [120, 200]\n    FLAG: [true]\n",
+            )
+        )
+    )
     choices = spec.space.choices()
     assert choices["env.HCCL_BUFFSIZE"] == ["120", "200"] and choices["env.FLAG"] == ["1"]
 
 
 def test_int_range(write_spec):
-    spec = load_spec(write_spec(TINY_TRAIN.replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 4}")))
+    spec = load_spec(
+        write_spec(TINY_TRAIN.replace("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 4}"))
+    )
     assert spec.space.choices()["micro_batch_size"] == [1, 2, 3, 4]
 
 
@@ -133,13 +162,16 @@ def test_missing_file():
         load_spec(Path("/nonexistent/spec.yaml"))
 
 
-@pytest.mark.parametrize("constraint,message", [
-    ("9**9**9 > tp", "constant whole exponent"),
-    ("recompute * 2 > 1", "cannot be evaluated"),   # a string parameter in arithmetic: found at validation
-    ("'x' + tp == 1", "strings only compare"),
-])
+@pytest.mark.parametrize(
+    "constraint,message",
+    [
+        ("9**9**9 > tp", "constant whole exponent"),
+        ("recompute * 2 > 1", "cannot be evaluated"),  # a string parameter in arithmetic: found at validation
+        ("'x' + tp == 1", "strings only compare"),
+    ],
+)
 def test_unbounded_or_ill_typed_constraints_fail_validation(write_spec, constraint, message):
-    path = write_spec(TINY_TRAIN + f"constraints: [\"{constraint}\"]\n")
+    path = write_spec(TINY_TRAIN + f'constraints: ["{constraint}"]\n')
     msg = _errors(path)
     assert "constraints[0]" in msg and message in msg
 
@@ -153,21 +185,44 @@ def _problem(write_spec, text: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("old, new, where, says", [
-    ("micro_batch_size: [1, 2, 4]", "micro_batch_size: [1, 2, 9223372036854775808]", "space.micro_batch_size[2]",
-     "too large an integer"),
-    ("seq_len: 128", "seq_len: 9223372036854775808", "workload.seq_len", "too large an integer"),
-    ("seed: 1}", "seed: 4294967296}", "search.seed", "less than 4294967296"),
-    ("seed: 1}", "seed: 1e30}", "search.seed", "valid integer"),
-    ("micro_batch_size: [1, 2, 4]", "micro_batch_size: {low: 1, high: 1000000000000}", "space.micro_batch_size",
-     "1,000,000,000,000 values; at most 100,000"),
-    ("search: {", "baseline: {tp: 1, pp: 1, micro_batch_size: 3, zero_stage: 0, recompute: none}\nsearch: {",
-     "baseline.micro_batch_size", "3 is not a value of space.micro_batch_size [1, 2, 4]"),
-    ("backend: simulate", "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: '([0-9'}}",
-     "backend.metric_patterns", "not a regular expression"),
-    ("backend: simulate", "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: 'tps [0-9]+'}}",
-     "backend.metric_patterns", "needs a group"),
-])
+@pytest.mark.parametrize(
+    "old, new, where, says",
+    [
+        (
+            "micro_batch_size: [1, 2, 4]",
+            "micro_batch_size: [1, 2, 9223372036854775808]",
+            "space.micro_batch_size[2]",
+            "too large an integer",
+        ),
+        ("seq_len: 128", "seq_len: 9223372036854775808", "workload.seq_len", "too large an integer"),
+        ("seed: 1}", "seed: 4294967296}", "search.seed", "less than 4294967296"),
+        ("seed: 1}", "seed: 1e30}", "search.seed", "valid integer"),
+        (
+            "micro_batch_size: [1, 2, 4]",
+            "micro_batch_size: {low: 1, high: 1000000000000}",
+            "space.micro_batch_size",
+            "1,000,000,000,000 values; at most 100,000",
+        ),
+        (
+            "search: {",
+            "baseline: {tp: 1, pp: 1, micro_batch_size: 3, zero_stage: 0, recompute: none}\nsearch: {",
+            "baseline.micro_batch_size",
+            "3 is not a value of space.micro_batch_size [1, 2, 4]",
+        ),
+        (
+            "backend: simulate",
+            "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: '([0-9'}}",
+            "backend.metric_patterns",
+            "not a regular expression",
+        ),
+        (
+            "backend: simulate",
+            "backend: {kind: command, argv: [echo], metric_patterns: {tokens_per_s: 'tps [0-9]+'}}",
+            "backend.metric_patterns",
+            "needs a group",
+        ),
+    ],
+)
 def test_values_no_field_can_use_are_located_errors(write_spec, old, new, where, says):
     assert old in TINY_TRAIN
     message = _problem(write_spec, TINY_TRAIN.replace(old, new, 1))
@@ -178,8 +233,11 @@ def test_values_no_field_can_use_are_located_errors(write_spec, old, new, where,
 def test_deep_nesting_and_alias_bombs_are_errors_not_crashes(write_spec):
     deep = _problem(write_spec, TINY_TRAIN + "description: " + "[" * 50_000 + "]" * 50_000 + "\n")
     assert "nested too deeply" in deep
-    bomb = TINY_TRAIN + "baseline:\n  env.A: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"  env.A{i}: &a{i} [{', '.join([f'*a{i - 1}' if i > 1 else '*a'] * 9)}]\n" for i in range(1, 9))
+    bomb = (
+        TINY_TRAIN
+        + "baseline:\n  env.A: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(f"  env.A{i}: &a{i} [{', '.join([f'*a{i - 1}' if i > 1 else '*a'] * 9)}]\n" for i in range(1, 9))
+    )
     assert "expands to more than 100,000 values" in _problem(write_spec, bomb + "  tp: *a8\n")
     # aliases as such are fine: a value written once and used twice
     shared = TINY_TRAIN.replace("tp: [1, 2]", "tp: &two [1, 2]").replace("pp: [1, 2]", "pp: *two")

@@ -6,7 +6,6 @@ never an "internal error" (exit 70), a traceback, or a hang."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -64,16 +63,26 @@ def test_two_backend_keys_at_the_top_level_are_refused(tmp_path):
     assert len(lines_of(out)) == 1
 
 
-@pytest.mark.parametrize("old, new, where, line", [
-    ("  tp: [1, 2]\n", "  tp: [1, 2]\n  tp: [2]\n", "space.tp", 8),  # depth 2, block style
-    ("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, seed: 2}", "search.seed", 13),  # flow style
-    ("objectives: [tokens_per_s_per_device]",
-     "objectives:\n  - {metric: tokens_per_s_per_device, metric: ttft_ms}", "objectives[0].metric", 13),  # in a list
-    ("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, 'seed': 2}", "search.seed", 13),  # quoted
-    ("cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
-     "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2, overrides: {1: a, 0x1: b}}",
-     "cluster.overrides.0x1", 4),  # the same key once read: 1 == 0x1
-])
+@pytest.mark.parametrize(
+    "old, new, where, line",
+    [
+        ("  tp: [1, 2]\n", "  tp: [1, 2]\n  tp: [2]\n", "space.tp", 8),  # depth 2, block style
+        ("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, seed: 2}", "search.seed", 13),  # flow style
+        (
+            "objectives: [tokens_per_s_per_device]",
+            "objectives:\n  - {metric: tokens_per_s_per_device, metric: ttft_ms}",
+            "objectives[0].metric",
+            13,
+        ),  # in a list
+        ("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, 'seed': 2}", "search.seed", 13),  # quoted
+        (
+            "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2}",
+            "cluster: {accelerator: cpu, nodes: 1, devices_per_node: 2, overrides: {1: a, 0x1: b}}",
+            "cluster.overrides.0x1",
+            4,
+        ),  # the same key once read: 1 == 0x1
+    ],
+)
 def test_a_key_written_twice_at_any_depth_is_refused_with_its_line_and_path(tmp_path, old, new, where, line):
     assert old in SPEC
     out = refused(write(tmp_path, SPEC.replace(old, new)), f"spec.yaml:{line}: {where}: duplicate key")
@@ -86,10 +95,17 @@ def test_a_second_merge_key_in_one_mapping_is_a_duplicate(tmp_path):
 
 
 def test_merge_keys_and_aliases_stay_allowed_and_a_written_key_overrides_a_merged_one(tmp_path):
-    text = SPEC.replace("search: {n_trials: 6, seed: 1}", textwrap.dedent("""\
+    text = (
+        SPEC.replace(
+            "search: {n_trials: 6, seed: 1}",
+            textwrap.dedent("""\
         search:
           <<: [{n_trials: 6, seed: 1, timeout_s: 30}, {seed: 3, parallel_trials: 2}]
-          seed: 2""")).replace("tp: [1, 2]", "tp: &two [1, 2]").replace("pp: [1, 2]", "pp: *two")
+          seed: 2"""),
+        )
+        .replace("tp: [1, 2]", "tp: &two [1, 2]")
+        .replace("pp: [1, 2]", "pp: *two")
+    )
     spec = load_spec(write(tmp_path, text))
     # the written key wins; of the merged ones, the first mapping in the list wins (YAML's merge rules)
     assert (spec.search.seed, spec.search.n_trials, spec.search.timeout_s, spec.search.parallel_trials) == (2, 6, 30, 2)
@@ -127,15 +143,21 @@ def test_one_name_rule_for_every_env_name(tmp_path, monkeypatch, where, name):
 
 def test_the_injection_examples_of_the_issue_are_spec_errors(tmp_path):
     text = SPEC + 'baseline: {"env.X=1;touch PWNED;#": v, "env.$(touch PWNED2)": w}\n'
-    out = refused(write(tmp_path, text), "baseline.env.X=1;touch PWNED;#: not an environment variable name",
-                  "baseline.env.$(touch PWNED2): not an environment variable name")
+    out = refused(
+        write(tmp_path, text),
+        "baseline.env.X=1;touch PWNED;#: not an environment variable name",
+        "baseline.env.$(touch PWNED2): not an environment variable name",
+    )
     assert len(lines_of(out)) == 2
 
 
 def test_valid_env_names_everywhere_still_load(tmp_path):
-    text = SPEC.replace("backend: simulate", "backend: {kind: simulate, env: {_A1: x, hf_token: y}, "
-                                             "secret_env: [_A1]}").replace(
-        "  tp: [1, 2]\n", "  tp: [1, 2]\n  env: {lower_ok: [a, b]}\n") + "baseline: {env.OTHER: 1}\n"
+    text = (
+        SPEC.replace(
+            "backend: simulate", "backend: {kind: simulate, env: {_A1: x, hf_token: y}, secret_env: [_A1]}"
+        ).replace("  tp: [1, 2]\n", "  tp: [1, 2]\n  env: {lower_ok: [a, b]}\n")
+        + "baseline: {env.OTHER: 1}\n"
+    )
     spec = load_spec(write(tmp_path, text))
     assert spec.backend.env == {"_A1": "x", "hf_token": "y"} and spec.space.choices()["env.lower_ok"] == ["a", "b"]
 
@@ -158,17 +180,22 @@ def test_a_baseline_env_value_is_a_scalar(tmp_path):
 NPU = SPEC.replace("accelerator: cpu", "accelerator: npu")
 
 
-@pytest.mark.parametrize("env, where", [
-    ("MULTI_STREAM_MEMORY_REUSE: ['1', x]", "space.env.MULTI_STREAM_MEMORY_REUSE[1]"),
-    ("MULTI_STREAM_MEMORY_REUSE: ['1.5']", "space.env.MULTI_STREAM_MEMORY_REUSE[0]"),
-    ("HCCL_BUFFSIZE: [200, big]", "space.env.HCCL_BUFFSIZE[1]"),
-    ("HCCL_BUFFSIZE: [.nan]", "space.env.HCCL_BUFFSIZE[0]"),
-    ("HCCL_BUFFSIZE: [-5]", "space.env.HCCL_BUFFSIZE[0]"),
-    ("PYTORCH_NPU_ALLOC_CONF: ['max_split_size_mb:lots']", "space.env.PYTORCH_NPU_ALLOC_CONF[0]"),
-    ("PYTORCH_NPU_ALLOC_CONF: ['expandable_segments:True', 'garbage_collection_threshold:']",
-     "space.env.PYTORCH_NPU_ALLOC_CONF[1]"),
-    ("PYTORCH_CUDA_ALLOC_CONF: ['expandable_segments:perhaps']", "space.env.PYTORCH_CUDA_ALLOC_CONF[0]"),
-])
+@pytest.mark.parametrize(
+    "env, where",
+    [
+        ("MULTI_STREAM_MEMORY_REUSE: ['1', x]", "space.env.MULTI_STREAM_MEMORY_REUSE[1]"),
+        ("MULTI_STREAM_MEMORY_REUSE: ['1.5']", "space.env.MULTI_STREAM_MEMORY_REUSE[0]"),
+        ("HCCL_BUFFSIZE: [200, big]", "space.env.HCCL_BUFFSIZE[1]"),
+        ("HCCL_BUFFSIZE: [.nan]", "space.env.HCCL_BUFFSIZE[0]"),
+        ("HCCL_BUFFSIZE: [-5]", "space.env.HCCL_BUFFSIZE[0]"),
+        ("PYTORCH_NPU_ALLOC_CONF: ['max_split_size_mb:lots']", "space.env.PYTORCH_NPU_ALLOC_CONF[0]"),
+        (
+            "PYTORCH_NPU_ALLOC_CONF: ['expandable_segments:True', 'garbage_collection_threshold:']",
+            "space.env.PYTORCH_NPU_ALLOC_CONF[1]",
+        ),
+        ("PYTORCH_CUDA_ALLOC_CONF: ['expandable_segments:perhaps']", "space.env.PYTORCH_CUDA_ALLOC_CONF[0]"),
+    ],
+)
 @pytest.mark.parametrize("command", ["validate", "plan"])
 def test_env_values_the_model_reads_are_checked_at_validate(tmp_path, env, where, command):
     text = NPU.replace("  tp: [1, 2]\n", f"  tp: [1, 2]\n  env: {{{env}}}\n")
@@ -177,14 +204,20 @@ def test_env_values_the_model_reads_are_checked_at_validate(tmp_path, env, where
 
 
 def test_the_baseline_env_values_the_model_reads_are_checked(tmp_path):
-    refused(write(tmp_path, NPU + "baseline: {env.MULTI_STREAM_MEMORY_REUSE: x}\n"),
-            "baseline.env.MULTI_STREAM_MEMORY_REUSE: MULTI_STREAM_MEMORY_REUSE is one of 0, 1, 2", command="plan")
+    refused(
+        write(tmp_path, NPU + "baseline: {env.MULTI_STREAM_MEMORY_REUSE: x}\n"),
+        "baseline.env.MULTI_STREAM_MEMORY_REUSE: MULTI_STREAM_MEMORY_REUSE is one of 0, 1, 2",
+        command="plan",
+    )
 
 
 def test_the_shipped_env_values_still_plan(tmp_path):
-    text = NPU.replace("  tp: [1, 2]\n", "  tp: [1, 2]\n  env:\n    MULTI_STREAM_MEMORY_REUSE: ['0', 1, '2']\n"
-                       "    HCCL_BUFFSIZE: [120, 200.5]\n    PYTORCH_NPU_ALLOC_CONF: ['expandable_segments:True', "
-                       "'max_split_size_mb:512,garbage_collection_threshold:0.8', '']\n")
+    text = NPU.replace(
+        "  tp: [1, 2]\n",
+        "  tp: [1, 2]\n  env:\n    MULTI_STREAM_MEMORY_REUSE: ['0', 1, '2']\n"
+        "    HCCL_BUFFSIZE: [120, 200.5]\n    PYTORCH_NPU_ALLOC_CONF: ['expandable_segments:True', "
+        "'max_split_size_mb:512,garbage_collection_threshold:0.8', '']\n",
+    )
     code, output = cli("plan", str(write(tmp_path, text)), "--json")
     assert code in (0, 1), output
 
@@ -192,15 +225,20 @@ def test_the_shipped_env_values_still_plan(tmp_path):
 # ------------------------------------------------------------- encodings and special files (#7)
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-16-le", "utf-16-be", "utf-32-le"])
 def test_utf16_and_utf32_are_refused_with_the_way_to_convert(tmp_path, encoding):
-    out = refused(write(tmp_path, SPEC.encode(encoding)), encoding.upper() if encoding in ("utf-16", "utf-32") else "not UTF-8",
-                  "iconv")
+    out = refused(
+        write(tmp_path, SPEC.encode(encoding)),
+        encoding.upper() if encoding in ("utf-16", "utf-32") else "not UTF-8",
+        "iconv",
+    )
     assert "UnicodeDecodeError" not in out
 
 
 def test_latin1_and_binary_are_refused_with_the_line(tmp_path):
     text = SPEC + "description: café\n"
-    refused(write(tmp_path, text.encode("latin-1")), f"spec.yaml:{text.count(chr(10))}: the spec is not UTF-8 text: "
-                                                     "byte 0xe9")
+    refused(
+        write(tmp_path, text.encode("latin-1")),
+        f"spec.yaml:{text.count(chr(10))}: the spec is not UTF-8 text: byte 0xe9",
+    )
     refused(write(tmp_path, bytes(range(256)) * 4), "not UTF-8 text")
     refused(write(tmp_path, b"\x89PNG\r\n\x1a\n" + os.urandom(64).replace(b"\0", b"")), "not UTF-8 text")
 
@@ -210,11 +248,13 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
 
 
 def test_yaml_values_pyyaml_cannot_build_are_located_errors(tmp_path):
-    for extra, says in [("description: !!int abc", "cannot read the int value 'abc'"),
-                        ("description: !!float abc", "cannot read the float value"),
-                        ("description: 2001-02-30", "day is out of range"),
-                        ("description: !!python/object:os.system {}", "could not determine a constructor"),
-                        ("description: !custom x", "could not determine a constructor")]:
+    for extra, says in [
+        ("description: !!int abc", "cannot read the int value 'abc'"),
+        ("description: !!float abc", "cannot read the float value"),
+        ("description: 2001-02-30", "day is out of range"),
+        ("description: !!python/object:os.system {}", "could not determine a constructor"),
+        ("description: !custom x", "could not determine a constructor"),
+    ]:
         refused(write(tmp_path, SPEC + extra + "\n"), f"spec.yaml:{SPEC.count(chr(10)) + 1}: invalid YAML", says)
     refused(write(tmp_path, SPEC.replace("seq_len: 128", "seq_len: " + "9" * 5000)), "spec.yaml:3: invalid YAML")
 
@@ -265,19 +305,28 @@ def test_dev_zero_is_refused_not_read(tmp_path):
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
-    proc = subprocess.run([sys.executable, "-m", "autotune.cli", "validate", "/dev/zero"], capture_output=True,
-                          text=True, timeout=50, preexec_fn=cap, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "validate", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        preexec_fn=cap,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "/dev/zero: cannot read the spec: it is a character device" in proc.stderr
 
 
-@pytest.mark.parametrize("old, new, says", [
-    ("model: tiny-llama", "model: " + "m" * 300, "too long for a file name"),
-    ("model: tiny-llama", "model: " + "m/" * 3000, "too long for a path"),
-    ("model: tiny-llama", "model: " + "m" * 300 + ".json", "too long for a file name"),
-    ("cluster: {accelerator: cpu,", "cluster: {profile: " + "p" * 300 + ".yaml, accelerator: cpu,", "too long"),
-    ("backend: simulate", "backend: {kind: torch, cwd: " + "c" * 300 + "}", "too long"),
-])
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        ("model: tiny-llama", "model: " + "m" * 300, "too long for a file name"),
+        ("model: tiny-llama", "model: " + "m/" * 3000, "too long for a path"),
+        ("model: tiny-llama", "model: " + "m" * 300 + ".json", "too long for a file name"),
+        ("cluster: {accelerator: cpu,", "cluster: {profile: " + "p" * 300 + ".yaml, accelerator: cpu,", "too long"),
+        ("backend: simulate", "backend: {kind: torch, cwd: " + "c" * 300 + "}", "too long"),
+    ],
+)
 def test_a_string_too_long_for_a_path_is_a_field_error(tmp_path, old, new, says):
     assert old in SPEC
     out = refused(write(tmp_path, SPEC.replace(old, new)), says)
@@ -292,10 +341,16 @@ def test_a_config_json_the_reader_cannot_use_is_a_model_error(tmp_path):
 
 
 # ------------------------------------------------------------- control and bidi characters (#13)
-@pytest.mark.parametrize("key, shown", [
-    ('"\\u202etp"', "\\u202etp"), ('"\\x1b[31mtp"', "\\x1b[31mtp"), ('"t\\u200bp"', "t\\u200bp"),
-    ('"a\\nb"', "a\\nb"), ('"\\u2066x\\u2069"', "\\u2066x\\u2069"),
-])
+@pytest.mark.parametrize(
+    "key, shown",
+    [
+        ('"\\u202etp"', "\\u202etp"),
+        ('"\\x1b[31mtp"', "\\x1b[31mtp"),
+        ('"t\\u200bp"', "t\\u200bp"),
+        ('"a\\nb"', "a\\nb"),
+        ('"\\u2066x\\u2069"', "\\u2066x\\u2069"),
+    ],
+)
 def test_control_and_bidi_characters_in_a_field_path_are_escaped(tmp_path, key, shown):
     path = write(tmp_path, SPEC.replace("  tp: [1, 2]\n", f"  tp: [1, 2]\n  {key}: [1]\n"))
     out = refused(path, f"spec.yaml:8: space.{shown}: unknown field")
@@ -307,8 +362,10 @@ def test_escape_text_keeps_letters_and_escapes_the_invisible():
     from autotune.spec_errors import escape_text
 
     assert escape_text("naïve 🙂 tp") == "naïve 🙂 tp"
-    assert escape_text("a\u202eb\u2067c\x00d\x7fe\x85f\ud800g\u2028") == \
-        "a\\u202eb\\u2067c\\x00d\\x7fe\\x85f\\ud800g\\u2028"
+    assert (
+        escape_text("a\u202eb\u2067c\x00d\x7fe\x85f\ud800g\u2028")
+        == "a\\u202eb\\u2067c\\x00d\\x7fe\\x85f\\ud800g\\u2028"
+    )
 
 
 def test_a_problem_renders_on_one_line_whatever_its_text(tmp_path):

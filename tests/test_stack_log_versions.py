@@ -34,12 +34,11 @@ def _read(name: str, kind: str, lines: list[str] | None = None, **options):
 def _replay(tmp_path: Path, name: str, kind: str, rc: int = 0, **options):
     """The golden log printed by a process that exits ``rc``, read through the command runner."""
     script = tmp_path / "replay.py"
-    script.write_text("import sys\n"
-                      f"sys.stdout.write(''.join(l + '\\n' for l in {_lines(name)!r}))\n"
-                      f"sys.exit({rc})\n")
+    script.write_text(f"import sys\nsys.stdout.write(''.join(l + '\\n' for l in {_lines(name)!r}))\nsys.exit({rc})\n")
     reader = stack_log({"kind": kind, "warmup": 1, **options})
-    return run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False,
-                             log_reader=reader)
+    return run_probe_process(
+        [sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False, log_reader=reader
+    )
 
 
 MEGATRON_LOGS = {  # golden log: (kind, the iterations' true times in ms, as its header says)
@@ -61,12 +60,26 @@ def test_each_golden_log_names_its_source_files_and_commit(name):
 
 
 def test_there_is_a_golden_log_for_each_version_and_its_nan():
-    expected = {"megatron_core_r0.8.log", "megatron_core_r0.8_nan.log", "megatron_core_r0.12.log",
-                "megatron_core_r0.12_nan.log", "megatron.log", "megatron_main_nan.log",
-                "megatron_main_nan_validate.log", "megatron_main_fp16_skip.log", "mindspeed_2.0.0.log",
-                "mindspeed_2.0.0_nan.log", "mindspeed_2.3.0.log", "mindspeed_2.3.0_nan.log", "torchtitan_0.2.2.log",
-                "torchtitan_0.2.2_nan.log", "torchtitan.log", "torchtitan_main_nan.log", "deepspeed_0.19.5.log",
-                "deepspeed_0.19.5_fp16_overflow.log"}
+    expected = {
+        "megatron_core_r0.8.log",
+        "megatron_core_r0.8_nan.log",
+        "megatron_core_r0.12.log",
+        "megatron_core_r0.12_nan.log",
+        "megatron.log",
+        "megatron_main_nan.log",
+        "megatron_main_nan_validate.log",
+        "megatron_main_fp16_skip.log",
+        "mindspeed_2.0.0.log",
+        "mindspeed_2.0.0_nan.log",
+        "mindspeed_2.3.0.log",
+        "mindspeed_2.3.0_nan.log",
+        "torchtitan_0.2.2.log",
+        "torchtitan_0.2.2_nan.log",
+        "torchtitan.log",
+        "torchtitan_main_nan.log",
+        "deepspeed_0.19.5.log",
+        "deepspeed_0.19.5_fp16_overflow.log",
+    }
     assert expected <= set(ALL_LOGS)
 
 
@@ -108,8 +121,9 @@ def test_megatron_main_with_two_measured_iterations_measures_the_clean_one():
     assert metrics["step_time_s"] == pytest.approx(1.1008) and metrics["measured_steps"] == 1
 
 
-@pytest.mark.parametrize("name", ["megatron_core_r0.8.log", "megatron_core_r0.12.log", "mindspeed_2.0.0.log",
-                                  "mindspeed_2.3.0.log"])
+@pytest.mark.parametrize(
+    "name", ["megatron_core_r0.8.log", "megatron_core_r0.12.log", "mindspeed_2.0.0.log", "mindspeed_2.3.0.log"]
+)
 def test_versions_that_reset_the_timer_measure_from_iteration_2(name):
     reader, steps = _read(name, MEGATRON_LOGS[name][0])
     assert [s["phase"] for s in steps] == ["warmup", "measure", "measure", "measure", "measure"]
@@ -167,25 +181,30 @@ def test_every_measured_iteration_skipped_is_nan_not_a_crash(tmp_path):
     for line in _lines("megatron_core_r0.8.log"):
         if re.search(r"iteration\s+[2-5]/", line):
             line = re.sub(r" lm loss: [^|]*\|", "", line).replace(
-                "number of skipped iterations:   0", "number of skipped iterations:   1")
+                "number of skipped iterations:   0", "number of skipped iterations:   1"
+            )
         lines.append(line)
     (tmp_path / "all_skipped.log").write_text("\n".join(lines) + "\n")
     script = tmp_path / "replay.py"
     script.write_text(f"import sys\nsys.stdout.write(open({str(tmp_path / 'all_skipped.log')!r}).read())\n")
     reader = stack_log({"kind": "megatron", "warmup": 1})
-    result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False,
-                               log_reader=reader)
+    result = run_probe_process(
+        [sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False, log_reader=reader
+    )
     assert result.status == "nan" and "skipped every measured iteration" in result.reason
 
 
-@pytest.mark.parametrize("name, kind, rc", [
-    ("megatron_core_r0.8_nan.log", "megatron", 1),     # AssertionError from pretrain_gpt.py
-    ("mindspeed_2.0.0_nan.log", "mindspeed", 1),       # ValueError from MindSpeed-LLM's pretrain_gpt.py
-    ("megatron_core_r0.12_nan.log", "megatron", 1),    # RuntimeError from the rerun state machine
-    ("mindspeed_2.3.0_nan.log", "mindspeed", 1),
-    ("megatron_main_nan.log", "megatron", 1),          # --rerun-mode disabled
-    ("megatron_main_nan_validate.log", "megatron", 16),  # main's default: logged, rerun, exit 16
-])
+@pytest.mark.parametrize(
+    "name, kind, rc",
+    [
+        ("megatron_core_r0.8_nan.log", "megatron", 1),  # AssertionError from pretrain_gpt.py
+        ("mindspeed_2.0.0_nan.log", "mindspeed", 1),  # ValueError from MindSpeed-LLM's pretrain_gpt.py
+        ("megatron_core_r0.12_nan.log", "megatron", 1),  # RuntimeError from the rerun state machine
+        ("mindspeed_2.3.0_nan.log", "mindspeed", 1),
+        ("megatron_main_nan.log", "megatron", 1),  # --rerun-mode disabled
+        ("megatron_main_nan_validate.log", "megatron", 16),  # main's default: logged, rerun, exit 16
+    ],
+)
 def test_megatron_nan_check_is_nan_not_crash(tmp_path, name, kind, rc):
     result = _replay(tmp_path, name, kind, rc)
     assert result.status == "nan", (result.status, result.reason)
@@ -195,15 +214,20 @@ def test_megatron_nan_check_is_nan_not_crash(tmp_path, name, kind, rc):
 def test_megatron_nan_assertion_is_not_a_validate_args_assertion():
     """core_r0.8's NaN check is an AssertionError too; an arguments.py line shortly before it
     (a warning of the argument checks, a NaN at the first iteration) does not make it invalid."""
-    lines = ['/workspace/Megatron-LM/megatron/training/arguments.py:612: UserWarning: Disabling sequence parallelism',
-             "  warnings.warn(", *_lines("megatron_core_r0.8_nan.log")[-4:]]
+    lines = [
+        "/workspace/Megatron-LM/megatron/training/arguments.py:612: UserWarning: Disabling sequence parallelism",
+        "  warnings.warn(",
+        *_lines("megatron_core_r0.8_nan.log")[-4:],
+    ]
     assert stack_log({"kind": "megatron"}).failure(lines)[0] == "nan"
 
 
 def test_megatron_validate_args_is_still_invalid():
-    lines = ['  File "/workspace/Megatron-LM/megatron/training/arguments.py", line 432, in validate_args',
-             "    assert args.world_size % total_model_size == 0, (",
-             "AssertionError: world size (8) is not divisible by total_model_size (total_model_size=3)"]
+    lines = [
+        '  File "/workspace/Megatron-LM/megatron/training/arguments.py", line 432, in validate_args',
+        "    assert args.world_size % total_model_size == 0, (",
+        "AssertionError: world size (8) is not divisible by total_model_size (total_model_size=3)",
+    ]
     assert stack_log({"kind": "megatron"}).failure(lines)[0] == "invalid"
 
 
@@ -221,8 +245,7 @@ def test_torchtitan_0_2_2_nan_loss_is_nan_not_ok(tmp_path):
     """torchtitan 0.2.2 logs 'loss:      nan  grad_norm:     nan' at full throughput and exits 0."""
     reader, steps = _read("torchtitan_0.2.2_nan.log", "torchtitan", tokens_per_iteration=64 * 4096, devices=8)
     assert len(steps) == 5 and all(s["loss"] != s["loss"] for s in steps[2:])  # the regex reads 'nan'
-    result = _replay(tmp_path, "torchtitan_0.2.2_nan.log", "torchtitan", 0, tokens_per_iteration=64 * 4096,
-                     devices=8)
+    result = _replay(tmp_path, "torchtitan_0.2.2_nan.log", "torchtitan", 0, tokens_per_iteration=64 * 4096, devices=8)
     assert result.status == "nan", (result.status, result.reason)
     assert "step 3" in result.reason
 
@@ -235,9 +258,11 @@ def test_torchtitan_main_non_finite_check_is_nan_not_crash(tmp_path):
 
 def test_torchtitan_main_device_side_assertion_is_nan_too():
     # on CUDA, torch._assert_async's message is the kernel assertion's: the same words
-    lines = ["trainer.py:950: block: [0,0,0], thread: [0,0,0] Assertion `Loss or gradient norm is not finite on at "
-             "least one rank at step 3. Stopping training before the optimizer update.` failed.",
-             "RuntimeError: CUDA error: device-side assert triggered"]
+    lines = [
+        "trainer.py:950: block: [0,0,0], thread: [0,0,0] Assertion `Loss or gradient norm is not finite on at "
+        "least one rank at step 3. Stopping training before the optimizer update.` failed.",
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ]
     assert stack_log({"kind": "torchtitan"}).failure(lines)[0] == "nan"
 
 
@@ -252,8 +277,9 @@ def test_deepspeed_0_19_5_metrics():
 
 
 def test_deepspeed_0_19_5_fp16_overflow_at_every_step_is_nan(tmp_path):
-    result = _replay(tmp_path, "deepspeed_0.19.5_fp16_overflow.log", "deepspeed", 0, samples_per_iteration=16,
-                     devices=8)
+    result = _replay(
+        tmp_path, "deepspeed_0.19.5_fp16_overflow.log", "deepspeed", 0, samples_per_iteration=16, devices=8
+    )
     assert result.status == "nan" and "fp16 loss scaling skipped" in result.reason
 
 

@@ -86,8 +86,9 @@ def test_the_probe_result_says_what_the_stacks_memory_figure_counts(tmp_path, ki
     script = tmp_path / "replay.py"
     script.write_text(f"import sys\nsys.stdout.write(open({str(GOLDEN / f'{kind}.log')!r}).read())\n")
     reader = stack_log({"kind": kind, "warmup": 1, "tokens_per_iteration": 64 * 4096, "devices": 8})
-    result = run_probe_process([sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False,
-                               log_reader=reader)
+    result = run_probe_process(
+        [sys.executable, str(script)], {}, tmp_path / "t.json", 30, watchdog=False, log_reader=reader
+    )
     assert result.status == "ok" and result.metrics["peak_memory_gib"] > 0
     assert result.info["peak_memory_counts"] == counts
 
@@ -101,11 +102,17 @@ def test_a_stack_that_logs_on_every_rank_counts_each_iteration_once():
 # --------------------------------------------------------------- failures in the stacks' own words
 def _fake(kind: str, args: list[str], tmp_path: Path, fail: str = "", world: int = 2):
     """One rank of a fake stack run through run_probe_process with the stack's log reader."""
-    reader = stack_log({"kind": kind, "warmup": 1, "tokens_per_iteration": 8 * 128, "devices": world,
-                        "samples_per_iteration": 8})
-    env = {"FAKE_STACK_FAIL": fail, "FAKE_STACK_PACE_S": "0", "WORLD_SIZE": str(world),
-           "RANK": str(world - 1 if kind in ("megatron", "mindspeed") else 0), "PYTHONPATH": str(FAKES),
-           "FAKE_MEGATRON_LOG": "mindspeed_2.3.0" if kind == "mindspeed" else "megatron"}
+    reader = stack_log(
+        {"kind": kind, "warmup": 1, "tokens_per_iteration": 8 * 128, "devices": world, "samples_per_iteration": 8}
+    )
+    env = {
+        "FAKE_STACK_FAIL": fail,
+        "FAKE_STACK_PACE_S": "0",
+        "WORLD_SIZE": str(world),
+        "RANK": str(world - 1 if kind in ("megatron", "mindspeed") else 0),
+        "PYTHONPATH": str(FAKES),
+        "FAKE_MEGATRON_LOG": "mindspeed_2.3.0" if kind == "mindspeed" else "megatron",
+    }
     trial = tmp_path / "trial.json"
     trial.write_text("{}")
     fake = FAKES / f"fake_{'megatron' if kind == 'mindspeed' else kind}.py"
@@ -113,44 +120,67 @@ def _fake(kind: str, args: list[str], tmp_path: Path, fail: str = "", world: int
 
 
 MEGATRON_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "4", "--num-layers", "4"]
-TITAN_ARGS = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2",
-              "--training.global_batch_size", "8", "--training.seq_len", "128", "--training.steps", "4",
-              "activation-checkpoint:none"]
+TITAN_ARGS = [
+    "--parallelism.data_parallel_replicate_degree",
+    "2",
+    "--training.local_batch_size",
+    "2",
+    "--training.global_batch_size",
+    "8",
+    "--training.seq_len",
+    "128",
+    "--training.steps",
+    "4",
+    "activation-checkpoint:none",
+]
 
 
 def _ds_args(tmp_path: Path) -> list[str]:
     cfg = tmp_path / "ds.json"
-    cfg.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
-                               "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 8,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 2,
+                "zero_optimization": {"stage": 1},
+            }
+        )
+    )
     return ["--deepspeed_config", str(cfg), "--steps", "5"]
 
 
-@pytest.mark.parametrize("kind, fail, status, words", [
-    ("megatron", "", "ok", ""),
-    ("megatron", "oom", "oom", "CUDA out of memory"),
-    ("megatron", "nan", "nan", "NaN iteration"),
-    ("megatron", "nan-raise", "nan", "found NaN in local forward loss calculation"),
-    ("megatron", "skip", "nan", "skipped every measured iteration"),
-    ("megatron", "args", "invalid", "argument parser refused"),
-    ("megatron", "assert", "invalid", "validate_args"),
-    ("megatron", "timeout", "timeout", "Watchdog caught collective operation timeout"),
-    ("mindspeed", "npu-oom", "oom", "NPU out of memory"),
-    ("mindspeed", "hccl-timeout", "timeout", "EI0002"),
-    ("mindspeed", "nan-raise", "nan", "found NaN in local forward loss calculation"),
-    ("mindspeed", "skip", "nan", "skipped every measured iteration"),
-    ("torchtitan", "", "ok", ""),
-    ("torchtitan", "oom", "oom", "CUDA out of memory"),
-    ("torchtitan", "dims", "invalid", "Invalid parallel dims"),
-    ("torchtitan", "timeout", "timeout", "collective timeout"),
-    ("torchtitan", "nan", "nan", "non-finite loss"),
-    ("torchtitan", "nan-raise", "nan", "not finite on at least one rank"),
-    ("deepspeed", "", "ok", ""),
-    ("deepspeed", "oom", "oom", "CUDA out of memory"),
-    ("deepspeed", "batch", "invalid", "Check batch related parameters"),
-    ("deepspeed", "skip", "nan", "fp16 loss scaling skipped every step"),
-])
+@pytest.mark.parametrize(
+    "kind, fail, status, words",
+    [
+        ("megatron", "", "ok", ""),
+        ("megatron", "oom", "oom", "CUDA out of memory"),
+        ("megatron", "nan", "nan", "NaN iteration"),
+        ("megatron", "nan-raise", "nan", "found NaN in local forward loss calculation"),
+        ("megatron", "skip", "nan", "skipped every measured iteration"),
+        ("megatron", "args", "invalid", "argument parser refused"),
+        ("megatron", "assert", "invalid", "validate_args"),
+        ("megatron", "timeout", "timeout", "Watchdog caught collective operation timeout"),
+        ("mindspeed", "npu-oom", "oom", "NPU out of memory"),
+        ("mindspeed", "hccl-timeout", "timeout", "EI0002"),
+        ("mindspeed", "nan-raise", "nan", "found NaN in local forward loss calculation"),
+        ("mindspeed", "skip", "nan", "skipped every measured iteration"),
+        ("torchtitan", "", "ok", ""),
+        ("torchtitan", "oom", "oom", "CUDA out of memory"),
+        ("torchtitan", "dims", "invalid", "Invalid parallel dims"),
+        ("torchtitan", "timeout", "timeout", "collective timeout"),
+        ("torchtitan", "nan", "nan", "non-finite loss"),
+        ("torchtitan", "nan-raise", "nan", "not finite on at least one rank"),
+        ("deepspeed", "", "ok", ""),
+        ("deepspeed", "oom", "oom", "CUDA out of memory"),
+        ("deepspeed", "batch", "invalid", "Check batch related parameters"),
+        ("deepspeed", "skip", "nan", "fp16 loss scaling skipped every step"),
+    ],
+)
 def test_each_failure_is_classified_from_the_stacks_words(tmp_path, kind, fail, status, words):
-    args = {"megatron": MEGATRON_ARGS, "mindspeed": MEGATRON_ARGS, "torchtitan": TITAN_ARGS}.get(kind) or _ds_args(tmp_path)
+    args = {"megatron": MEGATRON_ARGS, "mindspeed": MEGATRON_ARGS, "torchtitan": TITAN_ARGS}.get(kind) or _ds_args(
+        tmp_path
+    )
     result = _fake(kind, args, tmp_path, fail)
     assert result.status == status, (result.reason, result.log_tail[-800:])
     assert words in result.reason
@@ -159,7 +189,11 @@ def test_each_failure_is_classified_from_the_stacks_words(tmp_path, kind, fail, 
         if kind != "megatron":  # Megatron reports memory on data-parallel rank 0, not the last rank run here
             assert result.metrics["peak_memory_gib"] > 0
         measured = [s for s in result.steps if s["phase"] == "measure"]
-        assert result.metrics["measured_steps"] == len(measured) and len(measured) < len(result.steps) or kind == "deepspeed"
+        assert (
+            result.metrics["measured_steps"] == len(measured)
+            and len(measured) < len(result.steps)
+            or kind == "deepspeed"
+        )
     if status == "oom":
         assert result.info["oom"]["requested"] > 0  # the allocator's byte counts, parsed
 
@@ -170,37 +204,52 @@ def test_every_stack_has_a_reader_and_a_fake():
 
 
 # ----------------------------------------------------------------------- studies through presets
-def _preset_spec(write_spec, kind: str, entry: Path, extra_env: str = "", space: str = "", search: str = "",
-                 ray: str = "ray: {enabled: false}") -> Path:
+def _preset_spec(
+    write_spec,
+    kind: str,
+    entry: Path,
+    extra_env: str = "",
+    space: str = "",
+    search: str = "",
+    ray: str = "ray: {enabled: false}",
+) -> Path:
     target = "megatron" if kind == "mindspeed" else kind
     default_space = {
         "megatron": "  tp: [1, 2]\n  micro_batch_size: [1, 2]\n  recompute: [none, full]\n  zero_stage: [0, 1]\n",
         "torchtitan": "  micro_batch_size: [1, 2]\n  recompute: [none, full]\n  zero_stage: [0, 2, 3]\n  precision: [fp32]\n",
         "deepspeed": "  micro_batch_size: [1, 2, 4]\n  zero_stage: [0, 1, 2, 3]\n",
     }[target]
-    return write_spec(f"""
+    return write_spec(
+        f"""
 name: preset-{kind}
 model: tiny-llama
 workload: {{kind: train, seq_len: 128, global_batch_size: 8, warmup_steps: 1, measured_steps: 3, timeout_s: 60}}
 cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 2}}
-target: {target if kind != 'mindspeed' else 'mindspeed'}
+target: {target if kind != "mindspeed" else "mindspeed"}
 backend:
   kind: {kind}
   entry: {entry}
   env: {{FAKE_STACK_PACE_S: "0.02"{extra_env}}}
-  args: [{'"--steps", "{iterations}"' if kind == 'deepspeed' else ''}]
+  args: [{'"--steps", "{iterations}"' if kind == "deepspeed" else ""}]
 space:
 {space or default_space}objectives: [tokens_per_s_per_device]
 search: {{n_trials: 4, seed: 2{search}}}
 {ray}
-""", f"{kind}.yaml")
+""",
+        f"{kind}.yaml",
+    )
 
 
 @pytest.mark.parametrize("kind", ["megatron", "mindspeed", "torchtitan", "deepspeed"])
 def test_a_study_runs_end_to_end_through_each_preset(write_spec, tmp_path, kind):
     fake = FAKES / f"fake_{'megatron' if kind == 'mindspeed' else kind}.py"
-    spec = _preset_spec(write_spec, kind, fake, ray="ray: {num_cpus: 2}" if kind == "megatron" else "ray: {enabled: false}",
-                        extra_env=', FAKE_MEGATRON_LOG: "mindspeed_2.3.0"' if kind == "mindspeed" else "")
+    spec = _preset_spec(
+        write_spec,
+        kind,
+        fake,
+        ray="ray: {num_cpus: 2}" if kind == "megatron" else "ray: {enabled: false}",
+        extra_env=', FAKE_MEGATRON_LOG: "mindspeed_2.3.0"' if kind == "mindspeed" else "",
+    )
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
     assert result.exit_code == 0, result.output
@@ -208,8 +257,9 @@ def test_a_study_runs_end_to_end_through_each_preset(write_spec, tmp_path, kind)
     assert payload["backend"] == kind and payload["source"] == "measured"
     report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
     ok = [t for t in report["trials"] if t["probed"] and t["status"] == "ok"]
-    assert len(ok) >= 2 and all(t["status"] in ("ok", "pruned") for t in report["trials"] if t["probed"]), \
-        [(t["status"], t["failure"]) for t in report["trials"]]
+    assert len(ok) >= 2 and all(t["status"] in ("ok", "pruned") for t in report["trials"] if t["probed"]), [
+        (t["status"], t["failure"]) for t in report["trials"]
+    ]
     for trial in ok:
         m = trial["metrics"]
         assert m["step_time_s"] > 0 and m["tokens_per_s_per_device"] > 0 and m["peak_memory_gib"] > 0
@@ -227,11 +277,17 @@ def test_pruning_works_on_the_stacks_streamed_iterations(write_spec, tmp_path):
     """The stack's iteration lines stream to the driver as step events while the probe runs, so
     a trial whose measured iterations are clearly slower than the best is stopped early."""
     spec = _preset_spec(
-        write_spec, "megatron", FAKES / "fake_megatron.py", extra_env=', FAKE_STACK_PACE_S: "0.4"',
+        write_spec,
+        "megatron",
+        FAKES / "fake_megatron.py",
+        extra_env=', FAKE_STACK_PACE_S: "0.4"',
         space="  tp: [1, 2]\n  recompute: [none, full]\n  micro_batch_size: [1]\n  zero_stage: [0]\n",
-        search=", sampler: grid, prune: true, prune_min_steps: 2")
-    text = spec.read_text().replace('FAKE_STACK_PACE_S: "0.02", ', "") + \
-        "baseline: {tp: 1, recompute: none, micro_batch_size: 1, zero_stage: 0}\n"
+        search=", sampler: grid, prune: true, prune_min_steps: 2",
+    )
+    text = (
+        spec.read_text().replace('FAKE_STACK_PACE_S: "0.02", ', "")
+        + "baseline: {tp: 1, recompute: none, micro_batch_size: 1, zero_stage: 0}\n"
+    )
     spec.write_text(text.replace("measured_steps: 3", "measured_steps: 8"))
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])

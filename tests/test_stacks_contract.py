@@ -45,13 +45,23 @@ PRESETS = [name for name in NAMES if STACKS[name].preset]
 WORLD = 8
 
 SPEC = {
-    "name": "contract", "model": "llama2-7b", "target": "none",
+    "name": "contract",
+    "model": "llama2-7b",
+    "target": "none",
     "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": 64},
     "cluster": {"accelerator": "npu", "devices_per_node": WORLD},
-    "space": {"tp": [1, 2, 4], "pp": [1, 2], "vpp": [1, 2], "cp": [1, 2], "micro_batch_size": [1, 2],
-              "recompute": ["none", "selective", "full"], "recompute_layers": [2, 3, 16],
-              "zero_stage": [0, 1, 2, 3], "precision": ["bf16", "fp16", "fp32"],
-              "compile": ["none", "default", "max-autotune"]},
+    "space": {
+        "tp": [1, 2, 4],
+        "pp": [1, 2],
+        "vpp": [1, 2],
+        "cp": [1, 2],
+        "micro_batch_size": [1, 2],
+        "recompute": ["none", "selective", "full"],
+        "recompute_layers": [2, 3, 16],
+        "zero_stage": [0, 1, 2, 3],
+        "precision": ["bf16", "fp16", "fp32"],
+        "compile": ["none", "default", "max-autotune"],
+    },
 }
 
 
@@ -71,9 +81,17 @@ def candidates() -> list[dict[str, Any]]:
 
 def _context(config: dict[str, Any], target: str) -> ExportContext:
     spec = _spec()
-    return ExportContext(study="contract", trial=1, config=dict(config), metrics={"tokens_per_s_per_device": 1.0},
-                         source="simulated", model=spec.model.model_dump(), workload=spec.workload.model_dump(),
-                         cluster={"nodes": 1, "devices_per_node": WORLD, "world_size": WORLD}, target=target)
+    return ExportContext(
+        study="contract",
+        trial=1,
+        config=dict(config),
+        metrics={"tokens_per_s_per_device": 1.0},
+        source="simulated",
+        model=spec.model.model_dump(),
+        workload=spec.workload.model_dump(),
+        cluster={"nodes": 1, "devices_per_node": WORLD, "world_size": WORLD},
+        target=target,
+    )
 
 
 # ------------------------------------------------------- what each format launches, read back
@@ -85,8 +103,13 @@ def _megatron_sizes(text: str) -> dict[str, int]:
     f = _flags(script_arrays(text)["AUTOTUNE_ARGS"])
     tp, pp = int(f["--tensor-model-parallel-size"]), int(f["--pipeline-model-parallel-size"])
     cp = int(f.get("--context-parallel-size", 1))
-    return {"tp": tp, "pp": pp, "cp": cp, "dp": WORLD // (tp * pp * cp),
-            "micro_batch_size": int(f["--micro-batch-size"])}
+    return {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "dp": WORLD // (tp * pp * cp),
+        "micro_batch_size": int(f["--micro-batch-size"]),
+    }
 
 
 def _deepspeed_sizes(text: str) -> dict[str, int]:
@@ -98,18 +121,28 @@ def _deepspeed_sizes(text: str) -> dict[str, int]:
 def _torchtitan_sizes(text: str) -> dict[str, int]:
     f = _flags(script_arrays(text)["AUTOTUNE_ARGS"])
     pp = int(f["--parallelism.pipeline_parallel_degree"])
-    return {"tp": int(f["--parallelism.tensor_parallel_degree"]), "pp": pp,
-            "cp": int(f["--parallelism.context_parallel_degree"]),
-            "dp": (int(f["--parallelism.data_parallel_replicate_degree"])
-                   * int(f["--parallelism.data_parallel_shard_degree"])),
-            "micro_batch_size": int(f["--parallelism.pipeline_parallel_microbatch_size"] if pp > 1
-                                    else f["--training.local_batch_size"])}
+    return {
+        "tp": int(f["--parallelism.tensor_parallel_degree"]),
+        "pp": pp,
+        "cp": int(f["--parallelism.context_parallel_degree"]),
+        "dp": (
+            int(f["--parallelism.data_parallel_replicate_degree"]) * int(f["--parallelism.data_parallel_shard_degree"])
+        ),
+        "micro_batch_size": int(
+            f["--parallelism.pipeline_parallel_microbatch_size"] if pp > 1 else f["--training.local_batch_size"]
+        ),
+    }
 
 
 def _mindformers_sizes(text: str) -> dict[str, int]:
     p = yaml.safe_load(text)["parallel_config"]
-    return {"tp": p["model_parallel"], "pp": p["pipeline_stage"], "cp": p["context_parallel"], "dp": p["data_parallel"],
-            "micro_batch_size": yaml.safe_load(text)["runner_config"]["batch_size"]}
+    return {
+        "tp": p["model_parallel"],
+        "pp": p["pipeline_stage"],
+        "cp": p["context_parallel"],
+        "dp": p["data_parallel"],
+        "micro_batch_size": yaml.safe_load(text)["runner_config"]["batch_size"],
+    }
 
 
 def _toy_sizes(text: str) -> dict[str, int]:
@@ -118,8 +151,11 @@ def _toy_sizes(text: str) -> dict[str, int]:
 
 # each export format's launch, read back as the parallel sizes it runs (a new format adds its reader)
 READ_BACK: dict[str, Callable[[str], dict[str, int]]] = {
-    "megatron": _megatron_sizes, "deepspeed": _deepspeed_sizes, "torchtitan": _torchtitan_sizes,
-    "mindformers": _mindformers_sizes, "toy": _toy_sizes,
+    "megatron": _megatron_sizes,
+    "deepspeed": _deepspeed_sizes,
+    "torchtitan": _torchtitan_sizes,
+    "mindformers": _mindformers_sizes,
+    "toy": _toy_sizes,
 }
 
 
@@ -130,8 +166,10 @@ def test_rules_and_exporter_agree(name, candidates, tmp_path):
     exporter = stack.exporter
     assert EXPORTERS[exporter.name] is exporter and name in stacks.format_targets(exporter.name)
     assert exporter.name in READ_BACK, f"add a reader of the {exporter.name} export to READ_BACK"
-    allowed = [*Space(_spec(name)).enumerate().configs,  # what the space holds for it, and MindSpore-set configs
-               *(c for c in candidates if "mode" in c and not stack.unsupported(c))]
+    allowed = [
+        *Space(_spec(name)).enumerate().configs,  # what the space holds for it, and MindSpore-set configs
+        *(c for c in candidates if "mode" in c and not stack.unsupported(c)),
+    ]
     forbidden = [c for c in candidates if stack.unsupported(c)]
     assert len(allowed) > 10 and forbidden, "the contract space should hold configs the stack launches and others"
     for config in allowed[:: max(1, len(allowed) // 40)]:
@@ -154,7 +192,8 @@ def test_the_space_holds_exactly_what_the_rules_allow(name, candidates):
     space = Space(_spec(name)).enumerate()
     plain = [c for c in candidates if "mode" not in c]
     assert {json.dumps(c, sort_keys=True) for c in space.configs} >= {
-        json.dumps(c, sort_keys=True) for c in plain if not STACKS[name].unsupported(c)}
+        json.dumps(c, sort_keys=True) for c in plain if not STACKS[name].unsupported(c)
+    }
     assert all(STACKS[name].unsupported(c) == [] for c in space.configs)
     rejected = {reason for reason in space.invalid_reasons if reason.startswith(f"target {name}: ")}
     assert rejected, "the stack's rules reject nothing in the contract space"
@@ -176,9 +215,12 @@ def test_the_memory_rule_is_one_the_simulator_prices(name):
     assert stacks.memory_rule(name, "torch") == "torch-probe"  # autotune's torch probe holds its own states
 
 
-COMBINATIONS = [(backend, accelerator, searched) for backend in (*BACKEND_KINDS, *NAMES)
-                for accelerator in ("npu", "cuda", "cpu")
-                for searched in ((), ("tp", "zero_stage"), ("mode",), ("jit_level", "tp"), ("graph_kernel_flags",))]
+COMBINATIONS = [
+    (backend, accelerator, searched)
+    for backend in (*BACKEND_KINDS, *NAMES)
+    for accelerator in ("npu", "cuda", "cpu")
+    for searched in ((), ("tp", "zero_stage"), ("mode",), ("jit_level", "tp"), ("graph_kernel_flags",))
+]
 
 
 def test_default_target_conditions_exclude_one_another():
@@ -210,8 +252,9 @@ def test_the_spec_accepts_the_stack(name):
 # ------------------------------------------------------------------- preset launch <-> log reader
 def _request(spec: Any, config: dict[str, Any]) -> TrialRequest:
     ctx = probe_context(spec)
-    return TrialRequest(params=dict(config), model=ctx.model, workload=ctx.workload, cluster=ctx.cluster,
-                        study="contract", number=3)
+    return TrialRequest(
+        params=dict(config), model=ctx.model, workload=ctx.workload, cluster=ctx.cluster, study="contract", number=3
+    )
 
 
 def _golden_log(name: str) -> Path:
@@ -260,11 +303,24 @@ def test_each_registration_is_unique():
         with pytest.raises(ValueError, match="registered already"):
             register(stack)
     with pytest.raises(ValueError, match="cannot name a stack"):
-        register(Stack(name="none", rules=lambda n: [], memory_rule="megatron", exporter=STACKS[NAMES[0]].exporter,
-                       supported_versions=""))
+        register(
+            Stack(
+                name="none",
+                rules=lambda n: [],
+                memory_rule="megatron",
+                exporter=STACKS[NAMES[0]].exporter,
+                supported_versions="",
+            )
+        )
     with pytest.raises(ValueError, match="launch and a log reader"):
-        Stack(name="half", rules=lambda n: [], memory_rule="megatron", exporter=STACKS[NAMES[0]].exporter,
-              supported_versions="", log_reader="megatron")
+        Stack(
+            name="half",
+            rules=lambda n: [],
+            memory_rule="megatron",
+            exporter=STACKS[NAMES[0]].exporter,
+            supported_versions="",
+            log_reader="megatron",
+        )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -287,12 +343,25 @@ def toy_rules(n: int):
 
 
 def toy_launch(run: PresetRun) -> PresetLaunch:
-    return PresetLaunch([*run.launcher, *run.entry, "--tp", str(run.config["tp"]), "--steps", str(run.iterations),
-                         *run.user], env={"TOY": "1"}, files={"toy.json": "{}"})
+    return PresetLaunch(
+        [*run.launcher, *run.entry, "--tp", str(run.config["tp"]), "--steps", str(run.iterations), *run.user],
+        env={"TOY": "1"},
+        files={"toy.json": "{}"},
+    )
 
 
-TOY = Stack(name="toy", rules=toy_rules, memory_rule="deepspeed", exporter=ToyExporter(), supported_versions="toy 1.0",
-            default_when=None, launch=toy_launch, log_reader="torchtitan", entry_example="toy.py", extra_iterations=2)
+TOY = Stack(
+    name="toy",
+    rules=toy_rules,
+    memory_rule="deepspeed",
+    exporter=ToyExporter(),
+    supported_versions="toy 1.0",
+    default_when=None,
+    launch=toy_launch,
+    log_reader="torchtitan",
+    entry_example="toy.py",
+    extra_iterations=2,
+)
 
 
 @pytest.fixture

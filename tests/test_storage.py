@@ -63,8 +63,10 @@ def test_a_damaged_journal_names_the_file_for_run_and_report(finished, damage):
     lines = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(b"".join(lines[:5]) + DAMAGE[damage] + b"".join(lines[5:]))
     before = journal.read_bytes()
-    for command in (["run", str(spec), "--run-dir", str(run_dir), "--no-tracking"],
-                    ["report", str(spec), "--run-dir", str(run_dir)]):
+    for command in (
+        ["run", str(spec), "--run-dir", str(run_dir), "--no-tracking"],
+        ["report", str(spec), "--run-dir", str(run_dir)],
+    ):
         result = cli.invoke(app, command)
         assert result.exit_code == 3, (command[0], result.output)
         assert str(journal) in result.stderr.replace("\n", ""), result.stderr

@@ -47,7 +47,7 @@ def test_a_journal_cut_mid_file_is_damage_not_a_shorter_study(write_spec, tmp_pa
     journal = run_dir / "optuna.journal"
     data = journal.read_bytes()
     cut = int(len(data) * 0.55)
-    while data[cut - 1:cut] == b"\n":  # mid-record, not at a line end
+    while data[cut - 1 : cut] == b"\n":  # mid-record, not at a line end
         cut += 1
     journal.write_bytes(data[:cut])
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--no-tracking"])

@@ -66,7 +66,9 @@ def test_fresh_study_sets_the_old_one_aside_and_measures_only_the_new_space(tmp_
     fresh = _run(spec, run_dir, "--fresh-study")
     assert fresh.exit_code == 0, fresh.output
     assert json.loads(fresh.stdout)["best"][0]["params"]["precision"] == "bf16"
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal"))
+    )
     new = optuna.load_study(study_name="edited", storage=storage)
     assert len(new.trials) == 3 and {t.params["precision"] for t in new.trials} == {"bf16"}
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}

@@ -83,15 +83,33 @@ class MlflowServer:
 
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'db.sqlite'}",
-             "--default-artifact-root", str(self.root / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "ab"), start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'db.sqlite'}",
+                "--default-artifact-root",
+                str(self.root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "server.log", "ab"),
+            start_new_session=True,
+        )
         end = time.monotonic() + within_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                pytest.skip(f"mlflow server exited with {self.proc.returncode}: "
-                            f"{(self.root / 'server.log').read_text()[-500:]}")
+                pytest.skip(
+                    f"mlflow server exited with {self.proc.returncode}: {(self.root / 'server.log').read_text()[-500:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
@@ -127,8 +145,14 @@ def test_a_tracking_server_killed_mid_study_loses_nothing(mlflow_server, tmp_pat
     artifact.write_text("{}")
 
     def trial(number: int) -> None:
-        tracker.log_trial(number, {"tp": number}, {"tokens_per_s_per_device": 100.0 + number}, {"autotune.status": "ok"},
-                          steps=[{"step": 0, "step_time_s": 0.1}], artifacts=[artifact])
+        tracker.log_trial(
+            number,
+            {"tp": number},
+            {"tokens_per_s_per_device": 100.0 + number},
+            {"autotune.status": "ok"},
+            steps=[{"step": 0, "step_time_s": 0.1}],
+            artifacts=[artifact],
+        )
 
     trial(0)
     assert tracker.flush(timeout=120) == 0
@@ -155,8 +179,9 @@ def test_a_tracking_server_killed_mid_study_loses_nothing(mlflow_server, tmp_pat
     numbers = sorted(int(c.data.tags["autotune.trial"]) for c in children)
     assert numbers == [0, 1, 2, 3]  # none lost, none twice
     assert all(c.info.status == "FINISHED" for c in children)
-    assert all(c.data.metrics["tokens_per_s_per_device"] == 100.0 + int(c.data.tags["autotune.trial"])
-               for c in children)
+    assert all(
+        c.data.metrics["tokens_per_s_per_device"] == 100.0 + int(c.data.tags["autotune.trial"]) for c in children
+    )
     parent = client.get_run(tracker.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["refit_compute"] == 1.5
 
@@ -175,11 +200,17 @@ def test_a_study_outlives_its_tracking_server_and_a_rerun_logs_what_it_missed(ml
     one warning), and re-running it after the server is back logs the missing trials: Optuna and
     MLflow then hold the same trials, each once."""
     spec = command_spec(write_spec, tmp_path, n_trials=6, parallel=1, ray="ray: {enabled: false}", sleep=0.5)
-    text = spec.read_text().replace("backend:", f"tracking: {{mlflow_uri: '{mlflow_server.url}', experiment: cmd}}\nbackend:", 1)
+    text = spec.read_text().replace(
+        "backend:", f"tracking: {{mlflow_uri: '{mlflow_server.url}', experiment: cmd}}\nbackend:", 1
+    )
     spec.write_text(text)
     run_dir = tmp_path / "study"
-    first = subprocess.Popen([sys.executable, "-m", "autotune.cli", "run", str(spec), "--run-dir", str(run_dir)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    first = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "run", str(spec), "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     try:
         deadline = time.monotonic() + 120
         while len([e for e in probe_log(tmp_path) if e["event"] == "end"]) < 2:
@@ -196,8 +227,12 @@ def test_a_study_outlives_its_tracking_server_and_a_rerun_logs_what_it_missed(ml
     assert "run the same command again" in stderr_text
 
     mlflow_server.start()
-    again = subprocess.run([sys.executable, "-m", "autotune.cli", "run", str(spec), "--run-dir", str(run_dir)],
-                           capture_output=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    again = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "run", str(spec), "--run-dir", str(run_dir)],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     assert len([e for e in probe_log(tmp_path) if e["event"] == "start"]) == 6  # nothing probed again
     trials = _report(spec, run_dir)["trials"]

@@ -23,8 +23,15 @@ from hypothesis import strategies as st
 from autotune.tracking import RENAMED_TAG, Tracker, mlflow_key
 
 LONG = "throughput_" + "x" * 290
-BAD_METRICS = {LONG: 1.0, "loss\nafter": 2.0, "cost$": 3.0, "esc\x1b[31mred": 4.0, "../up": 5.0, "a//b": 6.0,
-               "tokens_per_s": 7.0}
+BAD_METRICS = {
+    LONG: 1.0,
+    "loss\nafter": 2.0,
+    "cost$": 3.0,
+    "esc\x1b[31mred": 4.0,
+    "../up": 5.0,
+    "a//b": 6.0,
+    "tokens_per_s": 7.0,
+}
 
 
 def _accepted_by_mlflow(name: str, kind: str = "metric") -> None:
@@ -49,9 +56,13 @@ def _children(t: Tracker) -> dict[int, object]:
 
 
 def test_a_trial_with_names_mlflow_refuses_keeps_its_child_run(tracker):
-    tracker.log_trial(0, {"tp": 1, "env.X$Y": "v", "p\n": 2}, dict(BAD_METRICS),
-                      {"autotune.status": "ok", "probe.note\x1b": "x"},
-                      steps=[{"event": "step", "step": 0, "loss": 1.5}])
+    tracker.log_trial(
+        0,
+        {"tp": 1, "env.X$Y": "v", "p\n": 2},
+        dict(BAD_METRICS),
+        {"autotune.status": "ok", "probe.note\x1b": "x"},
+        steps=[{"event": "step", "step": 0, "loss": 1.5}],
+    )
     tracker.log_trial(1, {"tp": 2}, {"cost$": 9.0, "tokens_per_s": 8.0}, {"autotune.status": "ok"})
     assert tracker.finish_parent() == 0
     assert tracker.failed_writes == []  # nothing refused

@@ -41,17 +41,36 @@ def warm_env(tmp_path: Path):
     (mod_dir / "fake_rank.py").write_text(textwrap.dedent(RANK_MODULE))
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, AUTOTUNE_WARM_DIR=str(tmp_path / "warm"), PYTHONPATH=str(mod_dir), OUT_DIR=str(out),
-               AUTOTUNE_WARM_IDLE_S="30")
+    env = dict(
+        os.environ,
+        AUTOTUNE_WARM_DIR=str(tmp_path / "warm"),
+        PYTHONPATH=str(mod_dir),
+        OUT_DIR=str(out),
+        AUTOTUNE_WARM_IDLE_S="30",
+    )
     yield env, out
     subprocess.run([sys.executable, "-m", "autotune.workers.torch_probe.warm", "--shutdown"], env=env, timeout=30)
 
 
 def _client(env: dict, *extra: str, **kw) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "autotune.workers.torch_probe.warm", "--nproc-per-node", "2",
-            "--module", "fake_rank", "the-trial.json"]
-    return subprocess.Popen(argv, env=dict(env, **dict(kw)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=extra[0] if extra else None)
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.workers.torch_probe.warm",
+        "--nproc-per-node",
+        "2",
+        "--module",
+        "fake_rank",
+        "the-trial.json",
+    ]
+    return subprocess.Popen(
+        argv,
+        env=dict(env, **dict(kw)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=extra[0] if extra else None,
+    )
 
 
 def _gone(pid: int, within_s: float = 15.0) -> bool:
@@ -122,9 +141,13 @@ def test_auto_launcher_choice():
     from autotune.workers.torch_probe.launch import probe_argv
 
     def argv(accelerator: str, nodes: int = 1, launcher: str | None = None) -> list[str]:
-        req = TrialRequest(params={}, model={}, workload={},
-                           cluster=dict(accelerator=accelerator, nodes=nodes, devices_per_node=2),
-                           backend={"launcher": launcher} if launcher else {})
+        req = TrialRequest(
+            params={},
+            model={},
+            workload={},
+            cluster=dict(accelerator=accelerator, nodes=nodes, devices_per_node=2),
+            backend={"launcher": launcher} if launcher else {},
+        )
         return probe_argv(req, "py", "t.json")
 
     assert argv("cpu")[:3] == ["py", "-m", "autotune.workers.torch_probe.warm"]

@@ -92,7 +92,9 @@ def device_memory_gib(accelerator: str) -> float | None:
         return None
 
 
-def resolved_bandwidths(fitted: dict[str, tuple[float, float]], ceiling_bytes_s: float) -> dict[str, tuple[float, float | None]]:
+def resolved_bandwidths(
+    fitted: dict[str, tuple[float, float]], ceiling_bytes_s: float
+) -> dict[str, tuple[float, float | None]]:
     """The collective fits with each bandwidth a link can reach, else None: a fit above
     ``ceiling_bytes_s`` (the device's own copy bandwidth, which no transfer between two devices
     of the host beats) means the times never grew with the size measured (latency-bound at every
@@ -111,19 +113,32 @@ def layer_shapes(hidden: int, ffn: int, tokens: tuple[int, ...], tps: tuple[int,
     shapes: list[Shape] = []
     for tok in tokens:
         for tp in tps:
-            for k, n in ((hidden, 2 * hidden // tp), (hidden // tp, hidden), (hidden, 2 * ffn // tp), (ffn // tp, hidden)):
+            for k, n in (
+                (hidden, 2 * hidden // tp),
+                (hidden // tp, hidden),
+                (hidden, 2 * ffn // tp),
+                (ffn // tp, hidden),
+            ):
                 shapes.append((tok, max(1, k), max(1, n)))
     return sorted(set(shapes))
 
 
 # Layer shapes of models each accelerator runs (CPU: the tiny probes' hidden sizes).
-LAYER_SHAPES = {"cpu": layer_shapes(256, 688, (256, 1024)) + layer_shapes(512, 1376, (512,), (1,)),
-                "cuda": layer_shapes(4096, 11008, (4096,)), "npu": layer_shapes(4096, 11008, (4096,))}
-QUICK_LAYER_SHAPES = {"cpu": layer_shapes(256, 688, (256,)), "cuda": layer_shapes(4096, 11008, (2048,), (1,)),
-                      "npu": layer_shapes(4096, 11008, (2048,), (1,))}
+LAYER_SHAPES = {
+    "cpu": layer_shapes(256, 688, (256, 1024)) + layer_shapes(512, 1376, (512,), (1,)),
+    "cuda": layer_shapes(4096, 11008, (4096,)),
+    "npu": layer_shapes(4096, 11008, (4096,)),
+}
+QUICK_LAYER_SHAPES = {
+    "cpu": layer_shapes(256, 688, (256,)),
+    "cuda": layer_shapes(4096, 11008, (2048,), (1,)),
+    "npu": layer_shapes(4096, 11008, (2048,), (1,)),
+}
 
 
-def measure_gemm(accelerator: str, shapes: list[Shape], min_time_s: float, repeats: int) -> dict[str, dict[Shape, float]]:
+def measure_gemm(
+    accelerator: str, shapes: list[Shape], min_time_s: float, repeats: int
+) -> dict[str, dict[Shape, float]]:
     """TFLOPS of each (m, k, n) GEMM per precision as a linear layer runs it: ``F.linear`` forward
     and its backward (data and weight gradients: 3 GEMMs, 6mkn FLOPs), median of repeats,
     device-synchronised. Not ``torch.mm`` alone: kernels differ by op and layout (on a CPU without
@@ -151,23 +166,32 @@ def measure_gemm(accelerator: str, shapes: list[Shape], min_time_s: float, repea
 def measure_memory_bandwidth(accelerator: str, mib: int, min_time_s: float, repeats: int) -> float:
     """GB/s of a device copy (bytes read + bytes written)."""
     torch, device, sync = _device(accelerator)
-    n = mib * 2 ** 20 // 4
+    n = mib * 2**20 // 4
     src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
     seconds = timed(lambda: dst.copy_(src), sync, min_time_s, repeats)
     return 2 * n * 4 / seconds / 1e9
 
 
-def _collective_worker(rank: int, world: int, accelerator: str, store_path: str, sizes_kib: list[int], repeats: int,
-                       result_path: str, quick: bool = False) -> None:
+def _collective_worker(
+    rank: int,
+    world: int,
+    accelerator: str,
+    store_path: str,
+    sizes_kib: list[int],
+    repeats: int,
+    result_path: str,
+    quick: bool = False,
+) -> None:
     """One rank of the collective measurement (run by torch.multiprocessing): all-reduce,
     all-gather and a point-to-point exchange (a pipeline stage's send/recv) at each message size,
     then a tensor-parallel layer step in context (``calibrate_layer``)."""
     torch, device, sync = _device(accelerator, local_rank=rank)
     import torch.distributed as dist
 
-    dist.init_process_group(ACCELERATORS[accelerator].backend, init_method=f"file://{store_path}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        ACCELERATORS[accelerator].backend, init_method=f"file://{store_path}", rank=rank, world_size=world
+    )
     try:
         # all_gather_single replaces all_gather_into_tensor from torch 2.13; NPU stacks run older torch
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -190,8 +214,11 @@ def _collective_worker(rank: int, world: int, accelerator: str, store_path: str,
             gathered = torch.empty((n // world) * world, dtype=torch.float32, device=device)
             shard = torch.ones(n // world, dtype=torch.float32, device=device)
             recv = torch.empty_like(x)
-            ops = {"allreduce": lambda: dist.all_reduce(x), "allgather": lambda: gather(gathered, shard),
-                   "p2p": lambda: exchange(x, recv)}
+            ops = {
+                "allreduce": lambda: dist.all_reduce(x),
+                "allgather": lambda: gather(gathered, shard),
+                "p2p": lambda: exchange(x, recv),
+            }
             for name, op in ops.items():
                 op()
                 sync()
@@ -211,8 +238,9 @@ def _collective_worker(rank: int, world: int, accelerator: str, store_path: str,
         dist.destroy_process_group()
 
 
-def measure_collectives(accelerator: str, ranks: int, sizes_kib: tuple[int, ...], repeats: int,
-                        quick: bool = False) -> tuple[dict[str, dict[int, float]], dict[str, Any]]:
+def measure_collectives(
+    accelerator: str, ranks: int, sizes_kib: tuple[int, ...], repeats: int, quick: bool = False
+) -> tuple[dict[str, dict[int, float]], dict[str, Any]]:
     """Seconds of all-reduce, all-gather (of the full, gathered buffer) and one point-to-point hop
     between ``ranks`` processes, per message size in bytes: from the sizes tensor parallelism sends
     per layer up to gradient buckets, so the fit sees both the latency and the bandwidth; and the
@@ -221,8 +249,12 @@ def measure_collectives(accelerator: str, ranks: int, sizes_kib: tuple[int, ...]
 
     with tempfile.TemporaryDirectory(prefix="autotune-calibrate-") as tmp:
         result_path = os.path.join(tmp, "result.json")
-        mp.start_processes(_collective_worker, args=(ranks, accelerator, os.path.join(tmp, "store"), list(sizes_kib),
-                                                     repeats, result_path, quick), nprocs=ranks, start_method="spawn")
+        mp.start_processes(
+            _collective_worker,
+            args=(ranks, accelerator, os.path.join(tmp, "store"), list(sizes_kib), repeats, result_path, quick),
+            nprocs=ranks,
+            start_method="spawn",
+        )
         raw = json.loads(Path(result_path).read_text())
         tp_layer = raw.pop("tp_layer")
         return {name: {int(k): v for k, v in times.items()} for name, times in raw.items()}, tp_layer
@@ -282,8 +314,15 @@ COLLECTIVE_KIB = {"cpu": (4, 32, 256, 1024, 8192), "cuda": (64, 1024, 16384, 131
 QUICK_COLLECTIVE_KIB = {"cpu": (4, 64, 1024), "cuda": (64, 4096, 65536), "npu": (64, 4096, 65536)}
 
 
-def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads: int | None = None,
-              base: str | None = None, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def calibrate(
+    accelerator: str,
+    *,
+    quick: bool = False,
+    ranks: int = 2,
+    threads: int | None = None,
+    base: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """Measure and return ``{"profile": ..., "measured": ...}`` (the profile ready to write).
 
     ``base`` is the profile whose figures calibration does not measure (memory size, inter-node
@@ -316,8 +355,10 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     tp_layer: dict[str, Any] = {}
     if ranks > 1:
         kib = (QUICK_COLLECTIVE_KIB if quick else COLLECTIVE_KIB)[accelerator]
-        progress(f"all-reduce / all-gather / send-recv between {ranks} processes, {kib[0]} KiB to {kib[-1]} KiB; "
-                 f"a tensor-parallel layer step over them (tp {ranks}) against its local shard")
+        progress(
+            f"all-reduce / all-gather / send-recv between {ranks} processes, {kib[0]} KiB to {kib[-1]} KiB; "
+            f"a tensor-parallel layer step over them (tp {ranks}) against its local shard"
+        )
         collectives, tp_layer = measure_collectives(accelerator, ranks, kib, max(repeats, 5), quick=quick)
         ring = {"allreduce": 2.0 * (ranks - 1) / ranks, "allgather": (ranks - 1) / ranks, "p2p": 1.0}
         fitted = {name: fit_latency_bandwidth(times, ring[name]) for name, times in collectives.items() if times}
@@ -328,8 +369,9 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     half, plateaus = fit_gemm_curve(gemm)
     profile["name"] = f"calibrated-{platform.node() or accelerator}"
     name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
-    profile["description"] = (f"calibrated on {platform.node()} ({name}) "
-                              f"{_dt.date.today().isoformat()}" + (" (quick)" if quick else ""))
+    profile["description"] = f"calibrated on {platform.node()} ({name}) {_dt.date.today().isoformat()}" + (
+        " (quick)" if quick else ""
+    )
     profile["calibrated_at"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     profile["peak_tflops"] = {**profile["peak_tflops"], **{k: _significant(plateaus[k], 6) for k in DTYPES}}
     profile["gemm_efficiency"] = 1.0
@@ -340,7 +382,8 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
     # rate SDPA runs against the GEMM plateau; its kernel dispatch as measured.
     profile["memory_bandwidth_efficiency"] = _significant(min(1.0, max(0.01, elementwise["gbps"] / bandwidth)))
     profile["flash_attention_efficiency"] = _significant(
-        min(1.0, max(0.01, attention["tflops"] / plateaus[attention["dtype"]])))
+        min(1.0, max(0.01, attention["tflops"] / plateaus[attention["dtype"]]))
+    )
     profile["kernel_launch_us"] = _significant(dispatch_s * 1e6)
     profile["optimizer_us_per_tensor"] = _significant(optimizer_tensor_s * 1e6)
     if memory_gib:
@@ -362,33 +405,56 @@ def calibrate(accelerator: str, *, quick: bool = False, ranks: int = 2, threads:
         tp_latency = fit_tp_latency(tp_layer, ar_bw)
         profile["tp_collective_latency_us"] = round(max(tp_latency * 1e6, profile["collective_latency_us"]), 2)
     validate_profile(profile, "the measured profile")  # a degenerate measurement fails here, not in a study
-    measured = {"gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
-                "memory_bandwidth_gbps": bandwidth,
-                "attention": attention, "elementwise": elementwise, "dispatch_us": dispatch_s * 1e6,
-                "optimizer_us_per_tensor": optimizer_tensor_s * 1e6,
-                "collective_seconds": {k: {str(n): t for n, t in v.items()} for k, v in collectives.items()},
-                "collective_fit": {k: {"latency_us": lat * 1e6, "busbw_gbps": None if bw is None else bw / 1e9}
-                                   for k, (lat, bw) in resolved.items()},
-                "collective_busbw_gbps": {k: None if bw is None else bw / 1e9 for k, (_, bw) in resolved.items()},
-                "device_memory_gib": memory_gib,
-                "not_measured": sorted(_not_measured(profile, memory_gib, resolved)),
-                "base_profile": base or BASE_PROFILE[accelerator],
-                "tp_layer_step": tp_layer,
-                "sizes": list(sizes), "quick": quick, "ranks": ranks, "threads_per_device": threads,
-                "software": {**software_versions(accelerator), "python": platform.python_version()}}
+    measured = {
+        "gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
+        "memory_bandwidth_gbps": bandwidth,
+        "attention": attention,
+        "elementwise": elementwise,
+        "dispatch_us": dispatch_s * 1e6,
+        "optimizer_us_per_tensor": optimizer_tensor_s * 1e6,
+        "collective_seconds": {k: {str(n): t for n, t in v.items()} for k, v in collectives.items()},
+        "collective_fit": {
+            k: {"latency_us": lat * 1e6, "busbw_gbps": None if bw is None else bw / 1e9}
+            for k, (lat, bw) in resolved.items()
+        },
+        "collective_busbw_gbps": {k: None if bw is None else bw / 1e9 for k, (_, bw) in resolved.items()},
+        "device_memory_gib": memory_gib,
+        "not_measured": sorted(_not_measured(profile, memory_gib, resolved)),
+        "base_profile": base or BASE_PROFILE[accelerator],
+        "tp_layer_step": tp_layer,
+        "sizes": list(sizes),
+        "quick": quick,
+        "ranks": ranks,
+        "threads_per_device": threads,
+        "software": {**software_versions(accelerator), "python": platform.python_version()},
+    }
     return {"profile": profile, "measured": measured}
 
 
 # what calibration measures; the rest of a profile is the base profile's (its data sheet)
-_MEASURED_KEYS = ("peak_tflops", "gemm_efficiency", "gemm_half_dim", "memory_bandwidth_gbps", "memory_bandwidth_efficiency",
-                  "flash_attention_efficiency", "kernel_launch_us", "optimizer_us_per_tensor")
-_COLLECTIVE_KEYS = ("intra_node_bandwidth_gbps", "allreduce_efficiency", "allgather_efficiency", "collective_latency_us",
-                    "tp_collective_latency_us")
+_MEASURED_KEYS = (
+    "peak_tflops",
+    "gemm_efficiency",
+    "gemm_half_dim",
+    "memory_bandwidth_gbps",
+    "memory_bandwidth_efficiency",
+    "flash_attention_efficiency",
+    "kernel_launch_us",
+    "optimizer_us_per_tensor",
+)
+_COLLECTIVE_KEYS = (
+    "intra_node_bandwidth_gbps",
+    "allreduce_efficiency",
+    "allgather_efficiency",
+    "collective_latency_us",
+    "tp_collective_latency_us",
+)
 _DESCRIPTIVE = ("name", "accelerator", "description", "calibrated_at", "devices_per_node")
 
 
-def _not_measured(profile: dict[str, Any], memory_gib: float | None,
-                  resolved: dict[str, tuple[float, float | None]]) -> list[str]:
+def _not_measured(
+    profile: dict[str, Any], memory_gib: float | None, resolved: dict[str, tuple[float, float | None]]
+) -> list[str]:
     """The profile's figures this calibration did not measure (kept from the base profile)."""
     measured = set(_MEASURED_KEYS) | ({"device_memory_gib"} if memory_gib else set())
     if resolved.get("allreduce", (0, None))[1] is not None:
@@ -409,23 +475,48 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
         "# peak_tflops are the sustained matmul plateaus fitted here (gemm_efficiency 1), not data-sheet",
         "# peaks: MFU against this profile is MFU against what this device sustains.",
         f"# software: {json.dumps(m['software'])}; threads per device: {m['threads_per_device'] or 'all'}",
-        "# GEMM TFLOPS measured (m x k x n): " + "; ".join(
-            f"{k} " + ", ".join(f"{d}:{v:.4g}" for d, v in rates.items()) for k, rates in m["gemm_tflops"].items()),
-        (f"# attention (causal SDPA fwd+bwd, {m['attention']['dtype']}): {m['attention']['tflops']:.4g} TFLOPS; "
-         f"elementwise chain fwd+bwd: {m['elementwise']['gbps']:.3g} GB/s; dispatch: {m['dispatch_us']:.3g} us; "
-         f"optimizer step: {m['optimizer_us_per_tensor']:.3g} us per parameter tensor"
-         if "attention" in m else "# attention, elementwise, dispatch: not measured"),
+        "# GEMM TFLOPS measured (m x k x n): "
+        + "; ".join(
+            f"{k} " + ", ".join(f"{d}:{v:.4g}" for d, v in rates.items()) for k, rates in m["gemm_tflops"].items()
+        ),
+        (
+            f"# attention (causal SDPA fwd+bwd, {m['attention']['dtype']}): {m['attention']['tflops']:.4g} TFLOPS; "
+            f"elementwise chain fwd+bwd: {m['elementwise']['gbps']:.3g} GB/s; dispatch: {m['dispatch_us']:.3g} us; "
+            f"optimizer step: {m['optimizer_us_per_tensor']:.3g} us per parameter tensor"
+            if "attention" in m
+            else "# attention, elementwise, dispatch: not measured"
+        ),
         f"# device copy: {m['memory_bandwidth_gbps']:.1f} GB/s; collectives (latency us, bus bandwidth GB/s; null: "
         "latency-bound at every size measured, no bandwidth resolved): "
-        + (json.dumps({k: {f: (None if v is None else round(v, 3)) for f, v in fit.items()}
-                       for k, fit in m["collective_fit"].items()}) if m.get("collective_fit") else "not measured"),
-        "# device memory: " + (f"{m['device_memory_gib']:.2f} GiB as the device (or the OS) reports it"
-                               if m.get("device_memory_gib") else "not readable here"),
+        + (
+            json.dumps(
+                {
+                    k: {f: (None if v is None else round(v, 3)) for f, v in fit.items()}
+                    for k, fit in m["collective_fit"].items()
+                }
+            )
+            if m.get("collective_fit")
+            else "not measured"
+        ),
+        "# device memory: "
+        + (
+            f"{m['device_memory_gib']:.2f} GiB as the device (or the OS) reports it"
+            if m.get("device_memory_gib")
+            else "not readable here"
+        ),
         f"# not measured, kept from the base profile {m.get('base_profile', '?')!r} (data-sheet figures): "
         + (", ".join(m.get("not_measured") or []) or "none"),
-        "# tensor-parallel layer step (seconds, sharded vs local shard): " + (json.dumps(
-            [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()} for row in m["tp_layer_step"]["rows"]])
-            if m.get("tp_layer_step") else "not measured"),
+        "# tensor-parallel layer step (seconds, sharded vs local shard): "
+        + (
+            json.dumps(
+                [
+                    {k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()}
+                    for row in m["tp_layer_step"]["rows"]
+                ]
+            )
+            if m.get("tp_layer_step")
+            else "not measured"
+        ),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(result["profile"], sort_keys=False))
@@ -440,8 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="CPU: threads per device (default cores / ranks)")
     args = ap.parse_args(argv)
-    result = calibrate(args.accelerator, quick=args.quick, ranks=args.ranks, threads=args.threads,
-                       progress=lambda text: print(text, file=sys.stderr))
+    result = calibrate(
+        args.accelerator,
+        quick=args.quick,
+        ranks=args.ranks,
+        threads=args.threads,
+        progress=lambda text: print(text, file=sys.stderr),
+    )
     print(write_profile(result, args.out))
     return 0
 

@@ -27,8 +27,14 @@ import statistics
 import time
 from typing import Any, Callable
 
-__all__ = ["timed", "KERNEL_SHAPES", "measure_attention", "measure_elementwise", "measure_dispatch",
-           "measure_optimizer_step"]
+__all__ = [
+    "timed",
+    "KERNEL_SHAPES",
+    "measure_attention",
+    "measure_elementwise",
+    "measure_dispatch",
+    "measure_optimizer_step",
+]
 
 # (batch, heads, seq, head_dim, hidden, ffn, dtype) per accelerator: the tiny probes' layer on the
 # CPU, a Llama-2-7B layer on accelerators.
@@ -63,8 +69,9 @@ def _dtype(torch: Any, name: str) -> Any:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def measure_attention(accelerator: str, torch: Any, device: Any, sync: Callable[[], None], min_time_s: float,
-                      repeats: int) -> dict[str, Any]:
+def measure_attention(
+    accelerator: str, torch: Any, device: Any, sync: Callable[[], None], min_time_s: float, repeats: int
+) -> dict[str, Any]:
     """TFLOPS of causal SDPA forward + backward, counted as the simulator counts flash attention."""
     shape = KERNEL_SHAPES[accelerator]
     b, heads, seq, hd = shape["batch"], shape["heads"], shape["seq"], shape["head_dim"]
@@ -82,8 +89,9 @@ def measure_attention(accelerator: str, torch: Any, device: Any, sync: Callable[
     return {"dtype": shape["dtype"], "seconds": seconds, "tflops": flops / seconds / 1e12}
 
 
-def measure_elementwise(accelerator: str, torch: Any, device: Any, sync: Callable[[], None], min_time_s: float,
-                        repeats: int) -> dict[str, Any]:
+def measure_elementwise(
+    accelerator: str, torch: Any, device: Any, sync: Callable[[], None], min_time_s: float, repeats: int
+) -> dict[str, Any]:
     """GB/s of a layer's elementwise chain forward + backward, the bytes as the simulator counts them."""
     shape = KERNEL_SHAPES[accelerator]
     tok, h, ffn = shape["batch"] * shape["seq"], shape["hidden"], shape["ffn"]
@@ -118,8 +126,9 @@ def measure_dispatch(torch: Any, device: Any, sync: Callable[[], None], min_time
     return timed(lambda: torch.add(a, b), sync, min_time_s, repeats)
 
 
-def measure_optimizer_step(torch: Any, device: Any, sync: Callable[[], None], min_time_s: float, repeats: int,
-                           tensors: int = 64) -> float:
+def measure_optimizer_step(
+    torch: Any, device: Any, sync: Callable[[], None], min_time_s: float, repeats: int, tensors: int = 64
+) -> float:
     """Seconds per parameter tensor of an optimizer step's fixed cost: AdamW (the probe's) over
     ``tensors`` one-element parameters, gradients handed over and cleared as a training step does;
     the bytes are nil, so what is timed is the host's work per tensor."""

@@ -69,8 +69,9 @@ def _blocks(cfg: Any, layers: int, tp: int, mesh: Any, sharded: bool, device: An
     return blocks
 
 
-def measure_tp_layer(accelerator: str, device: Any, sync: Callable[[], None], tp: int, repeats: int,
-                     quick: bool = False) -> dict[str, Any]:
+def measure_tp_layer(
+    accelerator: str, device: Any, sync: Callable[[], None], tp: int, repeats: int, quick: bool = False
+) -> dict[str, Any]:
     """Seconds of ``layers`` blocks' forward + backward, sharded over the ``tp`` ranks of the
     default process group and as the local shard alone, per (micro-batch, seq); with the bytes
     each all-reduce carries. Every rank must call it (the sharded runs are collective)."""
@@ -89,10 +90,15 @@ def measure_tp_layer(accelerator: str, device: Any, sync: Callable[[], None], tp
     for batch, seq in setup["batches"]:
         cos, sin = rope_tables(cfg.head_dim, seq, cfg.rope_theta, device=device)
         x0 = torch.randn(batch, seq, cfg.hidden_size, device=device, dtype=dtype)
-        row: dict[str, Any] = {"micro_batch": batch, "seq": seq,
-                               "allreduce_bytes": batch * seq * cfg.hidden_size * x0.element_size()}
-        stacks = {mode: _blocks(cfg, setup["layers"], tp, mesh, mode == "sharded", device, dtype)
-                  for mode in ("local", "sharded")}
+        row: dict[str, Any] = {
+            "micro_batch": batch,
+            "seq": seq,
+            "allreduce_bytes": batch * seq * cfg.hidden_size * x0.element_size(),
+        }
+        stacks = {
+            mode: _blocks(cfg, setup["layers"], tp, mesh, mode == "sharded", device, dtype)
+            for mode in ("local", "sharded")
+        }
 
         def step(blocks: list[Any]) -> None:
             out = x0.clone().requires_grad_()
@@ -127,6 +133,8 @@ def fit_tp_latency(measured: dict[str, Any], allreduce_busbw: float) -> float:
     tp = measured["tp"]
     per_layer = COLLECTIVES_PER_LAYER * measured["layers"]
     share = 2.0 * (tp - 1) / tp
-    latencies = [((r["sharded_s"] - r["local_s"]) / per_layer - share * r["allreduce_bytes"] / allreduce_busbw) / 2.0
-                 for r in measured["rows"]]
+    latencies = [
+        ((r["sharded_s"] - r["local_s"]) / per_layer - share * r["allreduce_bytes"] / allreduce_busbw) / 2.0
+        for r in measured["rows"]
+    ]
     return max(0.0, statistics.median(latencies))

@@ -39,8 +39,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .protocol import (PEAK_COUNTS, PEAK_COUNTS_KEY, TRIAL_FILE_ENV, ProbeResult, classify_failure, native_cause,
-                       oom_evidence, parse_output_line)
+from .protocol import (
+    PEAK_COUNTS,
+    PEAK_COUNTS_KEY,
+    TRIAL_FILE_ENV,
+    ProbeResult,
+    classify_failure,
+    native_cause,
+    oom_evidence,
+    parse_output_line,
+)
 
 __all__ = ["run_probe_process", "MAX_LINE_BYTES", "KILL_GRACE_S"]
 
@@ -58,6 +66,7 @@ _EOF = object()
 class _Unterminated(str):
     """The last output of a probe that ended without a newline. When autotune killed the probe,
     it is a line cut in half by the kill and is dropped; otherwise it is kept as a normal line."""
+
 
 # Runs outside the probe's group: waits for "done" on its stdin (fd 3 in the background subshell,
 # since an asynchronous list gets /dev/null as stdin). EOF without "done" means the process that
@@ -133,8 +142,9 @@ def run_probe_process(
     proc_env[PROBE_MARK_ENV] = marker
 
     if cwd is not None and not Path(cwd).is_dir():
-        return ProbeResult("invalid", reason=f"probe working directory {str(cwd)!r} does not exist",
-                           wall_s=time.monotonic() - t0)
+        return ProbeResult(
+            "invalid", reason=f"probe working directory {str(cwd)!r} does not exist", wall_s=time.monotonic() - t0
+        )
     try:
         proc = subprocess.Popen(
             argv,
@@ -149,11 +159,13 @@ def run_probe_process(
             # at MAX_LINE_BYTES and decoded with errors="replace" by the reader.
         )
     except FileNotFoundError:
-        return ProbeResult("invalid", reason=f"probe executable not found: {argv[0]!r} (argv {argv!r})",
-                           wall_s=time.monotonic() - t0)
+        return ProbeResult(
+            "invalid", reason=f"probe executable not found: {argv[0]!r} (argv {argv!r})", wall_s=time.monotonic() - t0
+        )
     except PermissionError:
-        return ProbeResult("invalid", reason=f"probe executable is not executable: {argv[0]!r}",
-                           wall_s=time.monotonic() - t0)
+        return ProbeResult(
+            "invalid", reason=f"probe executable is not executable: {argv[0]!r}", wall_s=time.monotonic() - t0
+        )
     except OSError as exc:
         return ProbeResult("invalid", reason=f"cannot start probe {argv[0]!r}: {exc}", wall_s=time.monotonic() - t0)
 
@@ -161,8 +173,9 @@ def run_probe_process(
     guard = _start_watchdog(proc.pid, kill_grace_s) if watchdog else None
     lines: queue.Queue = queue.Queue(maxsize=10_000)  # bounded: a flooding probe blocks on its pipe
     reader_stop = threading.Event()
-    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, reader_stop),
-                              name=f"probe-reader-{proc.pid}", daemon=True)
+    reader = threading.Thread(
+        target=_read_lines, args=(proc.stdout, lines, reader_stop), name=f"probe-reader-{proc.pid}", daemon=True
+    )
     reader.start()
 
     deadline = None if timeout_s is None or math.isinf(timeout_s) else t0 + float(timeout_s)
@@ -194,8 +207,11 @@ def run_probe_process(
                     break
                 if now - left_at > 1.0:
                     # a process outside the group (one that called setsid) holds the pipe open
-                    log.warning("probe %s exited but something outside its process group keeps its "
-                                "output open; not waiting for it", argv[0])
+                    log.warning(
+                        "probe %s exited but something outside its process group keeps its "
+                        "output open; not waiting for it",
+                        argv[0],
+                    )
                     break
                 continue
             if term_at is None:
@@ -226,17 +242,25 @@ def run_probe_process(
     result = run.result(rc, stopped=stopped, timed_out=timed_out)
     result.wall_s = time.monotonic() - t0
     if timed_out and result.status == "timeout":
-        result.reason = (f"the probe ran past its time limit of {float(timeout_s):g} s and was killed (the limit is "
-                         "workload.timeout_s, or backend.timeout_s where the spec sets it: raise it for a config that "
-                         "is slow, not stuck)")
+        result.reason = (
+            f"the probe ran past its time limit of {float(timeout_s):g} s and was killed (the limit is "
+            "workload.timeout_s, or backend.timeout_s where the spec sets it: raise it for a config that "
+            "is slow, not stuck)"
+        )
     return result
 
 
 class _Run:
     """What has been read from one probe so far."""
 
-    def __init__(self, proc: subprocess.Popen, patterns: dict[str, re.Pattern], tail_lines: int,
-                 on_event: Callable[[dict[str, Any]], None] | None, reader: Any = None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        patterns: dict[str, re.Pattern],
+        tail_lines: int,
+        on_event: Callable[[dict[str, Any]], None] | None,
+        reader: Any = None,
+    ) -> None:
         self.proc = proc
         self.reader = reader
         self.patterns = patterns
@@ -330,7 +354,8 @@ class _Run:
                 self.info.pop(PEAK_COUNTS_KEY)
                 self.info.setdefault("protocol_errors", []).append(
                     f"info.{PEAK_COUNTS_KEY} {counts!r} is not one of {', '.join(PEAK_COUNTS)}: the peak is taken "
-                    "as the device's")
+                    "as the device's"
+                )
         if msg.get("source") in ("measured", "simulated"):
             self.source = msg["source"]
 
@@ -346,7 +371,7 @@ class _Run:
             info.setdefault(PEAK_COUNTS_KEY, self.reader.peak_counts)
         if self.steps_dropped:
             info["steps_dropped"] = self.steps_dropped
-        tail_list = list(self.lines)[-self.tail_lines:] if self.tail_lines else []
+        tail_list = list(self.lines)[-self.tail_lines :] if self.tail_lines else []
         tail = "\n".join(tail_list)
         if stopped:
             status, reason = "pruned", "stopped early by the driver"
@@ -356,8 +381,11 @@ class _Run:
             status, reason = (self.reader.verdict(self.steps) if self.reader is not None else None) or ("ok", "")
         elif rc == 0 and self.failure is None:  # the stack's own verdict first (every iteration skipped: nan)
             status, reason = (self.reader.verdict(self.steps) if self.reader is not None else None) or (
-                "crash", "probe exited 0 without a metrics line" if self.reader is None
-                else f"probe exited 0 without metrics: {self.reader.missing}")
+                "crash",
+                "probe exited 0 without a metrics line"
+                if self.reader is None
+                else f"probe exited 0 without metrics: {self.reader.missing}",
+            )
         else:
             output = list(self.lines)
             if self.failure is not None and self.failure_line not in output:
@@ -378,8 +406,9 @@ class _Run:
                 evidence = oom_evidence(output)
                 if evidence:
                     info["oom"] = evidence
-        return ProbeResult(status, metrics=metrics, steps=self.steps, source=self.source, log_tail=tail,
-                           reason=reason, info=info)
+        return ProbeResult(
+            status, metrics=metrics, steps=self.steps, source=self.source, log_tail=tail, reason=reason, info=info
+        )
 
 
 def _compile_patterns(metric_patterns: dict[str, str] | None) -> dict[str, re.Pattern]:
@@ -388,7 +417,9 @@ def _compile_patterns(metric_patterns: dict[str, str] | None) -> dict[str, re.Pa
         try:
             patterns[str(name)] = re.compile(regex)
         except (re.error, TypeError) as exc:
-            raise ValueError(f"metric pattern for {name!r} is not a valid regular expression ({regex!r}): {exc}") from None
+            raise ValueError(
+                f"metric pattern for {name!r} is not a valid regular expression ({regex!r}): {exc}"
+            ) from None
     return patterns
 
 

@@ -53,8 +53,11 @@ FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
 PEAK_COUNTS_KEY = "peak_memory_counts"
 PEAK_COUNTS = ("allocated", "reserved", "device")
 # ... and the simulator's memory components (``mem_<name>``) each kind leaves out
-PEAK_LEAVES_OUT = {"device": (), "reserved": ("comm_buffers", "runtime_reserve"),
-                   "allocated": ("fragmentation", "comm_buffers", "runtime_reserve")}
+PEAK_LEAVES_OUT = {
+    "device": (),
+    "reserved": ("comm_buffers", "runtime_reserve"),
+    "allocated": ("fragmentation", "comm_buffers", "runtime_reserve"),
+}
 
 _OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|CUDA error: out of memory|NPU out of memory|"
@@ -65,8 +68,11 @@ _OOM_PATTERNS = re.compile(
 )
 _NAN_PATTERNS = re.compile(r"\bloss is (nan|inf)\b|non-finite loss|loss=nan|loss: nan|\bNaN detected", re.IGNORECASE)
 _DECORATION = re.compile(r"^[=\-_*#~\s]+$")
-_CAUSE = re.compile(r"\w(Error|Exception)\b|\berror:|terminate called|Segmentation fault|Aborted|"
-                    r"failed \(exitcode", re.IGNORECASE)
+_CAUSE = re.compile(
+    r"\w(Error|Exception)\b|\berror:|terminate called|Segmentation fault|Aborted|"
+    r"failed \(exitcode",
+    re.IGNORECASE,
+)
 _LAUNCHER = re.compile(r"ChildFailedError|torch[./]distributed[./]elastic|error_file:")  # torchrun's own report
 _INVALID_PATTERNS = re.compile(r"\binvalid config(uration)?\b|not divisible by", re.IGNORECASE)
 
@@ -168,8 +174,18 @@ def parse_output_line(line: str) -> dict[str, Any] | None:
 
 
 _SIZE = r"([\d.,]+)\s*([KMGT]?i?B|bytes)"
-_UNITS = {"b": 1, "bytes": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30,
-          "tb": 1e12, "tib": 2**40}
+_UNITS = {
+    "b": 1,
+    "bytes": 1,
+    "kb": 1e3,
+    "kib": 2**10,
+    "mb": 1e6,
+    "mib": 2**20,
+    "gb": 1e9,
+    "gib": 2**30,
+    "tb": 1e12,
+    "tib": 2**40,
+}
 # What CUDA's and torch_npu's caching allocators say when they run out (torch >= 2.1, and the older
 # parenthesised form both still print):
 #   CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which
@@ -181,10 +197,12 @@ _OOM_FIELDS = {
     "requested": re.compile(r"Tried to allocate " + _SIZE, re.IGNORECASE),
     "capacity": re.compile(r"(?:total capacity of " + _SIZE + r"|" + _SIZE + r" total capacity)", re.IGNORECASE),
     "free": re.compile(r"(?:of which " + _SIZE + r" is free|" + _SIZE + r" free)", re.IGNORECASE),
-    "allocated": re.compile(r"(?:" + _SIZE + r" already allocated|" + _SIZE + r" is allocated by PyTorch)",
-                            re.IGNORECASE),
-    "reserved": re.compile(r"(?:" + _SIZE + r" reserved in total|" + _SIZE + r" is reserved by PyTorch)",
-                           re.IGNORECASE),
+    "allocated": re.compile(
+        r"(?:" + _SIZE + r" already allocated|" + _SIZE + r" is allocated by PyTorch)", re.IGNORECASE
+    ),
+    "reserved": re.compile(
+        r"(?:" + _SIZE + r" reserved in total|" + _SIZE + r" is reserved by PyTorch)", re.IGNORECASE
+    ),
 }
 
 
@@ -230,8 +248,10 @@ def oom_evidence(output: Iterable[str] | str) -> dict[str, float] | None:
 # A native runtime's own error lines (MindSpore/CANN/TVM's C++ logging, glibc, the C++ runtime):
 # they hold the cause when the Python exception only says that a worker went away ("Response is
 # empty.", "Connection reset"), and they never reach the exception text.
-_NATIVE_CAUSE = re.compile(r"Check failed:|^\s*\[(?:ERROR|CRITICAL)\]|terminate called|Segmentation fault|"
-                           r"core dumped|Fatal Python error|\bE[EILZ]\d{4}\b")
+_NATIVE_CAUSE = re.compile(
+    r"Check failed:|^\s*\[(?:ERROR|CRITICAL)\]|terminate called|Segmentation fault|"
+    r"core dumped|Fatal Python error|\bE[EILZ]\d{4}\b"
+)
 
 
 def native_cause(lines: Iterable[str], reason: str = "") -> str | None:
@@ -271,6 +291,7 @@ def classify_failure(returncode: int | None, output: Iterable[str] | str, timed_
         return "oom", "probe killed (exit 137), most likely by the host OOM killer"
     # the line that says what went wrong, not a launcher's closing banner ("=====", "-----")
     said = [ln.strip() for ln in lines if ln.strip() and not _DECORATION.match(ln.strip())]
-    tail = next((ln for ln in reversed(said) if _CAUSE.search(ln) and not _LAUNCHER.search(ln)),
-                said[-1] if said else "")
+    tail = next(
+        (ln for ln in reversed(said) if _CAUSE.search(ln) and not _LAUNCHER.search(ln)), said[-1] if said else ""
+    )
     return "crash", f"probe exited with status {returncode}" + (f": {tail[:300]}" if tail else "")

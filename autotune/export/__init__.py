@@ -2,12 +2,13 @@
 
 ``autotune export RUN_OR_SPEC --format megatron,deepspeed,mindformers,torchtitan,env,yaml`` (or
 ``all``). Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
-implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`)
-holds the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml,
-env and the registered stacks' exporters) above both, so the formats never import the stacks. Every file starts with the same header (in the file format's comment syntax, or an
-``_autotune`` key in JSON): study, trial, whether the numbers were measured or simulated, the
-metrics, and the software the probe saw (torch / torch_npu / CANN / MindSpore / driver
-versions), so a file found later explains itself.
+implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`) holds
+the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml, env and
+the registered stacks' exporters) above both, so the formats never import the stacks. Every file
+starts with the same header (in the file format's comment syntax, or an ``_autotune`` key in JSON):
+study, trial, whether the numbers were measured or simulated, the metrics, and the software the
+probe saw (torch / torch_npu / CANN / MindSpore / driver versions), so a file found later explains
+itself.
 """
 
 from __future__ import annotations
@@ -17,5 +18,13 @@ from ._env import EnvExporter
 from ._megatron import megatron_args
 from ._yaml import YamlExporter
 
-__all__ = ["Exporter", "ExportContext", "ExportRefused", "EnvExporter", "YamlExporter", "header_lines", "header_fields",
-           "megatron_args"]
+__all__ = [
+    "Exporter",
+    "ExportContext",
+    "ExportRefused",
+    "EnvExporter",
+    "YamlExporter",
+    "header_lines",
+    "header_fields",
+    "megatron_args",
+]

@@ -9,8 +9,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Exporter", "ExportContext", "ExportRefused", "header_fields", "header_lines", "one_line", "bash_array",
-           "script_arrays"]
+__all__ = [
+    "Exporter",
+    "ExportContext",
+    "ExportRefused",
+    "header_fields",
+    "header_lines",
+    "one_line",
+    "bash_array",
+    "script_arrays",
+]
 
 
 @dataclass
@@ -21,21 +29,36 @@ class ExportContext:
     trial: int
     config: dict[str, Any]
     metrics: dict[str, Any]
-    source: str = ""                      # measured | simulated | cache
+    source: str = ""  # measured | simulated | cache
     model: dict[str, Any] = field(default_factory=dict)
     workload: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)  # as the probe reported it
-    target: str = ""                      # the study's target stack (autotune.stacks); "" = unknown
+    target: str = ""  # the study's target stack (autotune.stacks); "" = unknown
 
     @classmethod
-    def from_record(cls, study: str, record: Any, model: dict | None = None, workload: dict | None = None,
-                    cluster: dict | None = None, target: str = "") -> "ExportContext":
+    def from_record(
+        cls,
+        study: str,
+        record: Any,
+        model: dict | None = None,
+        workload: dict | None = None,
+        cluster: dict | None = None,
+        target: str = "",
+    ) -> "ExportContext":
         info = getattr(record, "info", None) or {}
-        return cls(study=study, trial=record.number, config=dict(record.config), metrics=dict(record.metrics),
-                   source=record.source or "", model=dict(model or {}), workload=dict(workload or {}),
-                   cluster=dict(cluster or {}), software={k: str(v) for k, v in (info.get("software") or {}).items()},
-                   target=target)
+        return cls(
+            study=study,
+            trial=record.number,
+            config=dict(record.config),
+            metrics=dict(record.metrics),
+            source=record.source or "",
+            model=dict(model or {}),
+            workload=dict(workload or {}),
+            cluster=dict(cluster or {}),
+            software={k: str(v) for k, v in (info.get("software") or {}).items()},
+            target=target,
+        )
 
     # what most exporters need
     def get(self, name: str, default: Any = None) -> Any:
@@ -53,7 +76,9 @@ class ExportContext:
 
 def header_fields(ctx: ExportContext) -> dict[str, Any]:
     return {
-        "study": ctx.study, "trial": ctx.trial, "source": ctx.source or "unknown",
+        "study": ctx.study,
+        "trial": ctx.trial,
+        "source": ctx.source or "unknown",
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         "metrics": {k: v for k, v in sorted(ctx.metrics.items()) if isinstance(v, (int, float))},
         "software": ctx.software or "not reported (simulated, or a command backend that did not say)",
@@ -88,7 +113,7 @@ def script_arrays(script: str) -> dict[str, list[str]]:
     for i, line in enumerate(lines):
         if line.endswith("=(") and line[:-2].isidentifier():
             end = lines.index(")", i)
-            out[line[:-2]] = shlex.split(" ".join(lines[i + 1:end]))
+            out[line[:-2]] = shlex.split(" ".join(lines[i + 1 : end]))
     return out
 
 
@@ -144,8 +169,10 @@ class Exporter(abc.ABC):
             return []
         kind = ctx.workload.get("kind", "train")
         if kind != "train":  # a training launch of an inference study would launch something else
-            return [f"{self.name} writes a training launch, and this study tuned a {kind} workload: its config "
-                    "(batch, kv-cache dtype, quantization) is in best_config.yaml and best.env"]
+            return [
+                f"{self.name} writes a training launch, and this study tuned a {kind} workload: its config "
+                "(batch, kv-cache dtype, quantization) is in best_config.yaml and best.env"
+            ]
         target = ctx.target if ctx.target in targets else targets[0]
         rules = self.target_rules(target, ctx.config) if self.target_rules is not None else []
         return rules + self.workload_reasons(ctx)

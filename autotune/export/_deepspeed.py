@@ -30,9 +30,11 @@ class DeepSpeedExporter(Exporter):
             raise ValueError(f"dp {dp} is not the world {world}: a DeepSpeed config cannot launch model parallelism")
         stage = int(ctx.get("zero_stage", 0) or 0)
         header = header_fields(ctx)
-        header["assumes"] = (f"a plain deepspeed.initialize over all {world} ranks (data parallel {world}, "
-                             f"{int(ctx.cluster.get('nodes', 1) or 1)} node(s)): train_batch_size = micro-batch {mbs} "
-                             f"x grad-accum {ga} x {world} ranks")
+        header["assumes"] = (
+            f"a plain deepspeed.initialize over all {world} ranks (data parallel {world}, "
+            f"{int(ctx.cluster.get('nodes', 1) or 1)} node(s)): train_batch_size = micro-batch {mbs} "
+            f"x grad-accum {ga} x {world} ranks"
+        )
         cfg: dict = {
             "_autotune": header,
             "train_micro_batch_size_per_gpu": mbs,
@@ -47,13 +49,24 @@ class DeepSpeedExporter(Exporter):
         if precision == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif precision == "fp16":
-            cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                           "hysteresis": 2, "min_loss_scale": 1}
+            cfg["fp16"] = {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "loss_scale_window": 1000,
+                "hysteresis": 2,
+                "min_loss_scale": 1,
+            }
         if ctx.get("recompute", "none") == "full":
             # DeepSpeed's checkpointing settings; the model still wraps each block in
             # deepspeed.checkpointing.checkpoint (or calls gradient_checkpointing_enable())
-            cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
-                                               "cpu_checkpointing": False}
-            header["launch_note"] = ("recompute full: checkpoint every transformer block in the model code "
-                                     "(deepspeed.checkpointing.checkpoint, or gradient_checkpointing_enable())")
+            cfg["activation_checkpointing"] = {
+                "partition_activations": False,
+                "contiguous_memory_optimization": False,
+                "cpu_checkpointing": False,
+            }
+            header["launch_note"] = (
+                "recompute full: checkpoint every transformer block in the model code "
+                "(deepspeed.checkpointing.checkpoint, or gradient_checkpointing_enable())"
+            )
         return json.dumps(cfg, indent=2) + "\n"

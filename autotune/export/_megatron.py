@@ -26,9 +26,18 @@ from ._env import env_exports
 
 # MindSpeed-LLM's Llama-2 flags (examples/mcore/llama2/pretrain_llama2_13b_ptd.sh, Ascend/MindSpeed-LLM
 # a9547f618ed4643e386a96be191258b872c4d9dc): fused kernels and the local transformer implementation.
-MINDSPEED_FLAGS = ("--use-mcore-models", "--use-flash-attn", "--use-fused-rmsnorm", "--use-fused-swiglu",
-                   "--use-fused-rotary-pos-emb", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
-                   "--no-gradient-accumulation-fusion", "--transformer-impl", "local")
+MINDSPEED_FLAGS = (
+    "--use-mcore-models",
+    "--use-flash-attn",
+    "--use-fused-rmsnorm",
+    "--use-fused-swiglu",
+    "--use-fused-rotary-pos-emb",
+    "--no-masked-softmax-fusion",
+    "--attention-softmax-in-fp32",
+    "--no-gradient-accumulation-fusion",
+    "--transformer-impl",
+    "local",
+)
 
 
 def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None) -> list[str]:
@@ -54,8 +63,14 @@ def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_lay
     elif recompute == "full":
         layers = config.get("recompute_layers")
         if layers:  # the first `layers` of each stage; block counts per virtual stage
-            args += ["--recompute-granularity", "full", "--recompute-method", "block",
-                     "--recompute-num-layers", str(int(layers) // (vpp if pp > 1 else 1))]
+            args += [
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "block",
+                "--recompute-num-layers",
+                str(int(layers) // (vpp if pp > 1 else 1)),
+            ]
         else:  # every layer: each layer is its own checkpointed chunk
             args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     zero = int(config.get("zero_stage", 0) or 0)
@@ -71,19 +86,35 @@ def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_lay
 
 def model_args(model: dict[str, Any], workload: dict[str, Any], target: str = "megatron") -> list[str]:
     """The architecture as Megatron arguments (and MindSpeed's vocabulary rule for ``mindspeed``)."""
-    pairs = [("--num-layers", model.get("num_hidden_layers")), ("--hidden-size", model.get("hidden_size")),
-             ("--ffn-hidden-size", model.get("intermediate_size")),
-             ("--num-attention-heads", model.get("num_attention_heads")),
-             ("--seq-length", workload.get("seq_len")), ("--max-position-embeddings", model.get("max_position_embeddings"))]
+    pairs = [
+        ("--num-layers", model.get("num_hidden_layers")),
+        ("--hidden-size", model.get("hidden_size")),
+        ("--ffn-hidden-size", model.get("intermediate_size")),
+        ("--num-attention-heads", model.get("num_attention_heads")),
+        ("--seq-length", workload.get("seq_len")),
+        ("--max-position-embeddings", model.get("max_position_embeddings")),
+    ]
     args = [x for flag, v in pairs if v for x in (flag, str(v))]
     heads, kv = model.get("num_attention_heads"), model.get("num_key_value_heads")
     if kv and heads and int(kv) != int(heads):
         args += ["--group-query-attention", "--num-query-groups", str(kv)]
     if str(model.get("arch", "llama")) == "llama":
-        args += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-                 "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
-                 "--rotary-base", f"{int(model.get('rope_theta') or 10000)}",
-                 "--norm-epsilon", f"{float(model.get('rms_norm_eps') or 1e-5):g}"]
+        args += [
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--position-embedding-type",
+            "rope",
+            "--disable-bias-linear",
+            "--attention-dropout",
+            "0.0",
+            "--hidden-dropout",
+            "0.0",
+            "--rotary-base",
+            f"{int(model.get('rope_theta') or 10000)}",
+            "--norm-epsilon",
+            f"{float(model.get('rms_norm_eps') or 1e-5):g}",
+        ]
         if not model.get("tie_word_embeddings"):
             args.append("--untie-embeddings-and-output-weights")
     if target == "mindspeed":
@@ -117,20 +148,31 @@ class MegatronExporter(Exporter):
         env = env_exports(ctx)
         if "CUDA_DEVICE_MAX_CONNECTIONS" not in ctx.env:
             env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron's validate_args requires it for tp/cp > 1")
-        lines = ["#!/usr/bin/env bash", *header_lines(ctx),
-                 f"# {'MindSpeed-LLM' if target == 'mindspeed' else 'Megatron-LM'} launch with the tuned parallel, "
-                 "batch, recompute, optimizer-sharding and precision settings",
-                 f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; dp and grad-accum follow from "
-                 "--global-batch-size, as measured).",
-                 "# Add data, tokenizer and checkpoint arguments on the command line: ./launch_megatron.sh --data-path ...",
-                 "set -euo pipefail", "", *env, "",
-                 f"NNODES=${{NNODES:-{nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
-                 "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}", "MASTER_PORT=${MASTER_PORT:-6000}",
-                 f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}", "TRAIN_SCRIPT=${TRAIN_SCRIPT:-pretrain_gpt.py}", "",
-                 *bash_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
-                 *bash_array("STACK_ARGS", stack),
-                 *bash_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)), "",
-                 'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
-                 '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-                 '    "$TRAIN_SCRIPT" "${MODEL_ARGS[@]}" "${STACK_ARGS[@]}" "${AUTOTUNE_ARGS[@]}" "$@"']
+        lines = [
+            "#!/usr/bin/env bash",
+            *header_lines(ctx),
+            f"# {'MindSpeed-LLM' if target == 'mindspeed' else 'Megatron-LM'} launch with the tuned parallel, "
+            "batch, recompute, optimizer-sharding and precision settings",
+            f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; dp and grad-accum follow from "
+            "--global-batch-size, as measured).",
+            "# Add data, tokenizer and checkpoint arguments on the command line: ./launch_megatron.sh --data-path ...",
+            "set -euo pipefail",
+            "",
+            *env,
+            "",
+            f"NNODES=${{NNODES:-{nodes}}}",
+            "NODE_RANK=${NODE_RANK:-0}",
+            "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}",
+            "MASTER_PORT=${MASTER_PORT:-6000}",
+            f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}",
+            "TRAIN_SCRIPT=${TRAIN_SCRIPT:-pretrain_gpt.py}",
+            "",
+            *bash_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
+            *bash_array("STACK_ARGS", stack),
+            *bash_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)),
+            "",
+            'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
+            '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
+            '    "$TRAIN_SCRIPT" "${MODEL_ARGS[@]}" "${STACK_ARGS[@]}" "${AUTOTUNE_ARGS[@]}" "$@"',
+        ]
         return "\n".join(lines) + "\n"

@@ -63,51 +63,80 @@ class MindFormersExporter(Exporter):
         ga = int(ctx.get("grad_accum", 1) or 1)
         recompute = ctx.get("recompute", "none")
         layers = ctx.get("recompute_layers")
-        context = {"mode": _MODES.get(str(ctx.get("mode", "graph")), 0),
-                   "jit_config": {"jit_level": str(ctx.get("jit_level", "O1"))}}
-        parallel = {"parallel_mode": 1, "enable_parallel_optimizer": int(ctx.get("zero_stage", 0) or 0) >= 1,
-                    "full_batch": True, "dataset_strategy": "full_batch"}
+        context = {
+            "mode": _MODES.get(str(ctx.get("mode", "graph")), 0),
+            "jit_config": {"jit_level": str(ctx.get("jit_level", "O1"))},
+        }
+        parallel = {
+            "parallel_mode": 1,
+            "enable_parallel_optimizer": int(ctx.get("zero_stage", 0) or 0) >= 1,
+            "full_batch": True,
+            "dataset_strategy": "full_batch",
+        }
         if pp > 1:
             parallel["pipeline_config"] = {"pipeline_interleave": vpp > 1, "pipeline_scheduler": "1f1b"}
         body = {
             "context": context,
             "parallel": parallel,
             "parallel_config": {
-                "data_parallel": int(ctx.get("dp", 1) or 1), "model_parallel": int(ctx.get("tp", 1)),
-                "pipeline_stage": pp, "context_parallel": int(ctx.get("cp", 1) or 1),
+                "data_parallel": int(ctx.get("dp", 1) or 1),
+                "model_parallel": int(ctx.get("tp", 1)),
+                "pipeline_stage": pp,
+                "context_parallel": int(ctx.get("cp", 1) or 1),
                 "micro_batch_num": ga if pp > 1 else 1,
                 "use_seq_parallel": bool(ctx.get("sequence_parallel", False)),
-                "vocab_emb_dp": False, "gradient_aggregation_group": 4,
+                "vocab_emb_dp": False,
+                "gradient_aggregation_group": 4,
             },
             "micro_batch_interleave_num": 1,
-            "recompute_config": {"recompute": ([int(layers)] * pp if layers else True) if recompute == "full" else False,
-                                 "select_recompute": recompute == "selective",
-                                 "parallel_optimizer_comm_recompute": False, "mp_comm_recompute": True,
-                                 "recompute_slice_activation": False},
-            "runner_config": {"batch_size": int(ctx.get("micro_batch_size", 1)),
-                              "gradient_accumulation_steps": 1 if pp > 1 else ga},
+            "recompute_config": {
+                "recompute": ([int(layers)] * pp if layers else True) if recompute == "full" else False,
+                "select_recompute": recompute == "selective",
+                "parallel_optimizer_comm_recompute": False,
+                "mp_comm_recompute": True,
+                "recompute_slice_activation": False,
+            },
+            "runner_config": {
+                "batch_size": int(ctx.get("micro_batch_size", 1)),
+                "gradient_accumulation_steps": 1 if pp > 1 else ga,
+            },
         }
         precision = ctx.get("precision", "bf16")
-        body["runner_wrapper"] = {"scale_sense": {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536,
-                                                  "scale_factor": 2, "scale_window": 1000}
-                                  if precision == "fp16" else 1.0}
+        body["runner_wrapper"] = {
+            "scale_sense": {
+                "type": "DynamicLossScaleUpdateCell",
+                "loss_scale_value": 65536,
+                "scale_factor": 2,
+                "scale_window": 1000,
+            }
+            if precision == "fp16"
+            else 1.0
+        }
         model_config = {"compute_dtype": _DTYPES.get(str(precision), "float32"), "pp_interleave_num": vpp, "offset": 0}
         seq_len = (ctx.workload or {}).get("seq_len")
         if seq_len:
             model_config["seq_length"] = int(seq_len)
         body["model"] = {"model_config": model_config}
-        notes = [f"# MindFormers: the run YAML is this file with `base_config: <your model YAML>` on top (or these keys "
-                 f"merged over it); semi-auto parallel, full_batch: global batch "
-                 f"{int(ctx.get('micro_batch_size', 1)) * int(ctx.get('dp', 1) or 1) * ga} = batch_size x data_parallel x "
-                 f"{'micro_batch_num' if pp > 1 else 'gradient_accumulation_steps'}"]
+        notes = [
+            f"# MindFormers: the run YAML is this file with `base_config: <your model YAML>` on top (or these keys "
+            f"merged over it); semi-auto parallel, full_batch: global batch "
+            f"{int(ctx.get('micro_batch_size', 1)) * int(ctx.get('dp', 1) or 1) * ga} = batch_size x data_parallel x "
+            f"{'micro_batch_num' if pp > 1 else 'gradient_accumulation_steps'}"
+        ]
         if seq_len:
-            notes.append(f"# measured at sequence length {int(seq_len)}: a dataset with its own length (Megatron "
-                         f"datasets' data_loader.config.seq_length) must match")
+            notes.append(
+                f"# measured at sequence length {int(seq_len)}: a dataset with its own length (Megatron "
+                f"datasets' data_loader.config.seq_length) must match"
+            )
         if precision == "fp16":
-            notes.append("# fp16: if your model YAML's runner_wrapper.scale_sense is a number, replace it by the mapping "
-                         "below (base_config cannot merge a mapping over a number)")
+            notes.append(
+                "# fp16: if your model YAML's runner_wrapper.scale_sense is a number, replace it by the mapping "
+                "below (base_config cannot merge a mapping over a number)"
+            )
         flags = ctx.get("graph_kernel_flags")
         if flags:
-            notes.append(f"# graph-kernel flags go in the environment (best.env): "
-                         f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}")
+            notes.append(
+                f"# graph-kernel flags go in the environment (best.env): "
+                f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}"
+            )
         return "\n".join([*header_lines(ctx), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)

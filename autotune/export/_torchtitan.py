@@ -44,30 +44,52 @@ def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers
     precision = config.get("precision", "bf16")
     shard = zero >= 2
     args = [
-        "--parallelism.data_parallel_replicate_degree", str(1 if shard else dp),
-        "--parallelism.data_parallel_shard_degree", str(dp if shard else 1),
-        "--parallelism.fsdp_reshard_after_forward", "always" if zero == 3 else "never",
-        "--parallelism.tensor_parallel_degree", str(tp),
-        "--parallelism.enable-sequence-parallel" if config.get("sequence_parallel") and tp > 1
+        "--parallelism.data_parallel_replicate_degree",
+        str(1 if shard else dp),
+        "--parallelism.data_parallel_shard_degree",
+        str(dp if shard else 1),
+        "--parallelism.fsdp_reshard_after_forward",
+        "always" if zero == 3 else "never",
+        "--parallelism.tensor_parallel_degree",
+        str(tp),
+        "--parallelism.enable-sequence-parallel"
+        if config.get("sequence_parallel") and tp > 1
         else "--parallelism.no-enable-sequence-parallel",
-        "--parallelism.context_parallel_degree", str(int(config.get("cp", 1) or 1)),
-        "--parallelism.pipeline_parallel_degree", str(pp),
+        "--parallelism.context_parallel_degree",
+        str(int(config.get("cp", 1) or 1)),
+        "--parallelism.pipeline_parallel_degree",
+        str(pp),
     ]
     if pp > 1:
-        args += ["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if vpp > 1 else "1F1B",
-                 "--parallelism.pipeline_parallel_layers_per_stage", str(num_layers // (pp * vpp)),
-                 "--parallelism.pipeline_parallel_first_stage_less_layers", "0",
-                 "--parallelism.pipeline_parallel_last_stage_less_layers", "0",
-                 "--parallelism.pipeline_parallel_microbatch_size", str(mbs),
-                 "--training.disable-cuda-graphs",  # torchtitan's check: no CUDA graphs with pipelining
-                 "--training.local_batch_size", str(mbs * ga)]
+        args += [
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B" if vpp > 1 else "1F1B",
+            "--parallelism.pipeline_parallel_layers_per_stage",
+            str(num_layers // (pp * vpp)),
+            "--parallelism.pipeline_parallel_first_stage_less_layers",
+            "0",
+            "--parallelism.pipeline_parallel_last_stage_less_layers",
+            "0",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            str(mbs),
+            "--training.disable-cuda-graphs",  # torchtitan's check: no CUDA graphs with pipelining
+            "--training.local_batch_size",
+            str(mbs * ga),
+        ]
     else:
         args += ["--training.local_batch_size", str(mbs)]
     dtype = "float32" if precision == "fp32" else "bfloat16"
-    args += ["--training.global_batch_size", str(mbs * ga * dp),
-             "--training.seq_len", str(int(workload.get("seq_len", 0) or 0)),
-             "--training.dtype", "float32", "--training.mixed_precision_param", dtype,
-             "--compile.enable" if config.get("compile", "none") not in (None, "none") else "--compile.no-enable"]
+    args += [
+        "--training.global_batch_size",
+        str(mbs * ga * dp),
+        "--training.seq_len",
+        str(int(workload.get("seq_len", 0) or 0)),
+        "--training.dtype",
+        "float32",
+        "--training.mixed_precision_param",
+        dtype,
+        "--compile.enable" if config.get("compile", "none") not in (None, "none") else "--compile.no-enable",
+    ]
     return args
 
 
@@ -89,21 +111,31 @@ class TorchtitanExporter(Exporter):
         module, config = _PRESET_CONFIGS.get(str(ctx.model.get("name", "")), ("", ""))
         nodes = int(ctx.cluster.get("nodes", 1) or 1)
         per_node = ctx.world_size // max(1, nodes)
-        lines = ["#!/usr/bin/env bash", *header_lines(ctx),
-                 "# torchtitan 0.3.x launch: your config_registry module and function, then the tuned overrides.",
-                 f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; the model: {ctx.model.get('name', '')}, "
-                 f"{layers} layers)",
-                 "set -euo pipefail", "", *env_exports(ctx), "",
-                 f"TORCHTITAN_MODULE=${{TORCHTITAN_MODULE:-{module}}}  # e.g. llama3, or your_pkg.config_registry",
-                 f"TORCHTITAN_CONFIG=${{TORCHTITAN_CONFIG:-{config}}}  # the config_registry function of this model",
-                 ': "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE/TORCHTITAN_CONFIG to the model config_registry}"',
-                 f"NNODES=${{NNODES:-{nodes}}}", "NODE_RANK=${NODE_RANK:-0}",
-                 "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}", "MASTER_PORT=${MASTER_PORT:-29500}",
-                 f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}", "",
-                 *bash_array("AUTOTUNE_ARGS", torchtitan_args(ctx.config, ctx.workload, layers)),
-                 f"AUTOTUNE_AC={activation_checkpoint_subcommand(ctx.config)}  # a tyro subcommand: last", "",
-                 'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
-                 '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-                 '    -m torchtitan.train --module "$TORCHTITAN_MODULE" --config "$TORCHTITAN_CONFIG" '
-                 '"${AUTOTUNE_ARGS[@]}" "$@" "$AUTOTUNE_AC"']
+        lines = [
+            "#!/usr/bin/env bash",
+            *header_lines(ctx),
+            "# torchtitan 0.3.x launch: your config_registry module and function, then the tuned overrides.",
+            f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; the model: {ctx.model.get('name', '')}, "
+            f"{layers} layers)",
+            "set -euo pipefail",
+            "",
+            *env_exports(ctx),
+            "",
+            f"TORCHTITAN_MODULE=${{TORCHTITAN_MODULE:-{module}}}  # e.g. llama3, or your_pkg.config_registry",
+            f"TORCHTITAN_CONFIG=${{TORCHTITAN_CONFIG:-{config}}}  # the config_registry function of this model",
+            ': "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE/TORCHTITAN_CONFIG to the model config_registry}"',
+            f"NNODES=${{NNODES:-{nodes}}}",
+            "NODE_RANK=${NODE_RANK:-0}",
+            "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}",
+            "MASTER_PORT=${MASTER_PORT:-29500}",
+            f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}",
+            "",
+            *bash_array("AUTOTUNE_ARGS", torchtitan_args(ctx.config, ctx.workload, layers)),
+            f"AUTOTUNE_AC={activation_checkpoint_subcommand(ctx.config)}  # a tyro subcommand: last",
+            "",
+            'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
+            '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
+            '    -m torchtitan.train --module "$TORCHTITAN_MODULE" --config "$TORCHTITAN_CONFIG" '
+            '"${AUTOTUNE_ARGS[@]}" "$@" "$AUTOTUNE_AC"',
+        ]
         return "\n".join(lines) + "\n"

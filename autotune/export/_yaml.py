@@ -12,6 +12,12 @@ class YamlExporter(Exporter):
     filename = "best_config.yaml"
 
     def render(self, ctx: ExportContext) -> str:
-        body = {"study": ctx.study, "trial": ctx.trial, "source": ctx.source, "params": ctx.config,
-                "metrics": dict(ctx.metrics), "software": ctx.software}
+        body = {
+            "study": ctx.study,
+            "trial": ctx.trial,
+            "source": ctx.source,
+            "params": ctx.config,
+            "metrics": dict(ctx.metrics),
+            "software": ctx.software,
+        }
         return "\n".join(header_lines(ctx)) + "\n" + yaml.safe_dump(body, sort_keys=False)

@@ -21,9 +21,28 @@ from ._base import MINDSPORE_PARAMS, PresetLaunch, PresetRun, Rule, Stack
 if TYPE_CHECKING:
     from autotune.export import Exporter
 
-__all__ = ["MINDSPORE_PARAMS", "STACKS", "PresetLaunch", "PresetRun", "Rule", "Stack", "default_target", "exporters",
-           "format_targets", "get", "memory_rule", "names", "preset", "preset_names", "register", "supported_versions",
-           "target_format", "target_violations", "unregister", "unsupported_reasons"]
+__all__ = [
+    "MINDSPORE_PARAMS",
+    "STACKS",
+    "PresetLaunch",
+    "PresetRun",
+    "Rule",
+    "Stack",
+    "default_target",
+    "exporters",
+    "format_targets",
+    "get",
+    "memory_rule",
+    "names",
+    "preset",
+    "preset_names",
+    "register",
+    "supported_versions",
+    "target_format",
+    "target_violations",
+    "unregister",
+    "unsupported_reasons",
+]
 
 STACKS: dict[str, Stack] = {}  # by name, in registration order (the first stack of a shared format is its default)
 
@@ -32,7 +51,7 @@ STACKS: dict[str, Stack] = {}  # by name, in registration order (the first stack
 RESERVED_NAMES = ("none", "auto", "simulate", "command", "torch", "mindspore")
 OWN_FORMATS = ("yaml", "env")
 FALLBACK_MEMORY_RULE = "megatron"  # `target: none`: the simulator's default rule
-FALLBACK_FORMAT = "megatron"       # `target: none`: the launch a finished study is exported as
+FALLBACK_FORMAT = "megatron"  # `target: none`: the launch a finished study is exported as
 
 
 def register(stack: Stack) -> Stack:
@@ -46,8 +65,10 @@ def register(stack: Stack) -> Stack:
         raise ValueError(f"stack {stack.name!r}: its exporter needs a name other than {', '.join(OWN_FORMATS)}")
     clash = [s.name for s in STACKS.values() if s.exporter.name == fmt and s.exporter is not stack.exporter]
     if clash:
-        raise ValueError(f"stack {stack.name!r}: export format {fmt!r} is another exporter's already "
-                         f"(stack {clash[0]}); stacks share a format by sharing its exporter")
+        raise ValueError(
+            f"stack {stack.name!r}: export format {fmt!r} is another exporter's already "
+            f"(stack {clash[0]}); stacks share a format by sharing its exporter"
+        )
     STACKS[stack.name] = stack
     # the exporter refuses a config by its stacks' rules (the registry tells it: formats never
     # import the stacks, which hold them)
@@ -141,7 +162,8 @@ def supported_versions() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- the built-in stacks
-from . import deepspeed, megatron, mindformers, mindspeed, torchtitan
+# after the registry they register into (each stack module imports only _base)
+from . import deepspeed, megatron, mindformers, mindspeed, torchtitan  # noqa: E402
 
 register(mindspeed.STACK)
 register(megatron.STACK)

@@ -25,8 +25,18 @@ import numpy as np
 if TYPE_CHECKING:
     from autotune.export import Exporter
 
-__all__ = ["MINDSPORE_PARAMS", "PresetLaunch", "PresetRun", "Rule", "Stack", "col", "compiled", "mindspore_only",
-           "partial_recompute", "uses_mindspore"]
+__all__ = [
+    "MINDSPORE_PARAMS",
+    "PresetLaunch",
+    "PresetRun",
+    "Rule",
+    "Stack",
+    "col",
+    "compiled",
+    "mindspore_only",
+    "partial_recompute",
+    "uses_mindspore",
+]
 
 Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
 
@@ -120,13 +130,16 @@ class Stack:
 
     def violations(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         """``{reason: bool array}``: which of ``n`` configs (as columns) the stack cannot launch."""
-        return {f"target {self.name}: {reason}": np.broadcast_to(np.asarray(check(cols), dtype=bool), (n,))
-                for reason, check in self.rules(n)}
+        return {
+            f"target {self.name}: {reason}": np.broadcast_to(np.asarray(check(cols), dtype=bool), (n,))
+            for reason, check in self.rules(n)
+        }
 
     def unsupported(self, config: dict[str, Any]) -> list[str]:
         """Why the stack cannot launch this one config (empty when it can)."""
-        cols = {k: np.asarray([v], dtype=object if isinstance(v, str) or v is None else None)
-                for k, v in config.items()}
+        cols = {
+            k: np.asarray([v], dtype=object if isinstance(v, str) or v is None else None) for k, v in config.items()
+        }
         return [reason for reason, bad in self.violations(cols, 1).items() if bad[0]]
 
 

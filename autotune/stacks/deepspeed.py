@@ -23,13 +23,18 @@ DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
 
 def deepspeed_rules(n: int) -> list[Rule]:
     return [
-        ("a DeepSpeed config cannot express tp/pp/cp > 1 (model parallelism lives in the model code: "
-         "Megatron-DeepSpeed or a PipelineModule)",
-         lambda c: (col(c, "tp", 1, n).astype(int) * col(c, "pp", 1, n).astype(int)
-                    * col(c, "cp", 1, n).astype(int)) > 1),
-        ("DeepSpeed has no selective recompute, nor a recomputed-layer count (activation checkpointing is per "
-         "block, in the model code)",
-         lambda c: (col(c, "recompute", "none", n).astype(str) == "selective") | partial_recompute(c, n)),
+        (
+            "a DeepSpeed config cannot express tp/pp/cp > 1 (model parallelism lives in the model code: "
+            "Megatron-DeepSpeed or a PipelineModule)",
+            lambda c: (
+                (col(c, "tp", 1, n).astype(int) * col(c, "pp", 1, n).astype(int) * col(c, "cp", 1, n).astype(int)) > 1
+            ),
+        ),
+        (
+            "DeepSpeed has no selective recompute, nor a recomputed-layer count (activation checkpointing is per "
+            "block, in the model code)",
+            lambda c: (col(c, "recompute", "none", n).astype(str) == "selective") | partial_recompute(c, n),
+        ),
         ("torch.compile is not set by the DeepSpeed config", lambda c: compiled(c, n)),
         ("MindSpore settings (mode, jit_level, graph_kernel_flags) do not apply", lambda c: mindspore_only(c, n)),
     ]
@@ -37,9 +42,16 @@ def deepspeed_rules(n: int) -> list[Rule]:
 
 def deepspeed_launch(run: PresetRun) -> PresetLaunch:
     request = run.request
-    ctx = ExportContext(study=request.study, trial=request.number, config=dict(run.config), metrics={},
-                        source="probe", model=run.model, workload=run.workload,
-                        cluster={**run.cluster, "world_size": run.devices})
+    ctx = ExportContext(
+        study=request.study,
+        trial=request.number,
+        config=dict(run.config),
+        metrics={},
+        source="probe",
+        model=run.model,
+        workload=run.workload,
+        cluster={**run.cluster, "world_size": run.devices},
+    )
     ds = json.loads(DeepSpeedExporter().render(ctx))
     ds["steps_per_print"] = 1  # the throughput timer prints at every step
     argv = [*run.launcher, *run.entry, "--deepspeed_config", f"{{trial_dir}}/{DEEPSPEED_CONFIG_FILE}", *run.user]

@@ -11,20 +11,43 @@ import numpy as np
 
 from autotune.export._megatron import MegatronExporter, megatron_args, model_args
 
-from ._base import (PresetLaunch, PresetRun, Rule, Stack, col, compiled, mindspore_only, partial_recompute,
-                    uses_mindspore)
+from ._base import (
+    PresetLaunch,
+    PresetRun,
+    Rule,
+    Stack,
+    col,
+    compiled,
+    mindspore_only,
+    partial_recompute,
+    uses_mindspore,
+)
 
 __all__ = ["STACK", "megatron_launch", "megatron_rules"]
 
 
 def megatron_rules(n: int) -> list[Rule]:
     return [
-        ("ZeRO-2/3 cannot be expressed: Megatron's --use-distributed-optimizer shards optimizer states only (ZeRO-1)",
-         lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2),
-        ("recompute_layers must be a multiple of vpp: --recompute-method block counts layers per virtual stage",
-         lambda c: partial_recompute(c, n) & (col(c, "vpp", 1, n).astype(int) > 1)
-         & np.array([(v or 0) % max(int(p), 1) != 0 for v, p in
-                     zip(np.asarray(col(c, "recompute_layers", None, n), dtype=object), col(c, "vpp", 1, n))])),
+        (
+            "ZeRO-2/3 cannot be expressed: Megatron's --use-distributed-optimizer shards optimizer states only "
+            "(ZeRO-1)",
+            lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2,
+        ),
+        (
+            "recompute_layers must be a multiple of vpp: --recompute-method block counts layers per virtual stage",
+            lambda c: (
+                partial_recompute(c, n)
+                & (col(c, "vpp", 1, n).astype(int) > 1)
+                & np.array(
+                    [
+                        (v or 0) % max(int(p), 1) != 0
+                        for v, p in zip(
+                            np.asarray(col(c, "recompute_layers", None, n), dtype=object), col(c, "vpp", 1, n)
+                        )
+                    ]
+                )
+            ),
+        ),
         ("torch.compile has no Megatron flag", lambda c: compiled(c, n)),
         ("MindSpore settings (mode, jit_level, graph_kernel_flags) do not apply", lambda c: mindspore_only(c, n)),
     ]
@@ -36,10 +59,21 @@ def megatron_launch(run: PresetRun, flavour: str = "megatron", stack_args: tuple
     ``--log-throughput``, ``--eval-iters 0``, then ``args`` (data, tokenizer: argparse keeps the
     last value, so the team's own flags win)."""
     config = run.config
-    argv = [*run.launcher, *run.entry, *model_args(run.model, run.workload, flavour), *stack_args,
-            *megatron_args(config, run.global_batch_size, run.layers),
-            "--train-iters", str(run.iterations), "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
-            *run.user]
+    argv = [
+        *run.launcher,
+        *run.entry,
+        *model_args(run.model, run.workload, flavour),
+        *stack_args,
+        *megatron_args(config, run.global_batch_size, run.layers),
+        "--train-iters",
+        str(run.iterations),
+        "--log-interval",
+        "1",
+        "--log-throughput",
+        "--eval-iters",
+        "0",
+        *run.user,
+    ]
     env = {}
     if int(config.get("tp", 1)) > 1 or int(config.get("cp", 1) or 1) > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron's validate_args requires it for tp/cp > 1

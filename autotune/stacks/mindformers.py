@@ -16,8 +16,10 @@ __all__ = ["STACK"]
 
 def mindformers_rules(n: int) -> list[Rule]:
     return [
-        ("ZeRO-2/3 cannot be expressed: MindSpore's parallel optimizer shards the optimizer (ZeRO-1)",
-         lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2),
+        (
+            "ZeRO-2/3 cannot be expressed: MindSpore's parallel optimizer shards the optimizer (ZeRO-1)",
+            lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2,
+        ),
         ("torch.compile does not apply to MindSpore", lambda c: compiled(c, n)),
     ]
 

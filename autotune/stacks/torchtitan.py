@@ -19,25 +19,43 @@ __all__ = ["STACK"]
 
 
 def torchtitan_rules(n: int) -> list[Rule]:
-    zero = lambda c: col(c, "zero_stage", 0, n).astype(int)
-    precision = lambda c: col(c, "precision", "bf16", n).astype(str)
+    def zero(c):
+        return col(c, "zero_stage", 0, n).astype(int)
+
+    def precision(c):
+        return col(c, "precision", "bf16", n).astype(str)
+
     return [
         ("torchtitan has no ZeRO-1 (FSDP2 shards parameters too)", lambda c: zero(c) == 1),
         ("torchtitan has no fp16 training (no loss scaling)", lambda c: precision(c) == "fp16"),
-        ("torchtitan applies bf16 mixed precision only through FSDP: bf16 needs zero_stage 2 or 3",
-         lambda c: (precision(c) == "bf16") & (zero(c) < 2)),
+        (
+            "torchtitan applies bf16 mixed precision only through FSDP: bf16 needs zero_stage 2 or 3",
+            lambda c: (precision(c) == "bf16") & (zero(c) < 2),
+        ),
         ("torchtitan 0.3 checkpoints every block: no recomputed-layer count", lambda c: partial_recompute(c, n)),
-        ("torchtitan's compile has no mode: only compile 'default' is expressible",
-         lambda c: np.isin(col(c, "compile", "none", n).astype(str), ["reduce-overhead", "max-autotune"])),
+        (
+            "torchtitan's compile has no mode: only compile 'default' is expressible",
+            lambda c: np.isin(col(c, "compile", "none", n).astype(str), ["reduce-overhead", "max-autotune"]),
+        ),
         ("MindSpore settings (mode, jit_level, graph_kernel_flags) do not apply", lambda c: mindspore_only(c, n)),
     ]
 
 
 def torchtitan_launch(run: PresetRun) -> PresetLaunch:
     launcher = [*run.launcher[:-2], "--local-ranks-filter", "0", *run.launcher[-2:]]  # torchtitan logs on every rank
-    return PresetLaunch([*launcher, *run.entry, *run.user, *torchtitan_args(run.config, run.workload, run.layers),
-                         "--training.steps", str(run.iterations), "--metrics.log_freq", "1",
-                         activation_checkpoint_subcommand(run.config)])
+    return PresetLaunch(
+        [
+            *launcher,
+            *run.entry,
+            *run.user,
+            *torchtitan_args(run.config, run.workload, run.layers),
+            "--training.steps",
+            str(run.iterations),
+            "--metrics.log_freq",
+            "1",
+            activation_checkpoint_subcommand(run.config),
+        ]
+    )
 
 
 STACK = Stack(
@@ -46,7 +64,7 @@ STACK = Stack(
     memory_rule="fsdp2",
     exporter=TorchtitanExporter(),
     supported_versions="torchtitan 0.3.x (config_registry modules + CLI overrides; the TOML files of <= 0.2 are "
-                       "not written)",
+    "not written)",
     launch=torchtitan_launch,
     log_reader="torchtitan",
     default_entry="-m torchtitan.train",

@@ -33,12 +33,19 @@ def main() -> int:
         print("RuntimeError: NPU out of memory. Tried to allocate 3.50 GiB", flush=True)
         return 1
     efficiency = {1: 0.7, 2: 0.85, 4: 0.95}.get(p["micro_batch_size"], 1.0)
-    step_time = tokens_per_step / (8000.0 * efficiency * (0.85 if p["recompute"] == "full" else 1.0)) \
+    step_time = (
+        tokens_per_step
+        / (8000.0 * efficiency * (0.85 if p["recompute"] == "full" else 1.0))
         * (1 + 0.15 * (p["tp"] - 1))
+    )
     for step in range(3):
         time.sleep(0.05)
         print(json.dumps({"event": "step", "step": step, "step_time_s": step_time, "loss": 10.0 - step}), flush=True)
-    print(json.dumps({"metrics": {"step_time_s": step_time, "tokens_per_s_per_device": tokens_per_step / step_time / world}}))
+    print(
+        json.dumps(
+            {"metrics": {"step_time_s": step_time, "tokens_per_s_per_device": tokens_per_step / step_time / world}}
+        )
+    )
     return 0
 
 

@@ -43,8 +43,9 @@ def main() -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = GuidedSampler.from_spec(spec, n_trials=n_trials)
-    study = optuna.create_study(study_name=spec.name, direction=direction, sampler=sampler,
-                                storage=args.storage, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=spec.name, direction=direction, sampler=sampler, storage=args.storage, load_if_exists=True
+    )
 
     def measure(request: TrialRequest) -> ProbeResult:
         if backend.simulated:
@@ -62,23 +63,33 @@ def main() -> int:
 
     def objective(trial: optuna.Trial) -> float:
         config = sampler.suggest_config(trial)
-        request = TrialRequest(params=config, model=context.model, workload=context.workload,
-                               cluster=context.cluster, study=spec.name, number=trial.number,
-                               backend=spec.backend.model_dump())
+        request = TrialRequest(
+            params=config,
+            model=context.model,
+            workload=context.workload,
+            cluster=context.cluster,
+            study=spec.name,
+            number=trial.number,
+            backend=spec.backend.model_dump(),
+        )
         result = measure(request)
         trial.set_user_attr("source", result.source)
         if not result.ok:  # the guide learns from the failure: an OOM's byte counts, a NaN, ...
             report_failure(trial, "\n".join(filter(None, [result.reason, result.log_tail])), status=result.status)
-            raise optuna.TrialPruned(f"{result.status}: {result.reason}") if result.status == "pruned" else \
-                RuntimeError(f"{result.status}: {result.reason}")
+            raise (
+                optuna.TrialPruned(f"{result.status}: {result.reason}")
+                if result.status == "pruned"
+                else RuntimeError(f"{result.status}: {result.reason}")
+            )
         for name in ("peak_memory_gib", "step_time_s"):
             if name in result.metrics:
                 trial.set_user_attr(name, float(result.metrics[name]))
         return float(result.metrics[metric])
 
     done = len([t for t in study.trials if t.state.is_finished()])
-    study.optimize(objective, n_trials=max(0, n_trials - done), callbacks=[sampler.stop_callback],
-                   catch=(RuntimeError,))
+    study.optimize(
+        objective, n_trials=max(0, n_trials - done), callbacks=[sampler.stop_callback], catch=(RuntimeError,)
+    )
 
     for t in study.trials:
         why = (t.system_attrs.get("autotune.guide") or {}).get("reason", "fixed or resumed")

@@ -19,12 +19,24 @@ from autotune.workers.mindspore_probe import launch
 from autotune.workers.protocol import TrialRequest, classify_failure, parse_output_line
 from support import REPO
 
-TINY = {"name": "tiny", "arch": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 172, "vocab_size": 512}
-TRIAL = {"params": {"micro_batch_size": 2, "recompute": "none", "precision": "fp32", "mode": "graph"},
-         "model": TINY, "workload": {"kind": "train", "seq_len": 32, "global_batch_size": 4, "warmup_steps": 1,
-                                     "measured_steps": 2},
-         "cluster": {"accelerator": "cpu", "world_size": 1}, "study": "t", "number": 0}
+TINY = {
+    "name": "tiny",
+    "arch": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 172,
+    "vocab_size": 512,
+}
+TRIAL = {
+    "params": {"micro_batch_size": 2, "recompute": "none", "precision": "fp32", "mode": "graph"},
+    "model": TINY,
+    "workload": {"kind": "train", "seq_len": 32, "global_batch_size": 4, "warmup_steps": 1, "measured_steps": 2},
+    "cluster": {"accelerator": "cpu", "world_size": 1},
+    "study": "t",
+    "number": 0,
+}
 
 
 def _probe_module():
@@ -45,16 +57,19 @@ def _trial(**params) -> dict:
 # ---- without MindSpore -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"tp": 2}, "semi-auto parallel"),
-    ({"pp": 2}, "only on Ascend"),
-    ({"zero_stage": 1}, "runs only on Ascend"),
-    ({"zero_stage": 3}, "optimizer states only"),
-    ({"precision": "bf16"}, "no bf16 kernels"),
-    ({"micro_batch_size": 3}, "not a multiple"),
-    ({"mode": "eager"}, "expected graph or pynative"),
-    ({"jit_level": "O2"}, "takes O0 or O1"),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"tp": 2}, "semi-auto parallel"),
+        ({"pp": 2}, "only on Ascend"),
+        ({"zero_stage": 1}, "runs only on Ascend"),
+        ({"zero_stage": 3}, "optimizer states only"),
+        ({"precision": "bf16"}, "no bf16 kernels"),
+        ({"micro_batch_size": 3}, "not a multiple"),
+        ({"mode": "eager"}, "expected graph or pynative"),
+        ({"jit_level": "O2"}, "takes O0 or O1"),
+    ],
+)
 def test_what_the_probe_cannot_run_is_invalid_before_mindspore_starts(params, words):
     probe = _probe_module()
     with pytest.raises(probe.ProbeFailure) as info:
@@ -77,9 +92,14 @@ def test_plan_defaults_flags_and_environment(monkeypatch):
 
 def test_launch_argv_single_process_and_msrun(tmp_path):
     req = TrialRequest(params={}, model=TINY, workload={}, cluster={"accelerator": "cpu", "world_size": 1})
-    assert launch.probe_argv(req, "/env/bin/python", "t.json") == ["/env/bin/python", str(launch.PROBE_SCRIPT), "t.json"]
-    req2 = TrialRequest(params={}, model=TINY, workload={}, cluster={"accelerator": "npu", "nodes": 1,
-                                                                      "devices_per_node": 8})
+    assert launch.probe_argv(req, "/env/bin/python", "t.json") == [
+        "/env/bin/python",
+        str(launch.PROBE_SCRIPT),
+        "t.json",
+    ]
+    req2 = TrialRequest(
+        params={}, model=TINY, workload={}, cluster={"accelerator": "npu", "nodes": 1, "devices_per_node": 8}
+    )
     argv = launch.probe_argv(req2, "/env/bin/python", "t.json", log_dir=str(tmp_path))
     assert argv[0] == "/env/bin/msrun" and argv[argv.index("--worker_num") + 1] == "8"
     assert "--join=True" in argv and argv[argv.index("--tail_worker_log") + 1] == "0"
@@ -87,12 +107,16 @@ def test_launch_argv_single_process_and_msrun(tmp_path):
     assert launch.probe_env("/env/bin/python", "/usr/bin")["PATH"] == "/env/bin" + os.pathsep + "/usr/bin"
     # across nodes: one msrun per node, the whole world in --worker_num, this node's share local,
     # node 0's address and port and this node's rank filled in by the dispatcher
-    req4 = TrialRequest(params={}, model=TINY, workload={}, cluster={"accelerator": "npu", "nodes": 4,
-                                                                      "devices_per_node": 8})
+    req4 = TrialRequest(
+        params={}, model=TINY, workload={}, cluster={"accelerator": "npu", "nodes": 4, "devices_per_node": 8}
+    )
     argv = launch.probe_argv(req4, "/env/bin/python", "t.json", log_dir=str(tmp_path))
     assert argv[argv.index("--worker_num") + 1] == "32" and argv[argv.index("--local_worker_num") + 1] == "8"
     assert [argv[argv.index(f) + 1] for f in ("--master_addr", "--master_port", "--node_rank")] == [
-        "{master_addr}", "{master_port}", "{node_rank}"]
+        "{master_addr}",
+        "{master_port}",
+        "{node_rank}",
+    ]
 
 
 def test_a_missing_mindspore_environment_is_a_clear_error(tmp_path, monkeypatch):
@@ -115,13 +139,17 @@ def _ms_python() -> str | None:
 
 
 MS_PYTHON = _ms_python()
-needs_mindspore = pytest.mark.skipif(MS_PYTHON is None, reason="no MindSpore environment (README set-up: .venv-mindspore)")
+needs_mindspore = pytest.mark.skipif(
+    MS_PYTHON is None, reason="no MindSpore environment (README set-up: .venv-mindspore)"
+)
 
 
 def _run(tmp_path: Path, trial: dict, env: dict | None = None, timeout: float = 240) -> tuple[int, list[dict], str]:
     path = tmp_path / f"trial_{abs(hash(json.dumps(trial, sort_keys=True)))}.json"
     path.write_text(json.dumps(trial))
-    req = TrialRequest(params=trial["params"], model=trial["model"], workload=trial["workload"], cluster=trial["cluster"])
+    req = TrialRequest(
+        params=trial["params"], model=trial["model"], workload=trial["workload"], cluster=trial["cluster"]
+    )
     argv = launch.probe_argv(req, MS_PYTHON, str(path), log_dir=str(tmp_path / "msrun"))
     full_env = {**os.environ, **launch.probe_env(MS_PYTHON), **(env or {})}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=tmp_path)
@@ -134,13 +162,17 @@ def _metrics(messages: list[dict]) -> dict:
 
 
 @needs_mindspore
-@pytest.mark.parametrize("params", [
-    {"mode": "graph"},
-    {"mode": "pynative", "recompute": "full"},
-    {"mode": "graph", "recompute": "selective", "micro_batch_size": 1},  # grad accumulation 4
-    {"mode": "graph", "precision": "fp16"},
-    {"mode": "graph", "jit_level": "O1", "graph_kernel_flags": "--opt_level=2 --enable_cluster_ops=MatMul"},
-], ids=["graph", "pynative-full-recompute", "selective-recompute-ga4", "fp16-loss-scale", "graph-kernel-O1"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"mode": "graph"},
+        {"mode": "pynative", "recompute": "full"},
+        {"mode": "graph", "recompute": "selective", "micro_batch_size": 1},  # grad accumulation 4
+        {"mode": "graph", "precision": "fp16"},
+        {"mode": "graph", "jit_level": "O1", "graph_kernel_flags": "--opt_level=2 --enable_cluster_ops=MatMul"},
+    ],
+    ids=["graph", "pynative-full-recompute", "selective-recompute-ga4", "fp16-loss-scale", "graph-kernel-O1"],
+)
 def test_trains_and_reports_the_protocol(tmp_path, params):
     rc, messages, tail = _run(tmp_path, _trial(**params))
     assert rc == 0, tail
@@ -183,8 +215,18 @@ def test_a_mindspore_cpu_study_runs_end_to_end_with_measurements_in_mlflow(tmp_p
 
     monkeypatch.setenv(launch.MINDSPORE_PYTHON_ENV, MS_PYTHON)
     run_dir = tmp_path / "study"
-    result = CliRunner().invoke(app, ["run", str(REPO / "search_spaces" / "tiny_llama_cpu_mindspore.yaml"),
-                                      "--run-dir", str(run_dir), "--n-trials", "3", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(REPO / "search_spaces" / "tiny_llama_cpu_mindspore.yaml"),
+            "--run-dir",
+            str(run_dir),
+            "--n-trials",
+            "3",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["source"] == "measured" and payload["best"]

@@ -21,26 +21,42 @@ from autotune.workers.protocol import TrialRequest, classify_failure, parse_outp
 
 # Tiny Llama: GQA (4 heads, 2 kv heads), 4 layers so pp2 and pp2·vpp2 split evenly.
 TINY_MODEL: dict[str, Any] = dict(
-    arch="llama", name="tiny-test", hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=512, vocab_size=1024, max_position_embeddings=256,
+    arch="llama",
+    name="tiny-test",
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=1024,
+    max_position_embeddings=256,
     tie_word_embeddings=False,
 )
-TINY_TRAIN: dict[str, Any] = dict(kind="train", seq_len=64, global_batch_size=4, warmup_steps=1,
-                                  measured_steps=2, timeout_s=120, profile_step=False)
+TINY_TRAIN: dict[str, Any] = dict(
+    kind="train", seq_len=64, global_batch_size=4, warmup_steps=1, measured_steps=2, timeout_s=120, profile_step=False
+)
 PROBE_TIMEOUT_S = 240
 
 
-def make_request(params: dict[str, Any], world: int = 1, workload: dict[str, Any] | None = None,
-                 model: dict[str, Any] | None = None) -> TrialRequest:
+def make_request(
+    params: dict[str, Any], world: int = 1, workload: dict[str, Any] | None = None, model: dict[str, Any] | None = None
+) -> TrialRequest:
     wl = dict(TINY_TRAIN)
     wl.update(workload or {})
     return TrialRequest(
         params=dict(params),
         model=dict(model or TINY_MODEL),
         workload=wl,
-        cluster=dict(accelerator="cpu", nodes=1, devices_per_node=world, world_size=world,
-                     hardware={"peak_tflops": {"bf16": 1.0, "fp16": 1.0, "fp32": 0.5}}),
-        study="test", number=0, backend={},
+        cluster=dict(
+            accelerator="cpu",
+            nodes=1,
+            devices_per_node=world,
+            world_size=world,
+            hardware={"peak_tflops": {"bf16": 1.0, "fp16": 1.0, "fp32": 0.5}},
+        ),
+        study="test",
+        number=0,
+        backend={},
     )
 
 
@@ -73,11 +89,16 @@ class ProbeRun:
         return classify_failure(self.returncode, self.stdout.splitlines() + self.stderr.splitlines())
 
     def tail(self) -> str:
-        return (self.stdout[-3000:] + "\n--- stderr ---\n" + self.stderr[-6000:])
+        return self.stdout[-3000:] + "\n--- stderr ---\n" + self.stderr[-6000:]
 
 
-def run_probe(tmp_path: Path, request: TrialRequest, env: dict[str, str] | None = None,
-              timeout: float = PROBE_TIMEOUT_S, launcher: str = "spawn") -> ProbeRun:
+def run_probe(
+    tmp_path: Path,
+    request: TrialRequest,
+    env: dict[str, str] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+    launcher: str = "spawn",
+) -> ProbeRun:
     """One trial as the dispatcher runs it: ``launcher`` 'spawn' (spawn.py), 'warm' (warm.py, ranks
     forked from a server with torch imported) or 'torchrun' (launch.torchrun_argv); a world of one
     runs plainly with ``python -m``."""
@@ -107,9 +128,14 @@ def probe(tmp_path: Path):
     """``probe(params, world=1, workload=None, env=None, model=None, launcher='spawn') -> ProbeRun``;
     ``model`` holds overrides of the tiny preset's fields."""
 
-    def _run(params: dict[str, Any], world: int = 1, workload: dict[str, Any] | None = None,
-             env: dict[str, str] | None = None, model: dict[str, Any] | None = None,
-             launcher: str = "spawn") -> ProbeRun:
+    def _run(
+        params: dict[str, Any],
+        world: int = 1,
+        workload: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        model: dict[str, Any] | None = None,
+        launcher: str = "spawn",
+    ) -> ProbeRun:
         request = make_request(params, world, workload, dict(TINY_MODEL, **(model or {})))
         return run_probe(tmp_path, request, env, launcher=launcher)
 

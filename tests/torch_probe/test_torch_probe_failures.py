@@ -69,8 +69,9 @@ def test_nan_from_env_under_tp_fails_all_ranks_together(probe):
 
 def test_missing_trial_file_is_invalid():
     env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_TRIAL_FILE"}
-    proc = subprocess.run([sys.executable, "-m", "autotune.workers.torch_probe"], capture_output=True, text=True,
-                          timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.workers.torch_probe"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert proc.returncode != 0
     assert '"status": "invalid"' in proc.stdout
 
@@ -86,8 +87,9 @@ def test_spawn_launcher_stops_its_ranks_on_sigterm(tmp_path, make_trial):
 
     request = make_trial({"dp": 2}, 2, {"measured_steps": 10_000})
     trial = write_trial_file(request, tmp_path / "trial.json")
-    proc = subprocess.Popen(spawn_argv(request, sys.executable, str(trial)), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        spawn_argv(request, sys.executable, str(trial)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     first = proc.stdout.readline()  # the first step event: the ranks are up and training
     assert '"event": "step"' in first
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()

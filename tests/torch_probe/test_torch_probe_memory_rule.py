@@ -20,8 +20,9 @@ PRECISION_CODE = {"bf16": 0, "fp16": 1, "fp32": 2}
 
 
 def _rule(precision: str, zero: int, dp: int) -> tuple[float, float, float]:
-    w, g, o, _, _ = state_bytes_per_param(np.array([PRECISION_CODE[precision]]), np.array([zero]), np.array([dp]),
-                                          {"memory_rule": "torch-probe"})
+    w, g, o, _, _ = state_bytes_per_param(
+        np.array([PRECISION_CODE[precision]]), np.array([zero]), np.array([dp]), {"memory_rule": "torch-probe"}
+    )
     return float(w[0]), float(g[0]), float(o[0])
 
 
@@ -30,7 +31,11 @@ def test_rule_matches_the_probes_state_bytes(probe, precision, zero):
     run = probe({"dp": 2, "zero_stage": zero, "precision": precision}, world=2)
     assert run.returncode == 0, run.tail()
     m = run.metrics
-    measured = (m["state_weight_bytes_per_param"], m["state_grad_bytes_per_param"], m["state_optimizer_bytes_per_param"])
+    measured = (
+        m["state_weight_bytes_per_param"],
+        m["state_grad_bytes_per_param"],
+        m["state_optimizer_bytes_per_param"],
+    )
     for what, got, want in zip(("weights", "gradients", "optimizer states"), measured, _rule(precision, zero, 2)):
         assert got == pytest.approx(want, rel=0.02), f"{what}: probe holds {got:.3f} bytes/param, rule says {want}"
 

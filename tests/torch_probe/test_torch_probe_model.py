@@ -12,8 +12,15 @@ from autotune.workers.torch_probe.model import Transformer, init_weights, synthe
 from autotune.workers.torch_probe.parallelize import ParallelModel, apply_recompute, pipeline_split  # noqa: E402
 from autotune.workers.torch_probe.plan import ModelConfig, Plan  # noqa: E402
 
-TINY = ModelConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=128, vocab_size=256, max_position_embeddings=128)
+TINY = ModelConfig(
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    max_position_embeddings=128,
+)
 
 
 def build(cfg=TINY, seed=1, rope_len=None):
@@ -75,8 +82,15 @@ def test_recompute_lowers_peak_activation_memory():
     ``full`` keeps only block inputs; ``selective`` drops the attention core's tensors (RoPE'd
     q/k, repeated k/v, SDPA output) and keeps the projections' and MLP's."""
     torch.manual_seed(0)
-    cfg = ModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=1024, vocab_size=1024, max_position_embeddings=512)
+    cfg = ModelConfig(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=1024,
+        vocab_size=1024,
+        max_position_embeddings=512,
+    )
     tokens = synthetic_tokens(0, 2, 511, cfg.vocab_size, seed=1)
     peaks = {}
     for mode in ("none", "selective", "full"):

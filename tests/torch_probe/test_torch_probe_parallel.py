@@ -59,8 +59,9 @@ def test_pp2_1f1b_matches_single_process(probe, reference_losses):
 
 def test_dp2_zero3_matches_and_profiles_comm(probe, reference_losses, tmp_path):
     art = tmp_path / "artifacts"
-    run = probe({"dp": 2, "zero_stage": 3}, world=2, workload={"profile_step": True},
-                env={"AUTOTUNE_ARTIFACT_DIR": str(art)})
+    run = probe(
+        {"dp": 2, "zero_stage": 3}, world=2, workload={"profile_step": True}, env={"AUTOTUNE_ARTIFACT_DIR": str(art)}
+    )
     assert_same_losses(run, reference_losses)
     metrics = run.metrics
     assert 0.0 < metrics["comm_fraction"] <= 1.0
@@ -111,12 +112,16 @@ def test_four_rank_compositions_match_single_process(probe, reference_losses, pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("params", [
-    {"tp": 2, "precision": "bf16", "sequence_parallel": True},
-    {"pp": 2, "precision": "fp16"},
-    {"dp": 2, "zero_stage": 2, "precision": "fp16"},
-    {"dp": 2, "zero_stage": 0, "precision": "bf16"},
-], ids=lambda p: json.dumps(p, sort_keys=True))
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"tp": 2, "precision": "bf16", "sequence_parallel": True},
+        {"pp": 2, "precision": "fp16"},
+        {"dp": 2, "zero_stage": 2, "precision": "fp16"},
+        {"dp": 2, "zero_stage": 0, "precision": "bf16"},
+    ],
+    ids=lambda p: json.dumps(p, sort_keys=True),
+)
 def test_mixed_precision_trains_close_to_fp32(probe, reference_losses, params):
     """bf16/fp16 (autocast, or FSDP's MixedPrecisionPolicy; fp16 with a loss scaler) follow the
     fp32 trajectory loosely: 1e-2 relative."""

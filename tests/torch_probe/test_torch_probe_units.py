@@ -16,18 +16,31 @@ from autotune.workers.torch_probe import _device, launch, measure
 from autotune.workers.torch_probe.failures import ProbeFailure, classify_exception
 from autotune.workers.torch_probe.plan import ModelConfig, resolve_plan
 
-MODEL = dict(arch="llama", hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=512, vocab_size=1024, max_position_embeddings=256)
+MODEL = dict(
+    arch="llama",
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    vocab_size=1024,
+    max_position_embeddings=256,
+)
 
 
 def request(params=None, world=2, model=None, **workload):
     wl = dict(kind="train", seq_len=64, global_batch_size=8, warmup_steps=1, measured_steps=2)
     wl.update(workload)
-    return TrialRequest(params=params or {}, model=dict(MODEL, **(model or {})), workload=wl,
-                        cluster=dict(accelerator="cpu", nodes=1, devices_per_node=world, world_size=world))
+    return TrialRequest(
+        params=params or {},
+        model=dict(MODEL, **(model or {})),
+        workload=wl,
+        cluster=dict(accelerator="cpu", nodes=1, devices_per_node=world, world_size=world),
+    )
 
 
 # -- plan ---------------------------------------------------------------------------------------
+
 
 def test_plan_derives_dp_and_grad_accum():
     plan = resolve_plan(request({"tp": 2, "micro_batch_size": 2}, world=4), 4)
@@ -43,10 +56,18 @@ def test_plan_sequence_parallel_without_tp_is_ignored_with_a_note():
 @pytest.mark.parametrize(
     "params,model,world,needle",
     [
-        ({"tp": 2}, {"num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 128}, 2,
-         "num_key_value_heads 1 not divisible by tp 2"),
-        ({"tp": 4}, {"num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 96}, 4,
-         "num_attention_heads 6 not divisible by tp 4"),
+        (
+            {"tp": 2},
+            {"num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 128},
+            2,
+            "num_key_value_heads 1 not divisible by tp 2",
+        ),
+        (
+            {"tp": 4},
+            {"num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 96},
+            4,
+            "num_attention_heads 6 not divisible by tp 4",
+        ),
         ({"pp": 2, "vpp": 4}, {}, 2, "num_hidden_layers 4 not divisible by pp*vpp = 2*4"),
         ({"tp": 2, "pp": 1, "dp": 2}, {}, 2, "!= world size 2"),
         ({"tp": 3}, {}, 2, "not divisible by tp*pp*cp"),
@@ -88,6 +109,7 @@ def test_model_config_defaults_kv_heads_and_requires_fields():
 
 # -- failures -----------------------------------------------------------------------------------
 
+
 class OutOfMemoryError(RuntimeError):  # stands in for torch.OutOfMemoryError (matched by name)
     pass
 
@@ -97,8 +119,13 @@ class OutOfMemoryError(RuntimeError):  # stands in for torch.OutOfMemoryError (m
     [
         (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"), "2.00 GiB"),
         (RuntimeError("NPU out of memory. Tried to allocate 512.00 MiB (NPU 3; 60.00 GiB total)"), "512.00 MiB"),
-        (RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
-                      "you tried to allocate 70368744177664 bytes. Error code 12"), "70368744177664 bytes"),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+                "you tried to allocate 70368744177664 bytes. Error code 12"
+            ),
+            "70368744177664 bytes",
+        ),
     ],
 )
 def test_allocator_oom_names_rank_and_requested_size(exc, size):
@@ -108,7 +135,9 @@ def test_allocator_oom_names_rank_and_requested_size(exc, size):
 
 
 def test_peer_failure_is_not_reported_as_the_cause():
-    status, _, report = classify_exception(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), 1)
+    status, _, report = classify_exception(
+        RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), 1
+    )
     assert status == "crash" and report is False
     assert classify_exception(ValueError("boom"), 0) == ("crash", "rank 0: ValueError: boom", True)
     failure = ProbeFailure("nan", "non-finite loss", collective=True)
@@ -116,6 +145,7 @@ def test_peer_failure_is_not_reported_as_the_cause():
 
 
 # -- device, backend, environment ----------------------------------------------------------------
+
 
 def test_backends_per_accelerator():
     assert {k: v.backend for k, v in _device.ACCELERATORS.items()} == {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -126,8 +156,9 @@ def test_backends_per_accelerator():
 
 def test_prepare_env_sets_trial_env_and_copies_npu_alloc_conf_on_cuda():
     env = {"PYTORCH_NPU_ALLOC_CONF": "old"}
-    applied = _device.prepare_env({"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "HCCL_BUFFSIZE": "200"},
-                                  "cuda", env)
+    applied = _device.prepare_env(
+        {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "HCCL_BUFFSIZE": "200"}, "cuda", env
+    )
     assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"  # the trial's value wins
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert applied["HCCL_BUFFSIZE"] == "200"
@@ -186,8 +217,9 @@ def _fake_importer(imported, torch_attrs):
 
 def test_setup_device_npu_imports_torch_npu_then_sets_device():
     imported, npu = [], _FakeDeviceModule()
-    info = _device.setup_device("npu", 2, {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"},
-                                importer=_fake_importer(imported, {"npu_after_import": npu}))
+    info = _device.setup_device(
+        "npu", 2, {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}, importer=_fake_importer(imported, {"npu_after_import": npu})
+    )
     assert imported[0] == "torch_npu"
     assert npu.calls == [("set_device", 2)]
     assert (info.backend, info.name) == ("hccl", "npu:2")
@@ -217,6 +249,7 @@ def test_device_module_cpu_stand_in():
 
 # -- launcher -----------------------------------------------------------------------------------
 
+
 def test_torchrun_argv_single_node_standalone():
     argv = launch.torchrun_argv(request({"tp": 2}, world=2), "/py")
     assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
@@ -241,14 +274,17 @@ def test_torchrun_argv_multi_node():
 
 
 def test_launch_imports_no_torch():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import autotune.workers.torch_probe.launch as l, autotune.workers.torch_probe as p\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import autotune.workers.torch_probe.launch as l, autotune.workers.torch_probe as p\n"
+        "print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
 
 
 # -- statistics ---------------------------------------------------------------------------------
+
 
 def test_summarize_times_median_and_spread():
     stats = measure.summarize_times([1.0, 2.0, 3.0, 4.0, 10.0])

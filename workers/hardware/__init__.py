@@ -16,7 +16,15 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PROFILE_KEYS", "OPTIONAL_KEYS", "validate_profile", "ACCELERATORS", "available_profiles", "load_profile", "is_profile_file"]
+__all__ = [
+    "PROFILE_KEYS",
+    "OPTIONAL_KEYS",
+    "validate_profile",
+    "ACCELERATORS",
+    "available_profiles",
+    "load_profile",
+    "is_profile_file",
+]
 
 _DIR = Path(__file__).parent
 ACCELERATORS = ("npu", "cuda", "cpu")
@@ -116,8 +124,10 @@ def load_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str
     else:
         names = available_profiles()
         if name not in names:
-            raise ValueError(f"unknown hardware profile {name!r}; available: {', '.join(names)} "
-                             "(or the path of a profile file, e.g. from `autotune calibrate`)")
+            raise ValueError(
+                f"unknown hardware profile {name!r}; available: {', '.join(names)} "
+                "(or the path of a profile file, e.g. from `autotune calibrate`)"
+            )
         profile = copy.deepcopy(_read(name))
     if overrides:
         if not isinstance(overrides, dict):

@@ -44,7 +44,8 @@ def resolve_python(configured: str | None, spec_dir: Path | None = None) -> str:
     raise ValueError(
         "no MindSpore environment found (looked for " + ", ".join(str(c) for c in candidates) + "): create one with "
         f"`python -m venv {_DEFAULT_VENV} && {_DEFAULT_VENV}/bin/pip install 'mindspore==2.10.0' 'numpy<2' decorator`, "
-        f"or set backend.python in the spec (or ${MINDSPORE_PYTHON_ENV})")
+        f"or set backend.python in the spec (or ${MINDSPORE_PYTHON_ENV})"
+    )
 
 
 def _free_port() -> int:
@@ -67,8 +68,21 @@ def probe_argv(request: Any, python: str, trial_file: str = "{trial_file}", log_
         where = ["--master_port", str(_free_port())]
     else:
         where = ["--master_addr", "{master_addr}", "--master_port", "{master_port}", "--node_rank", "{node_rank}"]
-    return [msrun, "--worker_num", str(nodes * per_node), "--local_worker_num", str(per_node), *where,
-            "--join=True", "--tail_worker_log", "0", "--log_dir", log_dir, str(PROBE_SCRIPT), trial_file]
+    return [
+        msrun,
+        "--worker_num",
+        str(nodes * per_node),
+        "--local_worker_num",
+        str(per_node),
+        *where,
+        "--join=True",
+        "--tail_worker_log",
+        "0",
+        "--log_dir",
+        log_dir,
+        str(PROBE_SCRIPT),
+        trial_file,
+    ]
 
 
 def probe_env(python: str, base_path: str | None = None) -> dict[str, str]:

@@ -27,8 +27,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEVICES = {"cpu": "CPU", "npu": "Ascend", "cuda": "GPU"}
-ASCEND_ONLY_NOTE = ("only on Ascend: MindSpore's CPU backend runs data parallel (msrun, mccl) but not the "
-                    "semi-auto parallel that tensor and pipeline parallelism need")
+ASCEND_ONLY_NOTE = (
+    "only on Ascend: MindSpore's CPU backend runs data parallel (msrun, mccl) but not the "
+    "semi-auto parallel that tensor and pipeline parallelism need"
+)
 
 
 def _load(name: str, relative: str) -> Any:
@@ -50,9 +52,12 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
     accelerator = str(trial.get("cluster", {}).get("accelerator", "cpu"))
     tp, pp = int(p.get("tp", 1) or 1), int(p.get("pp", 1) or 1)
     if tp * pp > 1:
-        raise ProbeFailure("invalid", f"tp={tp} pp={pp}: tensor and pipeline parallelism run through semi-auto "
-                                      f"parallel, which this probe supports {ASCEND_ONLY_NOTE}; on Ascend, measure "
-                                      "them with MindFormers through the command backend")
+        raise ProbeFailure(
+            "invalid",
+            f"tp={tp} pp={pp}: tensor and pipeline parallelism run through semi-auto "
+            f"parallel, which this probe supports {ASCEND_ONLY_NOTE}; on Ascend, measure "
+            "them with MindFormers through the command backend",
+        )
     dp = int(p.get("dp") or world)
     if dp != world:
         raise ProbeFailure("invalid", f"dp={dp} but {world} processes were started: dp must equal the world size")
@@ -66,34 +71,59 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
     flags = str(p.get("graph_kernel_flags") or "")
     jit_level = str(p.get("jit_level") or ("O1" if flags or p.get("enable_graph_kernel") else "O0"))
     if jit_level not in ("O0", "O1"):
-        raise ProbeFailure("invalid", f"jit_level {jit_level}: MindSpore 2.10's ms.jit takes O0 or O1; O2 (whole-graph "
-                                      "sinking, Ascend) is not driven by this probe")
+        raise ProbeFailure(
+            "invalid",
+            f"jit_level {jit_level}: MindSpore 2.10's ms.jit takes O0 or O1; O2 (whole-graph "
+            "sinking, Ascend) is not driven by this probe",
+        )
     notes = []
     if flags and (mode != "graph" or jit_level != "O1"):
-        notes.append(f"graph_kernel_flags have no effect with mode={mode} jit_level={jit_level} "
-                     "(graph-kernel fusion runs in graph mode at jit level O1)")
+        notes.append(
+            f"graph_kernel_flags have no effect with mode={mode} jit_level={jit_level} "
+            "(graph-kernel fusion runs in graph mode at jit level O1)"
+        )
     precision = str(p.get("precision", "fp32"))
     if precision not in ("fp32", "fp16", "bf16"):
         raise ProbeFailure("invalid", f"precision {precision!r}: expected fp32, fp16 or bf16")
     if precision == "bf16" and accelerator == "cpu":
-        raise ProbeFailure("invalid", "precision bf16: MindSpore's CPU backend has no bf16 kernels (its Gather "
-                                      "rejects BFloat16); bf16 runs on Ascend")
+        raise ProbeFailure(
+            "invalid",
+            "precision bf16: MindSpore's CPU backend has no bf16 kernels (its Gather "
+            "rejects BFloat16); bf16 runs on Ascend",
+        )
     zero = int(p.get("zero_stage", 0) or 0)
     if zero > 1:
-        raise ProbeFailure("invalid", f"zero_stage={zero}: the probe shards optimizer states only (MindSpore's "
-                                      "parallel optimizer, zero_stage 1); sharded weights and gradients need "
-                                      f"semi-auto parallel, {ASCEND_ONLY_NOTE}")
+        raise ProbeFailure(
+            "invalid",
+            f"zero_stage={zero}: the probe shards optimizer states only (MindSpore's "
+            "parallel optimizer, zero_stage 1); sharded weights and gradients need "
+            f"semi-auto parallel, {ASCEND_ONLY_NOTE}",
+        )
     if zero == 1 and accelerator != "npu":
-        raise ProbeFailure("invalid", "zero_stage=1: MindSpore's optimizer sharding (parallel optimizer) in data "
-                                      "parallel mode runs only on Ascend (MindSpore 2.10 on CPU: 'parallel optimizer "
-                                      "only supports \"Ascend\" in data parallel mode')")
+        raise ProbeFailure(
+            "invalid",
+            "zero_stage=1: MindSpore's optimizer sharding (parallel optimizer) in data "
+            "parallel mode runs only on Ascend (MindSpore 2.10 on CPU: 'parallel optimizer "
+            'only supports "Ascend" in data parallel mode\')',
+        )
     return {
-        "accelerator": accelerator, "dp": dp, "micro_batch_size": mbs, "grad_accum": gbs // (mbs * dp),
-        "global_batch_size": gbs, "seq_len": int(w.get("seq_len", 128)), "mode": mode, "jit_level": jit_level,
-        "graph_kernel_flags": flags, "recompute": str(p.get("recompute", "none")), "precision": precision,
-        "warmup_steps": int(w.get("warmup_steps", 1)), "measured_steps": int(w.get("measured_steps", 3)),
-        "env": {k[4:]: str(v) for k, v in p.items() if k.startswith("env.")}, "notes": notes,
-        "inject_nan_at_step": int(os.environ.get("AUTOTUNE_INJECT_NAN_STEP", "-1")), "zero_stage": zero,
+        "accelerator": accelerator,
+        "dp": dp,
+        "micro_batch_size": mbs,
+        "grad_accum": gbs // (mbs * dp),
+        "global_batch_size": gbs,
+        "seq_len": int(w.get("seq_len", 128)),
+        "mode": mode,
+        "jit_level": jit_level,
+        "graph_kernel_flags": flags,
+        "recompute": str(p.get("recompute", "none")),
+        "precision": precision,
+        "warmup_steps": int(w.get("warmup_steps", 1)),
+        "measured_steps": int(w.get("measured_steps", 3)),
+        "env": {k[4:]: str(v) for k, v in p.items() if k.startswith("env.")},
+        "notes": notes,
+        "inject_nan_at_step": int(os.environ.get("AUTOTUNE_INJECT_NAN_STEP", "-1")),
+        "zero_stage": zero,
     }
 
 
@@ -108,8 +138,10 @@ def prepare_env(plan: dict[str, Any]) -> dict[str, str]:
 
 def _software(ms: Any) -> dict[str, str]:
     info = {"mindspore": ms.__version__}
-    for name, path in (("cann", "/usr/local/Ascend/ascend-toolkit/latest/version.cfg"),
-                       ("driver", "/usr/local/Ascend/driver/version.info")):
+    for name, path in (
+        ("cann", "/usr/local/Ascend/ascend-toolkit/latest/version.cfg"),
+        ("driver", "/usr/local/Ascend/driver/version.info"),
+    ):
         try:
             for line in open(path).read().splitlines():
                 if "=" in line and ("version" in line.lower()):
@@ -141,16 +173,20 @@ def run(trial: dict[str, Any], plan: dict[str, Any], distributed: bool) -> tuple
         ms.set_device("CPU")
     else:  # msrun and Ray make the trial's devices visible; the local rank picks one of them
         ms.set_device(device, int(os.environ.get("DEVICE_ID", os.environ.get("LOCAL_RANK", "0"))))
-    ms.set_context(mode=ms.GRAPH_MODE if plan["mode"] == "graph" else ms.PYNATIVE_MODE,
-                   jit_config={"jit_level": plan["jit_level"]})
+    ms.set_context(
+        mode=ms.GRAPH_MODE if plan["mode"] == "graph" else ms.PYNATIVE_MODE, jit_config={"jit_level": plan["jit_level"]}
+    )
     rank, world = 0, 1
     if distributed:
         from mindspore.communication import get_group_size, get_rank, init
 
         init()
         rank, world = get_rank(), get_group_size()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
-                                     enable_parallel_optimizer=plan["zero_stage"] >= 1)
+        ms.set_auto_parallel_context(
+            parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+            gradients_mean=True,
+            enable_parallel_optimizer=plan["zero_stage"] >= 1,
+        )
     if world != plan["dp"]:
         raise ProbeFailure("invalid", f"dp={plan['dp']} but the group has {world} processes", collective=True)
 
@@ -196,8 +232,10 @@ def run(trial: dict[str, Any], plan: dict[str, Any], distributed: bool) -> tuple
     loss_value = float("nan")
     for i in range(n_steps):
         phase = "warmup" if i < plan["warmup_steps"] else "measure"
-        batches = [(Tensor(rng.integers(0, vocab, (mbs, seq)), ms.int32), Tensor(rng.integers(0, vocab, (mbs, seq)), ms.int32))
-                   for _ in range(ga)]
+        batches = [
+            (Tensor(rng.integers(0, vocab, (mbs, seq)), ms.int32), Tensor(rng.integers(0, vocab, (mbs, seq)), ms.int32))
+            for _ in range(ga)
+        ]
         scale = nan if i == plan["inject_nan_at_step"] else one
         s0 = time.perf_counter()
         total = None
@@ -229,32 +267,57 @@ def run(trial: dict[str, Any], plan: dict[str, Any], distributed: bool) -> tuple
             times.append(dt)
         mem = _peak_memory_gib(ms, device)
         if rank == 0:
-            measure.emit({"event": "step", "step": i, "phase": phase, "step_time_s": dt, "tokens": tokens_per_step,
-                          "loss": loss_value if math.isfinite(loss_value) else None,
-                          "loss_finite": int(math.isfinite(loss_value)), "memory_gib": mem})
+            measure.emit(
+                {
+                    "event": "step",
+                    "step": i,
+                    "phase": phase,
+                    "step_time_s": dt,
+                    "tokens": tokens_per_step,
+                    "loss": loss_value if math.isfinite(loss_value) else None,
+                    "loss_finite": int(math.isfinite(loss_value)),
+                    "memory_gib": mem,
+                }
+            )
         if not math.isfinite(loss_value):
             raise ProbeFailure("nan", f"non-finite loss {loss_value} at step {i} ({phase})", collective=True)
         if limit is not None and mem > limit:
-            raise ProbeFailure("oom", f"rank {rank}: peak memory {mem:.3f} GiB above the limit {limit:.3f} GiB "
-                                      f"(AUTOTUNE_MEMORY_LIMIT_GIB) at step {i}")
+            raise ProbeFailure(
+                "oom",
+                f"rank {rank}: peak memory {mem:.3f} GiB above the limit {limit:.3f} GiB "
+                f"(AUTOTUNE_MEMORY_LIMIT_GIB) at step {i}",
+            )
 
     metrics = measure.summarize_times(times)
     med = metrics["step_time_s"]
-    metrics.update(tokens_per_s=tokens_per_step / med, tokens_per_s_per_device=tokens_per_step / med / world,
-                   samples_per_s=plan["global_batch_size"] / med, loss=loss_value, loss_finite=1.0,
-                   peak_memory_gib=_peak_memory_gib(ms, device), time_warmup_s=phase_time["warmup"],
-                   time_measure_s=phase_time["measure"], time_model_build_s=time_build,
-                   time_init_s=t_build - t_start)
+    metrics.update(
+        tokens_per_s=tokens_per_step / med,
+        tokens_per_s_per_device=tokens_per_step / med / world,
+        samples_per_s=plan["global_batch_size"] / med,
+        loss=loss_value,
+        loss_finite=1.0,
+        peak_memory_gib=_peak_memory_gib(ms, device),
+        time_warmup_s=phase_time["warmup"],
+        time_measure_s=phase_time["measure"],
+        time_model_build_s=time_build,
+        time_init_s=t_build - t_start,
+    )
     peak = (trial.get("cluster", {}).get("hardware") or {}).get("peak_tflops", {}).get(plan["precision"])
     if peak:
         layers, h = int(trial["model"]["num_hidden_layers"]), int(trial["model"]["hidden_size"])
         params = 12 * layers * h * h + 2 * int(trial["model"]["vocab_size"]) * h  # dense-equivalent, as 6N
         metrics["mfu"] = 6.0 * params * metrics["tokens_per_s_per_device"] / (float(peak) * 1e12)
-    info = {"software": _software(ms), "device": device, "mode": plan["mode"], "jit_level": plan["jit_level"],
-            "env": applied_env, "plan_notes": notes,
-            # the protocol's PEAK_COUNTS_KEY (this script runs without autotune installed): on a device
-            # the peak is MindSpore's max_memory_allocated, on the CPU the process's peak RSS
-            "peak_memory_counts": "device" if device == "CPU" else "allocated"}
+    info = {
+        "software": _software(ms),
+        "device": device,
+        "mode": plan["mode"],
+        "jit_level": plan["jit_level"],
+        "env": applied_env,
+        "plan_notes": notes,
+        # the protocol's PEAK_COUNTS_KEY (this script runs without autotune installed): on a device
+        # the peak is MindSpore's max_memory_allocated, on the CPU the process's peak RSS
+        "peak_memory_counts": "device" if device == "CPU" else "allocated",
+    }
     return metrics, info
 
 

@@ -42,18 +42,46 @@ from ._infer import infer
 from ._memory import train_memory
 from ._timing import train_time
 
-__all__ = ["simulate_configs", "columns_from_params", "simulate_trial", "resolve_hardware",
-           "TRAIN_MEM_COMPONENTS", "TRAIN_TIME_COMPONENTS"]
+__all__ = [
+    "simulate_configs",
+    "columns_from_params",
+    "simulate_trial",
+    "resolve_hardware",
+    "TRAIN_MEM_COMPONENTS",
+    "TRAIN_TIME_COMPONENTS",
+]
 
-TRAIN_MEM_COMPONENTS = ("weights", "grads", "optimizer", "activations", "logits", "zero3_gather",
-                        "comm_buffers", "runtime_reserve", "fragmentation")
-TRAIN_TIME_COMPONENTS = ("gemm", "attention", "elementwise", "launch", "recompute", "tp_comm", "cp_comm",
-                         "pp_bubble", "pp_p2p", "dp_comm", "zero3_comm", "optimizer")
+TRAIN_MEM_COMPONENTS = (
+    "weights",
+    "grads",
+    "optimizer",
+    "activations",
+    "logits",
+    "zero3_gather",
+    "comm_buffers",
+    "runtime_reserve",
+    "fragmentation",
+)
+TRAIN_TIME_COMPONENTS = (
+    "gemm",
+    "attention",
+    "elementwise",
+    "launch",
+    "recompute",
+    "tp_comm",
+    "cp_comm",
+    "pp_bubble",
+    "pp_p2p",
+    "dp_comm",
+    "zero3_comm",
+    "optimizer",
+)
 _DEFAULT_PROFILE = {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "gpu": "a100-sxm-80gb", "cpu": "cpu"}
 
 
-def simulate_configs(model: dict, workload: dict, hardware: dict, cluster: dict,
-                     configs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def simulate_configs(
+    model: dict, workload: dict, hardware: dict, cluster: dict, configs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Predicted metrics, memory and time breakdowns for N configs (columns of canonical params,
     see ``columns_from_params``; missing columns take their defaults, dp and grad_accum are
     derived from the cluster and the workload when absent). Invalid configs get ``valid=False``,
@@ -136,8 +164,9 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
         cols = columns_from_params([request.params])
         out = simulate_configs(request.model, workload, hardware, request.cluster, cols)
     except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
-        return ProbeResult(status="invalid", source="simulated", reason=f"simulate: {exc}",
-                           wall_s=time.perf_counter() - start)
+        return ProbeResult(
+            status="invalid", source="simulated", reason=f"simulate: {exc}", wall_s=time.perf_counter() - start
+        )
     row = {k: (bool(v[0]) if v.dtype == bool else float(v[0])) for k, v in out.items()}
     info = {
         "hardware": hardware.get("name", ""),
@@ -148,19 +177,36 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
     wall = time.perf_counter() - start
     if not row["valid"]:
         _, c, _, checks = prepare(request.model, workload, request.cluster, cols)
-        return ProbeResult(status="invalid", source="simulated", reason=row_reason(checks, c), wall_s=wall,
-                           info={"hardware": info["hardware"]})
+        return ProbeResult(
+            status="invalid",
+            source="simulated",
+            reason=row_reason(checks, c),
+            wall_s=wall,
+            info={"hardware": info["hardware"]},
+        )
     peak, limit = row["peak_memory_gib"], row["memory_limit_gib"]
     if not row["fits"]:
         top = sorted(info["memory_gib"].items(), key=lambda kv: -kv[1])[:3]
         detail = ", ".join(f"{k} {v:.1f}" for k, v in top)
         info["predicted_peak_memory_gib"] = peak
-        return ProbeResult(status="oom", source="simulated", wall_s=wall, info=info,
-                           reason=f"predicted peak memory {peak:.1f} GiB exceeds the device limit {limit:.1f} GiB "
-                                  f"(largest: {detail} GiB)")
+        return ProbeResult(
+            status="oom",
+            source="simulated",
+            wall_s=wall,
+            info=info,
+            reason=f"predicted peak memory {peak:.1f} GiB exceeds the device limit {limit:.1f} GiB "
+            f"(largest: {detail} GiB)",
+        )
     if workload.get("kind", "train") == "infer":
         keys = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s", "peak_memory_gib", "memory_headroom_gib")
     else:
-        keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu",
-                "peak_memory_gib", "memory_headroom_gib")
+        keys = (
+            "step_time_s",
+            "tokens_per_s",
+            "tokens_per_s_per_device",
+            "samples_per_s",
+            "mfu",
+            "peak_memory_gib",
+            "memory_headroom_gib",
+        )
     return ProbeResult(status="ok", source="simulated", metrics={k: row[k] for k in keys}, wall_s=wall, info=info)

@@ -38,24 +38,39 @@ def train_checks(s: Shape, workload: Mapping[str, Any], c: dict, world: int) -> 
     tpc = np.maximum(t * p * cp, 1e-9)
     bd = np.maximum(b * d, 1e-9)
     return [
-        (f"world_size {world} is not divisible by tp*pp*cp = {{tpc}}", np.abs(world / tpc - np.round(world / tpc)) > 1e-9),
+        (
+            f"world_size {world} is not divisible by tp*pp*cp = {{tpc}}",
+            np.abs(world / tpc - np.round(world / tpc)) > 1e-9,
+        ),
         (f"tp*pp*cp*dp = {{prod}} does not equal world_size {world}", np.abs(t * p * cp * d - world) > 1e-9),
-        (f"global_batch_size {gbs} is not divisible by micro_batch_size*dp = {{bd}}",
-         np.abs(gbs / bd - np.round(gbs / bd)) > 1e-9),
+        (
+            f"global_batch_size {gbs} is not divisible by micro_batch_size*dp = {{bd}}",
+            np.abs(gbs / bd - np.round(gbs / bd)) > 1e-9,
+        ),
         (f"global_batch_size {gbs} != micro_batch_size*dp*grad_accum = {{gbs}}", np.abs(b * d * m - gbs) > 1e-9),
-        ("parallel sizes, micro_batch_size and grad_accum must be positive integers (tp={tp}, pp={pp}, "
-         "cp={cp}, vpp={vpp}, dp={dp}, micro_batch_size={micro_batch_size}, grad_accum={grad_accum})", bad_int),
+        (
+            "parallel sizes, micro_batch_size and grad_accum must be positive integers (tp={tp}, pp={pp}, "
+            "cp={cp}, vpp={vpp}, dp={dp}, micro_batch_size={micro_batch_size}, grad_accum={grad_accum})",
+            bad_int,
+        ),
         (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
         (f"num_key_value_heads {s.kv_heads} is not divisible by tp={{tp}}", s.kv_heads % np.maximum(t, 1) != 0),
         (f"intermediate_size {int(s.ffn)} is not divisible by tp={{tp}}", s.ffn % np.maximum(t, 1) != 0),
         (f"num_hidden_layers {s.layers} is not divisible by pp*vpp={{ppv}}", s.layers % np.maximum(p * v, 1) != 0),
         ("vpp={vpp} (interleaved 1F1B) needs pp > 1", (v > 1) & (p <= 1)),
-        ("the interleaved schedule needs grad_accum={grad_accum} divisible by pp={pp}", (v > 1) & (m % np.maximum(p, 1) != 0)),
-        (f"seq_len {seq} is not divisible by 2*cp={{cp2}} (load-balanced context parallel)",
-         (cp > 1) & (seq % np.maximum(2 * cp, 1) != 0)),
+        (
+            "the interleaved schedule needs grad_accum={grad_accum} divisible by pp={pp}",
+            (v > 1) & (m % np.maximum(p, 1) != 0),
+        ),
+        (
+            f"seq_len {seq} is not divisible by 2*cp={{cp2}} (load-balanced context parallel)",
+            (cp > 1) & (seq % np.maximum(2 * cp, 1) != 0),
+        ),
         ("context parallel (cp={cp}) needs flash attention", (cp > 1) & (not flash)),
-        ("seq_len/cp is not divisible by tp={tp} with sequence parallel",
-         c["sp"] & ((seq / np.maximum(cp, 1)) % np.maximum(t, 1) != 0)),
+        (
+            "seq_len/cp is not divisible by tp={tp} with sequence parallel",
+            c["sp"] & ((seq / np.maximum(cp, 1)) % np.maximum(t, 1) != 0),
+        ),
         ("zero_stage must be 0..3, got {zero_stage}", (c["zero_stage"] < 0) | (c["zero_stage"] > 3)),
         ("recompute code {recompute} unknown", (c["recompute"] < 0) | (c["recompute"] > 2)),
         ("precision code {precision} unknown", (c["precision"] < 0) | (c["precision"] > 2)),
@@ -69,8 +84,10 @@ def infer_checks(s: Shape, c: dict, world: int) -> list[tuple[str, np.ndarray]]:
         ("tp*pp = {tp_pp} does not divide world_size " + str(world), world % np.maximum(t * p, 1) != 0),
         ("batch_size must be a positive integer, got {batch_size}", ~_is_int(c["batch_size"]) | (c["batch_size"] < 1)),
         (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
-        (f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",
-         (s.kv_heads % np.maximum(t, 1) != 0) & (np.maximum(t, 1) % s.kv_heads != 0)),
+        (
+            f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",
+            (s.kv_heads % np.maximum(t, 1) != 0) & (np.maximum(t, 1) % s.kv_heads != 0),
+        ),
         (f"num_hidden_layers {s.layers} is not divisible by pp={{pp}}", s.layers % np.maximum(p, 1) != 0),
     ]
 
@@ -82,8 +99,9 @@ def sanitize(c: dict, valid: np.ndarray, names: tuple[str, ...]) -> None:
         c[k] = np.where(valid, c[k], 1.0)
 
 
-def prepare(model: Mapping[str, Any], workload: Mapping[str, Any], cluster: Mapping[str, Any],
-             configs: Mapping[str, Any]):
+def prepare(
+    model: Mapping[str, Any], workload: Mapping[str, Any], cluster: Mapping[str, Any], configs: Mapping[str, Any]
+):
     """Shape, columns with derived dp / grad_accum, world size and the validity checks."""
     s = Shape.of(model)
     c, n = fill_defaults(dict(configs))
@@ -94,19 +112,28 @@ def prepare(model: Mapping[str, Any], workload: Mapping[str, Any], cluster: Mapp
     t, p, cp = c["tp"], c["pp"], c["cp"]
     c["dp"] = np.where(c["dp"] < 0, world / np.maximum(t * p * cp, 1.0), c["dp"])
     gbs = float(workload["global_batch_size"])
-    c["grad_accum"] = np.where(c["grad_accum"] < 0, gbs / np.maximum(c["micro_batch_size"] * c["dp"], 1e-9), c["grad_accum"])
+    c["grad_accum"] = np.where(
+        c["grad_accum"] < 0, gbs / np.maximum(c["micro_batch_size"] * c["dp"], 1e-9), c["grad_accum"]
+    )
     c["sp"] = c["sequence_parallel"] & (c["tp"] > 1)  # Megatron turns SP off at tp = 1
     return s, c, world, train_checks(s, workload, c, world)
 
 
 def row_reason(checks: list[tuple[str, np.ndarray]], c: dict) -> str:
-    values = {k: (int(v[0]) if np.isfinite(v[0]) and float(v[0]).is_integer() else float(v[0]))
-              for k, v in c.items() if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "fiub"}
-    values.update(prod=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0] * c.get("dp", np.ones(1))[0]),
-                  gbs=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0] * c.get("grad_accum", np.ones(1))[0]),
-                  ppv=_fmt(c["pp"][0] * c["vpp"][0]), cp2=_fmt(2 * c["cp"][0]), tp_pp=_fmt(c["tp"][0] * c["pp"][0]),
-                  tpc=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0]),
-                  bd=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0]))
+    values = {
+        k: (int(v[0]) if np.isfinite(v[0]) and float(v[0]).is_integer() else float(v[0]))
+        for k, v in c.items()
+        if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "fiub"
+    }
+    values.update(
+        prod=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0] * c.get("dp", np.ones(1))[0]),
+        gbs=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0] * c.get("grad_accum", np.ones(1))[0]),
+        ppv=_fmt(c["pp"][0] * c["vpp"][0]),
+        cp2=_fmt(2 * c["cp"][0]),
+        tp_pp=_fmt(c["tp"][0] * c["pp"][0]),
+        tpc=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0]),
+        bd=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0]),
+    )
     for template, mask in checks:
         if bool(mask[0]):
             return template.format(**values)

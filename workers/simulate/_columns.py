@@ -23,18 +23,49 @@ KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8": 1.0}
 # column -> default (dp and grad_accum: -1 = derive from the cluster and the workload;
 # recompute_layers: -1 = every layer of the stage; batch_size: 0 = training workload)
 DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "dp": -1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "grad_accum": -1,
-    "sequence_parallel": False, "recompute": 0, "recompute_layers": -1, "zero_stage": 0,
-    "precision": 0, "alloc_expandable_segments": False, "alloc_max_split_size_mb": 0.0,
-    "alloc_gc_threshold": 0.0, "hccl_buffsize_mb": 200.0, "multi_stream_memory_reuse": 1,
-    "compile": 0, "graph_kernel": False, "batch_size": 0, "kv_cache_bytes": 2.0, "quantization": 0,
+    "tp": 1,
+    "pp": 1,
+    "dp": -1,
+    "cp": 1,
+    "vpp": 1,
+    "micro_batch_size": 1,
+    "grad_accum": -1,
+    "sequence_parallel": False,
+    "recompute": 0,
+    "recompute_layers": -1,
+    "zero_stage": 0,
+    "precision": 0,
+    "alloc_expandable_segments": False,
+    "alloc_max_split_size_mb": 0.0,
+    "alloc_gc_threshold": 0.0,
+    "hccl_buffsize_mb": 200.0,
+    "multi_stream_memory_reuse": 1,
+    "compile": 0,
+    "graph_kernel": False,
+    "batch_size": 0,
+    "kv_cache_bytes": 2.0,
+    "quantization": 0,
 }
 _BOOL = {"sequence_parallel", "alloc_expandable_segments", "graph_kernel"}
 _FLOAT = {"alloc_max_split_size_mb", "alloc_gc_threshold", "hccl_buffsize_mb", "kv_cache_bytes"}
-_CODES = {"recompute": RECOMPUTE_CODES, "precision": PRECISION_CODES, "quantization": QUANT_CODES,
-          "compile": COMPILE_CODES}
-_PLAIN = ("tp", "pp", "dp", "cp", "vpp", "micro_batch_size", "grad_accum", "recompute_layers",
-          "zero_stage", "batch_size")
+_CODES = {
+    "recompute": RECOMPUTE_CODES,
+    "precision": PRECISION_CODES,
+    "quantization": QUANT_CODES,
+    "compile": COMPILE_CODES,
+}
+_PLAIN = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "vpp",
+    "micro_batch_size",
+    "grad_accum",
+    "recompute_layers",
+    "zero_stage",
+    "batch_size",
+)
 
 
 def _code(table: dict[str, int], value: Any, name: str) -> int:

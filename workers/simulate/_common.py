@@ -39,10 +39,18 @@ class Shape:
         h = int(model["hidden_size"])
         heads = int(model["num_attention_heads"])
         kv = int(model.get("num_key_value_heads") or heads)
-        return cls(arch, float(h), int(model["num_hidden_layers"]), heads, kv, h / heads,
-                   float(model["intermediate_size"]), float(model["vocab_size"]),
-                   bool(model.get("tie_word_embeddings", False)),
-                   float(model.get("max_position_embeddings") or 4096))
+        return cls(
+            arch,
+            float(h),
+            int(model["num_hidden_layers"]),
+            heads,
+            kv,
+            h / heads,
+            float(model["intermediate_size"]),
+            float(model["vocab_size"]),
+            bool(model.get("tie_word_embeddings", False)),
+            float(model.get("max_position_embeddings") or 4096),
+        )
 
     @property
     def qkv_out(self) -> float:

@@ -47,9 +47,15 @@ def infer(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> dict[str, n
     per_comm = 2.0 * c["hccl_buffsize_mb"] * 2.0**20 if hw.hccl else hw.comm_mib * 2.0**20
     comm = n_comm * per_comm
     frag = (acts + kv_cache + logits) * fragmentation_fraction(hw, c)
-    mem = {"weights": weights, "kv_cache": kv_cache, "activations": acts, "logits": logits,
-           "comm_buffers": comm * np.ones_like(t), "runtime_reserve": np.full_like(t, hw.reserve),
-           "fragmentation": frag}
+    mem = {
+        "weights": weights,
+        "kv_cache": kv_cache,
+        "activations": acts,
+        "logits": logits,
+        "comm_buffers": comm * np.ones_like(t),
+        "runtime_reserve": np.full_like(t, hw.reserve),
+        "fragmentation": frag,
+    }
 
     # --- prefill ----------------------------------------------------------------------------------
     rows = batch * prompt
@@ -86,8 +92,11 @@ def infer(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> dict[str, n
         ttft_ms=prefill * 1e3,
         decode_tokens_per_s=batch / dec,
         time_for_100_tokens_s=prefill + 100.0 * first100,
-        time_prefill=prefill, time_decode_step=dec, time_decode_gemm=dec_gemm,
-        time_decode_attention=dec_attn, time_decode_tp_comm=dec_tp,
+        time_prefill=prefill,
+        time_decode_step=dec,
+        time_decode_gemm=dec_gemm,
+        time_decode_attention=dec_attn,
+        time_decode_tp_comm=dec_tp,
     )
     out["peak_memory_gib"] = sum(mem.values()) / GIB
     return out

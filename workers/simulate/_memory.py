@@ -205,8 +205,15 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
 
     # --- communication buffers: every communicator of more than one rank that the rank uses.
     d, cp = c["dp"], c["cp"]
-    n_comm = ((t > 1) * 1.0 + (d > 1) + (cp > 1) + ((cp > 1) & (d > 1)) + (p > 1) * 2.0
-              + ((p > 1) & (t > 1)) + (c["world"] > 1))
+    n_comm = (
+        (t > 1) * 1.0
+        + (d > 1)
+        + (cp > 1)
+        + ((cp > 1) & (d > 1))
+        + (p > 1) * 2.0
+        + ((p > 1) & (t > 1))
+        + (c["world"] > 1)
+    )
     per_comm = 2.0 * c["hccl_buffsize_mb"] * 2.0**20 if hw.hccl else np.full_like(tok, hw.comm_mib * 2.0**20)
     comm = n_comm * per_comm
 

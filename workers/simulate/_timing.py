@@ -37,7 +37,9 @@ def _elementwise_scale(c: dict) -> np.ndarray:
     return scale * np.where(c["graph_kernel"], 0.8, 1.0)
 
 
-def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_stage: np.ndarray) -> dict[str, np.ndarray]:
+def train_time(
+    s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_stage: np.ndarray
+) -> dict[str, np.ndarray]:
     seq = float(workload["seq_len"])
     flash = bool(workload.get("flash_attention", True))
     t, p, v, m, cp = c["tp"], c["pp"], c["vpp"], c["grad_accum"], c["cp"]
@@ -64,8 +66,12 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
         batch = b * s.heads / t
         hd = s.head_dim
         a_fwd = gemm_time(hw, peak, sq, hd, seq, e, batch=batch) + gemm_time(hw, peak, sq, seq, hd, e, batch=batch)
-        a_bwd = (gemm_time(hw, peak, sq, seq, hd, e, batch=batch) + gemm_time(hw, peak, seq, sq, hd, e, batch=batch)
-                 + gemm_time(hw, peak, sq, hd, seq, e, batch=batch) + gemm_time(hw, peak, seq, sq, hd, e, batch=batch))
+        a_bwd = (
+            gemm_time(hw, peak, sq, seq, hd, e, batch=batch)
+            + gemm_time(hw, peak, seq, sq, hd, e, batch=batch)
+            + gemm_time(hw, peak, sq, hd, seq, e, batch=batch)
+            + gemm_time(hw, peak, seq, sq, hd, e, batch=batch)
+        )
         # Fused scale-mask-softmax reads and writes the scores; GPT adds dropout (read, write, mask).
         sm_elems = (4.5 if has_dropout(s, workload) else 2.0) * b * s.heads / t * sq * seq
         sm_fwd = sm_elems * e / hw.bw
@@ -91,7 +97,11 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     bw_ar = group_bandwidth(hw, t, np.ones_like(t), hw.ar_eff)
     bw_ag = group_bandwidth(hw, t, np.ones_like(t), hw.ag_eff)
     # Latency in a layer step (tp_alpha): calibrated hosts measure dispatch and rank skew there.
-    ag, rs, ar = allgather(act, t, bw_ag, hw.tp_alpha), allgather(act, t, bw_ar, hw.tp_alpha), allreduce(act, t, bw_ar, hw.tp_alpha)
+    ag, rs, ar = (
+        allgather(act, t, bw_ag, hw.tp_alpha),
+        allgather(act, t, bw_ar, hw.tp_alpha),
+        allreduce(act, t, bw_ar, hw.tp_alpha),
+    )
     # Sequence parallel: AG before and RS after each of the two blocks, in both directions
     # (the backward re-gather of the input for wgrad overlaps the dgrad GEMM and is not counted).
     tp_fwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
@@ -117,8 +127,11 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
     # --- stage boundaries: embedding (first), final norm + output layer + loss (last) --------------
     bnd_tp = np.where(sp, rs + ag, ar)  # one collective forward, its mirror in backward
     emb_ew = 3.0 * tok * s.h * e / hw.bw  # lookup write, scatter-add of the gradient
-    out_gemm = gemm_time(hw, peak, tok, s.h, s.vocab / t, e) + gemm_time(hw, peak, tok, s.vocab / t, s.h, e) \
+    out_gemm = (
+        gemm_time(hw, peak, tok, s.h, s.vocab / t, e)
+        + gemm_time(hw, peak, tok, s.vocab / t, s.h, e)
         + gemm_time(hw, peak, s.h, tok, s.vocab / t, e)
+    )
     # Vocab-parallel cross entropy: fp32 copy, max, exp, sum, normalise; backward one pass.
     logits = tok * s.vocab / t
     ce_ew = logits * (2.0 * e + 32.0) / hw.bw + 6.0 * s.h * rep * e / hw.bw
@@ -179,8 +192,9 @@ def train_time(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], params_st
 
     # ZeRO-3: per micro-batch all-gather of the weights in forward and in backward, reduce-scatter
     # of the gradients, prefetched behind the compute of the same micro-batch.
-    z3_mb = 2.0 * allgather(params_stage * w_b, group, dbw_ag, hw.alpha) \
-        + allgather(params_stage * g_b, group, dbw_ar, hw.alpha)
+    z3_mb = 2.0 * allgather(params_stage * w_b, group, dbw_ag, hw.alpha) + allgather(
+        params_stage * g_b, group, dbw_ar, hw.alpha
+    )
     z3_exposed = np.maximum(z3_mb - OVERLAP * t_mb, (1.0 - OVERLAP) * z3_mb)
     z3_exposed = z3_exposed + hw.overlap_slowdown * (z3_mb - z3_exposed)
     z3 = np.where(zero >= 3, m * z3_exposed, 0.0)

@@ -22,7 +22,10 @@ from ._torchtitan import TorchtitanLog
 __all__ = ["StackLog", "STACK_LOGS", "stack_log", "MegatronLog", "TorchtitanLog", "DeepSpeedLog"]
 
 STACK_LOGS: dict[str, type[StackLog]] = {
-    "megatron": MegatronLog, "mindspeed": MegatronLog, "torchtitan": TorchtitanLog, "deepspeed": DeepSpeedLog,
+    "megatron": MegatronLog,
+    "mindspeed": MegatronLog,
+    "torchtitan": TorchtitanLog,
+    "deepspeed": DeepSpeedLog,
 }
 
 

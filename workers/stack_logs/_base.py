@@ -84,8 +84,11 @@ class StackLog(abc.ABC):
         self._seen.add(iteration)
         self.iterations = max(self.iterations, iteration)
         first = iteration if covers_from is None else min(int(covers_from), iteration)
-        event: dict[str, Any] = {"event": "step", "step": int(iteration),
-                                 "phase": "warmup" if first <= self.warmup else "measure"}
+        event: dict[str, Any] = {
+            "event": "step",
+            "step": int(iteration),
+            "phase": "warmup" if first <= self.warmup else "measure",
+        }
         if first != iteration:
             event["covers_from"] = first
         event.update({k: v for k, v in fields.items() if v is not None})

@@ -35,18 +35,25 @@ from ._base import StackLog, all_skipped, number
 
 __all__ = ["DeepSpeedLog"]
 
-_TIMER = re.compile(r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+),\s*RunningAvgSamplesPerSec=(\S+),\s*"
-                    r"CurrSamplesPerSec=(\S+),\s*MemAllocated=([\d.]+)GB,\s*MaxMemAllocated=([\d.]+)GB")
+_TIMER = re.compile(
+    r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+),\s*RunningAvgSamplesPerSec=(\S+),\s*"
+    r"CurrSamplesPerSec=(\S+),\s*MemAllocated=([\d.]+)GB,\s*MaxMemAllocated=([\d.]+)GB"
+)
 _PROGRESS = re.compile(r"\bstep=(\d+), skipped=(\d+),")
-_INVALID = re.compile(r"Check batch related parameters|DeepSpeedConfigError|"
-                      r"is not divisible by|error: unrecognized arguments", re.IGNORECASE)
+_INVALID = re.compile(
+    r"Check batch related parameters|DeepSpeedConfigError|"
+    r"is not divisible by|error: unrecognized arguments",
+    re.IGNORECASE,
+)
 _COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|EI0002", re.IGNORECASE)
 
 
 class DeepSpeedLog(StackLog):
     name = "deepspeed"
-    missing = ("no DeepSpeed throughput-timer line: DeepSpeed's logger starts at WARNING and the timer's lines "
-               "are INFO; call deepspeed.utils.logging.set_log_level_from_string('info') in the training script")
+    missing = (
+        "no DeepSpeed throughput-timer line: DeepSpeed's logger starts at WARNING and the timer's lines "
+        "are INFO; call deepspeed.utils.logging.set_log_level_from_string('info') in the training script"
+    )
 
     def __init__(self, *args: Any, samples_per_iteration: float | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -60,13 +67,19 @@ class DeepSpeedLog(StackLog):
         if m:
             step = int(m.group(3))
             samples_per_s = number(m.group(5))
-            step_time = (self.samples_per_iteration / samples_per_s
-                         if self.samples_per_iteration and samples_per_s else None)
+            step_time = (
+                self.samples_per_iteration / samples_per_s if self.samples_per_iteration and samples_per_s else None
+            )
             self.note_memory(float(m.group(7)))
             # its progress line came first: a step whose skipped count went up did no update
             skipped = True if self.last_step == step and self.skipped > self._skipped_before else None
-            return self.step(step, step_time_s=step_time, samples_per_s=samples_per_s,
-                             peak_memory_gib=float(m.group(7)), skipped=skipped)
+            return self.step(
+                step,
+                step_time_s=step_time,
+                samples_per_s=samples_per_s,
+                peak_memory_gib=float(m.group(7)),
+                skipped=skipped,
+            )
         m = _PROGRESS.search(line)
         if m:
             self._skipped_before = self.skipped
@@ -85,6 +98,8 @@ class DeepSpeedLog(StackLog):
     def verdict(self, steps: list[dict[str, Any]]) -> tuple[str, str] | None:
         measured = [s for s in steps if s.get("phase") == "measure"]
         if measured and (all_skipped(steps) or (self.last_step and self.skipped >= self.last_step)):
-            return "nan", (f"fp16 loss scaling skipped every step ({self.skipped} of {self.last_step}): the gradients "
-                           "overflow at every loss scale tried")
+            return "nan", (
+                f"fp16 loss scaling skipped every step ({self.skipped} of {self.last_step}): the gradients "
+                "overflow at every loss scale tried"
+            )
         return None

@@ -78,8 +78,9 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 _STAMP = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\]\s*iteration\b")
 _MEMORY = re.compile(r"memory \(MB\)\s*\|(.*)")
 _ARGPARSE = re.compile(r"error: (unrecognized arguments|argument --|the following arguments are required)")
-_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|EI0002|HCCL[^\n]*time(?:d)? ?out",
-                                 re.IGNORECASE)
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout|EI0002|HCCL[^\n]*time(?:d)? ?out", re.IGNORECASE
+)
 # the NaN/Inf checks of pretrain_gpt.py's loss_func and of the DDP grad buffers, in every
 # version's words (AssertionError, ValueError, RuntimeError or the rerun machine's log line)
 _NAN_CHECK = re.compile(r"found (?:NaN|Inf) in local (?:forward loss calculation|grad norm)")
@@ -144,10 +145,17 @@ class MegatronLog(StackLog):
         if skipped >= span:
             loss = None  # the mean over no advanced iteration: absent up to core_v0.16, 0.0 in main
         memory = fields.get("max_memory_allocated(GB)")
-        events = self.step(iteration, covers_from=covers_from, step_time_s=ms / 1000.0 if ms is not None else None,
-                           loss=loss, tflops_per_device=fields.get("throughput per GPU (TFLOP/s/GPU)"),
-                           skipped_iterations=skipped, nan_iterations=nans, peak_memory_gib=memory,
-                           skipped=True if skipped else None)
+        events = self.step(
+            iteration,
+            covers_from=covers_from,
+            step_time_s=ms / 1000.0 if ms is not None else None,
+            loss=loss,
+            tflops_per_device=fields.get("throughput per GPU (TFLOP/s/GPU)"),
+            skipped_iterations=skipped,
+            nan_iterations=nans,
+            peak_memory_gib=memory,
+            skipped=True if skipped else None,
+        )
         if events and events[0]["phase"] == "measure":
             self.skipped_iterations += skipped
             self.nan_iterations += nans
@@ -162,8 +170,12 @@ class MegatronLog(StackLog):
                 return "invalid", f"Megatron's argument parser refused the launch: {line.strip()[:300]}"
         for i in range(len(lines) - 1, -1, -1):
             if lines[i].lstrip().startswith("AssertionError") and any(
-                    "arguments.py" in earlier for earlier in lines[max(0, i - 40):i]):
-                return "invalid", f"Megatron's argument checks (validate_args) refused the config: {lines[i].strip()[:300]}"
+                "arguments.py" in earlier for earlier in lines[max(0, i - 40) : i]
+            ):
+                return (
+                    "invalid",
+                    f"Megatron's argument checks (validate_args) refused the config: {lines[i].strip()[:300]}",
+                )
         for line in reversed(lines):
             if _COLLECTIVE_TIMEOUT.search(line):
                 return "timeout", f"collective timeout: {line.strip()[:300]}"
@@ -173,8 +185,10 @@ class MegatronLog(StackLog):
         if self.nan_iterations:
             return "nan", f"Megatron counted {self.nan_iterations} NaN iteration(s) in the measured steps"
         if all_skipped(steps):
-            return "nan", (f"fp16 loss scaling skipped every measured iteration ({self.skipped_iterations}): the "
-                           "gradients overflow at every loss scale tried")
+            return "nan", (
+                f"fp16 loss scaling skipped every measured iteration ({self.skipped_iterations}): the "
+                "gradients overflow at every loss scale tried"
+            )
         return None
 
 

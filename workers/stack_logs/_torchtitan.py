@@ -33,10 +33,15 @@ from ._base import StackLog, non_finite_loss, number
 __all__ = ["TorchtitanLog"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)\s+memory:\s*([\d.]+)GiB"
-                   r"\(([\d.]+)%\)\s+tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)\s+mfu:\s*(\S+)")
-_INVALID = re.compile(r"Invalid parallel dims|must divide|is not supported|ValueError: .*(parallel|degree)|"
-                      r"error: unrecognized arguments", re.IGNORECASE)
+_STEP = re.compile(
+    r"(?<!validate )\bstep:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)\s+memory:\s*([\d.]+)GiB"
+    r"\(([\d.]+)%\)\s+tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)\s+mfu:\s*(\S+)"
+)
+_INVALID = re.compile(
+    r"Invalid parallel dims|must divide|is not supported|ValueError: .*(parallel|degree)|"
+    r"error: unrecognized arguments",
+    re.IGNORECASE,
+)
 _COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout", re.IGNORECASE)
 _NON_FINITE = re.compile(r"Loss or gradient norm is not finite")  # torchtitan/trainer.py, main
 
@@ -52,12 +57,22 @@ class TorchtitanLog(StackLog):
             return []
         step, loss, grad_norm, memory, _, tps, tflops, mfu = m.groups()
         per_device = number(tps)
-        step_time = (self.tokens_per_iteration / (per_device * self.devices)
-                     if self.tokens_per_iteration and per_device else None)
+        step_time = (
+            self.tokens_per_iteration / (per_device * self.devices)
+            if self.tokens_per_iteration and per_device
+            else None
+        )
         mfu_share = number(mfu) / 100.0 if mfu.endswith("%") and number(mfu) is not None else None
-        return self.step(int(step), step_time_s=step_time, loss=number(loss), grad_norm=number(grad_norm),
-                         tokens_per_s_per_device=per_device, tflops_per_device=number(tflops), mfu=mfu_share,
-                         peak_memory_gib=number(memory))
+        return self.step(
+            int(step),
+            step_time_s=step_time,
+            loss=number(loss),
+            grad_norm=number(grad_norm),
+            tokens_per_s_per_device=per_device,
+            tflops_per_device=number(tflops),
+            mfu=mfu_share,
+            peak_memory_gib=number(memory),
+        )
 
     def failure(self, lines: list[str]) -> tuple[str, str] | None:
         for line in reversed(lines):
@@ -75,6 +90,8 @@ class TorchtitanLog(StackLog):
     def verdict(self, steps: list[dict[str, Any]]) -> tuple[str, str] | None:
         bad = non_finite_loss(steps, "loss", "grad_norm")
         if bad is not None:
-            return "nan", (f"torchtitan logged a non-finite loss or gradient norm at step {bad['step']} "
-                           f"(loss {bad.get('loss')}, grad_norm {bad.get('grad_norm')}) and went on")
+            return "nan", (
+                f"torchtitan logged a non-finite loss or gradient norm at step {bad['step']} "
+                f"(loss {bad.get('loss')}, grad_norm {bad.get('grad_norm')}) and went on"
+            )
         return None

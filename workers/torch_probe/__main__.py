@@ -19,8 +19,15 @@ from typing import Any
 
 from ..protocol import PEAK_COUNTS_KEY, TRIAL_FILE_ENV, read_trial_file
 from . import measure
-from ._device import (accelerator_of, device_module, device_name, prepare_env, setup_device, software_versions,
-                      threads_per_rank)
+from ._device import (
+    accelerator_of,
+    device_module,
+    device_name,
+    prepare_env,
+    setup_device,
+    software_versions,
+    threads_per_rank,
+)
 from .failures import EXIT_CODES, ProbeFailure, classify_exception
 from .plan import ModelConfig, resolve_plan
 from .spawn import DIST_INIT_ENV
@@ -69,9 +76,14 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
     if "RANK" in os.environ:
         # torchrun: env:// rendezvous; spawn.py: a file store in its private temp dir
         store_file = os.environ.get(DIST_INIT_ENV)
-        dist.init_process_group(dev.backend, init_method=f"file://{store_file}" if store_file else None,
-                                rank=rank, world_size=world, timeout=timeout,
-                                device_id=device if kind != "cpu" else None)
+        dist.init_process_group(
+            dev.backend,
+            init_method=f"file://{store_file}" if store_file else None,
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+            device_id=device if kind != "cpu" else None,
+        )
     else:  # single process without torchrun: an in-memory store, no ports
         dist.init_process_group(dev.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
 
@@ -81,8 +93,16 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
     mesh = build_mesh(plan, kind)
     hardware = request.cluster.get("hardware") or {}
     rt = Runtime(
-        plan=plan, cfg=cfg, rank=rank, world_size=world, device=device, device_kind=kind,
-        device_index=dev.index, devmod=devmod, mesh=mesh, model_dict=dict(request.model),
+        plan=plan,
+        cfg=cfg,
+        rank=rank,
+        world_size=world,
+        device=device,
+        device_kind=kind,
+        device_index=dev.index,
+        devmod=devmod,
+        mesh=mesh,
+        model_dict=dict(request.model),
         peak_tflops={k: float(v) for k, v in (hardware.get("peak_tflops") or {}).items() if v},
         memory_limit_gib=limit if kind == "cpu" else None,
         artifact_dir=os.environ.get("AUTOTUNE_ARTIFACT_DIR") or None,
@@ -92,10 +112,24 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
     rt.timings["time_init_s"] = measure.now() - t_start  # the torch import + init part of it
     if age is not None:
         rt.timings["time_startup_s"] = age
-    log.info("plan: tp=%d pp=%d dp=%d cp=%d vpp=%d mbs=%d ga=%d sp=%s recompute=%s zero=%d %s compile=%s "
-             "threads/rank=%d device=%s", plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.micro_batch_size,
-             plan.grad_accum, plan.sequence_parallel, plan.recompute, plan.zero_stage, plan.precision,
-             plan.compile, threads, dev.name)
+    log.info(
+        "plan: tp=%d pp=%d dp=%d cp=%d vpp=%d mbs=%d ga=%d sp=%s recompute=%s zero=%d %s compile=%s "
+        "threads/rank=%d device=%s",
+        plan.tp,
+        plan.pp,
+        plan.dp,
+        plan.cp,
+        plan.vpp,
+        plan.micro_batch_size,
+        plan.grad_accum,
+        plan.sequence_parallel,
+        plan.recompute,
+        plan.zero_stage,
+        plan.precision,
+        plan.compile,
+        threads,
+        dev.name,
+    )
     if plan.kind == "train":
         metrics = run_train(rt)
     else:
@@ -126,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = argv[0] if argv else os.environ.get(TRIAL_FILE_ENV)
         if not path:
-            raise ProbeFailure("invalid", f"usage: python -m autotune.workers.torch_probe TRIAL_FILE (or set {TRIAL_FILE_ENV})")
+            raise ProbeFailure(
+                "invalid", f"usage: python -m autotune.workers.torch_probe TRIAL_FILE (or set {TRIAL_FILE_ENV})"
+            )
         result = _run(path, rank, local_rank, world, local_world)
     except BaseException as exc:  # noqa: BLE001 - every failure must become a protocol line
         if isinstance(exc, SystemExit) and exc.code in (0, None):

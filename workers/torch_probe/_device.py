@@ -144,7 +144,9 @@ def threads_per_rank(cluster: dict[str, Any], local_world_size: int, cpus: int |
 
 
 def setup_device(
-    kind: str, local_rank: int, environ: MutableMapping[str, str] | None = None,
+    kind: str,
+    local_rank: int,
+    environ: MutableMapping[str, str] | None = None,
     importer: Callable[[str], Any] = importlib.import_module,
 ) -> DeviceInfo:
     """Load the device extension (torch_npu) and bind this process to its device."""

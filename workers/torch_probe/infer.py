@@ -60,8 +60,17 @@ def run_infer(rt: Runtime) -> dict[str, float]:
                 per_token.append((s2 - s1) / max(1, plan.gen_len - 1))
                 totals.append(s2 - s0)
             if rt.rank == 0:
-                measure.emit({"event": "step", "step": i, "phase": phase, "step_time_s": s2 - s0,
-                              "tokens": generated, "ttft_ms": (s1 - s0) * 1e3, "memory_gib": _memory(rt)[0]})
+                measure.emit(
+                    {
+                        "event": "step",
+                        "step": i,
+                        "phase": phase,
+                        "step_time_s": s2 - s0,
+                        "tokens": generated,
+                        "ttft_ms": (s1 - s0) * 1e3,
+                        "memory_gib": _memory(rt)[0],
+                    }
+                )
     model.set_kv_cache(None)
 
     ttft = measure.median(ttfts)
@@ -81,9 +90,12 @@ def run_infer(rt: Runtime) -> dict[str, float]:
     )
     alloc, reserved = _max_over_ranks(rt, _memory(rt))
     if rt.memory_limit_gib is not None and alloc > rt.memory_limit_gib:
-        raise ProbeFailure("oom", f"out of memory: peak RSS {alloc:.3f} GiB exceeds the soft limit "
-                                  f"AUTOTUNE_MEMORY_LIMIT_GIB={rt.memory_limit_gib:g} GiB (requested {alloc:.3f} GiB)",
-                           collective=True)
+        raise ProbeFailure(
+            "oom",
+            f"out of memory: peak RSS {alloc:.3f} GiB exceeds the soft limit "
+            f"AUTOTUNE_MEMORY_LIMIT_GIB={rt.memory_limit_gib:g} GiB (requested {alloc:.3f} GiB)",
+            collective=True,
+        )
     metrics["peak_memory_gib"] = alloc
     if rt.device_kind != "cpu":
         metrics["peak_reserved_gib"] = reserved
@@ -95,8 +107,10 @@ def _memory(rt: Runtime) -> tuple[float, float]:
     if rt.device_kind == "cpu":
         rss = measure.peak_rss_gib()
         return rss, rss
-    return (rt.devmod.max_memory_allocated(rt.device) / measure.GIB,
-            rt.devmod.max_memory_reserved(rt.device) / measure.GIB)
+    return (
+        rt.devmod.max_memory_allocated(rt.device) / measure.GIB,
+        rt.devmod.max_memory_reserved(rt.device) / measure.GIB,
+    )
 
 
 def _max_over_ranks(rt: Runtime, values: tuple[float, float]) -> tuple[float, float]:

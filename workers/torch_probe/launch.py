@@ -1,13 +1,12 @@
 """The probe's command line, for the dispatcher. Imports no torch (the driver may not have it).
 
-Three launchers start the same ranks. ``warm`` (warm.py, single node) forks the ranks from a
-server that has already imported torch: ~3.5 s less per trial on a small CPU. ``spawn``
-(spawn.py, single node) imports no torch in the launcher and is ~1.5-2 s cheaper than torchrun. ``torchrun``, single node (tested): ``python -m
-torch.distributed.run --standalone --nnodes 1 --nproc-per-node N -m autotune.workers.torch_probe
-TRIAL_FILE``. ``--standalone`` runs the
-rendezvous on a free localhost port, so concurrent trials on one machine never collide on
-``--master-port``; ``--max-restarts 0`` because a failed probe is an answer, not something to retry
-inside the same trial.
+Three launchers start the same ranks. ``warm`` (warm.py, single node) forks the ranks from a server
+that has already imported torch: ~3.5 s less per trial on a small CPU. ``spawn`` (spawn.py, single
+node) imports no torch in the launcher and is ~1.5-2 s cheaper than torchrun. ``torchrun``, single
+node (tested): ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N -m
+autotune.workers.torch_probe TRIAL_FILE``. ``--standalone`` runs the rendezvous on a free localhost
+port, so concurrent trials on one machine never collide on ``--master-port``; ``--max-restarts 0``
+because a failed probe is an answer, not something to retry inside the same trial.
 
 Multi-node (tested on a local multi-raylet Ray cluster): the dispatcher reserves one Ray
 placement-group bundle per node and starts one torchrun per bundle with torchrun's static
@@ -65,13 +64,27 @@ def torchrun_argv(
     elif rdzv_endpoint is None:
         # the dispatcher's placement group: node ranks are assigned by it, node 0 hosts the store
         # (torchrun's static rendezvous; {…} are filled in per node by the dispatcher)
-        argv += ["--nnodes", str(nodes), "--node-rank", "{node_rank}", "--master-addr", "{master_addr}",
-                 "--master-port", "{master_port}"]
+        argv += [
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            "{node_rank}",
+            "--master-addr",
+            "{master_addr}",
+            "--master-port",
+            "{master_port}",
+        ]
     else:
         run_id = rdzv_id or f"{getattr(request, 'study', '') or 'autotune'}-{getattr(request, 'number', 0)}"
         argv += [
-            "--nnodes", str(nodes),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", run_id,
+            "--nnodes",
+            str(nodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rdzv_endpoint,
+            "--rdzv-id",
+            run_id,
         ]
     argv += ["--nproc-per-node", str(nproc), "--max-restarts", "0", "-m", PROBE_MODULE, trial_file]
     return argv

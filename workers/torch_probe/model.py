@@ -72,7 +72,9 @@ class RMSNorm(nn.Module):
 
 
 def _norm(cfg: ModelConfig) -> nn.Module:
-    return RMSNorm(cfg.hidden_size, cfg.norm_eps) if cfg.arch == "llama" else nn.LayerNorm(cfg.hidden_size, cfg.norm_eps)
+    return (
+        RMSNorm(cfg.hidden_size, cfg.norm_eps) if cfg.arch == "llama" else nn.LayerNorm(cfg.hidden_size, cfg.norm_eps)
+    )
 
 
 def rope_tables(head_dim: int, length: int, theta: float, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

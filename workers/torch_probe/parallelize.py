@@ -263,17 +263,13 @@ def materialize(part: nn.Module, cfg: ModelConfig, device: torch.device, seed: i
     init_weights(part, cfg, seed)
 
 
-def apply_pp(
-    pm: ParallelModel, plan: Plan, pp_mesh: Any, device: torch.device, loss_fn: Callable[..., Any]
-) -> None:
+def apply_pp(pm: ParallelModel, plan: Plan, pp_mesh: Any, device: torch.device, loss_fn: Callable[..., Any]) -> None:
     """Pipeline stages over the wrapped parts and the schedule: 1F1B, or interleaved 1F1B with
     ``vpp`` stages per rank; ``grad_accum`` micro-batches per step (gradients averaged)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     group = pp_mesh.get_group()
-    stages = [
-        PipelineStage(part, sid, pm.num_stages, device, group=group) for part, sid in zip(pm.parts, pm.stage_ids)
-    ]
+    stages = [PipelineStage(part, sid, pm.num_stages, device, group=group) for part, sid in zip(pm.parts, pm.stage_ids)]
     if plan.vpp == 1:
         pm.schedule = Schedule1F1B(stages[0], n_microbatches=plan.grad_accum, loss_fn=loss_fn, scale_grads=True)
         name = "1F1B"
@@ -302,9 +298,12 @@ def parallelize_llama(
     if plan.tp > 1:
         for part in parts:
             apply_tp(part, mesh["tp"], plan, pm)
-        _note(pm, f"tp: {plan.tp}-way Colwise q/k/v/gate/up, Rowwise o/down"
-              + (", sequence parallel norms" if plan.sequence_parallel else "")
-              + (", loss parallel" if plan.loss_parallel else ""))
+        _note(
+            pm,
+            f"tp: {plan.tp}-way Colwise q/k/v/gate/up, Rowwise o/down"
+            + (", sequence parallel norms" if plan.sequence_parallel else "")
+            + (", loss parallel" if plan.loss_parallel else ""),
+        )
     if plan.cp > 1:
         for part in parts:
             apply_cp(part, mesh["cp"], plan)
@@ -312,8 +311,14 @@ def parallelize_llama(
     if plan.recompute != "none" and plan.kind == "train":
         for part in parts:
             apply_recompute(part, plan)
-        what = "attention core (RoPE+SDPA) of every layer" if plan.recompute == "selective" else (
-            f"full blocks (first {plan.recompute_layers} per stage)" if plan.recompute_layers is not None else "all blocks"
+        what = (
+            "attention core (RoPE+SDPA) of every layer"
+            if plan.recompute == "selective"
+            else (
+                f"full blocks (first {plan.recompute_layers} per stage)"
+                if plan.recompute_layers is not None
+                else "all blocks"
+            )
         )
         _note(pm, f"recompute {plan.recompute}: {what}")
     if plan.compile != "none":
@@ -330,17 +335,27 @@ def parallelize_llama(
             apply_fsdp(part, dp_mesh, plan)
         pm.fsdp = plan.zero_stage >= 2
         if plan.zero_stage >= 2:
-            _note(pm, f"dp: FSDP2 over {plan.dp_cp} ranks, zero_stage {plan.zero_stage} "
-                  f"(reshard_after_forward={plan.zero_stage == 3}), precision {plan.precision} via MixedPrecisionPolicy")
+            _note(
+                pm,
+                f"dp: FSDP2 over {plan.dp_cp} ranks, zero_stage {plan.zero_stage} "
+                f"(reshard_after_forward={plan.zero_stage == 3}), precision {plan.precision} via MixedPrecisionPolicy",
+            )
         else:
-            _note(pm, f"dp: replicate (FSDP2-based DDP) over {plan.dp_cp} ranks"
-                  + (" + ZeRO-1 optimizer sharding (zero1.Zero1AdamW)" if plan.zero_stage == 1 else ""))
+            _note(
+                pm,
+                f"dp: replicate (FSDP2-based DDP) over {plan.dp_cp} ranks"
+                + (" + ZeRO-1 optimizer sharding (zero1.Zero1AdamW)" if plan.zero_stage == 1 else ""),
+            )
     for part in parts:
         materialize(part, cfg, device, plan.seed)
     if plan.kind == "train" and plan.dp_cp > 1 and not use_fsdp:
         parts = [apply_ddp(part, dp_mesh, device_index) for part in parts]
         pm.ddp = True
-        _note(pm, f"dp: DDP over {plan.dp_cp} ranks" + (" + ZeRO-1 optimizer sharding (ZeroRedundancyOptimizer)" if plan.zero_stage == 1 else ""))
+        _note(
+            pm,
+            f"dp: DDP over {plan.dp_cp} ranks"
+            + (" + ZeRO-1 optimizer sharding (ZeroRedundancyOptimizer)" if plan.zero_stage == 1 else ""),
+        )
     elif plan.kind == "train" and plan.dp_cp == 1 and plan.zero_stage:
         _note(pm, f"dp: zero_stage {plan.zero_stage} has nothing to shard with dp=1: plain optimizer")
     pm.parts = parts

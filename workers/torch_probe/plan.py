@@ -213,7 +213,10 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
 def _check_model(model: ModelConfig, plan: Plan) -> None:
     tp, heads, kv = plan.tp, model.num_attention_heads, model.num_key_value_heads
     checks = [
-        (model.hidden_size % heads == 0, f"hidden_size {model.hidden_size} not divisible by num_attention_heads {heads}"),
+        (
+            model.hidden_size % heads == 0,
+            f"hidden_size {model.hidden_size} not divisible by num_attention_heads {heads}",
+        ),
         (heads % kv == 0, f"num_attention_heads {heads} not divisible by num_key_value_heads {kv}"),
         (heads % tp == 0, f"num_attention_heads {heads} not divisible by tp {tp}"),
         (kv % tp == 0, f"num_key_value_heads {kv} not divisible by tp {tp}"),
@@ -268,9 +271,7 @@ def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
         )
     if plan.pp > 1:
         if plan.vpp == 1 and ga < plan.pp:
-            raise ProbeFailure(
-                "invalid", f"invalid config: 1F1B needs grad_accum (micro-batches) {ga} >= pp {plan.pp}"
-            )
+            raise ProbeFailure("invalid", f"invalid config: 1F1B needs grad_accum (micro-batches) {ga} >= pp {plan.pp}")
         rounds = max(1, ga // plan.pp)
         if plan.vpp > 1 and ga % rounds:
             raise ProbeFailure(
@@ -290,7 +291,8 @@ def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
 def _resolve_infer(plan: Plan, params: dict[str, Any], workload: dict[str, Any], model: ModelConfig) -> None:
     if plan.pp > 1 or plan.cp > 1:
         raise ProbeFailure(
-            "invalid", f"invalid config: the inference probe runs tp (and dp replicas) only, got pp={plan.pp} cp={plan.cp}"
+            "invalid",
+            f"invalid config: the inference probe runs tp (and dp replicas) only, got pp={plan.pp} cp={plan.cp}",
         )
     plan.prompt_len = int(workload.get("prompt_len", 128))
     plan.gen_len = int(workload.get("gen_len", 32))
@@ -306,4 +308,3 @@ def _resolve_infer(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
     plan.global_batch_size = bs * plan.dp
     if plan.recompute != "none" or plan.zero_stage:
         plan.notes.append("recompute and zero_stage do not apply to inference: ignored")
-

@@ -50,8 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nproc-per-node must be >= 1")
     with tempfile.TemporaryDirectory(prefix="autotune-spawn-") as tmp:
         base = dict(os.environ)
-        base.update({DIST_INIT_ENV: os.path.join(tmp, "store"), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-                     "GROUP_RANK": "0", "ROLE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
+        base.update(
+            {
+                DIST_INIT_ENV: os.path.join(tmp, "store"),
+                "WORLD_SIZE": str(n),
+                "LOCAL_WORLD_SIZE": str(n),
+                "GROUP_RANK": "0",
+                "ROLE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+            }
+        )
         procs = []
         for rank in range(n):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))

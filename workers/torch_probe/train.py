@@ -111,8 +111,12 @@ class _Trainer:
         gives the model's parameter count. Step counters (0-d tensors) are not states."""
         params = list(self.pm.parameters())
         optimizer = getattr(self.optimizer, "optim", self.optimizer)  # ZeroRedundancyOptimizer: the local one
-        states = sum(_local_bytes(v) for st in optimizer.state.values() for v in st.values()
-                     if isinstance(v, torch.Tensor) and v.dim() > 0)
+        states = sum(
+            _local_bytes(v)
+            for st in optimizer.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        )
         first_replica = self.dp_rank == 0 and self.cp_rank == 0 and self.rt.mesh["tp"].get_local_rank() == 0
         owned = float(sum(p.numel() for p in params)) if first_replica else 0.0
         return [float(sum(_local_bytes(p) for p in params)), self.grad_bytes or 0.0, float(states), owned]
@@ -184,7 +188,7 @@ class _Trainer:
                 args = (inputs,) if pm.is_first else ()
                 kwargs = {"target": labels, "losses": losses} if pm.is_last else {}
                 pm.schedule.step(*args, **kwargs)
-                loss = torch.stack([_plain(l) for l in losses]).mean() if pm.is_last else None
+                loss = torch.stack([_plain(x) for x in losses]).mean() if pm.is_last else None
                 if loss is not None and self.scaler is not None:
                     loss = loss / self.scaler.get_scale()
             else:
@@ -255,8 +259,11 @@ def _state_bytes_per_param(tr: _Trainer) -> dict[str, float]:
     weights, grads, states, params = mine.tolist()
     per_device = params / (rt.plan.tp * rt.plan.pp)  # parameters of one device's share before ZeRO
     denominator = max(per_device * rt.world_size, 1.0)
-    return {"state_weight_bytes_per_param": weights / denominator, "state_grad_bytes_per_param": grads / denominator,
-            "state_optimizer_bytes_per_param": states / denominator}
+    return {
+        "state_weight_bytes_per_param": weights / denominator,
+        "state_grad_bytes_per_param": grads / denominator,
+        "state_optimizer_bytes_per_param": states / denominator,
+    }
 
 
 def _check_memory(rt: Runtime, rows: list[list[float]], when: str) -> None:
@@ -343,9 +350,18 @@ def run_train(rt: Runtime) -> dict[str, float]:
             times.append(dt)
         if rt.rank == 0:
             # a non-finite loss is sent as null (NaN is not JSON) with loss_finite 0
-            measure.emit({"event": "step", "step": i, "phase": phase, "step_time_s": dt, "tokens": tokens,
-                          "loss": loss if math.isfinite(loss) else None, "loss_finite": int(math.isfinite(loss)),
-                          "memory_gib": mem})
+            measure.emit(
+                {
+                    "event": "step",
+                    "step": i,
+                    "phase": phase,
+                    "step_time_s": dt,
+                    "tokens": tokens,
+                    "loss": loss if math.isfinite(loss) else None,
+                    "loss_finite": int(math.isfinite(loss)),
+                    "memory_gib": mem,
+                }
+            )
         if not math.isfinite(loss):
             raise ProbeFailure("nan", f"non-finite loss {loss} at step {i} ({phase})", collective=True)
         _check_memory(rt, rows, f"at step {i}")

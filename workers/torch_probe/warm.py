@@ -59,10 +59,18 @@ __all__ = ["main", "socket_path", "shutdown_server", "WARM_DIR_ENV", "IDLE_ENV"]
 WARM_DIR_ENV = "AUTOTUNE_WARM_DIR"  # where sockets and locks live (default: a per-user temp dir)
 IDLE_ENV = "AUTOTUNE_WARM_IDLE_S"
 _PRELOAD = (
-    "torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
-    "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
-    "torch.distributed.optim", "torch.utils.checkpoint", "torch._dynamo",
-    "autotune.workers.torch_probe.train", "autotune.workers.torch_probe.parallelize",
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.pipelining",
+    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+    "torch.distributed.optim",
+    "torch.utils.checkpoint",
+    "torch._dynamo",
+    "autotune.workers.torch_probe.train",
+    "autotune.workers.torch_probe.parallelize",
     "autotune.workers.torch_probe.infer",
 )
 _IMPORT_TIME_ENV = ("TORCH_", "OMP_", "MKL_", "KMP_", "LD_", "PYTHONPATH")
@@ -94,8 +102,10 @@ def check_private_dir(path: Path) -> None:
     if info.st_mode & 0o077:
         problems.append(f"mode {stat.S_IMODE(info.st_mode):04o} lets other users in (0700 expected)")
     if problems:
-        raise PermissionError(f"refusing the warm-start directory {path}: {'; '.join(problems)}. Remove it, "
-                              f"or set {WARM_DIR_ENV} to a directory of your own with mode 0700")
+        raise PermissionError(
+            f"refusing the warm-start directory {path}: {'; '.join(problems)}. Remove it, "
+            f"or set {WARM_DIR_ENV} to a directory of your own with mode 0700"
+        )
 
 
 def _fingerprint() -> str:
@@ -143,10 +153,18 @@ def _connect(path: Path) -> socket.socket:
                 except (FileNotFoundError, ConnectionRefusedError):
                     path.unlink(missing_ok=True)  # a dead server's socket
                     subprocess.Popen(
-                        [sys.executable, "-m", __spec__.name if __spec__ else "autotune.workers.torch_probe.warm",
-                         "--serve", str(path)],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        start_new_session=True, close_fds=True,
+                        [
+                            sys.executable,
+                            "-m",
+                            __spec__.name if __spec__ else "autotune.workers.torch_probe.warm",
+                            "--serve",
+                            str(path),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                        close_fds=True,
                     )
                     # the server binds before it imports torch: wait for the socket file only
                     while not path.exists() and time.monotonic() < deadline:
@@ -181,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if shutdown_server() else 1
     if not ns.nproc_per_node or ns.nproc_per_node < 1:
         ap.error("--nproc-per-node must be >= 1")
-    request = json.dumps({"nproc": ns.nproc_per_node, "module": ns.module, "args": ns.args,
-                          "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    request = json.dumps(
+        {"nproc": ns.nproc_per_node, "module": ns.module, "args": ns.args, "env": dict(os.environ), "cwd": os.getcwd()}
+    ).encode()
     try:
         sock = _connect(socket_path())
     except PermissionError as exc:
@@ -297,8 +316,18 @@ def _fork_rank(request: dict, rank: int, n: int, fds: list[int], store: str) -> 
             os.dup2(fd, target)
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ.update({DIST_INIT_ENV: store, "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0",
-                           "ROLE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "RANK": str(rank), "LOCAL_RANK": str(rank)})
+        os.environ.update(
+            {
+                DIST_INIT_ENV: store,
+                "WORLD_SIZE": str(n),
+                "LOCAL_WORLD_SIZE": str(n),
+                "GROUP_RANK": "0",
+                "ROLE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+            }
+        )
         os.chdir(request["cwd"])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
