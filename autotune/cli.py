@@ -3,7 +3,7 @@
 Like ``ray job`` and ``optuna``: logs and progress go to stderr, data to stdout, ``--json`` gives
 scripts a stable object, and the exit codes are documented:
 
-(Why one module of some 970 lines: the commands share their options, exit codes and output
+(Why one module of over 500 lines: the commands share their options, exit codes and output
 helpers; each command only parses, calls the stage that does the work (:mod:`autotune.finish`,
 :mod:`autotune.search`, :mod:`autotune.doctor`, ...) and prints what it returns.)
 

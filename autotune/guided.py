@@ -45,7 +45,7 @@ every config a mean *and* an uncertainty:
 Everything is derived from the study's trials each time it is asked (nothing to store, and a
 resumed study continues with the same ranking and the same fit).
 
-Why one module of some 720 lines: the model, its priors, its fit and the acquisition that reads
+Why one module of over 500 lines: the model, its priors, its fit and the acquisition that reads
 it share one set of matrices and one derivation; split, each half would have to restate the other.
 """
 

@@ -7,8 +7,10 @@ which trials are the best (:func:`best_records`) and which become MLflow child r
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -192,3 +194,30 @@ def frozen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial |
 def trial_record(study: optuna.Study, number: int) -> TrialRecord:
     """The record of one trial."""
     return _record(frozen_trial(study, number))
+
+
+def measured_configs(study: optuna.Study) -> dict[str, int]:
+    """Canonical config -> the first trial that measured it. A config whose probe was interrupted, or
+    failed under it on the infrastructure, is not measured: its re-queued trial must run, not be
+    called a duplicate."""
+    seen: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get(A.KEY)
+        if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) not in ("interrupted", "infra"):
+            seen.setdefault(key, t.number)
+    return seen
+
+
+def save_trial_files(run_dir: Path, number: int, result: Any) -> None:
+    """``trials/NNNN/result.json`` and ``log_tail.txt``: what the probe returned, kept beside the study
+    (the MLflow child run's artifacts, and the evidence a resumed study checks its journal against)."""
+    folder = run_dir / "trials" / f"{number:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "result.json").write_text(json.dumps(jsonable(result.to_json()), indent=1))
+    if result.log_tail:
+        (folder / "log_tail.txt").write_text(result.log_tail)
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values (numpy scalars as numbers, anything else as its text)."""
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

@@ -17,10 +17,8 @@ is never a measured one (``autotune.source``).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,16 +35,34 @@ from .interpret import interpret, settle_pruned
 from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, SearchObserver, TrialListener, _Quiet
 from .pruning import LoserPruner
 from .ranking import Ranking
-from .records import TrialRecord, best_records, guide_estimates, is_tracked, trial_record, trial_records
+from .records import (
+    TrialRecord,
+    best_records,
+    guide_estimates,
+    is_tracked,
+    jsonable,
+    measured_configs,
+    save_trial_files,
+    trial_record,
+    trial_records,
+)
 from .refit import Refit
 from .requeue import recover_interrupted, requeue_after_lost_capacity, retry_after_infra
-from .secret_env import masked_backend, scrub, scrub_values, secret_values
+from .secret_env import masked_backend, scrub_result, secret_values
 from .space import Space, config_key
 from .spec import Spec
 from .storage import open_study, study_storage
 from .study_definition import record_definition
 from .study_plan import Unplaceable, check_placeable, enqueue_plan, make_sampler, rank_for_study, valid_count
 from .study_result import StudyOutcome, StudyResult
+from .stop_conditions import (
+    MAX_INFRA_IN_A_ROW,
+    LoopState,
+    deadline_reached,
+    guide_says_stop,
+    sampler_stuck,
+    space_exhausted,
+)
 from .study_tracking import StudyTracking
 from .trial_attrs import A
 from .trial_resolve import TrialResolver, tell
@@ -63,24 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_INFRA_IN_A_ROW = 3  # then the cluster, not the configs, is the problem: stop and say so
-MAX_MISSES = 200  # proposals in a row answered without a probe (rejected or repeats): the sampler is stuck
-
-
-@dataclass
-class _Loop:
-    """The state of one run of the loop."""
-
-    budget: int
-    started: int  # probes counted against the budget (an infrastructure failure is not one)
-    seen: dict[str, int]  # canonical config -> the trial that measured it
-    total_valid: int | None
-    deadline: float | None
-    pending: dict[Any, tuple[optuna.Trial, dict[str, Any]]] = field(default_factory=dict)
-    misses: int = 0
-    infra_in_a_row: int = 0
-    stopped: str = "budget reached"
 
 
 class StudyRunner:
@@ -135,11 +133,11 @@ class StudyRunner:
         self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
         self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
         # checked, in order, before each proposal: the first that answers stops asking
-        self.stop_checks: list[Callable[[optuna.Study, _Loop], str | None]] = [
-            self._deadline_reached,
-            self._space_exhausted,
-            self._sampler_stuck,
-            self._guide_says_stop,
+        self.stop_checks: list[Callable[[optuna.Study, LoopState], str | None]] = [
+            deadline_reached,
+            space_exhausted,
+            sampler_stuck,
+            lambda study, loop: guide_says_stop(self.guided, study),
         ]
 
     @property
@@ -172,12 +170,8 @@ class StudyRunner:
                     self._collect(study, loop, trial, config, result)
                     if self.stop_requested():
                         raise KeyboardInterrupt
-                self.pruner.prune(
-                    self.dispatcher.step_events(),
-                    loop.pending,
-                    lambda: self._best_single(study),
-                    self.dispatcher.cancel,
-                )
+                d = self.dispatcher
+                self.pruner.prune(d.step_events(), loop.pending, lambda: self._best_single(study), d.cancel)
         except KeyboardInterrupt:
             loop.stopped = "interrupted by the user"
             for handle in list(loop.pending):
@@ -186,17 +180,11 @@ class StudyRunner:
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, self.ranking if self.backend.simulated else None)
-        return StudyOutcome(
-            study,
-            StudyResult.load(self.spec, study),
-            self.ranking,
-            loop.started,
-            loop.stopped,
-            parent_run_id=self.tracking.parent_run_id if self.tracking else None,
-            infra_failure=self.infra_failure,
-        )
+        parent = self.tracking.parent_run_id if self.tracking else None
+        result = StudyResult.load(self.spec, study)
+        return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, self.infra_failure)
 
-    def _open(self) -> tuple[optuna.Study, _Loop]:
+    def _open(self) -> tuple[optuna.Study, LoopState]:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.search.sampler == "auto":
@@ -204,40 +192,21 @@ class StudyRunner:
         ranking = self.ranking
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
-        study = open_study(
-            self.spec,
-            self.run_dir,
-            self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel),
-        )
+        sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
+        study = open_study(self.spec, self.run_dir, sampler)
         if self.definition is not None:
             record_definition(study, self.definition)
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
-            study.sampler = make_sampler(
-                self.spec, self.space, len(self.objectives), self.parallel, resumed_at=existing
-            )
+            study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, existing)
         recover_interrupted(study, self.space, self.observer.on_message)
         probes_done = sum(1 for r in trial_records(study) if is_tracked(r) and r.status != "infra")
         budget = self.spec.search.n_trials
-        enqueue_plan(
-            study,
-            self.spec,
-            self.space,
-            ranking,
-            budget - probes_done,
-            simulated=self.backend.simulated,
-            guided=self.guided is not None,
-        )
+        simulated = self.backend.simulated
+        enqueue_plan(study, self.spec, self.space, ranking, budget - probes_done, simulated, self.guided is not None)
+        refit = lambda: self.refits.refit  # noqa: E731 - the latest, read at each resolution
         self.resolver = TrialResolver(
-            self.spec,
-            self.space,
-            self.context,
-            simulated=self.backend.simulated,
-            guided=self.guided,
-            ranking=ranking,
-            refit=lambda: self.refits.refit,
-            cache=self.cache,
-            reuse_cache=self.reuse_cache,
+            self.spec, self.space, self.context, simulated, self.guided, ranking, refit, self.cache, self.reuse_cache
         )
         self.cache_writer = (
             ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name) if self.cache is not None else None
@@ -250,19 +219,13 @@ class StudyRunner:
         for listener in self.listeners:
             listener.study_started(study)
         self.observer.on_start(budget, probes_done)
-        seen: dict[str, int] = {}
-        for t in study.get_trials(deepcopy=False):
-            key = t.user_attrs.get(A.KEY)
-            # a config whose probe was interrupted or failed under it on the infrastructure is not
-            # measured: its re-queued trial must run, not be called a duplicate
-            if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) not in ("interrupted", "infra"):
-                seen.setdefault(key, t.number)
+        seen = measured_configs(study)
         if not self.backend.simulated:
             check_placeable(self.spec, self.dispatcher)
         deadline = time.monotonic() + self.spec.search.timeout_s if self.spec.search.timeout_s else None
-        return study, _Loop(budget, probes_done, seen, valid_count(self.spec, self.space, ranking), deadline)
+        return study, LoopState(budget, probes_done, seen, valid_count(self.spec, self.space, ranking), deadline)
 
-    def _may_start(self, loop: _Loop) -> bool:
+    def _may_start(self, loop: LoopState) -> bool:
         return (
             len(loop.pending) < self.parallel
             and loop.started < loop.budget
@@ -271,7 +234,7 @@ class StudyRunner:
         )
 
     # ---- stop conditions ---------------------------------------------------------------------------
-    def _infrastructure_stop(self, loop: _Loop) -> str | None:
+    def _infrastructure_stop(self, loop: LoopState) -> str | None:
         if self.infra_failure:
             return self.infra_failure
         if loop.infra_in_a_row >= MAX_INFRA_IN_A_ROW:
@@ -282,27 +245,8 @@ class StudyRunner:
             return self.infra_failure
         return None
 
-    def _deadline_reached(self, study: optuna.Study, loop: _Loop) -> str | None:
-        return "search timeout reached" if loop.deadline and time.monotonic() > loop.deadline else None
-
-    def _space_exhausted(self, study: optuna.Study, loop: _Loop) -> str | None:
-        if loop.total_valid is not None and len(loop.seen) >= loop.total_valid:
-            return f"every valid config of the space ({loop.total_valid}) has been probed"
-        return None
-
-    def _sampler_stuck(self, study: optuna.Study, loop: _Loop) -> str | None:
-        if loop.misses >= MAX_MISSES:
-            return f"the sampler proposed only rejected or already measured configs {MAX_MISSES} times in a row"
-        return None
-
-    def _guide_says_stop(self, study: optuna.Study, loop: _Loop) -> str | None:
-        if self.guided is None or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            return None
-        why = self.guided.stop_reason(study)
-        return f"stopped early: {why}" if why else None
-
     # ---- one trial ---------------------------------------------------------------------------------
-    def _start_trial(self, study: optuna.Study, loop: _Loop) -> None:
+    def _start_trial(self, study: optuna.Study, loop: LoopState) -> None:
         """ask -> resolve -> (the cache, or) dispatch."""
         trial = study.ask(self.space.distributions())
         handled = self.resolver.resolve(study, trial, loop.seen)
@@ -337,7 +281,7 @@ class StudyRunner:
         loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
 
     def _collect(
-        self, study: optuna.Study, loop: _Loop, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
+        self, study: optuna.Study, loop: LoopState, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
     ) -> None:
         record = self._finish(study, trial, config, result)
         if record.status == "infra":  # the machine failed, not the config: no budget spent,
@@ -353,9 +297,7 @@ class StudyRunner:
         self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
     ) -> TrialRecord:
         """interpret -> record -> tell -> notify, for one finished trial."""
-        if self._secrets:  # a probe that printed its environment: no token into any file, MLflow or the cache
-            result.log_tail, result.reason = scrub(result.log_tail, self._secrets), scrub(result.reason, self._secrets)
-            result.info = scrub_values(result.info, self._secrets)
+        scrub_result(result, self._secrets)  # a probe that printed its environment: no token stored anywhere
         settle_pruned(result, *self.pruner.settle(trial.number))
         if self.cache_writer is not None:
             self.cache_writer.probe_returned(trial.number, config, result)
@@ -371,8 +313,8 @@ class StudyRunner:
         if result.reason:
             trial.set_user_attr(A.REASON, result.reason[:2000])
         if result.info:
-            trial.set_user_attr(A.INFO, _jsonable(result.info))
-        self._save_trial_files(trial.number, config, result)
+            trial.set_user_attr(A.INFO, jsonable(result.info))
+        save_trial_files(self.run_dir, trial.number, result)
         if meaning.status != result.status:
             trial.set_user_attr(A.STATUS, meaning.status)
             trial.set_user_attr(A.REASON, meaning.reason)
@@ -403,17 +345,6 @@ class StudyRunner:
             f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %"
         )
 
-    def _save_trial_files(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
-        folder = self.run_dir / "trials" / f"{number:04d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "result.json").write_text(json.dumps(_jsonable(result.to_json()), indent=1))
-        if result.log_tail:
-            (folder / "log_tail.txt").write_text(result.log_tail)
-
     def _best_single(self, study: optuna.Study) -> TrialRecord | None:
         best = best_records(trial_records(study), self.objectives, guide_estimates(study))
         return best[0] if best else None
-
-
-def _jsonable(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

@@ -120,6 +120,14 @@ def scrub_values(value: Any, secrets: list[str]) -> Any:
     return value
 
 
+def scrub_result(result: Any, secrets: list[str]) -> None:
+    """A probe's result with every secret value masked in place: what it printed (log tail, reason)
+    and what it said about itself (info)."""
+    if secrets:
+        result.log_tail, result.reason = scrub(result.log_tail, secrets), scrub(result.reason, secrets)
+        result.info = scrub_values(result.info, secrets)
+
+
 def masked_spec_text(text: str) -> str:
     """The spec file's text with the secret values of ``backend.env`` and the passwords of the
     tracking URLs replaced by ``'***'``; every other byte (comments, layout) as written. Text that is

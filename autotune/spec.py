@@ -18,7 +18,7 @@ Every environment variable name, wherever it enters the spec (``space.env``, ``b
 
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 
-Why one module of some 630 lines: it is the schema, every section and field with its description
+Why one module of over 500 lines: it is the schema, every section and field with its description
 and its field-level rule, as one reference a reader can scan; nothing else lives here.
 """
 

@@ -98,7 +98,6 @@ def enqueue_plan(
     space: Space,
     ranking: Ranking | None,
     budget_left: int,
-    *,
     simulated: bool,
     guided: bool,
 ) -> None:

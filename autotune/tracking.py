@@ -4,7 +4,7 @@ All MLflow calls of the project live here and run in the driver only (probes nev
 The client API (``MlflowClient``) is used rather than the fluent one so that concurrent trials can
 be logged without a global "active run", and every write is a single batch call.
 
-Why one module of some 550 lines: it is the one place that talks to MLflow, and its parts (the
+Why one module of over 500 lines: it is the one place that talks to MLflow, and its parts (the
 write queue, its bounds and retries, MLflow-valid names, the relocation of a moved store) guard
 the same writes; what is written is decided elsewhere (:mod:`autotune.study_tracking`).
 

@@ -47,7 +47,6 @@ class TrialResolver:
         spec: Spec,
         space: Space,
         context: Any,
-        *,
         simulated: bool,
         guided: Any,
         ranking: Any,

@@ -11,15 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = [
-    "Metric",
-    "METRICS",
-    "ALIASES",
-    "get_metric",
-    "flops_per_token",
-    "matmul_params",
-    "derive_metrics",
-]
+__all__ = ["Metric", "METRICS", "ALIASES", "get_metric", "flops_per_token", "matmul_params", "derive_metrics"]
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dispatch import (
-    Handle,
-    InProcessDispatcher,
-    LocalProcessDispatcher,
-    ProbeLaunch,
-    probe_env,
-    resources_for,
-)
+from autotune.dispatch import Handle, InProcessDispatcher, LocalProcessDispatcher, ProbeLaunch, probe_env, resources_for
 from autotune.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import ProbeResult, TrialRequest
 from support import grandchild_probe, read_pid, wait_dead

@@ -34,15 +34,7 @@ def test_env_attribute_reads_flattened_name():
 
 
 @pytest.mark.parametrize(
-    "source",
-    [
-        "__import__('os').system('true')",
-        "tp.__class__",
-        "[x for x in tp]",
-        "lambda: 1",
-        "open('f')",
-        "tp[0]",
-    ],
+    "source", ["__import__('os').system('true')", "tp.__class__", "[x for x in tp]", "lambda: 1", "open('f')", "tp[0]"]
 )
 def test_rejects_anything_outside_the_subset(source):
     with pytest.raises(ExpressionError):

@@ -46,10 +46,7 @@ def test_real_allocator_oom_is_classified_oom(probe):
 
 @pytest.mark.parametrize(
     "params,model_change,needle",
-    [
-        ({"pp": 2}, {"num_hidden_layers": 3}, "not divisible by pp*vpp"),
-        ({"tp": 2, "dp": 2}, {}, "!= world size 2"),
-    ],
+    [({"pp": 2}, {"num_hidden_layers": 3}, "not divisible by pp*vpp"), ({"tp": 2, "dp": 2}, {}, "!= world size 2")],
     ids=["layers-pp", "world"],
 )
 def test_invalid_config_is_classified_invalid(probe, params, model_change, needle):

@@ -39,8 +39,7 @@ _REQUESTED = [
     re.compile(r"you tried to allocate (\d+) bytes", re.IGNORECASE),
 ]
 _OOM_TEXT = re.compile(
-    r"out of memory|can't allocate memory|Cannot allocate memory|std::bad_alloc|EL0004|ERR99999",
-    re.IGNORECASE,
+    r"out of memory|can't allocate memory|Cannot allocate memory|std::bad_alloc|EL0004|ERR99999", re.IGNORECASE
 )
 # A peer died or the store went away: the failing rank reports the real cause, so the others
 # must not print a competing 'crash' line (protocol.classify_failure takes the last one).

@@ -164,8 +164,7 @@ def block_tp_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
             {
                 "attention_norm": SequenceParallel(),
                 "attention": PrepareModuleInput(
-                    input_layouts=(Shard(1), None, None, None),
-                    desired_input_layouts=(Replicate(), None, None, None),
+                    input_layouts=(Shard(1), None, None, None), desired_input_layouts=(Replicate(), None, None, None)
                 ),
                 "ffn_norm": SequenceParallel(),
                 "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),

@@ -275,8 +275,7 @@ def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
         rounds = max(1, ga // plan.pp)
         if plan.vpp > 1 and ga % rounds:
             raise ProbeFailure(
-                "invalid",
-                f"invalid config: interleaved 1F1B needs grad_accum {ga} divisible by its rounds {rounds}",
+                "invalid", f"invalid config: interleaved 1F1B needs grad_accum {ga} divisible by its rounds {rounds}"
             )
     if plan.recompute_layers is not None and plan.recompute_layers < 0:
         raise ProbeFailure("invalid", f"invalid config: recompute_layers={plan.recompute_layers} < 0")
