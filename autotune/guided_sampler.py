@@ -192,6 +192,7 @@ class GuidedSampler(BaseSampler):
             evidence = oom_evidence(text)
             if evidence:
                 outcome["oom"] = evidence
+        # a sampler's after_trial gets a FrozenTrial: Optuna has no public setter for it
         study._storage.set_trial_system_attr(trial._trial_id, OUTCOME_ATTR, outcome)
 
     # ---- for objectives ---------------------------------------------------------------------------
