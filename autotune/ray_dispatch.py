@@ -5,6 +5,9 @@ Without an address it starts a small local Ray in-process; with one (``auto``, `
 overall timeout). A request the cluster can never satisfy is answered at once (``invalid``, or
 ``infra`` where the cluster lost the nodes that held it); a trial that spans nodes goes through a
 placement group (:mod:`autotune.ray_tasks`).
+
+Why one module of over 500 lines: the dispatcher's feasibility, lost-capacity, cancel-escalation
+and collection paths share its bookkeeping of refs, handles and nodes; split, each would reach into it.
 """
 
 from __future__ import annotations
