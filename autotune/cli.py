@@ -668,24 +668,16 @@ def _run_locked(
 
 
 def _lease_shared_study(spec: Spec, directory: Path) -> Any:
-    """A study in a shared database (``tracking.storage``) may be driven from another host and run
-    directory: take its lease (exit 3 while another driver holds it)."""
-    from .run_lock import StudyInUse, StudyLease
-    from .storage import StorageDamaged, journal_path, open_study, study_storage
+    """Take the lease of a study in a shared database (:func:`.run_lock.lease_shared_study`): exit 3
+    while another driver holds it."""
+    from .run_lock import StudyInUse, lease_shared_study
+    from .storage import StorageDamaged
 
-    if journal_path(spec, directory) is not None:
-        return None  # a journal file lives in the run directory: its lock is enough
     try:
-        open_study(spec, directory)  # created here if new: the lease lives on the study
-        lease = StudyLease(study_storage(spec, directory), spec.name)
-        lease.acquire()
-    except StudyInUse as exc:
+        return lease_shared_study(spec, directory)
+    except (StudyInUse, StorageDamaged) as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INFRA) from None
-    except StorageDamaged as exc:
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    return lease
 
 
 def _run_study(
@@ -774,30 +766,21 @@ def _run_study(
 
 def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: dict[str, Any], fresh: bool) -> None:
     """Refuse (exit 2) to resume a study whose defining sections the spec has changed, naming the
-    fields; with ``fresh``, set that study aside and let a new one start (:mod:`.study_definition`)."""
-    from .storage import StorageDamaged, journal_path, open_study, study_storage
-    from .study_definition import changed_fields, set_aside, stored_definition
+    fields; with ``fresh``, say that the old study was set aside (:mod:`.study_definition`)."""
+    from .storage import StorageDamaged
+    from .study_definition import StudyRedefined, redefinition
 
-    path = journal_path(spec, directory)
-    if path is not None and not path.exists():
-        return  # a new study
     try:
-        study = open_study(spec, directory, create=False)
-    except KeyError:
-        return  # no study of this name in the storage yet
+        aside = redefinition(spec, directory, defined_as, fresh)
     except StorageDamaged as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INFRA) from None
-    before = stored_definition(study)
-    if before is None or before == defined_as or not study.get_trials(deepcopy=False):
-        return
-    changes = changed_fields(before, defined_as)
-    if not fresh:
+    except StudyRedefined as exc:
         _error(
             f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
-            f"({len(study.trials)} trial(s) measured under the old definition):"
+            f"({exc.trials} trial(s) measured under the old definition):"
         )
-        for line in changes:
+        for line in exc.changes:
             err.print(f"  {line}", markup=False)
         err.print(
             "resuming would mix trials of two different studies. Either start it in a new directory "
@@ -806,15 +789,16 @@ def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: 
             "is deleted); or undo the edit to resume the old study.",
             markup=False,
         )
-        raise typer.Exit(EXIT_INPUT)
-    aside = set_aside(spec.name, study_storage(spec, directory), directory)
-    err.print(
-        Text(
-            f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
-            f"{aside!r} in the same storage; starting a new study {spec.name!r}",
-            style="dim",
+        raise typer.Exit(EXIT_INPUT) from None
+    if aside is not None:
+        name, changes = aside
+        err.print(
+            Text(
+                f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
+                f"{name!r} in the same storage; starting a new study {spec.name!r}",
+                style="dim",
+            )
         )
-    )
 
 
 def _measured_profile(spec: Spec, choice: Any) -> Spec:

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunDirLock", "StudyLease", "StudyInUse", "LOCK_FILE", "LEASE_ATTR", "LEASE_TTL_S"]
+__all__ = ["RunDirLock", "StudyLease", "lease_shared_study", "StudyInUse", "LOCK_FILE", "LEASE_ATTR", "LEASE_TTL_S"]
 
 LOCK_FILE = ".autotune.lock"
 LEASE_ATTR = "autotune.driver_lease"
@@ -153,3 +153,17 @@ class StudyLease:
                     self._write(0.0)
             except Exception:  # the database went away: the lease lapses by itself
                 pass
+
+
+def lease_shared_study(spec: Any, run_dir: Path) -> StudyLease | None:
+    """The lease of a study kept in a shared database (``tracking.storage``), which drivers on other
+    hosts and run directories may share; None for a journal in the run directory (its lock is
+    enough). Raises :class:`StudyInUse` while another driver holds it."""
+    from .storage import journal_path, open_study, study_storage
+
+    if journal_path(spec, run_dir) is not None:
+        return None
+    open_study(spec, run_dir)  # created here if new: the lease lives on the study
+    lease = StudyLease(study_storage(spec, run_dir), spec.name)
+    lease.acquire()
+    return lease

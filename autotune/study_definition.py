@@ -30,6 +30,8 @@ from .secret_env import SPEC_COPY, masked_backend
 from .spec import Spec
 
 __all__ = [
+    "StudyRedefined",
+    "redefinition",
     "DEFINING",
     "DEFINITION_ATTR",
     "definition",
@@ -120,3 +122,34 @@ def set_aside(study_name: str, storage: Any, run_dir: Path) -> str:
             folder.mkdir(exist_ok=True)
             path.rename(folder / name)
     return aside
+
+
+class StudyRedefined(ValueError):
+    """The spec changed what defines the study kept in the run directory (the CLI: exit 2)."""
+
+    def __init__(self, trials: int, changes: list[str]):
+        super().__init__(f"the spec changed what defines the study ({trials} trial(s) measured under the old one)")
+        self.trials, self.changes = trials, changes
+
+
+def redefinition(spec: Spec, run_dir: Path, defined_as: dict[str, Any], fresh: bool) -> tuple[str, list[str]] | None:
+    """Check a re-run against the study it would resume. None: a new study, or the same definition.
+    A changed one raises :class:`StudyRedefined` with the changed fields; with ``fresh`` the old
+    study is set aside instead, and ``(its new name, the changes)`` returned. Raises
+    :class:`~autotune.storage.StorageDamaged` for a storage that cannot be read."""
+    from .storage import journal_path, open_study, study_storage
+
+    path = journal_path(spec, run_dir)
+    if path is not None and not path.exists():
+        return None  # a new study
+    try:
+        study = open_study(spec, run_dir, create=False)
+    except KeyError:
+        return None  # no study of this name in the storage yet
+    before = stored_definition(study)
+    if before is None or before == defined_as or not study.get_trials(deepcopy=False):
+        return None
+    changes = changed_fields(before, defined_as)
+    if not fresh:
+        raise StudyRedefined(len(study.trials), changes)
+    return set_aside(spec.name, study_storage(spec, run_dir), run_dir), changes
