@@ -37,8 +37,7 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if not config:
             continue
-        attrs = {k: v for k, v in t.user_attrs.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
-        attrs[A.REQUEUED_FROM] = t.number
+        attrs = {**_carried(t.user_attrs), A.REQUEUED_FROM: t.number}
         study.enqueue_trial(params_for(space, config), user_attrs=attrs, skip_if_exists=False)
         requeued += 1
     if requeued:
@@ -59,8 +58,7 @@ def retry_after_infra(
             "failed on the infrastructure too: not retried again"[:2000],
         )
         return
-    attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)}
-    attrs[A.INFRA_RETRY_OF] = trial.number
+    attrs = {**_carried(ua), A.INFRA_RETRY_OF: trial.number}
     attrs[A.CHOSEN] = f"retry of trial {trial.number} after an infrastructure failure; " + str(ua.get(A.CHOSEN, ""))
     study.enqueue_trial(params_for(space, config), user_attrs=attrs, skip_if_exists=False)
     trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; retried once as a new trial"[:2000])
@@ -75,10 +73,19 @@ def requeue_after_lost_capacity(
     once the running trials are in (exit 3), rather than spend its budget on trials that
     cannot be placed and feed them to the search as infeasible. Returns why the study stops."""
     ua = trial.user_attrs
-    attrs = {k: v for k, v in ua.items() if k in (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED, A.INFRA_RETRY_OF)}
+    attrs = _carried(ua, A.INFRA_RETRY_OF)  # the retry count as it was: this one was not spent
     study.enqueue_trial(params_for(space, config), user_attrs=attrs, skip_if_exists=False)
     trial.set_user_attr(A.REASON, f"{ua.get(A.REASON, '')}; queued again for the re-run"[:2000])
     return (
         f"the Ray cluster lost {', '.join(lost)}: the study stopped with its configs left unmeasured; bring the "
         "node(s) back and run the same command to resume them"
     )
+
+
+_CARRIED = (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)
+
+
+def _carried(user_attrs: dict[str, Any], *more: str) -> dict[str, Any]:
+    """What a config's trial queued again keeps of the trial it replaces: the config and its key,
+    why it was chosen, whether it is the baseline, the model's prediction (and ``more``)."""
+    return {k: v for k, v in user_attrs.items() if k in (*_CARRIED, *more)}

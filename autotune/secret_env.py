@@ -59,14 +59,17 @@ def masked_backend(backend: dict[str, Any]) -> dict[str, Any]:
     return {**backend, "env": {k: MASK if k in secret else v for k, v in env.items()}}
 
 
-_URL_FIELDS = ("storage", "mlflow_uri")  # tracking.*: database and server URLs may carry a password
+_URL_FIELDS = ("storage", "mlflow_uri")
+_URL_PASSWORD = re.compile(
+    r"^([A-Za-z][\w+.-]*://[^:/@\s]*:)([^@/\s]+)(@)"
+)  # scheme://user:PASSWORD@  # tracking.*: database and server URLs may carry a password
 
 
 def masked_url(url: Any) -> Any:
     """``scheme://user:PASSWORD@host/...`` with the password masked (anything else as it is)."""
     if not isinstance(url, str):
         return url
-    return re.sub(r"^([A-Za-z][\w+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", lambda m: m.group(1) + MASK + m.group(3), url)
+    return _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), url)
 
 
 def masked_spec_data(data: Any) -> Any:
@@ -96,9 +99,9 @@ def secret_values(data: Any) -> list[str]:
         found |= {str(env[k]) for k in secret_env_names(env, [str(d) for d in declared])}
         tracking = data.get("tracking") if isinstance(data.get("tracking"), dict) else {}
         for key in _URL_FIELDS:
-            m = re.match(r"^[A-Za-z][\w+.-]*://[^:/@\s]*:([^@/\s]+)@", str(tracking.get(key) or ""))
+            m = _URL_PASSWORD.match(str(tracking.get(key) or ""))
             if m:
-                found.add(m.group(1))
+                found.add(m.group(2))
     return sorted((v for v in found if len(v) >= 4 and v != MASK), key=len, reverse=True)
 
 

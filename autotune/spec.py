@@ -26,11 +26,12 @@ from __future__ import annotations
 
 
 import math
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from autotune.workers.protocol import ENV_NAME
 
 from .models import PRESETS, ModelSpec, load_hf_config
 from .stacks import STACKS, default_target, names as stack_names, preset_names
@@ -84,7 +85,6 @@ def _read_hf_config(path: Path) -> dict:
 
 # ----------------------------------------------------------------------- names, values and paths
 ENV_NAME_RULE = "letters A-Z a-z, digits and '_', not starting with a digit (a POSIX shell name)"
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: one NAME=value string of a process environment
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB; PyYAML reads about 1 MiB a second
 MAX_PATH_BYTES = 4096  # PATH_MAX
@@ -96,7 +96,7 @@ def env_name_problem(name: Any) -> str | None:
     name a spec gives (``space.env``, ``backend.env``, ``backend.secret_env``, ``baseline`` env.VAR):
     a name reaches ``export NAME=...`` lines and process environments, where ``X=1;touch y;#``
     or ``$(cmd)`` would be code, not a name."""
-    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         return f"not an environment variable name: {ENV_NAME_RULE}"
     return None
 

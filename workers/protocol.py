@@ -23,6 +23,7 @@ __all__ = [
     "PEAK_COUNTS_KEY",
     "PEAK_LEAVES_OUT",
     "TRIAL_FILE_ENV",
+    "ENV_NAME",
     "ProbeResult",
     "TrialRequest",
     "classify_failure",
@@ -34,6 +35,11 @@ __all__ = [
 ]
 
 TRIAL_FILE_ENV = "AUTOTUNE_TRIAL_FILE"
+
+# The one rule for an environment variable's name, wherever it comes from (the spec checks it, the
+# exports refuse any other): a POSIX shell name, so that `export NAME=...` and a process
+# environment read it as a name, never as code (`X=1;touch y;#`, `$(cmd)`).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # ok: metrics measured; oom: allocator ran out of memory; timeout: killed at the deadline;
 # nan: the loss (numerics) broke; crash: any other failure; invalid: the config cannot run at all

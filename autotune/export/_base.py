@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from autotune.workers.protocol import ENV_NAME
 
 __all__ = [
     "Exporter",
@@ -130,9 +131,6 @@ def bash_array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
             i += 1
     lines.append(")")
     return lines
-
-
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExportRefused(ValueError):
