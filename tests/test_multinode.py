@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -175,13 +178,33 @@ if args["--rank"] == "0":
 """
 
 
+def _remove_rank_1_node_once_started(cluster, workers, record: Path) -> tuple[threading.Thread, dict]:
+    """A started thread that waits until both nodes of the first 2-node trial have started (two
+    lines in ``record``), then removes the node running rank 1, ungracefully; ``killed["port"]`` is
+    that node's raylet port."""
+    killed: dict = {}
+
+    def remove() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = record.read_text().splitlines() if record.exists() else []
+            if len(lines) >= 2:
+                raylet = json.loads(next(x for x in lines if json.loads(x)["rank"] == "1"))["raylet"]
+                node = next(w for w in workers if str(w.all_processes["raylet"][0].process.pid) == raylet)
+                killed["port"] = node.node_manager_port
+                cluster.remove_node(node, allow_graceful=False)
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=remove, daemon=True)
+    thread.start()
+    return thread, killed
+
+
 def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec, tmp_path):
     """Three NPU nodes; while the first 2-node trial runs, one of its nodes is removed from the
     cluster: that trial is an infrastructure failure naming the node, its config is retried once
     on the two nodes left, and the study completes its budget with no trial lost or doubled."""
-    import threading
-    import time
-
     import ray
     from ray.cluster_utils import Cluster
 
@@ -199,19 +222,7 @@ def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec
         spec.read_text().replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "4"')
     )
 
-    def kill_when_running():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            lines = record.read_text().splitlines() if record.exists() else []
-            if len(lines) >= 2:  # both nodes of trial 0 started: remove the one running node 1
-                raylet = json.loads(next(x for x in lines if json.loads(x)["rank"] == "1"))["raylet"]
-                node = next(w for w in workers if str(w.all_processes["raylet"][0].process.pid) == raylet)
-                c.remove_node(node, allow_graceful=False)
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_when_running, daemon=True)
-    killer.start()
+    killer, _ = _remove_rank_1_node_once_started(c, workers, record)
     try:
         result = CliRunner().invoke(
             app,
@@ -247,9 +258,6 @@ def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume
     infrastructure failure; the next trials are not `invalid` (fed to the search as infeasible)
     and the budget is not spent: the study stops with exit 3 naming the node, and once a node is
     back the same command measures the configs left unmeasured."""
-    import threading
-    import time
-
     import ray
     from ray.cluster_utils import Cluster
 
@@ -268,22 +276,7 @@ def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume
         .replace(f'RECORD: "{tmp_path / "record.jsonl"}"', f'RECORD: "{record}", SLEEP: "3"')
         .replace("target: none", "target: none\nray: {placement_timeout_s: 30}")
     )
-    killed = {}
-
-    def kill_when_running():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            lines = record.read_text().splitlines() if record.exists() else []
-            if len(lines) >= 2:
-                raylet = json.loads(next(x for x in lines if json.loads(x)["rank"] == "1"))["raylet"]
-                node = next(w for w in workers if str(w.all_processes["raylet"][0].process.pid) == raylet)
-                killed["port"] = node.node_manager_port
-                c.remove_node(node, allow_graceful=False)
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_when_running, daemon=True)
-    killer.start()
+    killer, killed = _remove_rank_1_node_once_started(c, workers, record)
     args = ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking", "--ray-address", c.address]
     try:
         result = CliRunner().invoke(app, args)
