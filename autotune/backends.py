@@ -131,10 +131,12 @@ def node_bundle(accelerator: str, devices_per_node: int) -> dict[str, float]:
 
 
 def trial_devices(spec: Spec, params: dict) -> int:
-    """The devices one trial occupies: tp x pp x cp x dp for training (the whole world), tp for
-    inference."""
+    """The devices one trial occupies: tp x pp x cp x dp for training (the whole world),
+    replicas x tp x pp for serving, tp for inference."""
     if spec.workload.kind == "train":
         return int(params.get("tp", 1)) * int(params.get("pp", 1)) * int(params.get("cp", 1)) * int(params.get("dp", 1))
+    if spec.workload.kind == "serve":
+        return int(params.get("replicas", 1)) * int(params.get("tp", 1)) * int(params.get("pp", 1))
     return int(params.get("tp", 1))
 
 
@@ -142,7 +144,13 @@ def least_trial_devices(spec: Spec) -> int:
     """The fewest devices any trial of the spec's space occupies (what a cluster must offer at all)."""
     if spec.workload.kind == "train":
         return spec.cluster.world_size
-    return min(int(v) for v in (spec.space.choices().get("tp") or [1]))
+    choices = spec.space.choices()
+    tp = min(int(v) for v in (choices.get("tp") or [1]))
+    if spec.workload.kind == "serve":
+        return (
+            tp * min(int(v) for v in (choices.get("pp") or [1])) * min(int(v) for v in (choices.get("replicas") or [1]))
+        )
+    return tp
 
 
 def trial_placement(spec: Spec, devices: int) -> dict:

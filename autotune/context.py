@@ -38,6 +38,7 @@ def probe_context(spec: Spec) -> ProbeContext:
         "devices_per_node": spec.cluster.devices_per_node,
         "world_size": spec.cluster.world_size,
         "threads_per_rank": spec.cluster.threads_per_rank,
+        "cost_per_device_hour": spec.cluster.cost_per_device_hour,
         "hardware": hardware,
     }
     from .stacks import memory_rule

@@ -64,7 +64,13 @@ def interpret(
 
         precision = str(config.get("precision", "bf16"))
         for k, v in derive_metrics(
-            metrics, context.model, context.workload, context.hardware, devices, precision
+            metrics,
+            context.model,
+            context.workload,
+            context.hardware,
+            devices,
+            precision,
+            cost_per_device_hour=(getattr(context, "cluster", None) or {}).get("cost_per_device_hour"),
         ).items():
             metrics.setdefault(k, v)
         problems = implausible_metrics(metrics, context.model, context.workload, context.hardware, precision)

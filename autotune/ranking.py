@@ -89,6 +89,10 @@ class Ranking:
             if len(self.order)
             else np.zeros((0, len(self.objectives)))
         )
+        if TIEBREAK in self.predictions and len(self.order):
+            # serving: predictions within 1 % of each other are one layout (the queueing model's
+            # tails are not finer than that); the knobs that differ inside it are named
+            values = np.round(np.log(np.clip(np.nan_to_num(values, nan=1e-12), 1e-12, None)) / np.log1p(SERVE_TIE))
         keys = [tuple(row) for row in np.round(np.nan_to_num(values, nan=-1.0), 9).tolist()]
         groups: dict[tuple, list[int]] = {}
         for i in self.order.tolist():
@@ -131,6 +135,11 @@ class Ranking:
         return path
 
 
+# the simulator's continuous max rate meeting the SLO, per device (workers/simulate/_serve.py)
+TIEBREAK = "max_rate_rps_model_per_device"
+SERVE_TIE = 0.01  # serving predictions closer than this share are one layout
+
+
 def pareto_order(values: np.ndarray) -> np.ndarray:
     """Non-dominated sorting rank per row of ``values`` (all objectives to be maximised);
     0 is the Pareto front. Quadratic in rows per front, fine for the few hundred rows it sees."""
@@ -171,7 +180,10 @@ def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list
     headroom = np.asarray(predictions.get("memory_headroom_gib", np.zeros(len(fits))), dtype=float)
     # by the first objective; equal predictions (settings the model prices the same): the safer
     # config, with more memory headroom, first
-    by_first = feasible[np.lexsort((-headroom[feasible], -signed[feasible, 0]))]
+    # a serving prediction at the rate ladder ties many configs: the model's continuous sustainable
+    # rate per device orders them before the headroom does
+    tiebreak = np.nan_to_num(np.asarray(predictions.get(TIEBREAK, np.zeros(len(fits))), dtype=float), nan=-np.inf)
+    by_first = feasible[np.lexsort((-headroom[feasible], -tiebreak[feasible], -signed[feasible, 0]))]
     if len(objectives) == 1:
         feas_order = by_first
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,9 +214,28 @@ def save_trial_files(run_dir: Path, number: int, result: Any) -> None:
     (the MLflow child run's artifacts, and the evidence a resumed study checks its journal against)."""
     folder = run_dir / "trials" / f"{number:04d}"
     folder.mkdir(parents=True, exist_ok=True)
+    copy_requests_file(result, folder)
     (folder / "result.json").write_text(json.dumps(jsonable(result.to_json()), indent=1))
     if result.log_tail:
         (folder / "log_tail.txt").write_text(result.log_tail)
+
+
+REQUESTS_FILE = "requests.jsonl"
+
+
+def copy_requests_file(result: Any, folder: Path) -> None:
+    """A serving probe's per-request records (``info["serving"]["requests_file"]``, written in the
+    probe's own folder) kept as ``trials/NNNN/requests.jsonl``: the evidence every SLO verdict and
+    percentile is recomputed from. A probe on another host leaves a path this host cannot read:
+    then the result says so and nothing is copied."""
+    serving = (getattr(result, "info", None) or {}).get("serving") or {}
+    source = serving.get("requests_file")
+    if not source:
+        return
+    path = Path(source)
+    if path.is_file():
+        shutil.copyfile(path, folder / REQUESTS_FILE)
+        serving["requests_file"] = REQUESTS_FILE
 
 
 def jsonable(obj: Any) -> Any:

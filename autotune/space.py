@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from .safe_expr import Expression, compile_expression
-from .spec import Spec, TrainWorkload
+from .spec import ServeWorkload, Spec, TrainWorkload
 from .stacks import target_violations
 
-__all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS"]
+__all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS", "SERVE_DEFAULTS"]
 
 # Values of parameters the spec does not search (docs/ARCHITECTURE.md defaults).
 TRAIN_DEFAULTS: dict[str, Any] = {
@@ -37,6 +37,33 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "precision": "bf16",
 }
 INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "batch_size": 1, "precision": "bf16"}
+# a serving engine's settings when the spec does not search them (vLLM's defaults where it has one;
+# block_size 128 on Ascend, where vLLM-Ascend and MindIE need it)
+SERVE_DEFAULTS: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "replicas": 1,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "block_size": 16,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "memory_utilization": 0.9,
+    "graph_mode": "graph",
+    "kv_cache_dtype": "auto",
+    "quantization": "none",
+    "precision": "bf16",
+}
+
+
+def workload_defaults(spec: Spec) -> dict[str, Any]:
+    """The values of the parameters a spec of this workload does not search."""
+    kind = spec.workload.kind
+    if kind == "train":
+        return TRAIN_DEFAULTS
+    if kind == "serve":
+        return {**SERVE_DEFAULTS, "block_size": 128 if spec.cluster.accelerator == "npu" else 16}
+    return INFER_DEFAULTS
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -113,10 +140,11 @@ class Space:
     def __init__(self, spec: Spec):
         self.spec = spec
         self.training = isinstance(spec.workload, TrainWorkload)
+        self.serving = isinstance(spec.workload, ServeWorkload)
         self.choices: dict[str, list[Any]] = spec.space.choices()
-        defaults = TRAIN_DEFAULTS if self.training else INFER_DEFAULTS
+        self.defaults = defaults = workload_defaults(spec)
         self.fixed: dict[str, Any] = {k: v for k, v in defaults.items() if k not in self.choices}
-        if not self.training and "batch_size" not in self.choices:
+        if not self.training and not self.serving and "batch_size" not in self.choices:
             self.choices["batch_size"] = list(spec.workload.batch_sizes)  # type: ignore[union-attr]
             self.fixed.pop("batch_size", None)
         self.world = spec.cluster.world_size
@@ -131,10 +159,15 @@ class Space:
         w = spec.workload
         if isinstance(w, TrainWorkload):
             self.constants.update(seq_len=w.seq_len, global_batch_size=w.global_batch_size)
+        elif isinstance(w, ServeWorkload):
+            prompt, output = w.traffic.mean()
+            self.constants.update(prompt_len=prompt, output_len=output, max_model_len=w.max_model_len)
         else:
             self.constants.update(prompt_len=w.prompt_len, gen_len=w.gen_len)
         self.user_constraints: list[Expression] = [compile_expression(c) for c in spec.constraints]
-        self.target: str | None = spec.target_stack if self.training and spec.target_stack != "none" else None
+        self.target: str | None = (
+            spec.target_stack if (self.training or self.serving) and spec.target_stack != "none" else None
+        )
 
     # ---- size and distributions ---------------------------------------------------------------
     @property
@@ -162,8 +195,7 @@ class Space:
     # ---- one config -----------------------------------------------------------------------------
     def resolve(self, params: dict[str, Any]) -> Resolved:
         """Defaults + derived values + canonical form + rule check for one proposal."""
-        defaults = TRAIN_DEFAULTS if self.training else INFER_DEFAULTS
-        raw = {**defaults, **self.fixed, **params}
+        raw = {**self.defaults, **self.fixed, **params}
         cols = {k: np.asarray([v]) for k, v in raw.items()}
         config_cols, valid, reasons = self._derive(cols)
         config = {k: _scalar(v[0]) for k, v in config_cols.items()}
@@ -265,6 +297,8 @@ class Space:
                 zero_stage=zero,
                 recompute=recompute,
             )
+        elif self.serving:
+            out.update(self._derive_serving(out, tp, reasons))
         else:
             reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
             out["tp"] = tp
@@ -279,6 +313,28 @@ class Space:
             valid &= ~np.broadcast_to(bad, (n,))
         reasons = {k: np.broadcast_to(v, (n,)) for k, v in reasons.items()}
         return out, valid, reasons
+
+    def _derive_serving(
+        self, out: dict[str, np.ndarray], tp: np.ndarray, reasons: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node, and the
+        engine's own refusals (vLLM's scheduler config checks) as rules."""
+        pp, replicas = out["pp"].astype(int), out["replicas"].astype(int)
+        node = self.constants["devices_per_node"]
+        devices = replicas * tp * pp
+        reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = devices > node
+        reasons[f"num layers ({self.layers}) not divisible by pp"] = self.layers % pp != 0
+        seqs = out["max_num_seqs"].astype(int)
+        batched = out["max_num_batched_tokens"].astype(int)
+        reasons["max_num_batched_tokens below max_num_seqs (the engine refuses it)"] = batched < seqs
+        context = int(self.constants["max_model_len"])
+        chunked = out["enable_chunked_prefill"].astype(bool)
+        no_chunks = f"without chunked prefill max_num_batched_tokens must hold max_model_len ({context})"
+        reasons[no_chunks + " (the engine refuses it)"] = ~chunked & (batched < context)
+        # canonical form: a KV cache in the compute dtype is the engine's default ('auto')
+        kv = out["kv_cache_dtype"].astype(object)
+        kv = np.where(kv == out["precision"].astype(object), "auto", kv).astype(object)
+        return {"tp": tp, "pp": pp, "replicas": replicas, "world_size": devices, "kv_cache_dtype": kv}
 
 
 def _array(values: list[Any]) -> np.ndarray:

@@ -40,6 +40,9 @@ __all__ = [
     "Spec",
     "TrainWorkload",
     "InferWorkload",
+    "ServeWorkload",
+    "TrafficSpec",
+    "SLOSpec",
     "ClusterSpec",
     "BackendSpec",
     "SpaceSpec",
@@ -48,6 +51,7 @@ __all__ = [
     "TrackingSpec",
     "RaySpec",
     "CANONICAL_PARAMS",
+    "SERVE_PARAMS",
     "DERIVED_PARAMS",
     "ENV_NAME_RULE",
     "MAX_SPEC_BYTES",
@@ -109,6 +113,17 @@ def _env_name(name: str) -> str:
 
 
 EnvName = Annotated[str, AfterValidator(_env_name)]
+
+
+def _engine_name(name: str) -> str:
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        raise ValueError(
+            f"not an engine setting's name: {ENV_NAME_RULE} (MindIE's maxIterTimes; a vLLM flag as async_scheduling)"
+        )
+    return name
+
+
+EngineName = Annotated[str, AfterValidator(_engine_name)]
 
 # what the simulator reads of a trial's environment (workers/simulate/_columns.py, _row_env)
 _ALLOC_CONF = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -241,7 +256,182 @@ class InferWorkload(_Strict):
         return v
 
 
-Workload = Union[TrainWorkload, InferWorkload]
+class LengthRange(_Strict):
+    """Token lengths drawn uniformly from ``low..high`` (inclusive)."""
+
+    low: int = Field(gt=0)
+    high: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> "LengthRange":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+Length = Union[int, LengthRange]
+
+
+class TrafficSpec(_Strict):
+    """The request load a serving probe offers: open loop (arrivals never wait for completions).
+
+    ``rates`` is the ladder the probe bisects for the largest rate that meets the SLO (one rate:
+    goodput at that rate only)."""
+
+    rates: list[float] = Field(min_length=1, description="requests/s offered to the whole deployment, ascending")
+    arrival: Literal["poisson", "gamma"] = Field("poisson", description="inter-arrival distribution")
+    burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 is Poisson, below 1 burstier")
+    prompt_len: Length | None = Field(None, description="prompt tokens: a number or {low, high}")
+    output_len: Length | None = Field(None, description="output tokens: a number or {low, high}")
+    lengths_file: str | None = Field(
+        None, description="JSON lines of {prompt_len, output_len} (or a CSV with those columns), relative to the spec"
+    )
+    length_pairs: list[tuple[int, int]] | None = Field(None, description="set from lengths_file when the spec loads")
+    shared_prefix: float = Field(0.0, ge=0, lt=1, description="share of each prompt that all requests share")
+    duration_s: float = Field(30.0, gt=0, description="load per rate tried")
+    warmup_requests: int = Field(4, ge=0, description="requests sent before any measurement, not recorded as load")
+    seed: int = 0
+
+    @field_validator("rates", mode="before")
+    @classmethod
+    def _one_rate(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("rates")
+    @classmethod
+    def _ascending(cls, v: list[float]) -> list[float]:
+        if any(not math.isfinite(r) or r <= 0 for r in v):
+            raise ValueError(f"rates are requests per second, finite and > 0; got {v}")
+        if sorted(set(v)) != v:
+            raise ValueError(f"rates must ascend without repeats (the probe bisects them); got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths(self, info: Any) -> "TrafficSpec":
+        if self.lengths_file is not None:
+            if self.prompt_len is not None or self.output_len is not None:
+                raise ValueError("give either lengths_file or prompt_len and output_len, not both")
+            if self.length_pairs is None:
+                base = Path((info.context or {}).get("base_dir", "."))
+                self.length_pairs = _read_length_pairs(base, self.lengths_file)
+        elif self.length_pairs is None and (self.prompt_len is None or self.output_len is None):
+            raise ValueError("the traffic needs prompt_len and output_len (a number or {low, high}), or lengths_file")
+        return self
+
+    def longest(self) -> tuple[int, int]:
+        """The longest prompt and output this traffic sends (what the engine's context must hold)."""
+        if self.length_pairs:
+            return max(p for p, _ in self.length_pairs), max(o for _, o in self.length_pairs)
+        return _high(self.prompt_len), _high(self.output_len)
+
+    def mean(self) -> tuple[float, float]:
+        """The mean prompt and output lengths."""
+        if self.length_pairs:
+            n = len(self.length_pairs)
+            return sum(p for p, _ in self.length_pairs) / n, sum(o for _, o in self.length_pairs) / n
+        return _mean(self.prompt_len), _mean(self.output_len)
+
+
+def _high(length: Length | None) -> int:
+    return int(length.high if isinstance(length, LengthRange) else length or 0)
+
+
+def _mean(length: Length | None) -> float:
+    return (length.low + length.high) / 2.0 if isinstance(length, LengthRange) else float(length or 0)
+
+
+MAX_LENGTH_PAIRS = 100_000
+
+
+def _read_length_pairs(base: Path, name: str) -> list[tuple[int, int]]:
+    """``[(prompt_len, output_len), ...]`` of a JSON-lines or CSV file; a ValueError naming the
+    file, the line and what was expected otherwise."""
+    import csv
+    import json
+
+    problem = path_problem(name)
+    if problem:
+        raise ValueError(f"lengths_file: {problem}")
+    path = Path(name) if Path(name).is_absolute() else base / name
+    if not _is_file(path):
+        raise ValueError(f"lengths_file {path} does not exist (or is not a regular file)")
+    if path.stat().st_size > 64 * MAX_SPEC_BYTES:
+        raise ValueError(f"lengths_file {path} is larger than {64 * MAX_SPEC_BYTES:,} bytes")
+    text = path.read_text(encoding="utf-8", errors="strict")
+    rows: list[Any]
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+    else:
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    raise ValueError(f"lengths_file {path} line {number}: not JSON ({exc})") from None
+    pairs = []
+    for number, row in enumerate(rows, 1):
+        try:
+            p, o = int(row["prompt_len"]), int(row["output_len"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"lengths_file {path} record {number}: expected prompt_len and output_len, positive integers; "
+                f"got {short_value(row)}"
+            ) from None
+        if p <= 0 or o <= 0:
+            raise ValueError(f"lengths_file {path} record {number}: lengths must be > 0, got {p}, {o}")
+        pairs.append((p, o))
+    if not pairs:
+        raise ValueError(f"lengths_file {path} holds no length pairs")
+    if len(pairs) > MAX_LENGTH_PAIRS:
+        raise ValueError(f"lengths_file {path} holds {len(pairs):,} pairs; at most {MAX_LENGTH_PAIRS:,}")
+    return pairs
+
+
+class SLOSpec(_Strict):
+    """The latency targets a served request must meet (p99 over the requests of one rate)."""
+
+    ttft_p99_ms: float = Field(gt=0, description="time to first token, p99, ms")
+    tpot_p99_ms: float | None = Field(None, gt=0, description="time per output token after the first, p99, ms")
+    itl_p99_ms: float | None = Field(None, gt=0, description="inter-token latency, p99, ms")
+    e2e_p99_ms: float | None = Field(None, gt=0, description="end-to-end latency, p99, ms")
+
+
+class ServeWorkload(_Strict):
+    """Serving: an engine (vLLM / vLLM-Ascend, MindIE) under open-loop traffic, judged at an SLO."""
+
+    kind: Literal["serve"] = "serve"
+    traffic: TrafficSpec
+    slo: SLOSpec
+    batch_sweep: list[int] = Field(
+        default_factory=lambda: [1, 4, 16],
+        description="closed-loop concurrencies measured too (TTFT, time for 100 tokens, tokens/s); [] skips",
+    )
+    max_model_len: int | None = Field(None, gt=0, description="the engine's context; default: longest prompt + output")
+    startup_timeout_s: float = Field(600.0, gt=0, description="an engine not healthy by then is recorded as timeout")
+    timeout_s: float = Field(3600.0, gt=0, description="a probe running longer is killed and recorded as timeout")
+
+    @field_validator("batch_sweep")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError("batch sizes must be positive")
+        return v
+
+    @model_validator(mode="after")
+    def _context(self) -> "ServeWorkload":
+        prompt, output = self.traffic.longest()
+        if self.max_model_len is None:
+            self.max_model_len = prompt + output
+        elif self.max_model_len < prompt + output:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is below the longest prompt + output the traffic sends "
+                f"({prompt} + {output}); raise it or shorten the traffic"
+            )
+        return self
+
+
+Workload = Union[TrainWorkload, InferWorkload, ServeWorkload]
 
 
 # ---------------------------------------------------------------------------------------- cluster
@@ -267,6 +457,10 @@ class ClusterSpec(_Strict):
         description="auto: a study with a real backend on a data-sheet profile first measures this host "
         "(`autotune calibrate --quick`, cached per host and software) and ranks with that; never: "
         "use the profile as it is. Default: the AUTOTUNE_CALIBRATE environment variable, else auto",
+    )
+
+    cost_per_device_hour: float | None = Field(
+        None, ge=0, description="what one device costs an hour (any currency): serving reports cost per million tokens"
     )
 
     @property
@@ -459,9 +653,25 @@ class SpaceSpec(_Strict):
     jit_level: list[Literal["O0", "O1", "O2"]] | None = None
     mode: list[Literal["graph", "pynative"]] | None = None
     batch_size: IntChoice | None = None
-    kv_cache_dtype: list[Literal["bf16", "fp16", "fp8", "int8"]] | None = None
+    kv_cache_dtype: list[Literal["auto", "bf16", "fp16", "fp8", "int8"]] | None = None
     quantization: list[Literal["none", "int8", "w8a8", "int4"]] | None = None
+    replicas: IntChoice | None = Field(None, description="serving: engine instances on the node, one load balancer")
+    max_num_seqs: IntChoice | None = Field(None, description="serving: sequences the engine batches at once")
+    max_num_batched_tokens: IntChoice | None = Field(None, description="serving: tokens one engine step processes")
+    block_size: list[Literal[16, 32, 64, 128]] | None = Field(None, description="serving: KV-cache block, tokens")
+    enable_chunked_prefill: list[bool] | None = None
+    enable_prefix_caching: list[bool] | None = None
+    memory_utilization: list[float] | None = Field(
+        None, description="serving: device memory share the engine takes (vLLM gpu_memory_utilization)"
+    )
+    graph_mode: list[Literal["eager", "graph", "torchair"]] | None = Field(
+        None, description="serving: eager, the engine's graph capture, or vLLM-Ascend's torchair graph"
+    )
     env: dict[EnvName, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
+    engine: dict[EngineName, list[Union[str, int, float, bool]]] = Field(
+        default_factory=dict,
+        description="serving: an engine's own settings by its own names (MindIE maxIterTimes, a vLLM flag)",
+    )
 
     @field_validator(
         "tp",
@@ -481,6 +691,14 @@ class SpaceSpec(_Strict):
         "mode",
         "kv_cache_dtype",
         "quantization",
+        "replicas",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+        "memory_utilization",
+        "graph_mode",
     )
     @classmethod
     def _non_empty_unique(cls, v: Any) -> Any:
@@ -491,7 +709,33 @@ class SpaceSpec(_Strict):
                 raise ValueError(f"values repeat: {v}")
         return v
 
-    @field_validator("tp", "pp", "cp", "vpp", "micro_batch_size", "recompute_layers", "batch_size")
+    @field_validator("memory_utilization")
+    @classmethod
+    def _fraction(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not (0 < x <= 1) for x in v):
+            raise ValueError(f"memory_utilization is a share of device memory, in (0, 1]; got {v}")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_values(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for name, values in v.items():
+            if not values:
+                raise ValueError(f"engine.{name} needs at least one value")
+        return v
+
+    @field_validator(
+        "tp",
+        "pp",
+        "cp",
+        "vpp",
+        "micro_batch_size",
+        "recompute_layers",
+        "batch_size",
+        "replicas",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+    )
     @classmethod
     def _positive(cls, v: Any) -> Any:
         low = v.low if isinstance(v, IntRange) else min(v) if isinstance(v, list) else 1
@@ -513,7 +757,7 @@ class SpaceSpec(_Strict):
         """Every searched parameter with its values; env flattened to ``env.VAR``."""
         out: dict[str, list[Any]] = {}
         for name in type(self).model_fields:
-            if name == "env":
+            if name in ("env", "engine"):
                 continue
             value = getattr(self, name)
             if value is None:
@@ -521,10 +765,23 @@ class SpaceSpec(_Strict):
             out[name] = value.values() if isinstance(value, IntRange) else list(value)
         for var, values in self.env.items():
             out[f"env.{var}"] = list(values)
+        for name, values in self.engine.items():
+            out[f"engine.{name}"] = list(values)
         return out
 
 
-CANONICAL_PARAMS = tuple(n for n in SpaceSpec.model_fields if n != "env")
+CANONICAL_PARAMS = tuple(n for n in SpaceSpec.model_fields if n not in ("env", "engine"))
+# the engine settings only a serve workload has
+SERVE_PARAMS = (
+    "replicas",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "memory_utilization",
+    "graph_mode",
+)
 DERIVED_PARAMS = ("dp", "grad_accum", "world_size")
 
 
@@ -715,24 +972,35 @@ class Spec(_Strict):
     @property
     def target_stack(self) -> str:
         """``target``, or the default for the backend and accelerator (:func:`autotune.stacks.default_target`)."""
-        return self.target or default_target(self.backend.kind, self.cluster.accelerator, tuple(self.space.choices()))
+        return self.target or default_target(
+            self.backend.kind, self.cluster.accelerator, tuple(self.space.choices()), workload_kind=self.workload.kind
+        )
 
     def objective_list(self) -> list[tuple[str, str]]:
         """(metric, direction) pairs with defaults applied."""
         from autotune.objectives import get_metric
 
-        objectives = self.objectives or [
-            ObjectiveSpec(metric="tokens_per_s_per_device" if self.is_training else "decode_tokens_per_s")
-        ]
+        default = {
+            "train": "tokens_per_s_per_device",
+            "infer": "decode_tokens_per_s",
+            "serve": "goodput_rps_per_device",
+        }
+        objectives = self.objectives or [ObjectiveSpec(metric=default[self.workload.kind])]
         return [(o.metric, o.direction or get_metric(o.metric).direction) for o in objectives]
 
     def summary(self) -> str:
         w = self.workload
-        work = (
-            f"train seq {w.seq_len} gbs {w.global_batch_size}"
-            if isinstance(w, TrainWorkload)
-            else f"infer prompt {w.prompt_len} gen {w.gen_len}"
-        )
+        if isinstance(w, TrainWorkload):
+            work = f"train seq {w.seq_len} gbs {w.global_batch_size}"
+        elif isinstance(w, ServeWorkload):
+            prompt, output = w.traffic.mean()
+            rates = "/".join(f"{r:g}" for r in w.traffic.rates)
+            work = f"serve prompt ~{prompt:.0f} output ~{output:.0f} at {rates} req/s"
+            work += f", SLO ttft p99 {w.slo.ttft_p99_ms:g} ms"
+            if w.slo.tpot_p99_ms:
+                work += f" tpot p99 {w.slo.tpot_p99_ms:g} ms"
+        else:
+            work = f"infer prompt {w.prompt_len} gen {w.gen_len}"
         objs = ", ".join(f"{m} ({d[:3]})" for m, d in self.objective_list())
         n = self.model.num_parameters()
         size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"

@@ -11,7 +11,7 @@ from typing import Any
 
 from .models import MODEL_ALIASES
 from .safe_expr import ExpressionError, compile_expression
-from .spec import CANONICAL_PARAMS, DERIVED_PARAMS, Spec, short_value, env_value, env_value_problem
+from .spec import CANONICAL_PARAMS, DERIVED_PARAMS, SERVE_PARAMS, Spec, short_value, env_value, env_value_problem
 from .spec_errors import SpecProblem
 
 __all__ = ["semantic_problems"]
@@ -84,12 +84,26 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
         "zero_stage": True,
     }
     infer_only = {"batch_size", "kv_cache_dtype", "quantization"}
+    serve_only = set(SERVE_PARAMS) | {n for n in choices if n.startswith("engine.")}
+    serve_allows = {"tp", "pp", "precision", "kv_cache_dtype", "quantization", *serve_only}
     for name in choices:
         if kind == "infer" and train_only.get(name):
             problems.append(SpecProblem(("space", name), f"{name} is a training parameter; the workload is infer"))
         if kind == "train" and name in infer_only:
             problems.append(SpecProblem(("space", name), f"{name} is an inference parameter; the workload is train"))
-    world = cluster.world_size
+        if kind != "serve" and name in serve_only:
+            problems.append(
+                SpecProblem(("space", *name.split(".", 1)), f"{name} is a serving parameter; the workload is {kind}")
+            )
+        if kind == "serve" and not name.startswith("env.") and name not in serve_allows:
+            problems.append(
+                SpecProblem(
+                    ("space", name),
+                    f"{name} is not a serving parameter; a serve workload searches "
+                    f"{', '.join(sorted(serve_allows - serve_only | set(SERVE_PARAMS)))}, env.VAR and engine.NAME",
+                )
+            )
+    world = cluster.world_size if kind != "serve" else cluster.devices_per_node  # a serving layout is one node
     for name in ("tp", "pp", "cp"):
         values = choices.get(name, [])
         if values and not any(world % v == 0 for v in values):
@@ -103,6 +117,7 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
 
     names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices)
     names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
+    names |= {"output_len", "max_model_len"}
     for i, source in enumerate(spec.constraints):
         try:
             expression = compile_expression(source, names)

@@ -25,7 +25,9 @@ from .listeners import TrialListener
 from .ranking import Ranking
 from .records import TrialRecord, is_tracked, trial_record
 from .sanity import is_finite_number as _finite
+from .records import REQUESTS_FILE
 from .secret_env import SPEC_COPY, write_spec_copy
+from .serving_plots import PLOT_NAME, latency_vs_rate_plot
 from .spec import Spec
 from .trial_attrs import A
 from .tracking import TERMINAL_STATUSES, error_line
@@ -73,6 +75,7 @@ class StudyTracking(TrialListener):
             "objectives": ",".join(f"{m}:{d}" for m, d in self.objectives),
             "space_size": self.space_size,
         }
+        params.update(serving_params(self.spec))
         tags = {
             "autotune.study": self.spec.name,
             "autotune.backend": self.backend.kind,
@@ -160,7 +163,14 @@ class StudyTracking(TrialListener):
             tags["autotune.failure_reason"] = record.reason
         if record.baseline:
             tags["autotune.baseline"] = "true"
-        artifacts = [self.run_dir / "trials" / f"{record.number:04d}" / n for n in ("result.json", "log_tail.txt")]
+        folder = self.run_dir / "trials" / f"{record.number:04d}"
+        artifacts = [folder / n for n in ("result.json", "log_tail.txt", REQUESTS_FILE)]
+        serving = (result.info.get("serving") if result is not None else None) or {}
+        if serving.get("rates"):
+            tags.update(serving_tags(serving))
+            plot = latency_vs_rate_plot(serving["rates"], serving.get("slo") or {}, folder / PLOT_NAME)
+            if plot is not None:
+                artifacts.append(plot)
         self.tracker.log_trial(
             record.number,
             record.config,
@@ -226,3 +236,35 @@ class StudyTracking(TrialListener):
             )
         warnings += [f"MLflow refused {failure}" for failure in self.tracker.failed_writes[:5]]
         return warnings
+
+
+def serving_params(spec: Spec) -> dict[str, Any]:
+    """A serving study's SLO and traffic, as parent-run params (empty for other workloads)."""
+    w = spec.workload
+    if w.kind != "serve":
+        return {}
+    out: dict[str, Any] = {f"slo.{k}": v for k, v in w.slo.model_dump().items() if v is not None}
+    t = w.traffic
+    prompt, output = t.mean()
+    out.update(
+        {
+            "traffic.rates": ",".join(f"{r:g}" for r in t.rates),
+            "traffic.arrival": t.arrival if t.arrival == "poisson" else f"gamma(shape {t.burstiness:g})",
+            "traffic.prompt_len_mean": round(prompt, 1),
+            "traffic.output_len_mean": round(output, 1),
+            "traffic.shared_prefix": t.shared_prefix,
+            "traffic.duration_s": t.duration_s,
+        }
+    )
+    return out
+
+
+def serving_tags(serving: dict[str, Any]) -> dict[str, str]:
+    """A serving trial's rates tried (in the order tried, with the verdict) and its operating rate."""
+    tried = " ".join(f"{r.get('rate'):g}:{'met' if r.get('slo_met') else 'missed'}" for r in serving["rates"])
+    tags = {"autotune.serving.rates_tried": tried}
+    if serving.get("operating_rate") is not None:
+        tags["autotune.serving.operating_rate"] = f"{serving['operating_rate']:g}"
+    if serving.get("slo"):
+        tags["autotune.serving.slo"] = ", ".join(f"{k} {v:g}" for k, v in serving["slo"].items() if v is not None)
+    return tags

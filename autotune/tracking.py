@@ -45,6 +45,22 @@ from typing import Any, Callable
 
 __all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "error_line", "mlflow_ui_command"]
 
+# what a step event may carry, as the child run's metric history (``step/<key>``): a training
+# step's figures, and a serving probe's per-rate ones (one step per rate tried, in the order tried)
+STEP_KEYS = (
+    "step_time_s",
+    "loss",
+    "tokens_per_s",
+    "memory_gib",
+    "rate",
+    "goodput_rps",
+    "slo_attainment",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "e2e_p99_ms",
+    "output_tokens_per_s",
+)
+
 log = logging.getLogger(__name__)
 
 _MAX_PARAM = 6000  # MLflow's limit on a param value
@@ -501,7 +517,7 @@ class Tracker:
         attempt.run_id = run_id = run.info.run_id
         step_metrics: list[tuple[str, float, int]] = []
         for i, event in enumerate(steps or []):
-            for key in ("step_time_s", "loss", "tokens_per_s", "memory_gib"):
+            for key in STEP_KEYS:
                 value = event.get(key)
                 if isinstance(value, (int, float)):
                     step_metrics.append((f"step/{key}", float(value), int(event.get("step", i))))

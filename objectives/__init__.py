@@ -25,8 +25,8 @@ class Metric:
     def __post_init__(self) -> None:
         if self.direction not in ("maximize", "minimize"):
             raise ValueError(f"metric {self.name}: direction must be maximize or minimize")
-        if self.workload not in ("train", "infer"):
-            raise ValueError(f"metric {self.name}: workload must be train or infer")
+        if self.workload not in ("train", "infer", "serve"):
+            raise ValueError(f"metric {self.name}: workload must be train, infer or serve")
 
 
 _ALL = [
@@ -85,6 +85,64 @@ _ALL = [
         "time until each sequence of the batch has 100 new tokens: prefill + 100 decode steps",
     ),
 ]
+
+
+def _serving_metrics() -> list[Metric]:
+    """Serving metrics (``workload: {kind: serve}``), at the probe's operating point: the highest
+    rate tried whose SLO was met (else the lowest rate tried). objectives/serving.py defines how
+    each is computed from the per-request records."""
+    out = [
+        Metric(
+            "goodput_rps",
+            "requests/s",
+            "maximize",
+            "serve",
+            "requests per second that met every SLO target (DistServe's goodput) at the highest rate tried whose "
+            "SLO was met; 0 when no rate met it",
+        ),
+        Metric(
+            "goodput_rps_per_device",
+            "requests/s/device",
+            "maximize",
+            "serve",
+            "goodput_rps divided by the devices the layout occupies (replicas x tp x pp): the fair comparison "
+            "across layouts",
+        ),
+        Metric("max_rate_rps", "requests/s", "maximize", "serve", "the highest offered rate tried that met the SLO"),
+        Metric("slo_attainment", "fraction", "maximize", "serve", "share of requests meeting every SLO target"),
+        Metric("request_throughput_rps", "requests/s", "maximize", "serve", "completed requests per second"),
+        Metric("output_tokens_per_s", "tokens/s", "maximize", "serve", "generated tokens per second, all replicas"),
+        Metric(
+            "output_tokens_per_s_per_device",
+            "tokens/s/device",
+            "maximize",
+            "serve",
+            "output_tokens_per_s divided by the devices the layout occupies",
+        ),
+        Metric("kv_cache_usage", "fraction", "minimize", "serve", "highest KV-cache use the engine reported"),
+        Metric("preemptions", "count", "minimize", "serve", "sequences the engine preempted during the load"),
+        Metric("requests_failed", "count", "minimize", "serve", "requests that ended in an error"),
+        Metric(
+            "cost_per_million_output_tokens",
+            "currency/1M tokens",
+            "minimize",
+            "serve",
+            "cluster.cost_per_device_hour x devices / (output tokens per hour / 1e6) at the operating point",
+        ),
+    ]
+    what = {
+        "ttft": "time to first token",
+        "tpot": "time per output token after the first",
+        "itl": "inter-token latency",
+        "e2e": "end-to-end request latency",
+    }
+    for key, text in what.items():
+        for q in (50, 90, 99):
+            out.append(Metric(f"{key}_p{q}_ms", "ms", "minimize", "serve", f"{text}, percentile {q}"))
+    return out
+
+
+_ALL += _serving_metrics()
 METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
 # Inference runs report memory too; the train-tagged definitions apply unchanged.
 ALIASES: dict[str, str] = {"memory_headroom": "memory_headroom_gib"}
@@ -145,14 +203,16 @@ def derive_metrics(
     hardware: Mapping[str, Any],
     world_size: int,
     precision: str,
+    cost_per_device_hour: float | None = None,
 ) -> dict[str, Any]:
     """Raw probe measurements completed with the derived metrics.
 
     Training: from ``step_time_s`` (or, failing that, ``tokens_per_s``) derives tokens_per_s,
     tokens_per_s_per_device, samples_per_s and mfu; from ``peak_memory_gib`` the headroom against
     ``hardware['device_memory_gib']``. Inference: headroom, and ``time_for_100_tokens_s`` when
-    ``ttft_ms``, ``decode_tokens_per_s`` and ``batch_size`` are known. A value the probe reported
-    is never overwritten.
+    ``ttft_ms``, ``decode_tokens_per_s`` and ``batch_size`` are known. Serving: goodput and output
+    tokens per device (``world_size`` = the devices of the layout) and the cost per million output
+    tokens when ``cost_per_device_hour`` is known. A value the probe reported is never overwritten.
     """
     out: dict[str, Any] = dict(raw)
     world = max(int(world_size), 1)
@@ -180,6 +240,14 @@ def derive_metrics(
             peak = _peak(hardware, precision)
             if peak:
                 put("mfu", flops_per_token(model, seq, True) * float(out["tokens_per_s_per_device"]) / peak)
+    elif kind == "serve":
+        for key in ("goodput_rps", "output_tokens_per_s"):
+            if out.get(key) is not None:
+                put(f"{key}_per_device", float(out[key]) / world)
+        cost = cost_per_device_hour
+        tokens = out.get("output_tokens_per_s")
+        if cost is not None and tokens:
+            put("cost_per_million_output_tokens", float(cost) * world / (float(tokens) * 3600.0 / 1e6))
     else:
         batch = out.get("batch_size")
         if out.get("ttft_ms") is not None and out.get("decode_tokens_per_s") and batch:

@@ -1,0 +1,138 @@
+"""A serve workload in the spec, its space and its MLflow content: what the user writes, the rules
+a serving layout obeys, and the errors that name the field."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.space import Space
+from autotune.spec_errors import SpecError
+from autotune.spec_load import load_spec
+
+SERVE = """
+name: serve-test
+model: tiny-llama
+workload:
+  kind: serve
+  traffic:
+    rates: [1, 2, 4]
+    prompt_len: {low: 64, high: 192}
+    output_len: 32
+  slo: {ttft_p99_ms: 1000, tpot_p99_ms: 100}
+cluster: {accelerator: cpu, profile: cpu, devices_per_node: 4, cost_per_device_hour: 1.5}
+target: none
+space:
+  tp: [1, 2, 4]
+  replicas: [1, 2, 4]
+  max_num_seqs: [16, 64]
+  max_num_batched_tokens: [32, 256]
+  enable_chunked_prefill: [true, false]
+  kv_cache_dtype: [auto, bf16, fp8]
+"""
+
+
+def _errors(write_spec, text: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(write_spec(text))
+    return str(info.value)
+
+
+def test_serve_spec_loads_with_resolved_context_and_default_objective(write_spec):
+    spec = load_spec(write_spec(SERVE))
+    w = spec.workload
+    assert w.kind == "serve" and w.max_model_len == 192 + 32
+    assert w.traffic.mean() == (128.0, 32.0) and w.traffic.longest() == (192, 32)
+    assert spec.objective_list() == [("goodput_rps_per_device", "maximize")]
+    assert "serve prompt ~128 output ~32 at 1/2/4 req/s" in spec.summary()
+
+
+def test_one_rate_is_a_ladder_of_one(write_spec):
+    spec = load_spec(write_spec(SERVE.replace("rates: [1, 2, 4]", "rates: 3")))
+    assert spec.workload.traffic.rates == [3.0]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (("rates: [1, 2, 4]", "rates: [4, 2]"), "ascend"),
+        (("rates: [1, 2, 4]", "rates: [0, 2]"), "> 0"),
+        (("    output_len: 32\n", ""), "output_len"),
+        (("kind: serve\n", "kind: serve\n  max_model_len: 100\n"), "max_model_len (100) is below"),
+        (("  max_num_seqs: [16, 64]", "  micro_batch_size: [1, 2]"), "micro_batch_size is not a serving parameter"),
+    ],
+)
+def test_bad_serving_input_names_the_field(write_spec, change, words):
+    assert words in _errors(write_spec, SERVE.replace(*change))
+
+
+def test_serving_params_are_refused_in_a_training_spec(write_spec):
+    from support import TINY_TRAIN
+
+    text = TINY_TRAIN.replace("space:\n", "space:\n  max_num_seqs: [8, 16]\n", 1)
+    assert "max_num_seqs is a serving parameter; the workload is train" in _errors(write_spec, text)
+
+
+def test_lengths_file_is_read_relative_to_the_spec(write_spec, tmp_path: Path):
+    (tmp_path / "lengths.jsonl").write_text(
+        "\n".join(json.dumps({"prompt_len": p, "output_len": o}) for p, o in [(100, 20), (300, 60)])
+    )
+    text = SERVE.replace(
+        "    prompt_len: {low: 64, high: 192}\n    output_len: 32\n", "    lengths_file: lengths.jsonl\n"
+    )
+    spec = load_spec(write_spec(text))
+    assert spec.workload.traffic.length_pairs == [(100, 20), (300, 60)]
+    assert spec.workload.max_model_len == 360
+    (tmp_path / "lengths.jsonl").write_text('{"prompt_len": 10}\n')
+    assert "record 1: expected prompt_len and output_len" in _errors(write_spec, text)
+
+
+def test_serving_layouts_obey_the_node_and_the_engine_rules(write_spec):
+    spec = load_spec(write_spec(SERVE))
+    enum = Space(spec).enumerate()
+    for c in enum.configs:
+        assert c["replicas"] * c["tp"] * c["pp"] <= 4 and c["world_size"] == c["replicas"] * c["tp"] * c["pp"]
+        assert c["max_num_batched_tokens"] >= c["max_num_seqs"]
+        assert c["enable_chunked_prefill"] or c["max_num_batched_tokens"] >= 224
+        assert c["kv_cache_dtype"] in ("auto", "fp8")  # bf16 KV with bf16 compute is the engine's default
+    reasons = " ".join(enum.invalid_reasons)
+    assert "replicas*tp*pp exceeds the devices of a node (4)" in reasons
+    assert "max_num_batched_tokens below max_num_seqs" in reasons
+    assert "without chunked prefill max_num_batched_tokens must hold max_model_len (224)" in reasons
+    layouts = {(c["replicas"], c["tp"]) for c in enum.configs}
+    assert layouts == {(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4)}
+
+
+def test_serving_metrics_derive_per_device_and_cost():
+    from autotune.objectives import derive_metrics, get_metric
+
+    out = derive_metrics(
+        {"goodput_rps": 8.0, "output_tokens_per_s": 3600.0},
+        {},
+        {"kind": "serve"},
+        {},
+        world_size=4,
+        precision="bf16",
+        cost_per_device_hour=2.0,
+    )
+    assert out["goodput_rps_per_device"] == 2.0 and out["output_tokens_per_s_per_device"] == 900.0
+    # 4 devices x 2/h for 3600 x 3600 tokens/h = 12.96 M tokens
+    assert out["cost_per_million_output_tokens"] == pytest.approx(8.0 / 12.96)
+    assert get_metric("ttft_p99_ms").direction == "minimize" and get_metric("goodput_rps").workload == "serve"
+
+
+def test_serving_trial_tags_and_plot(tmp_path: Path):
+    from autotune.serving_plots import latency_vs_rate_plot
+    from autotune.study_tracking import serving_tags
+
+    rates = [
+        {"rate": 2.0, "slo_met": True, "goodput_rps": 2.0, "ttft_p99_ms": 300.0, "tpot_p99_ms": 40.0},
+        {"rate": 8.0, "slo_met": False, "goodput_rps": 3.0, "ttft_p99_ms": 4000.0, "tpot_p99_ms": 90.0},
+        {"rate": 4.0, "slo_met": True, "goodput_rps": 3.9, "ttft_p99_ms": 800.0, "tpot_p99_ms": 60.0},
+    ]
+    tags = serving_tags({"rates": rates, "operating_rate": 4.0, "slo": {"ttft_p99_ms": 1000.0, "tpot_p99_ms": None}})
+    assert tags["autotune.serving.rates_tried"] == "2:met 8:missed 4:met"
+    assert tags["autotune.serving.operating_rate"] == "4" and tags["autotune.serving.slo"] == "ttft_p99_ms 1000"
+    png = latency_vs_rate_plot(rates, {"ttft_p99_ms": 1000.0}, tmp_path / "plot.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latency_vs_rate_plot([], {}, tmp_path / "none.png") is None
