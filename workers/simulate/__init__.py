@@ -20,6 +20,14 @@ breakdowns ``mem_<component>`` (GiB, summing to peak_memory_gib) and ``time_<com
 time_for_100_tokens_s, the same memory columns (with mem_kv_cache) and time_prefill /
 time_decode_* breakdowns.
 
+Serving (``workload['kind'] == 'serve'``, ``_serve``): an engine with continuous batching under
+open-loop traffic. Fit as the engine decides it at start-up (weights, activations, graph pool and
+reserve under ``memory_utilization``, the rest KV cache of at least one ``max_model_len``
+sequence); per rate of the traffic's ladder TTFT/TPOT/ITL/E2E p50/p90/p99, goodput and SLO
+attainment; at the operating point the probe's metrics (``objectives`` names), plus
+``max_rate_rps_model`` (the largest rate meeting the SLO, continuous; ``_per_device`` too), ``capacity_rps``,
+``max_concurrency``, ``kv_cache_tokens`` and the closed-loop ``batch{b}_*`` figures.
+
 Optional workload keys beyond the spec's: ``flash_attention`` (default true), ``dropout``
 (default: GPT yes, Llama no), ``grad_dtype`` (fp32 | bf16 | fp16 gradient buffers),
 ``overlap_grad_reduce`` (default true).
@@ -35,11 +43,12 @@ from autotune.objectives import flops_per_token
 
 from ..hardware import load_profile
 from ..protocol import ProbeResult, TrialRequest
-from ._checks import prepare, row_reason, sanitize
+from ._checks import max_model_len, prepare, row_reason, sanitize
 from ._columns import columns_from_params
 from ._common import GIB, HW, Shape
 from ._infer import infer
 from ._memory import train_memory
+from ._serve import SERVE_MEM_COMPONENTS, SLO_METRICS, Traffic, serve
 from ._timing import train_time
 
 __all__ = [
@@ -49,6 +58,8 @@ __all__ = [
     "resolve_hardware",
     "TRAIN_MEM_COMPONENTS",
     "TRAIN_TIME_COMPONENTS",
+    "SERVE_MEM_COMPONENTS",
+    "SERVE_METRICS",
 ]
 
 TRAIN_MEM_COMPONENTS = (
@@ -76,6 +87,27 @@ TRAIN_TIME_COMPONENTS = (
     "zero3_comm",
     "optimizer",
 )
+# The serving probe's metrics at its operating point (objectives/__init__.py, workload "serve").
+SERVE_METRICS = (
+    "goodput_rps",
+    "goodput_rps_per_device",
+    "max_rate_rps",
+    "slo_attainment",
+    "request_throughput_rps",
+    "output_tokens_per_s",
+    "output_tokens_per_s_per_device",
+    *(f"{m}_p{q}_ms" for m in SLO_METRICS for q in (50, 90, 99)),
+    "kv_cache_usage",
+    "preemptions",
+    "requests_failed",
+)
+_SERVE_EXTRA = (
+    "max_rate_rps_model",
+    "max_rate_rps_model_per_device",
+    "capacity_rps",
+    "max_concurrency",
+    "kv_cache_tokens",
+)
 _DEFAULT_PROFILE = {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "gpu": "a100-sxm-80gb", "cpu": "cpu"}
 
 
@@ -86,9 +118,17 @@ def simulate_configs(
     see ``columns_from_params``; missing columns take their defaults, dp and grad_accum are
     derived from the cluster and the workload when absent). Invalid configs get ``valid=False``,
     ``fits=False`` and NaN metrics."""
+    return _simulate(model, workload, hardware, cluster, configs)[0]
+
+
+def _simulate(
+    model: dict, workload: dict, hardware: dict, cluster: dict, configs: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     hw = HW.of(hardware, cluster)
     s, c, world, checks = prepare(model, workload, cluster, configs)
     valid = ~np.logical_or.reduce([mask for _, mask in checks])
+    if str(workload.get("kind", "train")) == "serve":
+        return _serve_columns(s, hw, c, workload, valid)
     if str(workload.get("kind", "train")) == "infer":
         sanitize(c, valid, ("tp", "pp", "batch_size"))
         out = infer(s, hw, c, workload)
@@ -107,7 +147,30 @@ def simulate_configs(
     out["fits"] = valid & (out["peak_memory_gib"] <= limit)
     for key in (*metrics, "peak_memory_gib", "memory_headroom_gib"):
         out[key] = np.where(valid, out[key], np.nan)
-    return out
+    return out, {}
+
+
+def _serve_columns(
+    s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], valid: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Serving columns; metrics are NaN where the config is invalid or the engine would refuse to
+    start (it reports nothing then)."""
+    sanitize(c, valid, ("tp", "pp", "replicas", "max_num_seqs", "max_num_batched_tokens"))
+    c["memory_utilization"] = np.where(valid, c["memory_utilization"], 0.9)
+    c["block_size"] = np.where(valid, c["block_size"], 0.0)
+    for k in ("graph_mode", "kv_cache_dtype", "quantization", "precision"):
+        c[k] = np.where(valid, c[k], 0.0)
+    out, per_rate = serve(s, hw, c, workload)
+    fits = valid & out["fits"]
+    out["valid"] = valid
+    out["fits"] = fits
+    out["memory_headroom_gib"] = out["memory_limit_gib"] - out["peak_memory_gib"]
+    for key in ("peak_memory_gib", "memory_headroom_gib"):
+        out[key] = np.where(valid, out[key], np.nan)
+    for key in out:
+        if key in SERVE_METRICS or key in _SERVE_EXTRA or key.startswith("batch"):
+            out[key] = np.where(fits, out[key], np.nan)
+    return out, per_rate
 
 
 def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -162,7 +225,7 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
         hardware = resolve_hardware(request.cluster)
         workload = dict(request.workload)
         cols = columns_from_params([request.params])
-        out = simulate_configs(request.model, workload, hardware, request.cluster, cols)
+        out, per_rate = _simulate(request.model, workload, hardware, request.cluster, cols)
     except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
         return ProbeResult(
             status="invalid", source="simulated", reason=f"simulate: {exc}", wall_s=time.perf_counter() - start
@@ -184,6 +247,8 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
             wall_s=wall,
             info={"hardware": info["hardware"]},
         )
+    if workload.get("kind") == "serve":
+        return _serve_result(workload, row, per_rate, info, wall)
     peak, limit = row["peak_memory_gib"], row["memory_limit_gib"]
     if not row["fits"]:
         top = sorted(info["memory_gib"].items(), key=lambda kv: -kv[1])[:3]
@@ -210,3 +275,65 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
             "memory_headroom_gib",
         )
     return ProbeResult(status="ok", source="simulated", metrics={k: row[k] for k in keys}, wall_s=wall, info=info)
+
+
+def _serve_result(
+    workload: Mapping[str, Any], row: dict[str, Any], per_rate: dict[str, Any], info: dict[str, Any], wall: float
+) -> ProbeResult:
+    """A serving trial: 'oom' in the engine's words when it would refuse to start, else the
+    probe's metrics at the operating point and, in ``info['serving']``, the per-rate predictions
+    in the probe's shape."""
+    info["memory_gib"] = {k: round(row[f"mem_{k}"], 4) for k in SERVE_MEM_COMPONENTS}
+    info["model"] = (
+        "autotune analytical serving model (engine start-up memory rule, roofline iterations, continuous "
+        "batching, G/G/c queueing)"
+    )
+    mem = info["memory_gib"]
+    if not row["fits"]:
+        info["predicted_peak_memory_gib"] = row["peak_memory_gib"]
+        limit = row["memory_limit_gib"]
+        if row["weights_oom"]:
+            reason = (
+                f"not enough memory for the weights: {mem['weights']:.1f} GiB of weights per device plus the "
+                f"{mem['runtime_reserve']:.1f} GiB runtime exceed the device's {limit:.1f} GiB (predicted)"
+            )
+        else:
+            util = row["memory_budget_gib"] / limit
+            reason = (
+                f"not enough memory for the KV cache: memory_utilization {util:g} x {limit:.1f} GiB = "
+                f"{row['memory_budget_gib']:.1f} GiB, of which weights {mem['weights']:.1f}, activations "
+                f"{mem['activations']:.1f}, graph pool {mem['graph_pool']:.1f}, runtime "
+                f"{mem['runtime_reserve'] + mem['comm_buffers']:.1f} GiB leave {max(row['kv_available_gib'], 0.0):.2f}"
+                f" GiB; one {max_model_len(workload)}-token sequence needs {row['kv_need_one_gib']:.2f} GiB (predicted)"
+            )
+        return ProbeResult(status="oom", source="simulated", wall_s=wall, info=info, reason=reason)
+    keys = (*SERVE_METRICS, *_SERVE_EXTRA, "peak_memory_gib", "memory_headroom_gib")
+    metrics = {k: row[k] for k in keys}
+    metrics.update({k: v for k, v in row.items() if k.startswith("batch")})
+    rates = []
+    for i in range(per_rate["rate"].shape[1]):
+        entry = {k: v[0, i].item() for k, v in per_rate.items()}
+        entry["slo_met"] = bool(entry["slo_met"])
+        entry["requests"] = int(entry["requests"])
+        entry["failed"] = 0
+        rates.append(entry)
+    traffic = Traffic.of(workload)
+    info["serving"] = {
+        "slo": traffic.slo,
+        "rates": rates,
+        "operating_rate": row["operating_rate_rps"],
+        "engine": "simulated",
+        "closed_loop": {
+            str(b): {
+                "ttft_ms": row[f"batch{b}_ttft_ms"],
+                "time_for_100_tokens_s": row[f"batch{b}_time_for_100_tokens_s"],
+                "output_tokens_per_s": row[f"batch{b}_output_tokens_per_s"],
+            }
+            for b in traffic.batch_sweep
+        },
+        "capacity_rps": row["capacity_rps"],
+        "max_rate_rps_model": row["max_rate_rps_model"],
+        "max_concurrency": row["max_concurrency"],
+        "kv_cache_tokens": row["kv_cache_tokens"],
+    }
+    return ProbeResult(status="ok", source="simulated", metrics=metrics, wall_s=wall, info=info)

@@ -92,6 +92,84 @@ def infer_checks(s: Shape, c: dict, world: int) -> list[tuple[str, np.ndarray]]:
     ]
 
 
+def max_model_len(workload: Mapping[str, Any]) -> int:
+    """The serving workload's ``max_model_len``; absent, the longest prompt plus the longest output
+    the traffic sends (what the spec resolves it to)."""
+    if workload.get("max_model_len"):
+        return int(workload["max_model_len"])
+    traffic = workload.get("traffic") or {}
+    pairs = traffic.get("length_pairs")
+    if pairs:
+        return int(max(int(a) + int(b) for a, b in pairs))
+
+    def top(x: Any) -> int:
+        return int(x["high"]) if isinstance(x, Mapping) else int(x)
+
+    return top(traffic.get("prompt_len", 512)) + top(traffic.get("output_len", 128))
+
+
+def serve_checks(
+    s: Shape, model: Mapping[str, Any], workload: Mapping[str, Any], c: dict, cluster: Mapping[str, Any]
+) -> list[tuple[str, np.ndarray]]:
+    """What the serving engine refuses at start-up, before it loads anything (vLLM 0.32's own
+    rules where it has one). ``max_num_batched_tokens >= max_num_seqs`` and, without chunked
+    prefill, ``max_num_batched_tokens >= max_model_len``: ``SchedulerConfig.verify_max_model_len``
+    in ``vllm/config/scheduler.py`` raises both. Heads must split evenly over tp (vLLM's
+    ``ModelConfig.verify_with_parallel_config``; K/V heads are replicated when tp exceeds them),
+    layers over pp as the search space requires (vLLM itself tolerates an uneven split), and a
+    trial's replicas*tp*pp devices sit on one node behind one load balancer."""
+    t, p, r = c["tp"], c["pp"], c["replicas"]
+    mns, mbt, bs = c["max_num_seqs"], c["max_num_batched_tokens"], c["block_size"]
+    mml = max_model_len(workload)
+    dpn = int(cluster.get("devices_per_node") or cluster.get("world_size") or 1)
+    accel = str(cluster.get("accelerator", "cuda"))
+    bad_int = np.zeros(t.shape, bool)
+    for x in (t, p, r, mns, mbt):
+        bad_int |= ~_is_int(x) | (x < 1)
+    bad_int |= ~_is_int(bs) | (bs < 0)
+    util = c["memory_utilization"]
+    checks = [
+        (
+            "tp, pp, replicas, max_num_seqs and max_num_batched_tokens must be positive integers (tp={tp}, pp={pp}, "
+            "replicas={replicas}, max_num_seqs={max_num_seqs}, max_num_batched_tokens={max_num_batched_tokens}, "
+            "block_size={block_size})",
+            bad_int,
+        ),
+        (f"replicas*tp*pp = {{rtp}} devices exceed the {dpn} devices of a node", r * t * p > dpn),
+        (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
+        (
+            f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",
+            (s.kv_heads % np.maximum(t, 1) != 0) & (np.maximum(t, 1) % s.kv_heads != 0),
+        ),
+        (f"num_hidden_layers {s.layers} is not divisible by pp={{pp}}", s.layers % np.maximum(p, 1) != 0),
+        (
+            "max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to max_num_seqs "
+            "({max_num_seqs})",
+            mbt < mns,
+        ),
+        (
+            f"max_num_batched_tokens ({{max_num_batched_tokens}}) is smaller than max_model_len ({mml}) without "
+            "chunked prefill",
+            ~c["enable_chunked_prefill"] & (mbt < mml),
+        ),
+        ("memory_utilization must be in (0, 1], got {memory_utilization}", ~((util > 0) & (util <= 1))),
+        ("graph_mode code {graph_mode} unknown", (c["graph_mode"] < 0) | (c["graph_mode"] > 2)),
+        (
+            f"graph_mode torchair is vLLM-Ascend's graph mode; the accelerator here is {accel}",
+            (c["graph_mode"] == 2) & (accel != "npu"),
+        ),
+        ("kv_cache_dtype code {kv_cache_dtype} unknown", (c["kv_cache_dtype"] < 0) | (c["kv_cache_dtype"] > 4)),
+        ("quantization code {quantization} unknown", (c["quantization"] < 0) | (c["quantization"] > 3)),
+        ("precision code {precision} unknown", (c["precision"] < 0) | (c["precision"] > 2)),
+    ]
+    if model.get("max_position_embeddings"):
+        limit = int(model["max_position_embeddings"])
+        checks.append(
+            (f"max_model_len {mml} exceeds the model's max_position_embeddings {limit}", np.full(t.shape, mml > limit))
+        )
+    return checks
+
+
 def sanitize(c: dict, valid: np.ndarray, names: tuple[str, ...]) -> None:
     """Replace the sizes of invalid configs by 1 so the formulas stay finite (their outputs are
     masked afterwards)."""
@@ -107,7 +185,11 @@ def prepare(
     c, n = fill_defaults(dict(configs))
     world = world_size(cluster)
     c["world"] = np.full(n, float(world))
-    if str(workload.get("kind", "train")) == "infer":
+    kind = str(workload.get("kind", "train"))
+    if kind == "serve":  # a serving trial occupies its own replicas*tp*pp devices
+        c["world"] = c["replicas"] * c["tp"] * c["pp"]
+        return s, c, world, serve_checks(s, model, workload, c, cluster)
+    if kind == "infer":
         return s, c, world, infer_checks(s, c, world)
     t, p, cp = c["tp"], c["pp"], c["cp"]
     c["dp"] = np.where(c["dp"] < 0, world / np.maximum(t * p * cp, 1.0), c["dp"])
@@ -131,6 +213,7 @@ def row_reason(checks: list[tuple[str, np.ndarray]], c: dict) -> str:
         ppv=_fmt(c["pp"][0] * c["vpp"][0]),
         cp2=_fmt(2 * c["cp"][0]),
         tp_pp=_fmt(c["tp"][0] * c["pp"][0]),
+        rtp=_fmt(c["replicas"][0] * c["tp"][0] * c["pp"][0]),
         tpc=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0]),
         bd=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0]),
     )

@@ -12,13 +12,26 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["RECOMPUTE_CODES", "PRECISION_CODES", "QUANT_CODES", "COMPILE_CODES", "columns_from_params", "fill_defaults"]
+__all__ = [
+    "RECOMPUTE_CODES",
+    "PRECISION_CODES",
+    "QUANT_CODES",
+    "COMPILE_CODES",
+    "GRAPH_MODE_CODES",
+    "KV_DTYPE_CODES",
+    "columns_from_params",
+    "fill_defaults",
+]
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES = {"bf16": 0, "fp16": 1, "fp32": 2}
 QUANT_CODES = {"none": 0, "int8": 1, "w8a8": 2, "int4": 3}
 COMPILE_CODES = {"none": 0, "default": 1, "reduce-overhead": 1, "max-autotune": 2}
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8": 1.0}
+# Serving: eager (vLLM --enforce-eager), the engine's graph capture (CUDA graphs / vLLM-Ascend
+# aclgraph), vLLM-Ascend's torchair graph. kv_cache_dtype 'auto' (code 0) = the compute dtype.
+GRAPH_MODE_CODES = {"eager": 0, "graph": 1, "torchair": 2}
+KV_DTYPE_CODES = {"auto": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
 
 # column -> default (dp and grad_accum: -1 = derive from the cluster and the workload;
 # recompute_layers: -1 = every layer of the stage; batch_size: 0 = training workload)
@@ -45,14 +58,32 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 0,
     "kv_cache_bytes": 2.0,
     "quantization": 0,
+    # serving (issue #33; block_size 0 = the engine's default: 128 on npu, 16 otherwise)
+    "replicas": 1,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "block_size": 0,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "memory_utilization": 0.9,
+    "graph_mode": GRAPH_MODE_CODES["graph"],
+    "kv_cache_dtype": KV_DTYPE_CODES["auto"],
 }
-_BOOL = {"sequence_parallel", "alloc_expandable_segments", "graph_kernel"}
-_FLOAT = {"alloc_max_split_size_mb", "alloc_gc_threshold", "hccl_buffsize_mb", "kv_cache_bytes"}
+_BOOL = {
+    "sequence_parallel",
+    "alloc_expandable_segments",
+    "graph_kernel",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+}
+_FLOAT = {"alloc_max_split_size_mb", "alloc_gc_threshold", "hccl_buffsize_mb", "kv_cache_bytes", "memory_utilization"}
 _CODES = {
     "recompute": RECOMPUTE_CODES,
     "precision": PRECISION_CODES,
     "quantization": QUANT_CODES,
     "compile": COMPILE_CODES,
+    "graph_mode": GRAPH_MODE_CODES,
+    "kv_cache_dtype": KV_DTYPE_CODES,
 }
 _PLAIN = (
     "tp",
@@ -65,6 +96,10 @@ _PLAIN = (
     "recompute_layers",
     "zero_stage",
     "batch_size",
+    "replicas",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
 )
 
 
@@ -118,15 +153,26 @@ def _row_env(p: dict[str, Any]) -> tuple[bool, float, float, float, int]:
 
 def columns_from_params(params_list: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Canonical param dicts -> simulator columns, defaults filled (cp=1, vpp=1, no sequence
-    parallel, no recompute, all layers when full recompute, ZeRO 0, bf16, env unset)."""
+    parallel, no recompute, all layers when full recompute, ZeRO 0, bf16, env unset; serving: one
+    replica, 256 sequences, 8192 batched tokens, the engine's block size, chunked prefill and
+    prefix caching on, 0.9 of the device memory, graph capture, the compute dtype's KV cache)."""
     rows = list(params_list)
     cols: dict[str, np.ndarray] = {}
     for name in _PLAIN:
         default = DEFAULTS[name]
         cols[name] = np.array([default if (v := p.get(name)) is None else v for p in rows], dtype=np.int64)
-    cols["sequence_parallel"] = np.array([_truthy(p.get("sequence_parallel", False)) for p in rows], dtype=bool)
+    for name in ("sequence_parallel", "enable_chunked_prefill", "enable_prefix_caching"):
+        default = DEFAULTS[name]
+        cols[name] = np.array([default if (v := p.get(name)) is None else _truthy(v) for p in rows], dtype=bool)
+    cols["memory_utilization"] = np.array(
+        [DEFAULTS["memory_utilization"] if (v := p.get("memory_utilization")) is None else float(v) for p in rows],
+        dtype=np.float64,
+    )
     for name, table in _CODES.items():
-        cols[name] = np.array([_code(table, p.get(name), name) for p in rows], dtype=np.int64)
+        default = DEFAULTS[name]
+        cols[name] = np.array(
+            [default if (v := p.get(name)) is None else _code(table, v, name) for p in rows], dtype=np.int64
+        )
     cols["graph_kernel"] = np.array([bool(p.get("graph_kernel_flags")) for p in rows], dtype=bool)
     kv = []
     for p in rows:

@@ -172,3 +172,16 @@ def allreduce(nbytes, size, bw, alpha):
 def allgather(nbytes, size, bw, alpha):
     """All-gather or reduce-scatter of a buffer of ``nbytes`` (the full, gathered size)."""
     return np.where(size > 1, (size - 1) / size * nbytes / bw + alpha, 0.0)
+
+
+def quant_weight_bytes(quant: np.ndarray, elem_bytes: np.ndarray) -> np.ndarray:
+    """Bytes per matmul weight by quantization code (0 none, 1 int8, 2 w8a8, 3 int4): the
+    compute dtype, 1 B for the int8 schemes, 0.5 B plus one fp16 scale per group of 128 for int4
+    (GPTQ / AWQ layout). The embedding and the output layer stay in the compute dtype."""
+    return np.select([quant == 1, quant == 2, quant == 3], [1.0, 1.0, 0.5 + 2.0 / 128.0], default=elem_bytes)
+
+
+def quant_peak(hw: HW, quant: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """Matmul peak of a quantization scheme: w8a8 runs its GEMMs at the int8 peak; weight-only
+    schemes dequantise to the compute dtype and run at its peak."""
+    return np.where(quant == 2, hw.peak.get("int8", 2.0 * hw.peak["bf16"]), hw.peak_of(precision))

@@ -1,0 +1,617 @@
+"""Serving: an engine with continuous batching (vLLM / vLLM-Ascend, MindIE) under open-loop traffic.
+
+Everything is per *replica* (one engine instance on tp*pp devices); ``replicas`` instances behind
+one load balancer split the offered rate evenly. Vectorised over N configs: config columns are
+(N, 1), loads are (N, K) (K rates of the traffic's ladder, or the G points of the concurrency
+grid below), so a whole space is priced in one numpy pass.
+
+**Fit, as the engine decides it** (vLLM ``Worker.determine_available_memory``, vLLM-Ascend's
+``NPUWorker`` likewise): the engine may use ``memory_utilization x device memory``; from it go the
+weights (tp-sharded, 1/pp of the layers, quantised as ``_infer`` prices them), the runtime
+reserve and the communicators' buffers, the activation peak of the profiling forward pass
+(``max_num_batched_tokens`` tokens through one layer's working set, plus ``max_num_seqs`` fp32
+logits and probabilities of the sampler's dummy run) and the graph pool (the largest captured
+batch, ``min(2 max_num_seqs, 512)`` tokens, vLLM 0.32's ``max_cudagraph_capture_size``). The rest
+is the KV cache, in blocks of ``block_size`` tokens of ``2 x layers/pp x max(kv_heads/tp, 1) x
+head_dim x kv bytes``. The engine refuses to start, rather than run out of memory later, when the
+weights cannot be loaded (weights + reserve > device memory: "not enough memory for the
+weights") or the KV cache cannot hold one ``max_model_len`` sequence (vLLM's
+``_check_enough_kv_cache_memory``: "not enough memory for the KV cache"). ``peak_memory_gib`` is
+then the reservation, ``memory_utilization x device memory``.
+
+**One engine iteration** (Sarathi-Serve's and vLLM V1's scheduler: decodes first, then prompt
+tokens up to ``max_num_batched_tokens``) with B decoding sequences and c prompt tokens:
+
+    T(B, c) = L x [max(GEMM(B/pp + c/pp) + attn + elementwise, host launches) + TP all-reduce]
+              + pp x LM head + (pp-1) x p2p + scheduler overhead (per step and per sequence)
+
+GEMMs through ``_common.gemm_time`` (a roofline: decode rows stream the weights, memory-bound;
+prompt rows are compute-bound), decode attention streams B x context x KV bytes, prompt attention
+is causal flash attention at its FLOP rate, the tensor-parallel all-reduces as ``_infer``. With
+pp > 1 vLLM keeps pp micro-batches in flight, so a token of each sequence takes pp stage times of
+B/pp rows: pipeline parallelism adds memory, not speed, for a token. Graph capture
+(``graph``/``torchair``) cuts the host launches of captured shapes to a quarter, as ``_infer``
+does for compile; mixed prefill batches run piecewise (half); eager pays every launch.
+
+**Continuous batching, parametrised by the running concurrency B** (no fixed point to solve):
+a request decodes O-1 tokens, one per iteration, so Little's law gives the prompts admitted per
+iteration k = lambda t = B / (O-1). An iteration carries prompt tokens with probability f and
+then a chunk c_busy: the prompts that arrived together, min(c_max, P_eff max(1, k)), or, while
+prompts are backlogged (probability rho_p = k P_eff / c_max, the prompt stage's utilisation),
+the whole leftover budget c_max = max_num_batched_tokens - B with chunked prefill, or the whole
+prompts that fit in it without (vLLM V1 schedules an unchunked prompt only whole). Work
+conservation gives f = k P_eff / c_busy and the mean iteration
+
+    t(B) = f T(B, c_busy) + (1 - f) T(B, 0),        lambda(B) = B / ((O-1) t(B)).
+
+The replica's capacity mu = lambda(B_cap) at the largest concurrency it can hold:
+B_cap = min(max_num_seqs, KV cache tokens / (P_own + O/2 + block/2), the concurrency at which
+prompts use the whole token budget). Prefix caching stores the shared prefix once and skips its
+prefill (whole blocks). When the concurrency the load brings (Poisson-like, variance B x
+(1 + ca^2)/2) exceeds what the KV cache holds, vLLM preempts: the expected excess over the KV
+limit gives the preemptions, each re-computing its prompt and half its output.
+
+**Queueing at an offered rate lambda** (per replica, rho = lambda / mu):
+- waiting for a running slot: the replica as a G/G/c queue with c = B_cap slots, each held for
+  S = TTFT + (O-1) t(B_cap); Sakasegawa's (1977) mean wait W = v rho^(sqrt(2(c+1)) - 1) S /
+  (c (1 - rho)) with the Allen-Cunneen / Kingman variability factor v = (ca^2 + cs^2)/2 (ca^2 =
+  1/burstiness for gamma arrivals, 1 for Poisson; cs^2 the squared coefficient of variation of
+  the output length); a request waits with probability P_w = (rho^(sqrt(2(c+1)) - 1))^(2/(1+ca^2))
+  (the Poisson value, raised for burstier arrivals) and then an exponential time of mean W / P_w,
+  so the q-quantile of the wait is max(0, ln(P_w / (1 - q))) W / P_w;
+- waiting for prompt budget: the prompt stage as a G/G/1 with utilisation rho_p = k P_eff / c_max
+  and one prompt's service T(B, c_busy) P_eff / c_busy (Kingman's mean, P_w = rho_p^(2/(1+ca^2)),
+  exponential tail as above);
+- beyond capacity (rho >= 1) the finite load window D grows a backlog: the q-th arrival waits
+  q (1 - 1/rho) D more (steady-state terms held at rho = 0.99).
+TTFT = API overhead + the rest of the running step (an arrival lands uniformly in a step, the
+longer ones more often: quantile q waits q E[T^2]/E[T]) + the prompt's iterations + both waits;
+its percentiles add the tail excesses of the waits and of the prompt length as a root sum of
+squares (exact for independent normal parts). TPOT at quantile q: the iteration time at the
+q-quantile of the running concurrency plus the prompt-mixing variance of (O-1) iterations; ITL:
+the two-point mixture of decode-only and prompt-carrying iterations (p99 ITL is the
+prompt-carrying step once f > 1 %). E2E = TTFT + (O-1) TPOT, tails as a root sum of squares. A
+rate meets the SLO when every p99 target holds; the attainment is the quantile at which each
+targeted metric reaches its target (the least of them), goodput = served rate x attainment.
+``max_rate_rps_model`` is the largest lambda on the concurrency grid (continuous, not only the
+ladder) whose p99s meet the SLO.
+
+**Chunked prefill under load**: chunking lets a prompt use the whole leftover budget instead of
+waiting for room for all of it, so prompts clear faster (TTFT falls), while the iterations that
+carry prompt tokens are larger and more of them (TPOT and ITL tails rise): vLLM's own tuning
+guide ("higher max_num_batched_tokens: better TTFT; smaller: better ITL").
+
+What the model leaves out (stated, not hidden): speculative decoding, KV swapping to the host,
+MindIE's separate prefill/decode batching limits (``engine.*`` keys are not priced), the probe's
+token-id prompts' tokenisation (none) and request failures (always 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ._checks import max_model_len
+from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth, quant_peak, quant_weight_bytes
+from ._infer import DECODE_OPS
+
+# Host-side cost of one engine step (scheduling, input preparation, sampling), in kernel-launch
+# equivalents of the profile (vLLM V1's CPU overhead per step, and per running sequence).
+STEP_LAUNCHES = 100.0
+SEQ_LAUNCHES = 1.0
+# HTTP, request parsing and the first streamed chunk: a few ms above the engine's own prefill in
+# vLLM's benchmark_serving at batch 1 (order of magnitude).
+API_OVERHEAD_S = 0.003
+# Graph capture: host launches left of captured decode batches (as _infer for compile), of mixed
+# batches run piecewise (attention outside the graph), and with torchair (whole-graph on Ascend).
+GRAPH_HOST_SCALE = 0.25
+PIECEWISE_HOST_SCALE = 0.5
+TORCHAIR_HOST_SCALE = 0.2
+# The graph pool beyond the captured activations (per-graph bookkeeping, captured workspaces).
+GRAPH_BASE_BYTES = 0.25 * GIB
+RHO_MAX = 0.99  # the steady-state queue formulas are held at this utilisation beyond it
+LEVELS = (0.01, 0.5, 0.9, 0.99, 0.999)  # quantiles priced; 0.01 and 0.999 bound the attainment
+_Z = {0.01: -2.3263, 0.5: 0.0, 0.9: 1.2816, 0.99: 2.3263, 0.999: 3.0902}
+# concurrency grid as fractions of B_cap: geometric at light load, linear near capacity
+GRID = np.concatenate([np.geomspace(1e-4, 0.5, 24, endpoint=False), np.linspace(0.5, 1.0, 25)])
+SERVE_MEM_COMPONENTS = ("weights", "activations", "graph_pool", "comm_buffers", "runtime_reserve", "kv_cache")
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token-length distribution: fixed, uniform over [low, high], or the empirical one of a
+    list of lengths."""
+
+    mean: float
+    cv2: float
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, spec: Any, pairs: list | None = None, index: int = 0) -> "Lengths":
+        if pairs:
+            x = np.array([float(p[index]) for p in pairs])
+        elif isinstance(spec, Mapping):
+            lo, hi = float(spec["low"]), float(spec["high"])
+            x = np.linspace(lo, hi, 101)
+        else:
+            x = np.array([float(spec)])
+        mean = float(x.mean())
+        return cls(mean, float(x.var() / max(mean, 1e-9) ** 2), tuple(float(v) for v in np.sort(x)))
+
+    def q(self, level: float) -> float:
+        return float(np.quantile(np.asarray(self.values), level))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    rates: np.ndarray
+    ca2: float
+    prompt: Lengths
+    output: Lengths
+    shared: float
+    duration: float
+    slo: dict[str, float | None]
+    batch_sweep: tuple[int, ...]
+    max_model_len: int
+
+    @classmethod
+    def of(cls, workload: Mapping[str, Any]) -> "Traffic":
+        tr = workload.get("traffic") or {}
+        rates = tr.get("rates")
+        if rates is None and tr.get("rate") is not None:
+            rates = [tr["rate"]]
+        if not rates:
+            raise ValueError("serve workload: traffic.rates is empty")
+        pairs = tr.get("length_pairs")
+        shape = 1.0 if str(tr.get("arrival", "poisson")) == "poisson" else float(tr.get("burstiness", 1.0) or 1.0)
+        if shape <= 0:
+            raise ValueError(f"serve workload: burstiness must be positive, got {shape}")
+        slo = dict(workload.get("slo") or {})
+        return cls(
+            rates=np.sort(np.asarray([float(r) for r in rates])),
+            ca2=1.0 / shape,
+            prompt=Lengths.of(tr.get("prompt_len", 512), pairs, 0),
+            output=Lengths.of(tr.get("output_len", 128), pairs, 1),
+            shared=float(tr.get("shared_prefix", 0.0) or 0.0),
+            duration=float(tr.get("duration_s", 60.0) or 60.0),
+            slo={
+                f"{m}_p99_ms": (None if slo.get(f"{m}_p99_ms") is None else float(slo[f"{m}_p99_ms"]))
+                for m in SLO_METRICS
+            },
+            batch_sweep=tuple(int(b) for b in (workload.get("batch_sweep") or ())),
+            max_model_len=max_model_len(workload),
+        )
+
+
+def _col(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=float)[:, None]
+
+
+def _excess(mean: np.ndarray, sd: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """E[(N - k)+] for N ~ Normal(mean, sd^2)."""
+    sd = np.maximum(sd, 1e-9)
+    z = (k - mean) / sd
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    return sd * pdf + (mean - k) * (1.0 - cdf)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7), vectorised without scipy."""
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (
+        ((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592
+    ) * t * np.exp(-a * a)
+    return s * y
+
+
+class Engine:
+    """One replica of every config: memory, iteration time and the load -> latency map."""
+
+    def __init__(self, s: Shape, hw: HW, c: dict, tr: Traffic):
+        self.s, self.hw, self.tr = s, hw, tr
+        n = c["tp"].size
+        self.n = n
+        t, p = _col(c["tp"]), _col(c["pp"])
+        self.t, self.p, self.r = t, p, _col(c["replicas"])
+        self.mns, self.mbt = _col(c["max_num_seqs"]), _col(c["max_num_batched_tokens"])
+        default_bs = 128.0 if hw.accelerator == "npu" else 16.0
+        self.bs = np.where(_col(c["block_size"]) > 0, _col(c["block_size"]), default_bs)
+        self.chunked = _col(c["enable_chunked_prefill"]) > 0
+        self.caching = _col(c["enable_prefix_caching"]) > 0
+        self.util = _col(c["memory_utilization"])
+        self.gm = _col(c["graph_mode"])
+        prec = c["precision"].astype(np.int64)
+        q = c["quantization"].astype(np.int64)
+        self.e = _col(np.where(prec == 2, 4.0, 2.0))
+        self.wq = _col(quant_weight_bytes(q, np.where(prec == 2, 4.0, 2.0)))
+        self.peak = _col(quant_peak(hw, q, prec))
+        self.peak_prec = _col(hw.peak_of(prec))
+        self.kvb = np.where(_col(c["kv_cache_dtype"]) == 0, self.e, _col(c["kv_cache_bytes"]))
+        self.hccl_mb = _col(c["hccl_buffsize_mb"])
+        self.layers = s.layers / p
+        kv_dev = np.maximum(s.kv_heads / t, 1.0)  # K/V heads on one rank (replicated when tp > kv)
+        self.kv_layer = 2.0 * kv_dev * s.head_dim * self.kvb  # bytes per token per layer per device
+        self.kv_tok = self.layers * self.kv_layer
+        self.shapes = ((s.h, s.qkv_out / t), (s.h / t, s.h), (s.h, s.mlp_in_out / t), (s.ffn / t, s.h))
+        self.bw_ar = group_bandwidth(hw, t, np.ones_like(t), hw.ar_eff)
+        self.p2p_bw = hw.intra * hw.ag_eff
+
+        # --- lengths (means per request; prefix caching skips the shared prefix's whole blocks) ---
+        P, out_len = tr.prompt.mean, tr.output.mean
+        self.P, self.O = P, out_len
+        self.O_dec = max(out_len - 1.0, 1.0)
+        self.cached = np.where(self.caching, np.floor(tr.shared * P / self.bs) * self.bs, 0.0)
+        self.P_eff = np.maximum(P - self.cached, 1.0)  # prompt tokens computed per request
+        self.ctx_dec = P + out_len / 2.0
+        self.ctx_pre = self.cached + self.P_eff / 2.0  # mean causal context of a computed prompt token
+
+    # ------------------------------------------------------------------------------------------
+    def memory(self) -> dict[str, np.ndarray]:
+        """Bytes per device, the engine's start-up verdict and the KV cache it gets."""
+        s, hw, t, p, e = self.s, self.hw, self.t, self.p, self.e
+        mm = s.h * s.qkv_out + s.h * s.h + (3.0 if s.arch == "llama" else 2.0) * s.h * s.ffn
+        embed = s.vocab * s.h / t
+        out_layer = 0.0 if s.tied else embed
+        weights = self.layers * mm / t * self.wq + (embed + np.where(p == 1, out_layer, 0.0)) * e
+        per_tok = (2.0 * s.h + s.qkv_out / t + s.mlp_in_out / t + s.ffn / t) * e  # one layer's working set
+        acts = self.mbt * per_tok + self.mns * s.vocab * 8.0  # profile forward + sampler logits/probs
+        capture = np.minimum(2.0 * self.mns, 512.0)
+        graph = np.where(self.gm >= 1, GRAPH_BASE_BYTES + capture * per_tok, 0.0)
+        n_comm = (t > 1) * 1.0 + (p > 1)
+        per_comm = 2.0 * self.hccl_mb * 2.0**20 if hw.hccl else hw.comm_mib * 2.0**20
+        comm = n_comm * per_comm
+        reserve = np.full_like(t, hw.reserve)
+        non_kv = weights + acts + graph + comm + reserve
+        budget = self.util * hw.mem_bytes
+        kv_mem = budget - non_kv
+        block = self.bs * self.kv_tok
+        blocks = np.floor(np.maximum(kv_mem, 0.0) / block)
+        need_one = np.ceil(self.tr.max_model_len / self.bs) * block
+        weights_oom = weights + reserve + comm > hw.mem_bytes
+        kv_oom = ~weights_oom & (kv_mem < need_one)
+        starts = ~weights_oom & ~kv_oom
+        return {
+            "weights": weights,
+            "activations": acts,
+            "graph_pool": graph,
+            "comm_buffers": comm * np.ones_like(t),
+            "runtime_reserve": reserve,
+            "kv_cache": np.where(starts, kv_mem, need_one),
+            "kv_available": kv_mem,
+            "kv_need_one": need_one,
+            "kv_tokens": blocks * self.bs,
+            "budget": budget,
+            "weights_oom": weights_oom,
+            "kv_oom": kv_oom,
+            "starts": starts,
+        }
+
+    # ------------------------------------------------------------------------------------------
+    def iteration(self, B: np.ndarray, c: np.ndarray, ctx_dec: Any = None) -> np.ndarray:
+        """Seconds of one engine step with B decoding sequences and c prompt tokens (per replica)."""
+        s, hw, t, p, e = self.s, self.hw, self.t, self.p, self.e
+        ctx = self.ctx_dec if ctx_dec is None else ctx_dec
+        Bm, cm = B / p, c / p  # pp micro-batches in flight
+        m = np.maximum(Bm + cm, 1e-3)
+        g = sum(gemm_time(hw, self.peak, m, k, n_, e, self.wq) for k, n_ in self.shapes)
+        attn = Bm * ctx * self.kv_layer / hw.bw + 4.0 * cm * self.ctx_pre * s.h / t / (self.peak_prec * hw.fa_eff)
+        ew = (12.0 * s.h + 3.0 * s.ffn / t) * m * e / hw.bw
+        tp = 2.0 * allreduce(m * s.h * e, t, self.bw_ar, hw.tp_alpha)
+        capture = np.minimum(2.0 * self.mns, 512.0)
+        captured = np.where(self.gm == 2, TORCHAIR_HOST_SCALE, GRAPH_HOST_SCALE)
+        scale = np.where(
+            self.gm == 0, 1.0, np.where(m > capture, 1.0, np.where(cm > 0, PIECEWISE_HOST_SCALE, captured))
+        )
+        host = DECODE_OPS * hw.launch * scale
+        layer = np.maximum(g + attn + ew, host) + tp
+        prompts = cm / self.P_eff  # prompts finishing in this step sample a token too
+        head = gemm_time(hw, self.peak_prec, np.maximum(Bm + np.minimum(prompts, cm), 1e-3), s.h, s.vocab / t, e)
+        p2p = (p - 1.0) * (m * s.h * e / self.p2p_bw + hw.alpha)
+        overhead = hw.launch * (STEP_LAUNCHES + SEQ_LAUNCHES * (B + c / self.P_eff))
+        return s.layers * layer + p * head + p2p + overhead
+
+    # ------------------------------------------------------------------------------------------
+    def caps(self, kv_tokens: np.ndarray) -> None:
+        """The concurrency a replica holds: max_num_seqs, the KV cache, the token budget."""
+        shared_tok = np.where(self.caching, self.cached, 0.0)
+        self.kv_tokens = kv_tokens
+        self.tok_seq = self.P - shared_tok + self.O / 2.0 + self.bs / 2.0  # mean blocks held, in tokens
+        self.B_kv = np.maximum(kv_tokens - shared_tok, 0.0) / self.tok_seq
+        # vLLM admits a waiting request when its prompt's blocks are free: the admission ceiling
+        self.B_adm = np.minimum(self.mns, np.maximum(kv_tokens - shared_tok, 0.0) / (self.P - shared_tok + self.bs))
+        P, Od = self.P_eff, self.O_dec
+        b_chunk = self.mbt / (1.0 + P / Od)  # k P_eff = mbt - B
+        n_star = np.maximum(np.floor(self.mbt / (P + Od)), 1.0)
+        b_whole = np.maximum(
+            np.minimum(self.mbt - n_star * P, n_star * Od),
+            np.minimum(self.mbt - (n_star + 1.0) * P, (n_star + 1.0) * Od),
+        )
+        self.B_pf = np.where(self.chunked, b_chunk, np.maximum(b_whole, 1e-3))
+        self.B_cap = np.maximum(np.minimum(np.minimum(self.mns, self.B_kv), self.B_pf), 1e-3)
+
+    def preempted(self, B: np.ndarray, overloaded: Any = False) -> np.ndarray:
+        """Expected preemptions per request at mean concurrency B: the running count fluctuates
+        (variance B (1 + ca^2)/2) up to the admission ceiling; whatever exceeds what the KV cache
+        holds is preempted."""
+        mean = np.where(overloaded, self.B_adm, B)
+        sd = np.sqrt(np.maximum(mean, 0.0) * (1.0 + self.tr.ca2) / 2.0)
+        top = np.maximum(self.B_adm, self.B_kv)
+        over = _excess(mean, sd, self.B_kv) - _excess(mean, sd, top)
+        return np.where(self.B_kv < self.mns, np.maximum(over, 0.0) / np.maximum(mean, 1e-9), 0.0)
+
+    def state(self, B: np.ndarray, overloaded: Any = False) -> dict[str, np.ndarray]:
+        """Everything at running concurrency B (explicit: no fixed point)."""
+        k = B / self.O_dec  # prompts admitted per iteration
+        pre = self.preempted(B, overloaded)
+        Pw = self.P_eff + pre * (self.P + self.O / 2.0)  # prompt tokens per request, recomputation included
+        room = np.maximum(self.mbt - B, 0.0)
+        cmax = np.where(self.chunked, room, np.floor(room / self.P_eff) * self.P_eff)
+        cmax = np.maximum(cmax, 1e-3)
+        rho_p = k * Pw / cmax
+        # Prompt tokens of a prompt-carrying step: the prompts that arrived together, or, while
+        # prompts are backlogged (probability rho_p: an arrival finds the prompt stage busy), the
+        # whole leftover budget (decode-first scheduling fills it).
+        light = np.minimum(cmax, Pw * np.maximum(1.0, k))
+        cbusy = light + np.clip(rho_p, 0.0, 1.0) * (cmax - light)
+        f = np.minimum(1.0, k * Pw / cbusy)
+        T0 = self.iteration(B, np.zeros_like(B))
+        T1 = self.iteration(B, cbusy)
+        t = f * T1 + (1.0 - f) * T0
+        return dict(B=B, k=k, pre=pre, Pw=Pw, cmax=cmax, cbusy=cbusy, f=f, T0=T0, T1=T1, t=t, lam=k / t, rho_p=rho_p)
+
+    # ------------------------------------------------------------------------------------------
+    def capacity(self) -> None:
+        cap = self.state(self.B_cap)
+        self.cap = cap
+        self.mu = cap["lam"]
+        svc = self.prompt_time(cap, self.P_eff)
+        self.S_cap = API_OVERHEAD_S + cap["t"] / 2.0 + svc + self.O_dec * cap["t"]
+
+    def prompt_time(self, st: dict, P_tokens: Any) -> np.ndarray:
+        """Iterations a prompt of P_tokens computed tokens takes once admitted."""
+        c = np.maximum(st["cbusy"] + (P_tokens - self.P_eff), 1e-3)
+        return self.iteration(st["B"], c) * np.maximum(1.0, P_tokens / st["cmax"])
+
+    def evaluate(self, B: np.ndarray, lam: np.ndarray) -> dict[str, np.ndarray]:
+        """Latency quantiles (seconds) and load figures at running concurrency B (<= B_cap) under
+        an offered rate lam per replica (lam > mu: overloaded, B = B_cap)."""
+        tr = self.tr
+        over = lam >= self.mu
+        st = self.state(B, over)
+        rho = lam / self.mu
+        rc = np.minimum(rho, RHO_MAX)
+        c = self.B_cap
+        v = (tr.ca2 + tr.output.cv2) / 2.0
+        # Probability of waiting: rho for Poisson arrivals (PASTA), higher for burstier ones
+        # (exponent 2 / (1 + ca^2)); the mean wait stays Sakasegawa's / Kingman's, so the
+        # conditional (exponential) wait is the mean over that probability.
+        burst = 2.0 / (1.0 + tr.ca2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sak = np.where(rc > 0, rc ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 0.0)
+            pw_slot = sak**burst
+            scale_slot = np.where(sak > 0, v * sak / np.maximum(pw_slot, 1e-300), 0.0) * self.S_cap / (c * (1.0 - rc))
+        backlog = np.maximum(0.0, 1.0 - 1.0 / np.maximum(rho, 1e-12)) * tr.duration
+        rp_raw = np.minimum(st["rho_p"], RHO_MAX)
+        rp = rp_raw**burst
+        vp = (tr.ca2 + tr.prompt.cv2) / 2.0
+        s_p = st["T1"] * st["Pw"] / st["cbusy"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale_pf = np.where(rp > 0, vp * rp_raw / np.maximum(rp, 1e-300), 0.0) * s_p / (1.0 - rp_raw)
+        base_svc = self.prompt_time(st, self.P_eff)
+        # an arrival lands uniformly in a running step, the longer steps more often (size-biased)
+        landed = (st["f"] * st["T1"] ** 2 + (1.0 - st["f"]) * st["T0"] ** 2) / st["t"]
+        fixed = API_OVERHEAD_S + landed / 2.0
+        out: dict[str, np.ndarray] = {}
+        out["ttft_mean"] = fixed + base_svc + rp * scale_pf + pw_slot * scale_slot + 0.5 * backlog
+        var_B = (1.0 + tr.ca2) / 2.0
+        t_min = self.iteration(np.zeros_like(B), np.zeros_like(B))
+        for q in LEVELS:
+            z = _Z[q]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w_slot = np.maximum(0.0, np.log(np.maximum(pw_slot, 1e-300) / (1.0 - q))) * scale_slot + q * backlog
+                w_pf = np.maximum(0.0, np.log(np.maximum(rp, 1e-300) / (1.0 - q))) * scale_pf
+            cached_q = np.where(self.caching, np.minimum(self.cached, tr.prompt.q(q)), 0.0)
+            P_q = np.maximum(tr.prompt.q(q) - cached_q, 1.0)
+            svc_q = self.prompt_time(st, P_q)
+            fixed_q = API_OVERHEAD_S + q * landed
+            ttft = fixed_q + base_svc + np.sqrt((svc_q - base_svc) ** 2 + w_pf**2 + w_slot**2)
+            if q < 0.5:
+                ttft = fixed_q + svc_q  # the lucky: no wait, a short prompt
+            # running concurrency at its q-quantile, and the iteration then
+            Bq = np.clip(B + z * np.sqrt(np.maximum(B, 0.0) * var_B), 0.0, self.B_cap)
+            Bq = np.where(over, self.B_cap, Bq)
+            sq = self.state(Bq, over) if z != 0.0 else st
+            sd_it = (sq["T1"] - sq["T0"]) * np.sqrt(sq["f"] * (1.0 - sq["f"]))
+            n_eff = np.maximum(1.0, self.O_dec * (1.0 - np.minimum(sq["rho_p"], RHO_MAX)))
+            tpot = np.maximum(sq["t"] + z * sd_it / np.sqrt(n_eff), t_min)
+            mix = np.clip((q - 1.0 + sq["f"]) / np.maximum(sq["f"], 1e-12), 0.0, 1.0)
+            itl = sq["T0"] + (sq["T1"] - sq["T0"]) * mix
+            O_q = tr.output.q(q)
+            e2e_mid = out["ttft_mean"] + self.O_dec * st["t"]
+            e2e = e2e_mid + np.sign(z) * np.sqrt(
+                (ttft - out["ttft_mean"]) ** 2
+                + ((max(O_q - 1.0, 0.0) - self.O_dec) * st["t"]) ** 2
+                + (self.O_dec * (tpot - st["t"])) ** 2
+            )
+            tag = f"{q:g}"
+            out[f"ttft_{tag}"], out[f"tpot_{tag}"], out[f"itl_{tag}"] = ttft, tpot, itl
+            out[f"e2e_{tag}"] = np.maximum(e2e, ttft)
+        out["tpot_mean"] = st["t"]
+        out["e2e_mean"] = out["ttft_mean"] + self.O_dec * st["t"]
+        # KV use at the run's high-water mark (concurrency mean + 3 sd, up to the admission ceiling)
+        hi = np.where(over, self.B_adm, np.minimum(self.B_adm, B + 3.0 * np.sqrt(np.maximum(B, 0.0) * var_B)))
+        shared_tok = np.where(self.caching, self.cached, 0.0)
+        out["kv_cache_usage"] = np.clip((hi * self.tok_seq + shared_tok) / np.maximum(self.kv_tokens, 1.0), 0.0, 1.0)
+        out["preempted_per_request"] = st["pre"]
+        out["rho"] = rho
+        out["B"] = B
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def concurrency_at(self, lam: np.ndarray, grid_B: np.ndarray, grid_lam: np.ndarray) -> np.ndarray:
+        """Running concurrency at offered rates lam (N, K), by log-log interpolation of the grid's
+        lambda(B) (monotone); B_cap at and beyond capacity."""
+        lg = np.maximum.accumulate(grid_lam, axis=1)
+        idx = (lg[:, None, :] <= lam[:, :, None]).sum(axis=2)  # (N, K): grid points below
+        G = lg.shape[1]
+        lo = np.clip(idx - 1, 0, G - 2)
+        hi = lo + 1
+        take = lambda a, i: np.take_along_axis(a, i, axis=1)  # noqa: E731
+        l0, l1, b0, b1 = take(lg, lo), take(lg, hi), take(grid_B, lo), take(grid_B, hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.clip(np.log(np.maximum(lam, 1e-300) / l0) / np.log(np.maximum(l1 / l0, 1.0 + 1e-12)), 0.0, 1.0)
+            B = np.exp(np.log(b0) + w * (np.log(b1) - np.log(b0)))
+        B = np.where(lam < lg[:, :1], grid_B[:, :1] * lam / lg[:, :1], B)
+        return np.where(lam >= self.mu, self.B_cap, np.minimum(B, self.B_cap))
+
+
+def _attainment(qs: dict[str, np.ndarray], metric: str, target: float) -> np.ndarray:
+    """The quantile level at which ``metric`` reaches ``target`` (piecewise linear in
+    -log10(1 - q) between the priced levels): the share of requests meeting it."""
+    ys = [-math.log10(1.0 - q) for q in LEVELS]
+    xs = [qs[f"{metric}_{q:g}"] for q in LEVELS]
+    att = np.where(target >= xs[-1], 1.0, 0.0)
+    for i in range(len(LEVELS) - 1):
+        x0, x1 = xs[i], xs[i + 1]
+        inside = (target >= x0) & (target < x1)
+        w = np.clip((target - x0) / np.maximum(x1 - x0, 1e-15), 0.0, 1.0)
+        y = ys[i] + w * (ys[i + 1] - ys[i])
+        att = np.where(inside, 1.0 - 10.0 ** (-y), att)
+    return att
+
+
+def _verdict(qs: dict[str, np.ndarray], tr: Traffic) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(SLO met, attainment, worst p99 / target ratio) of priced quantiles."""
+    shape = qs["ttft_0.99"].shape
+    met = np.ones(shape, bool)
+    att = np.ones(shape)
+    margin = np.zeros(shape)
+    for m in SLO_METRICS:
+        target = tr.slo[f"{m}_p99_ms"]
+        if target is None:
+            continue
+        x = qs[f"{m}_0.99"] * 1e3
+        met &= x <= target
+        margin = np.maximum(margin, x / max(target, 1e-9))
+        if m != "itl":  # a request's own TTFT, TPOT, E2E decide whether it is good
+            att = np.minimum(att, _attainment(qs, m, target / 1e3))
+    return met, att, margin
+
+
+def serve(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(columns of N: metrics at the operating point, memory, capacity; per-rate predictions as
+    (N, R) arrays with the rates)."""
+    tr = Traffic.of(workload)
+    eng = Engine(s, hw, c, tr)
+    mem = eng.memory()
+    eng.caps(mem["kv_tokens"])
+    eng.capacity()
+    n = eng.n
+    R = eng.r
+    devices = R * eng.t * eng.p
+
+    # --- the concurrency grid: lambda(B) and the SLO margin, for the continuous max rate --------
+    grid_B = eng.B_cap * GRID[None, :]
+    g_state = eng.state(grid_B)
+    grid_lam = g_state["lam"]
+    g = eng.evaluate(grid_B, grid_lam)
+    _, _, margin = _verdict(g, tr)
+    bad = margin > 1.0
+    first = np.where(bad.any(axis=1), bad.argmax(axis=1), grid_B.shape[1])
+    j = np.clip(first, 1, grid_B.shape[1] - 1)[:, None]
+    take = lambda a, i: np.take_along_axis(a, i, axis=1)[:, 0]  # noqa: E731
+    m0, m1 = take(margin, j - 1), take(margin, j)
+    l0, l1 = take(grid_lam, j - 1), take(grid_lam, j)
+    w = np.clip((1.0 - m0) / np.maximum(m1 - m0, 1e-12), 0.0, 1.0)
+    lam_max = np.where(first == 0, 0.0, np.where(first >= grid_B.shape[1], eng.mu[:, 0], l0 + w * (l1 - l0)))
+    max_rate_model = lam_max * R[:, 0]
+
+    # --- the traffic's ladder --------------------------------------------------------------------
+    rates = np.broadcast_to(tr.rates[None, :], (n, tr.rates.size))
+    lam = rates / R
+    B = eng.concurrency_at(lam, grid_B, grid_lam)
+    qs = eng.evaluate(B, lam)
+    met, att, _ = _verdict(qs, tr)
+    window = tr.duration + qs["e2e_0.99"]  # vLLM's benchmark window: first send to last response
+    served = rates * tr.duration / window
+    goodput = served * att
+    tokens = served * eng.O
+    # --- the operating point: the highest rate met, else the lowest --------------------------------
+    any_met = met.any(axis=1)
+    op = np.where(any_met, met.shape[1] - 1 - np.argmax(met[:, ::-1], axis=1), 0)[:, None]
+    at = lambda a: np.take_along_axis(np.broadcast_to(a, met.shape), op, axis=1)[:, 0]  # noqa: E731
+    dev = devices[:, 0]
+    out: dict[str, np.ndarray] = {
+        "goodput_rps": np.where(any_met, at(goodput), 0.0),
+        "max_rate_rps": np.where(any_met, at(rates), 0.0),
+        "slo_attainment": at(att),
+        "request_throughput_rps": at(served),
+        "output_tokens_per_s": at(tokens),
+        "kv_cache_usage": at(qs["kv_cache_usage"]),
+        "preemptions": at(qs["preempted_per_request"] * rates * tr.duration),
+        "requests_failed": np.zeros(n),
+        "max_rate_rps_model": max_rate_model,
+        "capacity_rps": eng.mu[:, 0] * R[:, 0],
+        "operating_rate_rps": at(rates),
+        "max_concurrency": eng.B_cap[:, 0],
+        "kv_cache_tokens": mem["kv_tokens"][:, 0],
+    }
+    out["goodput_rps_per_device"] = out["goodput_rps"] / dev
+    out["max_rate_rps_model_per_device"] = max_rate_model / dev
+    out["output_tokens_per_s_per_device"] = out["output_tokens_per_s"] / dev
+    for m in SLO_METRICS:
+        for q in (0.5, 0.9, 0.99):
+            out[f"{m}_p{round(q * 100)}_ms"] = at(qs[f"{m}_{q:g}"]) * 1e3
+    out.update(_closed_loop(eng, tr))
+    # --- memory --------------------------------------------------------------------------------
+    for k in SERVE_MEM_COMPONENTS:
+        out[f"mem_{k}"] = mem[k][:, 0] / GIB
+    out["peak_memory_gib"] = sum(mem[k] for k in SERVE_MEM_COMPONENTS)[:, 0] / GIB
+    out["memory_limit_gib"] = np.full(n, hw.mem_bytes / GIB)
+    out["fits"] = mem["starts"][:, 0]
+    out["weights_oom"] = mem["weights_oom"][:, 0]
+    out["kv_oom"] = mem["kv_oom"][:, 0]
+    out["kv_need_one_gib"] = mem["kv_need_one"][:, 0] / GIB
+    out["kv_available_gib"] = mem["kv_available"][:, 0] / GIB
+    out["memory_budget_gib"] = mem["budget"][:, 0] / GIB
+    per_rate = {
+        "rate": rates,
+        "slo_met": met,
+        "goodput_rps": goodput,
+        "slo_attainment": att,
+        "requests": np.round(rates * tr.duration),
+        "output_tokens_per_s": tokens,
+        "request_throughput_rps": served,
+        "kv_cache_usage": qs["kv_cache_usage"],
+        "preemptions": qs["preempted_per_request"] * rates * tr.duration,
+    }
+    for m in SLO_METRICS:
+        for q in (0.5, 0.99):
+            per_rate[f"{m}_p{round(q * 100)}_ms"] = qs[f"{m}_{q:g}"] * 1e3
+    return out, per_rate
+
+
+def _closed_loop(eng: Engine, tr: Traffic) -> dict[str, np.ndarray]:
+    """b requests sent at once (the traffic's mean lengths), spread over the replicas: the
+    batch's prefill in token-budget chunks (the last first token is the batch's TTFT, as
+    ``objectives.serving.batch_summary`` reports it), then decode steps of the batch."""
+    out: dict[str, np.ndarray] = {}
+    for b in tr.batch_sweep:
+        br = np.minimum(np.ceil(b / eng.r), eng.mns)
+        tokens = br * eng.P_eff
+        chunk = np.where(eng.chunked, eng.mbt, np.maximum(np.floor(eng.mbt / eng.P_eff), 1.0) * eng.P_eff)
+        c1 = np.minimum(chunk, tokens)
+        ttft = API_OVERHEAD_S + eng.iteration(np.zeros_like(br), c1) * np.maximum(1.0, tokens / chunk)
+        t100 = eng.iteration(br, np.zeros_like(br), eng.P + 50.0)
+        t_all = eng.iteration(br, np.zeros_like(br))
+        out[f"batch{b}_ttft_ms"] = (ttft * 1e3)[:, 0]
+        out[f"batch{b}_time_for_100_tokens_s"] = (ttft + 99.0 * t100)[:, 0]
+        out[f"batch{b}_output_tokens_per_s"] = (b * eng.O / (ttft + eng.O_dec * t_all))[:, 0]
+    return out
