@@ -234,7 +234,8 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
             and not backend.entry.startswith("-m ")
             and not os.path.isabs(backend.entry)
             and spec.source_path is not None
-        ):  # a script path is relative to the spec
+            and (os.sep in backend.entry or backend.entry.endswith(".py"))
+        ):  # a script path is relative to the spec (a bare name, e.g. mindieservice_daemon, is a command)
             entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
         launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
         return ProbeLaunch(

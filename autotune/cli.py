@@ -981,7 +981,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
         err.print(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})", markup=False)
     if choice.simulated:
-        err.print("  these are predictions: run on the target cluster (backend torch or command) to measure them")
+        how = (
+            f"backend {spec.target_stack}, the engine itself"
+            if spec.workload.kind == "serve" and spec.target_stack != "none"
+            else "backend torch or command"
+        )
+        err.print(f"  these are predictions: run on the target cluster ({how}) to measure them")
     if outcome.infra_failure:
         _error(f"the infrastructure failed: {outcome.infra_failure}")
         raise typer.Exit(EXIT_INFRA)

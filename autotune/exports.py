@@ -43,11 +43,12 @@ DEFAULT_FORMATS = ("yaml", "env", "megatron")  # what `autotune run` writes for 
 
 def default_formats(target: str, workload_kind: str = "train") -> tuple[str, ...]:
     """The exports a finished study gets: autotune's own YAML, the env file, and the launch form
-    of the study's target stack (:func:`autotune.stacks.target_format`); an inference study gets
-    no training launch (every launch format is a training one)."""
-    if workload_kind != "train":
-        return ("yaml", "env")
-    return ("yaml", "env", target_format(target))
+    of the study's target stack for its workload (:func:`autotune.stacks.target_format`): a
+    training launch for a training study, a serving engine's for a serving study (vLLM's
+    ``serve_vllm.sh`` by default, MindIE's config.json for ``target: mindie``); an inference study
+    gets no launch."""
+    fmt = target_format(target, workload_kind)
+    return ("yaml", "env", fmt) if fmt else ("yaml", "env")
 
 
 def parse_formats(text: str) -> list[str]:

@@ -37,15 +37,14 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "precision": "bf16",
 }
 INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "batch_size": 1, "precision": "bf16"}
-# a serving engine's settings when the spec does not search them (vLLM's defaults where it has one;
-# block_size 128 on Ascend, where vLLM-Ascend and MindIE need it)
+# a serving engine's settings when the spec does not search them (vLLM's defaults where it has one)
 SERVE_DEFAULTS: dict[str, Any] = {
     "tp": 1,
     "pp": 1,
     "replicas": 1,
     "max_num_seqs": 256,
     "max_num_batched_tokens": 8192,
-    "block_size": 16,
+    "block_size": 128,
     "enable_chunked_prefill": True,
     "enable_prefix_caching": True,
     "memory_utilization": 0.9,
@@ -61,8 +60,8 @@ def workload_defaults(spec: Spec) -> dict[str, Any]:
     kind = spec.workload.kind
     if kind == "train":
         return TRAIN_DEFAULTS
-    if kind == "serve":
-        return {**SERVE_DEFAULTS, "block_size": 128 if spec.cluster.accelerator == "npu" else 16}
+    if kind == "serve":  # vLLM's default block: 16 on CUDA, 128 on CPU (its only size there) and Ascend
+        return {**SERVE_DEFAULTS, "block_size": 16 if spec.cluster.accelerator == "cuda" else 128}
     return INFER_DEFAULTS
 
 
@@ -168,6 +167,12 @@ class Space:
         self.target: str | None = (
             spec.target_stack if (self.training or self.serving) and spec.target_stack != "none" else None
         )
+        # what a stack's rules know of the study besides the config (autotune.stacks.fact_columns)
+        self.facts = {
+            "accelerator": spec.cluster.accelerator,
+            "model": spec.model.model_dump(),
+            "workload": spec.workload.model_dump(),
+        }
 
     # ---- size and distributions ---------------------------------------------------------------
     @property
@@ -303,7 +308,7 @@ class Space:
             reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
             out["tp"] = tp
         if self.target:  # configs the production stack cannot launch are not in the space
-            reasons.update(target_violations(self.target, out, n))
+            reasons.update(target_violations(self.target, out, n, self.facts))
         env = {**self.constants, **out}
         for expr in self.user_constraints:
             ok = np.broadcast_to(np.asarray(expr.evaluate(env), dtype=bool), (n,))
@@ -324,13 +329,14 @@ class Space:
         devices = replicas * tp * pp
         reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = devices > node
         reasons[f"num layers ({self.layers}) not divisible by pp"] = self.layers % pp != 0
-        seqs = out["max_num_seqs"].astype(int)
-        batched = out["max_num_batched_tokens"].astype(int)
-        reasons["max_num_batched_tokens below max_num_seqs (the engine refuses it)"] = batched < seqs
-        context = int(self.constants["max_model_len"])
-        chunked = out["enable_chunked_prefill"].astype(bool)
-        no_chunks = f"without chunked prefill max_num_batched_tokens must hold max_model_len ({context})"
-        reasons[no_chunks + " (the engine refuses it)"] = ~chunked & (batched < context)
+        if self.target is None:  # no engine in mind: vLLM's scheduler checks, the engines' common ground
+            seqs = out["max_num_seqs"].astype(int)
+            batched = out["max_num_batched_tokens"].astype(int)
+            reasons["max_num_batched_tokens below max_num_seqs (the engine refuses it)"] = batched < seqs
+            context = int(self.constants["max_model_len"])
+            chunked = out["enable_chunked_prefill"].astype(bool)
+            no_chunks = f"without chunked prefill max_num_batched_tokens must hold max_model_len ({context})"
+            reasons[no_chunks + " (the engine refuses it)"] = ~chunked & (batched < context)
         # canonical form: a KV cache in the compute dtype is the engine's default ('auto')
         kv = out["kv_cache_dtype"].astype(object)
         kv = np.where(kv == out["precision"].astype(object), "auto", kv).astype(object)

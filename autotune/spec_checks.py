@@ -103,6 +103,7 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
                     f"{', '.join(sorted(serve_allows - serve_only | set(SERVE_PARAMS)))}, env.VAR and engine.NAME",
                 )
             )
+    problems += _serving_stack_problems(spec)
     world = cluster.world_size if kind != "serve" else cluster.devices_per_node  # a serving layout is one node
     for name in ("tp", "pp", "cp"):
         values = choices.get(name, [])
@@ -189,4 +190,43 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
                 ),
             )
         )
+    return problems
+
+
+def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
+    """A target or a stack preset of the other workload (a serving engine for a training study, a
+    training stack for a serving one), and ``backend.args`` of the vLLM preset that would override
+    what the trial decides (vLLM keeps an option's last value)."""
+    from .stacks import STACKS, targets_of
+
+    kind = spec.workload.kind
+    problems = []
+    if spec.target not in (None, "none") and spec.target not in targets_of(kind):
+        problems.append(
+            SpecProblem(
+                ("target",),
+                f"target {spec.target} runs a {'/'.join(STACKS[spec.target].workloads)} workload, not {kind}; "
+                f"for {kind}: {', '.join(targets_of(kind)) or 'none'}",
+            )
+        )
+    stack = STACKS.get(spec.backend.kind)
+    if stack is not None and kind not in stack.workloads:
+        problems.append(
+            SpecProblem(
+                ("backend", "kind"),
+                f"backend {spec.backend.kind} runs a {'/'.join(stack.workloads)} workload, not {kind}",
+            )
+        )
+    if spec.backend.kind == "vllm" and spec.backend.args:
+        from .stacks.vllm import user_arg_conflicts
+
+        clash = user_arg_conflicts([str(a) for a in spec.backend.args], accelerator=spec.cluster.accelerator)
+        if clash:
+            problems.append(
+                SpecProblem(
+                    ("backend", "args"),
+                    f"{', '.join(clash)}: set by the trial (search it in space:, e.g. graph_mode: [eager] for "
+                    "--enforce-eager); a value here would override what is measured",
+                )
+            )
     return problems

@@ -13,6 +13,12 @@ and the log reader's options); what each stack adds is its descriptor's ``launch
 (:mod:`autotune.stacks`: ``megatron``/``mindspeed`` the model's architecture and the trial's
 Megatron arguments, ``torchtitan`` its CLI overrides and activation-checkpoint subcommand,
 ``deepspeed`` the trial's DeepSpeed JSON).
+
+A serving engine (``backend: {kind: vllm | mindie}``) is no torchrun job: its launch writes
+``engine.json`` (the engine's command line per replica, rendered by the same functions as its
+export) and runs autotune's serving probe, which starts the servers, drives the load and prints
+the probe protocol itself (no log reader); ``launcher`` is then the engine's interpreter
+(``backend.python``) and ``devices`` the trial's ``replicas x tp x pp``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ def preset_launch(
     stack = preset(kind)
     if stack is None or stack.launch is None:
         raise ValueError(f"no stack preset {kind!r}; expected one of {', '.join(preset_names())}")
+    if stack.serving:
+        return _serving_launch(stack, backend, request, python)
     config, workload = request.params, request.workload
     devices = (
         int(config.get("tp", 1))
@@ -94,3 +102,23 @@ def preset_launch(
         "samples_per_iteration": gbs or None,
     }
     return {"argv": list(launch.argv), "env": env, "files": dict(launch.files), "stack_log": log_options}
+
+
+def _serving_launch(stack: Any, backend: Any, request: Any, python: str | None) -> dict[str, Any]:
+    """A serving engine's preset: the probe's argv and ``engine.json`` (no log reader: the serving
+    probe prints the protocol)."""
+    config = request.params
+    devices = int(config.get("replicas", 1) or 1) * int(config.get("tp", 1)) * int(config.get("pp", 1))
+    entry = backend.entry or stack.default_entry
+    run = PresetRun(
+        request=request,
+        launcher=[python or sys.executable],
+        entry=_entry(str(entry)) if entry else [],
+        user=[str(a) for a in (backend.args or [])],
+        iterations=0,
+        devices=devices,
+        global_batch_size=0,
+        layers=int(request.model.get("num_hidden_layers") or 0),
+    )
+    launch = stack.launch(run)
+    return {"argv": list(launch.argv), "env": dict(launch.env), "files": dict(launch.files), "stack_log": None}

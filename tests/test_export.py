@@ -74,15 +74,40 @@ PLAIN = {
     "recompute": "none",
     "env.HCCL_BUFFSIZE": "200",
 }  # every format can launch this
+# a serving study's config every serving format can launch (issue #33)
+SERVE_PLAIN = {
+    "tp": 2,
+    "pp": 1,
+    "replicas": 2,
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 8192,
+    "block_size": 128,
+    "enable_chunked_prefill": False,
+    "enable_prefix_caching": False,
+    "memory_utilization": 0.9,
+    "graph_mode": "graph",
+    "kv_cache_dtype": "auto",
+    "quantization": "none",
+    "precision": "bf16",
+    "world_size": 4,
+    "env.HCCL_BUFFSIZE": "200",
+}
+SERVE_WORKLOAD = {
+    "kind": "serve",
+    "traffic": {"rates": [1.0, 2.0], "prompt_len": 512, "output_len": 128},
+    "max_model_len": 640,
+}
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTERS))
 def test_every_export_carries_the_header(name, ctx):
+    if EXPORTERS[name].launches == "serve":
+        ctx.workload, ctx.config = dict(SERVE_WORKLOAD), dict(SERVE_PLAIN)
     if EXPORTERS[name].unsupported(ctx):
         ctx.config = dict(PLAIN)
     assert EXPORTERS[name].unsupported(ctx) == []
     text = EXPORTERS[name].render(ctx)
-    if name == "deepspeed":
+    if name in ("deepspeed", "mindie"):
         header = json.loads(text)["_autotune"]
         assert header["study"] == "llama2-7b-8npu" and header["trial"] == 7 and header["source"] == "measured"
         assert header["metrics"]["tokens_per_s_per_device"] == 2901.5 and header["software"] == SOFTWARE

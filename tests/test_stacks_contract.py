@@ -3,10 +3,13 @@
 Parametrized over :data:`autotune.stacks.STACKS`, so a stack added to the registry is checked
 with no change here: its rules and its exporter agree (a config the rules allow is exported and
 the export launches the same parallel sizes; a config they forbid is refused with the same
-reason), its space holds exactly what its rules allow, its memory rule is one the simulator
-prices, a preset's launch names the stack's log reader and that reader reads the stack's golden
-log, the default-target conditions exclude one another, and the spec accepts its name. Then a toy
-stack registered here shows that a module and a ``register`` line are all a stack takes.
+reason), its space holds exactly what its rules allow, a training stack's memory rule is one the
+simulator prices, a training preset's launch names the stack's log reader and that reader reads
+the stack's golden log, a serving preset's launch writes the ``engine.json`` its probe starts
+(issue #33), the default-target conditions of each workload's stacks exclude one another, and the
+spec accepts its name. A serving stack (a target of ``workload.kind: serve``) is checked on
+serving configs, a training stack on training ones. Then a toy stack registered here shows that a
+module and a ``register`` line are all a stack takes.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from autotune.spec import BACKEND_KINDS
 from autotune.spec_load import parse_spec
 from autotune.stack_presets import preset_launch
 from autotune.stacks import STACKS, PresetLaunch, PresetRun, Stack, register, unregister
-from autotune.stacks._base import col
+from autotune.stacks._base import WORKLOAD_KINDS, col
 from autotune.workers.protocol import TrialRequest
 from autotune.workers.simulate._memory import MEMORY_RULES
 from autotune.workers.stack_logs import STACK_LOGS, stack_log
@@ -42,6 +45,10 @@ from autotune.workers.stack_logs import STACK_LOGS, stack_log
 GOLDEN_LOGS = Path(__file__).resolve().parent / "fixtures" / "stack_logs"
 NAMES = list(STACKS)
 PRESETS = [name for name in NAMES if STACKS[name].preset]
+TRAINING = [name for name in NAMES if not STACKS[name].serving]
+SERVING = [name for name in NAMES if STACKS[name].serving]
+TRAINING_PRESETS = [name for name in PRESETS if name in TRAINING]
+SERVING_PRESETS = [name for name in PRESETS if name in SERVING]
 WORLD = 8
 
 SPEC = {
@@ -71,6 +78,75 @@ def _spec(target: str = "none", **changes: Any):
     return parse_spec({**SPEC, **changes}).model_copy(update={"target": target})
 
 
+SERVE_WORKLOAD = {
+    "kind": "serve",
+    "traffic": {"rates": [1.0, 2.0, 4.0], "prompt_len": {"low": 256, "high": 1024}, "output_len": 256},
+    "slo": {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 100.0},
+    "max_model_len": 1280,
+}
+SERVE_SPACE = {
+    "tp": [1, 2, 4],
+    "pp": [1, 2],
+    "replicas": [1, 2],
+    "max_num_seqs": [16, 128],
+    "max_num_batched_tokens": [512, 8192],
+    "block_size": [16, 32, 128],
+    "enable_chunked_prefill": [True, False],
+    "enable_prefix_caching": [True, False],
+    "graph_mode": ["eager", "graph", "torchair"],
+    "kv_cache_dtype": ["auto", "fp8", "int8"],
+    "quantization": ["none", "w8a8", "int8"],
+}
+SERVE_FACTS = {"accelerator": "npu", "model": {"name": "llama2-7b"}, "workload": SERVE_WORKLOAD}
+
+
+def _serve_spec(target: str = "none"):
+    """A serving spec tuned for ``target``; skipped while the spec does not take serving workloads."""
+    try:
+        spec = parse_spec({**SPEC, "workload": SERVE_WORKLOAD, "space": SERVE_SPACE})
+    except Exception as exc:  # the spec side of issue #33 is not there yet
+        pytest.skip(f"the spec does not take this serving workload yet: {str(exc)[:200]}")
+    return spec.model_copy(update={"target": target})
+
+
+def _stack_spec(name: str):
+    return _serve_spec(name) if STACKS[name].serving else _spec(name)
+
+
+@pytest.fixture(scope="module")
+def serve_candidates() -> list[dict[str, Any]]:
+    """Canonical serving configs of a space no stack restricts (every combination the engines'
+    schedulers accept), some with engine settings of both engines' names."""
+    names = list(SERVE_SPACE)
+    out = []
+    for values in itertools.product(*SERVE_SPACE.values()):
+        config = {**dict(zip(names, values)), "memory_utilization": 0.9, "precision": "bf16"}
+        config["world_size"] = config["replicas"] * config["tp"] * config["pp"]
+        if config["max_num_batched_tokens"] >= config["max_num_seqs"]:
+            out.append(config)
+    out += [{**c, "engine.maxIterTimes": 128} for c in out[::97]]
+    out += [{**c, "engine.async_scheduling": True} for c in out[::89]]
+    return out
+
+
+def _split(stack: Stack, configs: list[dict[str, Any]], facts: dict[str, Any]) -> tuple[list, list]:
+    """(allowed, forbidden) of ``configs`` by the stack's rules, vectorised per set of columns."""
+    allowed, forbidden = [], []
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for c in configs:
+        groups.setdefault(tuple(sorted(c)), []).append(c)
+    for keys, group in groups.items():
+        cols = {
+            k: np.asarray([c[k] for c in group], dtype=object if isinstance(group[0][k], str) else None) for k in keys
+        }
+        bad = np.zeros(len(group), dtype=bool)
+        for mask in stack.violations(cols, len(group), facts).values():
+            bad |= mask
+        allowed += [c for c, b in zip(group, bad) if not b]
+        forbidden += [c for c, b in zip(group, bad) if b]
+    return allowed, forbidden
+
+
 @pytest.fixture(scope="module")
 def candidates() -> list[dict[str, Any]]:
     """Canonical configs of a space no stack restricts, and some with MindSpore's own settings."""
@@ -80,6 +156,18 @@ def candidates() -> list[dict[str, Any]]:
 
 
 def _context(config: dict[str, Any], target: str) -> ExportContext:
+    if STACKS[target].serving:
+        return ExportContext(
+            study="contract",
+            trial=1,
+            config=dict(config),
+            metrics={"goodput_rps_per_device": 1.0},
+            source="simulated",
+            model=dict(SERVE_FACTS["model"]),
+            workload=dict(SERVE_WORKLOAD),
+            cluster={"accelerator": "npu", "nodes": 1, "devices_per_node": WORLD, "world_size": WORLD},
+            target=target,
+        )
     spec = _spec()
     return ExportContext(
         study="contract",
@@ -145,6 +233,24 @@ def _mindformers_sizes(text: str) -> dict[str, int]:
     }
 
 
+def _vllm_sizes(text: str) -> dict[str, int]:
+    f = _flags(script_arrays(text)["VLLM_ARGS"])
+    return {
+        "tp": int(f["--tensor-parallel-size"]),
+        "pp": int(f["--pipeline-parallel-size"]),
+        "replicas": len(script_arrays(text)["REPLICA_DEVICES"]),
+    }
+
+
+def _mindie_sizes(text: str) -> dict[str, int]:
+    d = json.loads(text)
+    return {
+        "tp": d["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["worldSize"],
+        "pp": 1,
+        "replicas": len(d["_autotune"]["replicas"]),
+    }
+
+
 def _toy_sizes(text: str) -> dict[str, int]:
     return {k: v for k, v in json.loads(text).items() if k != "_autotune"}
 
@@ -155,22 +261,27 @@ READ_BACK: dict[str, Callable[[str], dict[str, int]]] = {
     "deepspeed": _deepspeed_sizes,
     "torchtitan": _torchtitan_sizes,
     "mindformers": _mindformers_sizes,
+    "vllm": _vllm_sizes,
+    "mindie": _mindie_sizes,
     "toy": _toy_sizes,
 }
 
 
 # ------------------------------------------------------------------------- rules <-> exporter
 @pytest.mark.parametrize("name", NAMES)
-def test_rules_and_exporter_agree(name, candidates, tmp_path):
+def test_rules_and_exporter_agree(name, candidates, serve_candidates, tmp_path):
     stack = STACKS[name]
     exporter = stack.exporter
     assert EXPORTERS[exporter.name] is exporter and name in stacks.format_targets(exporter.name)
     assert exporter.name in READ_BACK, f"add a reader of the {exporter.name} export to READ_BACK"
-    allowed = [
-        *Space(_spec(name)).enumerate().configs,  # what the space holds for it, and MindSpore-set configs
-        *(c for c in candidates if "mode" in c and not stack.unsupported(c)),
-    ]
-    forbidden = [c for c in candidates if stack.unsupported(c)]
+    if stack.serving:  # what the rules allow on Ascend for the serving workload
+        allowed, forbidden = _split(stack, serve_candidates, SERVE_FACTS)
+    else:
+        allowed = [
+            *Space(_spec(name)).enumerate().configs,  # what the space holds for it, and MindSpore-set configs
+            *(c for c in candidates if "mode" in c and not stack.unsupported(c)),
+        ]
+        forbidden = [c for c in candidates if stack.unsupported(c)]
     assert len(allowed) > 10 and forbidden, "the contract space should hold configs the stack launches and others"
     for config in allowed[:: max(1, len(allowed) // 40)]:
         ctx = _context(config, name)
@@ -179,7 +290,7 @@ def test_rules_and_exporter_agree(name, candidates, tmp_path):
         assert sizes == {k: int(config.get(k, 1) or 1) for k in sizes}, config
     for config in forbidden[:: max(1, len(forbidden) // 40)]:
         ctx = _context(config, name)
-        reasons = stack.unsupported(config)
+        reasons = stack.unsupported(config, SERVE_FACTS if stack.serving else None)
         assert exporter.unsupported(ctx) == reasons + exporter.workload_reasons(ctx), config
         with pytest.raises(ExportRefused) as refused:
             write_exports(ctx, tmp_path / "refused", [exporter.name])
@@ -189,6 +300,18 @@ def test_rules_and_exporter_agree(name, candidates, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_space_holds_exactly_what_the_rules_allow(name, candidates):
+    if STACKS[name].serving:
+        spec = _serve_spec(name)
+        space = Space(spec).enumerate()
+        facts = {"accelerator": "npu", "model": spec.model.model_dump(), "workload": spec.workload.model_dump()}
+        assert space.configs
+        launchable = [c for c in space.configs if STACKS[name].unsupported(c, facts) == []]
+        assert len(launchable) == len(space.configs), (
+            "the space must apply the stack's rules with the study's facts (accelerator, model, workload): "
+            "stacks.target_violations(target, cols, n, facts)"
+        )
+        assert any(reason.startswith(f"target {name}: ") for reason in space.invalid_reasons)
+        return
     space = Space(_spec(name)).enumerate()
     plain = [c for c in candidates if "mode" not in c]
     assert {json.dumps(c, sort_keys=True) for c in space.configs} >= {
@@ -210,6 +333,9 @@ def test_rules_are_vectorised():
 @pytest.mark.parametrize("name", NAMES)
 def test_the_memory_rule_is_one_the_simulator_prices(name):
     stack = STACKS[name]
+    if stack.serving:  # the simulator prices a serving engine's weights and KV cache itself
+        assert stack.memory_rule is None and stacks.memory_rule(name, "auto") == stacks.FALLBACK_MEMORY_RULE
+        return
     assert stack.memory_rule in MEMORY_RULES
     assert probe_context(_spec(name)).workload["memory_rule"] == stack.memory_rule
     assert stacks.memory_rule(name, "torch") == "torch-probe"  # autotune's torch probe holds its own states
@@ -219,15 +345,22 @@ COMBINATIONS = [
     (backend, accelerator, searched)
     for backend in (*BACKEND_KINDS, *NAMES)
     for accelerator in ("npu", "cuda", "cpu")
-    for searched in ((), ("tp", "zero_stage"), ("mode",), ("jit_level", "tp"), ("graph_kernel_flags",))
+    for searched in ((), ("tp", "zero_stage"), ("mode",), ("jit_level", "tp"), ("graph_kernel_flags",), ("replicas",))
 ]
 
 
-def test_default_target_conditions_exclude_one_another():
+@pytest.mark.parametrize("kind", WORKLOAD_KINDS)
+def test_default_target_conditions_exclude_one_another(kind):
     for combination in COMBINATIONS:
-        claims = [s.name for s in STACKS.values() if s.default_when is not None and s.default_when(*combination)]
-        assert len(claims) <= 1, (combination, claims)
-        assert stacks.default_target(*combination) == (claims[0] if claims else "none")
+        claims = [
+            s.name
+            for s in STACKS.values()
+            if kind in s.workloads and s.default_when is not None and s.default_when(*combination)
+        ]
+        assert len(claims) <= 1, (kind, combination, claims)
+        assert stacks.default_target(*combination, workload_kind=kind) == (claims[0] if claims else "none")
+        if kind == "train":  # the keyword's default: existing callers still get the training target
+            assert stacks.default_target(*combination) == (claims[0] if claims else "none")
 
 
 def test_the_built_in_defaults():
@@ -238,15 +371,36 @@ def test_the_built_in_defaults():
     assert stacks.default_target("auto", "npu", ("graph_kernel_flags",)) == "mindformers"
     base = {"name": "t", "model": "tiny-llama", "workload": {"kind": "train", "seq_len": 64, "global_batch_size": 8}}
     assert parse_spec({**base, "cluster": {"accelerator": "npu"}}).target_stack == "mindspeed"
+    # serving: vLLM on every accelerator, MindIE only when named (its preset, or target: mindie)
+    for accelerator in ("npu", "cuda", "cpu"):
+        assert stacks.default_target("auto", accelerator, workload_kind="serve") == "vllm"
+        assert stacks.default_target("vllm", accelerator, ("replicas",), workload_kind="serve") == "vllm"
+    assert stacks.default_target("mindie", "npu", workload_kind="serve") == "mindie"
+    assert stacks.default_target("auto", "npu", workload_kind="infer") == "mindspeed"  # as before
+    assert stacks.targets_of("serve") == tuple(SERVING) and stacks.targets_of("train") == tuple(TRAINING)
+
+
+def test_default_formats_follow_the_workload():
+    assert default_formats("mindspeed") == ("yaml", "env", "megatron")
+    assert default_formats("mindspeed", "infer") == ("yaml", "env")  # an inference study gets no launch
+    assert default_formats("vllm", "serve") == ("yaml", "env", "vllm")
+    assert default_formats("mindie", "serve") == ("yaml", "env", "mindie")
+    assert default_formats("none", "serve") == ("yaml", "env", "vllm")
+    assert default_formats("none") == ("yaml", "env", "megatron")
+    assert default_formats("vllm", "train") == ("yaml", "env")  # a serving stack launches no training
+    assert default_formats("megatron", "serve") == ("yaml", "env")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_spec_accepts_the_stack(name):
-    assert parse_spec({**SPEC, "target": name}).target_stack == name
+    base = {**SPEC, "workload": SERVE_WORKLOAD, "space": SERVE_SPACE} if STACKS[name].serving else SPEC
+    if STACKS[name].serving:
+        _serve_spec()  # skips while the spec takes no serving workload
+    assert parse_spec({**base, "target": name}).target_stack == name
     if STACKS[name].preset:
         assert name in BACKEND_KINDS
         backend = {"kind": name, **({"entry": STACKS[name].entry_example} if not STACKS[name].default_entry else {})}
-        assert parse_spec({**SPEC, "backend": backend}).backend.kind == name
+        assert parse_spec({**base, "backend": backend}).backend.kind == name
 
 
 # ------------------------------------------------------------------- preset launch <-> log reader
@@ -266,7 +420,7 @@ def _golden_log(name: str) -> Path:
     return versions[-1]
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", TRAINING_PRESETS)
 def test_the_preset_launch_names_the_reader_of_its_log(name, candidates):
     stack = STACKS[name]
     assert stack.log_reader in STACK_LOGS
@@ -284,8 +438,53 @@ def test_the_preset_launch_names_the_reader_of_its_log(name, candidates):
     assert reader.verdict(steps) is None
 
 
+def _serve_request(config: dict[str, Any], accelerator: str = "npu") -> TrialRequest:
+    from autotune.models import PRESETS as MODELS
+
+    return TrialRequest(
+        params=dict(config),
+        model={"name": "llama2-7b", "arch": "llama", **MODELS["llama2-7b"], "path": "/ckpt/llama2-7b"},
+        workload={**SERVE_WORKLOAD, "startup_timeout_s": 321.0},
+        cluster={"accelerator": accelerator, "devices_per_node": WORLD, "nodes": 1},
+        study="contract",
+        number=3,
+    )
+
+
+@pytest.mark.parametrize("name", SERVING_PRESETS)
+def test_the_serving_preset_launch_writes_the_engine_json_its_probe_starts(name, serve_candidates):
+    """A serving preset has no log reader: its launch runs autotune's serving probe with the
+    engine's launch in engine.json (one replica per engine instance, its devices, the engine's
+    metric names and startup words), the probe prints the protocol itself."""
+    stack = STACKS[name]
+    assert stack.log_reader is None and stack.memory_rule is None and stack.workloads == ("serve",)
+    allowed, _ = _split(stack, serve_candidates, SERVE_FACTS)
+    config = max(allowed, key=lambda c: (c["replicas"], c["tp"] * c["pp"]))
+    backend = SimpleNamespace(entry=None, args=["--extra", "1"])
+    launch = preset_launch(name, backend, _serve_request(config), iterations=6, warmup=1, python="/venv/bin/python")
+    assert launch["stack_log"] is None and "AUTOTUNE_ITERATIONS" not in launch["env"]
+    assert launch["argv"][1:] == ["-m", "autotune.workers.serve_probe"]
+    engine = json.loads(launch["files"]["engine.json"])
+    assert engine["engine"] == name and engine["prompt"] == "token_ids" and engine["startup_timeout_s"] == 321.0
+    replicas = engine["replicas"]
+    per = config["tp"] * config["pp"]
+    assert [r["devices"] for r in replicas] == [list(range(k * per, (k + 1) * per)) for k in range(config["replicas"])]
+    for replica in replicas:
+        assert replica["argv"][-2:] == ["--extra", "1"]  # the user's args, last
+        assert replica["env"].get("ASCEND_RT_VISIBLE_DEVICES") == "{devices}"
+    api = engine["api"]
+    assert {api["metrics_port"], api["health_port"]} <= {"port", "management_port", "metrics_port"}
+    assert api["completions"] == "/v1/completions" and api["model"]
+    assert set(engine["metrics_names"]) == {"kv_cache_usage", "preemptions", "running", "waiting"}
+    for pattern, status, what in engine["startup_failures"]:
+        re.compile(pattern)
+        assert status in ("oom", "invalid", "timeout", "crash") and what
+
+
 def test_not_every_stack_is_a_preset():
     assert set(PRESETS) == set(stacks.preset_names()) and set(PRESETS) < set(NAMES)
+    for name in TRAINING_PRESETS:
+        assert STACKS[name].log_reader in STACK_LOGS
     for name in set(NAMES) - set(PRESETS):
         assert STACKS[name].launch is None and STACKS[name].log_reader is None
         with pytest.raises(ValueError, match="no stack preset"):
@@ -321,6 +520,35 @@ def test_each_registration_is_unique():
             supported_versions="",
             log_reader="megatron",
         )
+    with pytest.raises(ValueError, match="prints the protocol: no log reader"):
+        Stack(
+            name="half",
+            rules=lambda n: [],
+            memory_rule=None,
+            exporter=STACKS["vllm"].exporter,
+            supported_versions="",
+            workloads=("serve",),
+            launch=STACKS["vllm"].launch,
+            log_reader="megatron",
+        )
+    with pytest.raises(ValueError, match="names its memory rule"):
+        Stack(
+            name="half", rules=lambda n: [], memory_rule=None, exporter=STACKS[NAMES[0]].exporter, supported_versions=""
+        )
+    with pytest.raises(
+        ValueError, match="must write a serve launch"
+    ):  # a serving engine's exporter writes a serving one
+        register(
+            Stack(
+                name="half",
+                rules=lambda n: [],
+                memory_rule=None,
+                exporter=STACKS[NAMES[0]].exporter,
+                supported_versions="",
+                workloads=("serve",),
+            )
+        )
+    assert "half" not in STACKS
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,7 +1,10 @@
 """Launch-ready forms of a chosen config: autotune's own YAML and env file, and each stack's launch.
 
-``autotune export RUN_OR_SPEC --format megatron,deepspeed,mindformers,torchtitan,env,yaml`` (or
-``all``). Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
+``autotune export RUN_OR_SPEC --format megatron,deepspeed,mindformers,torchtitan,vllm,mindie,env,yaml``
+(or ``all``). A training study's launches are Megatron-LM/MindSpeed-LLM, DeepSpeed, torchtitan and
+MindFormers; a serving study's are vLLM / vLLM-Ascend (``serve_vllm.sh``) and MindIE
+(``mindie_config.json``); each refuses a study of the other kind (``Exporter.launches``).
+Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
 implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`) holds
 the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml, env and
 the registered stacks' exporters) above both, so the formats never import the stacks. Every file

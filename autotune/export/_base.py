@@ -19,7 +19,13 @@ __all__ = [
     "one_line",
     "bash_array",
     "script_arrays",
+    "study_facts",
+    "longest_lengths",
+    "LAUNCHES",
 ]
+
+# what the file of an exporter launches, by ``Exporter.launches`` (a study of another workload kind is refused)
+LAUNCHES = {"train": "training", "serve": "serving"}
 
 
 @dataclass
@@ -73,6 +79,27 @@ class ExportContext:
     @property
     def env(self) -> dict[str, str]:
         return {k[4:]: str(v) for k, v in self.config.items() if k.startswith("env.")}
+
+
+def longest_lengths(workload: Any) -> tuple[int, int]:
+    """The longest prompt and output a serving workload's traffic sends (0, 0 when it has none)."""
+    traffic = (workload or {}).get("traffic") or {}
+    pairs = traffic.get("length_pairs")
+    if pairs:
+        return max(int(p) for p, _ in pairs), max(int(o) for _, o in pairs)
+
+    def high(length: Any) -> int:
+        if isinstance(length, dict):
+            return int(length.get("high") or 0)
+        return int(length or 0)
+
+    return high(traffic.get("prompt_len")), high(traffic.get("output_len"))
+
+
+def study_facts(ctx: ExportContext) -> dict[str, Any]:
+    """What a stack's rules know of the study besides the config (:func:`autotune.stacks.fact_columns`):
+    the accelerator, the model and the workload."""
+    return {"accelerator": ctx.cluster.get("accelerator", ""), "model": ctx.model, "workload": ctx.workload}
 
 
 def header_fields(ctx: ExportContext) -> dict[str, Any]:
@@ -145,10 +172,12 @@ class Exporter(abc.ABC):
     filename: str = ""
     executable: bool = False
     shell: bool = False  # the file is run or sourced by a shell: every env name in it must be a plain name
+    launches: str = "train"  # the workload kind its file launches (LAUNCHES): a stack's exporter refuses the others
     # set by the stack registry (autotune.stacks.register), which holds this exporter: the stacks it
-    # launches, in registration order, and their rules (why one of them cannot launch a config)
+    # launches, in registration order, and their rules (why one of them cannot launch a config, given
+    # the study's facts: study_facts)
     targets: tuple[str, ...] = ()
-    target_rules: Callable[[str, dict[str, Any]], list[str]] | None = None
+    target_rules: Callable[..., list[str]] | None = None
 
     @abc.abstractmethod
     def render(self, ctx: ExportContext) -> str:
@@ -156,9 +185,12 @@ class Exporter(abc.ABC):
 
     def unsupported(self, ctx: ExportContext) -> list[str]:
         """Reasons this format cannot launch ``ctx.config`` exactly. A format for one family of
-        stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers) applies that stack's rules
-        (:mod:`autotune.stacks`: the stacks whose descriptor holds this exporter); a study tuned for
-        another stack gets them too, since the same config is exported."""
+        stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers; vLLM; MindIE) applies that
+        stack's rules (:mod:`autotune.stacks`: the stacks whose descriptor holds this exporter, with
+        the study's facts: the accelerator, the model, the traffic); a study tuned for another stack
+        gets them too, since the same config is exported. A launch of another workload kind than
+        the study's (a training launch of a serving study, a serving one of a training study) is
+        refused first."""
         unsafe = [name for name in ctx.env if not ENV_NAME.fullmatch(name)] if self.shell else []
         if unsafe:  # `export NAME=...` cannot quote a name: `X=1;touch PWNED;#` would run as a command
             return [f"env name(s) {', '.join(map(repr, unsafe))} are not shell variable names ([A-Za-z_][A-Za-z0-9_]*)"]
@@ -166,13 +198,14 @@ class Exporter(abc.ABC):
         if not targets:
             return []
         kind = ctx.workload.get("kind", "train")
-        if kind != "train":  # a training launch of an inference study would launch something else
+        if kind != self.launches:  # a launch of another workload would launch something else
             return [
-                f"{self.name} writes a training launch, and this study tuned a {kind} workload: its config "
-                "(batch, kv-cache dtype, quantization) is in best_config.yaml and best.env"
+                f"{self.name} writes a {LAUNCHES.get(self.launches, self.launches)} launch, and this study tuned a "
+                f"{kind} workload: its config is in best_config.yaml and best.env"
+                + (" (and its serving engine's own launch: vllm, mindie)" if kind == "serve" else "")
             ]
         target = ctx.target if ctx.target in targets else targets[0]
-        rules = self.target_rules(target, ctx.config) if self.target_rules is not None else []
+        rules = self.target_rules(target, ctx.config, study_facts(ctx)) if self.target_rules is not None else []
         return rules + self.workload_reasons(ctx)
 
     def workload_reasons(self, ctx: ExportContext) -> list[str]:

@@ -1,8 +1,11 @@
 """The production stacks a study tunes for (the spec's ``target:``) and runs as the probe (stack presets).
 
 One :class:`Stack` per stack, in its own module, registered here: what the space may contain for
-it, its memory rule, its exporter, its preset launch and log reader, its supported versions and
-when it is the default target. Everything else asks this registry: :mod:`autotune.space` (rules),
+it, its memory rule, its exporter, its preset launch and log reader, its supported versions, the
+workloads it is a target of and when it is the default target. The training stacks (Megatron-LM,
+MindSpeed-LLM, DeepSpeed, torchtitan, MindFormers) are targets of ``train`` (and ``infer``); the
+serving engines (vLLM / vLLM-Ascend, MindIE) of ``serve``.
+Everything else asks this registry: :mod:`autotune.space` (rules),
 :mod:`autotune.context` (memory rule), :mod:`autotune.export` (exporters and their refusals),
 :mod:`autotune.backends` and :mod:`autotune.stack_presets` (the preset launch), and
 :mod:`autotune.spec` (the names ``target:`` and ``backend.kind`` accept; this package never
@@ -12,11 +15,12 @@ imports the spec). Adding a stack is one module and one ``register`` line below
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._base import MINDSPORE_PARAMS, PresetLaunch, PresetRun, Rule, Stack
+from ._base import MINDSPORE_PARAMS, PresetLaunch, PresetRun, Rule, Stack, fact_columns
 
 if TYPE_CHECKING:
     from autotune.export import Exporter
@@ -30,6 +34,7 @@ __all__ = [
     "Stack",
     "default_target",
     "exporters",
+    "fact_columns",
     "format_targets",
     "get",
     "memory_rule",
@@ -39,6 +44,7 @@ __all__ = [
     "register",
     "supported_versions",
     "target_format",
+    "targets_of",
     "target_violations",
     "unregister",
     "unsupported_reasons",
@@ -51,11 +57,13 @@ STACKS: dict[str, Stack] = {}  # by name, in registration order (the first stack
 RESERVED_NAMES = ("none", "auto", "simulate", "command", "torch", "mindspore")
 OWN_FORMATS = ("yaml", "env")
 FALLBACK_MEMORY_RULE = "megatron"  # `target: none`: the simulator's default rule
-FALLBACK_FORMAT = "megatron"  # `target: none`: the launch a finished study is exported as
+FALLBACK_FORMAT = "megatron"  # `target: none`: the launch a finished (training) study is exported as
+FALLBACK_SERVE_FORMAT = "vllm"  # `target: none` of a serving study
 
 
 def register(stack: Stack) -> Stack:
-    """Add ``stack`` to the registry (its name and its exporter's format must be new)."""
+    """Add ``stack`` to the registry (its name and its exporter's format must be new; a
+    serving engine's exporter writes a serving launch, a training stack's a training one)."""
     if stack.name in STACKS:
         raise ValueError(f"stack {stack.name!r} is registered already")
     if stack.name in RESERVED_NAMES:
@@ -68,6 +76,12 @@ def register(stack: Stack) -> Stack:
         raise ValueError(
             f"stack {stack.name!r}: export format {fmt!r} is another exporter's already "
             f"(stack {clash[0]}); stacks share a format by sharing its exporter"
+        )
+    launches = "serve" if stack.serving else "train"
+    if stack.exporter.launches != launches:
+        raise ValueError(
+            f"stack {stack.name!r} is a target of {', '.join(stack.workloads)}: its exporter must write a "
+            f"{launches} launch (Exporter.launches), not {stack.exporter.launches!r}"
         )
     STACKS[stack.name] = stack
     # the exporter refuses a config by its stacks' rules (the registry tells it: formats never
@@ -108,24 +122,38 @@ def preset_names() -> tuple[str, ...]:
     return tuple(name for name, stack in STACKS.items() if stack.preset)
 
 
-def default_target(backend_kind: str, accelerator: str, searched: tuple[str, ...] = ()) -> str:
-    """The stack a spec without ``target:`` is tuned for: the one whose ``default_when`` holds
-    (MindFormers for MindSpore probes or a space over MindSpore's own settings, MindSpeed-LLM on
-    Ascend, Megatron-LM elsewhere); ``none`` when no registered stack claims the combination."""
+def targets_of(workload_kind: str) -> tuple[str, ...]:
+    """The stacks ``target:`` may name for a workload of this kind."""
+    return tuple(name for name, stack in STACKS.items() if workload_kind in stack.workloads)
+
+
+def default_target(
+    backend_kind: str, accelerator: str, searched: tuple[str, ...] = (), *, workload_kind: str = "train"
+) -> str:
+    """The stack a spec without ``target:`` is tuned for: the one of the workload's stacks whose
+    ``default_when`` holds (training: MindFormers for MindSpore probes or a space over MindSpore's
+    own settings, MindSpeed-LLM on Ascend, Megatron-LM elsewhere; serving: vLLM on every
+    accelerator, MindIE only for its own preset, ``backend: mindie``); ``none`` when no
+    registered stack claims the combination."""
     for stack in STACKS.values():
-        if stack.default_when is not None and stack.default_when(backend_kind, accelerator, tuple(searched)):
+        if workload_kind not in stack.workloads or stack.default_when is None:
+            continue
+        if stack.default_when(backend_kind, accelerator, tuple(searched)):
             return stack.name
     return "none"
 
 
-def target_violations(target: str, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """``{reason: bool array}``: which of ``n`` configs (as columns) ``target`` cannot launch."""
-    return get(target).violations(cols, n)
+def target_violations(
+    target: str, cols: dict[str, np.ndarray], n: int, facts: Mapping[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """``{reason: bool array}``: which of ``n`` configs (as columns) ``target`` cannot launch;
+    ``facts`` (``{"accelerator", "model", "workload"}``) are what the rules know of the study."""
+    return get(target).violations(cols, n, facts)
 
 
-def unsupported_reasons(target: str, config: dict[str, Any]) -> list[str]:
+def unsupported_reasons(target: str, config: dict[str, Any], facts: Mapping[str, Any] | None = None) -> list[str]:
     """Why ``target`` cannot launch this one config (empty when it can)."""
-    return get(target).unsupported(config)
+    return get(target).unsupported(config, facts)
 
 
 def memory_rule(target: str, backend_kind: str) -> str:
@@ -134,7 +162,7 @@ def memory_rule(target: str, backend_kind: str) -> str:
     if backend_kind == "torch":
         return "torch-probe"
     stack = STACKS.get(target)
-    return stack.memory_rule if stack is not None else FALLBACK_MEMORY_RULE
+    return stack.memory_rule if stack is not None and stack.memory_rule else FALLBACK_MEMORY_RULE
 
 
 def exporters() -> dict[str, Exporter]:
@@ -150,10 +178,17 @@ def format_targets(fmt: str) -> tuple[str, ...]:
     return tuple(name for name, stack in STACKS.items() if stack.exporter.name == fmt)
 
 
-def target_format(target: str) -> str:
-    """The export format that launches ``target``."""
+def target_format(target: str, workload_kind: str = "train") -> str | None:
+    """The export format that launches ``target`` for a workload of this kind (``target: none``:
+    Megatron-LM's for training, vLLM's for serving); None when no launch fits (an inference
+    study, or a stack that is no target of the workload)."""
     stack = STACKS.get(target)
-    return stack.exporter.name if stack is not None else FALLBACK_FORMAT
+    if stack is None:
+        fallback = {"train": FALLBACK_FORMAT, "serve": FALLBACK_SERVE_FORMAT}.get(workload_kind)
+        return fallback if fallback in exporters() else None
+    if workload_kind not in stack.workloads or (workload_kind == "infer"):
+        return None
+    return stack.exporter.name
 
 
 def supported_versions() -> dict[str, str]:
@@ -163,10 +198,12 @@ def supported_versions() -> dict[str, str]:
 
 # ---------------------------------------------------------------------------- the built-in stacks
 # after the registry they register into (each stack module imports only _base)
-from . import deepspeed, megatron, mindformers, mindspeed, torchtitan  # noqa: E402
+from . import deepspeed, megatron, mindformers, mindie, mindspeed, torchtitan, vllm  # noqa: E402
 
 register(mindspeed.STACK)
 register(megatron.STACK)
 register(deepspeed.STACK)
 register(torchtitan.STACK)
 register(mindformers.STACK)
+register(vllm.STACK)
+register(mindie.STACK)

@@ -10,29 +10,45 @@ run as the probe (a backend preset), how a trial becomes its launch and which re
 
 The columns a rule sees are those of :meth:`autotune.space.Space._derive`: numpy arrays of
 canonical parameters, ``recompute_layers`` an object column with ``None`` where every layer is
-recomputed. Nothing here imports :mod:`autotune.spec` (the spec derives its stack names from the
-registry) nor the workers' log readers (those run on worker nodes; a stack names its reader).
+recomputed. Facts of the study that are not parameters (the accelerator, the model's name, the
+longest prompt and output the traffic sends) reach the rules as columns named ``@NAME``
+(:func:`fact`; :func:`fact_columns` builds them from ``{"accelerator", "model", "workload"}``):
+what an engine can launch depends on where it runs. A rule reading a fact that is not given
+(``""`` / ``0``) does not fire. Nothing here imports :mod:`autotune.spec` (the spec derives its
+stack names from the registry) nor the workers' log readers (those run on worker nodes; a stack
+names its reader).
+
+A stack is a target of some workloads (``workloads``): the training stacks of ``train`` (and
+``infer``, whose exports are autotune's own), the serving stacks (vLLM, MindIE) of ``serve``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotune.export._base import longest_lengths
+
 if TYPE_CHECKING:
     from autotune.export import Exporter
 
 __all__ = [
+    "FACTS",
     "MINDSPORE_PARAMS",
     "PresetLaunch",
     "PresetRun",
     "Rule",
     "Stack",
+    "WORKLOAD_KINDS",
     "col",
     "compiled",
+    "engine_names",
+    "fact",
+    "fact_columns",
+    "longest_lengths",
     "mindspore_only",
     "partial_recompute",
     "uses_mindspore",
@@ -42,13 +58,18 @@ Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
 
 # MindSpore's own settings: a config (or a searched space) with any of them runs on MindSpore
 MINDSPORE_PARAMS = ("mode", "jit_level", "graph_kernel_flags")
+WORKLOAD_KINDS = ("train", "infer", "serve")
+# the study's facts a rule may read (column "@NAME"), and their value when unknown
+FACTS: dict[str, Any] = {"accelerator": "", "model": "", "max_prompt_len": 0, "max_output_len": 0, "max_model_len": 0}
 
 
 @dataclass(frozen=True)
 class PresetRun:
     """What every preset launch shares, built by :func:`autotune.stack_presets.preset_launch`:
-    the trial, ``launcher`` (``python -m torch.distributed.run ... --nproc-per-node N``), the
-    entry point as argv words, the user's ``args`` (``{iterations}`` filled in) and the sizes."""
+    the trial, ``launcher`` (``python -m torch.distributed.run ... --nproc-per-node N``; for a
+    serving stack the engine's interpreter, ``backend.python``), the entry point as argv words,
+    the user's ``args`` (``{iterations}`` filled in) and the sizes (``devices``: the world, or a
+    serving trial's ``replicas x tp x pp``)."""
 
     request: Any
     launcher: list[str]
@@ -91,23 +112,30 @@ class Stack:
     """One production stack (the spec's ``target:``; a backend preset when it has a ``launch``).
 
     - ``rules(n)``: ``[(reason, predicate over config columns -> bool array of n)]``, the configs
-      the stack cannot launch as measured;
-    - ``memory_rule``: how it holds the model states (``workload['memory_rule']`` of
-      :mod:`autotune.workers.simulate._memory`);
+      the stack cannot launch as measured (the study's facts as ``@NAME`` columns, :func:`fact`);
+    - ``memory_rule``: how a training stack holds the model states (``workload['memory_rule']``
+      of :mod:`autotune.workers.simulate._memory`); None for a serving engine (the simulator
+      prices its weights and KV cache itself);
     - ``exporter``: the :class:`~autotune.export.Exporter` writing its launch (stacks may share
       one: MindSpeed-LLM and Megatron-LM both launch ``pretrain_gpt.py``);
     - ``supported_versions``: what the export was checked against (the README says the same);
-    - ``default_when(backend_kind, accelerator, searched)``: whether a spec without ``target:`` is
-      tuned for this stack (the registered conditions exclude one another);
-    - ``launch(run) -> PresetLaunch``: the stack as the probe (``backend: {kind: NAME}``), with
-      ``log_reader`` the key of :data:`autotune.workers.stack_logs.STACK_LOGS` reading its log,
-      ``default_entry`` the entry point when the spec names none (else ``entry_example`` is
-      what the spec must name) and ``extra_iterations`` run beyond warm-up + measured steps.
+    - ``workloads``: the workload kinds it is a target of (``train``/``infer`` for the training
+      stacks, ``serve`` for a serving engine);
+    - ``default_when(backend_kind, accelerator, searched)``: whether a spec of one of its
+      ``workloads`` without ``target:`` is tuned for this stack (the registered conditions of the
+      stacks of one workload exclude one another);
+    - ``launch(run) -> PresetLaunch``: the stack as the probe (``backend: {kind: NAME}``). A
+      training preset names ``log_reader``, the key of
+      :data:`autotune.workers.stack_logs.STACK_LOGS` reading its log, and ``extra_iterations``
+      run beyond warm-up + measured steps; a serving preset has no log reader: its launch runs
+      autotune's serving probe (``autotune.workers.serve_probe``), which starts the engine from
+      ``engine.json`` and prints the probe protocol itself. ``default_entry`` is the entry point
+      when the spec names none (else ``entry_example`` is what the spec must name).
     """
 
     name: str
     rules: Callable[[int], list[Rule]]
-    memory_rule: str
+    memory_rule: str | None
     exporter: Exporter
     supported_versions: str
     default_when: Callable[[str, str, tuple[str, ...]], bool] | None = None
@@ -116,31 +144,50 @@ class Stack:
     default_entry: str | None = None
     entry_example: str = ""
     extra_iterations: int = 0
+    workloads: tuple[str, ...] = ("train", "infer")
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name != self.name.lower():
             raise ValueError(f"a stack name is a lower-case identifier, not {self.name!r}")
-        if (self.launch is None) != (self.log_reader is None):
+        unknown = [w for w in self.workloads if w not in WORKLOAD_KINDS]
+        if not self.workloads or unknown:
+            raise ValueError(f"stack {self.name!r}: workloads are some of {', '.join(WORKLOAD_KINDS)}, not {unknown}")
+        if self.serving:
+            if self.log_reader is not None:
+                raise ValueError(f"stack {self.name!r}: a serving preset's probe prints the protocol: no log reader")
+        elif (self.launch is None) != (self.log_reader is None):
             raise ValueError(f"stack {self.name!r}: a backend preset has both a launch and a log reader")
+        if self.memory_rule is None and not self.serving:
+            raise ValueError(f"stack {self.name!r}: a training stack names its memory rule")
 
     @property
     def preset(self) -> bool:
         """Whether autotune runs this stack as the probe (``backend: {kind: NAME}``)."""
         return self.launch is not None
 
-    def violations(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-        """``{reason: bool array}``: which of ``n`` configs (as columns) the stack cannot launch."""
+    @property
+    def serving(self) -> bool:
+        """A serving engine (a target of ``workload.kind: serve``)."""
+        return "serve" in self.workloads
+
+    def violations(
+        self, cols: dict[str, np.ndarray], n: int, facts: Mapping[str, Any] | None = None
+    ) -> dict[str, np.ndarray]:
+        """``{reason: bool array}``: which of ``n`` configs (as columns) the stack cannot launch,
+        given the study's ``facts`` (``{"accelerator", "model", "workload"}``, :func:`fact_columns`)."""
+        if facts:
+            cols = {**fact_columns(facts, n), **cols}
         return {
             f"target {self.name}: {reason}": np.broadcast_to(np.asarray(check(cols), dtype=bool), (n,))
             for reason, check in self.rules(n)
         }
 
-    def unsupported(self, config: dict[str, Any]) -> list[str]:
+    def unsupported(self, config: dict[str, Any], facts: Mapping[str, Any] | None = None) -> list[str]:
         """Why the stack cannot launch this one config (empty when it can)."""
         cols = {
             k: np.asarray([v], dtype=object if isinstance(v, str) or v is None else None) for k, v in config.items()
         }
-        return [reason for reason, bad in self.violations(cols, 1).items() if bad[0]]
+        return [reason for reason, bad in self.violations(cols, 1, facts).items() if bad[0]]
 
 
 # ------------------------------------------------------------------- helpers the rules share
@@ -173,3 +220,36 @@ def compiled(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
 def mindspore_only(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """Every config, when MindSpore's own settings are part of it."""
     return np.full(n, any(name in cols for name in MINDSPORE_PARAMS))
+
+
+# ------------------------------------------------------------------ the study's facts, as columns
+def fact_columns(facts: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
+    """The ``@NAME`` columns of a study's facts: ``facts`` holds ``accelerator`` (npu | cuda |
+    cpu), ``model`` (the spec's model mapping, or its name) and ``workload`` (the workload
+    mapping: the longest prompt/output and ``max_model_len`` of a serving traffic)."""
+    model = facts.get("model")
+    name = model.get("name", "") if isinstance(model, Mapping) else str(model or "")
+    workload = facts.get("workload") or {}
+    prompt, output = longest_lengths(workload)
+    values = {
+        "accelerator": str(facts.get("accelerator") or ""),
+        "model": name,
+        "max_prompt_len": prompt,
+        "max_output_len": output,
+        "max_model_len": int(workload.get("max_model_len") or 0) or (prompt + output),
+    }
+    return {f"@{k}": np.full(n, v, dtype=object if isinstance(v, str) else int) for k, v in values.items()}
+
+
+def fact(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """The study's fact ``name`` (:data:`FACTS`) for every config; its unknown value when not given."""
+    value = cols.get(f"@{name}")
+    if value is None:
+        default = FACTS[name]
+        return np.full(n, default, dtype=object if isinstance(default, str) else int)
+    return np.asarray(value)
+
+
+def engine_names(cols: dict[str, np.ndarray]) -> list[str]:
+    """The engine's own settings a config sets (``engine.NAME`` columns), by NAME."""
+    return [k[len("engine.") :] for k in cols if k.startswith("engine.")]

@@ -1,0 +1,371 @@
+"""MindIE Service: the ``config.json`` settings of a measured serving config.
+
+One source of truth: :func:`mindie_settings` renders a serving config into MindIE's own
+``config.json`` keys, for the exported fragment (``mindie_config.json``: only the keys the trial
+sets, merged into a team's config.json by :func:`merge_config`) and for the ``mindie`` stack
+preset's ``engine.json`` (:mod:`autotune.stacks.mindie`: MindIE's default config.json,
+:data:`MINDIE_DEFAULT_CONFIG`, with the same settings and the probe's ports). Names, paths and
+ranges are MindIE-LLM 3.0.0.beta.1's (gitcode/GitHub Ascend/MindIE-LLM at 5e896196:
+``src/server/conf/config.json``, ``src/config_manager/schedule_config.cpp``,
+``model_deploy_config.cpp``, ``docs/zh/user_guide/user_manual/service_parameter_configuration.md``,
+``docs/zh/user_guide/feature/prefix_cache.md``, ``splitFuse.md``):
+
+- ``max_num_seqs`` -> ``ScheduleConfig.maxBatchSize`` (and ``maxPrefillBatchSize`` unless
+  ``engine.maxPrefillBatchSize`` sets it: MindIE needs it in ``[1, maxBatchSize]``);
+  ``max_num_batched_tokens`` -> ``maxPrefillTokens``; ``block_size`` -> ``cacheBlockSize``;
+- ``tp`` -> ``ModelConfig[0].worldSize`` and ``BackendConfig.npuDeviceIds`` ``[[0..tp-1]]``
+  (logical ids under the replica's ``ASCEND_RT_VISIBLE_DEVICES``); ``replicas``: one
+  ``mindieservice_daemon`` per replica, each with its own devices and ports;
+- ``memory_utilization`` -> ``npuMemSize: -1`` (KV cache sized from free memory) with
+  ``NPU_MEMORY_FRACTION`` (MindIE's memory share, default 0.8);
+- ``enable_prefix_caching`` / ``enable_chunked_prefill`` -> ``ModelConfig[0].plugin_params``
+  ``{"plugin_type": "prefix_cache,splitfuse"}``; SplitFuse also takes ``templateType: Mix``;
+- the traffic: ``maxSeqLen`` = ``max_model_len``, ``maxInputTokenLen`` = the longest prompt,
+  ``maxIterTimes`` = the longest output (``engine.maxIterTimes`` overrides);
+- ``engine.NAME`` -> the key NAME in the section MindIE reads it from (``ScheduleConfig``,
+  ``ModelDeployConfig``, ``ModelConfig[0]``, ``BackendConfig``, ``ServerConfig``).
+
+Quantization and an int8 (C8) KV cache are properties of msModelSlim-quantized weights
+(``modelWeightPath``), not of config.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from ._base import ExportContext, Exporter, header_fields, longest_lengths, one_line
+
+__all__ = [
+    "MINDIE_DEFAULT_CONFIG",
+    "MINDIE_KEYS",
+    "MINDIE_SET_BY_AUTOTUNE",
+    "MindIEExporter",
+    "merge_config",
+    "mindie_settings",
+    "mindie_env",
+    "setting_path",
+]
+
+# MindIE-LLM 3.0.0.beta.1's src/server/conf/config.json (the daemon's default; tests/fixtures/mindie/config.json)
+MINDIE_DEFAULT_CONFIG: dict[str, Any] = {
+    "Version": "1.0.0",
+    "ServerConfig": {
+        "ipAddress": "127.0.0.1",
+        "managementIpAddress": "127.0.0.2",
+        "port": 1025,
+        "managementPort": 1026,
+        "metricsPort": 1027,
+        "allowAllZeroIpListening": False,
+        "maxLinkNum": 1000,
+        "httpsEnabled": True,
+        "fullTextEnabled": False,
+        "tlsCaPath": "security/ca/",
+        "tlsCaFile": ["ca.pem"],
+        "tlsCert": "security/certs/server.pem",
+        "tlsPk": "security/keys/server.key.pem",
+        "tlsCrlPath": "security/certs/",
+        "tlsCrlFiles": ["server_crl.pem"],
+        "managementTlsCaFile": ["management_ca.pem"],
+        "managementTlsCert": "security/certs/management/server.pem",
+        "managementTlsPk": "security/keys/management/server.key.pem",
+        "managementTlsCrlPath": "security/management/certs/",
+        "managementTlsCrlFiles": ["server_crl.pem"],
+        "metricsTlsCaFile": ["metrics_ca.pem"],
+        "metricsTlsCert": "security/certs/metrics/server.pem",
+        "metricsTlsPk": "security/keys/metrics/server.key.pem",
+        "metricsTlsCrlPath": "security/metrics/certs/",
+        "metricsTlsCrlFiles": ["server_crl.pem"],
+        "inferMode": "standard",
+        "interCommTLSEnabled": True,
+        "interCommPort": 1121,
+        "interCommTlsCaPath": "security/grpc/ca/",
+        "interCommTlsCaFiles": ["ca.pem"],
+        "interCommTlsCert": "security/grpc/certs/server.pem",
+        "interCommPk": "security/grpc/keys/server.key.pem",
+        "interCommTlsCrlPath": "security/grpc/certs/",
+        "interCommTlsCrlFiles": ["server_crl.pem"],
+        "openAiSupport": "vllm",
+        "tokenTimeout": 600,
+        "e2eTimeout": 600,
+        "distDPServerEnabled": False,
+        "layerwiseDisaggregated": False,
+        "layerwiseDisaggregatedRoleType": "",
+        "layerwiseDisaggregatedMasterIpAddress": "127.0.0.3",
+        "layerwiseDisaggregatedSlaveIpAddress": ["127.0.0.4"],
+        "layerwiseDisaggregatedDataPort": 10024,
+        "layerwiseDisaggregatedCrtlPort": [10001, 10002],
+    },
+    "BackendConfig": {
+        "backendName": "mindieservice_llm_engine",
+        "modelInstanceNumber": 1,
+        "npuDeviceIds": [[0, 1, 2, 3]],
+        "tokenizerProcessNumber": 8,
+        "multiNodesInferEnabled": False,
+        "multiNodesInferPort": 1120,
+        "interNodeTLSEnabled": True,
+        "interNodeTlsCaPath": "security/grpc/ca/",
+        "interNodeTlsCaFiles": ["ca.pem"],
+        "interNodeTlsCert": "security/grpc/certs/server.pem",
+        "interNodeTlsPk": "security/grpc/keys/server.key.pem",
+        "interNodeTlsCrlPath": "security/grpc/certs/",
+        "interNodeTlsCrlFiles": ["server_crl.pem"],
+        "kvPoolConfig": {"backend": "", "configPath": ""},
+        "ModelDeployConfig": {
+            "maxSeqLen": 2560,
+            "maxInputTokenLen": 2048,
+            "truncation": False,
+            "ModelConfig": [
+                {
+                    "modelInstanceType": "Standard",
+                    "modelName": "llama_65b",
+                    "modelWeightPath": "/data/atb_testdata/weights/llama1-65b-safetensors",
+                    "worldSize": 4,
+                    "cpuMemSize": 0,
+                    "npuMemSize": -1,
+                    "backendType": "atb",
+                    "trustRemoteCode": False,
+                    "async_scheduler_wait_time": 120,
+                    "kv_trans_timeout": 10,
+                    "kv_link_timeout": 1080,
+                    "models": {"layerwiseDisaggregatedMasterDeviceNum": 2, "layerwiseDisaggregatedSlaveDeviceNum": 8},
+                }
+            ],
+        },
+        "ScheduleConfig": {
+            "templateType": "Standard",
+            "templateName": "Standard_LLM",
+            "cacheBlockSize": 128,
+            "maxPrefillBatchSize": 50,
+            "maxPrefillTokens": 8192,
+            "prefillTimeMsPerReq": 150,
+            "prefillPolicyType": 0,
+            "decodeTimeMsPerReq": 50,
+            "decodePolicyType": 0,
+            "maxBatchSize": 200,
+            "maxIterTimes": 512,
+            "maxPreemptCount": 0,
+            "supportSelectBatch": False,
+            "maxQueueDelayMicroseconds": 5000,
+            "maxFirstTokenWaitTime": 2500,
+        },
+    },
+    "LogConfig": {"dynamicLogLevel": "", "dynamicLogLevelValidHours": 2, "dynamicLogLevelValidTime": ""},
+    "EnableDynamicAdjustTimeoutConfig": False,
+}
+
+# where MindIE reads each of its keys (an engine.NAME goes there): the sections of the default
+# config.json, ScheduleConfig's optional keys (schedule_config.cpp g_scheduleParamsConstraint,
+# LoadChunkedPrefillConfig) and ModelConfig's (model_deploy_config.cpp, service_parameter_configuration.md)
+_MODEL_CONFIG = ("BackendConfig", "ModelDeployConfig", "ModelConfig", 0)
+MINDIE_KEYS: dict[str, tuple[Any, ...]] = {
+    **{k: ("ServerConfig",) for k in MINDIE_DEFAULT_CONFIG["ServerConfig"]},
+    **{
+        k: ("BackendConfig",)
+        for k, v in MINDIE_DEFAULT_CONFIG["BackendConfig"].items()
+        if k not in ("ModelDeployConfig", "ScheduleConfig")
+    },
+    **{k: ("BackendConfig", "ModelDeployConfig") for k in ("maxSeqLen", "maxInputTokenLen", "truncation")},
+    **{k: ("BackendConfig", "ModelDeployConfig") for k in ("maxLoras", "maxLoraRank")},
+    **{k: _MODEL_CONFIG for k in MINDIE_DEFAULT_CONFIG["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]},
+    **{k: _MODEL_CONFIG for k in ("plugin_params", "dp", "sp", "cp")},
+    **{k: ("BackendConfig", "ScheduleConfig") for k in MINDIE_DEFAULT_CONFIG["BackendConfig"]["ScheduleConfig"]},
+    **{
+        k: ("BackendConfig", "ScheduleConfig")
+        for k in (
+            "stageSelectPolicy",
+            "dynamicBatchSizeEnable",
+            "enablePrefixCache",
+            "enableSplit",
+            "enablChunkedPrefill",
+            "policyType",
+            "splitType",
+            "splitStartType",
+            "splitChunkTokens",
+            "splitStartBatchSize",
+            "prefillExpectedTime",
+            "decodeExpectedTime",
+            "bufferResponseEnabled",
+            "distributedEnable",
+            "maxN",
+            "prefillChunkSize",
+            "maxNumPartialPrefills",
+            "maxLongPartialPrefills",
+            "longPrefillTokenThreshold",
+        )
+    },
+}
+# MindIE keys autotune sets from its own names (an engine.NAME of one would set it twice), and
+# those that only say where the daemon listens or loads from
+MINDIE_SET_BY_AUTOTUNE = {
+    "maxBatchSize": "max_num_seqs",
+    "maxPrefillTokens": "max_num_batched_tokens",
+    "cacheBlockSize": "block_size",
+    "worldSize": "tp",
+    "npuDeviceIds": "tp and replicas",
+    "modelInstanceNumber": "replicas (one daemon each)",
+    "npuMemSize": "memory_utilization (NPU_MEMORY_FRACTION)",
+    "plugin_params": "enable_prefix_caching and enable_chunked_prefill",
+    "templateType": "enable_chunked_prefill",
+    "enablePrefixCache": "enable_prefix_caching",
+    "enableSplit": "enable_chunked_prefill",
+    "enablChunkedPrefill": "enable_chunked_prefill",
+    "maxSeqLen": "the workload's max_model_len",
+    "maxInputTokenLen": "the traffic's longest prompt",
+    "modelName": "the model",
+    "modelWeightPath": "the model's path",
+    "ipAddress": "the deployment",
+    "managementIpAddress": "the deployment",
+    "port": "the deployment",
+    "managementPort": "the deployment",
+    "metricsPort": "the deployment",
+}
+SERVED_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def setting_path(name: str) -> tuple[Any, ...]:
+    """Where MindIE reads ``name`` in config.json (a KeyError for a name it does not have)."""
+    return (*MINDIE_KEYS[name], name)
+
+
+def _put(tree: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    node: Any = tree
+    for i, key in enumerate(path[:-1]):
+        nxt = path[i + 1]
+        if isinstance(key, int):
+            while len(node) <= key:
+                node.append({})
+            node = node[key]
+        else:
+            node = node.setdefault(key, [] if isinstance(nxt, int) else {})
+    node[path[-1]] = value
+
+
+def mindie_settings(
+    config: dict[str, Any],
+    *,
+    max_model_len: int = 0,
+    max_prompt_len: int = 0,
+    max_output_len: int = 0,
+    model_name: str | None = None,
+    weight_path: str | None = None,
+) -> dict[str, Any]:
+    """The config.json keys a serving config sets, as a nested fragment (``plugin_params: None``
+    = no plugin: remove the key). The one rendering the ``mindie`` preset runs and the export writes."""
+    tp = int(config.get("tp", 1))
+    seqs = int(config.get("max_num_seqs", 256))
+    engine = {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
+    plugins = [
+        name
+        for name, on in (
+            ("prefix_cache", config.get("enable_prefix_caching", True)),
+            ("splitfuse", config.get("enable_chunked_prefill", True)),
+        )
+        if on
+    ]
+    out: dict[str, Any] = {}
+    settings: dict[str, Any] = {
+        "npuDeviceIds": [list(range(tp))],
+        "modelInstanceNumber": 1,
+        "worldSize": tp,
+        "npuMemSize": -1,
+        "plugin_params": json.dumps({"plugin_type": ",".join(plugins)}) if plugins else None,
+        "templateType": "Mix" if config.get("enable_chunked_prefill", True) else "Standard",
+        "cacheBlockSize": int(config.get("block_size", 128)),
+        "maxBatchSize": seqs,
+        "maxPrefillBatchSize": seqs,
+        "maxPrefillTokens": int(config.get("max_num_batched_tokens", 8192)),
+    }
+    if max_model_len:
+        settings["maxSeqLen"] = int(max_model_len)
+    if max_prompt_len:
+        settings["maxInputTokenLen"] = int(max_prompt_len)
+    if max_output_len:
+        settings["maxIterTimes"] = int(max_output_len)
+    if model_name:
+        settings["modelName"] = SERVED_NAME.sub("-", model_name).strip("-._") or "model"
+    if weight_path:
+        settings["modelWeightPath"] = weight_path
+    settings.update(engine)  # MindIE's own settings by their own names (maxIterTimes, maxPrefillBatchSize, ...)
+    for name, value in settings.items():
+        _put(out, setting_path(name), value)
+    return out
+
+
+def mindie_env(config: dict[str, Any]) -> dict[str, str]:
+    """The environment MindIE reads the trial's settings from: the NPU memory share
+    (``NPU_MEMORY_FRACTION``, with ``npuMemSize: -1``) and the Prometheus ``/metrics`` switch."""
+    return {
+        "NPU_MEMORY_FRACTION": f"{float(config.get('memory_utilization', 0.8)):g}",
+        "MIES_SERVICE_MONITOR_MODE": "1",
+    }
+
+
+def merge_config(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a MindIE config.json) with ``fragment`` merged in: mappings key by key, the
+    ``ModelConfig`` list element by element, a ``None`` value removes the key; ``_autotune`` is skipped."""
+    out = copy.deepcopy(base)
+
+    def merge(into: Any, part: Any) -> Any:
+        if isinstance(part, dict) and isinstance(into, dict):
+            for k, v in part.items():
+                if k == "_autotune":
+                    continue
+                if v is None:
+                    into.pop(k, None)
+                else:
+                    into[k] = merge(into.get(k), v)
+            return into
+        if isinstance(part, list) and isinstance(into, list) and part and all(isinstance(x, dict) for x in part):
+            for i, item in enumerate(part):
+                if i < len(into):
+                    into[i] = merge(into[i], item)
+                else:
+                    into.append(copy.deepcopy(item))
+            return into
+        return copy.deepcopy(part)
+
+    return merge(out, fragment)
+
+
+class MindIEExporter(Exporter):
+    name = "mindie"
+    filename = "mindie_config.json"
+    launches = "serve"
+
+    def render(self, ctx: ExportContext) -> str:
+        config = ctx.config
+        prompt, output = longest_lengths(ctx.workload)
+        fragment = mindie_settings(
+            config,
+            max_model_len=int(ctx.workload.get("max_model_len") or 0),
+            max_prompt_len=prompt,
+            max_output_len=output,
+            model_name=str(ctx.model.get("name") or ""),
+            weight_path=ctx.model.get("path"),
+        )
+        tp = int(config.get("tp", 1))
+        replicas = int(config.get("replicas", 1) or 1)
+        header = header_fields(ctx)
+        header["merge"] = (
+            "merge into your MindIE config.json (MindIE-LLM 3.0.0.beta.1 keys): mappings key by key, "
+            "ModelConfig[0] key by key, a null value removes the key (plugin_params: null = no plugin)"
+        )
+        header["launch"] = (
+            f"{replicas} mindieservice_daemon(s), one per replica, each with its own port, managementPort and "
+            f"metricsPort, the env below, ASCEND_RT_VISIBLE_DEVICES as listed and npuDeviceIds [[0..{tp - 1}]]"
+        )
+        header["env"] = mindie_env(config)
+        header["replicas"] = [
+            {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
+            for k in range(replicas)
+        ]
+        if str(config.get("quantization", "none")) != "none" or config.get("kv_cache_dtype") == "int8":
+            header["weights"] = one_line(
+                f"modelWeightPath must hold msModelSlim-quantized weights ({config.get('quantization')}"
+                + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
+                + ")"
+            )
+        return json.dumps({"_autotune": header, **fragment}, indent=1, default=str) + "\n"

@@ -1,0 +1,261 @@
+"""vLLM and vLLM-Ascend: ``serve_vllm.sh``, one OpenAI-compatible server per replica.
+
+One source of truth: :func:`vllm_engine_args` renders a serving config into vLLM's engine
+arguments, for this script and for the ``vllm`` stack preset's ``engine.json``
+(:mod:`autotune.stacks.vllm`), so what is measured is what is exported. The names are vLLM's
+own (checked by vLLM 0.32's argument parser, ``vllm/entrypoints/launchers/cli_args.py``
+``make_arg_parser`` + ``AsyncEngineArgs.from_cli_args``, in tests/test_export_serving.py):
+
+- ``tp``/``pp`` -> ``--tensor-parallel-size``/``--pipeline-parallel-size``; ``replicas``: one
+  server per replica on its own ``tp x pp`` devices and port (a load balancer goes in front);
+- ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size`` -> the same flags;
+  ``enable_chunked_prefill``/``enable_prefix_caching`` -> ``--[no-]enable-...``;
+  ``memory_utilization`` -> ``--gpu-memory-utilization`` (vLLM-Ascend's NPU share, the CPU
+  backend's share of memory too);
+- ``graph_mode``: ``eager`` -> ``--enforce-eager``; ``graph`` -> ``--no-enforce-eager`` (CUDA
+  graphs, vLLM-Ascend's ACLGraph); ``torchair`` -> vLLM-Ascend's ``--additional-config``
+  ``torchair_graph_config`` (v0.9.1-v0.11.x, DeepSeek-series models only: refused by the stack's
+  rules for a dense Llama);
+- ``precision`` -> ``--dtype``; ``kv_cache_dtype`` -> ``--kv-cache-dtype`` (``int8`` on CUDA is
+  vLLM's ``int8_per_token_head``; vLLM-Ascend's int8 KV cache is C8 from a ModelSlim checkpoint,
+  not a flag); ``quantization`` -> ``--quantization ascend`` on Ascend (ModelSlim W8A16 / W8A8 /
+  W4A16 checkpoints), ``compressed-tensors`` elsewhere (LLM-Compressor checkpoints of the same
+  schemes): vLLM reads the scheme from the checkpoint;
+- ``engine.NAME`` -> ``--NAME`` (dashes for underscores; a boolean ``--NAME`` / ``--no-NAME``);
+  ``engine.additional_config`` (JSON) is merged into ``--additional-config``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from ._base import ExportContext, Exporter, bash_array, header_lines, one_line
+from ._env import env_exports
+
+__all__ = [
+    "VllmExporter",
+    "VLLM_SET_BY_AUTOTUNE",
+    "additional_config",
+    "replica_devices",
+    "vllm_dtype",
+    "vllm_engine_args",
+    "vllm_kv_cache_dtype",
+    "vllm_quantization",
+]
+
+# vLLM's own names (argparse dests) of the settings autotune renders from its canonical names:
+# an engine.NAME of one of them would set it twice
+VLLM_SET_BY_AUTOTUNE = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "kv_cache_dtype",
+    "quantization",
+    "dtype",
+    "max_model_len",
+    "model",
+    "port",
+    "host",
+    "served_model_name",
+)
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8_per_token_head"}
+
+
+def vllm_dtype(config: dict[str, Any]) -> str:
+    """``--dtype`` of the config's precision."""
+    return _DTYPES.get(str(config.get("precision", "bf16")), "bfloat16")
+
+
+def vllm_kv_cache_dtype(config: dict[str, Any], accelerator: str) -> str:
+    """``--kv-cache-dtype``: ``auto`` for the compute dtype; on Ascend always ``auto`` (a quantized
+    KV cache comes from the checkpoint there: vLLM-Ascend's C8)."""
+    kv = str(config.get("kv_cache_dtype", "auto") or "auto")
+    if kv in ("auto", str(config.get("precision", "bf16"))) or accelerator == "npu":
+        return "auto"
+    return _KV_DTYPES.get(kv, kv)
+
+
+def vllm_quantization(config: dict[str, Any], accelerator: str) -> str | None:
+    """``--quantization``: the method that loads the config's quantized checkpoint, None for none."""
+    quant = str(config.get("quantization", "none") or "none")
+    if quant == "none":
+        return None
+    return "ascend" if accelerator == "npu" else "compressed-tensors"
+
+
+def _engine_settings(config: dict[str, Any]) -> dict[str, Any]:
+    return {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
+
+
+def additional_config(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``--additional-config`` (a platform plugin's own settings): vLLM-Ascend's torchair
+    graph for ``graph_mode: torchair`` and the user's ``engine.additional_config`` (JSON) on top."""
+    out: dict[str, Any] = {}
+    if config.get("graph_mode") == "torchair":  # vLLM-Ascend <= v0.11: torchair runs with its ascend scheduler
+        out["torchair_graph_config"] = {"enabled": True}
+        out["ascend_scheduler_config"] = {"enabled": True}
+    user = _engine_settings(config).get("additional_config")
+    if user not in (None, ""):
+        extra = json.loads(user) if isinstance(user, str) else user
+        if not isinstance(extra, dict):
+            raise ValueError(f"engine.additional_config must be a JSON object, got {user!r}")
+        out.update(extra)
+    return out
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: int | None = None) -> list[str]:
+    """vLLM's engine arguments for a serving config (no model, host or port): the one rendering
+    the ``vllm`` preset runs and ``serve_vllm.sh`` exports."""
+    args = [
+        "--tensor-parallel-size",
+        str(int(config.get("tp", 1))),
+        "--pipeline-parallel-size",
+        str(int(config.get("pp", 1))),
+        "--max-num-seqs",
+        str(int(config.get("max_num_seqs", 256))),
+        "--max-num-batched-tokens",
+        str(int(config.get("max_num_batched_tokens", 8192))),
+        "--block-size",
+        str(int(config.get("block_size", 128 if accelerator == "npu" else 16))),
+        "--enable-chunked-prefill" if config.get("enable_chunked_prefill", True) else "--no-enable-chunked-prefill",
+        "--enable-prefix-caching" if config.get("enable_prefix_caching", True) else "--no-enable-prefix-caching",
+        "--gpu-memory-utilization",
+        f"{float(config.get('memory_utilization', 0.9)):g}",
+        "--enforce-eager" if config.get("graph_mode", "graph") == "eager" else "--no-enforce-eager",
+        "--dtype",
+        vllm_dtype(config),
+        "--kv-cache-dtype",
+        vllm_kv_cache_dtype(config, accelerator),
+    ]
+    quantization = vllm_quantization(config, accelerator)
+    if quantization:
+        args += ["--quantization", quantization]
+    if max_model_len:
+        args += ["--max-model-len", str(int(max_model_len))]
+    extra = additional_config(config)
+    if extra:
+        args += ["--additional-config", json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+    for name, value in _engine_settings(config).items():
+        if name == "additional_config":
+            continue
+        if isinstance(value, bool):
+            args.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+        else:
+            args += [_flag(name), str(value)]
+    return args
+
+
+def replica_devices(config: dict[str, Any]) -> list[list[int]]:
+    """Each replica's devices (indices into the trial's, or the node's): ``tp x pp`` apiece, in order."""
+    per = int(config.get("tp", 1)) * int(config.get("pp", 1))
+    return [list(range(k * per, (k + 1) * per)) for k in range(int(config.get("replicas", 1) or 1))]
+
+
+# each accelerator's device-visibility variable, and the command that starts one server
+DEVICE_ENV = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM's CPU backend: the cores of a tp=pp=1 engine
+
+
+class VllmExporter(Exporter):
+    name = "vllm"
+    filename = "serve_vllm.sh"
+    shell = True
+    executable = True
+    launches = "serve"
+
+    def render(self, ctx: ExportContext) -> str:
+        config = ctx.config
+        accelerator = str(ctx.cluster.get("accelerator", "") or "cuda")
+        devices = replica_devices(config)
+        per = len(devices[0]) if devices else 1
+        max_model_len = ctx.workload.get("max_model_len")
+        args = vllm_engine_args(config, accelerator, max_model_len)
+        flavour = {"npu": "vLLM-Ascend", "cpu": "vLLM's CPU build (vllm-cpu)"}.get(accelerator, "vLLM")
+        model = re.sub(r"[^\w.+-]", "_", str(ctx.model.get("name") or "the_model"))
+        lines = [
+            "#!/usr/bin/env bash",
+            *header_lines(ctx),
+            f"# {flavour} serving, measured on {one_line(accelerator)}: {len(devices)} server(s), one per replica, "
+            f"{per} device(s) each (tp {int(config.get('tp', 1))} x pp {int(config.get('pp', 1))}), on ports "
+            "PORT, PORT+1, ...; put your load balancer in front of them.",
+            "# vLLM 0.10 and later (checked: vLLM 0.32's own argument parser); extra flags after the script's name "
+            "are passed to every server.",
+            "set -euo pipefail",
+            "",
+            *env_exports(ctx),
+        ]
+        if accelerator == "npu":
+            lines += [
+                "# vLLM-Ascend needs CANN and its ATB library (vllm-ascend docs/source/installation.md)",
+                "ASCEND_HOME=${ASCEND_HOME:-/usr/local/Ascend}",
+                "set +u",
+                '[ -f "$ASCEND_HOME/ascend-toolkit/set_env.sh" ] && source "$ASCEND_HOME/ascend-toolkit/set_env.sh"',
+                '[ -f "$ASCEND_HOME/nnal/atb/set_env.sh" ] && source "$ASCEND_HOME/nnal/atb/set_env.sh"',
+                "set -u",
+            ]
+            if vllm_quantization(config, accelerator):
+                lines.append(
+                    "# --quantization ascend: MODEL must be a ModelSlim-quantized checkpoint of the measured scheme "
+                    f"({one_line(config.get('quantization'))}"
+                    + (", with the C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
+                    + ")"
+                )
+        elif vllm_quantization(config, accelerator):
+            lines.append(
+                "# --quantization compressed-tensors: MODEL must be an LLM-Compressor checkpoint of the measured "
+                f"scheme ({one_line(config.get('quantization'))})"
+            )
+        path = ctx.model.get("path")
+        lines += [
+            f"MODEL=${{MODEL:-{shlex.quote(str(path))}}}  # the checkpoint: a Hugging Face id or a local path"
+            if path
+            else "MODEL=${MODEL:?"
+            + shlex.quote(f"set MODEL to the checkpoint of {model} (a Hugging Face id or a path)")
+            + "}",
+            "HOST=${HOST:-0.0.0.0}",
+            "PORT=${PORT:-8000}  # replica k listens on PORT+k",
+            "",
+            *bash_array("VLLM_ARGS", args),
+            "# each server's devices",
+            "REPLICA_DEVICES=(",
+            *(f"    {','.join(map(str, d))}" for d in devices),
+            ")",
+            "",
+            "pids=()",
+            "trap 'kill \"${pids[@]}\" 2>/dev/null || true' INT TERM",
+            'for k in "${!REPLICA_DEVICES[@]}"; do',
+        ]
+        if accelerator == "cpu":
+            # the `vllm` console script of the vllm-cpu distribution looks up a package named vllm and fails
+            bind = (
+                f'    {CPU_BIND_ENV}="${{REPLICA_DEVICES[$k]}}" \\\n'
+                if per == 1
+                else ""  # tp/pp > 1 on CPU: vLLM's own binding ('|' between ranks)
+            )
+            lines.append(
+                f"{bind}"
+                '    "${PYTHON:-python}" -m vllm.entrypoints.openai.api_server --model "$MODEL" \\\n'
+                '        --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+            )
+        else:
+            lines.append(
+                f'    {DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES")}="${{REPLICA_DEVICES[$k]}}" \\\n'
+                '        vllm serve "$MODEL" --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+            )
+        lines += ['    pids+=("$!")', "done", 'wait "${pids[@]}"']
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,270 @@
+"""MindIE Service (MindIE-LLM's ``mindieservice_daemon``): Ascend's own serving engine.
+
+A target of serving studies when named (``target: mindie``, or its preset ``backend: {kind:
+mindie}``): its rules say what MindIE's ``config.json`` cannot hold or its features do not support
+(MindIE-LLM 3.0.0.beta.1, gitcode/GitHub ``Ascend/MindIE-LLM`` at 5e896196: ``src/config_manager/``,
+``docs/zh/user_guide/user_manual/service_parameter_configuration.md``, ``feature/prefix_cache.md``,
+``feature/splitFuse.md``); its exporter writes the ``config.json`` settings
+(``export._mindie.mindie_settings``). As the probe: one daemon per replica, each started with
+``MIES_CONFIG_JSON_PATH`` naming its rendered config.json (MindIE's default config with the trial's
+settings, plain HTTP on 127.0.0.1 and the probe's ports: the OpenAI ``/v1/completions`` on
+``port``, ``/health`` on ``managementPort``, Prometheus ``/metrics`` on ``metricsPort`` with
+``MIES_SERVICE_MONITOR_MODE=1``: ``src/server/endpoint/http_wrapper/http_handler.cpp``,
+``http_server.cpp``, ``prometheus_metrics.cpp``), ``ASCEND_RT_VISIBLE_DEVICES`` its devices and
+``MINDIE_LOG_TO_STDOUT=1`` so the probe reads MindIE's words. MindIE loads real weights: the model
+must name its checkpoint (``model.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from autotune.export._mindie import (
+    MINDIE_DEFAULT_CONFIG,
+    MINDIE_KEYS,
+    MINDIE_SET_BY_AUTOTUNE,
+    MindIEExporter,
+    merge_config,
+    mindie_env,
+    mindie_settings,
+)
+
+from ._base import PresetLaunch, PresetRun, Rule, Stack, col, engine_names, fact, longest_lengths
+
+__all__ = ["METRICS_NAMES", "SERVED_MODEL_NAME", "STACK", "STARTUP_FAILURES", "mindie_config_text", "mindie_rules"]
+
+ENGINE_FILE = "engine.json"
+PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe"]
+DEFAULT_ENTRY = "mindieservice_daemon"
+SERVED_MODEL_NAME = "autotune-model"
+# MindIE's Prometheus names (prometheus_metrics.cpp InitPrometheusMetrics; tests/fixtures/mindie/metrics.txt)
+METRICS_NAMES = {
+    "kv_cache_usage": ["npu_cache_usage_perc"],
+    "preemptions": ["num_preemptions_total"],
+    "running": ["num_requests_running"],
+    "waiting": ["num_requests_waiting"],
+}
+# MindIE's words at startup (mindie_llm/text_generator/generator.py, utils/npu_mem_tool.py,
+# src/include/config/param_checker.h, src/server/daemon/llm_daemon.cpp), in order
+STARTUP_FAILURES = [
+    [r"Warmup failed", "oom", "MindIE's warm-up ran out of NPU memory (NPU_MEMORY_FRACTION, maxPrefillTokens)"],
+    [r"NPU out of memory", "oom", "out of NPU memory at startup"],
+    [r"\] is out of bound \[|\] is less than \[", "invalid", "MindIE's config check refused a setting"],
+    [r"The templateType must be|Backend type only supports", "invalid", "MindIE's config check refused a setting"],
+    [r"Failed to init endpoint", "crash", "the MindIE daemon failed to start"],
+]
+# the models MindIE's features support (prefix_cache.md, splitFuse.md "限制与约束"), by model name
+PREFIX_CACHE_MODELS = re.compile(r"qwen2|qwen3|deepseek", re.IGNORECASE)
+SPLITFUSE_MODELS = re.compile(r"qwen2|qwen3|llama-?3\.1-70b", re.IGNORECASE)
+
+
+def _known(c: dict[str, np.ndarray], n: int, pattern: re.Pattern[str]) -> np.ndarray:
+    """The model is named and is not one ``pattern`` matches."""
+    names = fact(c, "model", n).astype(str)
+    return np.array([bool(m) and not pattern.search(m) for m in names], dtype=bool)
+
+
+def _engine(c: dict[str, np.ndarray], name: str, n: int) -> np.ndarray | None:
+    value = c.get(f"engine.{name}")
+    return None if value is None else np.asarray(value)
+
+
+def _number(value: Any) -> float:
+    """An engine setting as a number (one MindIE's uint32 check refuses at startup counts as 0 here)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def mindie_rules(n: int) -> list[Rule]:
+    def quant(c):
+        return col(c, "quantization", "none", n).astype(str)
+
+    def kv(c):
+        kv = col(c, "kv_cache_dtype", "auto", n).astype(str)
+        return np.where(kv == col(c, "precision", "bf16", n).astype(str), "auto", kv)
+
+    def prefix(c):
+        return np.asarray(col(c, "enable_prefix_caching", True, n)).astype(bool)
+
+    def chunked(c):
+        return np.asarray(col(c, "enable_chunked_prefill", True, n)).astype(bool)
+
+    def over(c, name: str, limit) -> np.ndarray:
+        value = _engine(c, name, n)
+        if value is None:
+            return np.zeros(n, dtype=bool)
+        return np.array([_number(v) > float(m) for v, m in zip(value, np.broadcast_to(limit, (n,)))], dtype=bool)
+
+    def max_iter_over(c) -> np.ndarray:
+        context = fact(c, "max_model_len", n).astype(int)
+        return over(c, "maxIterTimes", context) & (context > 0)
+
+    return [
+        (
+            "MindIE Service runs on Ascend NPUs only",
+            lambda c: np.isin(fact(c, "accelerator", n).astype(str), ["cuda", "cpu"]),
+        ),
+        (
+            "MindIE has no pipeline parallelism: ModelConfig's worldSize is the tensor-parallel size "
+            "(src/config_manager/model_deploy_config.cpp)",
+            lambda c: col(c, "pp", 1, n).astype(int) > 1,
+        ),
+        (
+            "MindIE's cacheBlockSize is at most 128 and a multiple of 16 (service_parameter_configuration.md, "
+            "schedule_config.cpp)",
+            lambda c: (
+                (col(c, "block_size", 128, n).astype(int) > 128) | (col(c, "block_size", 128, n).astype(int) % 16 != 0)
+            ),
+        ),
+        (
+            "MindIE runs its own (ATB) graph: graph_mode eager and torchair are vLLM / vLLM-Ascend settings",
+            lambda c: col(c, "graph_mode", "graph", n).astype(str) != "graph",
+        ),
+        (
+            "MindIE's KV cache is the model dtype, or int8 (C8) from msModelSlim weights: no bf16/fp16/fp8 setting",
+            lambda c: np.isin(kv(c), ["bf16", "fp16", "fp8"]),
+        ),
+        (
+            "an int8 KV cache in MindIE is C8 from msModelSlim-quantized weights: quantization none cannot have it",
+            lambda c: (kv(c) == "int8") & (quant(c) == "none"),
+        ),
+        (
+            "MindIE needs maxPrefillTokens (max_num_batched_tokens) >= maxInputTokenLen, the longest prompt "
+            "(service_parameter_configuration.md)",
+            lambda c: (
+                (fact(c, "max_prompt_len", n).astype(int) > 0)
+                & (col(c, "max_num_batched_tokens", 8192, n).astype(int) < fact(c, "max_prompt_len", n).astype(int))
+            ),
+        ),
+        (
+            "MindIE's prefix cache supports Qwen2/2.5/3 and DeepSeek-R1/V3 models only "
+            "(docs/zh/user_guide/feature/prefix_cache.md)",
+            lambda c: prefix(c) & _known(c, n, PREFIX_CACHE_MODELS),
+        ),
+        (
+            "MindIE's prefix cache supports W8A8 and W4A8 quantization only (prefix_cache.md), "
+            "not weight-only int8/int4",
+            lambda c: prefix(c) & np.isin(quant(c), ["int8", "int4"]),
+        ),
+        (
+            "MindIE's SplitFuse (chunked prefill) supports LLaMA3.1-70B and Qwen2/2.5/3 models only "
+            "(docs/zh/user_guide/feature/splitFuse.md)",
+            lambda c: chunked(c) & _known(c, n, SPLITFUSE_MODELS),
+        ),
+        (
+            "MindIE's SplitFuse (chunked prefill) supports W8A8 quantization only (splitFuse.md)",
+            lambda c: chunked(c) & np.isin(quant(c), ["int8", "int4"]),
+        ),
+        (
+            "MindIE's maxPrefillBatchSize must be at most maxBatchSize (max_num_seqs) (schedule_config.cpp)",
+            lambda c: over(c, "maxPrefillBatchSize", col(c, "max_num_seqs", 256, n).astype(int)),
+        ),
+        ("MindIE's maxIterTimes must be at most maxSeqLen, the workload's max_model_len", max_iter_over),
+        (
+            "MindIE settings autotune renders from its own names (maxBatchSize <- max_num_seqs, "
+            "maxPrefillTokens, cacheBlockSize, worldSize, npuMemSize, plugin_params, templateType, ...) "
+            "cannot also be set as engine.NAME",
+            lambda c: np.full(n, any(name in MINDIE_SET_BY_AUTOTUNE for name in engine_names(c))),
+        ),
+        (
+            "engine.NAME is not a MindIE config.json setting (MindIE-LLM 3.0.0.beta.1: ServerConfig, BackendConfig, "
+            "ModelDeployConfig, ModelConfig, ScheduleConfig)",
+            lambda c: np.full(n, any(name not in MINDIE_KEYS for name in engine_names(c))),
+        ),
+    ]
+
+
+# the daemon's ports are the probe's placeholders (JSON numbers once filled in)
+_PORTS = {"port": "{port}", "managementPort": "{management_port}", "metricsPort": "{metrics_port}"}
+
+
+def mindie_config_text(
+    config: dict[str, Any], model: dict[str, Any], workload: dict[str, Any], weight_path: str, model_name: str
+) -> str:
+    """One replica's config.json: MindIE's default with the trial's settings, plain HTTP on
+    127.0.0.1, and the probe's ``{port}``/``{management_port}``/``{metrics_port}`` (unquoted: numbers)."""
+    prompt, output = longest_lengths(workload)
+    settings = mindie_settings(
+        config,
+        max_model_len=int(workload.get("max_model_len") or 0),
+        max_prompt_len=prompt,
+        max_output_len=output,
+        model_name=model_name,
+        weight_path=weight_path,
+    )
+    server = {
+        "ServerConfig": {
+            "ipAddress": "127.0.0.1",
+            "managementIpAddress": "127.0.0.1",
+            **_PORTS,
+            "httpsEnabled": False,
+            "interCommTLSEnabled": False,
+        },
+        "BackendConfig": {"interNodeTLSEnabled": False},
+    }
+    text = json.dumps(merge_config(merge_config(MINDIE_DEFAULT_CONFIG, settings), server), indent=1)
+    for placeholder in _PORTS.values():
+        text = text.replace(json.dumps(placeholder), placeholder)
+    return text
+
+
+def mindie_launch(run: PresetRun) -> PresetLaunch:
+    """``engine.json`` for the serving probe: one ``mindieservice_daemon`` per replica."""
+    config, model, workload = run.config, run.model, run.workload
+    weight_path = model.get("path")
+    if not weight_path:
+        raise ValueError(
+            "MindIE loads real weights: the model must name its checkpoint (model.path, the folder of its config.json)"
+        )
+    text = mindie_config_text(config, model, workload, str(weight_path), SERVED_MODEL_NAME)
+    argv = [*(run.entry or [DEFAULT_ENTRY]), *run.user]
+    env = {
+        "MIES_CONFIG_JSON_PATH": "{replica_dir}/config.json",
+        "ASCEND_RT_VISIBLE_DEVICES": "{devices}",
+        "MINDIE_LOG_TO_STDOUT": "1",
+        **mindie_env(config),
+    }
+    tp = int(config.get("tp", 1))
+    devices = [list(range(k * tp, (k + 1) * tp)) for k in range(int(config.get("replicas", 1) or 1))]
+    engine = {
+        "engine": "mindie",
+        "replicas": [
+            {"argv": list(argv), "env": dict(env), "devices": d, "files": {"config.json": text}} for d in devices
+        ],
+        "files": {},
+        "api": {
+            "completions": "/v1/completions",
+            "health": "/health",
+            "metrics": "/metrics",
+            "metrics_port": "metrics_port",
+            "health_port": "management_port",
+            "model": SERVED_MODEL_NAME,
+        },
+        "metrics_names": METRICS_NAMES,
+        "startup_failures": STARTUP_FAILURES,
+        "prompt": "token_ids",
+        "startup_timeout_s": float(workload.get("startup_timeout_s") or 600.0),
+        "version": "",
+    }
+    return PresetLaunch(list(PROBE_ARGV), files={ENGINE_FILE: json.dumps(engine, indent=1)})
+
+
+STACK = Stack(
+    name="mindie",
+    rules=mindie_rules,
+    memory_rule=None,
+    exporter=MindIEExporter(),
+    supported_versions="MindIE-LLM 3.0 (checked: the 3.0.0.beta.1 source and docs, Ascend/MindIE-LLM at 5e896196)",
+    workloads=("serve",),
+    default_when=lambda backend, accelerator, searched: backend == "mindie",  # only when named
+    launch=mindie_launch,
+    default_entry=DEFAULT_ENTRY,
+    entry_example=DEFAULT_ENTRY,
+)
