@@ -237,7 +237,10 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
             and (os.sep in backend.entry or backend.entry.endswith(".py"))
         ):  # a script path is relative to the spec (a bare name, e.g. mindieservice_daemon, is a command)
             entry_backend = backend.model_copy(update={"entry": str(spec.source_path.resolve().parent / backend.entry)})
-        launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, backend.python, nodes=nodes)
+        python = backend.python
+        if python and os.sep in python and not os.path.isabs(python) and spec.source_path is not None:
+            python = str(spec.source_path.resolve().parent / python)  # an interpreter path is relative to the spec
+        launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, python, nodes=nodes)
         return ProbeLaunch(
             argv=launch["argv"],
             env={**launch["env"], **env},

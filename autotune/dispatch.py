@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
+from autotune.workers.protocol import ProbeResult, TrialRequest, attach_requests_file, write_trial_file
 
 __all__ = [
     "Dispatcher",
@@ -357,7 +357,7 @@ class LocalProcessDispatcher(Dispatcher):
                     callback(number, event)
 
             argv, reader = prepare_launch(launch, path)
-            return run_probe_process(
+            result = run_probe_process(
                 argv,
                 probe_env(request, launch),
                 path,
@@ -368,6 +368,7 @@ class LocalProcessDispatcher(Dispatcher):
                 metric_patterns=launch.metric_patterns,
                 log_reader=reader,
             )
+            return attach_requests_file(result)
         except Exception as exc:
             return _crash(exc, "running the probe failed")
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.workers.protocol import ProbeResult, write_trial_file
+from autotune.workers.protocol import ProbeResult, attach_requests_file, write_trial_file
 
 from .dispatch import (
     NODE_PLACEHOLDERS,
@@ -161,6 +161,7 @@ def _ray_probe_task(
         finally:
             if batcher is not None:
                 batcher.flush()  # the last batch, before the result: the driver sees every event
+        attach_requests_file(result)  # before the trial's folder is removed
     result.info.setdefault("host", socket.gethostname())
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):

@@ -226,15 +226,18 @@ REQUESTS_FILE = "requests.jsonl"
 def copy_requests_file(result: Any, folder: Path) -> None:
     """A serving probe's per-request records (``info["serving"]["requests_file"]``, written in the
     probe's own folder) kept as ``trials/NNNN/requests.jsonl``: the evidence every SLO verdict and
-    percentile is recomputed from. A probe on another host leaves a path this host cannot read:
-    then the result says so and nothing is copied."""
+    percentile is recomputed from. The worker carries the text back in the result
+    (``requests_jsonl``, :func:`autotune.workers.protocol.attach_requests_file`); it is written
+    here and dropped from the result, whose ``requests_file`` then names the copy."""
     serving = (getattr(result, "info", None) or {}).get("serving") or {}
-    source = serving.get("requests_file")
-    if not source:
+    text = serving.pop("requests_jsonl", None)  # carried back by the worker (protocol.attach_requests_file)
+    if isinstance(text, str):
+        (folder / REQUESTS_FILE).write_text(text)
+        serving["requests_file"] = REQUESTS_FILE
         return
-    path = Path(source)
-    if path.is_file():
-        shutil.copyfile(path, folder / REQUESTS_FILE)
+    source = serving.get("requests_file")
+    if source and Path(source).is_file():
+        shutil.copyfile(source, folder / REQUESTS_FILE)
         serving["requests_file"] = REQUESTS_FILE
 
 

@@ -136,3 +136,39 @@ def test_serving_trial_tags_and_plot(tmp_path: Path):
     png = latency_vs_rate_plot(rates, {"ttft_p99_ms": 1000.0}, tmp_path / "plot.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert latency_vs_rate_plot([], {}, tmp_path / "none.png") is None
+
+
+def test_a_simulated_serving_study_tracks_the_slo_rates_and_plot_and_exports_vllm(write_spec, tmp_path: Path):
+    """The 910B serving spec on the simulator: the parent run carries the SLO and the traffic, each
+    child its goodput, percentiles, the rates tried and a latency-vs-rate plot; the exports are the
+    vLLM launch and never a training one."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from support import REPO, mlflow_runs
+
+    text = (REPO / "search_spaces" / "llama2_7b_serve_8npu.yaml").read_text().replace("n_trials: 16", "n_trials: 3")
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(write_spec(text)), "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    parents, children = mlflow_runs(run_dir, "llama2-7b-serve-8npu")
+    params = parents[0].data.params
+    assert params["slo.ttft_p99_ms"] == "2000.0" and params["slo.tpot_p99_ms"] == "80.0"
+    assert params["traffic.rates"] == "2,4,8,12,16,24,32,48" and params["workload"] == "serve"
+    assert len(children) == 3
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    for child in children:
+        m, tags = child.data.metrics, child.data.tags
+        assert m["goodput_rps_per_device"] > 0 and m["ttft_p99_ms"] > 0 and m["tpot_p99_ms"] > 0
+        assert tags["autotune.serving.rates_tried"] and tags["autotune.source"] == "simulated"
+        assert "ttft_p99_ms 2000" in tags["autotune.serving.slo"]
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert "latency_vs_rate.png" in names
+    exported = {p.name for p in (run_dir / "export").iterdir()}
+    assert "serve_vllm.sh" in exported and not exported & {"launch_megatron.sh", "deepspeed_config.json"}
+    refused = CliRunner().invoke(
+        app, ["export", str(write_spec(text)), "--run-dir", str(run_dir), "--format", "megatron"]
+    )
+    assert refused.exit_code != 0 and "serv" in refused.output

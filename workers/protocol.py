@@ -26,6 +26,7 @@ __all__ = [
     "ENV_NAME",
     "ProbeResult",
     "TrialRequest",
+    "attach_requests_file",
     "classify_failure",
     "native_cause",
     "oom_evidence",
@@ -301,3 +302,27 @@ def classify_failure(returncode: int | None, output: Iterable[str] | str, timed_
         (ln for ln in reversed(said) if _CAUSE.search(ln) and not _LAUNCHER.search(ln)), said[-1] if said else ""
     )
     return "crash", f"probe exited with status {returncode}" + (f": {tail[:300]}" if tail else "")
+
+
+MAX_REQUESTS_FILE_BYTES = 256 << 20  # a serving probe's per-request records: a long study at a high rate
+
+
+def attach_requests_file(result: ProbeResult) -> ProbeResult:
+    """On the worker, before the trial's folder goes: a serving probe's per-request records
+    (``info["serving"]["requests_file"]``) carried in the result (``requests_jsonl``), so the
+    driver keeps them beside the study wherever the probe ran (the evidence every SLO verdict is
+    recomputed from). Larger than :data:`MAX_REQUESTS_FILE_BYTES`: left out, and said so."""
+    serving = result.info.get("serving") if isinstance(result.info, dict) else None
+    source = serving.get("requests_file") if isinstance(serving, dict) else None
+    if not source or "requests_jsonl" in serving:
+        return result
+    path = Path(source)
+    try:
+        size = path.stat().st_size
+        if size > MAX_REQUESTS_FILE_BYTES:
+            serving["requests_file_note"] = f"{size:,} bytes: above {MAX_REQUESTS_FILE_BYTES:,}, not carried back"
+        else:
+            serving["requests_jsonl"] = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        serving["requests_file_note"] = f"not readable on the worker: {exc}"
+    return result

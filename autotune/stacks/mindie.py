@@ -39,7 +39,7 @@ from ._base import PresetLaunch, PresetRun, Rule, Stack, col, engine_names, fact
 __all__ = ["METRICS_NAMES", "SERVED_MODEL_NAME", "STACK", "STARTUP_FAILURES", "mindie_config_text", "mindie_rules"]
 
 ENGINE_FILE = "engine.json"
-PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe"]
+PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/" + ENGINE_FILE]
 DEFAULT_ENTRY = "mindieservice_daemon"
 SERVED_MODEL_NAME = "autotune-model"
 # MindIE's Prometheus names (prometheus_metrics.cpp InitPrometheusMetrics; tests/fixtures/mindie/metrics.txt)

@@ -49,8 +49,8 @@ __all__ = [
     "vllm_rules",
 ]
 
-ENGINE_FILE = "engine.json"  # beside the trial file: what the serving probe starts (the serving contract)
-PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe"]
+ENGINE_FILE = "engine.json"  # in the trial's folder ({trial_dir}): what the serving probe starts
+PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/" + ENGINE_FILE]
 DEFAULT_ENTRY = "-m vllm.entrypoints.openai.api_server"
 SERVED_MODEL_NAME = "autotune-model"
 

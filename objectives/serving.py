@@ -1,0 +1,249 @@
+"""Serving metrics: what a request's latencies are, when it is good, what one offered rate
+measured, which rate is the operating point, and what a million output tokens cost.
+
+Pure functions over per-request records (the dicts the serving probe writes to ``requests.jsonl``,
+one per request: ``ok``, ``sent_s``, ``output_tokens``, ``ttft_ms``, ``itl_ms``, ``e2e_ms``...).
+The probe computes its verdict with them, the driver logs with them, and a test recomputes a
+stored trial's verdict from its ``requests.jsonl`` with them: one definition, so a reported
+goodput can always be checked against the requests it came from. Why each definition is this one:
+
+- **TTFT, TPOT, ITL, E2E** follow vLLM's ``benchmarks/serve.py`` (``calculate_metrics``), the
+  numbers teams compare with: TTFT from sending the request to the first streamed token; E2E to
+  the last; a request's TPOT = (E2E - TTFT) / (output tokens - 1), its mean decode time per token
+  after the first (a request with one output token has none); ITL = every gap between streamed
+  chunks, pooled over requests (a chunk may hold several tokens, so ITL and TPOT differ).
+  Percentiles are ``numpy.percentile``'s linear interpolation, as vLLM's are, over the requests
+  that completed.
+- **A good request** meets every per-request target at once: its own TTFT, TPOT and E2E against
+  ``ttft_p99_ms``, ``tpot_p99_ms``, ``e2e_p99_ms`` (a missing target is no constraint; a request
+  with no TPOT meets the TPOT target, as vLLM counts it). This is DistServe's per-request SLO
+  attainment (Zhong et al., "DistServe: Disaggregating Prefill and Decoding for Goodput-optimized
+  Large Language Model Serving", OSDI 2024, section 2: a request attains its SLO when both its
+  TTFT and its TPOT are within target), and vLLM's ``--goodput`` rule (``s >= r`` for every
+  target). ITL has no per-request meaning here (a request has many gaps), so it enters only the
+  rate's p99 check.
+- **Goodput** = good requests per second over the load window; **SLO attainment** = good /
+  sent. The load window runs from the rate's start (``sent_s`` counts from it; the first arrival
+  is at 0) to the later of the end of the arrival window (``duration_s``) and the last response's
+  end. That is vLLM's ``benchmark_duration`` (benchmark start to the last completion) for an
+  arrival process that runs for a fixed time: ending at the last response alone would, on a short
+  window whose last arrival came early, divide by less time than the traffic was offered over
+  (goodput above the offered rate), and ending at the arrival window alone would credit an
+  overloaded server with requests it finished long after it.
+- **A rate meets the SLO** when every request completed (a failed request is never "within
+  target") and the p99 of TTFT, TPOT (and ITL, E2E when given) is within its target: the p99
+  targets the workload states, checked as the percentiles they are.
+- **The operating point** is the highest rate tried whose SLO was met; DistServe's goodput is
+  that highest sustainable rate. When no rate met the SLO the lowest rate tried is reported with
+  goodput 0 and ``max_rate_rps`` 0: a measurement (this config cannot meet the SLO at any rate
+  tried), not a failure.
+- **Cost per million output tokens** = cost per device-hour x devices / million output tokens an
+  hour at the operating point: what serving this traffic on this layout costs, comparable across
+  layouts of different sizes.
+
+numpy is the only dependency: the probe imports this module on worker nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "SLO_KEYS",
+    "PERCENTILES",
+    "LATENCIES",
+    "percentile",
+    "request_tpot_ms",
+    "request_good",
+    "load_window_s",
+    "summarize_rate",
+    "operating_point",
+    "serving_metrics",
+    "batch_summary",
+    "cost_per_million_output_tokens",
+]
+
+SLO_KEYS = ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms")
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+_ROUND = 6  # digits kept in summaries: enough for ms and req/s, and stable to compare
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) by linear interpolation (numpy's default, vLLM's choice);
+    None for no values, so that "nothing measured" is never read as 0 ms."""
+    data = [float(v) for v in values if v is not None]
+    if not data:
+        return None
+    return float(np.percentile(np.asarray(data, dtype=float), q))
+
+
+def request_tpot_ms(record: Mapping[str, Any]) -> float | None:
+    """(E2E - TTFT) / (output tokens - 1): the request's mean time per output token after the
+    first; None when it produced fewer than two tokens or did not complete."""
+    n = record.get("output_tokens") or 0
+    ttft, e2e = record.get("ttft_ms"), record.get("e2e_ms")
+    if not record.get("ok") or n < 2 or ttft is None or e2e is None:
+        return None
+    return (float(e2e) - float(ttft)) / (int(n) - 1)
+
+
+def _target(slo: Mapping[str, Any], key: str) -> float | None:
+    value = slo.get(key)
+    return None if value is None else float(value)
+
+
+def request_good(record: Mapping[str, Any], slo: Mapping[str, Any]) -> bool:
+    """True when the request completed and its own TTFT, TPOT and E2E are within the targets."""
+    if not record.get("ok"):
+        return False
+    checks = (
+        ("ttft_p99_ms", record.get("ttft_ms")),
+        ("tpot_p99_ms", request_tpot_ms(record)),
+        ("e2e_p99_ms", record.get("e2e_ms")),
+    )
+    for key, value in checks:
+        target = _target(slo, key)
+        if target is None or (value is None and key == "tpot_p99_ms"):
+            continue
+        if value is None or float(value) > target:
+            return False
+    return True
+
+
+def load_window_s(records: Sequence[Mapping[str, Any]], duration_s: float | None = None) -> float:
+    """The seconds the measurement covers. With ``duration_s`` (open-loop load): from the phase's
+    start to the later of ``duration_s`` and the last response's end. Without (a closed-loop
+    batch): from the first send to the last response's end. A failed request counts until it
+    failed."""
+    ends = [float(r.get("sent_s") or 0.0) + float(r.get("e2e_ms") or 0.0) / 1000.0 for r in records]
+    if duration_s is not None:
+        return max([float(duration_s), *ends])
+    if not records:
+        return 0.0
+    return max(max(ends) - min(float(r.get("sent_s") or 0.0) for r in records), 0.0)
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), _ROUND)
+
+
+def summarize_rate(
+    records: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], rate: float | None, duration_s: float
+) -> dict:
+    """What one offered rate measured, from its records (phase ``load``) and its arrival window
+    ``duration_s``: request counts, goodput, attainment, throughput, p50/p90/p99 of each latency,
+    and whether the SLO was met."""
+    done = [r for r in records if r.get("ok")]
+    failed = len(records) - len(done)
+    good = sum(1 for r in done if request_good(r, slo))
+    window = load_window_s(records, duration_s)
+    per_s = (lambda x: x / window) if window > 0 else (lambda x: 0.0)
+    series = {
+        "ttft": [r.get("ttft_ms") for r in done],
+        "tpot": [request_tpot_ms(r) for r in done],
+        "itl": [gap for r in done for gap in (r.get("itl_ms") or [])],
+        "e2e": [r.get("e2e_ms") for r in done],
+    }
+    out: dict[str, Any] = {
+        "rate": rate,
+        "requests": len(records),
+        "completed": len(done),
+        "failed": failed,
+        "good": good,
+        "window_s": _r(window),
+        "goodput_rps": _r(per_s(good)),
+        "slo_attainment": _r(good / len(records)) if records else 0.0,
+        "request_throughput_rps": _r(per_s(len(done))),
+        "output_tokens_per_s": _r(per_s(sum(int(r.get("output_tokens") or 0) for r in done))),
+    }
+    for name, values in series.items():
+        for q in PERCENTILES:
+            out[f"{name}_p{q}_ms"] = _r(percentile(values, q))
+    met = bool(records) and failed == 0
+    for key in SLO_KEYS:
+        target = _target(slo, key)
+        measured = out.get(key)
+        if target is not None and measured is not None and measured > target:
+            met = False
+    if met and _target(slo, "ttft_p99_ms") is not None and out["ttft_p99_ms"] is None:
+        met = False  # nothing completed: no TTFT to meet the target with
+    out["slo_met"] = met
+    return out
+
+
+def operating_point(summaries: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, bool]:
+    """(the summary of the highest rate whose SLO was met, True), else (the lowest rate's, False);
+    (None, False) when no rate was measured."""
+    if not summaries:
+        return None, False
+    met = [s for s in summaries if s.get("slo_met")]
+    if met:
+        return max(met, key=lambda s: float(s["rate"])), True
+    return min(summaries, key=lambda s: float(s["rate"])), False
+
+
+def serving_metrics(summaries: Sequence[Mapping[str, Any]], devices: int) -> dict[str, float]:
+    """The trial's metrics at its operating point (see the module docstring); ``devices`` = the
+    devices of the layout (replicas x tp x pp). Latency percentiles that could not be measured
+    are left out, never reported as 0."""
+    point, met = operating_point(summaries)
+    if point is None:
+        return {}
+    devices = max(int(devices), 1)
+    goodput = float(point["goodput_rps"] or 0.0) if met else 0.0
+    tokens = float(point["output_tokens_per_s"] or 0.0)
+    out: dict[str, float] = {
+        "goodput_rps": goodput,
+        "goodput_rps_per_device": goodput / devices,
+        "max_rate_rps": float(point["rate"]) if met else 0.0,
+        "slo_attainment": float(point["slo_attainment"] or 0.0),
+        "request_throughput_rps": float(point["request_throughput_rps"] or 0.0),
+        "output_tokens_per_s": tokens,
+        "output_tokens_per_s_per_device": tokens / devices,
+        "requests_failed": float(sum(int(s.get("failed") or 0) for s in summaries)),
+    }
+    for name in LATENCIES:
+        for q in PERCENTILES:
+            value = point.get(f"{name}_p{q}_ms")
+            if value is not None:
+                out[f"{name}_p{q}_ms"] = float(value)
+    return out
+
+
+def batch_summary(records: Sequence[Mapping[str, Any]], batch: int) -> dict[str, Any]:
+    """Closed-loop figures of one batch of ``batch`` concurrent requests: TTFT (the last first
+    token of the batch: the batch's prefill), time until every sequence has 100 new tokens (TTFT +
+    99 x TPOT per request, the last of the batch; extrapolated when fewer were asked), and output
+    tokens per second over the batch."""
+    done = [r for r in records if r.get("ok")]
+    if not done:
+        return {"batch": batch, "requests": len(records), "failed": len(records)}
+    ttft = max(float(r["ttft_ms"]) for r in done)
+    to_100 = []
+    for r in done:
+        tpot = request_tpot_ms(r)
+        to_100.append(float(r["ttft_ms"]) / 1000.0 + 99.0 * (tpot or 0.0) / 1000.0)
+    window = load_window_s(records)
+    tokens = sum(int(r.get("output_tokens") or 0) for r in done)
+    return {
+        "batch": batch,
+        "requests": len(records),
+        "failed": len(records) - len(done),
+        "ttft_ms": _r(ttft),
+        "time_for_100_tokens_s": _r(max(to_100)),
+        "output_tokens_per_s": _r(tokens / window) if window > 0 else 0.0,
+    }
+
+
+def cost_per_million_output_tokens(
+    cost_per_device_hour: float | None, devices: int, output_tokens_per_s: float | None
+) -> float | None:
+    """Cost per device-hour x devices / (output tokens an hour / 1e6); None when the cost is unknown
+    or nothing was generated."""
+    if cost_per_device_hour is None or not output_tokens_per_s or output_tokens_per_s <= 0:
+        return None
+    return float(cost_per_device_hour) * max(int(devices), 1) / (float(output_tokens_per_s) * 3600.0 / 1e6)

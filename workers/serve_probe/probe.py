@@ -1,0 +1,465 @@
+"""The serving probe: engine up, warm-up, open-loop load at the rates the bisection picks, the
+closed-loop batch sweep, engine down; the protocol's lines on stdout and ``requests.jsonl``.
+
+Order of a run (docs/ARCHITECTURE.md, "The probe protocol"):
+
+1. read the trial file and ``engine.json`` beside it (what the stack preset rendered: the
+   engine's own launch, per replica);
+2. start the replicas and wait for every health check (``startup_timeout_s``), a heartbeat step
+   every 5 s so the driver sees it alive;
+3. warm up: ``warmup_requests`` one at a time, round-robin over replicas (at least one each), not
+   recorded: first requests pay for lazy initialisation, which is no property of the config;
+4. for each rate the bisection picks: the rate's planned arrivals sent open-loop, the engine's
+   ``/metrics`` sampled meanwhile, a step event with the rate's summary; requests that failed
+   end the probe as ``crash`` (the engine's answer quoted) unless the engine itself died
+   (``crash`` with its exit and its own last error);
+5. the closed-loop batches of ``batch_sweep``;
+6. one ``{"metrics": ..., "info": {"serving": ...}}`` line: the operating point's metrics
+   (objectives/serving.py), the rates tried, the per-request records file.
+
+Whatever happens (a failure, SIGTERM from the driver's deadline or pruning, Ctrl-C), ``finally``
+stops every replica and every process they started before the probe exits. Workers import
+nothing of the driver: this module needs the standard library, numpy, aiohttp, prometheus_client
+and ``autotune.objectives.serving``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import aiohttp
+
+from autotune.objectives import serving
+
+from ..protocol import TRIAL_FILE_ENV, TrialRequest, read_trial_file
+from . import traffic as traffic_mod
+from .client import Endpoint, LeastOutstanding, closed_batch, new_session, open_loop, send_request
+from .engine import Engines, fit
+from .failure import ProbeFailure, Terminated
+from .prom import MetricsSampler
+from .rates import Bisection
+
+__all__ = ["main", "ENGINE_FILE", "REQUESTS_FILE"]
+
+ENGINE_FILE = "engine.json"
+REQUESTS_FILE = "requests.jsonl"
+HEARTBEAT_S = 5.0
+STOP_GRACE_S = 10.0  # a normal end: time for the engine to shut down cleanly
+TERM_GRACE_S = 1.5  # after SIGTERM: the driver SIGKILLs the probe 3 s after it (workers/command.py)
+
+
+def emit(obj: Mapping[str, Any]) -> None:
+    """One protocol line on stdout, flushed (the driver reads it live)."""
+    sys.stdout.write(json.dumps(obj, default=float) + "\n")
+    sys.stdout.flush()
+
+
+def log(text: str) -> None:
+    sys.stderr.write(f"[serve_probe] {text}\n")
+    sys.stderr.flush()
+
+
+class Run:
+    """One trial's serving measurement (everything but the engines' lifetime)."""
+
+    def __init__(self, request: TrialRequest, spec: Mapping[str, Any], engines: Engines, trial_dir: Path) -> None:
+        self.request = request
+        self.spec = spec
+        self.engines = engines
+        self.trial_dir = trial_dir
+        self.workload = request.workload
+        self.traffic = dict(self.workload.get("traffic") or {})
+        self.slo = {k: (self.workload.get("slo") or {}).get(k) for k in serving.SLO_KEYS}
+        self.api = dict(spec.get("api") or {})
+        self.model_name = str(self.api.get("model", "autotune-model"))
+        self.prompt_mode = "text" if spec.get("prompt") == "text" else "token_ids"
+        self.vocab = int(request.model.get("vocab_size") or 32000)
+        self.records_path = trial_dir / REQUESTS_FILE
+        self.records_path.write_text("")
+        self.duration_s = float(self.traffic.get("duration_s", 30.0))
+        # an unanswered request is given up this long after the rate's last planned arrival
+        self.grace_s = float(self.workload.get("request_timeout_s") or max(30.0, 2.0 * self.duration_s))
+
+    # ------------------------------------------------------------------ helpers
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        with open(self.records_path, "a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+    @staticmethod
+    def _step(**fields: Any) -> None:
+        """A step event. Only a rate's carries ``step`` (its place in the order tried) and the
+        per-rate figures the driver keeps as the trial's metric history; heartbeats and
+        closed-loop batches carry other names, so that history stays one point per rate."""
+        emit({"event": "step", **fields})
+
+    def _check_engines(self, when: str) -> None:
+        dead = self.engines.dead()
+        if dead is not None:
+            raise ProbeFailure(*dead.exit_reason(when))
+
+    def _fail_on_errors(self, records: list[dict[str, Any]], what: str) -> None:
+        """Requests the engine answered with an error (or whose connection broke) end the trial:
+        the engine's exit when it died, else the engine's own answer. Requests given up at the
+        deadline are a measurement (an overloaded server), not a failure."""
+        broken = [r for r in records if not r["ok"] and r.get("error_kind") != "timeout"]
+        if not broken:
+            return
+        self._check_engines(f"during {what}")
+        first = broken[0]
+        raise ProbeFailure(
+            "crash",
+            fit(
+                f"{len(broken)} of {len(records)} requests failed during {what} "
+                f"(replica {first['replica']}): {first['error']}"
+            ),
+        )
+
+    # ------------------------------------------------------------------ phases
+    async def run(self) -> dict[str, Any]:
+        endpoints = [Endpoint(r.index, self.engines.url(r, "completions")) for r in self.engines.replicas]
+        metrics_urls = [self.engines.url(r, "metrics") for r in self.engines.replicas]
+        names = dict(self.spec.get("metrics_names") or {})
+        async with new_session() as session:
+            balancer = LeastOutstanding(endpoints)
+            sampler = MetricsSampler(session, metrics_urls, names)
+            version = await self._version(session)
+            await self._warmup(session, balancer)
+            summaries, engine_view = await self._rates(session, balancer, sampler)
+            closed = await self._batches(session, balancer)
+        return self._result(summaries, engine_view, closed, version, sampler)
+
+    async def _version(self, session: Any) -> str:
+        said = str(self.spec.get("version") or "")
+        if said:
+            return said
+        try:  # vLLM answers GET /version
+            url = self.engines.url(self.engines.replicas[0], "completions").split("/v1/")[0] + "/version"
+            async with session.get(url, timeout=_timeout(3)) as resp:
+                if resp.status == 200:
+                    data = await resp.json(content_type=None)
+                    if isinstance(data, dict) and data.get("version"):
+                        return f"{self.spec.get('engine', '')} {data['version']}".strip()
+        except Exception:  # the version is a courtesy
+            pass
+        return str(self.spec.get("engine", ""))
+
+    async def _warmup(self, session: Any, balancer: LeastOutstanding) -> None:
+        n = max(int(self.traffic.get("warmup_requests", 4) or 0), len(self.engines.replicas))
+        plan = traffic_mod.plan_batch(self.traffic, n, self.vocab, self.prompt_mode, salt=99)
+        records = []
+        for i, p in enumerate(plan):  # one at a time, round-robin: every replica is warm
+            pinned = LeastOutstanding([balancer.endpoints[i % len(balancer.endpoints)]])
+            start = time.perf_counter()
+            records.append(await send_request(session, pinned, p, self.model_name, start, start + self.grace_s))
+        failed = [r for r in records if not r["ok"]]
+        if failed:
+            self._check_engines("during the warm-up")
+            raise ProbeFailure(
+                "crash",
+                fit(
+                    f"{len(failed)} of {len(records)} warm-up requests failed (replica {failed[0]['replica']}): "
+                    f"{failed[0]['error']}"
+                ),
+            )
+        self._step(phase="warmup", requests=len(records))
+
+    async def _rates(
+        self, session: Any, balancer: LeastOutstanding, sampler: MetricsSampler
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        bisection = Bisection(self.traffic.get("rates") or [])
+        summaries: list[dict[str, Any]] = []
+        peak_kv: float | None = None
+        preemptions = 0.0
+        while (rate := bisection.next()) is not None:
+            plan = traffic_mod.plan_rate(self.traffic, rate, self.vocab, self.prompt_mode)
+            records, seen = await self._load(session, balancer, sampler, plan, rate)
+            for r in records:
+                r.update(rate=rate, phase="load", batch=None)
+            records = [_ordered(r) for r in sorted(records, key=lambda r: r["id"])]
+            self._write(records)
+            self._fail_on_errors(records, f"the load at {rate:g} req/s")
+            summary = serving.summarize_rate(records, self.slo, rate, self.duration_s)
+            # how late the client sent against the plan: an open loop that could not keep up says so
+            lag = serving.percentile([(r["sent_s"] - r["scheduled_s"]) * 1000.0 for r in records], 99)
+            summary["send_lag_p99_ms"] = None if lag is None else round(lag, 3)
+            if "kv_cache_usage" in seen:
+                summary["kv_cache_usage"] = seen["kv_cache_usage"]
+                peak_kv = seen["kv_cache_usage"] if peak_kv is None else max(peak_kv, seen["kv_cache_usage"])
+            if "preemptions" in seen:
+                summary["preemptions"] = seen["preemptions"]
+                preemptions += seen["preemptions"]
+            for key in ("running", "waiting"):
+                if key in seen:
+                    summary[f"max_{key}"] = seen[key]
+            summaries.append(summary)
+            bisection.report(summary["slo_met"])
+            self._step(step=len(summaries) - 1, phase="load", **{k: summary.get(k) for k in _STEP_FIELDS})
+        view: dict[str, float] = {}
+        if peak_kv is not None:
+            view["kv_cache_usage"] = peak_kv
+        if "preemptions" in sampler.found:
+            view["preemptions"] = preemptions
+        return summaries, view
+
+    async def _load(
+        self, session: Any, balancer: LeastOutstanding, sampler: MetricsSampler, plan: list, rate: float
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        t0 = time.perf_counter() + 0.05
+        deadline = t0 + (plan[-1].at_s if plan else 0.0) + self.grace_s
+
+        async def send(p: Any, start: float) -> dict[str, Any]:
+            return await send_request(session, balancer, p, self.model_name, start, deadline)
+
+        tasks = await open_loop(plan, send, t0)
+        everything = asyncio.gather(*tasks)
+        sampling = asyncio.ensure_future(sampler.during(everything))
+        next_beat = time.perf_counter() + HEARTBEAT_S
+        try:
+            while not everything.done():
+                await asyncio.wait([everything], timeout=0.5)
+                if self.engines.dead() is not None and not everything.done():
+                    # the engine is gone: what is in flight cannot complete, stop waiting for it
+                    await asyncio.wait([everything], timeout=2.0)
+                    if not everything.done():
+                        for t in tasks:
+                            t.cancel()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        self._check_engines(f"during the load at {rate:g} req/s")
+                now = time.perf_counter()
+                if now >= next_beat and not everything.done():
+                    finished = sum(1 for t in tasks if t.done())
+                    self._step(phase="loading", at_rps=rate, sent=_sent(plan, now - t0), finished=finished)
+                    next_beat = now + HEARTBEAT_S
+            records = everything.result()
+        finally:
+            seen = await sampling
+        return records, seen
+
+    async def _batches(self, session: Any, balancer: LeastOutstanding) -> dict[str, dict[str, Any]]:
+        """Each ``batch_sweep`` size b: b requests of the traffic's mean lengths sent at once to the
+        deployment (spread by the balancer), answered before the next size starts."""
+        closed: dict[str, dict[str, Any]] = {}
+        for b in self.workload.get("batch_sweep") or []:
+            b = int(b)
+            plan = traffic_mod.plan_batch(self.traffic, b, self.vocab, self.prompt_mode)
+
+            async def send(p: Any, start: float) -> dict[str, Any]:
+                return await send_request(
+                    session, balancer, p, self.model_name, start, time.perf_counter() + self.grace_s
+                )
+
+            records = await closed_batch(plan, send)
+            for r in records:
+                r.update(rate=None, phase="batch", batch=b)
+            records = [_ordered(r) for r in records]
+            self._write(records)
+            self._fail_on_errors(records, f"the closed-loop batch of {b}")
+            summary = serving.batch_summary(records, b)
+            closed[str(b)] = summary
+            self._step(phase="batch", **{k if k == "batch" else f"batch_{k}": v for k, v in summary.items()})
+        return closed
+
+    def _result(
+        self,
+        summaries: list[dict[str, Any]],
+        engine_view: dict[str, float],
+        closed: dict[str, dict[str, Any]],
+        version: str,
+        sampler: MetricsSampler,
+    ) -> dict[str, Any]:
+        p = self.request.params
+        devices = int(p.get("world_size") or int(p.get("replicas", 1)) * int(p.get("tp", 1)) * int(p.get("pp", 1)))
+        metrics = serving.serving_metrics(summaries, devices)
+        metrics.update(engine_view)
+        for b, s in closed.items():
+            for key in ("ttft_ms", "time_for_100_tokens_s", "output_tokens_per_s"):
+                if s.get(key) is not None:
+                    metrics[f"batch{b}_{key}"] = float(s[key])
+        point, met = serving.operating_point(summaries)
+        info = {
+            "serving": {
+                "slo": self.slo,
+                "duration_s": self.duration_s,
+                "rates": summaries,
+                "operating_rate": None if point is None else point["rate"],
+                "slo_met": met,
+                "requests_file": str(self.records_path),
+                "engine": version,
+                "closed_loop": closed,
+                "devices": devices,
+                "replicas": len(self.engines.replicas),
+                "metrics_read": sorted(sampler.found),
+                "metrics_errors": sampler.errors,
+            }
+        }
+        return {"metrics": metrics, "info": info}
+
+
+_STEP_FIELDS = (
+    "rate",
+    "slo_met",
+    "goodput_rps",
+    "slo_attainment",
+    "requests",
+    "failed",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "itl_p99_ms",
+    "e2e_p99_ms",
+    "output_tokens_per_s",
+    "kv_cache_usage",
+    "preemptions",
+)
+_RECORD_ORDER = (
+    "rate",
+    "phase",
+    "batch",
+    "id",
+    "replica",
+    "scheduled_s",
+    "sent_s",
+    "prompt_tokens",
+    "asked_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "itl_ms",
+    "e2e_ms",
+    "ok",
+    "error",
+    "error_kind",
+)
+
+
+def _ordered(record: dict[str, Any]) -> dict[str, Any]:
+    out = {k: record.get(k) for k in _RECORD_ORDER}
+    out.update({k: v for k, v in record.items() if k not in out})
+    return out
+
+
+def _sent(plan: list, elapsed: float) -> int:
+    return sum(1 for p in plan if p.at_s <= elapsed)
+
+
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=seconds)
+
+
+# ---------------------------------------------------------------------- entry point
+def _install_signals() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def _quiet_signals() -> None:
+    """While stopping the engines: a second signal must not cut the cleanup short."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _load_engine_spec(trial_dir: Path) -> dict[str, Any]:
+    path = trial_dir / ENGINE_FILE
+    try:
+        spec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProbeFailure(
+            "invalid", f"no {ENGINE_FILE} beside the trial file ({path}): the serving stack preset writes it"
+        ) from None
+    except ValueError as exc:
+        raise ProbeFailure("invalid", f"{path} is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ProbeFailure("invalid", f"{path} must hold a JSON object")
+    return spec
+
+
+def _check_workload(request: TrialRequest) -> None:
+    """A workload the probe cannot drive fails as ``invalid`` before any engine starts."""
+    traffic = dict(request.workload.get("traffic") or {})
+    try:
+        ladder = Bisection(traffic.get("rates") or [])
+        traffic_mod.plan_rate({**traffic, "duration_s": 0.0}, ladder.ladder[0], 1000)
+        traffic_mod.mean_lengths(traffic)
+        for b in request.workload.get("batch_sweep") or []:
+            if int(b) < 1:
+                raise ValueError(f"batch_sweep sizes must be at least 1, got {b}")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ProbeFailure("invalid", f"the serving workload cannot be driven: {exc}") from None
+
+
+def _print_engine_tail(engines: Engines | None, lines: int = 40) -> None:
+    if engines is None:
+        return
+    for replica in engines.replicas:
+        tail = replica.log_lines()[-lines:]
+        if tail:
+            log(f"--- engine replica {replica.index}: last {len(tail)} lines of {replica.log_path} ---")
+            for line in tail:
+                sys.stderr.write(line[:2000] + "\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.workers.serve_probe [TRIAL_FILE] [--engine ENGINE_JSON]`` (default
+    ``$AUTOTUNE_TRIAL_FILE``, and ``engine.json`` beside it). The folder of ``engine.json`` is the
+    probe's own (replica folders, ``requests.jsonl``): the dispatcher writes a launch's files into a
+    folder of the trial's (``{trial_dir}``). Exit 0 with a metrics line, 1 with a failure event,
+    128 + n when terminated by signal n."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    engine_file: Path | None = None
+    if "--engine" in args:
+        at = args.index("--engine")
+        if at + 1 >= len(args):
+            emit({"event": "failure", "status": "invalid", "reason": "--engine needs the path of engine.json"})
+            return 2
+        engine_file = Path(args[at + 1])
+        del args[at : at + 2]
+    path = args[0] if args else os.environ.get(TRIAL_FILE_ENV)
+    if not path:
+        emit({"event": "failure", "status": "invalid", "reason": f"no trial file: pass it or set {TRIAL_FILE_ENV}"})
+        return 2
+    trial_file = Path(path)
+    engines: Engines | None = None
+    terminated: Terminated | None = None
+    code = 1
+    _install_signals()
+    try:
+        request = read_trial_file(trial_file)
+        trial_dir = engine_file.resolve().parent if engine_file else trial_file.resolve().parent
+        spec = _load_engine_spec(trial_dir)
+        _check_workload(request)
+        engines = Engines(spec, trial_dir, request.cluster, request.env())
+        timeout = float(spec.get("startup_timeout_s") or request.workload.get("startup_timeout_s") or 600.0)
+        engines.start()
+        log(f"started {len(engines.replicas)} engine replica(s); logs in {trial_dir}/replica*/engine.log")
+
+        def beat(elapsed: float, waiting: list[int]) -> None:
+            emit({"event": "step", "phase": "startup", "elapsed_s": round(elapsed, 1), "waiting_for": waiting})
+
+        startup_s = engines.wait_healthy(timeout, beat)
+        log(f"engines healthy after {startup_s:.1f} s")
+        result = asyncio.run(Run(request, spec, engines, trial_dir).run())
+        result["info"]["serving"]["startup_s"] = round(startup_s, 3)
+        emit(result)
+        code = 0
+    except ProbeFailure as failure:
+        _print_engine_tail(engines)
+        emit({"event": "failure", "status": failure.status, "reason": fit(failure.reason)})
+        code = 1
+    except Terminated as sig:
+        terminated = sig
+        code = 128 + sig.signum
+    finally:
+        _quiet_signals()
+        if engines is not None:
+            log(engines.stop(TERM_GRACE_S if terminated is not None else STOP_GRACE_S))
+    return code
