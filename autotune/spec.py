@@ -634,6 +634,19 @@ def env_value(value: Any) -> str:
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
+# the engine settings only a serve workload has (fields of SpaceSpec)
+SERVE_PARAMS = (
+    "replicas",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "memory_utilization",
+    "graph_mode",
+)
+
+
 class SpaceSpec(_Strict):
     """Values per canonical parameter (docs/ARCHITECTURE.md). A parameter left out keeps its default
     (``tp``/``pp``/``cp``/``vpp`` 1, ``recompute`` none, ``zero_stage`` 0, ``precision`` bf16...)."""
@@ -691,14 +704,7 @@ class SpaceSpec(_Strict):
         "mode",
         "kv_cache_dtype",
         "quantization",
-        "replicas",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "block_size",
-        "enable_chunked_prefill",
-        "enable_prefix_caching",
-        "memory_utilization",
-        "graph_mode",
+        *SERVE_PARAMS,
     )
     @classmethod
     def _non_empty_unique(cls, v: Any) -> Any:
@@ -771,17 +777,6 @@ class SpaceSpec(_Strict):
 
 
 CANONICAL_PARAMS = tuple(n for n in SpaceSpec.model_fields if n not in ("env", "engine"))
-# the engine settings only a serve workload has
-SERVE_PARAMS = (
-    "replicas",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "memory_utilization",
-    "graph_mode",
-)
 DERIVED_PARAMS = ("dp", "grad_accum", "world_size")
 
 

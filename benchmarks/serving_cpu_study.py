@@ -42,7 +42,7 @@ def _study(data: dict, run_dir: Path, tmp: Path, name: str):
     spec_path = tmp / f"{name}.yaml"
     data = {**data, "name": name}
     backend = dict(data["backend"])
-    backend["python"] = str((SPEC.parent / backend["python"]).resolve())
+    backend["python"] = os.path.abspath(SPEC.parent / backend["python"])  # not resolve(): a venv's python is a link
     data["backend"] = backend
     spec_path.write_text(yaml.safe_dump(data))
     spec = load_spec(spec_path)

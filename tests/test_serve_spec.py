@@ -172,3 +172,24 @@ def test_a_simulated_serving_study_tracks_the_slo_rates_and_plot_and_exports_vll
         app, ["export", str(write_spec(text)), "--run-dir", str(run_dir), "--format", "megatron"]
     )
     assert refused.exit_code != 0 and "serv" in refused.output
+
+
+def test_the_workers_records_come_back_in_the_result_and_land_beside_the_study(tmp_path: Path):
+    """A probe's folder on a worker is removed after the trial: the records travel in the result
+    and are written as trials/NNNN/requests.jsonl, and result.json then names that copy."""
+    from autotune.records import save_trial_files
+    from autotune.workers.protocol import ProbeResult, attach_requests_file
+
+    probe_dir = tmp_path / "worker"
+    probe_dir.mkdir()
+    (probe_dir / "requests.jsonl").write_text('{"id": 0, "ttft_ms": 12.5}\n')
+    result = ProbeResult(
+        "ok", {"goodput_rps": 1.0}, info={"serving": {"requests_file": str(probe_dir / "requests.jsonl")}}
+    )
+    attach_requests_file(result)
+    (probe_dir / "requests.jsonl").unlink()  # the worker's temporary folder is gone
+    save_trial_files(tmp_path / "run", 3, result)
+    folder = tmp_path / "run" / "trials" / "0003"
+    assert (folder / "requests.jsonl").read_text() == '{"id": 0, "ttft_ms": 12.5}\n'
+    saved = json.loads((folder / "result.json").read_text())["info"]["serving"]
+    assert saved == {"requests_file": "requests.jsonl"}

@@ -496,7 +496,13 @@ def _kill_marked(marker: str) -> int:
     nothing is found): the descendants that left the probe's process group, which killing the
     group cannot reach. A process that cleared its environment is not found: nothing else marks
     it. Returns how many were killed."""
-    needle = f"{PROBE_MARK_ENV}={marker}".encode()
+    return kill_marked(PROBE_MARK_ENV, marker)
+
+
+def kill_marked(var: str, marker: str) -> int:
+    """SIGKILL every process but this one whose environment has ``var=marker`` (Linux ``/proc``);
+    how many. The serving probe marks its engines the same way."""
+    needle = f"{var}={marker}".encode()
     killed = 0
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]

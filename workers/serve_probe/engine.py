@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..command import kill_marked
 from ..protocol import classify_failure
 from .failure import ProbeFailure
 
@@ -361,7 +362,7 @@ class Engines:
                 r.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:  # pragma: no cover - an unkillable (D-state) process
                 pass
-        swept = _kill_marked(ENGINE_MARK_ENV, self.marker)
+        swept = kill_marked(ENGINE_MARK_ENV, self.marker)
         said = f"stopped {len(started)} engine replica(s) in {time.monotonic() - t0:.1f} s"
         if lingering:
             said += f"; replica(s) {lingering} ignored SIGTERM for {grace_s:g} s and were killed"
@@ -407,25 +408,3 @@ def _group_alive(pgid: int) -> bool:
         return False
     except OSError:
         return True
-
-
-def _kill_marked(var: str, marker: str) -> int:
-    """SIGKILL every process whose environment has ``var=marker`` (Linux ``/proc``)."""
-    needle = f"{var}={marker}".encode()
-    killed = 0
-    try:
-        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        if pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except (OSError, ValueError):
-            continue
-    return killed

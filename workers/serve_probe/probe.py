@@ -300,6 +300,9 @@ class Run:
                 "metrics_errors": sampler.errors,
             }
         }
+        name, _, number = str(version or "").partition(" ")
+        if name and number:  # what the exports' headers and the result cache name as the software
+            info["software"] = {name: number}
         return {"metrics": metrics, "info": info}
 
 
