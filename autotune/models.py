@@ -35,6 +35,11 @@ class ModelSpec(BaseModel):
     tie_word_embeddings: bool = False
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base (Llama-3: 500000); exported as --rotary-base")
     rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon; exported as --norm-epsilon")
+    path: str | None = Field(
+        None,
+        description="the checkpoint folder a serving engine loads, as the serving nodes see it (vLLM serves it "
+        "instead of dummy weights from this config; MindIE needs it)",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":

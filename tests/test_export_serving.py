@@ -382,7 +382,14 @@ def request(config: dict[str, Any], accelerator: str, model: dict[str, Any] | No
 def engine_json(kind: str, config: dict[str, Any], accelerator: str, args=(), model=None, python=None):
     backend = SimpleNamespace(entry=None, args=list(args))
     launch = preset_launch(kind, backend, request(config, accelerator, model), 0, 0, python=python)
-    assert launch["argv"] == [sys.executable, "-m", "autotune.workers.serve_probe"] and launch["stack_log"] is None
+    assert launch["argv"] == [
+        sys.executable,
+        "-m",
+        "autotune.workers.serve_probe",
+        "--engine",
+        "{trial_dir}/engine.json",
+    ]
+    assert launch["stack_log"] is None
     return json.loads(launch["files"]["engine.json"])
 
 

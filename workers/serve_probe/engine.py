@@ -210,6 +210,7 @@ def _write_inside(root: Path, name: str, text: str) -> Path:
         raise ProbeFailure("invalid", f"engine.json names a file outside its folder: {name!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    path.chmod(0o640)  # MindIE's daemon refuses a config file anyone else may write or read (GetConfigPath)
     return path
 
 
