@@ -463,7 +463,7 @@ def test_the_serving_preset_launch_writes_the_engine_json_its_probe_starts(name,
     backend = SimpleNamespace(entry=None, args=["--extra", "1"])
     launch = preset_launch(name, backend, _serve_request(config), iterations=6, warmup=1, python="/venv/bin/python")
     assert launch["stack_log"] is None and "AUTOTUNE_ITERATIONS" not in launch["env"]
-    assert launch["argv"][1:] == ["-m", "autotune.workers.serve_probe"]
+    assert launch["argv"][1:] == ["-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/engine.json"]
     engine = json.loads(launch["files"]["engine.json"])
     assert engine["engine"] == name and engine["prompt"] == "token_ids" and engine["startup_timeout_s"] == 321.0
     replicas = engine["replicas"]
