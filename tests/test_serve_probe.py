@@ -423,3 +423,43 @@ def test_placeholders_ports_and_devices_of_each_replica(tmp_path, monkeypatch):
     bad = dict(spec, replicas=[dict(launch, devices=[4])])
     with pytest.raises(Exception, match="wants devices"):
         Engines(bad, tmp_path, {"accelerator": "cuda"}, {})
+
+
+def test_connections_dropped_under_load_are_a_measurement_but_engine_errors_end_the_trial():
+    """Under open-loop overload a live engine that drops a few connections has missed the SLO at
+    that rate (a failed request is never good); an HTTP error, or every request failing, ends it."""
+    from types import SimpleNamespace
+
+    from autotune.workers.serve_probe.failure import ProbeFailure
+    from autotune.workers.serve_probe.probe import Run
+
+    alive = SimpleNamespace(_check_engines=lambda when: None)
+    ok = {"ok": True, "replica": 0, "error": None, "error_kind": None}
+    dropped = {"ok": False, "replica": 0, "error": "ServerDisconnectedError", "error_kind": "connection"}
+    rejected = {"ok": False, "replica": 0, "error": "HTTP 400: too long", "error_kind": "http"}
+    Run._fail_on_errors(alive, [ok, ok, dropped], "the load at 16 req/s", overload=True)  # a measurement
+    for records, overload in (([ok, dropped], False), ([dropped, dropped], True), ([ok, rejected], True)):
+        with pytest.raises(ProbeFailure) as info:
+            Run._fail_on_errors(alive, records, "the load at 16 req/s", overload=overload)
+        assert info.value.status == "crash"
+    assert (
+        serving.summarize_rate(
+            [
+                {
+                    **ok,
+                    "rate": 1.0,
+                    "phase": "load",
+                    "sent_s": 0.0,
+                    "ttft_ms": 1.0,
+                    "e2e_ms": 2.0,
+                    "itl_ms": [],
+                    "output_tokens": 1,
+                },
+                dropped,
+            ],
+            {"ttft_p99_ms": 100.0},
+            1.0,
+            1.0,
+        )["slo_met"]
+        is False
+    )

@@ -37,6 +37,7 @@ def test_a_real_cpu_serving_study_recomputes_and_exports_what_ran(tmp_path: Path
 
     data = yaml.safe_load((REPO / "search_spaces" / "tiny_llama_serve_cpu.yaml").read_text())
     data["backend"]["python"] = str(VLLM_PYTHON)
+    data["search"]["n_trials"] = 8  # the guide re-measures close calls: room for two and still 6 distinct
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
