@@ -68,7 +68,7 @@ def test_a_real_cpu_serving_study_recomputes_and_exports_what_ran(tmp_path: Path
 
     script = run_dir / "export" / "serve_vllm.sh"
     best = yaml.safe_load((run_dir / "export" / "best_config.yaml").read_text())
-    config = best.get("config", best)
+    config = best["params"]
     words = [w for w in script.read_text().split() if w.startswith("--")]
     assert "--max-num-seqs" in words
     # the script's own servers, rendered with a fake `vllm` on PATH, read back by vLLM's parser
@@ -76,6 +76,8 @@ def test_a_real_cpu_serving_study_recomputes_and_exports_what_ran(tmp_path: Path
 
     servers = run_script(script, tmp_path, "--load-format", "dummy")
     parsed = vllm_parse([server_words(s) for s in servers])[0]
+    assert parsed["ok"], parsed.get("error")
+    parsed = parsed["engine"]
     assert parsed["max_num_seqs"] == config["max_num_seqs"]
     assert parsed["enable_chunked_prefill"] == config["enable_chunked_prefill"]
     assert parsed["enforce_eager"] is (config["graph_mode"] == "eager")
