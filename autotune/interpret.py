@@ -70,7 +70,7 @@ def interpret(
             context.hardware,
             devices,
             precision,
-            cost_per_device_hour=(getattr(context, "cluster", None) or {}).get("cost_per_device_hour"),
+            cost_per_device_hour=context.cluster.get("cost_per_device_hour"),
         ).items():
             metrics.setdefault(k, v)
         problems = implausible_metrics(metrics, context.model, context.workload, context.hardware, precision)

@@ -20,20 +20,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from autotune.models import PRESETS
 from autotune.workers.hardware import load_profile
 from autotune.workers.simulate import columns_from_params, simulate_configs
 
-LLAMA2_7B = dict(
-    arch="llama",
-    hidden_size=4096,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    intermediate_size=11008,
-    vocab_size=32000,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-)
+LLAMA2_7B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-7b"])  # autotune/models.py
 LLAMA3_8B = dict(
     LLAMA2_7B, num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072
 )

@@ -13,6 +13,7 @@ CONTEXT = SimpleNamespace(
     model={"arch": "llama", **PRESETS["tiny-llama"]},
     workload={"kind": "train", "seq_len": 128, "global_batch_size": 8},
     hardware=load_profile("cpu"),
+    cluster={"accelerator": "cpu"},
 )
 CONFIG = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 2, "precision": "bf16"}
 OBJ = [("tokens_per_s_per_device", "maximize")]

@@ -7,32 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from autotune.workers.hardware import load_profile
+from autotune.models import PRESETS
 from autotune.workers.protocol import TrialRequest
 from autotune.workers.simulate import SERVE_METRICS, columns_from_params, simulate_configs, simulate_trial
 
 GIB = 2.0**30
-LLAMA2_7B = dict(
-    arch="llama",
-    hidden_size=4096,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    intermediate_size=11008,
-    vocab_size=32000,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-)
-LLAMA3_8B = dict(
-    LLAMA2_7B, num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192
-)
-LLAMA2_70B = dict(
-    LLAMA2_7B,
-    hidden_size=8192,
-    num_hidden_layers=80,
-    num_attention_heads=64,
-    num_key_value_heads=8,
-    intermediate_size=28672,
-)
+# the published architectures (autotune/models.py), as the simulator reads them
+LLAMA2_7B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-7b"])
+LLAMA3_8B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama3-8b"])
+LLAMA2_70B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-70b"])
 NPU = load_profile("ascend-910b")
 A100 = load_profile("a100-sxm-80gb")
 NPU8 = dict(accelerator="npu", nodes=1, devices_per_node=8, world_size=8)
