@@ -14,7 +14,7 @@ import os
 import platform
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["node_software", "cluster_report", "placement_verdict", "declare_command", "SOFTWARE"]
 
@@ -54,8 +54,11 @@ def node_software() -> dict[str, Any]:
     }
 
 
-def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-    """Every alive node: address, total and free resources, software (via a pinned zero-CPU task)."""
+def cluster_report(
+    ray: Any, timeout_s: float = 30.0, progress: Callable[[str], None] = lambda _: None
+) -> list[dict[str, Any]]:
+    """Every alive node: address, total and free resources, software (via a pinned zero-CPU task).
+    ``progress`` hears each node as it answers (a worker starting on a busy node takes seconds)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
@@ -71,7 +74,8 @@ def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         for n in nodes
     ]
     out = []
-    for node, ref in zip(nodes, refs):
+    progress(f"asking {len(nodes)} node(s) for their software")
+    for i, (node, ref) in enumerate(zip(nodes, refs)):
         try:
             software = ray.get(ref, timeout=timeout_s)
         except Exception as exc:  # a node that cannot run a task is itself a finding
@@ -80,6 +84,7 @@ def cluster_report(ray: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         free = {k: float(v) for k, v in (free_per_node.get(node["NodeID"]) or {}).items() if not k.startswith("node:")}
         # several raylets on one host share its address: the raylet port and node id tell them apart
         label = f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')} (node {node['NodeID'][:8]})"
+        progress(f"{i + 1}/{len(nodes)} node(s) answered ({label})")
         out.append(
             {
                 "node_id": node["NodeID"],

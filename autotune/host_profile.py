@@ -4,11 +4,12 @@ The simulator decides which configs are ever probed, and a profile of data-sheet
 wrong exactly where a real study decides (on a 2-core CPU: tensor parallelism priced as nearly
 free where it halves the throughput; bf16 priced as fp32 where it runs 14x slower). So a study
 with a real backend whose spec names a bundled (data-sheet) profile first measures this host:
-``autotune calibrate --quick`` (about 20 s on a CPU, GEMMs, memory, collectives and a
-tensor-parallel layer step), kept in a cache keyed by the host, the device, the software and the
-calibration's shape (ranks, threads, base profile), so the next study on the same host and
-software reuses it. ``cluster.calibrate: never`` (or ``AUTOTUNE_CALIBRATE=never``) keeps the
-profile as it is; a profile file (``autotune calibrate --out``) is used as it is.
+``autotune calibrate --quick`` (15 s on an idle 2-core CPU, about a minute on a busy one;
+GEMMs, memory, collectives and a tensor-parallel layer step), kept in a cache keyed by the host,
+the device, the software and the calibration's shape (ranks, threads, base profile), so the
+next study on the same host and software reuses it. ``cluster.calibrate: never`` (or
+``AUTOTUNE_CALIBRATE=never``) keeps the profile as it is; a profile file
+(``autotune calibrate --out``) is used as it is.
 
 Trials that run on a Ray cluster (``ray.address``) are calibrated on one of its nodes, not on the
 driver (which may have no device at all): a Ray task reserving a node's devices, as a trial does,
@@ -18,6 +19,7 @@ taken to be alike). Not calibrated: a driver without torch when the trials run h
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.util
@@ -30,7 +32,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 from .ray_dispatch import RayUnreachable
 from .spec import Spec
@@ -179,11 +181,14 @@ def why_not_calibrated(spec: Spec, simulated: bool) -> str | None:
     return None
 
 
-def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], None]) -> Spec:
+def ensure_measured_profile(
+    spec: Spec, simulated: bool, say: Callable[[str], None], phase: Callable[[str], ContextManager[Any]] | None = None
+) -> Spec:
     """The spec a study runs with: its own, or (when ``why_not_calibrated`` is None) the same spec
     on this host's measured profile, calibrating first when the cache has none. A calibration
     that fails is said and the data-sheet profile kept: the probes still measure; only the
-    pre-screen ranks with worse figures."""
+    pre-screen ranks with worse figures. ``phase`` keeps the user's status moving while the
+    calibration runs (each measurement step becomes its detail)."""
     if why_not_calibrated(spec, simulated) is not None:
         return spec
     path = cached_profile_path(spec)
@@ -203,14 +208,22 @@ def ensure_measured_profile(spec: Spec, simulated: bool, say: Callable[[str], No
         say(
             f"calibrating {where} first: {spec.cluster.profile_name} holds data-sheet figures "
             f"(quick: GEMMs per precision, memory, collectives and a tensor-parallel layer step on {ranks} "
-            f"{spec.cluster.accelerator} rank(s); about 20 s on a CPU; cluster.calibrate: never skips it)"
+            f"{spec.cluster.accelerator} rank(s); 15 s on an idle 2-core CPU, a minute on a busy one; "
+            "cluster.calibrate: never skips it)"
         )
         started = time.perf_counter()
         try:
-            if _on_ray_cluster(spec):
-                result = _calibrate_on_ray_node(spec, ranks, threads)
-            else:
-                result = _calibration_task(spec.cluster.accelerator, ranks, threads, spec.cluster.profile_name)
+            with (phase or _no_phase)(f"calibrating {where}") as step:
+                if _on_ray_cluster(spec):
+                    result = _calibrate_on_ray_node(spec, ranks, threads)
+                else:
+                    result = _calibration_task(
+                        spec.cluster.accelerator,
+                        ranks,
+                        threads,
+                        spec.cluster.profile_name,
+                        progress=step.update if step is not None else (lambda _: None),
+                    )
             partial = write_profile(result, path.with_name(f".{path.name}.{os.getpid()}.tmp"))
             os.replace(partial, path)  # whole or absent: two studies calibrating at once never read half a file
         except RayUnreachable:  # not a calibration problem: the study cannot run either
@@ -238,11 +251,18 @@ def _with_profile(spec: Spec, path: Path) -> Spec:
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"profile": str(path)})})
 
 
-def _calibration_task(accelerator: str, ranks: int, threads: int | None, base: str) -> dict[str, Any]:
+def _calibration_task(
+    accelerator: str, ranks: int, threads: int | None, base: str, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     """The quick calibration, here or as a Ray task on a node (imports torch where it runs)."""
     from autotune.workers.calibrate import calibrate
 
-    return calibrate(accelerator, quick=True, ranks=ranks, threads=threads, base=base)
+    return calibrate(accelerator, quick=True, ranks=ranks, threads=threads, base=base, progress=progress)
+
+
+@contextlib.contextmanager
+def _no_phase(text: str) -> Iterator[None]:
+    yield None
 
 
 def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_s: float = 900.0) -> dict[str, Any]:

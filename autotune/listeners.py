@@ -8,8 +8,9 @@ MLflow parent run, the refit of what it measured before).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import optuna
 
@@ -19,7 +20,14 @@ from .records import TrialRecord, trial_records
 from .refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
 from .trial_attrs import A
 
-__all__ = ["SearchObserver", "TrialListener", "ResultCacheListener", "RefitListener", "GuideEstimatesListener"]
+__all__ = [
+    "observer_phase",
+    "SearchObserver",
+    "TrialListener",
+    "ResultCacheListener",
+    "RefitListener",
+    "GuideEstimatesListener",
+]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,17 @@ class SearchObserver(Protocol):
     def on_trial_started(self, number: int, config: dict[str, Any], why: str) -> None: ...
     def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
     def on_message(self, text: str) -> None: ...
+    def phase(self, text: str) -> ContextManager[Any]:
+        """A step the user waits on (ranking the space): announced, and kept moving while it runs."""
+        ...
+
+
+def observer_phase(observer: Any, text: str) -> ContextManager[Any]:
+    """``observer.phase(text)``, or a plain message for an observer written before phases."""
+    if hasattr(observer, "phase"):
+        return observer.phase(text)
+    observer.on_message(text)
+    return contextlib.nullcontext()
 
 
 class _Quiet:
@@ -39,6 +58,10 @@ class _Quiet:
     def on_trial_finished(self, record: TrialRecord, best: TrialRecord | None, running: int) -> None: ...
     def on_message(self, text: str) -> None:
         log.info(text)
+
+    def phase(self, text: str) -> ContextManager[Any]:
+        log.info(text)
+        return contextlib.nullcontext()
 
 
 class TrialListener:

@@ -32,7 +32,15 @@ from .context import ProbeContext, probe_context
 from .guided_sampler import GuidedSampler
 from .importance import record_importances
 from .interpret import interpret, settle_pruned
-from .listeners import GuideEstimatesListener, RefitListener, ResultCacheListener, SearchObserver, TrialListener, _Quiet
+from .listeners import (
+    GuideEstimatesListener,
+    RefitListener,
+    ResultCacheListener,
+    SearchObserver,
+    TrialListener,
+    _Quiet,
+    observer_phase,
+)
 from .pruning import LoserPruner
 from .ranking import Ranking
 from .records import (
@@ -188,7 +196,14 @@ class StudyRunner:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.search.sampler == "auto":
-            self.ranking = rank_for_study(self.spec, self.space, self.context, self.run_dir, self.observer.on_message)
+            self.ranking = rank_for_study(
+                self.spec,
+                self.space,
+                self.context,
+                self.run_dir,
+                self.observer.on_message,
+                phase=lambda text: observer_phase(self.observer, text),
+            )
         ranking = self.ranking
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)

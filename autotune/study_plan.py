@@ -5,10 +5,11 @@ placed at all. Functions of the spec and the study; the loop (:mod:`autotune.sea
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 import optuna
 from optuna.trial import TrialState
@@ -71,9 +72,15 @@ def make_sampler(
 
 
 def rank_for_study(
-    spec: Spec, space: Space, context: ProbeContext, run_dir: Path, say: Callable[[str], None]
+    spec: Spec,
+    space: Space,
+    context: ProbeContext,
+    run_dir: Path,
+    say: Callable[[str], None],
+    phase: Callable[[str], ContextManager[Any]] | None = None,
 ) -> Ranking | None:
-    """Whole-space simulator ranking when the space is small enough to enumerate."""
+    """Whole-space simulator ranking when the space is small enough to enumerate. ``phase``
+    keeps the user's status moving while a large space is enumerated and priced."""
     if space.size > spec.search.exhaustive_limit:
         say(
             f"space of {space.size:,} combinations is above the exhaustive limit "
@@ -81,15 +88,24 @@ def rank_for_study(
         )
         return None
     started = time.perf_counter()
-    say(f"ranking the space with the simulator ({space.size:,} combinations)")
-    enumeration = space.enumerate()
-    ranking = rank_space(enumeration, context, spec.objective_list())
-    ranking.write_csv(run_dir / "ranking.csv")
+    text = f"ranking the space with the simulator ({space.size:,} combinations)"
+    with phase(text) if phase is not None else _said(say, text) as step:
+        enumeration = space.enumerate()
+        if step is not None:
+            step.update(f"pricing {enumeration.valid:,} valid configs")
+        ranking = rank_space(enumeration, context, spec.objective_list())
+        ranking.write_csv(run_dir / "ranking.csv")
     say(
         f"ranked {enumeration.valid:,} valid configs, {ranking.fit:,} predicted to fit "
         f"({time.perf_counter() - started:.1f} s)"
     )
     return ranking
+
+
+@contextlib.contextmanager
+def _said(say: Callable[[str], None], text: str) -> Iterator[None]:
+    say(text)
+    yield None
 
 
 def enqueue_plan(

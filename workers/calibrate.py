@@ -137,7 +137,11 @@ QUICK_LAYER_SHAPES = {
 
 
 def measure_gemm(
-    accelerator: str, shapes: list[Shape], min_time_s: float, repeats: int
+    accelerator: str,
+    shapes: list[Shape],
+    min_time_s: float,
+    repeats: int,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, dict[Shape, float]]:
     """TFLOPS of each (m, k, n) GEMM per precision as a linear layer runs it: ``F.linear`` forward
     and its backward (data and weight gradients: 3 GEMMs, 6mkn FLOPs), median of repeats,
@@ -149,7 +153,8 @@ def measure_gemm(
     out: dict[str, dict[Shape, float]] = {}
     for name in DTYPES:
         out[name] = {}
-        for m, k, n in shapes:
+        for i, (m, k, n) in enumerate(shapes):
+            progress(f"GEMM {name} {m}x{k}x{n} ({i + 1}/{len(shapes)})")
             x = torch.randn(m, k, device=device).to(dtypes[name]).requires_grad_()
             w = torch.randn(n, k, device=device).to(dtypes[name]).requires_grad_()
             grad = torch.randn(m, n, device=device).to(dtypes[name])
@@ -348,7 +353,7 @@ def calibrate(
     shapes = sorted(set([(d, d, d) for d in sizes] + (QUICK_LAYER_SHAPES if quick else LAYER_SHAPES)[accelerator]))
     min_time, repeats = (0.02, 3) if quick else (0.2, 5)
     progress(f"GEMM {', '.join(DTYPES)} at {len(shapes)} shapes (squares and transformer-layer shapes)")
-    gemm = measure_gemm(accelerator, shapes, min_time, repeats)
+    gemm = measure_gemm(accelerator, shapes, min_time, repeats, progress)
     progress("memory bandwidth (device copy)")
     bandwidth = measure_memory_bandwidth(accelerator, 64 if quick else 512, min_time, repeats)
     progress("attention (causal SDPA), a layer's elementwise chain, a kernel's host dispatch, an optimizer step")
