@@ -1,4 +1,4 @@
-"""The fault matrix (issue #13; the README's "What happens when something fails" table): a study
+"""The fault matrix (issue #13; docs/FAILURES.md): a study
 whose probes fail in every way a real launcher fails, each fault once, on the default journal
 storage and on PostgreSQL, through Ray and without it. For every trial the status and reason in
 Optuna storage and in MLflow agree with the fault; nothing is lost or logged twice; a re-run of the

@@ -192,7 +192,7 @@ def target_format(target: str, workload_kind: str = "train") -> str | None:
 
 
 def supported_versions() -> dict[str, str]:
-    """What each stack's export was checked against (tests/test_export_targets.py; the README says the same)."""
+    """What each stack's export was checked against (tests/test_export_targets.py; docs/EXPORTS.md says the same)."""
     return {name: stack.supported_versions for name, stack in STACKS.items()}
 
 

@@ -118,7 +118,7 @@ class Stack:
       prices its weights and KV cache itself);
     - ``exporter``: the :class:`~autotune.export.Exporter` writing its launch (stacks may share
       one: MindSpeed-LLM and Megatron-LM both launch ``pretrain_gpt.py``);
-    - ``supported_versions``: what the export was checked against (the README says the same);
+    - ``supported_versions``: what the export was checked against (docs/EXPORTS.md says the same);
     - ``workloads``: the workload kinds it is a target of (``train``/``infer`` for the training
       stacks, ``serve`` for a serving engine);
     - ``default_when(backend_kind, accelerator, searched)``: whether a spec of one of its
