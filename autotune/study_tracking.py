@@ -30,7 +30,7 @@ from .secret_env import SPEC_COPY, write_spec_copy
 from .serving_plots import PLOT_NAME, latency_vs_rate_plot
 from .spec import Spec
 from .trial_attrs import A
-from .tracking import TERMINAL_STATUSES, error_line
+from .tracking import NOTE_TAG, TERMINAL_STATUSES, error_line, mlflow_key
 
 __all__ = ["StudyTracking"]
 
@@ -89,6 +89,7 @@ class StudyTracking(TrialListener):
             )
         run_id = self.tracker.start_parent(self.spec.name, params, tags, resume_run_id=previous)
         study.set_user_attr("autotune.parent_run_id", run_id)
+        self._describe(run_id)
         if self.spec.source_path:  # the copy the run directory keeps, secrets masked
             copy = self.run_dir / SPEC_COPY
             if not copy.exists():
@@ -99,6 +100,89 @@ class StudyTracking(TrialListener):
                 metrics={"space_valid": ranking.enumeration.valid, "space_fit_predicted": ranking.fit},
                 artifacts=[self.run_dir / "ranking.csv"],
             )
+
+    # ---- what a user reads in MLflow's UI ---------------------------------------------------------
+    def searched(self) -> dict[str, list[Any]]:
+        """The searched params (several values) with their values, in the spec's order."""
+        choices = self.spec.space.choices()
+        varied = {k: v for k, v in choices.items() if len(v) > 1}
+        return varied or choices
+
+    def _what(self) -> list[str]:
+        spec, backend = self.spec, self.backend
+        c = spec.cluster
+        source = (
+            "simulated: the figures are the model's predictions, not measurements"
+            if backend.simulated
+            else "measured on the cluster"
+        )
+        goals = ", ".join(f"{d} {m}" for m, d in self.objectives)
+        space = "; ".join(f"{k} {'|'.join(str(v) for v in vals)}" for k, vals in self.searched().items())
+        return [
+            f"**autotune study `{spec.name}`**: {_KIND.get(spec.workload.kind, spec.workload.kind)} of "
+            f"{spec.model.name} on {c.world_size} x "
+            f"{c.accelerator} ({c.profile_name}), backend {backend.kind} ({source}).",
+            "",
+            f"- Objective{'s' if len(self.objectives) > 1 else ''}: {goals}.",
+            f"- Searched ({self.space_size:,} combinations, sampler {spec.search.sampler}, "
+            f"{spec.search.n_trials} trials): {space}.",
+            "- One child run per trial (`trial-NNNN`): its config as params, its metrics, why it was chosen "
+            "and how it ended as tags. `autotune ui RUN_DIR` opens them sorted by the objective.",
+        ]
+
+    def _describe(self, run_id: str) -> None:
+        """The parent run's and the experiment's descriptions, and the study's view of the runs
+        table (:func:`autotune.mlflow_ui.study_view_state`): what a user sees first in the UI."""
+        from .mlflow_ui import VIEW_TAG, study_view_state
+
+        what = self._what()
+        self.tracker.log_parent(tags={NOTE_TAG: "\n".join(what)})
+        second = None
+        if (
+            len(self.objectives) == 1
+            and self.objectives[0][0] != "peak_memory_gib"
+            and self.spec.workload.kind == "train"
+        ):
+            second = "peak_memory_gib"  # speed against memory: what the front of the report weighs
+        view = study_view_state(run_id, self.objectives, [mlflow_key(k) for k in self.searched()], second_axis=second)
+        experiment_note = "\n".join(
+            [
+                *what[:3],
+                "",
+                "**The trials, sorted by the objective**: run `autotune ui RUN_DIR`, or open "
+                f"[this link](#/experiments/{self.tracker.experiment_id}/runs?workflowType=machine_learning"
+                f"&viewStateShareKey={VIEW_TAG.rsplit('.', 1)[1]}) (MLflow shows it as a shared view).",
+            ]
+        )
+        self.tracker.set_experiment_tags({NOTE_TAG: experiment_note, VIEW_TAG: json.dumps(view)})
+
+    def _outcome(self, result: Any, improvement: str | None, stopped_because: str) -> list[str]:
+        """The parent's description at the end: the best and recommended configs in words."""
+        lines = ["", f"**Outcome** ({stopped_because}):"]
+        searched = self.searched()
+        fronts = result.best or []
+        for i, best in enumerate(fronts[:5]):
+            label = "Best" if len(fronts) == 1 else f"On the front ({i + 1} of {len(fronts)})"
+            lines.append(
+                f"- {label}: trial {best.number}, {_figures(best, self.objectives)}: {_config(best.config, searched)}."
+            )
+        if improvement:
+            lines.append(f"- Against the baseline: {improvement}.")
+        recommendation = result.recommendation
+        if recommendation is not None:
+            chosen = recommendation.chosen
+            if recommendation.changed:
+                lines.append(
+                    f"- Recommended: trial {chosen.number}, {_figures(chosen, self.objectives)}: "
+                    f"{_config(chosen.config, searched)}."
+                )
+            else:
+                lines.append(f"- Recommended: the best, trial {chosen.number}.")
+            if recommendation.sentence:
+                lines.append(f"  {recommendation.sentence}")
+        if not fronts:
+            lines.append("- No trial succeeded: `autotune report` lists the failure reasons.")
+        return lines
 
     def reconcile(self, study: optuna.Study) -> None:
         """Make MLflow hold exactly the tracked trials of Optuna storage (:func:`is_tracked`).
@@ -197,15 +281,18 @@ class StudyTracking(TrialListener):
         summary figures, the result files, exports and plots."""
         best = result.best[0] if result.best else None
         recommendation = result.recommendation
-        metrics: dict[str, float] = {"probes": probes_run, **summary_metrics}
+        # display figures (the parent's Metrics table) rounded; importances stay exact (read back)
+        metrics: dict[str, float] = {"probes": probes_run}
+        for k, v in summary_metrics.items():
+            metrics[k] = v if k.startswith("importance_") else _rounded(v, 4 if k.startswith("gain_pct_") else 5)
         if best is not None:
             for m, _ in self.objectives:
-                if isinstance(best.metrics.get(m), (int, float)):
-                    metrics[f"best_{m}"] = best.metrics[m]
+                if _finite(best.metrics.get(m)):
+                    metrics[f"best_{m}"] = _rounded(best.metrics[m])
         if result.baseline is not None:
             for m, _ in self.objectives:
-                if isinstance(result.baseline.metrics.get(m), (int, float)):
-                    metrics[f"baseline_{m}"] = result.baseline.metrics[m]
+                if _finite(result.baseline.metrics.get(m)):
+                    metrics[f"baseline_{m}"] = _rounded(result.baseline.metrics[m])
         tags = {"autotune.stopped_because": stopped_because}
         if improvement:
             tags["autotune.improvement"] = improvement
@@ -218,6 +305,7 @@ class StudyTracking(TrialListener):
                 tags["autotune.recommendation"] = recommendation.sentence
             if recommendation.changed:
                 params.update({f"recommended.{k}": v for k, v in recommendation.chosen.config.items()})
+        tags[NOTE_TAG] = "\n".join([*self._what(), *self._outcome(result, improvement, stopped_because)])
         self.tracker.log_parent(metrics=metrics, tags=tags, params=params, artifacts=files)
         self.tracker.log_parent(artifacts=list(exports.values()), artifact_path="export")
         self.tracker.log_parent(artifacts=plots, artifact_path="plots")
@@ -268,3 +356,30 @@ def serving_tags(serving: dict[str, Any]) -> dict[str, str]:
     if serving.get("slo"):
         tags["autotune.serving.slo"] = ", ".join(f"{k} {v:g}" for k, v in serving["slo"].items() if v is not None)
     return tags
+
+
+_KIND = {"train": "training", "infer": "inference", "serve": "serving"}
+
+
+def _rounded(value: float, digits: int = 5) -> float:
+    """``value`` to ``digits`` significant digits: what the parent run's Metrics table shows
+    (79.75455160563708 reads as 79.755); the trials' own runs keep every digit."""
+    if not _finite(value) or value == 0:
+        return value
+    return float(f"{value:.{digits}g}")
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _figures(record: TrialRecord, objectives: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{m} {_number(record.metrics[m])}" for m, _ in objectives if _finite(record.metrics.get(m)))
+
+
+def _config(config: dict[str, Any], searched: dict[str, list[Any]]) -> str:
+    """The searched params of a config as ``name=value``, in the spec's order."""
+    keys = [k for k in searched if k in config] or list(config)
+    return " ".join(f"`{k}={config[k]}`" for k in keys)

@@ -43,7 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Tracker", "TERMINAL_STATUSES", "default_tracking_uri", "error_line", "mlflow_ui_command"]
+__all__ = [
+    "Tracker",
+    "TERMINAL_STATUSES",
+    "default_tracking_uri",
+    "error_line",
+    "mlflow_ui_command",
+    "seed_sqlite_store",
+    "SCHEMA_CACHE_ENV",
+]
 
 # what a step event may carry, as the child run's metric history (``step/<key>``): a training
 # step's figures, and a serving probe's per-rate ones (one step per rate tried, in the order tried)
@@ -78,14 +86,124 @@ _HTTP_DEFAULTS = {
 }
 
 
-# the experiment tag MLflow 3's UI reads to open an experiment on its runs table rather than its
-# GenAI traces page (mlflow 3.17.2: server/js/build main bundle, ExperimentKind
-# "custom_model_development"; mlflow/demo/generators/traces.py sets "genai_development")
+# the experiment tag MLflow 3's UI once read to open an experiment on its runs table rather than its
+# GenAI traces page (ExperimentKind "custom_model_development"; mlflow/demo/generators/traces.py
+# sets "genai_development"). MLflow 3.17's UI ignores it: its workflow switcher is always on
+# (server/js/build/static/js/main.*.js: the experiment kind comes from the ``workflowType`` URL
+# parameter, else the browser's localStorage ``mlflow.workflowType``, default "genai"), so the
+# links autotune prints carry ``workflowType=machine_learning`` (autotune.mlflow_ui). Kept for
+# the MLflow 3 releases that read it.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# the description MLflow's UI shows on a run's and an experiment's page (mlflow.utils.mlflow_tags)
+NOTE_TAG = "mlflow.note.content"
 
 
 def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+
+
+# ---- a new SQLite store from a cached schema ---------------------------------------------------
+# Where the empty MLflow schema is kept, one file per MLflow version: a directory (default
+# ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``); "off" (or "0", "false", "none") turns
+# the cache off and every new store runs MLflow's migrations.
+SCHEMA_CACHE_ENV = "AUTOTUNE_MLFLOW_SCHEMA_CACHE"
+
+
+def _schema_cache_dir() -> Path | None:
+    value = os.environ.get(SCHEMA_CACHE_ENV, "").strip()
+    if value.lower() in ("off", "0", "false", "none", "no"):
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".cache") / "autotune"
+
+
+def _schema_revision(db: Path) -> str | None:
+    """The Alembic revision a SQLite file's schema is at; None when it is not a readable MLflow
+    store (read-only: a damaged file is never changed here)."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            if conn.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                return None
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except Exception:
+        return None
+    return row[0] if row and {"experiments", "runs", "metrics", "params", "tags"} <= tables else None
+
+
+def _build_schema(path: Path) -> None:
+    """MLflow's own initialisation of an empty SQLite store (its tables, then every Alembic
+    migration: the 1.7-5 s a new store costs), written to ``path``."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+
+
+def seed_sqlite_store(db: Path) -> str:
+    """Give a new SQLite tracking store (``db`` does not exist yet) MLflow's schema by copying a
+    cached empty store made once per MLflow version, instead of letting MLflow run its ~60
+    Alembic migrations on every new run directory (1.7 s on an idle machine, 5-20 s on a loaded
+    one: most of the silence after "opening the MLflow store"). MLflow then finds its tables at
+    the latest revision and opens the copy as it opens any existing store (``SqlAlchemyStore``:
+    ``_all_tables_exist``, then ``_verify_schema``). The cache is written once, atomically (a
+    temporary file renamed); a cached file whose revision is not this MLflow's latest, or that
+    fails SQLite's check, is rebuilt. Any problem (no writable cache, a full disk) leaves ``db``
+    absent and MLflow creates the store itself, as before.
+
+    Returns what happened: "exists", "copied", "built" (the cache was made, then copied), or
+    "skipped: <why>"."""
+    if db.exists():
+        return "exists"
+    cache = _schema_cache_dir()
+    if cache is None:
+        return f"skipped: {SCHEMA_CACHE_ENV} is off"
+    try:
+        import mlflow
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        head = _get_latest_schema_revision()
+        template = cache / f"mlflow-{mlflow.__version__}-{head}.db"
+        how = "copied"
+        if _schema_revision(template) != head:
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f".{template.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                _build_schema(tmp)
+                if _schema_revision(tmp) != head:
+                    return "skipped: MLflow's migrations did not reach their latest revision"
+                os.replace(tmp, template)
+            finally:
+                tmp.unlink(missing_ok=True)
+            how = "built"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        part = db.with_name(f".{db.name}.{os.getpid()}.part")
+        try:
+            import shutil
+
+            shutil.copyfile(template, part)
+            if _schema_revision(part) != head:
+                return "skipped: the copy of the cached schema does not read back"
+            if db.exists():  # made meanwhile by someone else: theirs stands
+                return "exists"
+            os.replace(part, db)
+        finally:
+            part.unlink(missing_ok=True)
+        return how
+    except Exception as exc:
+        log.debug("no cached MLflow schema for %s", db, exc_info=True)
+        return f"skipped: {error_line(exc)}"
 
 
 def relocate_artifacts(run_dir: Path) -> str | None:
@@ -240,6 +358,10 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.retry_after_s = retry_after_s
         self.drain_timeout_s = drain_timeout_s
+        if tracking_uri.startswith("sqlite:///") and "?" not in tracking_uri:
+            db = Path(tracking_uri[len("sqlite:///") :])
+            if not db.exists():  # a new store: MLflow's schema from the cache, not its migrations
+                log.debug("new MLflow store %s: %s", db, seed_sqlite_store(db))
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -450,6 +572,17 @@ class Tracker:
         self._submit(
             f"the parent run's {', '.join(sorted((metrics or {}) | (tags or {}))) or 'artifacts'}"[:120], write
         )
+
+    def set_experiment_tags(self, tags: dict[str, str]) -> None:
+        """Queue tags of the experiment itself (its description, the study's saved view), after
+        every write queued before."""
+        experiment_id = self.experiment_id
+
+        def write(_: _Write) -> None:
+            for key, value in tags.items():
+                self.client.set_experiment_tag(experiment_id, key, value)
+
+        self._submit(f"the experiment's {', '.join(sorted(tags))}"[:120], write)
 
     def finish_parent(self, status: str = "FINISHED") -> int:
         """Close the parent run after every queued write; waits at most ``drain_timeout_s``
