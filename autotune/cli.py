@@ -5,7 +5,9 @@ scripts a stable object, and the exit codes are documented:
 
 (Why one module of over 500 lines: the commands share their options, exit codes and output
 helpers; each command only parses, calls the stage that does the work (:mod:`autotune.finish`,
-:mod:`autotune.search`, :mod:`autotune.doctor`, ...) and prints what it returns.)
+:mod:`autotune.search`, :mod:`autotune.doctor`, ...) and prints what it returns; the tables it
+prints are :mod:`autotune.run_output`'s, each long phase a moving status of
+:func:`autotune.progress.phase`.)
 
 
 ====  ==========================================================================
@@ -22,6 +24,7 @@ helpers; each command only parses, calls the stage that does the work (:mod:`aut
 from __future__ import annotations
 
 import json
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
@@ -41,7 +45,27 @@ from .spec_load import load_spec
 
 __all__ = ["app", "main"]
 
+
+class _PlainHelp:
+    """``--help`` shown as a plain flag (typer 0.29 prints ``--help <bool>``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_PlainHelp, TyperCommand):
+    pass
+
+
+class _Group(_PlainHelp, TyperGroup):
+    pass
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -89,7 +113,34 @@ def _interrupted_exit(exc: KeyboardInterrupt) -> int:
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
 RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
 RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
-JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
+
+
+def _flag(*names: str, help: str) -> Any:
+    """A boolean option shown as a plain flag (typer 0.29 prints ``--json <bool>`` otherwise)."""
+    return typer.Option(False, *names, help=help, metavar="")
+
+
+JsonOpt = _flag("--json", help="print one JSON object on stdout (logs and progress stay on stderr)")
+VerboseOpt = _flag("-v", "--verbose", help="log what each stage does (stderr)")
+
+
+def _backend_kinds() -> tuple[str, ...]:
+    """Every backend ``--backend`` accepts, as :func:`autotune.backends.select_backend` does."""
+    from .spec import BACKEND_KINDS
+    from .stacks import preset_names
+
+    return (*BACKEND_KINDS, *(name for name in preset_names() if name not in BACKEND_KINDS))
+
+
+def _format_help() -> str:
+    """``--format``'s help: every export format with the file it writes (from the registry)."""
+    from .exports import EXPORTERS
+
+    formats = ", ".join(f"{name} ({exporter.filename})" for name, exporter in EXPORTERS.items())
+    return (
+        f"comma-separated: {formats}; or all (every one that can launch the config). Default: yaml, env and the "
+        "launch file of the spec's target stack"
+    )
 
 
 def _error(text: str) -> None:
@@ -179,7 +230,7 @@ def _with_overrides(spec: Spec, **changes: Any) -> Spec:
 
 
 # --------------------------------------------------------------------------------------- doctor
-@app.command()
+@app.command(cls=_Command)
 def doctor(
     spec_path: Optional[Path] = typer.Argument(
         None, help="a spec: can its largest trial be placed?", show_default=False
@@ -197,20 +248,25 @@ def doctor(
     spec = _load(spec_path) if spec_path else None
     address = ray_address or (spec.ray.address if spec else None)
     from .doctor import cluster_report, placement_verdict
+    from .progress import phase
     from .ray_dispatch import RayDispatcher
 
+    where = f"the Ray cluster at {address}" if address else "a local Ray on this machine"
+    with phase(err, f"starting or joining {where}"):
+        try:
+            dispatcher = RayDispatcher(address=address, num_cpus=spec.ray.num_cpus if spec and not address else None)
+        except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
+            _error(str(exc))
+            raise typer.Exit(EXIT_INFRA) from None
+        except Exception as exc:
+            _error(f"cannot reach the Ray cluster{f' at {address}' if address else ''}: {type(exc).__name__}: {exc}")
+            raise typer.Exit(EXIT_INFRA) from None
     try:
-        dispatcher = RayDispatcher(address=address, num_cpus=spec.ray.num_cpus if spec and not address else None)
-    except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    except Exception as exc:
-        _error(f"cannot reach the Ray cluster{f' at {address}' if address else ''}: {type(exc).__name__}: {exc}")
-        raise typer.Exit(EXIT_INFRA) from None
-    try:
-        nodes = cluster_report(dispatcher._ray)
+        with phase(err, "asking each node for its devices and software") as step:
+            nodes = cluster_report(dispatcher._ray, progress=step.update)
     finally:
-        dispatcher.shutdown()
+        with phase(err, "stopping Ray"):
+            dispatcher.shutdown()
     verdict = None
     if spec is not None:
         c = spec.cluster
@@ -247,7 +303,7 @@ def doctor(
 
 
 # ------------------------------------------------------------------------------------- validate
-@app.command()
+@app.command(cls=_Command)
 def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
     """Check a spec; print "ok" and a one-line summary, or the errors (exit 2)."""
     try:
@@ -293,12 +349,12 @@ def _refuse_empty(spec: Spec, spec_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------- plan
-@app.command()
+@app.command(cls=_Command)
 def plan(
     spec_path: Path = SpecArg,
     top: int = typer.Option(10, help="configs to show"),
     as_json: bool = JsonOpt,
-    verbose: bool = typer.Option(False, "-v", "--verbose"),
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Space size, valid configs, configs the memory model says fit, and the predicted top N."""
     _setup_logging(verbose)
@@ -318,7 +374,10 @@ def plan(
     if enumeration.why_empty():
         _error(f"{escape_text(str(spec_path))}: constraints: {enumeration.why_empty()}")
         raise typer.Exit(EXIT_INPUT)
-    ranking = rank_space(enumeration, probe_context(spec), objectives)
+    from .progress import phase
+
+    with phase(err, f"ranking the space with the simulator ({len(enumeration.configs):,} valid configs)"):
+        ranking = rank_space(enumeration, probe_context(spec), objectives)
     # the top distinct layouts: configs the model prices the same are one row, their knobs named
     layouts = ranking.distinct_layouts(top)
     best = [(ranking.enumeration.configs[lay.index], ranking.metrics_of(lay.index)) for lay in layouts]
@@ -350,12 +409,16 @@ def plan(
     if not best:
         _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
-    _print_top_table(best, objectives, title=f"predicted top {len(best)} distinct layouts (simulated, not measured)")
+    from .run_output import print_breakdown, print_top_table
+
+    print_top_table(
+        out, best, objectives, title=f"predicted top {len(best)} distinct layouts (simulated, not measured)"
+    )
     knobs = {lay.undistinguished_text() for lay in layouts if lay.undistinguished}
     for text in sorted(knobs):
         rows = [str(i) for i, lay in enumerate(layouts, start=1) if lay.undistinguished_text() == text]
         out.print(f"  rows {','.join(rows)}: {UNDISTINGUISHED}{text}", markup=False)
-    _print_breakdown(best[0][1])
+    print_breakdown(out, best[0][1])
 
 
 def _public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -368,143 +431,14 @@ def _json_default(o: Any) -> Any:
     return json_default(o)
 
 
-def _short(config: dict[str, Any]) -> str:
-    keys = [
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "dp",
-        "micro_batch_size",
-        "grad_accum",
-        "sequence_parallel",
-        "recompute",
-        "recompute_layers",
-        "zero_stage",
-        "precision",
-        "batch_size",
-    ]
-    short = {
-        "micro_batch_size": "mbs",
-        "grad_accum": "ga",
-        "sequence_parallel": "sp",
-        "zero_stage": "zero",
-        "recompute_layers": "rl",
-        "precision": "",
-        "batch_size": "bs",
-    }
-    parts = []
-    for k in keys:
-        if k not in config:
-            continue
-        v = config[k]
-        label = short.get(k, k)
-        if isinstance(v, bool):
-            if v:
-                parts.append(label)
-        elif k == "recompute":
-            if v != "none":
-                parts.append(f"rc={v}")
-        else:
-            parts.append(f"{label}{'=' if label else ''}{v}")
-    # every other searched setting (kv_cache_dtype, quantization, compile, graph_kernel_flags, ...)
-    # by its canonical name, so that two configs never print the same
-    parts += [f"{k}={v}" for k, v in config.items() if k not in keys and not k.startswith("env.")]
-    env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
-    return " ".join(parts) + (("  " + " ".join(env)) if env else "")
-
-
-def _print_top_table(rows: list[tuple[dict, dict]], objectives: list[tuple[str, str]], title: str) -> None:
-    """One line per config, metrics first and the config last and whole: a config is only useful
-    to a reader if it can be copied, so it is never truncated or wrapped into a cell."""
-    names = [m for m, _ in objectives]
-    training = any("tokens_per_s" in k or k == "step_time_s" for k in rows[0][1]) if rows else True
-    extra = (
-        ("step_time_s", "mfu", "peak_memory_gib") if training else ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
-    )
-    names += [m for m in extra if m not in names and any(m in metrics for _, metrics in rows)]
-    widths = [max(len(m), 9) for m in names]
-    out.print(f"[bold]{title}[/bold]")
-    out.print("  #  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  config")
-    for i, (config, metrics) in enumerate(rows, start=1):
-        cells = [_fmt_metric(metrics.get(m)).rjust(w) for m, w in zip(names, widths)]
-        out.print(f"{i:>3}  " + "  ".join(cells) + "  " + _short(config), markup=False)
-
-
-def _print_preview(records: list[Any], objectives: list[tuple[str, str]], recommendation: Any, top: int = 10) -> None:
-    """The simulated study as the model's ranking of distinct layouts: each trial a layout the
-    model can tell apart, with the knobs it cannot (values the probes would try) on a line of
-    their own, the memory each leaves free, and the front of the first objective against that
-    headroom (``*``: no other layout is both faster and roomier)."""
-    from .ranking import UNDISTINGUISHED, pareto_order
-
-    metric, direction = objectives[0]
-    ok = [r for r in records if r.status == "ok" and r.probed and isinstance(r.metrics.get(metric), (int, float))]
-    sign = 1.0 if direction == "maximize" else -1.0
-    ok.sort(key=lambda r: -sign * r.metrics[metric])
-    capacity = None
-    if recommendation is not None and recommendation.best_headroom_gib is not None:
-        capacity = recommendation.best_headroom_gib + recommendation.best.metrics["peak_memory_gib"]
-    room = [
-        capacity - r.metrics["peak_memory_gib"]
-        if capacity is not None and isinstance(r.metrics.get("peak_memory_gib"), (int, float))
-        else 0.0
-        for r in ok
-    ]
-    import numpy as np
-
-    front = pareto_order(np.array([[sign * r.metrics[metric], h] for r, h in zip(ok, room)])) == 0 if ok else []
-    out.print(
-        f"[bold]top {min(top, len(ok))} of {len(ok)} distinct layouts (simulated, not measured)[/bold]; "
-        "* on the front of speed against memory headroom"
-    )
-    out.print(f"  trial  {metric:>24}  peak GiB  free GiB  config")
-    shown = list(zip(ok, room, front))[:top]
-    knobs = [
-        r.chosen_because.split(UNDISTINGUISHED, 1)[1] if UNDISTINGUISHED in r.chosen_because else ""
-        for r, _, _ in shown
-    ]
-    # the knobs most layouts leave to the probes, said once (rows marked ~), other sets per row
-    named = [k for k in knobs if k]
-    shared = max(set(named), key=named.count) if named else ""
-    for (r, h, on_front), left in zip(shown, knobs):
-        mark = "*" if on_front else " "
-        out.print(
-            f"{mark} {r.number:>5}  {_fmt_metric(r.metrics[metric]):>24}  {r.metrics.get('peak_memory_gib', 0):8.1f}"
-            f"  {h:8.1f}  {_short({k: v for k, v in r.config.items() if not k.startswith('env.')})}"
-            + ("  ~" if left and left == shared else ""),
-            markup=False,
-        )
-        if left and left != shared:
-            out.print(f"{'':9}{UNDISTINGUISHED}{left}", markup=False)
-    if shared:
-        out.print(f"  ~ {UNDISTINGUISHED}{shared}", markup=False)
-
-
-def _print_breakdown(metrics: dict[str, Any]) -> None:
-    mem = {k[4:]: v for k, v in metrics.items() if k.startswith("mem_")}
-    tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
-    if mem:
-        total = metrics.get("peak_memory_gib")
-        out.print(
-            "memory per device of the top config (GiB, predicted): "
-            + ", ".join(f"{k} {v:.2f}" for k, v in mem.items() if v)
-            + (f" = {total:.2f}" if total else "")
-        )
-    if tim:
-        out.print(
-            "step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v)
-        )
-
-
 # ------------------------------------------------------------------------------------ calibrate
-@app.command()
+@app.command(cls=_Command)
 def calibrate(
     out_path: Path = typer.Option(..., "--out", help="profile file to write (YAML)"),
     accelerator: str = typer.Option("cpu", help="cpu | cuda | npu: the device to measure, on this host"),
     ranks: int = typer.Option(2, help="processes for the collective measurement (1: skip it)"),
     threads: Optional[int] = typer.Option(None, help="CPU: threads per device (default cores / ranks)"),
-    quick: bool = typer.Option(False, "--quick", help="small sizes, few repeats (seconds, rough figures)"),
+    quick: bool = _flag("--quick", help="small sizes, few repeats (seconds, rough figures)"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Measure this host's device (linear layers per precision at the shapes models run, memory
@@ -524,14 +458,11 @@ def calibrate(
         raise typer.Exit(EXIT_INPUT) from None
     from autotune.workers.torch_probe.failures import ProbeFailure
 
+    from .progress import phase
+
     try:
-        result = measure(
-            accelerator,
-            quick=quick,
-            ranks=ranks,
-            threads=threads,
-            progress=lambda text: err.print(f"measuring {text}", markup=False),
-        )
+        with phase(err, f"measuring {accelerator}{' (quick)' if quick else ''}") as step:
+            result = measure(accelerator, quick=quick, ranks=ranks, threads=threads, progress=step.update)
     except (ImportError, RuntimeError, ValueError, ProbeFailure) as exc:  # no device, no torch_npu, a degenerate fit
         _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
@@ -552,13 +483,11 @@ def calibrate(
 
 
 # ------------------------------------------------------------------------------------------ run
-@app.command()
+@app.command(cls=_Command)
 def run(
     spec_path: Path = SpecArg,
     backend: Optional[str] = typer.Option(
-        None,
-        help="auto | simulate | command | torch | mindspore | megatron | "
-        "mindspeed | torchtitan | deepspeed (overrides the spec)",
+        None, help=f"{' | '.join(_backend_kinds())} (overrides the spec's backend:)", show_default=False
     ),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="probe budget"),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="trials at once"),
@@ -567,21 +496,24 @@ def run(
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"
     ),
-    no_tracking: bool = typer.Option(False, "--no-tracking", help="do not write MLflow runs"),
-    reuse_cache: bool = typer.Option(
-        False,
+    no_tracking: bool = _flag(
+        "--no-tracking",
+        help="write no MLflow runs (the study is still kept in the run directory's Optuna storage, with its "
+        "results, plots and exports); run the same command again without it to log the trials measured "
+        "meanwhile, nothing probed twice",
+    ),
+    reuse_cache: bool = _flag(
         "--reuse-cache",
         help="answer configs measured before (any study, "
         "same model, workload, cluster, backend and software) from the result cache",
     ),
-    fresh_study: bool = typer.Option(
-        False,
+    fresh_study: bool = _flag(
         "--fresh-study",
         help="the spec changed what defines the study kept "
         "in the run directory: set that study aside (kept, renamed) and start anew",
     ),
     as_json: bool = JsonOpt,
-    verbose: bool = typer.Option(False, "-v", "--verbose"),
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Run (or resume) the study: propose, probe, record; then print the best config.
 
@@ -699,9 +631,12 @@ def _run_study(
     from .search import StudyRunner, Unplaceable
 
     from .assembly import dispatcher_for, launcher_for
+    from .progress import phase
 
     try:
-        dispatcher = dispatcher_for(spec, choice, directory)
+        # a real backend's dispatcher starts (or joins) Ray: seconds; the simulator's is in-process
+        with phase(err, "starting the trials' dispatcher") if not choice.simulated else contextlib.nullcontext():
+            dispatcher = dispatcher_for(spec, choice, directory)
     except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
         _error(str(exc))
         raise typer.Exit(EXIT_INFRA) from None
@@ -711,8 +646,8 @@ def _run_study(
         raise typer.Exit(EXIT_INFRA) from None
     tracker = None
     if not no_tracking:
-        err.print(Text("opening the MLflow store", style="dim"))
-        tracker = _tracker(spec, directory)
+        with phase(err, "opening the MLflow store"):
+            tracker = _tracker(spec, directory)
     observer = ProgressObserver(err, spec.objective_list(), quiet=as_json)
     cache = None
     if not choice.simulated:
@@ -807,7 +742,11 @@ def _measured_profile(spec: Spec, choice: Any) -> Spec:
     from .host_profile import ensure_measured_profile
 
     try:
-        return ensure_measured_profile(spec, choice.simulated, lambda text: err.print(Text(text, style="dim")))
+        from .progress import phase
+
+        return ensure_measured_profile(
+            spec, choice.simulated, lambda text: err.print(Text(text, style="dim")), lambda text: phase(err, text)
+        )
     except ConnectionError as exc:  # the Ray cluster does not answer (dispatch.RayUnreachable)
         _error(str(exc))
         raise typer.Exit(EXIT_INFRA) from None
@@ -877,31 +816,27 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
     from .finish import finish_study
     from .records import is_tracked
     from .report import best_payload, status_counts, status_line
-    from .tracking import mlflow_ui_command
+    from .storage import journal_path
+
+    from .progress import phase
 
     objectives = spec.objective_list()
     tracking = runner.tracking
-    err.print(
-        Text(
-            "writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
-            if tracking
-            else "writing the results, plots and exports",
-            style="dim",
+    what = "writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
+    with phase(err, what):
+        finished = finish_study(
+            spec,
+            directory,
+            outcome.study,
+            outcome.result,
+            probes_run=outcome.probes_run,
+            stopped_because=outcome.stopped_because,
+            tracking=tracking,
         )
-    )
-    finished = finish_study(
-        spec,
-        directory,
-        outcome.study,
-        outcome.result,
-        probes_run=outcome.probes_run,
-        stopped_because=outcome.stopped_because,
-        tracking=tracking,
-    )
+        if tracking:
+            _close_tracking(runner, "FINISHED")
     for name, reasons in finished.target_refusals.items():  # a study resumed from before its target
         _warn(f"not exported as {name}: {', '.join(reasons)}")
-    if tracking:
-        _close_tracking(runner, "FINISHED")
     result, exports, line = outcome.result, finished.exports, finished.improvement
     best = result.best[0] if result.best else None
     recommendation, chosen = result.recommendation, result.chosen
@@ -931,42 +866,26 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
             f"{outcome.stopped_because}",
             markup=False,
         )
+        from .run_output import print_best, print_preview
+
         if best is not None and choice.simulated:
-            _print_preview(result.records, objectives, recommendation)
-        if best is not None:
-            m = objectives[0][0]
-            out.print(Text.assemble(("best", "bold"), f" trial {best.number}: {_short(best.config)}"))
-            out.print(
-                "  "
-                + ", ".join(
-                    f"{k} {v:,.4g}"
-                    for k, v in best.metrics.items()
-                    if k
-                    in (
-                        m,
-                        "mfu",
-                        "peak_memory_gib",
-                        "step_time_s",
-                        "tokens_per_s_per_device",
-                        "ttft_ms",
-                        "decode_tokens_per_s",
-                    )
-                )
-                + f"  ({source})"
-            )
-            if line:
-                out.print(f"  {line}", markup=False)
-            if recommendation is not None and recommendation.sentence:
-                if recommendation.changed:
-                    out.print(Text(recommendation.sentence, style="bold"))
-                else:
-                    out.print(Text.assemble(("tight:", "bold"), f" {recommendation.sentence}"))
+            print_preview(out, result.records, objectives, recommendation)
+        print_best(out, result.best, objectives, source, line, recommendation)
     if best is None:
         _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
     spec_arg = str(spec.source_path) if spec.source_path else spec.name
     if tracking:
-        err.print(f"  browse trials:   {mlflow_ui_command(tracking.tracker.tracking_uri)}", markup=False)
+        uri = tracking.tracker.tracking_uri
+        if uri.startswith(("http://", "https://", "databricks")):  # a server of its own: open it there
+            err.print(
+                f"  browse trials:   open {uri} (experiment {spec.tracking.experiment or spec.name})", markup=False
+            )
+        else:
+            err.print(f"  browse trials:   autotune ui {_quoted(directory)}", markup=False)
+    journal = journal_path(spec, directory)
+    if journal is not None:
+        err.print(f"  Optuna's view:   optuna-dashboard {_quoted(journal)}", markup=False)
     err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
     if exports:
         launch = next(
@@ -977,7 +896,13 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
             ),
             None,
         ) or next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
-        label = "recommended:    " if recommendation is not None and recommendation.changed else "best config:    "
+        label = (
+            "recommended:    "
+            if recommendation is not None and recommendation.changed
+            else "front's first:  "
+            if len(objectives) > 1
+            else "best config:    "
+        )
         how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
         err.print(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})", markup=False)
     if choice.simulated:
@@ -992,6 +917,12 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         raise typer.Exit(EXIT_INFRA)
     if best is None:
         raise typer.Exit(EXIT_NO_RESULT)
+
+
+def _quoted(path: Any) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
 
 
 # --------------------------------------------------------------------------------------- report
@@ -1012,14 +943,18 @@ def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
         raise typer.Exit(EXIT_INPUT) from None
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     spec_path: Path = RunOrSpecArg,
     run_dir: Optional[Path] = RunDirOpt,
     as_json: bool = JsonOpt,
-    top: int = typer.Option(20, help="rows in the table"),
+    top: int = typer.Option(
+        20, "--top", help="trials shown in the table, best first (failed ones last); the summary covers them all"
+    ),
 ) -> None:
-    """Every trial of the study with its status, metrics and failure reason."""
+    """Every trial of the study with its status, metrics, config and why it was chosen or failed
+    (best first, lines fit 120 columns), then the summary: before/after, the Pareto front,
+    importances, probe costs."""
     _setup_logging(False)
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
@@ -1044,28 +979,11 @@ def report(
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
+    from .run_output import print_report_table
+
     rows = results_rows(records, objectives)
     out.print(f"[bold]{escape(spec.name)}[/bold]: {escape(status_line(records))}")
-    # one line per trial, the config last and whole (copyable), like `plan`
-    names = [m for m, _ in objectives]
-    first = names[0]
-    columns = [*names, f"predicted {first}", "peak_memory_gib"]
-    widths = [max(len(c), 9) for c in columns]
-    out.print(
-        "trial     status    source     "
-        + "  ".join(c.rjust(w) for c, w in zip(columns, widths))
-        + "  config  —  why chosen / why failed"
-    )
-    by_number = {r.number: r for r in records}
-    for row in rows[:top]:
-        rec = by_number[row["trial"]]
-        values = [row.get(m) for m in names] + [rec.predicted.get(first), row.get("peak_memory_gib")]
-        cells = "  ".join(_fmt_metric(v).rjust(w) for v, w in zip(values, widths))
-        why = rec.reason if rec.status != "ok" else rec.chosen_because
-        number = f"{rec.number}{'*' if rec.baseline else ''}"
-        out.print(
-            f"{number:<9} {rec.status:<9} {rec.source:<10} {cells}  {_short(rec.config)}  —  {why[:160]}", markup=False
-        )
+    print_report_table(out, rows, records, objectives, top)
     if any(r.baseline for r in records):
         out.print("(* the baseline of the spec)")
     if line:
@@ -1074,33 +992,20 @@ def report(
         out.print(text, markup=False, highlight=False)
 
 
-def _fmt_metric(v: Any) -> str:
-    if not isinstance(v, (int, float)):
-        return ""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
-
-
 # --------------------------------------------------------------------------------------- export
-@app.command()
+@app.command(cls=_Command)
 def export(
     spec_path: Path = RunOrSpecArg,
     run_dir: Optional[Path] = RunDirOpt,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="directory for the files (default <run-dir>/export)"),
-    formats: Optional[str] = typer.Option(
-        None,
-        "--format",
-        help="comma-separated: yaml, env, megatron (torchrun script with "
-        "MindSpeed-LLM / Megatron-LM arguments), deepspeed (config JSON), "
-        "mindformers (parallel_config YAML), torchtitan (0.3 launch "
-        "script); or all (those that can launch the config). Default: "
-        "yaml, env and the launch form of the spec's target",
-    ),
+    formats: Optional[str] = typer.Option(None, "--format", help=_format_help(), show_default=False),
     trial: Optional[int] = typer.Option(None, help="export this trial instead of the best"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Write the best config ready to launch: YAML, env file, MindSpeed/Megatron torchrun script,
-    DeepSpeed JSON, MindFormers YAML, torchtitan 0.3 launch script. A format that cannot launch the
-    measured config (a training launch of an inference study among them) is refused (exit 2)."""
+    """Write the recommended (or best) config ready to launch: autotune's YAML and env file, and the
+    launch file of each stack (--format lists every format and its file). A format that cannot
+    launch the config exactly (a training launch of an inference study among them) is refused
+    (exit 2)."""
     _setup_logging(False)
     from .exports import default_formats, parse_formats, write_exports
 
@@ -1162,11 +1067,87 @@ def export(
         out.print(f"{kind}: {path}", highlight=False, soft_wrap=True, markup=False)
 
 
+# ------------------------------------------------------------------------------------------- ui
+@app.command(cls=_Command)
+def ui(
+    run_dir: Path = typer.Argument(..., help="run directory of `autotune run`", show_default=False),
+    host: str = typer.Option("127.0.0.1", "--host", help="address the MLflow server listens on"),
+    port: int = typer.Option(5000, "--port", help="port the MLflow server listens on"),
+    open_browser: bool = typer.Option(
+        False, "--open/--no-open", help="open the study's page in a browser once the server answers", metavar=""
+    ),
+    print_url: bool = _flag(
+        "--print-url", help="only print the study's URL for a server already running at --host/--port, and exit"
+    ),
+) -> None:
+    """Browse the study in MLflow: start `mlflow ui` on the run directory's store and print the URL
+    of the study's runs table (objectives, status and searched params as columns, sorted by the
+    first objective). Ctrl-C stops the server."""
+    _setup_logging(False)
+    directory = run_dir.resolve()
+    if not directory.is_dir():
+        _error(f"{run_dir}: no such run directory (pass the --run-dir of `autotune run`)")
+        raise typer.Exit(EXIT_INPUT)
+    from .mlflow_ui import serve_ui, study_ui_url
+
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    try:
+        if print_url:
+            base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+            out.print(study_ui_url(directory, base), markup=False, soft_wrap=True)
+            return
+        code = serve_ui(
+            directory,
+            host=host,
+            port=port,
+            open_browser=open_browser,
+            on_ready=lambda url: out.print(url, markup=False, soft_wrap=True),
+        )
+    except (FileNotFoundError, LookupError, ValueError) as exc:  # no MLflow store in the run directory
+        _error(str(exc))
+        raise typer.Exit(EXIT_INPUT) from None
+    except (OSError, RuntimeError) as exc:  # the port is taken, the server stopped or did not answer
+        _error(f"cannot start the MLflow UI on {host}:{port}: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+    raise typer.Exit(code)
+
+
+def _exit_without_teardown(code: Any) -> None:
+    """Exit once the command's work is done and said, without the interpreter's teardown of
+    torch, Ray, MLflow and pandas modules (2 s on an idle 2-core machine, up to 9 s on a loaded
+    one, all of it silence after the last line). Nothing is skipped that keeps data: threads that
+    are not daemons are joined, the atexit handlers (Ray's shutdown among them) run, and the
+    standard streams and logs are flushed first."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed, status 1, as the interpreter does
+        print(code, file=sys.stderr)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(status)
+
+
 def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     _install_sigterm()
     try:
         app()
+    except SystemExit as exc:  # how every command ends (typer's standalone mode)
+        _exit_without_teardown(exc.code)
     except KeyboardInterrupt as exc:  # before the study started (imports, ranking): nothing to save yet
         _warn("terminated (SIGTERM)" if _was_terminated(exc) else "interrupted")
         sys.exit(_interrupted_exit(exc))

@@ -11,6 +11,12 @@ importances are the model's own: for each searched parameter, the share of the p
 objective's variance over every feasible config that its value alone explains (a first-order
 variance share). Where the trials are measured, Optuna's fANOVA over the trials, seeded, so
 the same study always gives the same figures.
+
+optuna-dashboard computes its own importances when it opens the study: PED-ANOVA over the trials
+(``optuna.importance.PedAnovaImportanceEvaluator()``, its evaluator whenever Optuna has it). They
+differ from the figures above by method and, for a simulated study, by population (the trials are
+the model's best bets, not a sample of the space). So each study also keeps those figures
+(``dashboard``), and the report prints them beside its own with a line that says why they differ.
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IMPORTANCES_ATTR", "model_importances", "trial_importances", "record_importances", "study_importances"]
+__all__ = [
+    "IMPORTANCES_ATTR",
+    "model_importances",
+    "trial_importances",
+    "dashboard_importances",
+    "record_importances",
+    "study_importances",
+    "importance_note",
+]
 
 log = logging.getLogger(__name__)
 IMPORTANCES_ATTR = "autotune.importances"
@@ -77,18 +91,55 @@ def trial_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str
     return out
 
 
+def dashboard_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """What optuna-dashboard shows for the study: PED-ANOVA with its default settings over the
+    completed trials, per objective (empty where it cannot tell: too few trials, or Optuna without
+    PED-ANOVA). Milliseconds for the few hundred trials of a study."""
+    import optuna
+
+    try:
+        from optuna.importance import PedAnovaImportanceEvaluator
+    except ImportError:  # pragma: no cover - Optuna < 3.6
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for i, (metric, _) in enumerate(objectives):
+        try:
+            with warnings.catch_warnings():  # PED-ANOVA is marked experimental
+                warnings.simplefilter("ignore")
+                values = optuna.importance.get_param_importances(
+                    study, evaluator=PedAnovaImportanceEvaluator(), target=lambda t, i=i: t.values[i]
+                )
+        except Exception as exc:
+            log.info("dashboard importances for %s skipped: %s", metric, exc)
+            continue
+        out[metric] = {k: float(v) for k, v in values.items()}
+    return out
+
+
+def _completed(study: Any) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.values is not None)
+
+
 def record_importances(study: Any, objectives: list[tuple[str, str]], ranking: Any = None) -> dict[str, Any]:
     """Compute the study's importances once (the model's over the ranking when the trials are
     predictions, else fANOVA over the trials) and keep them in the study's storage."""
+    done = _completed(study)
     if ranking is not None:
         n = int(np.asarray(ranking.predictions.get("fits", []), dtype=bool).sum())
         entry = {
             "values": model_importances(ranking, objectives),
             "source": f"the model over all {n:,} feasible configs",
+            "kind": "model",
+            "configs": n,
         }
     else:
-        done = sum(1 for t in study.get_trials(deepcopy=False) if t.values is not None)
-        entry = {"values": trial_importances(study, objectives), "source": f"fANOVA over {done} trials"}
+        entry = {
+            "values": trial_importances(study, objectives),
+            "source": f"fANOVA over {done} trials",
+            "kind": "fanova",
+        }
+    entry["trials"] = done
+    entry["dashboard"] = dashboard_importances(study, objectives)
     study.set_user_attr(IMPORTANCES_ATTR, entry)
     return entry
 
@@ -99,5 +150,30 @@ def study_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str
     stored = study.user_attrs.get(IMPORTANCES_ATTR)
     if isinstance(stored, dict) and isinstance(stored.get("values"), dict):
         return stored
-    done = sum(1 for t in study.get_trials(deepcopy=False) if t.values is not None)
-    return {"values": trial_importances(study, objectives), "source": f"fANOVA over {done} trials"}
+    done = _completed(study)
+    return {
+        "values": trial_importances(study, objectives),
+        "source": f"fANOVA over {done} trials",
+        "kind": "fanova",
+        "trials": done,
+        "dashboard": dashboard_importances(study, objectives),
+    }
+
+
+def importance_note(entry: dict[str, Any]) -> str:
+    """One sentence: which importances the report shows, and why optuna-dashboard's differ."""
+    done = entry.get("trials")
+    trials = f"the {done} trials" if isinstance(done, int) else "the trials"
+    kind = entry.get("kind") or ("model" if str(entry.get("source", "")).startswith("the model") else "fanova")
+    if kind == "model":
+        n = entry.get("configs")
+        configs = f"{n:,} feasible configs" if isinstance(n, int) else "every feasible config"
+        return (
+            f"importance: the model's first-order variance share over {configs}; optuna-dashboard shows "
+            f"PED-ANOVA over {trials}, which are the model's best bets (not a sample of the space), so its "
+            "figures differ"
+        )
+    return (
+        f"importance: fANOVA over {trials} (seeded); optuna-dashboard shows PED-ANOVA over the same trials, "
+        "another method, so its figures differ"
+    )

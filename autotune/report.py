@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .importance import study_importances
+from .importance import importance_note, study_importances
 from .sanity import is_finite_number as _finite
 from .records import TrialRecord, best_records, is_tracked
 
@@ -27,6 +27,8 @@ __all__ = [
     "study_summary",
     "summary_lines",
     "summary_metrics",
+    "wrap_line",
+    "WIDTH",
 ]
 
 log = logging.getLogger(__name__)
@@ -313,6 +315,8 @@ def study_summary(
     recorded = study_importances(study, objectives)
     out["importances"] = recorded["values"]
     out["importances_source"] = recorded["source"]
+    out["importances_dashboard"] = recorded.get("dashboard") or {}
+    out["importances_note"] = importance_note(recorded)
     out["probes"] = probe_costs(records)
     out["memory_calibration"] = memory_calibration(records)
     if top is not None:
@@ -376,18 +380,28 @@ def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The summary as text lines for the terminal and summary.md."""
+WIDTH = 120  # the terminal the report's lines must fit (summary.md shares them)
+
+
+def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
+    """The summary as text lines for the terminal and summary.md, each at most ``width`` columns
+    (a longer line is wrapped at a word, its continuation indented)."""
     lines: list[str] = []
     rows = summary.get("before_after") or []
-    if rows:
-        lines.append(
-            f"before/after (baseline trial {summary.get('baseline_trial')}, best trial {summary.get('best_trial')}):"
-        )
+    baseline = summary.get("baseline_trial")
+    if rows and baseline is not None:
+        lines.append(f"before/after (baseline trial {baseline}, best trial {summary.get('best_trial')}):")
         for r in rows:
             base = _fmt(r["baseline"]) if r["baseline"] is not None else "-"
             gain = _better_or_worse(r["gain_pct"])
-            lines.append(f"  {r['metric']:<26} {base:>12} -> {_fmt(r['best']):>12}  {gain}")
+            lines.append(f"  {r['metric']:<26} {base:>12} -> {_fmt(r['best']):>12}  {gain}".rstrip())
+    elif rows:  # no baseline in the spec: nothing to compare with, the best's figures alone
+        names = [o["metric"] for o in summary.get("objectives") or []]
+        several = len(names) > 1
+        what = "first on the Pareto front" if several else "best"
+        lines.append(f"{what}: trial {summary.get('best_trial')} (no baseline in the spec to compare with):")
+        for r in rows:
+            lines.append(f"  {r['metric']:<26} {_fmt(r['best']):>12}")
     if summary.get("best_by_estimate"):
         lines.append(summary["best_by_estimate"])
     rec = summary.get("recommendation") or {}
@@ -396,7 +410,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     front = summary.get("pareto_front") or []
     if front:
         names = [o["metric"] for o in summary["objectives"]]
-        lines.append(f"Pareto front ({len(front)} trials):")
+        lines.append(f"Pareto front ({len(front)} trials: none is better in every objective than another):")
         for p in front:
             lines.append(
                 "  trial "
@@ -404,10 +418,18 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                 + ": "
                 + ", ".join(f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float)))
             )
-    for metric, values in (summary.get("importances") or {}).items():
-        top = sorted(values.items(), key=lambda kv: -kv[1])[:6]
-        source = f" ({summary['importances_source']})" if summary.get("importances_source") else ""
-        lines.append(f"parameter importances for {metric}{source}: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+    importances = summary.get("importances") or {}
+    dashboard = summary.get("importances_dashboard") or {}
+    for metric, values in importances.items():
+        lines.append(f"parameter importances for {metric}: " + _top_importances(values))
+        if dashboard.get(metric):
+            lines.append("  optuna-dashboard's (PED-ANOVA over the trials): " + _top_importances(dashboard[metric]))
+    if importances:
+        note = summary.get("importances_note") or (
+            f"importance: {summary['importances_source']}" if summary.get("importances_source") else ""
+        )
+        if note:
+            lines.append(f"  ({note})")
     cost = summary.get("probes") or {}
     if cost.get("probes"):
         lines.append(
@@ -425,9 +447,39 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         measured = mem.get("measured_peak_gib")
         lines.append(
             f"memory of the best config (GiB): predicted {parts} = {mem['predicted_peak_gib']:.2f}; "
-            + (f"measured peak {measured:.2f}" if isinstance(measured, (int, float)) else "not measured (simulated)")
+            + (
+                f"measured peak {measured:.2f}"
+                if isinstance(measured, (int, float))
+                else "not measured (simulated)"
+                if mem.get("source") == "simulated"
+                else "peak not measured (the probe did not report it)"
+            )
         )
-    return lines
+    return [wrapped for line in lines for wrapped in wrap_line(line, width)]
+
+
+def _top_importances(values: dict[str, float], n: int = 6) -> str:
+    top = sorted(values.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v:.2f}" for k, v in top)
+
+
+def wrap_line(line: str, width: int = WIDTH, indent: int | None = None) -> list[str]:
+    """A line cut at words into lines of at most ``width`` columns (a word longer than that
+    stays whole), continuations indented two more than the line (or ``indent``)."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    more = " " * (lead + 2 if indent is None else indent)
+    return textwrap.wrap(
+        line.lstrip(" "),
+        width=width,
+        initial_indent=" " * lead,
+        subsequent_indent=more,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [line]
 
 
 def _better_or_worse(gain_pct: float | None) -> str:

@@ -26,7 +26,7 @@ import optuna
 
 from .spec import Spec
 
-__all__ = ["StorageDamaged", "check_journal", "journal_path", "open_study", "study_storage"]
+__all__ = ["StorageDamaged", "check_journal", "journal_path", "name_metrics", "open_study", "study_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,24 @@ def open_study(
         )
     if path is not None:
         _check_no_trial_lost(study, path, run_dir)
+    if create:
+        name_metrics(study, spec)
     return study
+
+
+def name_metrics(study: optuna.Study, spec: Spec) -> None:
+    """Name the study's objectives after the spec's metrics (``study.set_metric_names``), so that
+    optuna-dashboard and ``trials_dataframe`` say ``decode_tokens_per_s``, not "Objective 0". On
+    new and resumed studies (one written before autotune named them gets its names); written
+    only when they change, so that a resume adds no record to the journal."""
+    import warnings
+
+    names = [m for m, _ in spec.objective_list()]
+    if study.metric_names == names or len(names) != len(study.directions):
+        return
+    with warnings.catch_warnings():  # set_metric_names is marked experimental
+        warnings.simplefilter("ignore")
+        study.set_metric_names(names)
 
 
 def _check_no_trial_lost(study: optuna.Study, path: Path, run_dir: Path) -> None:

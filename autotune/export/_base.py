@@ -42,6 +42,8 @@ class ExportContext:
     cluster: dict[str, Any] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)  # as the probe reported it
     target: str = ""  # the study's target stack (autotune.stacks); "" = unknown
+    chosen_because: str = ""  # the trial's reason: best.env names the knobs the model could not tell apart
+    searched: frozenset[str] | None = None  # the space's searched names (None: unknown)
 
     @classmethod
     def from_record(
@@ -52,6 +54,7 @@ class ExportContext:
         workload: dict | None = None,
         cluster: dict | None = None,
         target: str = "",
+        searched: Any = None,
     ) -> "ExportContext":
         info = getattr(record, "info", None) or {}
         return cls(
@@ -65,6 +68,8 @@ class ExportContext:
             cluster=dict(cluster or {}),
             software={k: str(v) for k, v in (info.get("software") or {}).items()},
             target=target,
+            chosen_because=getattr(record, "chosen_because", "") or "",
+            searched=frozenset(searched) if searched is not None else None,
         )
 
     # what most exporters need

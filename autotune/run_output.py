@@ -1,0 +1,382 @@
+"""The tables ``plan``, ``run`` and ``report`` print: configs, trials, the front, the best.
+
+Apart from :mod:`autotune.cli` (which parses options, calls the stage that does the work and
+exits) because the tables have rules of their own that a command line should not hold: one
+objective or several (each objective a column; ``*`` marks the Pareto front of the objectives,
+or with one objective the front of it against memory headroom), the knobs the model cannot tell
+apart said once (``~``), the Pareto-optimal trials instead of one best, and ``report``'s table
+fitted to a 120-column terminal (the config whole, the why text wrapped on its own lines).
+Every function prints on the console it is given and computes nothing the study's files do not
+also hold.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from .report import WIDTH, wrap_line
+
+__all__ = [
+    "short",
+    "fmt_metric",
+    "print_top_table",
+    "print_preview",
+    "print_breakdown",
+    "print_best",
+    "print_report_table",
+    "undistinguished_of",
+    "WIDTH",
+]
+
+# the metrics shown beside the objectives, by workload
+_TRAIN_EXTRA = ("step_time_s", "mfu", "peak_memory_gib")
+_INFER_EXTRA = ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
+
+
+def short(config: dict[str, Any]) -> str:
+    """A config on one line: the parallel layout in short words (``tp=2 pp=1 mbs=4 sp bf16``),
+    every other searched setting by its name, the env settings last after two spaces."""
+    keys = [
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "dp",
+        "micro_batch_size",
+        "grad_accum",
+        "sequence_parallel",
+        "recompute",
+        "recompute_layers",
+        "zero_stage",
+        "precision",
+        "batch_size",
+    ]
+    labels = {
+        "micro_batch_size": "mbs",
+        "grad_accum": "ga",
+        "sequence_parallel": "sp",
+        "zero_stage": "zero",
+        "recompute_layers": "rl",
+        "precision": "",
+        "batch_size": "bs",
+    }
+    parts = []
+    for k in keys:
+        if k not in config:
+            continue
+        v = config[k]
+        label = labels.get(k, k)
+        if isinstance(v, bool):
+            if v:
+                parts.append(label)
+        elif k == "recompute":
+            if v != "none":
+                parts.append(f"rc={v}")
+        else:
+            parts.append(f"{label}{'=' if label else ''}{v}")
+    # every other searched setting (kv_cache_dtype, quantization, compile, graph_kernel_flags, ...)
+    # by its canonical name, so that two configs never print the same
+    parts += [f"{k}={v}" for k, v in config.items() if k not in keys and not k.startswith("env.")]
+    env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
+    return " ".join(parts) + (("  " + " ".join(env)) if env else "")
+
+
+def fmt_metric(v: Any) -> str:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return ""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _extra_metrics(names: list[str], metrics_rows: list[dict[str, Any]]) -> list[str]:
+    training = any("tokens_per_s" in k or k == "step_time_s" for k in metrics_rows[0]) if metrics_rows else True
+    extra = _TRAIN_EXTRA if training else _INFER_EXTRA
+    return [m for m in extra if m not in names and any(m in metrics for metrics in metrics_rows)]
+
+
+def print_top_table(
+    console: Console, rows: list[tuple[dict, dict]], objectives: list[tuple[str, str]], title: str
+) -> None:
+    """One line per config, metrics first and the config last and whole: a config is only useful
+    to a reader if it can be copied, so it is never truncated or wrapped into a cell."""
+    names = [m for m, _ in objectives]
+    names += _extra_metrics(names, [metrics for _, metrics in rows])
+    widths = [max(len(m), 9) for m in names]
+    console.print(f"[bold]{title}[/bold]")
+    console.print("  #  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  config")
+    for i, (config, metrics) in enumerate(rows, start=1):
+        cells = [fmt_metric(metrics.get(m)).rjust(w) for m, w in zip(names, widths)]
+        console.print(f"{i:>3}  " + "  ".join(cells) + "  " + short(config), markup=False)
+
+
+def undistinguished_of(record: Any) -> str:
+    """The knobs the model could not tell apart for the trial's layout (``env.HCCL_BUFFSIZE
+    120|200|400, ...``), as its reason names them (:data:`autotune.ranking.UNDISTINGUISHED`);
+    "" when none."""
+    from .ranking import UNDISTINGUISHED
+
+    why = getattr(record, "chosen_because", "") or ""
+    if UNDISTINGUISHED not in why:
+        return ""
+    return why.split(UNDISTINGUISHED, 1)[1].split("; ", 1)[0].strip()
+
+
+def _signed(record: Any, objectives: list[tuple[str, str]]) -> list[float]:
+    return [(1.0 if d == "maximize" else -1.0) * float(record.metrics[m]) for m, d in objectives]
+
+
+def print_preview(
+    console: Console, records: list[Any], objectives: list[tuple[str, str]], recommendation: Any, top: int = 10
+) -> None:
+    """The simulated study as the model's ranking of distinct layouts: each trial a layout the
+    model can tell apart, with the knobs it cannot (values the probes would try) on a line of
+    their own, and the front marked ``*``. With one objective, the front of it against the memory
+    each layout leaves free (no other layout is both better and roomier); with several, the
+    Pareto front of the objectives (no other layout is better in every one), each objective a
+    column, and every member of the front shown even when it ranks low on the first."""
+    import numpy as np
+
+    from .ranking import UNDISTINGUISHED, pareto_order
+
+    metric, direction = objectives[0]
+    several = len(objectives) > 1
+    ok = [
+        r
+        for r in records
+        if r.status == "ok" and r.probed and all(isinstance(r.metrics.get(m), (int, float)) for m, _ in objectives)
+    ]
+    sign = 1.0 if direction == "maximize" else -1.0
+    ok.sort(key=lambda r: (-sign * r.metrics[metric], r.number))
+    capacity = None
+    if recommendation is not None and recommendation.best_headroom_gib is not None:
+        capacity = recommendation.best_headroom_gib + recommendation.best.metrics["peak_memory_gib"]
+    room = [
+        capacity - r.metrics["peak_memory_gib"]
+        if capacity is not None and isinstance(r.metrics.get("peak_memory_gib"), (int, float))
+        else (
+            r.metrics.get("memory_headroom_gib")
+            if isinstance(r.metrics.get("memory_headroom_gib"), (int, float))
+            else 0.0
+        )
+        for r in ok
+    ]
+    if not ok:
+        return
+    if several:
+        values = np.array([_signed(r, objectives) for r in ok])
+    else:
+        values = np.array([[sign * r.metrics[metric], h] for r, h in zip(ok, room)])
+    front = list(pareto_order(values) == 0)
+    rows = list(zip(ok, room, front))
+    shown = rows[:top]
+    if several:  # the whole front, then the best of the rest by the first objective
+        on_front = [row for row in rows if row[2]]
+        rest = [row for row in rows if not row[2]][: max(0, top - len(on_front))]
+        keep = {id(row[0]) for row in on_front + rest}
+        shown = [row for row in rows if id(row[0]) in keep]
+    names = [m for m, _ in objectives]
+    if several:
+        what = "* on the Pareto front of " + " and ".join(
+            f"{m} ({'higher' if d == 'maximize' else 'lower'} is better)" for m, d in objectives
+        )
+    else:
+        what = f"* on the front of {metric} against memory headroom (none is both better and roomier)"
+    title = (
+        f"{len(shown)} of {len(ok)} distinct layouts (simulated, not measured): the front, then the best of the rest"
+        if several and len(shown) < len(ok)
+        else f"top {len(shown)} of {len(ok)} distinct layouts (simulated, not measured)"
+    )
+    console.print(Text(title, style="bold"))
+    console.print(f"  {what}", markup=False)
+    widths = [max(len(m), 9) for m in names]
+    console.print(
+        "  trial  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  peak GiB  free GiB  config",
+        markup=False,
+    )
+    knobs = [undistinguished_of(r) for r, _, _ in shown]
+    # the knobs most layouts leave to the probes, said once (rows marked ~), other sets per row
+    named = [k for k in knobs if k]
+    shared = max(sorted(set(named)), key=named.count) if named else ""
+    for (r, h, on_front), left in zip(shown, knobs):
+        mark = "*" if on_front else " "
+        cells = "  ".join(fmt_metric(r.metrics[m]).rjust(w) for m, w in zip(names, widths))
+        peak = r.metrics.get("peak_memory_gib")
+        console.print(
+            f"{mark} {r.number:>5}  {cells}  {peak if isinstance(peak, (int, float)) else 0:8.1f}"
+            f"  {h:8.1f}  {short({k: v for k, v in r.config.items() if not k.startswith('env.')})}"
+            + ("  ~" if left and left == shared else ""),
+            markup=False,
+        )
+        if left and left != shared:
+            console.print(f"{'':9}{UNDISTINGUISHED}{left}", markup=False)
+    if shared:
+        for text in wrap_line(f"  ~ {UNDISTINGUISHED}{shared}", WIDTH, indent=4):
+            console.print(text, markup=False)
+
+
+def print_breakdown(console: Console, metrics: dict[str, Any]) -> None:
+    mem = {k[4:]: v for k, v in metrics.items() if k.startswith("mem_")}
+    tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
+    if mem:
+        total = metrics.get("peak_memory_gib")
+        console.print(
+            "memory per device of the top config (GiB, predicted): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in mem.items() if v)
+            + (f" = {total:.2f}" if total else "")
+        )
+    if tim:
+        console.print(
+            "step time of the top config (s, predicted): " + ", ".join(f"{k} {v:.3f}" for k, v in tim.items() if v)
+        )
+
+
+_SHOWN = ("mfu", "peak_memory_gib", "step_time_s", "tokens_per_s_per_device", "ttft_ms", "decode_tokens_per_s")
+
+
+def _metric_line(record: Any, objectives: list[tuple[str, str]]) -> str:
+    """The objectives first, in the spec's order, then the other metrics a user compares."""
+    names = [m for m, _ in objectives] + [m for m in record.metrics if m in _SHOWN]
+    seen: list[str] = []
+    for m in names:
+        if m not in seen and isinstance(record.metrics.get(m), (int, float)):
+            seen.append(m)
+    return ", ".join(f"{m} {record.metrics[m]:,.4g}" for m in seen)
+
+
+def print_best(
+    console: Console,
+    best: list[Any],
+    objectives: list[tuple[str, str]],
+    source: str,
+    improvement: str | None,
+    recommendation: Any,
+) -> None:
+    """The study's answer: the best trial (one objective), or every Pareto-optimal trial (several:
+    no single best exists; each is the best at its trade-off), then the recommendation."""
+    if not best:
+        return
+    if len(objectives) > 1:
+        beaten = "on both objectives" if len(objectives) == 2 else "on every objective"
+        console.print(
+            Text.assemble(
+                ("Pareto-optimal trials", "bold"),
+                f" ({len(best)}; none is beaten {beaten} by another: pick by the trade-off you need):",
+            )
+        )
+        for r in best:
+            console.print(Text.assemble(("  trial ", ""), (str(r.number), "bold"), f": {short(r.config)}"))
+            console.print(f"      {_metric_line(r, objectives)}  ({source})", markup=False)
+    else:
+        top = best[0]
+        console.print(Text.assemble(("best", "bold"), f" trial {top.number}: {short(top.config)}"))
+        console.print(f"  {_metric_line(top, objectives)}  ({source})", markup=False)
+    if improvement:
+        console.print(f"  {improvement}", markup=False)
+    if recommendation is not None and recommendation.sentence:
+        if recommendation.changed:
+            console.print(Text(recommendation.sentence, style="bold"))
+        else:
+            console.print(Text.assemble(("tight:", "bold"), f" {recommendation.sentence}"))
+
+
+# the guide's "predicted 693.6 ± 30" in a trial's reason: the figure the report's column shows
+_GUIDE_PREDICTION = re.compile(r"^predicted [-+0-9.e]+ ± [-+0-9.e]+(?:, )?")
+
+
+def _predicted_cell(record: Any, metric: str) -> str:
+    """The one prediction of a trial: the guide's (mean ± sd, what chose it) when it steered,
+    else the model's."""
+    p = record.predicted or {}
+    mean, sd = p.get(f"guided_{metric}"), p.get(f"guided_{metric}_sd")
+    if isinstance(mean, (int, float)):
+        return fmt_metric(mean) + (f" ± {fmt_metric(float(sd))}" if isinstance(sd, (int, float)) else "")
+    return fmt_metric(p.get(metric))
+
+
+def _why(record: Any, with_prediction_column: bool, shared: str = "") -> str:
+    why = record.reason if record.status != "ok" else record.chosen_because
+    why = " ".join(str(why or "").split())
+    if shared:
+        from .ranking import UNDISTINGUISHED
+
+        why = why.replace(f"{UNDISTINGUISHED}{shared}", "~")
+    if with_prediction_column and record.status == "ok":
+        # the guide's prediction is the table's predicted column: said once per row
+        parts = (_GUIDE_PREDICTION.sub("", part) for part in why.split("; "))
+        why = "; ".join(part for part in parts if part)
+    return why
+
+
+def _config_lines(prefix: str, config: str) -> list[str]:
+    """``prefix`` and the config within :data:`WIDTH` columns: whole on the line when it fits,
+    else its env settings on their own lines under it, each part cut at a setting (never inside
+    one), continuations aligned under the config."""
+    if len(prefix) + len(config) <= WIDTH:
+        return [prefix + config]
+    layout, _, env = config.partition("  ")
+    if len(prefix) > WIDTH // 2 and len(prefix) + len(layout) > WIDTH:  # no room beside: lines of its own
+        lines = [prefix.rstrip(), *wrap_line(" " * 7 + layout, WIDTH, indent=7)]
+        return lines + (wrap_line(" " * 7 + env, WIDTH, indent=7) if env else [])
+    indent = len(prefix) if len(prefix) <= WIDTH // 2 else 7
+    lines = wrap_line(prefix + layout, WIDTH, indent=indent)
+    if env:
+        lines += wrap_line(" " * indent + env, WIDTH, indent=indent)
+    return lines
+
+
+def print_report_table(
+    console: Console, rows: list[dict[str, Any]], records: list[Any], objectives: list[tuple[str, str]], top: int
+) -> None:
+    """``report``'s trials, at most :data:`WIDTH` columns a line: status, source, the objectives,
+    the one prediction of the first objective (measured studies; a simulated trial's metrics are
+    the prediction), the peak memory and the config (wrapped at a word when long), then why the
+    trial was chosen or why it failed on its own indented lines."""
+    names = [m for m, _ in objectives]
+    first = names[0]
+    by_number = {r.number: r for r in records}
+    shown = [by_number[row["trial"]] for row in rows[:top]]
+    predicted = any(r.source != "simulated" for r in shown)
+    peak = any(isinstance(r.metrics.get("peak_memory_gib"), (int, float)) for r in shown)
+    columns = [
+        *names,
+        *([f"predicted {first}" if len(first) < 14 else "predicted"] if predicted else []),
+        *(["peak GiB"] if peak else []),
+    ]
+    cells_of = {}
+    for rec in shown:
+        values = [fmt_metric(rec.metrics.get(m)) for m in names]
+        if predicted:
+            values.append(_predicted_cell(rec, first))
+        if peak:
+            values.append(fmt_metric(rec.metrics.get("peak_memory_gib")))
+        cells_of[rec.number] = values
+    widths = [max([len(c)] + [len(cells_of[r.number][i]) for r in shown]) for i, c in enumerate(columns)]
+    status_w = max([6] + [len(r.status) for r in shown])
+    source_w = max([6] + [len(r.source) for r in shown])
+    head = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} " + "  ".join(
+        c.rjust(w) for c, w in zip(columns, widths)
+    )
+    console.print(head + "  config", markup=False)
+    # the knobs most rows leave to the probes, said once at the end (~), as run's preview does
+    named = [k for k in (undistinguished_of(r) for r in shown) if k]
+    shared = max(sorted(set(named)), key=named.count) if named else ""
+    shared = shared if named.count(shared) > 1 else ""
+    for rec in shown:
+        number = f"{rec.number}{'*' if rec.baseline else ''}"
+        cells = "  ".join(v.rjust(w) for v, w in zip(cells_of[rec.number], widths))
+        prefix = f"{number:<6} {rec.status:<{status_w}} {rec.source:<{source_w}} {cells}  "
+        for text in _config_lines(prefix, short(rec.config)):
+            console.print(text, markup=False)
+        why = _why(rec, predicted, shared)
+        if why:
+            label = "why failed: " if rec.status != "ok" else "why chosen: "
+            for text in wrap_line(f"       {label}{why}", WIDTH, indent=7 + len(label)):
+                console.print(Text(text, style="dim"))
+    if shared:
+        from .ranking import UNDISTINGUISHED
+
+        for text in wrap_line(f"~ {UNDISTINGUISHED}{shared}", WIDTH, indent=2):
+            console.print(text, markup=False)
