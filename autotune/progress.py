@@ -20,7 +20,7 @@ from .records import TrialRecord
 __all__ = ["ProgressObserver", "Phase", "phase", "PROGRESS_EVERY_ENV"]
 
 PROGRESS_EVERY_ENV = "AUTOTUNE_PROGRESS_EVERY_S"
-_DEFAULT_EVERY_S = 4.0  # under the 5 s a user may wait without a sign
+_DEFAULT_EVERY_S = 3.0  # well under the 5 s a user may wait without a sign, on a busy machine too
 
 
 def _every_s() -> float:
@@ -38,7 +38,7 @@ def _seconds(s: float) -> str:
 class Phase:
     """One phase in progress. On a terminal with no other live display, a spinner line whose
     elapsed seconds tick; elsewhere (a pipe, a CI log, under the trials' bar) a line every
-    ``every_s`` seconds (``AUTOTUNE_PROGRESS_EVERY_S``, default 4) saying the phase is still going,
+    ``every_s`` seconds (``AUTOTUNE_PROGRESS_EVERY_S``, default 3) saying the phase is still going,
     with its latest detail and the seconds so far. ``update`` changes the detail (and prints it
     at once where there is no spinner: a new step is news)."""
 
