@@ -170,9 +170,14 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     """The :class:`~autotune.dispatch.ProbeLaunch` of one trial for a real backend."""
     from .dispatch import ProbeLaunch
 
+    from .memory_profile import NUM_LAYERS_ENV, NUM_LAYERS_PLACEHOLDER
+
     backend = spec.backend
     timeout = backend.timeout_s or spec.workload.timeout_s
-    env = {**backend.env, **request.env()}
+    layers = str(int(request.model.get("num_hidden_layers") or 0))
+    # the layers of the model this trial runs: fewer than the spec's in a memory profile
+    # (autotune.memory_profile), so a launcher that takes its own layer count is told
+    env = {**backend.env, **request.env(), NUM_LAYERS_ENV: layers}
     placement = trial_placement(spec, trial_devices(spec, request.params))
     resources, nodes = placement["resources"], placement["nodes"]
     cwd = backend.cwd
@@ -185,7 +190,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     )
     if choice.kind == "command":
         return ProbeLaunch(
-            argv=list(backend.argv or []),
+            argv=[str(a).replace(NUM_LAYERS_PLACEHOLDER, layers) for a in backend.argv or []],
             env=env,
             timeout_s=timeout,
             resources=resources,

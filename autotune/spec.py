@@ -496,7 +496,9 @@ TargetName = Literal[(*stack_names(), "none")]  # type: ignore[valid-type]  # th
 
 class BackendSpec(_Strict):
     """How a trial is measured. ``command`` runs ``argv`` (``{trial_file}`` is replaced by the
-    trial file path) and reads the probe protocol's JSON lines, or ``metric_patterns`` regexes."""
+    trial file path, ``{num_layers}`` by the layers of the model the trial runs: fewer than the
+    model's in a memory profile, see autotune.memory_profile) and reads the probe protocol's JSON
+    lines, or ``metric_patterns`` regexes."""
 
     kind: BackendKind = "auto"
     argv: list[str] | None = None

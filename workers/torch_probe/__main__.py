@@ -146,6 +146,13 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
         # cpu the process's peak RSS, everything it held
         PEAK_COUNTS_KEY: "device" if kind == "cpu" else "allocated",
     }
+    if plan.kind == "train" and len(rt.peak_by_rank) == world:
+        # the mesh is (pp, dp, cp, tp) over ranks 0..world-1 in order: a rank's stage is its
+        # row; a stage's peak is its worst rank's (what a memory profile fits per stage)
+        per_stage = world // plan.pp
+        info["peak_memory_gib_by_stage"] = [
+            max(rt.peak_by_rank[s * per_stage : (s + 1) * per_stage]) for s in range(plan.pp)
+        ]
     dist.destroy_process_group()
     return {"metrics": metrics, "info": info}
 

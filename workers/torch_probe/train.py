@@ -51,6 +51,7 @@ class Runtime:
     memory_limit_gib: float | None = None
     artifact_dir: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    peak_by_rank: list[float] = field(default_factory=list)  # GiB, every rank's (the result's info)
 
     def sync(self) -> None:
         self.devmod.synchronize()
@@ -387,6 +388,7 @@ def run_train(rt: Runtime) -> dict[str, float]:
         metrics["mfu"] = flops * metrics["tokens_per_s_per_device"] / (float(peak) * 1e12)
     metrics.update(state)
     metrics["peak_memory_gib"] = max(r[1] for r in rows)
+    rt.peak_by_rank = [float(r[1]) for r in rows]
     if rt.device_kind != "cpu":
         metrics["peak_reserved_gib"] = max(r[2] for r in rows)
     if plan.profile_step:
