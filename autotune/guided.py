@@ -100,6 +100,8 @@ class GuideSettings:
     max_oom_share: float | None = (
         0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
     )
+    doubt_threshold: float = 0.10  # a measured family this consistently off its predictions (log ratio) ...
+    max_doubt_probes: int = 2  # ... buys up to this many probes of unmeasured families before exploiting
 
 
 @dataclass(frozen=True)
@@ -637,6 +639,44 @@ class Guide:
         total = probes + (budget_left if budget_left is not None else max(probes, 20))
         return ooms >= max(1, math.floor(share * total + 1e-9))
 
+    def model_doubt(self, obs: list[Observation]) -> tuple[float, str]:
+        """How far the simulator has been shown wrong in one direction: over each measured family
+        (tp/pp/cp/zero/recompute) with two measurements or more that all sit above, or all below,
+        their raw predictions, the smallest of their log ratios (consistently off by at least that
+        much); the largest such figure over the families, if it reaches ``doubt_threshold``, and
+        its words. The refit corrects what it can explain with shared factors; a family the model
+        gets wrong as a whole says the others may be wrong too, in a way no factor has seen."""
+        by_family: dict[tuple, list[float]] = {}
+        for o in obs:
+            raw = self.objective_raw[o.index]
+            if o.status == "ok" and o.objective is not None and o.objective > 0 and raw > 0 and math.isfinite(raw):
+                by_family.setdefault(self.families[o.index], []).append(math.log(o.objective / raw))
+        worst, why = 0.0, ""
+        for fam, logs in by_family.items():
+            if len(logs) < 2 or not (all(v > 0 for v in logs) or all(v < 0 for v in logs)):
+                continue
+            least = min(abs(v) for v in logs)
+            if least >= self.settings.doubt_threshold and least > worst:
+                ratio = math.exp(sum(logs) / len(logs))
+                where = "above" if logs[0] > 0 else "below"
+                worst = least
+                why = (
+                    f"measured {_family_words(fam)} configs ran x{ratio:.2f} of their predictions "
+                    f"({len(logs)} of {len(logs)} {where})"
+                )
+        return worst, why
+
+    def _doubt_probes(self, obs: list[Observation]) -> int:
+        """Probes already spent on a family not measured before, while the model was in doubt
+        (derived from the trials in order: nothing stored)."""
+        ordered = sorted(obs, key=lambda o: o.number)
+        spent = 0
+        for k, o in enumerate(ordered):
+            before = ordered[:k]
+            if self.families[o.index] not in {self.families[b.index] for b in before} and self.model_doubt(before)[0]:
+                spent += 1
+        return spent
+
     def propose(
         self,
         obs: Iterable[Observation],
@@ -681,6 +721,12 @@ class Guide:
                 if allowed is None
                 else "every valid config with the fixed parameters has been probed"
             )
+        seen_families = {self.families[o.index] for o in obs}
+        doubt, doubt_why = self.model_doubt(obs) if best is not None else (0.0, "")
+        unmeasured = np.array([f not in seen_families for f in self.families]) if doubt else None
+        if doubt:
+            # the families not measured may be as wrong as the one shown wrong: widen them
+            sd = np.where(unmeasured, np.hypot(sd, math.expm1(doubt) * np.abs(mean)), sd)
         ucb = sign * mean + s.explore_kappa * sd
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
@@ -730,7 +776,16 @@ class Guide:
             pool = candidates & (p_fit >= 0.9 * top)
             safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
         scouted = None
-        if best is None or safest:
+        doubted = None
+        if doubt and not safest and self._doubt_probes(obs) < s.max_doubt_probes:
+            # before exploiting further: the best of a family not measured, if its widened bound
+            # could beat the best measured and it surely fits
+            others = pool & unmeasured & (p_fit >= s.fit_confidence) & (ucb > sign * best)
+            if others.any():
+                doubted = int(np.argmax(np.where(others, ucb, -np.inf)))
+        if doubted is not None:
+            score = np.where(np.arange(self.n) == doubted, 1.0, -np.inf)
+        elif best is None or safest:
             score = np.where(pool, ucb, -np.inf)
         else:
             # expected improvement over the best, weighted by the probability of fitting: a
@@ -750,10 +805,16 @@ class Guide:
         # why: the rank by the current model's mean, and whether the family is new
         by_mean = np.where(pool, sign * mean, -np.inf)
         rank = int(np.sum(by_mean > by_mean[index])) + 1
-        seen_families = {self.families[o.index] for o in obs}
         parts = []
+        if doubted is not None:
+            parts.append(
+                f"doubt: {doubt_why}; the model's uncertainty is widened by ±{math.expm1(doubt):.0%} for the "
+                "families not measured, so the best of one is probed before exploiting further"
+            )
+        elif doubt:
+            parts.append(f"doubt: {doubt_why} (unmeasured families widened by ±{math.expm1(doubt):.0%})")
         if obs and self.families[index] not in seen_families:
-            fam = ", ".join(f"{k}={v}" for k, v in zip(FAMILY_PARAMS, self.families[index]) if v is not None)
+            fam = _family_words(self.families[index])
             parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
         if safest:
             parts.append(safest)
@@ -766,6 +827,10 @@ class Guide:
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
         return with_prediction(Proposal(index, config, "; ".join(parts), scout_for=scout_for)), ""
+
+
+def _family_words(family: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(FAMILY_PARAMS, family) if v is not None)
 
 
 def _short(config: dict[str, Any]) -> str:

@@ -126,6 +126,7 @@ class GuidedSampler(BaseSampler):
                 stop_early=sp.stop_early,
                 min_fit_probability=sp.min_fit_probability,
                 max_oom_share=sp.max_oom_share,
+                max_doubt_probes=sp.max_doubt_probes,
             ),
         )
         return cls(ranking, space, objectives[0], **kwargs)

@@ -841,6 +841,12 @@ class SearchSpec(_Strict):
         "of n_trials (at least one); past it only configs fit_confidence likely to fit "
         "are probed; null: no cap (benchmarks/README.md shows the trade-off)",
     )
+    max_doubt_probes: int = Field(
+        2,
+        ge=0,
+        description="sampler auto: probes the guide may spend on families (tp/pp/cp/zero/recompute) not yet "
+        "measured once a measured family has run consistently off its predictions (the model in doubt); 0: never",
+    )
 
 
 class RecommendSpec(_Strict):

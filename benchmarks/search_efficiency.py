@@ -80,6 +80,7 @@ def spec_for(
     world_file: Path | None,
     min_fit: float = 0.5,
     max_oom_share: float | None = 0.05,
+    max_doubt_probes: int = 2,
 ) -> Spec:
     data = {
         "name": f"bench-{name}",
@@ -120,6 +121,7 @@ def spec_for(
             "prune": False,
             "min_fit_probability": min_fit,
             "max_oom_share": max_oom_share,
+            "max_doubt_probes": max_doubt_probes,
         },
         "ray": {"enabled": False},
     }
@@ -318,6 +320,12 @@ def main() -> None:
         help="the guide's search.max_oom_share (cap on OOM probes; 0: none)",
     )
     ap.add_argument(
+        "--max-doubt-probes",
+        type=int,
+        default=2,
+        help="the guide's search.max_doubt_probes (probes of unmeasured families when the model is in doubt; 0: none)",
+    )
+    ap.add_argument(
         "--memory-oracle",
         action="store_true",
         help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
@@ -354,7 +362,16 @@ def main() -> None:
                 )
                 world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                 world_file.write_text(json.dumps(world.to_json()))
-                spec = spec_for(scenario, sc, args.budget, w, world_file, args.min_fit, args.max_oom_share or None)
+                spec = spec_for(
+                    scenario,
+                    sc,
+                    args.budget,
+                    w,
+                    world_file,
+                    args.min_fit,
+                    args.max_oom_share or None,
+                    args.max_doubt_probes,
+                )
                 truth = Truth(world, spec, configs)
                 for method in methods:
                     t0 = time.perf_counter()

@@ -76,6 +76,18 @@ STRUCTURE_FAMILIES = {
     # allocator's fragmentation, the runtime's context and the communication buffers, which the
     # device still holds; the memory itself is the simulator's (strength: unused)
     "allocator-peak": (1.0, 1.0),
+    # not memory: a family of layouts runs this much slower than its components say, every config
+    # of it alike (a stack whose pipeline schedule or unsharded-optimizer step overlaps worse than
+    # the model assumes: issue #35's world where the pipelined ZeRO-1 configs ran 1.35x slower than
+    # predicted and ZeRO-3 with full recompute won); which family, from the seed (SLOW_GROUPS)
+    "family-slow": (1.25, 1.5),
+}
+# the layout families "family-slow" may slow down: pipelined with unsharded optimizer states, any
+# unsharded optimizer, any pipeline
+SLOW_GROUPS = {
+    "pp>1,zero<=1": lambda c: int(c.get("pp") or 1) > 1 and int(c.get("zero_stage") or 0) <= 1,
+    "zero<=1": lambda c: int(c.get("zero_stage") or 0) <= 1,
+    "pp>1": lambda c: int(c.get("pp") or 1) > 1,
 }
 
 
@@ -189,6 +201,9 @@ class World:
         step = sum(np.nan_to_num(p[f"time_{k}"]) * self.time_factors.get(k, 1.0) for k in TRAIN_TIME_COMPONENTS)
         for name, effects in self.value_effects.items():
             step = step * np.array([effects.get(repr(c.get(name)), 1.0) for c in configs])
+        if "family-slow" in self.structure:
+            group = SLOW_GROUPS[sorted(SLOW_GROUPS)[self.seed % len(SLOW_GROUPS)]]
+            step = step * np.array([self.structure["family-slow"] if group(c) else 1.0 for c in configs])
         part = {k: np.nan_to_num(p[f"mem_{k}"]) * self.mem_factors.get(k, 1.0) for k in TRAIN_MEM_COMPONENTS}
         mem = sum(part.values())
         outside = part["fragmentation"] + part["comm_buffers"] + part["runtime_reserve"]

@@ -548,3 +548,55 @@ def test_derived_values_add_no_memory_effect_of_their_own(world):
         ((settings.memory_sigma * comps) ** 2).sum(axis=1) + len(varying) * (settings.memory_value_sigma * total) ** 2
     )
     assert np.allclose(prior.sd[rows], expected, rtol=1e-6)
+
+
+def test_a_family_the_model_got_wrong_both_times_makes_it_doubt_and_probe_an_unmeasured_family(world):
+    """Two measured configs of one family both ran ~0.7x their predictions: the other families may
+    be as wrong, so the guide widens them and probes the best of one before exploiting further
+    (issue #35's world: pipelined ZeRO-1 over-predicted by 1.35x, ZeRO-3 never probed)."""
+    ranking, step, mem, fits, value = world
+    raw = np.asarray(ranking.predictions["tokens_per_s_per_device"], float)
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    families = guide.families
+    sure = np.asarray(ranking.predictions["fits"], bool)
+    order = [int(i) for i in np.argsort(-np.where(sure, raw, -np.inf))]
+    first = order[0]
+    same = next(i for i in order[1:] if families[i] == families[first])
+    obs = [
+        Observation(i, "ok", objective=0.7 * raw[i], peak_memory_gib=float(mem[i]), number=n)
+        for n, i in enumerate((first, same))
+    ]
+    doubt, why = guide.model_doubt(obs)
+    assert doubt == pytest.approx(-np.log(0.7)) and "ran x0.70 of their predictions (2 of 2 below)" in why
+    proposal, _ = guide.propose(obs, best=max(o.objective for o in obs), budget_left=18)
+    assert proposal.reason.startswith("doubt: measured ") and "probed before exploiting further" in proposal.reason
+    assert "widened by ±43%" in proposal.reason and families[proposal.index] != families[first]
+    # the allowance is spent once two unmeasured families were probed in doubt
+    spent = obs + [Observation(proposal.index, "ok", objective=0.7 * raw[proposal.index], number=2)]
+    nxt, _ = guide.propose(spent, best=max(o.objective for o in spent), budget_left=17)
+    spent.append(Observation(nxt.index, "ok", objective=0.7 * raw[nxt.index], number=3))
+    assert guide._doubt_probes(spent) <= 2
+    off = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(max_doubt_probes=0))
+    plain, _ = off.propose(obs, best=max(o.objective for o in obs), budget_left=18)
+    # it still says it doubts (and widens), but spends no probe on a family for it
+    assert plain.reason.startswith("doubt: measured ") and "probed before exploiting further" not in plain.reason
+
+
+def test_no_doubt_when_a_family_is_off_in_both_directions_or_only_once(world):
+    ranking, step, mem, fits, value = world
+    raw = np.asarray(ranking.predictions["tokens_per_s_per_device"], float)
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    order = [int(i) for i in np.argsort(-np.where(np.asarray(ranking.predictions["fits"], bool), raw, -np.inf))]
+    a = order[0]
+    b = next(i for i in order[1:] if guide.families[i] == guide.families[a])
+    mixed = [
+        Observation(a, "ok", objective=0.7 * raw[a], number=0),
+        Observation(b, "ok", objective=1.3 * raw[b], number=1),
+    ]
+    assert guide.model_doubt(mixed) == (0.0, "")
+    assert guide.model_doubt(mixed[:1]) == (0.0, "")
+    close = [
+        Observation(a, "ok", objective=0.95 * raw[a], number=0),
+        Observation(b, "ok", objective=0.97 * raw[b], number=1),
+    ]
+    assert guide.model_doubt(close) == (0.0, "")  # within the threshold: the refit's to correct
