@@ -1088,13 +1088,11 @@ def ui(
     if not directory.is_dir():
         _error(f"{run_dir}: no such run directory (pass the --run-dir of `autotune run`)")
         raise typer.Exit(EXIT_INPUT)
-    from .mlflow_ui import serve_ui, study_ui_url
+    from .mlflow_ui import serve_ui, server_url, study_ui_url
 
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     try:
         if print_url:
-            base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
-            out.print(study_ui_url(directory, base), markup=False, soft_wrap=True)
+            out.print(study_ui_url(directory, server_url(host, port)), markup=False, soft_wrap=True)
             return
         code = serve_ui(
             directory,

@@ -55,6 +55,7 @@ __all__ = [
     "serve_ui",
     "running_ui",
     "server_command",
+    "server_url",
 ]
 
 VIEW_KEY = "autotune"
@@ -213,6 +214,13 @@ def server_command(run_dir: Path, host: str, port: int) -> list[str]:
     ]
 
 
+def server_url(host: str, port: int) -> str:
+    """The base URL a browser on this machine opens for a server listening on ``host``:``port``
+    (a wildcard address is reached on loopback; an IPv6 address goes in brackets)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
@@ -234,24 +242,6 @@ def _answers(url: str) -> bool:
             return reply.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM to the server's process group (``mlflow server`` runs uvicorn as its child), then
-    SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -285,7 +275,7 @@ def running_ui(
         port = _free_port(host)
     elif _port_taken(host, port):
         raise OSError(f"port {port} on {host} is in use (another MLflow UI?): pass another --port")
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    base = server_url(host, port)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     fd, name = tempfile.mkstemp(prefix="autotune-mlflow-ui-", suffix=".log")
     log_path = Path(name)
@@ -317,7 +307,11 @@ def running_ui(
         yield base, proc
     finally:
         if proc is not None:
-            _stop(proc)
+            # SIGTERM to its process group (mlflow server runs uvicorn as its child), SIGKILL to
+            # what is left after the grace
+            from .workers.command import kill_group
+
+            kill_group(proc, grace_s=10.0)
         log_path.unlink(missing_ok=True)
 
 

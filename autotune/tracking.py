@@ -48,7 +48,6 @@ __all__ = [
     "TERMINAL_STATUSES",
     "default_tracking_uri",
     "error_line",
-    "mlflow_ui_command",
     "seed_sqlite_store",
     "SCHEMA_CACHE_ENV",
 ]
@@ -315,12 +314,6 @@ def _mlflow_names(kind: str, keys: Any) -> tuple[dict[str, str], list[str]]:
 
 
 _WARNED: set[tuple[str, str]] = set()  # names already warned about: once per process, not per trial
-
-
-def mlflow_ui_command(tracking_uri: str) -> str:
-    if tracking_uri.startswith(("http://", "https://", "databricks")):
-        return f"open {tracking_uri}"
-    return f"mlflow ui --backend-store-uri {tracking_uri}"
 
 
 @dataclass

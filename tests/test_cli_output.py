@@ -207,8 +207,10 @@ def test_ui_command_calls_the_mlflow_ui_module(tmp_path, monkeypatch):
         calls["url"] = (run_dir, base_url)
         return f"{base_url}/#/experiments/1"
 
+    from autotune.mlflow_ui import server_url  # the real one: a pure function of host and port
+
     fake = types.ModuleType("autotune.mlflow_ui")
-    fake.serve_ui, fake.study_ui_url = serve_ui, study_ui_url
+    fake.serve_ui, fake.study_ui_url, fake.server_url = serve_ui, study_ui_url, server_url
     monkeypatch.setitem(sys.modules, "autotune.mlflow_ui", fake)
     result = runner.invoke(app, ["ui", str(tmp_path), "--port", "5055", "--open"])
     assert result.exit_code == 0, result.output

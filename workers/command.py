@@ -50,7 +50,7 @@ from .protocol import (
     parse_output_line,
 )
 
-__all__ = ["run_probe_process", "MAX_LINE_BYTES", "KILL_GRACE_S"]
+__all__ = ["run_probe_process", "kill_group", "MAX_LINE_BYTES", "KILL_GRACE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def run_probe_process(
     except BaseException:
         # A callback raised, or the caller was interrupted (Ray's non-forced cancel raises
         # KeyboardInterrupt here): never leave the group running.
-        _kill_group_now(proc, kill_grace_s)
+        kill_group(proc, kill_grace_s)
         _finish_watchdog(guard)
         raise
     finally:
@@ -529,7 +529,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _kill_group_now(proc: subprocess.Popen, grace_s: float) -> None:
+def kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM the group, SIGKILL after ``grace_s`` (or as soon as the leader is gone), reap."""
     if proc.returncode is not None:
         return
