@@ -44,18 +44,13 @@ def export_context(spec: Spec, record: TrialRecord) -> Any:
     workload and cluster, the study's target stack, the trial's reason and the searched names."""
     from .context import probe_context
     from .export import ExportContext
-    from .space import Space
 
     ctx = probe_context(spec)
     cluster = {k: v for k, v in ctx.cluster.items() if k != "hardware"}
-    try:
-        searched = {name for name, values in Space(spec).choices.items() if len(values) > 1}
-    except Exception:  # a space that cannot be built now (an older study's spec): the comments say less
-        searched = None
     # best.env's comments read the trial's reason (the knobs the model could not tell apart) and
     # the searched names
     return ExportContext.from_record(
-        spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack, searched=searched
+        spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack, searched=spec.space.searched()
     )
 
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 
 from .ray_dispatch import RayUnreachable
 from .spec import Spec
@@ -213,7 +213,7 @@ def ensure_measured_profile(
         )
         started = time.perf_counter()
         try:
-            with (phase or _no_phase)(f"calibrating {where}") as step:
+            with phase(f"calibrating {where}") if phase is not None else contextlib.nullcontext() as step:
                 if _on_ray_cluster(spec):
                     result = _calibrate_on_ray_node(spec, ranks, threads)
                 else:
@@ -258,11 +258,6 @@ def _calibration_task(
     from autotune.workers.calibrate import calibrate
 
     return calibrate(accelerator, quick=True, ranks=ranks, threads=threads, base=base, progress=progress)
-
-
-@contextlib.contextmanager
-def _no_phase(text: str) -> Iterator[None]:
-    yield None
 
 
 def _calibrate_on_ray_node(spec: Spec, ranks: int, threads: int | None, timeout_s: float = 900.0) -> dict[str, Any]:

@@ -145,7 +145,7 @@ class ProgressObserver:
         self._last_line = time.monotonic()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self._started_at: dict[int, float] = {}
+        self._started_at: dict[int, float] = {}  # a trial answered from the cache never started
         self.task: Any = None
         self.running = 0
         self.best_text = ""  # kept while trials start and finish, so the best never flickers out
@@ -217,8 +217,3 @@ class ProgressObserver:
     def phase(self, text: str) -> contextlib.AbstractContextManager[Phase]:
         """A step before the trials' bar (ranking the space): announced and kept moving."""
         return phase(self.progress.console, text)
-
-    def status(self, text: str) -> None:
-        """A phase of the job that takes a while (opening MLflow, ranking, writing results), so
-        that no stretch of seconds passes without a line."""
-        self.progress.console.print(Text(text, style="dim"))

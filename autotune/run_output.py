@@ -116,12 +116,9 @@ def undistinguished_of(record: Any) -> str:
     """The knobs the model could not tell apart for the trial's layout (``env.HCCL_BUFFSIZE
     120|200|400, ...``), as its reason names them (:data:`autotune.ranking.UNDISTINGUISHED`);
     "" when none."""
-    from .ranking import UNDISTINGUISHED
+    from .ranking import undistinguished_in
 
-    why = getattr(record, "chosen_because", "") or ""
-    if UNDISTINGUISHED not in why:
-        return ""
-    return why.split(UNDISTINGUISHED, 1)[1].split("; ", 1)[0].strip()
+    return undistinguished_in(getattr(record, "chosen_because", "") or "")
 
 
 def _signed(record: Any, objectives: list[tuple[str, str]]) -> list[float]:

@@ -777,6 +777,10 @@ class SpaceSpec(_Strict):
             out[f"engine.{name}"] = list(values)
         return out
 
+    def searched(self) -> dict[str, list[Any]]:
+        """The parameters the study chooses between (more than one value), in the spec's order."""
+        return {name: values for name, values in self.choices().items() if len(values) > 1}
+
 
 CANONICAL_PARAMS = tuple(n for n in SpaceSpec.model_fields if n not in ("env", "engine"))
 DERIVED_PARAMS = ("dp", "grad_accum", "world_size")

@@ -9,7 +9,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 
 import optuna
 from optuna.trial import TrialState
@@ -89,7 +89,9 @@ def rank_for_study(
         return None
     started = time.perf_counter()
     text = f"ranking the space with the simulator ({space.size:,} combinations)"
-    with phase(text) if phase is not None else _said(say, text) as step:
+    if phase is None:
+        say(text)
+    with phase(text) if phase is not None else contextlib.nullcontext() as step:
         enumeration = space.enumerate()
         if step is not None:
             step.update(f"pricing {enumeration.valid:,} valid configs")
@@ -100,12 +102,6 @@ def rank_for_study(
         f"({time.perf_counter() - started:.1f} s)"
     )
     return ranking
-
-
-@contextlib.contextmanager
-def _said(say: Callable[[str], None], text: str) -> Iterator[None]:
-    say(text)
-    yield None
 
 
 def enqueue_plan(

@@ -104,9 +104,7 @@ class StudyTracking(TrialListener):
     # ---- what a user reads in MLflow's UI ---------------------------------------------------------
     def searched(self) -> dict[str, list[Any]]:
         """The searched params (several values) with their values, in the spec's order."""
-        choices = self.spec.space.choices()
-        varied = {k: v for k, v in choices.items() if len(v) > 1}
-        return varied or choices
+        return self.spec.space.searched() or self.spec.space.choices()
 
     def _what(self) -> list[str]:
         spec, backend = self.spec, self.backend

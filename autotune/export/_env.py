@@ -13,18 +13,15 @@ import shlex
 
 from ._base import ExportContext, Exporter, header_lines, one_line
 
-# how a trial's reason names the knobs its layout leaves to the probes (autotune.ranking.UNDISTINGUISHED;
-# repeated here so that the export formats import nothing of the study)
-_UNDISTINGUISHED = "not distinguished by the model (probe to choose): "
-
 
 def undistinguished(ctx: ExportContext) -> dict[str, str]:
     """``{env name: "120|200|400"}``: the env settings the model could not tell apart for the
     chosen trial's layout (from the trial's reason, ``ctx.chosen_because``)."""
-    why = ctx.chosen_because or ""
-    if _UNDISTINGUISHED not in why:
+    from ..ranking import undistinguished_in
+
+    text = undistinguished_in(ctx.chosen_because or "")
+    if not text:
         return {}
-    text = why.split(_UNDISTINGUISHED, 1)[1].split("; ", 1)[0]
     # "env.A 1|2, precision bf16|fp16, env.B a:1,b:2|c": each knob starts at the text's start or
     # after ", " with its config name and a space (a value may hold commas)
     starts = sorted(
