@@ -360,7 +360,8 @@ def plan(
     _setup_logging(verbose)
     spec = _load(spec_path)
     from .context import probe_context
-    from .ranking import UNDISTINGUISHED, rank_space
+    from .ranking import rank_space
+    from .trial_attrs import UNDISTINGUISHED
     from .space import Space
 
     spec, profile = _planned_profile(spec)

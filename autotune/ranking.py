@@ -17,18 +17,7 @@ import numpy as np
 from .context import ProbeContext
 from .space import Enumeration
 
-__all__ = ["Ranking", "Layout", "rank_space", "pareto_order", "UNDISTINGUISHED", "undistinguished_in"]
-
-# how a trial's reason names the knobs its layout leaves to the probes (the run's preview reads it)
-UNDISTINGUISHED = "not distinguished by the model (probe to choose): "
-
-
-def undistinguished_in(reason: str) -> str:
-    """The knobs a trial's reason names after :data:`UNDISTINGUISHED` (``env.HCCL_BUFFSIZE
-    120|200|400, precision bf16|fp16``), up to the reason's next part; "" when it names none."""
-    if UNDISTINGUISHED not in reason:
-        return ""
-    return reason.split(UNDISTINGUISHED, 1)[1].split("; ", 1)[0].strip()
+__all__ = ["Ranking", "Layout", "rank_space", "pareto_order"]
 
 
 @dataclass

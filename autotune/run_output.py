@@ -114,9 +114,9 @@ def print_top_table(
 
 def undistinguished_of(record: Any) -> str:
     """The knobs the model could not tell apart for the trial's layout (``env.HCCL_BUFFSIZE
-    120|200|400, ...``), as its reason names them (:data:`autotune.ranking.UNDISTINGUISHED`);
+    120|200|400, ...``), as its reason names them (:data:`autotune.trial_attrs.UNDISTINGUISHED`);
     "" when none."""
-    from .ranking import undistinguished_in
+    from .trial_attrs import undistinguished_in
 
     return undistinguished_in(getattr(record, "chosen_because", "") or "")
 
@@ -136,7 +136,8 @@ def print_preview(
     column, and every member of the front shown even when it ranks low on the first."""
     import numpy as np
 
-    from .ranking import UNDISTINGUISHED, pareto_order
+    from .ranking import pareto_order
+    from .trial_attrs import UNDISTINGUISHED
 
     metric, direction = objectives[0]
     several = len(objectives) > 1
@@ -297,7 +298,7 @@ def _why(record: Any, with_prediction_column: bool, shared: str = "") -> str:
     why = record.reason if record.status != "ok" else record.chosen_because
     why = " ".join(str(why or "").split())
     if shared:
-        from .ranking import UNDISTINGUISHED
+        from .trial_attrs import UNDISTINGUISHED
 
         why = why.replace(f"{UNDISTINGUISHED}{shared}", "~")
     if with_prediction_column and record.status == "ok":
@@ -373,7 +374,7 @@ def print_report_table(
             for text in wrap_line(f"       {label}{why}", WIDTH, indent=7 + len(label)):
                 console.print(Text(text, style="dim"))
     if shared:
-        from .ranking import UNDISTINGUISHED
+        from .trial_attrs import UNDISTINGUISHED
 
         for text in wrap_line(f"~ {UNDISTINGUISHED}{shared}", WIDTH, indent=2):
             console.print(text, markup=False)

@@ -16,11 +16,11 @@ from optuna.trial import TrialState
 
 from .backends import least_trial_devices, trial_placement
 from .context import ProbeContext
-from .ranking import UNDISTINGUISHED, Ranking, rank_space
+from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .space import Space, config_key
 from .spec import Spec
-from .trial_attrs import A
+from .trial_attrs import UNDISTINGUISHED, A
 
 __all__ = [
     "Unplaceable",

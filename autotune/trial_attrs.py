@@ -5,7 +5,19 @@ One place, so that the study loop, the guided sampler, reports and exports read 
 
 from __future__ import annotations
 
-__all__ = ["A"]
+__all__ = ["A", "UNDISTINGUISHED", "undistinguished_in"]
+
+# how a trial's reason (``A.CHOSEN``) names the knobs its layout leaves to the probes: the ranking
+# writes it, the run's preview, the report and best.env read it
+UNDISTINGUISHED = "not distinguished by the model (probe to choose): "
+
+
+def undistinguished_in(reason: str) -> str:
+    """The knobs a trial's reason names after :data:`UNDISTINGUISHED` (``env.HCCL_BUFFSIZE
+    120|200|400, precision bf16|fp16``), up to the reason's next part; "" when it names none."""
+    if UNDISTINGUISHED not in reason:
+        return ""
+    return reason.split(UNDISTINGUISHED, 1)[1].split("; ", 1)[0].strip()
 
 
 class A:

@@ -2,7 +2,7 @@
 
 Each setting says, in a comment, why it has its value: one the study searched and the model (or
 the probes) told apart, or a default of a knob the model could not distinguish (its layout's
-"not distinguished by the model (probe to choose)" set, :data:`autotune.ranking.UNDISTINGUISHED`,
+"not distinguished by the model (probe to choose)" set, :data:`autotune.trial_attrs.UNDISTINGUISHED`,
 which the trial's reason carries): exported so the launch matches the trial, but not chosen.
 The comments sit on their own lines or after the value, so ``set -a; . best.env`` still works.
 """
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import shlex
 
+from ..trial_attrs import undistinguished_in
 from ._base import ExportContext, Exporter, header_lines, one_line
 
 
 def undistinguished(ctx: ExportContext) -> dict[str, str]:
     """``{env name: "120|200|400"}``: the env settings the model could not tell apart for the
     chosen trial's layout (from the trial's reason, ``ctx.chosen_because``)."""
-    from ..ranking import undistinguished_in
-
     text = undistinguished_in(ctx.chosen_because or "")
     if not text:
         return {}
