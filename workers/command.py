@@ -63,6 +63,12 @@ _CLASSIFY_LINES = 1000  # output lines kept for classifying a failure (>= log_ta
 _EOF = object()
 
 
+# after the probe's leader exited: stop reading once its output has been quiet this long (something
+# outside its process group holds the pipe), and at the latest after this long
+_EXIT_QUIET_S = 1.0
+_EXIT_DRAIN_MAX_S = 15.0
+
+
 class _Unterminated(str):
     """The last output of a probe that ended without a newline. When autotune killed the probe,
     it is a line cut in half by the kill and is dropped; otherwise it is kept as a normal line."""
@@ -205,8 +211,11 @@ def run_probe_process(
             if rc is not None:
                 if eof:
                     break
-                if now - left_at > 1.0:
-                    # a process outside the group (one that called setsid) holds the pipe open
+                if now - max(left_at, run.last_line_at) > _EXIT_QUIET_S or now - left_at > _EXIT_DRAIN_MAX_S:
+                    # a process outside the group (one that called setsid) holds the pipe open. Quiet
+                    # since the exit, not merely a second after it: on a loaded machine the lines
+                    # still in the pipe can take longer than that to read, and the last ones are often
+                    # the ones that matter (CI lost a rank's memory line that way)
                     log.warning(
                         "probe %s exited but something outside its process group keeps its "
                         "output open; not waiting for it",
@@ -276,6 +285,7 @@ class _Run:
         self.failure: dict[str, Any] | None = None
         self.failure_line = ""
         self.signalled = False  # autotune sent the group a signal: an unterminated last line is cut
+        self.last_line_at = 0.0  # monotonic time of the last line handled
 
     def drain(self, lines: queue.Queue, wait_s: float) -> bool:
         """Handle the lines read so far (at most a batch, so that a probe printing without pause
@@ -298,6 +308,7 @@ class _Run:
                 return False
 
     def line(self, text: str) -> None:
+        self.last_line_at = time.monotonic()
         if self.signalled and isinstance(text, _Unterminated):
             return
         msg = parse_output_line(text)
