@@ -847,7 +847,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
             "study": spec.name,
             "backend": choice.kind,
             "source": "simulated" if choice.simulated else "measured",
-            "probes": outcome.probes_run,
+            "probes": round(float(outcome.probes_run), 3),  # full-probe equivalents (a memory profile: its share)
             "failed": failed,
             "statuses": status_counts(result.records),
             "stopped_because": outcome.stopped_because,
@@ -863,7 +863,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
     else:
         source = "simulated" if choice.simulated else "measured"
         err.print(
-            f"{status_line(result.records)} ({outcome.probes_run} probed, {source}); stopped: "
+            f"{status_line(result.records)} ({_probes_words(outcome.probes_run)}, {source}); stopped: "
             f"{outcome.stopped_because}",
             markup=False,
         )
@@ -1158,6 +1158,15 @@ def main() -> None:
             "traceback; please report it)"
         )
         sys.exit(EXIT_INTERNAL)
+
+
+def _probes_words(spent: float) -> str:
+    """The budget spent: a count of probes, or full-probe equivalents where memory profiles
+    (which cost a share of a full probe) ran."""
+    spent = float(spent)
+    if abs(spent - round(spent)) < 1e-9:
+        return f"{int(round(spent))} probed"
+    return f"{spent:.1f} full-probe equivalents probed, memory profiles included"
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def finish_study(
     study: optuna.Study,
     result: StudyResult,
     *,
-    probes_run: int,
+    probes_run: float,
     stopped_because: str,
     tracking: Any = None,
 ) -> FinishedStudy:

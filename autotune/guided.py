@@ -102,6 +102,12 @@ class GuideSettings:
     )
     doubt_threshold: float = 0.10  # a measured family this consistently off its predictions (log ratio) ...
     max_doubt_probes: int = 2  # ... buys up to this many probes of unmeasured families before exploiting
+    # memory profiles (autotune.memory_profile): the runner can run a config's layout with fewer
+    # layers first; a config not sure to fit then costs its profile, plus its full probe only if the
+    # profile says it fits, and is no OOM risk taken blind
+    memory_profiles: bool = False
+    profile_cost: float = 0.3  # a profile's cost in full-probe equivalents, as the guide weighs it
+    profile_go_probability: float = 0.5  # P(fits) after its profile that a config needs for its full probe
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,12 @@ class Observation:
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
     oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
     peak_counts: str = "device"  # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
+    # the full model's peak its memory profile predicted (counted as ``peak_counts``), and its sd
+    profile_peak_gib: float | None = None
+    profile_sd_gib: float | None = None
+    # the memory the probe's allocator could have used at its peak (its reserve plus what the device
+    # still had free): the usable memory measured without an OOM (protocol USABLE_KEY)
+    usable_gib: float | None = None
 
 
 @dataclass
@@ -402,7 +414,9 @@ class Guide:
             noise,
         )
 
-    def usable_limit(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray | float]:
+    def usable_limit(
+        self, obs: list[Observation], belief: "_MemoryBelief | None" = None
+    ) -> tuple[np.ndarray, np.ndarray | float]:
         """The memory each config may use, and its uncertainty (GiB). The profile's capacity, until
         an OOM's byte counts prove less is usable: a request that failed although in use +
         requested stayed below the capacity (runtime and communication reserves, a driver that
@@ -420,6 +434,9 @@ class Guide:
         failed = [
             o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]
         ]
+        reported = [o for o in obs if o.usable_gib and o.usable_gib > 0]
+        if reported and not failed:
+            return self._reported_usable(reported, belief)
         if not failed:
             return nominal, 0.0
         taught_by = min(failed, key=lambda o: o.oom_needed_gib)
@@ -430,12 +447,49 @@ class Guide:
         lower = min(lower, upper)
         usable = np.minimum(nominal, 0.5 * (lower + upper))
         sd = (upper - lower) / math.sqrt(12.0)
-        if self.mem_components is not None and "comm_buffers" in self.mem_names:
-            comm = self.mem_components[:, self.mem_names.index("comm_buffers")]
-            more = np.maximum(comm - comm[taught_by.index], 0.0)
-            usable = np.minimum(nominal, usable - 0.5 * more)
-            sd = np.sqrt(sd**2 + more**2 / 12.0)
-        return usable, sd
+        return self._less_for_more_buffers(usable, sd, taught_by.index)
+
+    def _less_for_more_buffers(
+        self, usable: np.ndarray, sd: np.ndarray | float, taught_by: int
+    ) -> tuple[np.ndarray, np.ndarray | float]:
+        """A usable memory learnt on config ``taught_by``, for every config: one with more
+        communication buffers than it (HCCL/NCCL's, per communicator, outside the allocator) is
+        lowered by half the difference, with the difference's uniform spread as uncertainty; one
+        with fewer is not credited."""
+        if self.mem_components is None or "comm_buffers" not in self.mem_names:
+            return usable, sd
+        comm = self.mem_components[:, self.mem_names.index("comm_buffers")]
+        more = np.maximum(comm - comm[taught_by], 0.0)
+        return np.minimum(self.limit, usable - 0.5 * more), np.sqrt(np.asarray(sd) ** 2 + more**2 / 12.0)
+
+    def _reported_usable(
+        self, reported: list[Observation], belief: "_MemoryBelief | None" = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The usable memory from what probes reported their allocator could use. A report is the
+        allocator's share; the device's is that plus what the memory model puts outside the
+        allocator for the config that reported (runtime, communication buffers: ``PEAK_LEAVES_OUT``'s
+        "reserved"), the same figure it adds to every config's peak, as fitted to the peaks
+        measured so far (``belief``; the prior without one), with that part's uncertainty. The
+        lowest report teaches (the device with the least to spare decides a multi-device trial),
+        and only when it is clearly (2 sd) below the capacity;
+        a config with more communication buffers than it is lowered by half the difference, with
+        the difference's uniform spread as uncertainty (as after an OOM, :meth:`usable_limit`)."""
+        nominal = self.limit
+        post = belief.post if belief is not None else self._memory_prior()
+        rows = np.array(sorted({o.index for o in reported}))
+        outside_design = self._mem_design(rows) - self._mem_design(rows, ["reserved"] * len(rows))
+        outside = dict(zip(rows.tolist(), outside_design @ post.mean))
+        outside_var = dict(zip(rows.tolist(), np.einsum("ij,jk,ik->i", outside_design, post.cov, outside_design)))
+        device = [(float(o.usable_gib) + float(outside[o.index]), o) for o in reported]
+        least, taught_by = min(device, key=lambda d: d[0])
+        spread = math.hypot(self.settings.peak_noise * least, math.sqrt(max(0.0, float(outside_var[taught_by.index]))))
+        if least + 2.0 * spread >= nominal[taught_by.index]:
+            # not clearly below the capacity: what the model puts outside the allocator is itself
+            # uncertain, and a capacity lowered by that error would turn fitting configs away
+            return nominal, 0.0
+        usable = np.minimum(nominal, least)
+        sd = np.full(self.n, spread)
+        return self._less_for_more_buffers(usable, sd, taught_by.index)
 
     def _memory_evidence(
         self, obs: list[Observation]
@@ -459,6 +513,14 @@ class Guide:
                 rows.append(o.index)
                 targets.append(float(o.peak_memory_gib))
                 noise.append(self.settings.peak_noise)
+                bound.append(0)
+                counts.append(o.peak_counts if o.peak_counts in PEAK_LEAVES_OUT else "device")
+            elif o.profile_peak_gib and o.profile_peak_gib > 0 and o.status != "oom":
+                # the memory profile's extrapolation: a measurement of this config's peak, as noisy
+                # as the profile's fit (a full probe's own peak, where it ran, is the better one)
+                rows.append(o.index)
+                targets.append(float(o.profile_peak_gib))
+                noise.append(max(self.settings.peak_noise, float(o.profile_sd_gib or 0.0) / o.profile_peak_gib))
                 bound.append(0)
                 counts.append(o.peak_counts if o.peak_counts in PEAK_LEAVES_OUT else "device")
             elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
@@ -522,16 +584,19 @@ class Guide:
             excess.append(err * err - float(z @ loo.cov @ z) / predicted**2 - noise[i] ** 2)
         return float(math.sqrt(max(0.0, float(np.mean(excess)))))
 
-    def fit_probability(self, obs: list[Observation], mem_mean: np.ndarray, mem_sd: np.ndarray) -> np.ndarray:
-        """P(fits in memory) of every config. After an OOM, a config the model gives less headroom
-        than the one that failed is at most as likely to fit as the model now says the failed one
-        is: whatever made it fail (a term the model lacks) is there at least as much."""
-        usable, usable_sd = self.usable_limit(obs)
+    def fit_probability(
+        self, obs: list[Observation], mem_mean: np.ndarray, mem_sd: np.ndarray, belief: "_MemoryBelief | None" = None
+    ) -> np.ndarray:
+        """P(fits in memory) of every config. After an OOM (or a memory profile that predicted one),
+        a config the model gives less headroom than the one that failed is at most as likely to
+        fit as the model now says the failed one is: whatever made it fail (a term the model
+        lacks) is there at least as much."""
+        usable, usable_sd = self.usable_limit(obs, belief)
         z = (usable - mem_mean) / np.maximum(np.sqrt(mem_sd**2 + usable_sd**2), 1e-9)
         p_fit = _norm_cdf(z)
         relative = (usable - mem_mean) / np.maximum(usable, 1e-9)  # headroom as a share of what is usable
         for o in obs:
-            if o.status == "oom":
+            if o.status in ("oom", "oom_predicted"):  # measured over, or profiled over, the limit
                 tighter = relative <= relative[o.index]
                 p_fit = np.where(tighter, np.minimum(p_fit, p_fit[o.index]), p_fit)
         return p_fit
@@ -595,7 +660,7 @@ class Guide:
         target = np.full(self.n, -1)
         if not sure.any() or not unsure.any():
             return out, target
-        usable, usable_sd = self.usable_limit(obs)
+        usable, usable_sd = self.usable_limit(obs, belief)
         # a config whose P(fits) an OOM's rule capped (fit_probability) is not made sure by any
         # measurement of another config: only those the Gaussian belief alone leaves unsure
         total_sd = np.sqrt(belief.sd**2 + usable_sd**2)
@@ -626,6 +691,34 @@ class Guide:
         out[sure_idx] = worth.max(axis=0)
         target[sure_idx] = unsure_idx[np.argmax(worth, axis=0)]
         return out, target
+
+    def fit_after_profile(
+        self,
+        obs: list[Observation],
+        index: int,
+        peak_gib: float,
+        sd_gib: float,
+        counts: str = "device",
+        usable_gib: float | None = None,
+    ) -> tuple[float, float, float]:
+        """(P(fits), the device's peak, the usable memory) of config ``index`` from its memory
+        profile: the profile's peak (what the probe counts, ``counts``) plus what that count leaves
+        out as the memory model now prices it for this config, against the usable memory the
+        study has learnt. Not the model's belief about the config: the profile measured this very
+        config, so the model's error on other configs (its discrepancy) does not apply. ``usable_gib``:
+        what the profile reported its allocator could use, if it did."""
+        belief = self._memory_belief(obs)
+        if usable_gib:
+            obs = [*obs, Observation(index=index, status="profile", usable_gib=float(usable_gib))]
+        usable, usable_sd = self.usable_limit(obs, belief)
+        full = self._mem_design(np.array([index]))
+        counted = self._mem_design(np.array([index]), [counts])
+        left_out = max(0.0, float((full - counted)[0] @ belief.post.mean))
+        device = float(peak_gib) + left_out
+        u = float(usable[index])
+        u_sd = float(np.broadcast_to(usable_sd, usable.shape)[index])
+        z = (u - device) / max(math.hypot(float(sd_gib), u_sd), 1e-9)
+        return float(_norm_cdf(np.array([z]))[0]), device, u
 
     def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
         """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
@@ -694,7 +787,7 @@ class Guide:
         mean, sd = self._objective_model(obs)
         belief = self._memory_belief(obs)
         mem_mean, mem_sd = belief.mean, belief.sd
-        p_fit = self.fit_probability(obs, mem_mean, mem_sd)
+        p_fit = self.fit_probability(obs, mem_mean, mem_sd, belief)
 
         def with_prediction(proposal: Proposal) -> Proposal:
             i = proposal.index
@@ -731,7 +824,9 @@ class Guide:
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
         if s.stop_early and best is not None and n_measured >= s.min_probes_before_stop:
-            maybe = candidates & (p_fit >= s.min_fit_probability)
+            # a config a memory profile can check for a fraction of a probe may still win
+            floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
+            maybe = candidates & (p_fit >= floor)
             top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
             target = sign * best + abs(best) * s.stop_margin
             if top < target:
@@ -744,7 +839,9 @@ class Guide:
                 )
         safest = ""
         ooms = sum(1 for o in obs if o.status == "oom")
-        spent = self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
+        # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
+        # a profile's verdict sends a config to its full probe (autotune.profiling), not here
+        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
         if best is None or spent:
             # nothing measured yet: the most promising config that surely fits, to learn from; or
             # the study spent the OOM probes it may risk: from now on, configs that surely fit
@@ -763,7 +860,9 @@ class Guide:
             # that may fit; an OOM teaches less than a measured peak, and a study that fails its
             # first probes has nothing to go on
         else:
-            pool = candidates & (p_fit >= s.min_fit_probability)
+            # with memory profiles an unlikely fit costs its profile, not an OOM: the score weighs it
+            floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
+            pool = candidates & (p_fit >= floor)
         if not pool.any():
             # nothing is likely enough to fit: the configs most likely to, to learn where the
             # limit is (a study that stops after its first OOM finds nothing)
@@ -791,8 +890,15 @@ class Guide:
             # expected improvement over the best, weighted by the probability of fitting: a
             # config near the memory limit is tried when what it could gain is worth the risk
             gain = _expected_improvement(sign * mean, sd, sign * best)
-            score = np.where(pool, gain * p_fit**s.fit_power, -np.inf)
-            if s.scout:
+            if s.memory_profiles:
+                # a config not sure to fit is profiled first: it costs the profile, and its full probe
+                # only when the profile says it fits (about P(fits) of the time): the gain per
+                # full-probe equivalent spent, not the gain discounted by the risk of an OOM
+                cost = np.where(p_fit >= s.fit_confidence, 1.0, s.profile_cost + p_fit)
+                score = np.where(pool, gain * p_fit / cost, -np.inf)
+            else:
+                score = np.where(pool, gain * p_fit**s.fit_power, -np.inf)
+            if s.scout and not s.memory_profiles:
                 sure = pool & (p_fit >= s.fit_confidence)
                 unsure = candidates & (p_fit < s.fit_confidence) & (p_fit >= s.give_up_probability)
                 scouting, scouted = self.scout_value(obs, belief, sure, unsure, gain, p_fit)
@@ -823,6 +929,10 @@ class Guide:
                 f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "
                 f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
                 "this one surely fits and tells its memory, so it need not be risked"
+            )
+        if s.memory_profiles and p_fit[index] < s.fit_confidence:
+            parts.append(
+                f"not sure to fit (P(fits) {p_fit[index]:.2f}): memory profile first, full probe only if it fits"
             )
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")

@@ -26,6 +26,7 @@ What a plain objective tells the guide: its return value (the first objective), 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,11 +38,12 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from .guided import Guide, GuideSettings, Observation, Proposal
+from .memory_profile import cost_of_trials
 from .ranking import Ranking
 from .sanity import is_finite_number as _finite
 from .space import Space, config_key
 from .trial_attrs import A
-from .workers.protocol import PEAK_COUNTS_KEY
+from .workers.protocol import PEAK_COUNTS_KEY, USABLE_KEY
 
 __all__ = ["GuidedSampler", "report_failure", "GUIDE_ATTR", "OUTCOME_ATTR"]
 
@@ -127,6 +129,7 @@ class GuidedSampler(BaseSampler):
                 min_fit_probability=sp.min_fit_probability,
                 max_oom_share=sp.max_oom_share,
                 max_doubt_probes=sp.max_doubt_probes,
+                profile_go_probability=sp.profile_go_probability,
             ),
         )
         return cls(ranking, space, objectives[0], **kwargs)
@@ -253,6 +256,10 @@ class GuidedSampler(BaseSampler):
             step = metrics.get("step_time_s", ua.get("step_time_s")) if measured else None
             peak = metrics.get("peak_memory_gib", ua.get("peak_memory_gib")) if measured else None
             counts = str((ua.get(A.INFO) or {}).get(PEAK_COUNTS_KEY) or ua.get(PEAK_COUNTS_KEY) or "device")
+            profile = ua.get(A.MEMORY_PROFILE) or {}
+            profile_peak, profile_sd = profile.get("peak_gib"), profile.get("sd_gib")
+            if not _finite(peak) and _finite(profile_peak):
+                counts = str(profile.get("counts") or counts)
             if counts == "allocated" and _finite(metrics.get("peak_reserved_gib")):
                 # the allocator's reserve counts its fragmentation too: the closer figure to the device's
                 peak, counts = metrics["peak_reserved_gib"], "reserved"
@@ -274,6 +281,9 @@ class GuidedSampler(BaseSampler):
                     oom_needed_gib=float(needed) if _finite(needed) else None,
                     oom_in_use_gib=in_use,
                     peak_counts=counts,
+                    profile_peak_gib=float(profile_peak) if _finite(profile_peak) else None,
+                    profile_sd_gib=float(profile_sd) if _finite(profile_sd) else None,
+                    usable_gib=_usable(ua, profile) if status not in ("oom", "crash") else None,
                 )
             )
         return out
@@ -326,16 +336,38 @@ class GuidedSampler(BaseSampler):
         return max(means) if self.objective[1] == "maximize" else min(means)
 
     def _budget_left(self, trials: list[FrozenTrial]) -> int | None:
+        """Full probes left: the budget less the full-probe equivalents spent (a memory profile
+        costs its share of a full probe, :func:`autotune.memory_profile.cost_of_trials`)."""
         if self.n_trials is None:
             return None
-        probes = sum(
-            1
+        spent = cost_of_trials(
+            t.user_attrs
             for t in trials
             if t.state in (*_FINISHED, TrialState.RUNNING)
             and _status(t) not in ("duplicate", "interrupted", "infra")
             and t.user_attrs.get(A.SOURCE) != "rules"
         )
-        return self.n_trials - probes
+        return int(math.floor(self.n_trials - spent + 1e-9))
+
+    def oom_allowance_spent(self, study: Study) -> bool:
+        """Whether the study has had the OOM probes it may risk (:meth:`Guide.oom_allowance_spent`)."""
+        trials = study.get_trials(deepcopy=False)
+        obs = self.observations(trials)
+        ooms = sum(1 for o in obs if o.status == "oom")
+        return self.guide.oom_allowance_spent(ooms, len(obs), self._budget_left(trials))
+
+    def fit_after_profile(
+        self, study: Study, number: int, peak_gib: float, sd_gib: float, counts: str, usable_gib: float | None = None
+    ) -> tuple[float, float, float]:
+        """(P(fits), device peak, usable GiB) of trial ``number``'s config from its memory profile,
+        given everything else the study measured (:meth:`Guide.fit_after_profile`)."""
+        trials = study.get_trials(deepcopy=False)
+        target = next(t for t in trials if t.number == number)
+        index = self._index_of(target)
+        if index is None:
+            raise ValueError(f"trial {number}'s config is not in the ranked space")
+        obs = self.observations([t for t in trials if t.number != number])
+        return self.guide.fit_after_profile(obs, index, peak_gib, sd_gib, counts, usable_gib)
 
     def _index_of(self, trial: FrozenTrial) -> int | None:
         """The ranking row of a trial's config: from autotune's config attribute, else its params."""
@@ -376,6 +408,14 @@ class GuidedSampler(BaseSampler):
                 f"the study is created to {direction} but the guide's objective "
                 f"{self.objective[0]!r} is to {self.objective[1]}"
             )
+
+
+def _usable(ua: dict[str, Any], profile: dict[str, Any]) -> float | None:
+    """What the trial's probe (or its memory profile) reported its allocator could use."""
+    for value in ((ua.get(A.INFO) or {}).get(USABLE_KEY), profile.get("usable_reported_gib")):
+        if _finite(value) and float(value) > 0:
+            return float(value)
+    return None
 
 
 def _status(trial: FrozenTrial) -> str:

@@ -82,7 +82,7 @@ def interpret(
         out.status, out.reason = "crash", f"probe reported no value for objective(s) {missing}"
     elif status == "ok":
         out.tell, out.values = "values", [float(metrics[m]) for m, _ in objectives]
-    elif status in ("oom", "invalid", "nan"):
+    elif status in ("oom", "invalid", "nan", "oom_predicted"):
         out.tell, out.values = "infeasible", penalty(objectives)
     elif status == "pruned":
         out.tell = "pruned"

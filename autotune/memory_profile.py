@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .trial_attrs import A
 from .workers.protocol import TrialRequest
 
 __all__ = [
@@ -44,12 +46,33 @@ __all__ = [
     "why_no_profile",
     "StageMemoryFit",
     "fit_stage_memory",
+    "plan_profile",
+    "profile_noise",
+    "ProfileEstimate",
+    "extrapolate_peak",
+    "profile_points",
+    "profile_cost_fpe",
+    "trial_cost_fpe",
+    "cost_of_trials",
+    "median_full_wall",
+    "profile_residuals",
+    "calibrate_estimate",
+    "ran_full_probe",
 ]
 
 NUM_LAYERS_ENV = "AUTOTUNE_NUM_LAYERS"  # every probe's environment: the layers of the model it runs
 NUM_LAYERS_PLACEHOLDER = "{num_layers}"  # a command backend's argv: replaced by the same number
 PROFILE_MARK = "memory_profile_layers_per_stage"  # in a profile trial's workload: what it is
-PROFILE_LAYERS = (1, 2)  # layers per (virtual) stage of the two profiles of a layout
+PROFILE_LAYERS = (1, 2)  # layers per (virtual) stage of the two profiles of a layout (the fewest)
+MIN_LAYERS_PER_STAGE = 4  # a layout with fewer gains little from a profile: probe it in full
+MAX_PROFILE_LAYERS = 4  # the second profile's layers per stage, at most (the line is read far past it)
+# a profile's peak measurement noise, relative: a device allocator's counter repeats to well under
+# 0.5 % (the same allocations every run); the CPU's peak RSS to ~1 % idle, 3 % under load (measured)
+PROFILE_NOISE = {"cpu": 0.02}
+DEVICE_PROFILE_NOISE = 0.005
+# before any full probe has run, a profile run's cost in full-probe equivalents is estimated as the
+# share of the layers it runs plus this much start-up (process, runtime, communicators)
+STARTUP_SHARE = 0.1
 
 
 def _stages(params: Mapping[str, Any]) -> int:
@@ -80,18 +103,23 @@ def profile_request(request: TrialRequest, per_stage: int) -> TrialRequest:
 
 def why_no_profile(backend_kind: str, argv: Iterable[Any] | None = None) -> str | None:
     """None when the backend runs a scaled-down model as asked, else the reason it cannot (and
-    the guide falls back to full probes only)."""
+    the guide falls back to full probes only). ``argv``: a command backend's argv, a preset's
+    ``args``."""
     if backend_kind == "simulate":
         return "the simulator predicts memory; there is nothing to profile"
-    if backend_kind == "command":
+    if backend_kind in ("command", "deepspeed"):
+        # a launcher of the user's own (DeepSpeed's config has no model: the script builds it)
         if any(NUM_LAYERS_PLACEHOLDER in str(a) for a in (argv or [])):
             return None
+        where = "argv" if backend_kind == "command" else "args"
         return (
-            f"the command backend's argv has no {NUM_LAYERS_PLACEHOLDER} placeholder, so its launcher may "
-            f"run the full model whatever the trial asks (add {NUM_LAYERS_PLACEHOLDER} where the launcher "
+            f"the {backend_kind} backend's {where} has no {NUM_LAYERS_PLACEHOLDER} placeholder, so its script may "
+            f"run the full model whatever the trial asks (add {NUM_LAYERS_PLACEHOLDER} where it "
             "takes its layer count, e.g. --num-layers {num_layers})"
         )
-    return None  # torch, mindspore and the stack presets build the model the request describes
+    if backend_kind in ("vllm", "mindie"):
+        return "a serving engine loads the whole model; memory profiles are for training"
+    return None  # torch, mindspore, Megatron/MindSpeed and torchtitan render the model the request describes
 
 
 @dataclass(frozen=True)
@@ -142,3 +170,171 @@ def fit_stage_memory(points: Mapping[float, float]) -> StageMemoryFit:
     slope = sum((k - mk) * (v - mv) for k, v in pts) / sum((k - mk) ** 2 for k, _ in pts)
     slope = max(0.0, slope)
     return StageMemoryFit(static_gib=mv - slope * mk, per_layer_gib=slope, profiled=tuple(pts))
+
+
+def plan_profile(model: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Layers per (virtual) stage of a layout's two profiles, or None when its stages hold fewer
+    than ``MIN_LAYERS_PER_STAGE`` layers (two profiles would cost about a full probe). The second
+    profile is as far from the first as half the stage allows, up to ``MAX_PROFILE_LAYERS``: a
+    profile's noise reaches the full model by the fit's leverage, which falls with the spread."""
+    per = layers_per_stage(model, params)
+    if per < MIN_LAYERS_PER_STAGE:
+        return None
+    return PROFILE_LAYERS[0], max(PROFILE_LAYERS[1], min(MAX_PROFILE_LAYERS, int(per // 2)))
+
+
+def profile_noise(accelerator: str) -> float:
+    """A profile's relative peak noise on this accelerator (``PROFILE_NOISE``)."""
+    return PROFILE_NOISE.get(str(accelerator), DEVICE_PROFILE_NOISE)
+
+
+@dataclass(frozen=True)
+class ProfileEstimate:
+    """The full model's peak from a layout's profiles: the stage whose line reaches highest."""
+
+    peak_gib: float
+    sd_gib: float
+    stage: int
+    per_stage: float  # the full model's layers per (virtual) stage the lines were read at
+
+
+def profile_points(result_metrics: Mapping[str, Any], result_info: Mapping[str, Any]) -> dict[int, float]:
+    """Peak GiB per pipeline stage of one profile run: the probe's ``peak_memory_gib_by_stage``
+    where it reports one, else its single peak as stage 0."""
+    by_stage = result_info.get("peak_memory_gib_by_stage") if result_info else None
+    if isinstance(by_stage, (list, tuple)):  # the torch probe's: one per stage, in order
+        by_stage = dict(enumerate(by_stage))
+    out: dict[int, float] = {}
+    if isinstance(by_stage, Mapping):
+        for stage, gib in by_stage.items():
+            try:
+                value = float(gib)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(value) and value > 0:
+                out[int(stage)] = value
+    if not out:
+        peak = result_metrics.get("peak_memory_gib") if result_metrics else None
+        if isinstance(peak, (int, float)) and math.isfinite(float(peak)) and float(peak) > 0:
+            out[0] = float(peak)
+    return out
+
+
+def extrapolate_peak(
+    peaks: Mapping[int, Mapping[float, float]], per_stage: float, noise_rel: float = 0.02
+) -> ProfileEstimate:
+    """The full model's peak from ``{stage: {layers per stage: peak GiB}}``: a line per stage
+    (:func:`fit_stage_memory`), read at ``per_stage``; the stage with the highest mean decides
+    (its sd with it). Stages with a single profile are left out."""
+    best: ProfileEstimate | None = None
+    for stage, points in peaks.items():
+        if len(points) < 2:
+            continue
+        fit = fit_stage_memory(points)
+        fit = StageMemoryFit(fit.static_gib, fit.per_layer_gib, fit.profiled, noise_rel=noise_rel)
+        mean, sd = fit.predict(per_stage)
+        if best is None or mean > best.peak_gib:
+            best = ProfileEstimate(mean, sd, int(stage), float(per_stage))
+    if best is None:
+        raise ValueError(f"no stage has profiles at two layer counts: {dict(peaks)}")
+    return best
+
+
+def profile_cost_fpe(
+    walls_s: Iterable[float], runs_layers: Iterable[int], per_stage: float, full_wall_s: float | None
+) -> float:
+    """What a trial's profile runs cost, in full-probe equivalents: their wall time over a full
+    probe's (the study's median) once one has run; before that, estimated from the layers each
+    ran (``STARTUP_SHARE`` + layers / the full model's, per run)."""
+    walls = [float(w) for w in walls_s]
+    if full_wall_s and full_wall_s > 0 and walls and all(w > 0 for w in walls):
+        return sum(walls) / full_wall_s
+    return sum(STARTUP_SHARE + k / max(per_stage, 1.0) for k in runs_layers)
+
+
+def trial_cost_fpe(profile: Mapping[str, Any] | None, full_probe: bool, full_wall_s: float | None) -> float:
+    """A trial's cost in full-probe equivalents: 1 for its full probe (if it ran one) plus its
+    memory profile's runs (``profile``: the trial's ``autotune.memory_profile`` record)."""
+    cost = 1.0 if full_probe else 0.0
+    if profile:
+        cost += profile_cost_fpe(
+            profile.get("walls_s") or [],
+            profile.get("layers_per_stage") or [],
+            float(profile.get("full_layers_per_stage") or 1.0),
+            full_wall_s,
+        )
+    return cost
+
+
+def ran_full_probe(attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial (its user attributes) ran its full probe: every trial but one its memory
+    profile stopped (the profile predicted an OOM, or ran out of memory itself)."""
+    profile = attrs.get(A.MEMORY_PROFILE) or {}
+    return profile.get("verdict", "probe") not in ("oom_predicted", "oom")
+
+
+def cost_of_trials(trials_attrs: Iterable[Mapping[str, Any]]) -> float:
+    """Full-probe equivalents the given trials (their user attributes: the caller passes those
+    that count against the budget) spent: each full probe 1, each memory profile its wall time
+    over the median full probe's (estimated from its layers before any full probe ran)."""
+    attrs = list(trials_attrs)
+    median = median_full_wall(attrs)
+    return sum(trial_cost_fpe(a.get(A.MEMORY_PROFILE), ran_full_probe(a), median) for a in attrs)
+
+
+def median_full_wall(trials_attrs: Iterable[Mapping[str, Any]]) -> float | None:
+    """The median wall time of the full probes that ran to the end (``ok``) among these trials
+    (None before the first): what a memory profile's wall is measured against (an OOM or a
+    pruned probe stopped early, and would make a profile look dearer than it is)."""
+    walls = [
+        float(a[A.WALL])
+        for a in trials_attrs
+        if ran_full_probe(a)
+        and a.get(A.STATUS) == "ok"
+        and isinstance(a.get(A.WALL), (int, float))
+        and float(a[A.WALL]) > 0
+    ]
+    return statistics.median(walls) if walls else None
+
+
+PRIOR_WEIGHT = 0.5  # the fit's own sd counts as this many observed profile errors (calibrate_estimate)
+
+
+def profile_residuals(trials_attrs: Iterable[Mapping[str, Any]]) -> list[float]:
+    """How far each profiled config's full probe measured from what its profile predicted
+    (``measured / predicted - 1``, both counted the same way): the study's evidence of how far
+    its profiles extrapolate right on this machine and stack."""
+    out = []
+    for a in trials_attrs:
+        profile = a.get(A.MEMORY_PROFILE) or {}
+        predicted = profile.get("fit_peak_gib", profile.get("peak_gib"))  # the line's, before calibration
+        measured = (a.get(A.METRICS) or {}).get("peak_memory_gib")
+        if (
+            a.get(A.STATUS) == "ok"
+            and profile.get("verdict") == "probe"
+            and isinstance(predicted, (int, float))
+            and isinstance(measured, (int, float))
+            and predicted > 0
+            and math.isfinite(float(measured))
+        ):
+            out.append(float(measured) / float(predicted) - 1.0)
+    return out
+
+
+def calibrate_estimate(estimate: ProfileEstimate, residuals: Iterable[float]) -> ProfileEstimate:
+    """The profile's estimate corrected by the study's measured profile errors: the line's
+    assumed extrapolation error (``StageMemoryFit``'s 3 % of the layer part) is a prior worth
+    ``PRIOR_WEIGHT`` observations; each full probe of a profiled config is one more. The mean
+    error (shrunk to zero by the prior) moves the peak; the spread around it is the new sd. On a
+    device whose layers allocate alike it shrinks to the peak's repeatability after a few
+    probes; on one whose memory is not linear in the layers (an allocator's rounding, a spike
+    that scales with the shard) it stays as wide as the errors seen."""
+    errs = [float(e) for e in residuals if math.isfinite(float(e))]
+    if not errs:
+        return estimate
+    prior = estimate.sd_gib / max(estimate.peak_gib, 1e-9)
+    n = len(errs)
+    bias = sum(errs) / (PRIOR_WEIGHT + n)
+    var = (PRIOR_WEIGHT * prior**2 + sum((e - bias) ** 2 for e in errs)) / (PRIOR_WEIGHT + n)
+    peak = estimate.peak_gib * (1.0 + bias)
+    return ProfileEstimate(peak, peak * math.sqrt(var), estimate.stage, estimate.per_stage)

@@ -51,6 +51,7 @@ class TrialRecord:
     feasible: bool
     info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
     wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
+    memory_profile: dict[str, Any] = field(default_factory=dict)  # its memory profile (autotune.profiling), if any
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class TrialRecord:
             "probed": self.probed,
             "baseline": self.baseline,
             "chosen_because": self.chosen_because,
+            **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
         }
 
 
@@ -92,6 +94,7 @@ def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
         feasible=feasible,
         info=ua.get(A.INFO) or {},
         wall_s=float(ua.get(A.WALL) or 0.0),
+        memory_profile=dict(ua.get(A.MEMORY_PROFILE) or {}),
     )
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 from .importance import importance_note, study_importances
 from .sanity import is_finite_number as _finite
+from .memory_profile import cost_of_trials, ran_full_probe
 from .records import TrialRecord, best_records, is_tracked
+from .trial_attrs import A
 
 __all__ = [
     "status_counts",
@@ -335,12 +337,23 @@ def probe_costs(records: list[TrialRecord]) -> dict[str, float]:
     """What the probes cost: counts and wall seconds, OOM probes apart (each is a launch that
     taught only "too big", often minutes on a real cluster)."""
     probed = [r for r in records if is_tracked(r) and r.status != "running" and "cached_from" not in r.info]
-    oom = [r for r in probed if r.status == "oom"]
+    attrs = [{A.STATUS: r.status, A.WALL: r.wall_s, A.MEMORY_PROFILE: r.memory_profile} for r in probed]
+    full = [r for r, a in zip(probed, attrs) if ran_full_probe(a)]
+    oom = [r for r in full if r.status == "oom"]
+    profiled = [r for r in probed if r.memory_profile]
+    profile_s = sum(sum(r.memory_profile.get("walls_s") or []) for r in profiled)
+    # a trial its profile ended ran no probe: its wall is its profile's; the others' walls leave it out
+    outside = sum(sum(r.memory_profile.get("walls_s") or []) for r in profiled if r in full)
     return {
         "probes": len(probed),
-        "probe_seconds": round(sum(r.wall_s for r in probed), 3),
+        "full_probes": len(full),
+        "probe_seconds": round(sum(r.wall_s for r in probed) + outside, 3),
         "oom_probes": len(oom),
         "oom_probe_seconds": round(sum(r.wall_s for r in oom), 3),
+        "memory_profiles": len(profiled),
+        "memory_profile_seconds": round(profile_s, 3),
+        "oom_predicted": sum(1 for r in probed if r.status == "oom_predicted"),
+        "full_probe_equivalents": round(cost_of_trials(attrs), 3),
     }
 
 
@@ -436,6 +449,12 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
             f"probes: {cost['probes']} in {cost['probe_seconds']:.0f} s; out of memory: {cost['oom_probes']} "
             f"({cost['oom_probe_seconds']:.0f} s)"
         )
+        if cost.get("memory_profiles"):
+            lines.append(
+                f"memory profiles: {cost['memory_profiles']} trials ({cost['memory_profile_seconds']:.0f} s), "
+                f"{cost['oom_predicted']} ended by theirs without a full probe; "
+                f"{cost['full_probe_equivalents']:.1f} full-probe equivalents spent in all"
+            )
     for row in summary.get("memory_calibration") or []:
         lines.append(
             f"guide said P(fits) {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f}: {row['fitted']} of "

@@ -18,7 +18,9 @@ is never a measured one (``autotune.source``).
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +43,8 @@ from .listeners import (
     _Quiet,
     observer_phase,
 )
+from .memory_profile import cost_of_trials, layers_per_stage, median_full_wall, profile_cost_fpe
+from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
 from .ranking import Ranking
 from .records import (
@@ -139,6 +143,8 @@ class StudyRunner:
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
         self.pruner = LoserPruner(spec, backend.simulated)
         self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
+        self.profiler: MemoryProfiler | None = None  # profile-then-probe (autotune.profiling), set in _open
+        self._profiling: dict[Any, ProfileRun] = {}  # pending handles that are a trial's memory profile runs
         self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
         # checked, in order, before each proposal: the first that answers stops asking
         self.stop_checks: list[Callable[[optuna.Study, LoopState], str | None]] = [
@@ -175,11 +181,16 @@ class StudyRunner:
                     break
                 for handle, result in self.dispatcher.wait_any(timeout=0.25):
                     trial, config = loop.pending.pop(handle)
-                    self._collect(study, loop, trial, config, result)
+                    run = self._profiling.pop(handle, None)
+                    if run is not None:
+                        self._profiled(study, loop, run, result)
+                    else:
+                        self._collect(study, loop, trial, config, result)
                     if self.stop_requested():
                         raise KeyboardInterrupt
                 d = self.dispatcher
-                self.pruner.prune(d.step_events(), loop.pending, lambda: self._best_single(study), d.cancel)
+                full = {h: v for h, v in loop.pending.items() if h not in self._profiling}  # a profile is not pruned
+                self.pruner.prune(d.step_events(), full, lambda: self._best_single(study), d.cancel)
         except KeyboardInterrupt:
             loop.stopped = "interrupted by the user"
             for handle in list(loop.pending):
@@ -207,6 +218,9 @@ class StudyRunner:
         ranking = self.ranking
         if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
             self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
+        self.profiler = MemoryProfiler(self.spec, self.guided)
+        if self.guided is not None and not self.profiler.available and self.spec.search.memory_profiles:
+            self.observer.on_message(f"memory profiles off: {self.profiler.why_not}")
         sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
         study = open_study(self.spec, self.run_dir, sampler)
         if self.definition is not None:
@@ -215,10 +229,16 @@ class StudyRunner:
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
             study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, existing)
         recover_interrupted(study, self.space, self.observer.on_message)
-        probes_done = sum(1 for r in trial_records(study) if is_tracked(r) and r.status != "infra")
+        # the budget counts full-probe equivalents: a memory profile costs its share of a full probe
+        probes_done = cost_of_trials(
+            t.user_attrs
+            for t, r in zip(study.get_trials(deepcopy=False), trial_records(study))
+            if is_tracked(r) and r.status != "infra"
+        )
         budget = self.spec.search.n_trials
         simulated = self.backend.simulated
-        enqueue_plan(study, self.spec, self.space, ranking, budget - probes_done, simulated, self.guided is not None)
+        left = int(math.floor(budget - probes_done + 1e-9))  # whole full probes left
+        enqueue_plan(study, self.spec, self.space, ranking, left, simulated, self.guided is not None)
         refit = lambda: self.refits.refit  # noqa: E731 - the latest, read at each resolution
         self.resolver = TrialResolver(
             self.spec, self.space, self.context, simulated, self.guided, ranking, refit, self.cache, self.reuse_cache
@@ -233,7 +253,7 @@ class StudyRunner:
             self.tracking.reconcile(study)
         for listener in self.listeners:
             listener.study_started(study)
-        self.observer.on_start(budget, probes_done)
+        self.observer.on_start(budget, int(round(probes_done)))
         seen = measured_configs(study)
         if not self.backend.simulated:
             check_placeable(self.spec, self.dispatcher)
@@ -291,9 +311,42 @@ class StudyRunner:
             number=trial.number,
             backend=masked_backend(self.spec.backend.model_dump()),
         )
+        run = self.profiler.plan(trial, config, request, why) if self.profiler is not None else None
+        if run is not None:  # not sure to fit: its memory profile first (autotune.profiling)
+            self.observer.on_trial_started(trial.number, config, f"{why}; memory profile first")
+            self._submit_profile(loop, run)
+            return
         launch = self.launcher(request)
         self.observer.on_trial_started(trial.number, config, why)
         loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
+
+    def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
+        request = self.profiler.next_request(run)
+        handle = self.dispatcher.submit(request, self.launcher(request))
+        loop.pending[handle] = (run.trial, run.config)
+        self._profiling[handle] = run
+
+    def _profiled(self, study: optuna.Study, loop: LoopState, run: ProfileRun, result: ProbeResult) -> None:
+        """A profile run came back: the next one, the full probe, or the trial's end (its verdict)."""
+        scrub_result(result, self._secrets)
+        action, final = self.profiler.take(study, run, result)
+        if action == "again":
+            self._submit_profile(loop, run)
+            return
+        # the trial started counting one full probe; it costs its profile, and the probe if it runs
+        median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
+        per_stage = layers_per_stage(run.request.model, run.config)
+        cost = profile_cost_fpe(run.walls_s, run.layers[: run.done], per_stage, median)
+        loop.started += cost
+        if self.guided is not None:  # the guide weighs the next profile at what this one cost
+            settings = self.guided.guide.settings
+            self.guided.guide.settings = replace(settings, profile_cost=0.5 * (settings.profile_cost + cost))
+        if action == "probe":
+            self.pruner.live_steps.pop(run.trial.number, None)  # the profile's steps are not the probe's
+            loop.pending[self.dispatcher.submit(run.request, self.launcher(run.request))] = (run.trial, run.config)
+            return
+        loop.started -= 1
+        self._collect(study, loop, run.trial, run.config, final)
 
     def _collect(
         self, study: optuna.Study, loop: LoopState, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult

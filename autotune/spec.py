@@ -851,6 +851,20 @@ class SearchSpec(_Strict):
         description="sampler auto: probes the guide may spend on families (tp/pp/cp/zero/recompute) not yet "
         "measured once a measured family has run consistently off its predictions (the model in doubt); 0: never",
     )
+    memory_profiles: bool = Field(
+        True,
+        description="sampler auto: before a full probe of a config not sure to fit, run its layout with 1 and "
+        "a few layers per pipeline stage (a memory profile, one or two steps) and probe it in full only if the "
+        "fitted peak says it fits; skipped where the backend cannot shrink the model (a command backend "
+        "without {num_layers}); the budget counts full-probe equivalents (docs/GUIDE.md)",
+    )
+    profile_go_probability: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="sampler auto: the probability of fitting, after its memory profile, that a config needs "
+        "for its full probe; below it the trial ends as oom_predicted (no full probe)",
+    )
 
 
 class RecommendSpec(_Strict):

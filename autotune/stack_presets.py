@@ -85,7 +85,13 @@ def preset_launch(
         request=request,
         launcher=launcher,
         entry=_entry(str(entry)) if entry else [],
-        user=[str(a).replace("{iterations}", str(iterations)) for a in (backend.args or [])],
+        # {num_layers}: the model's layers (fewer in a memory profile), for a script that builds its own model
+        user=[
+            str(a)
+            .replace("{iterations}", str(iterations))
+            .replace("{num_layers}", str(int(request.model.get("num_hidden_layers") or 0)))
+            for a in (backend.args or [])
+        ],
         iterations=iterations,
         devices=devices,
         global_batch_size=gbs,

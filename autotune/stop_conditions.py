@@ -32,7 +32,8 @@ class LoopState:
     """The state of one run of the loop."""
 
     budget: int
-    started: int  # probes counted against the budget (an infrastructure failure is not one)
+    started: float  # full-probe equivalents counted against the budget (an infrastructure failure is not
+    # one; a memory profile counts its share of a full probe: autotune.memory_profile.cost_of_trials)
     seen: dict[str, int]  # canonical config -> the trial that measured it
     total_valid: int | None
     deadline: float | None

@@ -53,7 +53,7 @@ class StudyOutcome:
     study: optuna.Study
     result: StudyResult
     ranking: Ranking | None
-    probes_run: int
+    probes_run: float
     stopped_because: str
     parent_run_id: str | None = None
     infra_failure: str | None = None  # the study stopped because the infrastructure failed (exit 3)

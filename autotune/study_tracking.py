@@ -267,7 +267,7 @@ class StudyTracking(TrialListener):
         self,
         result: Any,
         *,
-        probes_run: int,
+        probes_run: float,
         stopped_because: str,
         improvement: str | None,
         summary_metrics: dict[str, float],

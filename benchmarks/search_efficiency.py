@@ -51,11 +51,15 @@ import numpy as np
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from true_world import STRUCTURE_FAMILIES, World, oom_message  # noqa: E402
+from local_ray_cluster import local_cluster  # noqa: E402
+from true_world import FULL_LAYERS_ENV, WALL_SCALE_ENV  # noqa: E402
+from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, oom_message, probe_wall_s  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.guided import Guide, _MemoryBelief  # noqa: E402
+from autotune.memory_profile import PROFILE_MARK, ran_full_probe  # noqa: E402
+from autotune.trial_attrs import A  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.records import best_records, trial_records  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
@@ -69,6 +73,7 @@ SCENARIOS = {
     "70b-32x64": dict(model="llama2-70b", nodes=4, memory=64, gbs=128, pp=[1, 2, 4, 8]),
 }
 LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
+MODEL_LAYERS = {"llama2-7b": 32, "llama2-13b": 40, "llama2-70b": 80}
 ROOMY_HEADROOM = 0.03  # share of the usable memory a "roomy" optimum leaves free (Truth.roomy_optimum)
 
 
@@ -81,7 +86,18 @@ def spec_for(
     min_fit: float = 0.5,
     max_oom_share: float | None = 0.05,
     max_doubt_probes: int = 2,
+    memory_profiles: bool = True,
+    ray_address: str | None = None,
+    wall_scale_s: float = 0.0,
 ) -> Spec:
+    """The benchmark's study of a scenario. ``ray_address``: dispatch through that Ray cluster, a
+    multi-node layout as one launcher per node (``--node-rank``), each probe sleeping
+    ``wall_scale_s`` per modelled full probe (``true_world.probe_wall_s``); else no Ray."""
+    argv = [sys.executable, str(LAUNCHER), "{trial_file}", "--num-layers", "{num_layers}"]
+    env = {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}
+    if ray_address:
+        argv += ["--node-rank", "{node_rank}"]
+        env.update({WALL_SCALE_ENV: str(wall_scale_s), FULL_LAYERS_ENV: str(MODEL_LAYERS[sc["model"]])})
     data = {
         "name": f"bench-{name}",
         "model": sc["model"],
@@ -96,8 +112,9 @@ def spec_for(
         "target": "none",  # the space of issue #5's figures (ZeRO-3 with tp, which no single stack launches)
         "backend": {
             "kind": "command",
-            "argv": [sys.executable, str(LAUNCHER), "{trial_file}"],
-            "env": {"AUTOTUNE_BENCH_WORLD": str(world_file or "")},
+            # {num_layers}: the launcher runs the model the trial file describes, a memory profile's too
+            "argv": argv,
+            "env": env,
         },
         "space": {
             "tp": [1, 2, 4, 8],
@@ -122,8 +139,9 @@ def spec_for(
             "min_fit_probability": min_fit,
             "max_oom_share": max_oom_share,
             "max_doubt_probes": max_doubt_probes,
+            "memory_profiles": memory_profiles,
         },
-        "ray": {"enabled": False},
+        "ray": {"address": ray_address, "placement_timeout_s": 120} if ray_address else {"enabled": False},
     }
     return Spec.model_validate(data)
 
@@ -153,33 +171,48 @@ class Truth:
 
 def curve(probes: list[tuple], truth: Truth, max_probes: int) -> dict[str, Any]:
     """From (key, measured value or None, oom[, the key the search reports as best after this
-    probe]) in probe order: the true value of the reported best (without the fourth element, the
-    best mean measurement)."""
+    trial[, its cost in full-probe equivalents, whether it ran a full probe]]) in trial order: the
+    true value of the reported best (without the fourth element, the best mean measurement),
+    against the cost spent (a trial costs 1 full probe unless it says otherwise: a memory profile
+    costs its share, and a trial its profile stopped ran no full probe). Figures "at 10" and "at
+    20" are after 10 and 20 full-probe equivalents; the OOM share counts full probes only."""
     measured_by_key: dict[str, list[float]] = {}
     best_key = None
-    ratios = []
-    for key, measured, _, *reported in probes[:max_probes]:
+    ratios: list[tuple[float, float]] = []  # (cumulative cost, ratio)
+    spent = 0.0
+    full = []  # (cumulative cost, oom) of each full probe
+    for key, measured, oom, *rest in probes:
+        reported = rest[0] if rest else None
+        cost = rest[1] if len(rest) > 1 else 1.0
+        ran_full = rest[2] if len(rest) > 2 else True
+        if spent + cost > max_probes + 1e-9:
+            break
+        spent += cost
+        if ran_full:
+            full.append((spent, oom))
         if measured is not None:
             measured_by_key.setdefault(key, []).append(measured)
             best_key = max(measured_by_key, key=lambda k: statistics.fmean(measured_by_key[k]))
-        if reported and reported[0] is not None:
-            best_key = reported[0]
-        ratios.append(truth.value[best_key] / truth.optimum if best_key else 0.0)
-    n = len(ratios)
+        if reported is not None:
+            best_key = reported
+        ratios.append((spent, truth.value[best_key] / truth.optimum if best_key else 0.0))
 
-    def at(k: int) -> float:
-        return ratios[min(k, n) - 1] if n else 0.0
+    def at(k: float) -> float:
+        within = [r for c, r in ratios if c <= k + 1e-9]
+        return within[-1] if within else 0.0
 
-    reach = next((i + 1 for i, r in enumerate(ratios) if r >= 0.98), None)
-    first20 = probes[:20]
+    reach = next((c for c, r in ratios if r >= 0.98), None)
+    first20 = [oom for c, oom in full if c <= 20 + 1e-9]
     at20 = at(20)
     return {
         "at10": at(10),
         "at20": at20,
         "probes_to_98": reach,
-        "probes": n,
+        "probes": len(full),
+        "trials": len(ratios),
+        "cost": spent,
         "at20_of_roomy": at20 * truth.optimum / truth.roomy_optimum if truth.roomy_optimum else 0.0,
-        "oom_share": sum(1 for p in first20 if p[2]) / max(1, len(first20)),
+        "oom_share": sum(1 for oom in first20 if oom) / max(1, len(first20)),
     }
 
 
@@ -215,6 +248,17 @@ def memory_oracle(truth: Truth):
         Guide._memory_belief, Guide.usable_limit = saved
 
 
+def profile_cost(profile: dict[str, Any], config: dict[str, Any], full_layers: int) -> float:
+    """A trial's memory profile runs in full-probe equivalents, from the modelled walls
+    (``true_world.probe_wall_s``): the same figure in-process and through Ray, where the launcher
+    sleeps for a scaled copy of that wall."""
+    stages = max(1, int(config.get("pp") or 1)) * max(1, int(config.get("vpp") or 1))
+    return sum(
+        probe_wall_s(int(k) * stages, full_layers, True) / FULL_PROBE_WALL_S
+        for k in (profile or {}).get("layers_per_stage") or []
+    )
+
+
 def run_autotune(
     spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
 ) -> tuple[list[tuple], str, list]:
@@ -226,20 +270,34 @@ def run_autotune(
         from autotune.workers.protocol import oom_evidence
 
         def fn(request):
-            out = truth.measure(request.params, request.number)
+            c = truth.ctx
+            # a memory profile runs the layout with fewer layers (request.model), a full probe the spec's
+            profiled = PROFILE_MARK in request.workload
+            model = request.model if profiled else c.model
+            out = truth.world.measure(
+                model, request.workload if profiled else c.workload, c.cluster, request.params, request.number
+            )
+            wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled)
             if out.get("failure") == "oom":  # what the command path parses from the launcher's message
                 text = oom_message(out)
-                return ProbeResult("oom", reason=text, info={"oom": oom_evidence(text)})
-            return ProbeResult("ok", metrics=out["metrics"], info=out.get("info", {}))
+                return ProbeResult("oom", reason=text, info={"oom": oom_evidence(text)}, wall_s=wall)
+            return ProbeResult("ok", metrics=out["metrics"], info=out.get("info", {}), wall_s=wall)
 
         dispatcher = InProcessDispatcher(fn)
-    runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark world"), dispatcher=dispatcher)
+    choice = BackendChoice("command", "benchmark world")
+    launcher = lambda request: None  # noqa: E731 - the in-process dispatcher needs none
+    if dispatcher is None:  # the launcher as a subprocess per probe (per node, through Ray when the spec says)
+        from autotune.assembly import dispatcher_for, launcher_for
+
+        dispatcher, launcher = dispatcher_for(spec, choice, run_dir), launcher_for(spec, choice)
+    runner = StudyRunner(spec, run_dir, choice, dispatcher=dispatcher, launcher=launcher)
     outcome = runner.run()
     runner.close()
     probes = []
     records = sorted(trial_records(outcome.study), key=lambda r: r.number)
     trials = sorted(outcome.study.get_trials(deepcopy=False), key=lambda t: t.number)
     guided = outcome.study.sampler if hasattr(outcome.study.sampler, "estimates") else None
+    full_layers = int(truth.ctx.model["num_hidden_layers"])
     objectives = spec.objective_list()
     for r in records:
         if not r.probed or r.status == "duplicate":
@@ -250,7 +308,9 @@ def run_autotune(
             upto = [t for t in trials if t.number <= r.number]
             best = best_records([x for x in records if x.number <= r.number], objectives, guided.estimates(upto))
             reported = config_key(best[0].config) if best else None
-        probes.append((config_key(r.config), value, r.status == "oom", reported))
+        ran_full = ran_full_probe({A.MEMORY_PROFILE: r.memory_profile})
+        cost = profile_cost(r.memory_profile, r.config, full_layers) + (1.0 if ran_full else 0.0)
+        probes.append((config_key(r.config), value, r.status == "oom" and ran_full, reported, cost, ran_full))
     return probes, outcome.stopped_because, calibration_pairs(records)
 
 
@@ -326,6 +386,23 @@ def main() -> None:
         help="the guide's search.max_doubt_probes (probes of unmeasured families when the model is in doubt; 0: none)",
     )
     ap.add_argument(
+        "--ray-cluster",
+        action="store_true",
+        help="run multi-node scenarios (70b-32x64: 4 nodes x 8) through a local multi-node Ray cluster, "
+        "one launcher per node as a real cluster would (benchmarks/local_ray_cluster.py); not with --in-process",
+    )
+    ap.add_argument(
+        "--wall-scale",
+        type=float,
+        default=2.0,
+        help="with --ray-cluster: seconds a launcher sleeps per modelled full probe (profile walls stay in proportion)",
+    )
+    ap.add_argument(
+        "--no-memory-profiles",
+        action="store_true",
+        help="the guide without memory profiles (search.memory_profiles: false): every trial a full probe",
+    )
+    ap.add_argument(
         "--memory-oracle",
         action="store_true",
         help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
@@ -356,59 +433,72 @@ def main() -> None:
             space = Space(base)
             configs = space.enumerate().configs
             results[name] = {m: [] for m in methods}
-            for w in range(args.worlds):
-                world = World.draw(
-                    1000 + w, probe_context(base).hardware, space.choices, () if family == "none" else (family,)
-                )
-                world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
-                world_file.write_text(json.dumps(world.to_json()))
-                spec = spec_for(
-                    scenario,
-                    sc,
-                    args.budget,
-                    w,
-                    world_file,
-                    args.min_fit,
-                    args.max_oom_share or None,
-                    args.max_doubt_probes,
-                )
-                truth = Truth(world, spec, configs)
-                for method in methods:
-                    t0 = time.perf_counter()
-                    stopped = ""
-                    if method == "autotune":
-                        with memory_oracle(truth) if args.memory_oracle else contextlib.nullcontext():
-                            probes, stopped, calib = run_autotune(
-                                spec, truth, Path(tmp) / f"{scenario}-{family}-{w}", args.in_process, args.report_by
-                            )
-                        calibration.setdefault(family, []).extend(calib)
-                        row = curve(probes, truth, args.budget)
-                    elif method == "random":
-                        row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
-                    else:
-                        row = curve(run_tpe(truth, Space(spec), w, args.max_probes), truth, args.max_probes)
-                    row.update(world=w, seconds=time.perf_counter() - t0, stopped=stopped)
-                    results[name][method].append(row)
-                    print(
-                        f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
-                        f"to98 {row['probes_to_98']} oom {row['oom_share']:.0%} probes {row['probes']} "
-                        f"{stopped}",
-                        file=sys.stderr,
-                        flush=True,
+            use_ray = args.ray_cluster and sc["nodes"] > 1
+            cluster = local_cluster(sc["nodes"], 8) if use_ray else contextlib.nullcontext()
+            with cluster as address:
+                for w in range(args.worlds):
+                    world = World.draw(
+                        1000 + w, probe_context(base).hardware, space.choices, () if family == "none" else (family,)
                     )
+                    world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
+                    world_file.write_text(json.dumps(world.to_json()))
+                    spec = spec_for(
+                        scenario,
+                        sc,
+                        args.budget,
+                        w,
+                        world_file,
+                        args.min_fit,
+                        args.max_oom_share or None,
+                        args.max_doubt_probes,
+                        not args.no_memory_profiles,
+                        ray_address=address,
+                        wall_scale_s=args.wall_scale,
+                    )
+                    truth = Truth(world, spec, configs)
+                    for method in methods:
+                        t0 = time.perf_counter()
+                        stopped = ""
+                        if method == "autotune":
+                            with memory_oracle(truth) if args.memory_oracle else contextlib.nullcontext():
+                                probes, stopped, calib = run_autotune(
+                                    spec,
+                                    truth,
+                                    Path(tmp) / f"{scenario}-{family}-{w}",
+                                    args.in_process and not use_ray,
+                                    args.report_by,
+                                )
+                            calibration.setdefault(family, []).extend(calib)
+                            row = curve(probes, truth, args.budget)
+                        elif method == "random":
+                            row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
+                        else:
+                            row = curve(run_tpe(truth, Space(spec), w, args.max_probes), truth, args.max_probes)
+                        row.update(world=w, seconds=time.perf_counter() - t0, stopped=stopped)
+                        results[name][method].append(row)
+                        print(
+                            f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
+                            f"to98 {row['probes_to_98'] and round(row['probes_to_98'], 2)} oom {row['oom_share']:.0%} "
+                            f"full probes {row['probes']} trials {row.get('trials', row['probes'])} "
+                            f"{stopped}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             print(
                 f"{name}: {len(configs)} valid configs, {truth.oom_share_of_space:.0%} of the last world's OOM",
                 file=sys.stderr,
             )
     print(
-        f"\n{args.worlds} worlds per scenario, autotune budget {args.budget}, random/TPE up to {args.max_probes} "
+        f"\n{args.worlds} worlds per scenario, autotune budget {args.budget} full-probe equivalents (a memory "
+        f"profile counts its modelled wall, true_world.probe_wall_s), random/TPE up to {args.max_probes} "
         f"probes; {time.perf_counter() - t_start:.0f} s"
     )
     print(
-        "| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM probes | "
-        f"median probes to 98 % | worlds within 2 % of the best with {ROOMY_HEADROOM:.0%} free by 20 |"
+        "| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM full probes | "
+        f"median cost to 98 % | worlds within 2 % of the best with {ROOMY_HEADROOM:.0%} free by 20 | "
+        "full probes / trials |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, by_method in results.items():
         for method, rows in by_method.items():
             reach = [r["probes_to_98"] if r["probes_to_98"] else math.inf for r in rows]
@@ -419,9 +509,29 @@ def main() -> None:
                 f"{statistics.median(r['at20'] for r in rows):.3f} | "
                 f"{sum(1 for r in rows if r['at20'] >= 0.98) / len(rows):.0%} | "
                 f"{statistics.mean(r['oom_share'] for r in rows):.1%} | "
-                f"{med_reach if math.isfinite(med_reach) else f'> {cap}'} | "
-                f"{sum(1 for r in rows if r['at20_of_roomy'] >= 0.98) / len(rows):.0%} |"
+                f"{f'{med_reach:.1f}' if math.isfinite(med_reach) else f'> {cap}'} | "
+                f"{sum(1 for r in rows if r['at20_of_roomy'] >= 0.98) / len(rows):.0%} | "
+                f"{statistics.mean(r['probes'] for r in rows):.1f} / "
+                f"{statistics.mean(r.get('trials', r['probes']) for r in rows):.1f} |"
             )
+    pooled: dict[str, list[dict]] = {}
+    for name, by_method in results.items():
+        pooled.setdefault(name.split()[0], []).extend(by_method.get("autotune", []))
+    if any(pooled.values()) and len(families) > 1:
+        print("\nautotune per scenario, every family pooled (issue #35's acceptance):")
+        print(
+            "| scenario | worlds | median best/opt @10 | within 2 % by 20 | within 2 % of the roomy best | "
+            "OOM full probes |"
+        )
+        print("|---|---|---|---|---|---|")
+        for scenario, rows in list(pooled.items()) + [("all", [r for v in pooled.values() for r in v])]:
+            if rows:
+                print(
+                    f"| {scenario} | {len(rows)} | {statistics.median(r['at10'] for r in rows):.3f} | "
+                    f"{sum(r['at20'] >= 0.98 for r in rows) / len(rows):.1%} | "
+                    f"{sum(r['at20_of_roomy'] >= 0.98 for r in rows) / len(rows):.1%} | "
+                    f"{statistics.mean(r['oom_share'] for r in rows):.1%} |"
+                )
     if calibration:
         print("\nmemory calibration of the guide: P(fits) it gave a probe when it chose it, and how many fitted")
         print("| worlds | P(fits) | probes | fitted |")

@@ -81,6 +81,10 @@ def test_which_backends_can_profile_and_the_one_that_says_why_not():
     why = why_no_profile("command", ["python", "train.py", "--trial", "{trial_file}"])
     assert why and "{num_layers}" in why
     assert "nothing to profile" in why_no_profile("simulate")
+    # DeepSpeed's config has no model: its script must take the layer count from its args
+    assert "{num_layers}" in why_no_profile("deepspeed", ["--steps", "{iterations}"])
+    assert why_no_profile("deepspeed", ["--layers", "{num_layers}"]) is None
+    assert why_no_profile("torchtitan") is None and "serving" in why_no_profile("vllm")
 
 
 def test_a_command_backend_is_told_the_layers_of_the_model_it_runs(write_spec):

@@ -203,7 +203,23 @@ def test_summary_counts_what_oom_probes_cost_and_how_honest_p_fits_was():
         _record(4, "duplicate", 0.0),
     ]
     cost = probe_costs(records)
-    assert cost == {"probes": 4, "probe_seconds": 460.0, "oom_probes": 2, "oom_probe_seconds": 270.0}
+    assert cost == {
+        "probes": 4,
+        "full_probes": 4,
+        "probe_seconds": 460.0,
+        "oom_probes": 2,
+        "oom_probe_seconds": 270.0,
+        "memory_profiles": 0,
+        "memory_profile_seconds": 0,
+        "oom_predicted": 0,
+        "full_probe_equivalents": 4.0,
+    }
+    # a trial its memory profile ended ran no full probe: its profile's walls are its cost, a share
+    profiled = records + [_record(5, "oom_predicted", 30.0, 0.4)]
+    profiled[-1].memory_profile = {"verdict": "oom_predicted", "walls_s": [10.0, 20.0], "layers_per_stage": [1, 4]}
+    cost = probe_costs(profiled)
+    assert cost["full_probes"] == 4 and cost["oom_predicted"] == 1 and cost["memory_profile_seconds"] == 30.0
+    assert cost["full_probe_equivalents"] == pytest.approx(4 + 30.0 / 95.0, abs=1e-3)  # the median ok probe: 95 s
     bins = {(r["p_fit_from"], r["p_fit_to"]): (r["probes"], r["fitted"]) for r in memory_calibration(records)}
     assert bins == {(0.95, 1.0): (2, 1), (0.5, 0.8): (2, 1)}
 

@@ -21,6 +21,7 @@ __all__ = [
     "FAILURE_STATUSES",
     "PEAK_COUNTS",
     "PEAK_COUNTS_KEY",
+    "USABLE_KEY",
     "PEAK_LEAVES_OUT",
     "TRIAL_FILE_ENV",
     "ENV_NAME",
@@ -46,8 +47,10 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # nan: the loss (numerics) broke; crash: any other failure; invalid: the config cannot run at all
 # (rejected by a rule, or the probe said so); pruned: stopped early by the driver as a loser.
 # infra: the infrastructure failed under the probe (a Ray worker or node died), not the config;
-# set by the dispatcher, never claimed by a probe
-STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned", "infra")
+# set by the dispatcher, never claimed by a probe. oom_predicted: the trial's memory profile (a run of
+# its layout with fewer layers, autotune.memory_profile) says the full model does not fit, so it was
+# never run in full; set by the driver
+STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned", "infra", "oom_predicted")
 FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
 
 # What a probe's ``peak_memory_gib`` counts, said in its info as ``{"peak_memory_counts": ...}``.
@@ -58,6 +61,10 @@ FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})
 # simulator, npu-smi, a CPU probe's peak RSS) nothing. The search compares a config's whole need
 # with the device's capacity, so it must know which part a probe measured.
 PEAK_COUNTS_KEY = "peak_memory_counts"
+# ... and, where the device says, the memory its allocator could have used at the peak: what it had
+# reserved plus what the device still had free (torch.cuda/torch.npu mem_get_info + memory_reserved):
+# the usable memory, learnt without an OOM (what the runtime and communicators hold is not in it)
+USABLE_KEY = "usable_memory_gib"
 PEAK_COUNTS = ("allocated", "reserved", "device")
 # ... and the simulator's memory components (``mem_<name>``) each kind leaves out
 PEAK_LEAVES_OUT = {

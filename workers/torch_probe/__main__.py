@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from ..protocol import PEAK_COUNTS_KEY, TRIAL_FILE_ENV, read_trial_file
+from ..protocol import PEAK_COUNTS_KEY, TRIAL_FILE_ENV, USABLE_KEY, read_trial_file
 from . import measure
 from ._device import (
     accelerator_of,
@@ -146,6 +146,8 @@ def _run(path: str, rank: int, local_rank: int, world: int, local_world: int) ->
         # cpu the process's peak RSS, everything it held
         PEAK_COUNTS_KEY: "device" if kind == "cpu" else "allocated",
     }
+    if plan.kind == "train" and rt.usable_gib is not None:
+        info[USABLE_KEY] = rt.usable_gib
     if plan.kind == "train" and len(rt.peak_by_rank) == world:
         # the mesh is (pp, dp, cp, tp) over ranks 0..world-1 in order: a rank's stage is its
         # row; a stage's peak is its worst rank's (what a memory profile fits per stage)

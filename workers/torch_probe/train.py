@@ -52,6 +52,7 @@ class Runtime:
     artifact_dir: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     peak_by_rank: list[float] = field(default_factory=list)  # GiB, every rank's (the result's info)
+    usable_gib: float | None = None  # the least any rank's allocator could use (USABLE_KEY), on a device
 
     def sync(self) -> None:
         self.devmod.synchronize()
@@ -214,15 +215,24 @@ class _Trainer:
         return loss
 
     # -- cross-rank bookkeeping -----------------------------------------------------------------
-    def memory_now(self) -> tuple[float, float]:
-        """(peak allocated, peak reserved) GiB of this rank; on cpu both are the peak RSS."""
+    def memory_now(self) -> tuple[float, float, float]:
+        """(peak allocated, peak reserved, usable) GiB of this rank; on cpu both peaks are the peak
+        RSS and usable is unknown (NaN). Usable: what the allocator could use now, its reserve
+        plus what the device has free (``mem_get_info``): the device's memory less what the
+        runtime, the communicators and other processes hold (protocol ``USABLE_KEY``)."""
         rt = self.rt
         if rt.device_kind == "cpu":
             rss = measure.peak_rss_gib()
-            return rss, rss
+            return rss, rss, math.nan
+        usable = math.nan
+        mem_get_info = getattr(rt.devmod, "mem_get_info", None)
+        if mem_get_info is not None:
+            free, _total = mem_get_info(rt.device)
+            usable = (free + rt.devmod.memory_reserved(rt.device)) / measure.GIB
         return (
             rt.devmod.max_memory_allocated(rt.device) / measure.GIB,
             rt.devmod.max_memory_reserved(rt.device) / measure.GIB,
+            usable,
         )
 
     def exchange(self, loss: torch.Tensor | None) -> tuple[float, list[list[float]]]:
@@ -235,15 +245,15 @@ class _Trainer:
         share = 0.0
         if loss is not None:
             share = float(loss) / (plan.dp_cp * plan.tp)
-        alloc, reserved = self.memory_now()
-        mine = torch.tensor([share, alloc, reserved], dtype=torch.float64, device=self.rt.device)
+        alloc, reserved, usable = self.memory_now()
+        mine = torch.tensor([share, alloc, reserved, usable], dtype=torch.float64, device=self.rt.device)
         if self.rt.world_size == 1:
             rows = [mine.tolist()]
         else:
-            out = torch.empty(self.rt.world_size * 3, dtype=torch.float64, device=self.rt.device)
+            out = torch.empty(self.rt.world_size * 4, dtype=torch.float64, device=self.rt.device)
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             gather(out, mine)
-            rows = out.view(self.rt.world_size, 3).tolist()
+            rows = out.view(self.rt.world_size, 4).tolist()
         if not all(math.isfinite(r[0]) for r in rows):
             return float("nan"), rows
         return sum(r[0] for r in rows), rows
@@ -389,6 +399,8 @@ def run_train(rt: Runtime) -> dict[str, float]:
     metrics.update(state)
     metrics["peak_memory_gib"] = max(r[1] for r in rows)
     rt.peak_by_rank = [float(r[1]) for r in rows]
+    usable = [float(r[3]) for r in rows if math.isfinite(r[3])]
+    rt.usable_gib = min(usable) if len(usable) == len(rows) else None  # the rank with least to spare
     if rt.device_kind != "cpu":
         metrics["peak_reserved_gib"] = max(r[2] for r in rows)
     if plan.profile_step:

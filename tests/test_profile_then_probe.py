@@ -1,0 +1,263 @@
+"""Profile, then probe (issue #35): the study runs a config the guide is not sure fits with fewer
+layers first, decides from the fitted peak, and counts the budget in full-probe equivalents.
+
+The last test is the acceptance on real probes: a tiny-Llama study with the torch probe on this
+CPU uses memory profiles, and every full probe that followed one measured a peak inside the band
+its profile predicted."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.guided import Guide, GuideSettings, Observation
+from autotune.memory_profile import (
+    ProfileEstimate,
+    calibrate_estimate,
+    cost_of_trials,
+    extrapolate_peak,
+    plan_profile,
+    profile_points,
+    profile_residuals,
+    trial_cost_fpe,
+)
+from autotune.trial_attrs import A
+
+TINY16 = (
+    "{name: tiny-llama-16, hidden_size: 512, num_hidden_layers: 16, num_attention_heads: 8, "
+    "num_key_value_heads: 4, intermediate_size: 1376, vocab_size: 2048, max_position_embeddings: 1024}"
+)
+
+
+# ------------------------------------------------------------------------------------ the pieces
+def test_a_profile_is_planned_only_where_the_stages_hold_enough_layers():
+    model = {"num_hidden_layers": 32}
+    assert plan_profile(model, {"pp": 1}) == (1, 4)  # 32 per stage: read far past 4
+    assert plan_profile(model, {"pp": 4, "vpp": 2}) == (1, 2)  # 4 per virtual stage
+    assert plan_profile(model, {"pp": 8, "vpp": 2}) is None  # 2 per stage: a profile costs a probe
+
+
+def test_the_highest_stage_decides_and_a_probe_without_stages_is_one():
+    assert profile_points({"peak_memory_gib": 3.0}, {"peak_memory_gib_by_stage": [2.0, 2.5]}) == {0: 2.0, 1: 2.5}
+    assert profile_points({"peak_memory_gib": 3.0}, {}) == {0: 3.0}
+    assert profile_points({}, {}) == {}
+    # stage 0: 10 + 1/layer; stage 1: 8 + 1.5/layer: at 16 per stage the last stage is higher
+    est = extrapolate_peak({0: {1: 11.0, 4: 14.0}, 1: {1: 9.5, 4: 14.0}}, 16, noise_rel=0.0)
+    assert est.stage == 1 and est.peak_gib == pytest.approx(32.0)
+    with pytest.raises(ValueError):
+        extrapolate_peak({0: {1: 11.0}}, 16)
+
+
+def test_measured_profile_errors_move_and_narrow_the_estimate():
+    raw = ProfileEstimate(30.0, 0.9, 0, 16.0)  # 3 % before any evidence
+    assert calibrate_estimate(raw, []) == raw
+    tight = calibrate_estimate(raw, [0.004, 0.006, 0.005])  # profiles read 0.5 % low, consistently
+    assert tight.peak_gib > raw.peak_gib and tight.sd_gib < 0.5 * raw.sd_gib
+    loose = calibrate_estimate(raw, [0.06, -0.05, 0.07])  # a stack whose memory is not linear in layers
+    assert loose.sd_gib > tight.sd_gib
+    attrs = [
+        {
+            A.STATUS: "ok",
+            A.METRICS: {"peak_memory_gib": 31.0},
+            A.MEMORY_PROFILE: {"verdict": "probe", "fit_peak_gib": 30.0},
+        },
+        {A.STATUS: "oom_predicted", A.MEMORY_PROFILE: {"verdict": "oom_predicted", "peak_gib": 40.0}},
+        {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 20.0}},  # no profile
+    ]
+    assert profile_residuals(attrs) == [pytest.approx(1 / 30)]
+
+
+def test_a_trials_cost_is_its_full_probe_and_its_profiles_share():
+    profile = {"walls_s": [10.0, 20.0], "layers_per_stage": [1, 4], "full_layers_per_stage": 32}
+    assert trial_cost_fpe(profile, True, 100.0) == pytest.approx(1.3)
+    assert trial_cost_fpe({**profile, "verdict": "oom_predicted"}, False, 100.0) == pytest.approx(0.3)
+    # before any full probe ran: start-up plus the layers' share, per run
+    assert trial_cost_fpe(profile, False, None) == pytest.approx(0.2 + 5 / 32)
+    attrs = [
+        {A.STATUS: "ok", A.WALL: 100.0},
+        {A.STATUS: "ok", A.WALL: 120.0, A.MEMORY_PROFILE: {**profile, "verdict": "probe"}},
+        {A.STATUS: "oom_predicted", A.WALL: 30.0, A.MEMORY_PROFILE: {**profile, "verdict": "oom_predicted"}},
+    ]
+    assert cost_of_trials(attrs) == pytest.approx(1 + 1 + 30 / 110 + 30 / 110)
+
+
+def _guide(peaks, limit=32.0, profiles=True):
+    n = len(peaks)
+    configs = [{"tp": 1, "micro_batch_size": i + 1} for i in range(n)]
+    predictions = {
+        "tokens_per_s_per_device": np.linspace(100, 200, n),
+        "step_time_s": np.linspace(2, 1, n),
+        "peak_memory_gib": np.asarray(peaks, dtype=float),
+        "mem_activations": np.asarray(peaks, dtype=float) - 4.0,
+        "mem_runtime_reserve": np.full(n, 3.0),
+        "mem_comm_buffers": np.full(n, 1.0),
+        "memory_limit_gib": np.full(n, limit),
+        "valid": np.ones(n, bool),
+    }
+    ranking = SimpleNamespace(
+        predictions=predictions,
+        enumeration=SimpleNamespace(configs=configs, params=["tp", "micro_batch_size"]),
+        objectives=[("tokens_per_s_per_device", "maximize")],
+    )
+    return Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(memory_profiles=profiles))
+
+
+def test_after_a_profile_the_verdict_follows_the_profile_not_the_models_belief():
+    guide = _guide([20.0, 26.0, 31.0, 36.0])
+    measured = [Observation(index=0, status="ok", objective=100.0, peak_memory_gib=20.0, number=0)]
+    p_fit, device, usable = guide.fit_after_profile(measured, 3, 30.0, 0.3)  # predicted 36: it fits
+    assert p_fit > 0.99 and device == pytest.approx(30.0) and usable == pytest.approx(32.0)
+    p_fit, _, _ = guide.fit_after_profile(measured, 1, 33.0, 0.3)  # predicted 26: it does not
+    assert p_fit < 0.01
+    # what the allocator counts leaves out the runtime and the buffers: the model adds them back
+    p_fit, device, _ = guide.fit_after_profile(measured, 2, 28.5, 0.3, counts="allocated")
+    assert device > 28.5 and p_fit < 0.5
+    # a reported usable memory below the nominal one is what the verdict is taken against
+    p_fit, _, usable = guide.fit_after_profile(measured, 3, 30.0, 0.3, usable_gib=24.0)
+    assert usable == pytest.approx(min(32.0, 24.0 + 3.0 + 1.0)) and p_fit < 0.5
+
+
+def test_a_profiled_config_teaches_the_memory_model_and_costs_no_oom():
+    guide = _guide([20.0, 26.0, 31.0, 36.0])
+    obs = [
+        Observation(index=0, status="ok", objective=100.0, peak_memory_gib=20.0, number=0),
+        Observation(index=3, status="oom_predicted", number=1, profile_peak_gib=38.0, profile_sd_gib=0.4),
+    ]
+    belief = guide._memory_belief(obs)
+    assert belief.mean[3] > 36.5  # pulled towards the profile's 38
+    assert not guide.oom_allowance_spent(sum(o.status == "oom" for o in obs), len(obs), 18)
+    proposal, _ = guide.propose(obs, best=100.0, budget_left=18)
+    assert proposal is not None and proposal.index != 3  # never proposed again
+
+
+# ------------------------------------------------------------------ the acceptance, on real probes
+@pytest.mark.timeout(600)
+def test_a_cpu_study_profiles_memory_first_and_each_full_probe_lands_in_its_predicted_band(write_spec, tmp_path):
+    spec = write_spec(
+        f"""
+name: tiny-profile
+model: {TINY16}
+workload: {{kind: train, seq_len: 128, global_batch_size: 8, warmup_steps: 1, measured_steps: 2}}
+cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 2, overrides: {{device_memory_gib: 1.7}}}}
+backend: torch
+space:
+  tp: [1, 2]
+  pp: [1, 2]
+  micro_batch_size: [1, 4]
+  recompute: [none, full]
+objectives: [tokens_per_s_per_device]
+search: {{n_trials: 3, seed: 1}}
+ray: {{enabled: false}}
+""",
+        "profile.yaml",
+    )
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    trials = [t for t in report["trials"] if t["probed"]]
+    profiled = [t for t in trials if t.get("memory_profile")]
+    assert profiled, [t["chosen_because"] for t in trials]  # memory probes were used
+    for t in profiled:
+        mp = t["memory_profile"]
+        assert max(mp["layers_per_stage"]) < mp["full_layers_per_stage"]  # fewer layers than the model
+        assert "memory profile" in t["chosen_because"]
+    probed_after = [t for t in profiled if t["memory_profile"]["verdict"] == "probe" and t["status"] == "ok"]
+    assert probed_after
+    for t in probed_after:
+        low, high = t["memory_profile"]["band_gib"]
+        assert low <= t["metrics"]["peak_memory_gib"] <= high, (t["number"], t["memory_profile"], t["metrics"])
+    # the budget is full-probe equivalents: the profiles are counted at their share (not a whole
+    # probe, not nothing), and a trial starts only while the budget is not spent (the last may
+    # overshoot by its own cost, at most a full probe and its profile)
+    spent = payload["probes"]
+    full = sum(1 for t in trials if (t.get("memory_profile") or {}).get("verdict", "probe") in ("probe", "failed"))
+    assert full < spent < full + len(profiled)
+    assert spent < 3 + 2
+
+
+def test_the_torch_probe_reports_what_its_allocator_could_use_on_a_device():
+    """On a device: the peaks from the allocator, and usable = its reserve + the device's free
+    memory (mem_get_info); on the CPU both peaks are the RSS and usable is unknown."""
+    import math
+
+    from autotune.workers.torch_probe import measure
+    from autotune.workers.torch_probe.train import _Trainer
+
+    gib = measure.GIB
+
+    class FakeDevice:
+        @staticmethod
+        def max_memory_allocated(device=None):
+            return 20 * gib
+
+        @staticmethod
+        def max_memory_reserved(device=None):
+            return 22 * gib
+
+        @staticmethod
+        def memory_reserved(device=None):
+            return 21 * gib
+
+        @staticmethod
+        def mem_get_info(device=None):
+            return (9 * gib, 64 * gib)  # free, total: the runtime and communicators hold the rest
+
+    rt = SimpleNamespace(device_kind="npu", devmod=FakeDevice, device="npu:0")
+    assert _Trainer.memory_now(SimpleNamespace(rt=rt)) == (20.0, 22.0, 30.0)
+    cpu = _Trainer.memory_now(SimpleNamespace(rt=SimpleNamespace(device_kind="cpu", devmod=None, device="cpu")))
+    assert cpu[0] == cpu[1] > 0 and math.isnan(cpu[2])
+
+
+def test_a_profile_that_measured_both_sides_decides_without_the_model(monkeypatch):
+    """Reserved peaks and the usable memory from the profile's own runs: the verdict is theirs."""
+    from autotune.profiling import MemoryProfiler, ProfileRun
+    from autotune.workers.protocol import ProbeResult, TrialRequest
+
+    class Trial:
+        number, user_attrs = 5, {}
+
+        def set_user_attr(self, key, value):
+            self.user_attrs[key] = value
+
+    class Guided:  # the model's verdict, which a direct measurement overrides
+        guide = SimpleNamespace(settings=GuideSettings())
+
+        def fit_after_profile(self, *args):
+            return 0.5, 30.0, 32.0
+
+        def oom_allowance_spent(self, study):
+            return False
+
+    spec = SimpleNamespace(
+        search=SimpleNamespace(fit_confidence=0.95, profile_go_probability=0.8, memory_profiles=True),
+        cluster=SimpleNamespace(accelerator="npu"),
+        backend=SimpleNamespace(kind="torch"),
+    )
+    profiler = MemoryProfiler(spec, Guided())
+    request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 32}, workload={}, cluster={})
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+
+    def run_with(reserved_per_layer):
+        run = ProfileRun(Trial(), {"pp": 1}, request, "rank 1", (1, 4))
+        for k in (1, 4):
+            result = ProbeResult(
+                "ok",
+                metrics={"peak_memory_gib": 10 + k, "peak_reserved_gib": 8 + reserved_per_layer * k},
+                info={"usable_memory_gib": 40.0},
+                wall_s=5.0,
+            )
+            action, final = profiler.take(study, run, result)
+        return action, final, run.trial.user_attrs[A.MEMORY_PROFILE]
+
+    action, _, record = run_with(0.9)  # reserved 8 + 0.9 x 32 = 36.8 of 40 usable: it fits
+    assert action == "probe" and record["p_fit"] > 0.99 and record["verdict"] == "probe"
+    action, final, record = run_with(1.1)  # 8 + 1.1 x 32 = 43.2: it does not
+    assert action == "stop" and final.status == "oom_predicted" and record["p_fit"] < 0.01
+    assert "reserved peak 43.2" in final.reason and "40 GiB it could use" in final.reason
