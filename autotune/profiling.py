@@ -48,6 +48,8 @@ __all__ = ["MemoryProfiler", "ProfileRun"]
 
 log = logging.getLogger(__name__)
 
+BAND_SD = 3.0  # a profile's predicted band for the full probe's peak: mean ± this many sd
+
 
 @dataclass
 class ProfileRun:
@@ -164,7 +166,9 @@ class MemoryProfiler:
         per_stage = layers_per_stage(run.request.model, run.config)
         raw = extrapolate_peak(run.peaks, per_stage, self.noise_rel)
         residuals = profile_residuals(t.user_attrs for t in study.get_trials(deepcopy=False))
-        estimate = calibrate_estimate(raw, residuals)
+        # the floor: this profile's noise and the full probe's, together (sqrt 2 of one)
+        floor = math.sqrt(2.0) * self.noise_rel
+        estimate = calibrate_estimate(raw, residuals, floor)
         p_fit, device, usable = self.guided.fit_after_profile(
             study, run.trial.number, estimate.peak_gib, estimate.sd_gib, run.counts, run.usable_gib
         )
@@ -192,10 +196,11 @@ class MemoryProfiler:
             usable_gib=round(usable, 4),
             stage=estimate.stage,
             p_fit=round(p_fit, 4),
-            # the band the full probe's measured peak (counted as ``counts``) is predicted to fall in
+            # the band the full probe's measured peak (counted as ``counts``) is predicted to fall in:
+            # 3 sd, so a calibrated guide misses it about 3 times in 1,000 (BAND_SD)
             band_gib=[
-                round(estimate.peak_gib - 2 * estimate.sd_gib, 4),
-                round(estimate.peak_gib + 2 * estimate.sd_gib, 4),
+                round(estimate.peak_gib - BAND_SD * estimate.sd_gib, 4),
+                round(estimate.peak_gib + BAND_SD * estimate.sd_gib, 4),
             ],
             fit_peak_gib=round(raw.peak_gib, 4),
             fit_sd_gib=round(raw.sd_gib, 4),
@@ -222,7 +227,9 @@ class MemoryProfiler:
         usable memory a profile run saw. None where the probe reports either not."""
         if not run.usable_gib or len(run.reserved) < 2:
             return None
-        line = calibrate_estimate(extrapolate_peak({0: run.reserved}, per_stage, self.noise_rel), residuals)
+        line = calibrate_estimate(
+            extrapolate_peak({0: run.reserved}, per_stage, self.noise_rel), residuals, math.sqrt(2.0) * self.noise_rel
+        )
         sd = math.hypot(line.sd_gib, 0.002 * run.usable_gib)
         z = (run.usable_gib - line.peak_gib) / max(sd, 1e-9)
         return 0.5 * math.erfc(-z / math.sqrt(2.0)), line.peak_gib, line.sd_gib
