@@ -164,7 +164,12 @@ class MemoryProfiler:
         if run.done < len(run.layers):
             return "again", None
         per_stage = layers_per_stage(run.request.model, run.config)
-        raw = extrapolate_peak(run.peaks, per_stage, self.noise_rel)
+        try:
+            raw = extrapolate_peak(run.peaks, per_stage, self.noise_rel)
+        except ValueError as exc:  # the runs reported different stages: no line to read, no verdict
+            self._note(run, f"memory profile gave no line to read ({exc}); probed in full")
+            run.trial.set_user_attr(A.MEMORY_PROFILE, run.record(verdict="failed", failure=str(exc)[:500]))
+            return "probe", None
         residuals = profile_residuals(t.user_attrs for t in study.get_trials(deepcopy=False))
         # the floor: this profile's noise and the full probe's, together (sqrt 2 of one)
         floor = math.sqrt(2.0) * self.noise_rel

@@ -221,7 +221,10 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model(monkeypatc
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
     class Trial:
-        number, user_attrs = 5, {}
+        number = 5
+
+        def __init__(self):
+            self.user_attrs = {}
 
         def set_user_attr(self, key, value):
             self.user_attrs[key] = value
@@ -261,3 +264,39 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model(monkeypatc
     action, final, record = run_with(1.1)  # 8 + 1.1 x 32 = 43.2: it does not
     assert action == "stop" and final.status == "oom_predicted" and record["p_fit"] < 0.01
     assert "reserved peak 43.2" in final.reason and "40 GiB it could use" in final.reason
+
+
+def test_a_profile_that_gives_no_line_falls_back_to_the_full_probe():
+    """Runs that report peaks of different stages (no stage measured twice), or a run that
+    crashed: no verdict, the full probe runs as it would have without profiles, and says why."""
+    from autotune.profiling import MemoryProfiler, ProfileRun
+    from autotune.workers.protocol import ProbeResult, TrialRequest
+
+    class Trial:
+        number = 7
+
+        def __init__(self):
+            self.user_attrs = {}
+
+        def set_user_attr(self, key, value):
+            self.user_attrs[key] = value
+
+    guided = SimpleNamespace(guide=SimpleNamespace(settings=GuideSettings()))
+    spec = SimpleNamespace(
+        search=SimpleNamespace(fit_confidence=0.95, profile_go_probability=0.5, memory_profiles=True),
+        cluster=SimpleNamespace(accelerator="npu"),
+        backend=SimpleNamespace(kind="torch"),
+    )
+    profiler = MemoryProfiler(spec, guided)
+    request = TrialRequest(params={"pp": 2}, model={"num_hidden_layers": 32}, workload={}, cluster={})
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+    run = ProfileRun(Trial(), {"pp": 2}, request, "rank 1", (1, 4))
+    first = ProbeResult("ok", metrics={"peak_memory_gib": 5.0}, info={"peak_memory_gib_by_stage": {0: 5.0}})
+    second = ProbeResult("ok", metrics={"peak_memory_gib": 6.0}, info={"peak_memory_gib_by_stage": {1: 6.0}})
+    assert profiler.take(study, run, first) == ("again", None)
+    assert profiler.take(study, run, second) == ("probe", None)
+    assert run.trial.user_attrs[A.MEMORY_PROFILE]["verdict"] == "failed"
+    assert "probed in full" in run.trial.user_attrs[A.CHOSEN]
+    crashed = ProfileRun(Trial(), {"pp": 2}, request, "rank 1", (1, 4))
+    assert profiler.take(study, crashed, ProbeResult("crash", reason="Segmentation fault")) == ("probe", None)
+    assert "Segmentation fault" in crashed.trial.user_attrs[A.MEMORY_PROFILE]["failure"]
