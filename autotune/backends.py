@@ -170,14 +170,13 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     """The :class:`~autotune.dispatch.ProbeLaunch` of one trial for a real backend."""
     from .dispatch import ProbeLaunch
 
-    from .memory_profile import NUM_LAYERS_ENV, NUM_LAYERS_PLACEHOLDER
+    from .memory_profile import NUM_LAYERS_ENV, fill_num_layers, num_layers_of
 
     backend = spec.backend
     timeout = backend.timeout_s or spec.workload.timeout_s
-    layers = str(int(request.model.get("num_hidden_layers") or 0))
     # the layers of the model this trial runs: fewer than the spec's in a memory profile
     # (autotune.memory_profile), so a launcher that takes its own layer count is told
-    env = {**backend.env, **request.env(), NUM_LAYERS_ENV: layers}
+    env = {**backend.env, **request.env(), NUM_LAYERS_ENV: str(num_layers_of(request.model))}
     placement = trial_placement(spec, trial_devices(spec, request.params))
     resources, nodes = placement["resources"], placement["nodes"]
     cwd = backend.cwd
@@ -190,7 +189,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     )
     if choice.kind == "command":
         return ProbeLaunch(
-            argv=[str(a).replace(NUM_LAYERS_PLACEHOLDER, layers) for a in backend.argv or []],
+            argv=fill_num_layers(backend.argv or [], request.model),
             env=env,
             timeout_s=timeout,
             resources=resources,

@@ -107,7 +107,6 @@ class GuideSettings:
     # profile says it fits, and is no OOM risk taken blind
     memory_profiles: bool = False
     profile_cost: float = 0.3  # a profile's cost in full-probe equivalents, as the guide weighs it
-    profile_go_probability: float = 0.5  # P(fits) after its profile that a config needs for its full probe
 
 
 @dataclass(frozen=True)
@@ -823,9 +822,10 @@ class Guide:
         ucb = sign * mean + s.explore_kappa * sd
         bound = sign * mean + s.stop_kappa * sd
         n_measured = sum(1 for o in obs if o.objective is not None)
+        # the least P(fits) a config needs to be worth a probe: with memory profiles an unlikely fit
+        # costs its profile, not an OOM (the score weighs it), and it may still win
+        floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
         if s.stop_early and best is not None and n_measured >= s.min_probes_before_stop:
-            # a config a memory profile can check for a fraction of a probe may still win
-            floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
             maybe = candidates & (p_fit >= floor)
             top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
             target = sign * best + abs(best) * s.stop_margin
@@ -860,8 +860,6 @@ class Guide:
             # that may fit; an OOM teaches less than a measured peak, and a study that fails its
             # first probes has nothing to go on
         else:
-            # with memory profiles an unlikely fit costs its profile, not an OOM: the score weighs it
-            floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
             pool = candidates & (p_fit >= floor)
         if not pool.any():
             # nothing is likely enough to fit: the configs most likely to, to learn where the

@@ -129,7 +129,6 @@ class GuidedSampler(BaseSampler):
                 min_fit_probability=sp.min_fit_probability,
                 max_oom_share=sp.max_oom_share,
                 max_doubt_probes=sp.max_doubt_probes,
-                profile_go_probability=sp.profile_go_probability,
             ),
         )
         return cls(ranking, space, objectives[0], **kwargs)

@@ -58,6 +58,8 @@ __all__ = [
     "profile_residuals",
     "calibrate_estimate",
     "ran_full_probe",
+    "num_layers_of",
+    "fill_num_layers",
 ]
 
 NUM_LAYERS_ENV = "AUTOTUNE_NUM_LAYERS"  # every probe's environment: the layers of the model it runs
@@ -84,6 +86,18 @@ def layers_per_stage(model: Mapping[str, Any], params: Mapping[str, Any]) -> flo
     """The full model's layers per (virtual) stage of a layout (a fraction where they do not
     split evenly: the fit is a line, the largest stage is what the full probe's peak sees)."""
     return int(model.get("num_hidden_layers") or 0) / _stages(params)
+
+
+def num_layers_of(model: Mapping[str, Any]) -> int:
+    """The layers of the model a trial runs (fewer than the spec's in a memory profile)."""
+    return int(model.get("num_hidden_layers") or 0)
+
+
+def fill_num_layers(args: Iterable[Any], model: Mapping[str, Any]) -> list[str]:
+    """A launcher's arguments with ``{num_layers}`` replaced by the layers of the model the trial
+    runs: how a command backend's or a preset's own script is told a memory profile's size."""
+    layers = str(num_layers_of(model))
+    return [str(a).replace(NUM_LAYERS_PLACEHOLDER, layers) for a in args]
 
 
 def profile_request(request: TrialRequest, per_stage: int) -> TrialRequest:

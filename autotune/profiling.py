@@ -24,9 +24,9 @@ hands each result to :meth:`MemoryProfiler.take`.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any
 
 from autotune.workers.protocol import PEAK_COUNTS_KEY, USABLE_KEY, ProbeResult, TrialRequest
@@ -45,8 +45,6 @@ from .memory_profile import (
 from .trial_attrs import A
 
 __all__ = ["MemoryProfiler", "ProfileRun"]
-
-log = logging.getLogger(__name__)
 
 BAND_SD = 3.0  # a profile's predicted band for the full probe's peak: mean ± this many sd
 
@@ -95,6 +93,8 @@ class MemoryProfiler:
         self.fit_confidence = float(sp.fit_confidence)
         self.go = float(sp.profile_go_probability)
         self.noise_rel = profile_noise(spec.cluster.accelerator)
+        # the least a calibrated band may be: this profile's noise and the full probe's, together
+        self.floor_rel = math.sqrt(2.0) * self.noise_rel
         if guided is None:
             self.why_not: str | None = "memory profiles need the guided search (sampler auto on real probes)"
         elif not sp.memory_profiles:
@@ -150,12 +150,7 @@ class MemoryProfiler:
         points = profile_points(result.metrics, result.info) if result.ok else {}
         if not points:
             why = result.reason or "it reported no peak memory"
-            self._note(
-                run,
-                f"memory profile at {k} layer(s) per stage gave no peak ({result.status}: {why[:200]}); probed in full",
-            )
-            run.trial.set_user_attr(A.MEMORY_PROFILE, run.record(verdict="failed", failure=why[:500]))
-            return "probe", None
+            return self._no_verdict(run, f"at {k} layer(s) per stage gave no peak ({result.status}: {why[:200]})", why)
         for stage, gib in points.items():
             run.peaks.setdefault(stage, {})[float(k)] = gib
         reserved = (result.metrics or {}).get("peak_reserved_gib")
@@ -167,13 +162,9 @@ class MemoryProfiler:
         try:
             raw = extrapolate_peak(run.peaks, per_stage, self.noise_rel)
         except ValueError as exc:  # the runs reported different stages: no line to read, no verdict
-            self._note(run, f"memory profile gave no line to read ({exc}); probed in full")
-            run.trial.set_user_attr(A.MEMORY_PROFILE, run.record(verdict="failed", failure=str(exc)[:500]))
-            return "probe", None
+            return self._no_verdict(run, f"gave no line to read ({exc})", str(exc))
         residuals = profile_residuals(t.user_attrs for t in study.get_trials(deepcopy=False))
-        # the floor: this profile's noise and the full probe's, together (sqrt 2 of one)
-        floor = math.sqrt(2.0) * self.noise_rel
-        estimate = calibrate_estimate(raw, residuals, floor)
+        estimate = calibrate_estimate(raw, residuals, self.floor_rel)
         p_fit, device, usable = self.guided.fit_after_profile(
             study, run.trial.number, estimate.peak_gib, estimate.sd_gib, run.counts, run.usable_gib
         )
@@ -233,15 +224,20 @@ class MemoryProfiler:
         if not run.usable_gib or len(run.reserved) < 2:
             return None
         line = calibrate_estimate(
-            extrapolate_peak({0: run.reserved}, per_stage, self.noise_rel), residuals, math.sqrt(2.0) * self.noise_rel
+            extrapolate_peak({0: run.reserved}, per_stage, self.noise_rel), residuals, self.floor_rel
         )
         sd = math.hypot(line.sd_gib, 0.002 * run.usable_gib)
-        z = (run.usable_gib - line.peak_gib) / max(sd, 1e-9)
-        return 0.5 * math.erfc(-z / math.sqrt(2.0)), line.peak_gib, line.sd_gib
+        return NormalDist().cdf((run.usable_gib - line.peak_gib) / max(sd, 1e-9)), line.peak_gib, line.sd_gib
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _note(self, run: ProfileRun, words: str) -> None:
         run.trial.set_user_attr(A.CHOSEN, f"{run.why}; {words}")
+
+    def _no_verdict(self, run: ProfileRun, words: str, failure: str) -> tuple[str, None]:
+        """A profile that decides nothing: the full probe runs, as without profiles, and says why."""
+        self._note(run, f"memory profile {words}; probed in full")
+        run.trial.set_user_attr(A.MEMORY_PROFILE, run.record(verdict="failed", failure=failure[:500]))
+        return "probe", None
 
     def _end(
         self,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .memory_profile import fill_num_layers, num_layers_of
 from .stacks import PresetRun, preset, preset_names
 from .stacks.deepspeed import DEEPSPEED_CONFIG_FILE
 
@@ -86,16 +87,13 @@ def preset_launch(
         launcher=launcher,
         entry=_entry(str(entry)) if entry else [],
         # {num_layers}: the model's layers (fewer in a memory profile), for a script that builds its own model
-        user=[
-            str(a)
-            .replace("{iterations}", str(iterations))
-            .replace("{num_layers}", str(int(request.model.get("num_hidden_layers") or 0)))
-            for a in (backend.args or [])
-        ],
+        user=fill_num_layers(
+            (str(a).replace("{iterations}", str(iterations)) for a in backend.args or []), request.model
+        ),
         iterations=iterations,
         devices=devices,
         global_batch_size=gbs,
-        layers=int(request.model.get("num_hidden_layers") or 0),
+        layers=num_layers_of(request.model),
     )
     launch = stack.launch(run)
     # $AUTOTUNE_ITERATIONS: for a script with no standard flag for its step count (DeepSpeed)

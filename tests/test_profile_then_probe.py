@@ -215,19 +215,29 @@ def test_the_torch_probe_reports_what_its_allocator_could_use_on_a_device():
     assert cpu[0] == cpu[1] > 0 and math.isnan(cpu[2])
 
 
-def test_a_profile_that_measured_both_sides_decides_without_the_model(monkeypatch):
+class _Trial:
+    """An optuna trial as the profile stage uses it: a number and user attributes."""
+
+    def __init__(self, number: int):
+        self.number, self.user_attrs = number, {}
+
+    def set_user_attr(self, key, value):
+        self.user_attrs[key] = value
+
+
+def _profiler_spec(go: float):
+    """The spec fields ``MemoryProfiler`` reads: a torch probe on an NPU."""
+    return SimpleNamespace(
+        search=SimpleNamespace(fit_confidence=0.95, profile_go_probability=go, memory_profiles=True),
+        cluster=SimpleNamespace(accelerator="npu"),
+        backend=SimpleNamespace(kind="torch"),
+    )
+
+
+def test_a_profile_that_measured_both_sides_decides_without_the_model():
     """Reserved peaks and the usable memory from the profile's own runs: the verdict is theirs."""
     from autotune.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
-
-    class Trial:
-        number = 5
-
-        def __init__(self):
-            self.user_attrs = {}
-
-        def set_user_attr(self, key, value):
-            self.user_attrs[key] = value
 
     class Guided:  # the model's verdict, which a direct measurement overrides
         guide = SimpleNamespace(settings=GuideSettings())
@@ -238,17 +248,12 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model(monkeypatc
         def oom_allowance_spent(self, study):
             return False
 
-    spec = SimpleNamespace(
-        search=SimpleNamespace(fit_confidence=0.95, profile_go_probability=0.8, memory_profiles=True),
-        cluster=SimpleNamespace(accelerator="npu"),
-        backend=SimpleNamespace(kind="torch"),
-    )
-    profiler = MemoryProfiler(spec, Guided())
+    profiler = MemoryProfiler(_profiler_spec(0.8), Guided())
     request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 32}, workload={}, cluster={})
     study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
 
     def run_with(reserved_per_layer):
-        run = ProfileRun(Trial(), {"pp": 1}, request, "rank 1", (1, 4))
+        run = ProfileRun(_Trial(5), {"pp": 1}, request, "rank 1", (1, 4))
         for k in (1, 4):
             result = ProbeResult(
                 "ok",
@@ -272,31 +277,17 @@ def test_a_profile_that_gives_no_line_falls_back_to_the_full_probe():
     from autotune.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
-    class Trial:
-        number = 7
-
-        def __init__(self):
-            self.user_attrs = {}
-
-        def set_user_attr(self, key, value):
-            self.user_attrs[key] = value
-
     guided = SimpleNamespace(guide=SimpleNamespace(settings=GuideSettings()))
-    spec = SimpleNamespace(
-        search=SimpleNamespace(fit_confidence=0.95, profile_go_probability=0.5, memory_profiles=True),
-        cluster=SimpleNamespace(accelerator="npu"),
-        backend=SimpleNamespace(kind="torch"),
-    )
-    profiler = MemoryProfiler(spec, guided)
+    profiler = MemoryProfiler(_profiler_spec(0.5), guided)
     request = TrialRequest(params={"pp": 2}, model={"num_hidden_layers": 32}, workload={}, cluster={})
     study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
-    run = ProfileRun(Trial(), {"pp": 2}, request, "rank 1", (1, 4))
+    run = ProfileRun(_Trial(7), {"pp": 2}, request, "rank 1", (1, 4))
     first = ProbeResult("ok", metrics={"peak_memory_gib": 5.0}, info={"peak_memory_gib_by_stage": {0: 5.0}})
     second = ProbeResult("ok", metrics={"peak_memory_gib": 6.0}, info={"peak_memory_gib_by_stage": {1: 6.0}})
     assert profiler.take(study, run, first) == ("again", None)
     assert profiler.take(study, run, second) == ("probe", None)
     assert run.trial.user_attrs[A.MEMORY_PROFILE]["verdict"] == "failed"
     assert "probed in full" in run.trial.user_attrs[A.CHOSEN]
-    crashed = ProfileRun(Trial(), {"pp": 2}, request, "rank 1", (1, 4))
+    crashed = ProfileRun(_Trial(8), {"pp": 2}, request, "rank 1", (1, 4))
     assert profiler.take(study, crashed, ProbeResult("crash", reason="Segmentation fault")) == ("probe", None)
     assert "Segmentation fault" in crashed.trial.user_attrs[A.MEMORY_PROFILE]["failure"]

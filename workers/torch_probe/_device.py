@@ -185,10 +185,6 @@ class _CpuModule:
     def reset_peak_memory_stats(device: Any = None) -> None:
         return None
 
-    @staticmethod
-    def memory_reserved(device: Any = None) -> None:
-        return None
-
 
 def device_module(kind: str, importer: Callable[[str], Any] = importlib.import_module) -> Any:
     """``torch.cuda`` / ``torch.npu`` / a cpu stand-in: synchronize, memory statistics, set_device."""
