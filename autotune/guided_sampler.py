@@ -283,6 +283,7 @@ class GuidedSampler(BaseSampler):
                     profile_peak_gib=float(profile_peak) if _finite(profile_peak) else None,
                     profile_sd_gib=float(profile_sd) if _finite(profile_sd) else None,
                     usable_gib=_usable(ua, profile) if status not in ("oom", "crash") else None,
+                    profile_p_fit=float(profile["p_fit"]) if _finite(profile.get("p_fit")) else None,
                 )
             )
         return out

@@ -87,6 +87,7 @@ def spec_for(
     max_oom_share: float | None = 0.05,
     max_doubt_probes: int = 2,
     memory_profiles: bool = True,
+    profile_go: float = 0.5,
     ray_address: str | None = None,
     wall_scale_s: float = 0.0,
 ) -> Spec:
@@ -140,6 +141,7 @@ def spec_for(
             "max_oom_share": max_oom_share,
             "max_doubt_probes": max_doubt_probes,
             "memory_profiles": memory_profiles,
+            "profile_go_probability": profile_go,
         },
         "ray": {"address": ray_address, "placement_timeout_s": 120} if ray_address else {"enabled": False},
     }
@@ -398,6 +400,12 @@ def main() -> None:
         help="with --ray-cluster: seconds a launcher sleeps per modelled full probe (profile walls stay in proportion)",
     )
     ap.add_argument(
+        "--profile-go",
+        type=float,
+        default=0.5,
+        help="search.profile_go_probability: the P(fits) after a memory profile that runs the full probe",
+    )
+    ap.add_argument(
         "--no-memory-profiles",
         action="store_true",
         help="the guide without memory profiles (search.memory_profiles: false): every trial a full probe",
@@ -452,6 +460,7 @@ def main() -> None:
                         args.max_oom_share or None,
                         args.max_doubt_probes,
                         not args.no_memory_profiles,
+                        args.profile_go,
                         ray_address=address,
                         wall_scale_s=args.wall_scale,
                     )

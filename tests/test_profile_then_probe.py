@@ -135,6 +135,27 @@ def test_a_profiled_config_teaches_the_memory_model_and_costs_no_oom():
     assert proposal is not None and proposal.index != 3  # never proposed again
 
 
+def test_a_profile_verdict_caps_the_configs_with_less_headroom_where_the_model_is_more_hopeful():
+    """A profile that measured its layout against what its allocator could use said no (P 0.2),
+    while the model, not knowing that capacity, puts the profiled peak under its limit: the model's
+    P(fits) of that config and of every config it gives less headroom is capped at the verdict's."""
+    guide = _guide([20.0, 26.0, 31.0, 36.0])
+    measured = Observation(index=0, status="ok", objective=100.0, peak_memory_gib=20.0, number=0)
+    profiled = dict(index=2, status="oom_predicted", number=1, profile_peak_gib=28.0, profile_sd_gib=0.3)
+    hopeful = [measured, Observation(**profiled)]
+    told = [measured, Observation(**profiled, profile_p_fit=0.2)]
+    before = guide.fit_probability(hopeful, *_mean_sd(guide, hopeful))
+    after = guide.fit_probability(told, *_mean_sd(guide, told))
+    assert before[2] > 0.9 and after[2] == pytest.approx(0.2)
+    assert after[3] <= 0.2  # less headroom than the profiled config
+    assert after[1] == pytest.approx(before[1])  # more headroom: the model's own figure
+
+
+def _mean_sd(guide, obs):
+    belief = guide._memory_belief(obs)
+    return belief.mean, belief.sd
+
+
 # ------------------------------------------------------------------ the acceptance, on real probes
 @pytest.mark.timeout(600)
 def test_a_cpu_study_profiles_memory_first_and_each_full_probe_lands_in_its_predicted_band(write_spec, tmp_path):
