@@ -240,7 +240,7 @@ def memory_oracle(truth: Truth):
         prior = guide._memory_prior()
         return _MemoryBelief(prior, guide._mem_design(slice(None)), peak.copy(), ORACLE_PEAK_SD * peak)
 
-    def usable(guide: Guide, obs):
+    def usable(guide: Guide, obs, belief=None):
         return known(guide)[1], 0.0
 
     Guide._memory_belief, Guide.usable_limit = belief, usable

@@ -128,6 +128,47 @@ def test_a_close_call_between_the_two_best_is_measured_again(world):
     assert guide.close_call(far) is None
 
 
+def test_a_close_call_is_between_the_best_estimates_of_two_layouts_not_two_env_settings():
+    """Two configs that differ only in an env knob share every other value: their estimates move
+    together and a re-measurement cannot tell them apart. The close call is the best estimate
+    against the best config of another layout, ranked as the study reports them (by estimate)."""
+    from types import SimpleNamespace
+
+    configs = [
+        {"zero_stage": 3, "env.HCCL_BUFFSIZE": "120"},
+        {"zero_stage": 3, "env.HCCL_BUFFSIZE": "200"},
+        {"zero_stage": 2, "env.HCCL_BUFFSIZE": "120"},
+        {"zero_stage": 1, "env.HCCL_BUFFSIZE": "120"},
+    ]
+    n = len(configs)
+    ranking = SimpleNamespace(
+        predictions={
+            "tokens_per_s_per_device": np.full(n, 1000.0),
+            "peak_memory_gib": np.full(n, 10.0),
+            "memory_limit_gib": np.full(n, 64.0),
+            "valid": np.ones(n, bool),
+        },
+        enumeration=SimpleNamespace(configs=configs, params=["zero_stage", "env.HCCL_BUFFSIZE"]),
+        objectives=[("tokens_per_s_per_device", "maximize")],
+    )
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    obs = [
+        Observation(0, "ok", 1030.0, number=0),
+        Observation(1, "ok", 1025.0, number=1),
+        Observation(2, "ok", 1010.0, number=2),
+        Observation(3, "ok", 900.0, number=3),
+    ]
+    estimate = np.array([1030.0, 1025.0, 1010.0, 900.0])
+    again = guide.close_call(obs, estimate=estimate)
+    assert again is not None and again.index in (0, 2)  # not trial 1, the same layout as trial 0
+    assert "between trial 0 (1030) and trial 2 (1010)" in again.reason
+    # ranked by the estimate, not the readings: trial 2 estimated best, trial 0 the runner-up
+    again = guide.close_call(obs, estimate=np.array([1000.0, 995.0, 1010.0, 900.0]))
+    assert again is not None and "between trial 2 (1010) and trial 0 (1000)" in again.reason
+    # no other layout within the noise: nothing to re-measure
+    assert guide.close_call(obs, estimate=np.array([1030.0, 1025.0, 960.0, 900.0])) is None
+
+
 # ---- the guide inside a study ------------------------------------------------------------------
 
 
