@@ -606,7 +606,8 @@ class Guide:
                     # the profile's own verdict, where the model still thinks it likelier: a profile
                     # measured this layout against what its allocator could use, which the model's
                     # capacity may not know (70B act-extra world 2 of benchmarks/search_efficiency.py:
-                    # 30 siblings of profiled-over configs kept P(fits) 0.4-0.6, and 30 profiles said no)
+                    # 34 of 38 trials were profiles of siblings the model kept at P(fits) 0.4-0.6,
+                    # and their profiles said no)
                     cap = min(cap, o.profile_p_fit)
                 p_fit = np.where(tighter, np.minimum(p_fit, cap), p_fit)
         return p_fit

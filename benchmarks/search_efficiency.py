@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,8 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_ray_cluster import local_cluster  # noqa: E402
-from true_world import FULL_LAYERS_ENV, WALL_SCALE_ENV  # noqa: E402
+import true_world  # noqa: E402
+from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: E402
 from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, oom_message, probe_wall_s  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
@@ -406,6 +408,13 @@ def main() -> None:
         help="search.profile_go_probability: the P(fits) after a memory profile that runs the full probe",
     )
     ap.add_argument(
+        "--step-noise",
+        type=float,
+        default=None,
+        help="relative sd of a probe's measured step in the worlds (default 0.02); 0: noise-free probes, "
+        "to tell what the step noise costs from what the search misses",
+    )
+    ap.add_argument(
         "--no-memory-profiles",
         action="store_true",
         help="the guide without memory profiles (search.memory_profiles: false): every trial a full probe",
@@ -424,6 +433,9 @@ def main() -> None:
         + ", or all (one run per family)",
     )
     args = ap.parse_args()
+    if args.step_noise is not None:  # in-process worlds read the module, launchers the environment
+        true_world.NOISE = args.step_noise
+        os.environ[STEP_NOISE_ENV] = str(args.step_noise)
     families = list(STRUCTURE_FAMILIES) if args.families == "all" else args.families.split(",")
     for family in families:
         if family != "none" and family not in STRUCTURE_FAMILIES:

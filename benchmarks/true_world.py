@@ -87,7 +87,9 @@ TIME_FACTORS = {
 }
 MEM_FACTORS = {"activations": (0.9, 1.25), "comm_buffers": (0.5, 2.0), "logits": (0.9, 1.3)}
 VALUE_EFFECTS = {"micro_batch_size": (0.92, 1.08), "env.PYTORCH_NPU_ALLOC_CONF": (0.97, 1.03), "vpp": (0.95, 1.05)}
-NOISE = 0.02  # relative sd of a measured step time (a median of steps, not one step)
+STEP_NOISE_ENV = "AUTOTUNE_BENCH_STEP_NOISE"  # the launcher's copy of search_efficiency.py --step-noise
+# relative sd of a measured step time (a median of steps, not one step)
+NOISE = float(os.environ.get(STEP_NOISE_ENV) or 0.02)
 
 # Memory that behaves unlike the simulator's structure, not only with other coefficients (issue #12):
 # each family adds a term the analytical model does not have, with a strength drawn per world.
