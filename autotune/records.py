@@ -53,6 +53,11 @@ class TrialRecord:
     wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
     memory_profile: dict[str, Any] = field(default_factory=dict)  # its memory profile (autotune.profiling), if any
 
+    def budget_attrs(self) -> dict[str, Any]:
+        """The user attributes its cost against the budget is read from (status, wall, memory
+        profile: :func:`autotune.memory_profile.cost_of_trials`), for callers that hold records."""
+        return {A.STATUS: self.status, A.WALL: self.wall_s, A.MEMORY_PROFILE: self.memory_profile}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "number": self.number,

@@ -16,7 +16,6 @@ from .importance import importance_note, study_importances
 from .sanity import is_finite_number as _finite
 from .memory_profile import cost_of_trials, ran_full_probe
 from .records import TrialRecord, best_records, is_tracked
-from .trial_attrs import A
 
 __all__ = [
     "status_counts",
@@ -337,7 +336,7 @@ def probe_costs(records: list[TrialRecord]) -> dict[str, float]:
     """What the probes cost: counts and wall seconds, OOM probes apart (each is a launch that
     taught only "too big", often minutes on a real cluster)."""
     probed = [r for r in records if is_tracked(r) and r.status != "running" and "cached_from" not in r.info]
-    attrs = [{A.STATUS: r.status, A.WALL: r.wall_s, A.MEMORY_PROFILE: r.memory_profile} for r in probed]
+    attrs = [r.budget_attrs() for r in probed]
     full = [r for r, a in zip(probed, attrs) if ran_full_probe(a)]
     oom = [r for r in full if r.status == "oom"]
     profiled = [r for r in probed if r.memory_profile]

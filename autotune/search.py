@@ -231,9 +231,7 @@ class StudyRunner:
         recover_interrupted(study, self.space, self.observer.on_message)
         # the budget counts full-probe equivalents: a memory profile costs its share of a full probe
         probes_done = cost_of_trials(
-            t.user_attrs
-            for t, r in zip(study.get_trials(deepcopy=False), trial_records(study))
-            if is_tracked(r) and r.status != "infra"
+            r.budget_attrs() for r in trial_records(study) if is_tracked(r) and r.status != "infra"
         )
         budget = self.spec.search.n_trials
         simulated = self.backend.simulated

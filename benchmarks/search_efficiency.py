@@ -61,7 +61,6 @@ from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.guided import Guide, _MemoryBelief  # noqa: E402
 from autotune.memory_profile import PROFILE_MARK, ran_full_probe  # noqa: E402
-from autotune.trial_attrs import A  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.records import best_records, trial_records  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
@@ -312,7 +311,7 @@ def run_autotune(
             upto = [t for t in trials if t.number <= r.number]
             best = best_records([x for x in records if x.number <= r.number], objectives, guided.estimates(upto))
             reported = config_key(best[0].config) if best else None
-        ran_full = ran_full_probe({A.MEMORY_PROFILE: r.memory_profile})
+        ran_full = ran_full_probe(r.budget_attrs())
         cost = profile_cost(r.memory_profile, r.config, full_layers) + (1.0 if ran_full else 0.0)
         probes.append((config_key(r.config), value, r.status == "oom" and ran_full, reported, cost, ran_full))
     return probes, outcome.stopped_because, calibration_pairs(records)
