@@ -361,7 +361,7 @@ def plan(
     spec = _load(spec_path)
     from .context import probe_context
     from .ranking import rank_space
-    from .trial_attrs import UNDISTINGUISHED
+    from .trial_attrs import ROOMIEST, UNDISTINGUISHED
     from .space import Space
 
     spec, profile = _planned_profile(spec)
@@ -391,9 +391,15 @@ def plan(
             "objectives": [{"metric": m, "direction": d} for m, d in objectives],
             "profile": {k: v for k, v in profile.items() if k != "line"},
             "top": [
-                {"params": c, "metrics": _public_metrics(m), "undistinguished": lay.undistinguished}
+                {
+                    "params": c,
+                    "metrics": _public_metrics(m),
+                    "undistinguished": lay.undistinguished,
+                    "roomiest": lay.roomiest,
+                }
                 for (c, m), lay in zip(best, layouts)
             ],
+            "knob_pricing": ranking.knob_pricing(list(space.choices)),
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
@@ -410,15 +416,17 @@ def plan(
     if not best:
         _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
-    from .run_output import print_breakdown, print_top_table
+    from .ranking import Layout
+    from .run_output import print_breakdown, print_pricing, print_top_table
 
     print_top_table(
         out, best, objectives, title=f"predicted top {len(best)} distinct layouts (simulated, not measured)"
     )
-    knobs = {lay.undistinguished_text() for lay in layouts if lay.undistinguished}
-    for text in sorted(knobs):
-        rows = [str(i) for i, lay in enumerate(layouts, start=1) if lay.undistinguished_text() == text]
-        out.print(f"  rows {','.join(rows)}: {UNDISTINGUISHED}{text}", markup=False)
+    for marker, text_of in ((UNDISTINGUISHED, Layout.undistinguished_text), (ROOMIEST, Layout.roomiest_text)):
+        for text in sorted({text_of(lay) for lay in layouts if text_of(lay)}):
+            rows = [str(i) for i, lay in enumerate(layouts, start=1) if text_of(lay) == text]
+            out.print(f"  rows {','.join(rows)}: {marker}{text}", markup=False)
+    print_pricing(out, ranking.knob_pricing(list(space.choices)))
     print_breakdown(out, best[0][1])
 
 
@@ -867,11 +875,22 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
             f"{outcome.stopped_because}",
             markup=False,
         )
-        from .run_output import print_best, print_preview
+        from .run_output import print_best, print_preview, print_pricing
 
         if best is not None and choice.simulated:
             print_preview(out, result.records, objectives, recommendation)
-        print_best(out, result.best, objectives, source, line, recommendation)
+            if outcome.ranking is not None:
+                print_pricing(out, outcome.ranking.knob_pricing(list(spec.space.choices())))
+        print_best(
+            out,
+            result.best,
+            objectives,
+            source,
+            line,
+            recommendation,
+            workload=spec.workload.model_dump(),
+            cost_per_device_hour=spec.cluster.cost_per_device_hour,
+        )
     if best is None:
         _warn("no trial succeeded: see `autotune report` for the failure reasons")
     err.print("\n[bold]next steps[/bold]")
@@ -980,13 +999,17 @@ def report(
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
-    from .run_output import print_report_table
+    from .run_output import WIDTH, decision_lines, print_report_table, wrap_line
 
-    rows = results_rows(records, objectives)
+    rows = results_rows(records, objectives, spec.workload.kind)
     out.print(f"[bold]{escape(spec.name)}[/bold]: {escape(status_line(records))}")
     print_report_table(out, rows, records, objectives, top)
-    if any(r.baseline for r in records):
-        out.print("(* the baseline of the spec)")
+    decision = decision_lines(best[0], spec.workload.model_dump(), spec.cluster.cost_per_device_hour) if best else []
+    if decision:
+        out.print(f"best trial {best[0].number}:", markup=False)
+        for text in decision:
+            for part in wrap_line(f"  {text}", WIDTH, indent=6):
+                out.print(part, markup=False)
     if line:
         out.print(line)
     for text in summary_lines(summary):

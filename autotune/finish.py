@@ -78,7 +78,9 @@ def finish_study(
     )
 
     objectives = spec.objective_list()
-    results_csv = write_results_csv(results_rows(result.records, objectives), directory / "results.csv")
+    results_csv = write_results_csv(
+        results_rows(result.records, objectives, spec.workload.kind), directory / "results.csv"
+    )
     best = result.best[0] if result.best else None
     line = improvement_line(best, result.baseline, *objectives[0])
     finished = FinishedStudy(result, line, {})

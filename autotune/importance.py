@@ -12,11 +12,10 @@ objective's variance over every feasible config that its value alone explains (a
 variance share). Where the trials are measured, Optuna's fANOVA over the trials, seeded, so
 the same study always gives the same figures.
 
-optuna-dashboard computes its own importances when it opens the study: PED-ANOVA over the trials
-(``optuna.importance.PedAnovaImportanceEvaluator()``, its evaluator whenever Optuna has it). They
-differ from the figures above by method and, for a simulated study, by population (the trials are
-the model's best bets, not a sample of the space). So each study also keeps those figures
-(``dashboard``), and the report prints them beside its own with a line that says why they differ.
+optuna-dashboard computes its own importances when it opens the study, by its own method over the
+trials it holds. A recomputation here did not reproduce what the dashboard showed for the same
+journal, so no figure is attributed to it: the outputs print autotune's, with a line that says how
+they were computed and that the dashboard's are not these.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ __all__ = [
     "IMPORTANCES_ATTR",
     "model_importances",
     "trial_importances",
-    "dashboard_importances",
     "record_importances",
     "study_importances",
     "importance_note",
@@ -91,31 +89,6 @@ def trial_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str
     return out
 
 
-def dashboard_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
-    """What optuna-dashboard shows for the study: PED-ANOVA with its default settings over the
-    completed trials, per objective (empty where it cannot tell: too few trials, or Optuna without
-    PED-ANOVA). Milliseconds for the few hundred trials of a study."""
-    import optuna
-
-    try:
-        from optuna.importance import PedAnovaImportanceEvaluator
-    except ImportError:  # pragma: no cover - Optuna < 3.6
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    for i, (metric, _) in enumerate(objectives):
-        try:
-            with warnings.catch_warnings():  # PED-ANOVA is marked experimental
-                warnings.simplefilter("ignore")
-                values = optuna.importance.get_param_importances(
-                    study, evaluator=PedAnovaImportanceEvaluator(), target=lambda t, i=i: t.values[i]
-                )
-        except Exception as exc:
-            log.info("dashboard importances for %s skipped: %s", metric, exc)
-            continue
-        out[metric] = {k: float(v) for k, v in values.items()}
-    return out
-
-
 def _completed(study: Any) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False) if t.values is not None)
 
@@ -139,7 +112,6 @@ def record_importances(study: Any, objectives: list[tuple[str, str]], ranking: A
             "kind": "fanova",
         }
     entry["trials"] = done
-    entry["dashboard"] = dashboard_importances(study, objectives)
     study.set_user_attr(IMPORTANCES_ATTR, entry)
     return entry
 
@@ -156,7 +128,6 @@ def study_importances(study: Any, objectives: list[tuple[str, str]]) -> dict[str
         "source": f"fANOVA over {done} trials",
         "kind": "fanova",
         "trials": done,
-        "dashboard": dashboard_importances(study, objectives),
     }
 
 
@@ -169,11 +140,11 @@ def importance_note(entry: dict[str, Any]) -> str:
         n = entry.get("configs")
         configs = f"{n:,} feasible configs" if isinstance(n, int) else "every feasible config"
         return (
-            f"importance: the model's first-order variance share over {configs}; optuna-dashboard shows "
-            f"PED-ANOVA over {trials}, which are the model's best bets (not a sample of the space), so its "
-            "figures differ"
+            f"importance: the model's first-order variance share over {configs}, computed by autotune; "
+            f"optuna-dashboard computes its own when it opens the study, over {trials}, which are the model's "
+            "best bets (not a sample of the space): its figures are not these"
         )
     return (
-        f"importance: fANOVA over {trials} (seeded); optuna-dashboard shows PED-ANOVA over the same trials, "
-        "another method, so its figures differ"
+        f"importance: fANOVA over {trials} (seeded), computed by autotune; optuna-dashboard computes its own "
+        "when it opens the study, by another method: its figures are not these"
     )

@@ -71,6 +71,7 @@ def interpret(
             devices,
             precision,
             cost_per_device_hour=context.cluster.get("cost_per_device_hour"),
+            instance_devices=int(config.get("tp", 1) or 1) * int(config.get("pp", 1) or 1),
         ).items():
             metrics.setdefault(k, v)
         problems = implausible_metrics(metrics, context.model, context.workload, context.hardware, precision)

@@ -30,10 +30,21 @@ class Layout:
     rank: int  # 1-based, among distinct layouts
     members: list[int]
     undistinguished: dict[str, list[Any]]  # parameter -> the values the members take (two or more)
+    # parameter -> the values priced alike in speed but not in memory: the layout's config has the roomiest
+    roomiest: dict[str, list[Any]] = field(default_factory=dict)
 
     def undistinguished_text(self) -> str:
         """``env.HCCL_BUFFSIZE 120|200|400, ...`` (empty when the layout is one config)."""
-        return ", ".join(f"{k} {'|'.join(str(v) for v in values)}" for k, values in self.undistinguished.items())
+        return _values_text(self.undistinguished)
+
+    def roomiest_text(self) -> str:
+        """``env.HCCL_BUFFSIZE 120|200|400, ...``: knobs the model prices alike in speed, of which the
+        layout's config takes the value it predicts roomiest (empty when none)."""
+        return _values_text(self.roomiest)
+
+
+def _values_text(values: dict[str, list[Any]]) -> str:
+    return ", ".join(f"{k} {'|'.join(str(v) for v in vs)}" for k, vs in values.items())
 
 
 @dataclass
@@ -46,6 +57,7 @@ class Ranking:
     order: np.ndarray
     objectives: list[tuple[str, str]]
     _by_key: dict[str, int] | None = field(default=None, repr=False)
+    _values: dict[str, dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def fit(self) -> int:
@@ -78,8 +90,15 @@ class Ranking:
         return out
 
     def distinct_layouts(self, k: int | None = None, feasible_only: bool = True) -> list[Layout]:
-        """The ranking with the configs the model cannot tell apart (equal predictions of every
-        objective) collapsed into one layout each, in ranking order; the first ``k``."""
+        """The ranking with the configs the model cannot tell apart collapsed into one layout each,
+        in ranking order; the first ``k``.
+
+        Configs with equal predictions of every objective are candidates; a knob on which they differ
+        is called undistinguished only when the model prices its values alike: every config that
+        differs from the layout's first (its roomiest) in that knob alone predicts the same objectives
+        and the same peak memory. A knob priced alike in speed but not in memory is the model's choice
+        by headroom (``roomiest``); members that differ in any other knob (equal predictions by
+        coincidence, e.g. 1 x tp8 and 4 x tp2 of equal goodput) are layouts of their own."""
         fits = np.asarray(self.predictions["fits"], dtype=bool)
         values = (
             np.stack([np.asarray(self.predictions[m], dtype=float) for m, _ in self.objectives], axis=1)
@@ -91,6 +110,7 @@ class Ranking:
             # tails are not finer than that); the knobs that differ inside it are named
             values = np.round(np.log(np.clip(np.nan_to_num(values, nan=1e-12), 1e-12, None)) / np.log1p(SERVE_TIE))
         keys = [tuple(row) for row in np.round(np.nan_to_num(values, nan=-1.0), 9).tolist()]
+        peak = np.round(np.nan_to_num(np.asarray(self.predictions.get("peak_memory_gib", np.zeros(len(keys))))), 3)
         groups: dict[tuple, list[int]] = {}
         for i in self.order.tolist():
             if feasible_only and not fits[i]:
@@ -98,21 +118,97 @@ class Ranking:
             groups.setdefault(keys[i], []).append(i)
         configs = self.enumeration.configs
         out: list[Layout] = []
-        for rank, members in enumerate(groups.values(), start=1):
-            varying: dict[str, list[Any]] = {}
-            if len(members) > 1:
-                for name in sorted({n for j in members for n in configs[j]}):
-                    seen: list[Any] = []
-                    for j in members:
-                        v = configs[j].get(name)
-                        if v not in seen:
-                            seen.append(v)
+        for members in groups.values():
+            pending = members
+            while pending:
+                first = pending[0]
+                alike, roomiest = self._priced_alike(first, keys, peak, pending)
+                free = alike | roomiest
+                same = [j for j in pending if _differs_only_in(configs[j], configs[first], free)]
+                varying: dict[str, list[Any]] = {}
+                by_memory: dict[str, list[Any]] = {}
+                for name in sorted(free):
+                    seen = sorted({str(configs[j].get(name)): configs[j].get(name) for j in same}.values(), key=str)
                     if len(seen) > 1:
-                        varying[name] = sorted(seen, key=str)
-            out.append(Layout(members[0], rank, members, varying))
-            if k is not None and len(out) >= k:
-                break
+                        (varying if name in alike else by_memory)[name] = seen
+                out.append(Layout(first, len(out) + 1, same, varying, by_memory))
+                if k is not None and len(out) >= k:
+                    return out
+                taken = set(same)
+                pending = [j for j in pending if j not in taken]
         return out
+
+    def _priced_alike(
+        self, first: int, keys: list[tuple], peak: np.ndarray, members: list[int]
+    ) -> tuple[set[str], set[str]]:
+        """(knobs whose every other value, changed alone from config ``first``, the model prices
+        alike in the objectives and the peak memory; knobs priced alike in the objectives only).
+        Only knobs on which ``members`` differ are tried; a knob no sibling exists for is neither."""
+        from .space import config_key
+
+        configs = self.enumeration.configs
+        base = configs[first]
+        differing = {n for j in members for n, v in configs[j].items() if base.get(n) != v}
+        alike: set[str] = set()
+        roomiest: set[str] = set()
+        for name in sorted(differing):
+            siblings = [
+                self.index_of(config_key({**base, name: v}))
+                for v in self._values_of(name).values()
+                if v != base.get(name)
+            ]
+            siblings = [i for i in siblings if i is not None]
+            if not siblings or any(keys[i] != keys[first] for i in siblings):
+                continue
+            (alike if all(peak[i] == peak[first] for i in siblings) else roomiest).add(name)
+        return alike, roomiest
+
+    def knob_pricing(self, names: list[str], sample: int = 300) -> dict[str, str]:
+        """For each searched knob in ``names``, whether the model prices it: ``speed`` (changing it
+        alone changes a predicted objective somewhere), ``memory only`` (only the predicted peak), or
+        ``not priced`` (a probe must choose). Read over the ``sample`` best-ranked configs."""
+        from .space import config_key
+
+        configs = self.enumeration.configs
+        values = np.stack([np.asarray(self.predictions[m], dtype=float) for m, _ in self.objectives], axis=1)
+        values = np.round(np.nan_to_num(values, nan=-1.0), 9)
+        peak = np.round(np.nan_to_num(np.asarray(self.predictions.get("peak_memory_gib", np.zeros(len(configs))))), 3)
+        out = {name: "not priced" for name in names}
+        alone: set[str] = set()  # knobs some config could change alone (others derive values from them)
+        for i in self.order[:sample].tolist():
+            for name in names:
+                if out[name] == "speed" or name not in configs[i]:
+                    continue
+                for v in self._values_of(name).values():
+                    j = None if v == configs[i][name] else self.index_of(config_key({**configs[i], name: v}))
+                    if j is None:
+                        continue
+                    alone.add(name)
+                    if not np.array_equal(values[i], values[j]):
+                        out[name] = "speed"
+                        break
+                    if peak[i] != peak[j]:
+                        out[name] = "memory only"
+        first = values[:, 0]
+        for name in set(names) - alone:  # tp, pp, micro-batch: dp and grad-accum follow; the means tell
+            means = {}
+            for i, config in enumerate(configs):
+                if name in config:
+                    means.setdefault(str(config[name]), []).append(first[i])
+            spread = [float(np.mean(v)) for v in means.values()]
+            if len(spread) > 1 and max(spread) - min(spread) > 1e-9 * max(1.0, abs(max(spread))):
+                out[name] = "speed"
+        return out
+
+    def _values_of(self, name: str) -> dict[str, Any]:
+        """Every value the ranked configs give ``name`` (by its text)."""
+        if self._values is None:
+            values: dict[str, dict[str, Any]] = {}
+            for config in self.enumeration.configs:
+                for n, v in config.items():
+                    values.setdefault(n, {})[str(v)] = v
+            self._values = values
+        return self._values.get(name, {})
 
     def write_csv(self, path: Path, metric_columns: list[str] | None = None) -> Path:
         """The full ranking as a CSV artifact: rank, params, predicted metrics."""
@@ -130,6 +226,10 @@ class Ranking:
                     [rank, *row, *(f"{v:.6g}" if isinstance(v, (float, np.floating)) else v for v in values)]
                 )
         return path
+
+
+def _differs_only_in(config: dict[str, Any], other: dict[str, Any], names: set[str]) -> bool:
+    return all(config.get(n) == other.get(n) for n in set(config) | set(other) if n not in names)
 
 
 # the simulator's continuous max rate meeting the SLO, per device (workers/simulate/_serve.py)

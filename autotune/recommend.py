@@ -13,6 +13,10 @@ allocator, a new driver's reserve do not OOM it). The rule, stated in the report
   the best of the configs within the error of it that leave at least that much; with none,
   the best, and the report says it is tight.
 
+A serving engine takes its ``memory_utilization`` share of the device on purpose and fills it with
+KV cache, so its peak says nothing about room: its headroom is what its setting leaves outside the
+engine, ``device memory x (1 - memory_utilization)``.
+
 Several objectives are a Pareto front, which already is the trade-off: the rule applies to
 single-objective studies.
 """
@@ -52,6 +56,9 @@ def _headroom(record: Any, capacity_gib: float | None) -> float | None:
     allocator (``peak_memory_counts``: torch's allocated or reserved counter) did not see the
     fragmentation, runtime context and communication buffers the device also holds: the
     simulator's figures for them are added, not assumed zero."""
+    share = (getattr(record, "config", None) or {}).get("memory_utilization")
+    if capacity_gib is not None and is_finite_number(share):  # a serving engine: by its own setting
+        return float(capacity_gib) * (1.0 - float(share))
     peak = record.metrics.get("peak_memory_gib")
     if capacity_gib is None or not is_finite_number(peak):
         return None
@@ -107,8 +114,13 @@ def recommend(
             and close(r)
         ):
             candidates.append((r, room))
+    share = top.config.get("memory_utilization") if isinstance(getattr(top, "config", None), dict) else None
     tight = (
-        f"the best, trial {top.number}, leaves {top_room:.1f} GiB of {capacity_gib:g} free, below "
+        f"the best, trial {top.number}, runs its engine at memory_utilization {share:g}, which leaves "
+        f"{top_room:.1f} GiB of {capacity_gib:g} outside the engine's share (the engine fills its share with KV "
+        f"cache by design), below recommend.min_headroom_gib {min_headroom_gib:g}"
+        if is_finite_number(share)
+        else f"the best, trial {top.number}, leaves {top_room:.1f} GiB of {capacity_gib:g} free, below "
         f"recommend.min_headroom_gib {min_headroom_gib:g}"
     )
     if not candidates:

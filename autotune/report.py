@@ -67,8 +67,16 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.4g}"
 
 
-def results_rows(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """One row per probed trial (the trials MLflow holds too), best first (failed ones last)."""
+def results_rows(
+    records: list[TrialRecord], objectives: list[tuple[str, str]], workload_kind: str = ""
+) -> list[dict[str, Any]]:
+    """One row per probed trial (the trials MLflow holds too), best first (failed ones last), with
+    the objectives and the figures the workload's decision reads
+    (:data:`autotune.objectives.DECISION_METRICS`)."""
+    from autotune.objectives import DECISION_METRICS, workload_of_metrics
+
+    if not workload_kind:
+        workload_kind = next((workload_of_metrics(r.metrics) for r in records if r.metrics), "train")
     rows = []
     for r in records:
         if not is_tracked(r):
@@ -76,6 +84,9 @@ def results_rows(records: list[TrialRecord], objectives: list[tuple[str, str]]) 
         row: dict[str, Any] = {"trial": r.number, "status": r.status, "source": r.source}
         for m, _ in objectives:
             row[m] = r.metrics.get(m)
+        # the figures the workload's decision reads (serving: max rate, attainment, p99s, cost)
+        for m in DECISION_METRICS[workload_kind]:
+            row.setdefault(m, r.metrics.get(m))
         row["peak_memory_gib"] = r.metrics.get("peak_memory_gib")
         row.update(r.config)
         row["reason"] = r.reason if r.status != "ok" else ""
@@ -316,7 +327,6 @@ def study_summary(
     recorded = study_importances(study, objectives)
     out["importances"] = recorded["values"]
     out["importances_source"] = recorded["source"]
-    out["importances_dashboard"] = recorded.get("dashboard") or {}
     out["importances_note"] = importance_note(recorded)
     out["probes"] = probe_costs(records)
     out["memory_calibration"] = memory_calibration(records)
@@ -431,11 +441,8 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
                 + ", ".join(f"{n} {_fmt(p[n])}" for n in names if isinstance(p.get(n), (int, float)))
             )
     importances = summary.get("importances") or {}
-    dashboard = summary.get("importances_dashboard") or {}
     for metric, values in importances.items():
         lines.append(f"parameter importances for {metric}: " + _top_importances(values))
-        if dashboard.get(metric):
-            lines.append("  optuna-dashboard's (PED-ANOVA over the trials): " + _top_importances(dashboard[metric]))
     if importances:
         note = summary.get("importances_note") or (
             f"importance: {summary['importances_source']}" if summary.get("importances_source") else ""

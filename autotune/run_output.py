@@ -21,20 +21,20 @@ from rich.text import Text
 from .report import WIDTH, wrap_line
 
 __all__ = [
+    "wrap_line",
+    "decision_lines",
+    "precision_note",
     "short",
     "fmt_metric",
     "print_top_table",
     "print_preview",
     "print_breakdown",
+    "print_pricing",
     "print_best",
     "print_report_table",
     "undistinguished_of",
     "WIDTH",
 ]
-
-# the metrics shown beside the objectives, by workload
-_TRAIN_EXTRA = ("step_time_s", "mfu", "peak_memory_gib")
-_INFER_EXTRA = ("ttft_ms", "decode_tokens_per_s", "peak_memory_gib")
 
 
 def short(config: dict[str, Any]) -> str:
@@ -65,6 +65,10 @@ def short(config: dict[str, Any]) -> str:
         "batch_size": "bs",
     }
     parts = []
+    layout = _instances(config)
+    if layout:  # inference and serving: what is deployed, instances x their parallel sizes
+        parts.append(layout)
+        keys = [k for k in keys if k not in ("tp", "pp")]
     for k in keys:
         if k not in config:
             continue
@@ -80,21 +84,50 @@ def short(config: dict[str, Any]) -> str:
             parts.append(f"{label}{'=' if label else ''}{v}")
     # every other searched setting (kv_cache_dtype, quantization, compile, graph_kernel_flags, ...)
     # by its canonical name, so that two configs never print the same
-    parts += [f"{k}={v}" for k, v in config.items() if k not in keys and not k.startswith("env.")]
+    parts += [f"{k}={v}" for k, v in config.items() if k not in keys and k not in _LAYOUT and not k.startswith("env.")]
     env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
     return " ".join(parts) + (("  " + " ".join(env)) if env else "")
 
 
-def fmt_metric(v: Any) -> str:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
+# what ``_instances`` says of a config; world_size is the devices it occupies, which it implies
+_LAYOUT = ("tp", "pp", "replicas", "world_size")
+
+
+def _instances(config: dict[str, Any]) -> str:
+    """``4 x tp2`` (``2 x tp2 pp2``): engine instances and each one's parallel sizes, for a config
+    that has replicas (inference and serving); "" for a training config."""
+    if "replicas" not in config:
         return ""
+    pp = config.get("pp", 1)
+    return f"{config['replicas']} x tp{config.get('tp', 1)}" + (f" pp{pp}" if pp not in (1, None) else "")
+
+
+def fmt_metric(v: Any, name: str = "") -> str:
+    """A figure for a table cell: a share (``slo_attainment``) in per cent, else 3 significant digits
+    (thousands separated)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+        return ""
+    if name in _SHARES:
+        return f"{100.0 * v:.2f} %"
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def _extra_metrics(names: list[str], metrics_rows: list[dict[str, Any]]) -> list[str]:
-    training = any("tokens_per_s" in k or k == "step_time_s" for k in metrics_rows[0]) if metrics_rows else True
-    extra = _TRAIN_EXTRA if training else _INFER_EXTRA
-    return [m for m in extra if m not in names and any(m in metrics for metrics in metrics_rows)]
+_SHARES = ("slo_attainment",)
+# report's mark of the spec's baseline trial (``*`` marks a front, in run's tables only)
+BASELINE_MARK = "B"
+
+
+def _extra_metrics(names: list[str], metrics_rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[str]:
+    """The figures a decision of the study's workload reads (:data:`autotune.objectives.DECISION_METRICS`)
+    that are not objectives already, where any row has them."""
+    from autotune.objectives import DECISION_METRICS, workload_of_metrics
+
+    kind = workload_of_metrics(metrics_rows[0]) if metrics_rows else "train"
+    return [
+        m
+        for m in DECISION_METRICS[kind]
+        if m not in names and m not in skip and any(m in metrics for metrics in metrics_rows)
+    ]
 
 
 def print_top_table(
@@ -108,7 +141,7 @@ def print_top_table(
     console.print(f"[bold]{title}[/bold]")
     console.print("  #  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  config")
     for i, (config, metrics) in enumerate(rows, start=1):
-        cells = [fmt_metric(metrics.get(m)).rjust(w) for m, w in zip(names, widths)]
+        cells = [fmt_metric(metrics.get(m), m).rjust(w) for m, w in zip(names, widths)]
         console.print(f"{i:>3}  " + "  ".join(cells) + "  " + short(config), markup=False)
 
 
@@ -176,6 +209,7 @@ def print_preview(
         keep = {id(row[0]) for row in on_front + rest}
         shown = [row for row in rows if id(row[0]) in keep]
     names = [m for m, _ in objectives]
+    names += _extra_metrics(names, [r.metrics for r, _, _ in shown], skip=("peak_memory_gib",))
     if several:
         what = "* on the Pareto front of " + " and ".join(
             f"{m} ({'higher' if d == 'maximize' else 'lower'} is better)" for m, d in objectives
@@ -200,7 +234,7 @@ def print_preview(
     shared = max(sorted(set(named)), key=named.count) if named else ""
     for (r, h, on_front), left in zip(shown, knobs):
         mark = "*" if on_front else " "
-        cells = "  ".join(fmt_metric(r.metrics[m]).rjust(w) for m, w in zip(names, widths))
+        cells = "  ".join(fmt_metric(r.metrics.get(m), m).rjust(w) for m, w in zip(names, widths))
         peak = r.metrics.get("peak_memory_gib")
         console.print(
             f"{mark} {r.number:>5}  {cells}  {peak if isinstance(peak, (int, float)) else 0:8.1f}"
@@ -213,11 +247,31 @@ def print_preview(
     if shared:
         for text in wrap_line(f"  ~ {UNDISTINGUISHED}{shared}", WIDTH, indent=4):
             console.print(text, markup=False)
+    from .trial_attrs import ROOMIEST, roomiest_in
+
+    for room in sorted({roomiest_in(r.chosen_because or "") for r, _, _ in shown} - {""}):
+        for text in wrap_line(f"  {ROOMIEST}{room}", WIDTH, indent=4):
+            console.print(text, markup=False)
+
+
+def print_pricing(console: Console, pricing: dict[str, str]) -> None:
+    """Which searched knobs the model prices (:meth:`autotune.ranking.Ranking.knob_pricing`), so a
+    reader knows which of a simulated config's values the model chose and which a probe must."""
+    kinds = (
+        ("speed", "the model prices in speed"),
+        ("memory only", "in memory only (the roomiest value taken)"),
+        ("not priced", "not at all (a probe must choose)"),
+    )
+    parts = [f"{words}: {', '.join(n for n, k in pricing.items() if k == kind)}" for kind, words in kinds]
+    parts = [p for p, (kind, _) in zip(parts, kinds) if kind in pricing.values()]
+    if parts:
+        for text in wrap_line("searched knobs " + "; ".join(parts), WIDTH, indent=2):
+            console.print(text, markup=False)
 
 
 def print_breakdown(console: Console, metrics: dict[str, Any]) -> None:
     mem = {k[4:]: v for k, v in metrics.items() if k.startswith("mem_")}
-    tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_")}
+    tim = {k[5:]: v for k, v in metrics.items() if k.startswith("time_") and not k.startswith("time_for_100")}
     if mem:
         total = metrics.get("peak_memory_gib")
         console.print(
@@ -231,17 +285,82 @@ def print_breakdown(console: Console, metrics: dict[str, Any]) -> None:
         )
 
 
-_SHOWN = ("mfu", "peak_memory_gib", "step_time_s", "tokens_per_s_per_device", "ttft_ms", "decode_tokens_per_s")
-
-
 def _metric_line(record: Any, objectives: list[tuple[str, str]]) -> str:
     """The objectives first, in the spec's order, then the other metrics a user compares."""
-    names = [m for m, _ in objectives] + [m for m in record.metrics if m in _SHOWN]
+    from autotune.objectives import DECISION_METRICS, workload_of_metrics
+
+    shown = ("tokens_per_s_per_device", *DECISION_METRICS[workload_of_metrics(record.metrics)])
+    names = [m for m, _ in objectives] + [m for m in shown if m in record.metrics]
     seen: list[str] = []
     for m in names:
         if m not in seen and isinstance(record.metrics.get(m), (int, float)):
             seen.append(m)
     return ", ".join(f"{m} {record.metrics[m]:,.4g}" for m in seen)
+
+
+def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: float | None = None) -> list[str]:
+    """What a serving or inference decision reads of a config, each figure said with what it is:
+    serving's goodput, the rate it holds, SLO attainment and the p99s against their targets, the cost;
+    inference's figures at each of the workload's batch sizes. [] for training."""
+    m = record.metrics
+    kind = workload.get("kind", "train")
+
+    def num(name: str) -> str:
+        return fmt_metric(m.get(name), name)
+
+    if kind == "serve" and isinstance(m.get("goodput_rps"), (int, float)):
+        lines = [
+            f"{_instances(record.config) or 'layout'}: goodput {num('goodput_rps_per_device')} req/s/device "
+            f"({num('goodput_rps')} req/s that met every SLO target) at {num('max_rate_rps')} req/s offered, the "
+            f"highest rate tried whose p99s met the SLO; SLO attainment {num('slo_attainment')} of the requests at "
+            "that rate"
+        ]
+        slo = workload.get("slo") or {}
+        p99 = [
+            f"{label} {num(f'{key}_p99_ms')} ms (SLO {slo[f'{key}_p99_ms']:,.4g})"
+            for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E"))
+            if slo.get(f"{key}_p99_ms") and isinstance(m.get(f"{key}_p99_ms"), (int, float))
+        ]
+        if p99:
+            lines.append("p99 " + ", ".join(p99))
+        if isinstance(m.get("cost_per_million_output_tokens"), (int, float)):
+            lines.append(
+                f"cost {m['cost_per_million_output_tokens']:,.4g} per million output tokens "
+                f"(cluster.cost_per_device_hour {cost_per_device_hour:g} x devices / output tokens an hour)"
+                if cost_per_device_hour is not None
+                else f"cost {m['cost_per_million_output_tokens']:,.4g} per million output tokens"
+            )
+        return lines
+    sizes = [b for b in workload.get("batch_sizes") or [] if f"ttft_ms_bs{b}" in m]
+    if kind == "infer" and sizes:
+
+        def row(name: str) -> str:
+            return " / ".join(num(f"{name}_bs{b}") for b in sizes)
+
+        return [
+            f"{_instances(record.config) or 'layout'} at batch {' / '.join(map(str, sizes))} (the workload's "
+            "measurement points, per instance):",
+            f"  TTFT {row('ttft_ms')} ms; 100 tokens in {row('time_for_100_tokens_s')} s; decode "
+            f"{row('decode_tokens_per_s')} tokens/s ({row('decode_tokens_per_s_per_device')} per device)",
+        ]
+    return []
+
+
+def precision_note(config: dict[str, Any], workload_kind: str) -> str:
+    """The numerical-stability caveat of an fp16 recommendation ("" for any other precision)."""
+    if config.get("precision") != "fp16":
+        return ""
+    if workload_kind == "train":
+        return (
+            "fp16 note: fp16's range ends at 65,504, and Llama-scale pre-training in fp16 is known to overflow "
+            "(loss-scale collapse, inf/NaN steps) over long runs that a short probe does not reach; bf16 has "
+            "fp32's range: prefer it where the stack supports it unless fp16 is clearly faster, and watch the "
+            "loss scale"
+        )
+    return (
+        "fp16 note: some Llama layers' activations exceed fp16's range (65,504); check the outputs against "
+        "bf16 on real prompts before deploying"
+    )
 
 
 def print_best(
@@ -251,11 +370,15 @@ def print_best(
     source: str,
     improvement: str | None,
     recommendation: Any,
+    workload: dict[str, Any] | None = None,
+    cost_per_device_hour: float | None = None,
 ) -> None:
     """The study's answer: the best trial (one objective), or every Pareto-optimal trial (several:
-    no single best exists; each is the best at its trade-off), then the recommendation."""
+    no single best exists; each is the best at its trade-off), then the recommendation; for serving
+    and inference the figures the decision reads (:func:`decision_lines`), and the fp16 caveat."""
     if not best:
         return
+    workload = workload or {}
     if len(objectives) > 1:
         beaten = "on both objectives" if len(objectives) == 2 else "on every objective"
         console.print(
@@ -267,10 +390,20 @@ def print_best(
         for r in best:
             console.print(Text.assemble(("  trial ", ""), (str(r.number), "bold"), f": {short(r.config)}"))
             console.print(f"      {_metric_line(r, objectives)}  ({source})", markup=False)
+        for line in decision_lines(best[0], workload, cost_per_device_hour):
+            for text in wrap_line(f"  front's first, {line}", WIDTH, indent=6):
+                console.print(text, markup=False)
     else:
         top = best[0]
         console.print(Text.assemble(("best", "bold"), f" trial {top.number}: {short(top.config)}"))
         console.print(f"  {_metric_line(top, objectives)}  ({source})", markup=False)
+        for line in decision_lines(top, workload, cost_per_device_hour):
+            for text in wrap_line(f"  {line}", WIDTH, indent=6):
+                console.print(text, markup=False)
+    note = precision_note(best[0].config, workload.get("kind", "train"))
+    if note:
+        for text in wrap_line(f"  {note}", WIDTH, indent=4):
+            console.print(text, markup=False)
     if improvement:
         console.print(f"  {improvement}", markup=False)
     if recommendation is not None and recommendation.sentence:
@@ -294,13 +427,17 @@ def _predicted_cell(record: Any, metric: str) -> str:
     return fmt_metric(p.get(metric))
 
 
-def _why(record: Any, with_prediction_column: bool, shared: str = "") -> str:
+def _why(record: Any, with_prediction_column: bool, shared: str = "", shared_room: str = "") -> str:
     why = record.reason if record.status != "ok" else record.chosen_because
     why = " ".join(str(why or "").split())
     if shared:
         from .trial_attrs import UNDISTINGUISHED
 
-        why = why.replace(f"{UNDISTINGUISHED}{shared}", "~")
+        why = why.replace(f"{UNDISTINGUISHED}{shared}", "knobs the model prices alike: ~ below")
+    if shared_room:
+        from .trial_attrs import ROOMIEST
+
+        why = why.replace(f"{ROOMIEST}{shared_room}", "knobs priced alike in speed, roomiest taken: = below")
     if with_prediction_column and record.status == "ok":
         # the guide's prediction is the table's predicted column: said once per row
         parts = (_GUIDE_PREDICTION.sub("", part) for part in why.split("; "))
@@ -336,6 +473,10 @@ def print_report_table(
     first = names[0]
     by_number = {r.number: r for r in records}
     shown = [by_number[row["trial"]] for row in rows[:top]]
+    from autotune.objectives import workload_of_metrics
+
+    if any(workload_of_metrics(r.metrics) == "serve" for r in shown if r.metrics):  # the serving decision's figures
+        names += _extra_metrics(names, [r.metrics for r in shown if r.metrics], skip=("peak_memory_gib",))
     predicted = any(r.source != "simulated" for r in shown)
     peak = any(isinstance(r.metrics.get("peak_memory_gib"), (int, float)) for r in shown)
     columns = [
@@ -345,7 +486,7 @@ def print_report_table(
     ]
     cells_of = {}
     for rec in shown:
-        values = [fmt_metric(rec.metrics.get(m)) for m in names]
+        values = [fmt_metric(rec.metrics.get(m), m) for m in names]
         if predicted:
             values.append(_predicted_cell(rec, first))
         if peak:
@@ -362,19 +503,29 @@ def print_report_table(
     named = [k for k in (undistinguished_of(r) for r in shown) if k]
     shared = max(sorted(set(named)), key=named.count) if named else ""
     shared = shared if named.count(shared) > 1 else ""
+    from .trial_attrs import ROOMIEST, roomiest_in
+
+    rooms = [k for k in (roomiest_in(r.chosen_because or "") for r in shown) if k]
+    shared_room = max(sorted(set(rooms)), key=rooms.count) if rooms else ""
+    shared_room = shared_room if rooms.count(shared_room) > 1 else ""
     for rec in shown:
-        number = f"{rec.number}{'*' if rec.baseline else ''}"
+        number = f"{rec.number}{BASELINE_MARK if rec.baseline else ''}"
         cells = "  ".join(v.rjust(w) for v, w in zip(cells_of[rec.number], widths))
         prefix = f"{number:<6} {rec.status:<{status_w}} {rec.source:<{source_w}} {cells}  "
         for text in _config_lines(prefix, short(rec.config)):
             console.print(text, markup=False)
-        why = _why(rec, predicted, shared)
+        why = _why(rec, predicted, shared, shared_room)
         if why:
             label = "why failed: " if rec.status != "ok" else "why chosen: "
             for text in wrap_line(f"       {label}{why}", WIDTH, indent=7 + len(label)):
                 console.print(Text(text, style="dim"))
+    if any(r.baseline for r in shown):
+        console.print(f"{BASELINE_MARK}: the spec's baseline", markup=False)
     if shared:
         from .trial_attrs import UNDISTINGUISHED
 
-        for text in wrap_line(f"~ {UNDISTINGUISHED}{shared}", WIDTH, indent=2):
+        for text in wrap_line(f"~ (in a reason): {UNDISTINGUISHED}{shared}", WIDTH, indent=2):
+            console.print(text, markup=False)
+    if shared_room:
+        for text in wrap_line(f"= (in a reason): {ROOMIEST}{shared_room}", WIDTH, indent=2):
             console.print(text, markup=False)

@@ -83,6 +83,7 @@ __all__ = [
     "StudyRunner",
     "SearchObserver",
     "StudyOutcome",
+    "ALREADY_COMPLETE",
     "Unplaceable",
     "open_study",
     "study_storage",
@@ -91,6 +92,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# the stop reason of a run that found the study's budget already spent
+ALREADY_COMPLETE = (
+    "already complete, nothing run: earlier runs spent the budget (search.n_trials); raise it to measure more, "
+    "or --fresh-study to start over"
+)
 
 
 class StudyRunner:
@@ -161,6 +168,8 @@ class StudyRunner:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> StudyOutcome:
+        """Probe until a stop condition holds; a study whose budget earlier runs spent runs nothing
+        and says so (:data:`ALREADY_COMPLETE`)."""
         study, loop = self._open()
         try:
             while True:
@@ -177,7 +186,7 @@ class StudyRunner:
                     self._start_trial(study, loop)
                 if not loop.pending:
                     if loop.started >= loop.budget:
-                        loop.stopped = "budget reached"
+                        loop.stopped = ALREADY_COMPLETE if loop.done_before >= loop.budget else "budget reached"
                     break
                 for handle, result in self.dispatcher.wait_any(timeout=0.25):
                     trial, config = loop.pending.pop(handle)
@@ -256,7 +265,8 @@ class StudyRunner:
         if not self.backend.simulated:
             check_placeable(self.spec, self.dispatcher)
         deadline = time.monotonic() + self.spec.search.timeout_s if self.spec.search.timeout_s else None
-        return study, LoopState(budget, probes_done, seen, valid_count(self.spec, self.space, ranking), deadline)
+        total = valid_count(self.spec, self.space, ranking)
+        return study, LoopState(budget, probes_done, seen, total, deadline, done_before=probes_done)
 
     def _may_start(self, loop: LoopState) -> bool:
         return (

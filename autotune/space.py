@@ -36,7 +36,10 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "zero_stage": 0,
     "precision": "bf16",
 }
-INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "batch_size": 1, "precision": "bf16"}
+# the values a config derives from the others (never proposed)
+DERIVED = ("dp", "grad_accum")
+# inference: the workload's batch sizes are measurement points of every config, never a knob
+INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "precision": "bf16"}
 # a serving engine's settings when the spec does not search them (vLLM's defaults where it has one)
 SERVE_DEFAULTS: dict[str, Any] = {
     "tp": 1,
@@ -143,9 +146,6 @@ class Space:
         self.choices: dict[str, list[Any]] = spec.space.choices()
         self.defaults = defaults = workload_defaults(spec)
         self.fixed: dict[str, Any] = {k: v for k, v in defaults.items() if k not in self.choices}
-        if not self.training and not self.serving and "batch_size" not in self.choices:
-            self.choices["batch_size"] = list(spec.workload.batch_sizes)  # type: ignore[union-attr]
-            self.fixed.pop("batch_size", None)
         self.world = spec.cluster.world_size
         model = spec.model
         self.layers = model.num_hidden_layers
@@ -209,7 +209,7 @@ class Space:
         return Resolved(config, violations)
 
     def violated_constraints(self, config: dict[str, Any]) -> list[str]:
-        return self.resolve({k: v for k, v in config.items() if k not in ("dp", "grad_accum")}).violations
+        return self.resolve({k: v for k, v in config.items() if k not in DERIVED}).violations
 
     # ---- the whole space ------------------------------------------------------------------------
     def enumerate(self, limit: int | None = None) -> Enumeration:
@@ -304,9 +304,11 @@ class Space:
             )
         elif self.serving:
             out.update(self._derive_serving(out, tp, reasons))
-        else:
+        else:  # inference: tp-wide instances fill the cluster, each serving the workload's batches
             reasons[f"tp does not divide the world size ({self.world})"] = self.world % tp != 0
             out["tp"] = tp
+            pp = out["pp"].astype(int) if "pp" in out else 1
+            out["replicas"] = np.maximum(self.world // np.maximum(tp * pp, 1), 1)
         if self.target:  # configs the production stack cannot launch are not in the space
             reasons.update(target_violations(self.target, out, n, self.facts))
         env = {**self.constants, **out}

@@ -238,12 +238,25 @@ class TrainWorkload(_Strict):
 
 
 class InferWorkload(_Strict):
-    """Serving: one prefill of ``prompt_len`` tokens then ``gen_len`` decode steps per batch."""
+    """Offline inference: one prefill of ``prompt_len`` tokens then ``gen_len`` decode steps per batch,
+    measured at each of ``batch_sizes`` for every config (the points Ascend teams quote: TTFT, time for
+    100 tokens, tokens/s at batch 1/4/16). A config is the deployment: tp-wide instances filling the
+    cluster (``replicas``), precision, KV-cache dtype, quantization, graph mode."""
 
     kind: Literal["infer"] = "infer"
     prompt_len: int = Field(gt=0)
     gen_len: int = Field(gt=0)
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 4, 16],
+        min_length=1,
+        description="measurement points, not a knob: every config is measured at each batch size",
+    )
+    ttft_bound_ms: float | None = Field(
+        None, gt=0, description="latency bound: time to first token a batch point must meet (ms)"
+    )
+    tpot_bound_ms: float | None = Field(
+        None, gt=0, description="latency bound: time per output token a batch point must meet (ms)"
+    )
     warmup_steps: int = Field(1, ge=0)
     measured_steps: int = Field(3, gt=0)
     timeout_s: float = Field(600.0, gt=0)
@@ -253,7 +266,9 @@ class InferWorkload(_Strict):
     def _positive(cls, v: list[int]) -> list[int]:
         if any(b <= 0 for b in v):
             raise ValueError("batch sizes must be positive")
-        return v
+        if len(set(v)) != len(v):
+            raise ValueError(f"batch sizes repeat: {v}")
+        return sorted(v)
 
 
 class LengthRange(_Strict):
@@ -1003,7 +1018,7 @@ class Spec(_Strict):
 
         default = {
             "train": "tokens_per_s_per_device",
-            "infer": "decode_tokens_per_s",
+            "infer": "decode_tokens_per_s_per_device",
             "serve": "goodput_rps_per_device",
         }
         objectives = self.objectives or [ObjectiveSpec(metric=default[self.workload.kind])]

@@ -28,7 +28,7 @@ def _sample_env(choices: dict[str, list[Any]], names: frozenset[str]) -> dict[st
 
 def semantic_problems(spec: Spec) -> list[SpecProblem]:
     """Checks across sections that field types cannot express."""
-    from autotune.objectives import METRICS
+    from autotune.objectives import METRICS, batch_point
     from autotune.workers.hardware import available_profiles, is_profile_file, load_profile
 
     problems: list[SpecProblem] = []
@@ -56,7 +56,17 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
 
     kind = spec.workload.kind
     for i, obj in enumerate(spec.objectives):
-        metric = METRICS.get(obj.metric)
+        point = batch_point(obj.metric)
+        metric = METRICS.get(point[0] if point else obj.metric)
+        sizes = getattr(spec.workload, "batch_sizes", None) or []
+        if point is not None and metric is not None and point[1] not in sizes:
+            problems.append(
+                SpecProblem(
+                    ("objectives", i, "metric"),
+                    f"{obj.metric} is measured at batch size {point[1]}, which is not one of the workload's "
+                    f"batch_sizes {sizes}: add it there or name another",
+                )
+            )
         if metric is None:
             problems.append(
                 SpecProblem(
@@ -87,6 +97,15 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     serve_only = set(SERVE_PARAMS) | {n for n in choices if n.startswith("engine.")}
     serve_allows = {"tp", "pp", "precision", "kv_cache_dtype", "quantization", *serve_only}
     for name in choices:
+        if kind == "infer" and name == "batch_size":
+            problems.append(
+                SpecProblem(
+                    ("space", name),
+                    "batch_size is not a knob of an inference study: every config is measured at each of the "
+                    "workload's batch sizes (workload.batch_sizes); remove space.batch_size and list the batch sizes "
+                    "there",
+                )
+            )
         if kind == "infer" and train_only.get(name):
             problems.append(SpecProblem(("space", name), f"{name} is a training parameter; the workload is infer"))
         if kind == "train" and name in infer_only:

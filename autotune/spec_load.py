@@ -53,7 +53,7 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None, ro
     except ValidationError as exc:
         problems = _format_pydantic(exc, data)
         for p in problems:
-            p.line = _line_of(root, p.loc)
+            p.line = _line_of(root, p.loc, key=p.key)
         raise SpecError(file, problems) from None
     problems = semantic_problems(spec)
     if problems:

@@ -41,6 +41,7 @@ class LoopState:
     misses: int = 0
     infra_in_a_row: int = 0
     stopped: str = "budget reached"
+    done_before: float = 0.0  # full-probe equivalents earlier runs of the study spent (a resumed study)
 
 
 def deadline_reached(study: optuna.Study, loop: LoopState) -> str | None:

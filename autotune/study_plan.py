@@ -20,7 +20,7 @@ from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .space import Space, config_key
 from .spec import Spec
-from .trial_attrs import UNDISTINGUISHED, A
+from .trial_attrs import ROOMIEST, UNDISTINGUISHED, A
 
 __all__ = [
     "Unplaceable",
@@ -150,6 +150,8 @@ def enqueue_plan(
         why = f"rank {layout.rank} by model"
         if layout.undistinguished:
             why += f"; {UNDISTINGUISHED}{layout.undistinguished_text()}"
+        if layout.roomiest:
+            why += f"; {ROOMIEST}{layout.roomiest_text()}"
         study.enqueue_trial(
             params_for(space, config),
             user_attrs={

@@ -5,11 +5,23 @@ One place, so that the study loop, the guided sampler, reports and exports read 
 
 from __future__ import annotations
 
-__all__ = ["A", "UNDISTINGUISHED", "undistinguished_in"]
+__all__ = ["A", "UNDISTINGUISHED", "ROOMIEST", "undistinguished_in", "roomiest_in"]
 
 # how a trial's reason (``A.CHOSEN``) names the knobs its layout leaves to the probes: the ranking
 # writes it, the run's preview, the report and best.env read it
 UNDISTINGUISHED = "not distinguished by the model (probe to choose): "
+
+
+# how a trial's reason names the knobs the model prices alike in speed but not in memory: the
+# layout's config takes the value the model predicts roomiest (a probe would choose on speed)
+ROOMIEST = "priced alike in speed by the model, its roomiest value taken (probe to choose on speed): "
+
+
+def roomiest_in(reason: str) -> str:
+    """The knobs a trial's reason names after :data:`ROOMIEST`; "" when it names none."""
+    if ROOMIEST not in reason:
+        return ""
+    return reason.split(ROOMIEST, 1)[1].split("; ", 1)[0].strip()
 
 
 def undistinguished_in(reason: str) -> str:

@@ -8,10 +8,24 @@ and a measured MFU are the same quantity.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["Metric", "METRICS", "ALIASES", "get_metric", "flops_per_token", "matmul_params", "derive_metrics"]
+__all__ = [
+    "Metric",
+    "METRICS",
+    "ALIASES",
+    "INFER_POINT_METRICS",
+    "DECISION_METRICS",
+    "workload_of_metrics",
+    "batch_point",
+    "get_metric",
+    "flops_per_token",
+    "matmul_params",
+    "derive_metrics",
+    "infer_headline",
+]
 
 
 @dataclass(frozen=True)
@@ -69,20 +83,45 @@ _ALL = [
         "train",
         "device memory left at the peak: device_memory_gib - peak_memory_gib",
     ),
-    Metric("ttft_ms", "ms", "minimize", "infer", "time to first token: prefill of the whole batch"),
+    Metric(
+        "ttft_ms",
+        "ms",
+        "minimize",
+        "infer",
+        "time to first token at the smallest of the workload's batch sizes (the latency one request sees); "
+        "ttft_ms_bs<N> at batch N",
+    ),
     Metric(
         "decode_tokens_per_s",
         "tokens/s",
         "maximize",
         "infer",
-        "generated tokens per second summed over the batch, at steady decode",
+        "generated tokens per second of ONE instance, summed over its batch, at steady decode, at the largest of "
+        "the workload's batch sizes; decode_tokens_per_s_bs<N> at batch N",
+    ),
+    Metric(
+        "decode_tokens_per_s_per_device",
+        "tokens/s/device",
+        "maximize",
+        "infer",
+        "decode_tokens_per_s x instances (replicas) / devices, at the largest batch size: the fair comparison "
+        "across layouts (two tp4 instances on 8 devices do twice one's work)",
+    ),
+    Metric(
+        "decode_tokens_per_s_per_device_in_bound",
+        "tokens/s/device",
+        "maximize",
+        "infer",
+        "decode_tokens_per_s_per_device at the largest batch size whose TTFT and time per output token meet the "
+        "workload's ttft_bound_ms / tpot_bound_ms (0 when none does): per-device throughput under a latency bound",
     ),
     Metric(
         "time_for_100_tokens_s",
         "s",
         "minimize",
         "infer",
-        "time until each sequence of the batch has 100 new tokens: prefill + 100 decode steps",
+        "time until each sequence of the batch has 100 new tokens (prefill + 100 decode steps), at the smallest "
+        "batch size; time_for_100_tokens_s_bs<N> at batch N",
     ),
 ]
 
@@ -143,14 +182,56 @@ def _serving_metrics() -> list[Metric]:
 
 
 _ALL += _serving_metrics()
+
+# the figures a decision of each workload reads, shown beside the objectives wherever a study's
+# configs are tabled (run, plan, report, results.csv, MLflow's saved view)
+DECISION_METRICS: dict[str, tuple[str, ...]] = {
+    "train": ("step_time_s", "mfu", "peak_memory_gib"),
+    "infer": ("decode_tokens_per_s_per_device", "ttft_ms", "time_for_100_tokens_s", "peak_memory_gib"),
+    "serve": (
+        "goodput_rps_per_device",
+        "max_rate_rps",
+        "slo_attainment",
+        "ttft_p99_ms",
+        "tpot_p99_ms",
+        "cost_per_million_output_tokens",
+    ),
+}
+
+
+def workload_of_metrics(metrics: Mapping[str, Any]) -> str:
+    """The workload kind a trial's metrics come from (train, infer or serve)."""
+    if "goodput_rps" in metrics or "goodput_rps_per_device" in metrics:
+        return "serve"
+    if "ttft_ms" in metrics or "decode_tokens_per_s" in metrics:
+        return "infer"
+    return "train"
+
+
 METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
 # Inference runs report memory too; the train-tagged definitions apply unchanged.
 ALIASES: dict[str, str] = {"memory_headroom": "memory_headroom_gib"}
 METRICS.update({alias: METRICS[target] for alias, target in ALIASES.items()})
 
 
+# an inference figure at one of the workload's batch sizes: ``ttft_ms_bs4``
+INFER_POINT_METRICS = ("ttft_ms", "time_for_100_tokens_s", "decode_tokens_per_s", "decode_tokens_per_s_per_device")
+_AT_BATCH = re.compile(r"^(?P<base>" + "|".join(INFER_POINT_METRICS) + r")_bs(?P<batch>[1-9][0-9]*)$")
+
+
+def batch_point(name: str) -> tuple[str, int] | None:
+    """(base metric, batch size) of a per-batch inference metric name (``ttft_ms_bs4``), else None."""
+    m = _AT_BATCH.match(name)
+    return (m["base"], int(m["batch"])) if m else None
+
+
 def get_metric(name: str) -> Metric:
-    """The metric called ``name`` (aliases accepted); ``ValueError`` listing the known names."""
+    """The metric called ``name`` (aliases and ``<inference metric>_bs<N>`` accepted); ``ValueError``
+    listing the known names."""
+    point = batch_point(name)
+    if point is not None:
+        base = METRICS[point[0]]
+        return Metric(name, base.unit, base.direction, "infer", f"{base.name} at batch size {point[1]}")
     try:
         return METRICS[name]
     except KeyError:
@@ -204,15 +285,18 @@ def derive_metrics(
     world_size: int,
     precision: str,
     cost_per_device_hour: float | None = None,
+    instance_devices: int | None = None,
 ) -> dict[str, Any]:
     """Raw probe measurements completed with the derived metrics.
 
     Training: from ``step_time_s`` (or, failing that, ``tokens_per_s``) derives tokens_per_s,
     tokens_per_s_per_device, samples_per_s and mfu; from ``peak_memory_gib`` the headroom against
     ``hardware['device_memory_gib']``. Inference: headroom, and ``time_for_100_tokens_s`` when
-    ``ttft_ms``, ``decode_tokens_per_s`` and ``batch_size`` are known. Serving: goodput and output
-    tokens per device (``world_size`` = the devices of the layout) and the cost per million output
-    tokens when ``cost_per_device_hour`` is known. A value the probe reported is never overwritten.
+    ``ttft_ms``, ``decode_tokens_per_s`` and ``batch_size`` are known; from the per-batch figures
+    (``<metric>_bs<N>``) and ``instance_devices`` (tp x pp) the headline figures
+    (:func:`infer_headline`). Serving: goodput and output tokens per device (``world_size`` = the
+    devices of the layout) and the cost per million output tokens when ``cost_per_device_hour`` is
+    known. A value the probe reported is never overwritten.
     """
     out: dict[str, Any] = dict(raw)
     world = max(int(world_size), 1)
@@ -253,8 +337,66 @@ def derive_metrics(
         if out.get("ttft_ms") is not None and out.get("decode_tokens_per_s") and batch:
             step = float(batch) / float(out["decode_tokens_per_s"])
             put("time_for_100_tokens_s", float(out["ttft_ms"]) / 1e3 + 100.0 * step)
+        points = {
+            b: {m: out[f"{m}_bs{b}"] for m in ("ttft_ms", "time_for_100_tokens_s", "decode_tokens_per_s")}
+            for b in workload.get("batch_sizes") or []
+            if all(
+                out.get(f"{m}_bs{b}") is not None for m in ("ttft_ms", "time_for_100_tokens_s", "decode_tokens_per_s")
+            )
+        }
+        if points and instance_devices:
+            for k, v in infer_headline(points, float(instance_devices), workload).items():
+                put(k, v)
+        elif out.get("decode_tokens_per_s") and instance_devices:
+            put("decode_tokens_per_s_per_device", float(out["decode_tokens_per_s"]) / float(instance_devices))
     if out.get("peak_memory_gib") is not None and hardware.get("device_memory_gib"):
         put("memory_headroom_gib", float(hardware["device_memory_gib"]) - float(out["peak_memory_gib"]))
+    return out
+
+
+def infer_headline(points: Mapping[int, Mapping[str, Any]], instance_devices: Any, workload: Mapping[str, Any]) -> dict:
+    """The figures an inference study ranks by, from its per-batch measurements
+    (``{batch: {ttft_ms, time_for_100_tokens_s, decode_tokens_per_s}}``; numbers, or numpy arrays of
+    a population): every point as ``<metric>_bs<N>`` with its per-device decode throughput
+    (an instance's, divided by the ``instance_devices`` it occupies: tp x pp), latency at the smallest
+    batch, throughput at the largest, and the per-device throughput at the largest batch meeting the
+    workload's latency bounds (``ttft_bound_ms``, ``tpot_bound_ms``; 0 where none does). One
+    definition for the simulator, the torch probe and a command backend's figures."""
+    import numpy as np
+
+    sizes = sorted(points)
+    out: dict[str, Any] = {}
+    ttft_bound = workload.get("ttft_bound_ms")
+    tpot_bound = workload.get("tpot_bound_ms")
+    in_bound: Any = 0.0
+    for b in sizes:
+        p = points[b]
+        per_device = p["decode_tokens_per_s"] / instance_devices
+        out.update(
+            {
+                f"ttft_ms_bs{b}": p["ttft_ms"],
+                f"time_for_100_tokens_s_bs{b}": p["time_for_100_tokens_s"],
+                f"decode_tokens_per_s_bs{b}": p["decode_tokens_per_s"],
+                f"decode_tokens_per_s_per_device_bs{b}": per_device,
+            }
+        )
+        ok = np.ones_like(np.asarray(per_device, dtype=float), dtype=bool)
+        if ttft_bound:
+            ok = ok & (np.asarray(p["ttft_ms"]) <= float(ttft_bound))
+        if tpot_bound:  # one decode step of the batch: b tokens in b / (tokens/s) seconds
+            ok = ok & (
+                1e3 * b / np.maximum(np.asarray(p["decode_tokens_per_s"], dtype=float), 1e-12) <= float(tpot_bound)
+            )
+        in_bound = np.where(ok, per_device, in_bound)  # the larger batches come later
+    lo, hi = points[sizes[0]], points[sizes[-1]]
+    out.update(
+        ttft_ms=lo["ttft_ms"],
+        time_for_100_tokens_s=lo["time_for_100_tokens_s"],
+        decode_tokens_per_s=hi["decode_tokens_per_s"],
+        decode_tokens_per_s_per_device=out[f"decode_tokens_per_s_per_device_bs{sizes[-1]}"],
+    )
+    if ttft_bound or tpot_bound:
+        out["decode_tokens_per_s_per_device_in_bound"] = in_bound if np.ndim(in_bound) else float(in_bound)
     return out
 
 

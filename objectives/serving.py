@@ -246,4 +246,9 @@ def cost_per_million_output_tokens(
     or nothing was generated."""
     if cost_per_device_hour is None or not output_tokens_per_s or output_tokens_per_s <= 0:
         return None
-    return float(cost_per_device_hour) * max(int(devices), 1) / (float(output_tokens_per_s) * 3600.0 / 1e6)
+    return float(cost_per_million(float(cost_per_device_hour), max(int(devices), 1), float(output_tokens_per_s)))
+
+
+def cost_per_million(cost_per_device_hour: Any, devices: Any, output_tokens_per_s: Any) -> Any:
+    """The formula alone, on numbers or numpy arrays alike (the simulator prices a population)."""
+    return cost_per_device_hour * devices / (output_tokens_per_s * 3600.0 / 1e6)

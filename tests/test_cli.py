@@ -4,6 +4,7 @@ the command backend through Ray, and resuming after SIGKILL (issue #2's acceptan
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -63,7 +64,7 @@ def test_plan_json_counts_and_top(write_spec):
     assert 0 < payload["fit"] <= payload["valid"] <= payload["space_size"]
     assert len(payload["top"]) == 3
     first = payload["top"][0]
-    assert set(first) == {"params", "metrics", "undistinguished"}  # knobs the model prices the same, per layout
+    assert set(first) == {"params", "metrics", "undistinguished", "roomiest"}  # knobs priced alike, per layout
     assert first["params"]["dp"] * first["params"]["tp"] * first["params"]["pp"] == 2
     values = [t["metrics"]["tokens_per_s_per_device"] for t in payload["top"]]
     assert values == sorted(values, reverse=True)
@@ -383,7 +384,9 @@ def test_plan_breaks_ties_toward_memory_headroom(name):
         if a["metrics"][first] == b["metrics"][first]:
             assert a["metrics"]["memory_headroom_gib"] >= b["metrics"]["memory_headroom_gib"]
     table = _invoke("plan", str(spec), "--top", "10").stdout
-    rows = [line[line.index("tp=") :] for line in table.splitlines() if line[:5].strip().isdigit() and "tp=" in line]
+    # a training config starts "tp=", an inference one with its instances ("8 x tp1")
+    found = (re.search(r"tp=|\d+ x tp", line) for line in table.splitlines() if line[:5].strip().isdigit())
+    rows = [m.string[m.start() :] for m in found if m]
     assert len(rows) == 10 and len(set(rows)) == 10
 
 

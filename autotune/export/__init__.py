@@ -9,9 +9,12 @@ implementations live in private modules, and each stack's descriptor (:mod:`auto
 the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml, env and
 the registered stacks' exporters) above both, so the formats never import the stacks. Every file
 starts with the same header (in the file format's comment syntax, or an ``_autotune`` key in JSON):
-study, trial, whether the numbers were measured or simulated, the metrics, and the software the
-probe saw (torch / torch_npu / CANN / MindSpore / driver versions), so a file found later explains
-itself.
+study, trial, whether the numbers were measured (and on what) or predicted by the simulator, the
+metrics, the software the probe saw (torch / torch_npu / CANN / MindSpore / driver versions), and
+each value the evidence did not choose (a knob the model could not tell apart: "not chosen by
+evidence ...; probe to choose"), so a file found later explains itself. Every sentence about the
+numbers takes its wording from :class:`ExportContext` (``ctx.how``, ``ctx.provenance``): a
+simulated number is never said to be measured.
 """
 
 from __future__ import annotations

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import abc
+import re
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from autotune.trial_attrs import roomiest_in, undistinguished_in
 from autotune.workers.protocol import ENV_NAME
 
 __all__ = [
@@ -16,6 +19,9 @@ __all__ = [
     "ExportRefused",
     "header_fields",
     "header_lines",
+    "undistinguished_knobs",
+    "unchosen_notes",
+    "args_written",
     "one_line",
     "bash_array",
     "script_arrays",
@@ -23,6 +29,11 @@ __all__ = [
     "longest_lengths",
     "LAUNCHES",
 ]
+
+# the sources whose numbers were measured: a probe's result, or one answered from the result cache
+MEASURED_SOURCES = ("measured", "cache")
+# how a trial answered from the result cache says so in its reason (autotune.search)
+_FROM_CACHE = re.compile(r"answered from the result cache \(([^)]*)\)")
 
 # what the file of an exporter launches, by ``Exporter.launches`` (a study of another workload kind is refused)
 LAUNCHES = {"train": "training", "serve": "serving"}
@@ -85,6 +96,62 @@ class ExportContext:
     def env(self) -> dict[str, str]:
         return {k[4:]: str(v) for k, v in self.config.items() if k.startswith("env.")}
 
+    # how the exported values were obtained: the one wording every export's sentences use
+    @property
+    def measured(self) -> bool:
+        """Whether the trial's numbers were measured (by its probe, or by an earlier run's, from
+        the result cache); a simulated or unknown source is never said to be measured."""
+        return self.source in MEASURED_SOURCES
+
+    @property
+    def cached_from(self) -> str:
+        """Where a result answered from the cache was measured (``study X, trial N``; ``an earlier
+        run`` when the reason does not say); "" for a result measured by this run or not measured."""
+        if not self.measured:
+            return ""
+        found = _FROM_CACHE.search(self.chosen_because or "")
+        if found:
+            return one_line(found.group(1))
+        return "an earlier run" if self.source == "cache" else ""
+
+    @property
+    def how(self) -> str:
+        """How the trial's numbers were obtained, in words that fit "as {how}", "{how} at sequence
+        length N" and "({how})": ``measured``, ``predicted by the simulator``, or (a source the
+        record does not name) ``recorded (source unknown)``."""
+        if self.measured:
+            return "measured"
+        if self.source == "simulated":
+            return "predicted by the simulator"
+        return "recorded (source unknown)"
+
+    @property
+    def provenance(self) -> str:
+        """The header's sentence on the metrics: how they were obtained, and on what hardware
+        (``measured on npu, 1 node x 8 devices``; a cached result: in an earlier run)."""
+        where = self.hardware
+        if self.measured:
+            cached = self.cached_from
+            earlier = f" in an earlier run ({cached}; answered from the result cache)" if cached else ""
+            if cached == "an earlier run":
+                earlier = " in an earlier run (answered from the result cache)"
+            return f"measured{earlier}{f' on {where}' if where else ''}"
+        if self.source == "simulated":
+            return f"predicted by the simulator{f' for {where}' if where else ''} (not measured)"
+        return "of unknown source (the record does not say how they were obtained)"
+
+    @property
+    def hardware(self) -> str:
+        """``npu, 1 node x 8 devices``: the accelerator and the cluster ("" when unknown)."""
+        accelerator = one_line(self.cluster.get("accelerator", "") or "")
+        if not accelerator:
+            return ""
+        nodes = int(self.cluster.get("nodes", 1) or 1)
+        per_node = self.world_size // max(1, nodes)
+        return (
+            f"{accelerator}, {nodes} node{'s' if nodes != 1 else ''} x {per_node} device{'s' if per_node != 1 else ''}"
+        )
+
 
 def longest_lengths(workload: Any) -> tuple[int, int]:
     """The longest prompt and output a serving workload's traffic sends (0, 0 when it has none)."""
@@ -107,15 +174,114 @@ def study_facts(ctx: ExportContext) -> dict[str, Any]:
     return {"accelerator": ctx.cluster.get("accelerator", ""), "model": ctx.model, "workload": ctx.workload}
 
 
-def header_fields(ctx: ExportContext) -> dict[str, Any]:
-    return {
+def undistinguished_knobs(ctx: ExportContext) -> dict[str, str]:
+    """``{config name: "0.85|0.9|0.95"}``: every knob (``tp``, ``memory_utilization``,
+    ``env.HCCL_BUFFSIZE``, ...) the model could not tell apart for the chosen trial's layout, from
+    the trial's reason (``ctx.chosen_because``: "not distinguished by the model (probe to choose):
+    replicas 1|4, tp 2|8, env.A a:1,b:2|c"). The trial's value of each was not chosen by evidence."""
+    return _knobs_named(undistinguished_in(ctx.chosen_because or ""), ctx)
+
+
+def roomiest_knobs(ctx: ExportContext) -> dict[str, str]:
+    """``{config name: "120|200|400"}``: the knobs the model prices alike in speed, of which the trial
+    has the value it predicts roomiest (its reason's :data:`autotune.trial_attrs.ROOMIEST` part):
+    chosen for memory by the model, not for speed by evidence."""
+    return _knobs_named(roomiest_in(ctx.chosen_because or ""), ctx)
+
+
+def _knobs_named(text: str, ctx: ExportContext) -> dict[str, str]:
+    """``{name: values}`` of a reason's ``name v1|v2, name2 ...`` list (the config's names split it)."""
+    if not text:
+        return {}
+    # each knob starts at the text's start or after ", " with its config name and a space (a value
+    # may hold commas, so only the config's own names split the text)
+    starts = sorted(
+        (at, name)
+        for name in ctx.config
+        for at in [0 if text.startswith(f"{name} ") else text.find(f", {name} ")]
+        if at >= 0
+    )
+    out: dict[str, str] = {}
+    for i, (at, name) in enumerate(starts):
+        begin = at + len(name) + 1 + (0 if at == 0 and text.startswith(f"{name} ") else 2)
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
+        out[name] = text[begin:end].strip()
+    return out
+
+
+def unchosen_notes(ctx: ExportContext, written: Mapping[str, str] | None = None) -> list[str]:
+    """One sentence per value the evidence did not choose (the knobs the model could not tell
+    apart), naming what the file writes for it (``written``: knob -> its flag or key here):
+    ``not chosen by evidence: memory_utilization 0.95 (--gpu-memory-utilization 0.95): the model
+    could not tell 0.85|0.9|0.95 apart; probe to choose``."""
+    written = written or {}
+    notes = []
+    why = {name: f"the model could not tell {values} apart" for name, values in undistinguished_knobs(ctx).items()}
+    for name, values in roomiest_knobs(ctx).items():
+        why.setdefault(name, f"the model prices {values} alike in speed and took the value it predicts roomiest")
+    for name, because in why.items():
+        where = written.get(name) or (f"{name[4:]} in best.env" if name.startswith("env.") else "")
+        notes.append(
+            one_line(
+                f"not chosen by evidence: {name} {ctx.config.get(name)}{f' ({where})' if where else ''}: "
+                f"{because}; probe to choose"
+            )
+        )
+    return notes
+
+
+def args_written(args: list[str] | tuple[str, ...], flags: Mapping[str, str | tuple[str, ...]]) -> dict[str, str]:
+    """``{knob: "--flag value"}`` for the knobs whose flag is in ``args`` (``flags``: knob -> its
+    flag, also found in its ``--no-`` form, or a tuple of every form): what a launch writes for each knob."""
+    out = {}
+    for knob, flag in flags.items():
+        for word in flag if isinstance(flag, tuple) else (flag, "--no-" + flag[2:]):
+            if word in args:
+                i = args.index(word)
+                value = args[i + 1] if i + 1 < len(args) and not str(args[i + 1]).startswith("--") else ""
+                out[knob] = f"{word} {value}".strip()
+                break
+    return out
+
+
+def _software(ctx: ExportContext) -> Any:
+    if ctx.software:
+        return ctx.software
+    if ctx.source == "simulated":
+        return "none ran (simulated)"
+    return "not reported (a command backend that did not say)"
+
+
+def header_fields(ctx: ExportContext, written: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The header of a JSON export (its ``_autotune`` key): what ``header_lines`` says, as fields."""
+    fields: dict[str, Any] = {
         "study": ctx.study,
         "trial": ctx.trial,
         "source": ctx.source or "unknown",
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         "metrics": {k: v for k, v in sorted(ctx.metrics.items()) if isinstance(v, (int, float))},
-        "software": ctx.software or "not reported (simulated, or a command backend that did not say)",
+        "metrics_are": ctx.provenance,
+        "software": _software(ctx),
     }
+    if not ctx.measured:
+        fields["note"] = _note(ctx)
+    notes = unchosen_notes(ctx, written)
+    if notes:
+        fields["not_chosen_by_evidence"] = notes
+    return fields
+
+
+def _label(ctx: ExportContext) -> str:
+    """The header's first line's word for the source."""
+    if ctx.measured:
+        return "measured in an earlier run (cached)" if ctx.cached_from else "measured"
+    return ctx.source or "source unknown"
+
+
+def _note(ctx: ExportContext) -> str:
+    if ctx.source == "simulated":
+        return "simulated by the analytical model, not measured; probe it before production use"
+    return "the record names no source for its numbers (a probe or the simulator); probe it before production use"
 
 
 def one_line(text: Any) -> str:
@@ -124,18 +290,22 @@ def one_line(text: Any) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in str(text))
 
 
-def header_lines(ctx: ExportContext, comment: str = "#") -> list[str]:
-    h = header_fields(ctx)
+def header_lines(ctx: ExportContext, comment: str = "#", written: Mapping[str, str] | None = None) -> list[str]:
+    """The header of a file with comments: study, trial, how the metrics were obtained (and on
+    what), the software, and one line per value the evidence did not choose (``written``: knob ->
+    what this file writes for it, :func:`unchosen_notes`)."""
+    h = header_fields(ctx, written)
     metrics = one_line(", ".join(f"{k}={v:.6g}" for k, v in h["metrics"].items()))
     software = one_line(", ".join(f"{k} {v}" for k, v in ctx.software.items()) if ctx.software else h["software"])
     lines = [
-        f"{comment} autotune export: study {ctx.study}, trial {ctx.trial}, {h['source']}",
+        f"{comment} autotune export: study {one_line(ctx.study)}, trial {ctx.trial}, {one_line(_label(ctx))}",
         f"{comment} written {h['written']}",
-        f"{comment} metrics ({h['source']}): {metrics}",
+        f"{comment} metrics {one_line(ctx.provenance)}: {metrics}",
         f"{comment} software: {software}",
     ]
-    if ctx.source == "simulated":
-        lines.append(f"{comment} NOTE: simulated by the analytical model, not measured; probe it before production use")
+    if not ctx.measured:
+        lines.append(f"{comment} NOTE: {_note(ctx)}")
+    lines += [f"{comment} {note}" for note in h.get("not_chosen_by_evidence", [])]
     return lines
 
 

@@ -6,7 +6,7 @@ The file is for a plain ``deepspeed.initialize`` over every rank of the cluster:
 takes the data-parallel world to be all ranks and checks ``train_batch_size ==
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``. Model parallelism (tp, pp,
 cp) is not something a DeepSpeed config can switch on, so such configs are refused rather than
-exported with a batch check that fails or a world that is not the measured one (see
+exported with a batch check that fails or a world that is not the trial's (see
 :mod:`autotune.stacks`).
 """
 
@@ -15,6 +15,16 @@ from __future__ import annotations
 import json
 
 from ._base import ExportContext, Exporter, header_fields
+
+
+# the key each knob is written as: the header names it beside a value the evidence did not choose
+DEEPSPEED_KEYS = {
+    "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+    "dp": "train_batch_size",
+    "zero_stage": "zero_optimization.stage",
+    "precision": "bf16 / fp16",
+}
 
 
 class DeepSpeedExporter(Exporter):
@@ -29,7 +39,10 @@ class DeepSpeedExporter(Exporter):
         if dp != world:
             raise ValueError(f"dp {dp} is not the world {world}: a DeepSpeed config cannot launch model parallelism")
         stage = int(ctx.get("zero_stage", 0) or 0)
-        header = header_fields(ctx)
+        written = dict(DEEPSPEED_KEYS)
+        if ctx.get("recompute", "none") == "full":
+            written["recompute"] = "activation_checkpointing"
+        header = header_fields(ctx, written)
         header["assumes"] = (
             f"a plain deepspeed.initialize over all {world} ranks (data parallel {world}, "
             f"{int(ctx.cluster.get('nodes', 1) or 1)} node(s)): train_batch_size = micro-batch {mbs} "

@@ -11,43 +11,33 @@ from __future__ import annotations
 
 import shlex
 
-from ..trial_attrs import undistinguished_in
-from ._base import ExportContext, Exporter, header_lines, one_line
+from ._base import ExportContext, Exporter, header_lines, one_line, roomiest_knobs, undistinguished_knobs
 
 
 def undistinguished(ctx: ExportContext) -> dict[str, str]:
     """``{env name: "120|200|400"}``: the env settings the model could not tell apart for the
-    chosen trial's layout (from the trial's reason, ``ctx.chosen_because``)."""
-    text = undistinguished_in(ctx.chosen_because or "")
-    if not text:
-        return {}
-    # "env.A 1|2, precision bf16|fp16, env.B a:1,b:2|c": each knob starts at the text's start or
-    # after ", " with its config name and a space (a value may hold commas)
-    starts = sorted(
-        (at, name)
-        for name in ctx.config
-        for at in [text.find(f"{name} ") if text.startswith(f"{name} ") else text.find(f", {name} ")]
-        if at >= 0
-    )
-    out: dict[str, str] = {}
-    for i, (at, name) in enumerate(starts):
-        begin = at + len(name) + 1 + (0 if at == 0 and text.startswith(f"{name} ") else 2)
-        end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
-        if name.startswith("env."):
-            out[name[4:]] = text[begin:end].strip()
-    return out
+    chosen trial's layout (the env part of :func:`undistinguished_knobs`)."""
+    return {name[4:]: values for name, values in undistinguished_knobs(ctx).items() if name.startswith("env.")}
 
 
 def _note(ctx: ExportContext, name: str, loose: dict[str, str]) -> str:
-    searched = ctx.searched
-    measured = ctx.source not in ("simulated", "")
     if name in loose:
         return f"default: the model could not tell {loose[name]} apart (probe to choose)"
-    if searched is not None and f"env.{name}" not in searched:
+    room = roomiest_knobs(ctx).get(f"env.{name}")
+    if room:
+        return f"default: the model prices {room} alike in speed and took its roomiest (probe to choose)"
+    if ctx.searched is not None and f"env.{name}" not in ctx.searched:
         return "set by the spec (not searched)"
-    if measured:
-        return f"searched; trial {ctx.trial} measured with it"
-    return "searched; the model predicts this value matters"
+    if ctx.measured:
+        earlier = f" (in an earlier run: {ctx.cached_from})" if ctx.cached_from else ""
+        return f"searched; trial {ctx.trial} {ctx.how} with it{earlier}"
+    return f"searched; {ctx.how} to matter"
+
+
+def env_written(ctx: ExportContext) -> dict[str, str]:
+    """``{"env.NAME": "export NAME"}``: what a shell file writes for each env setting (the header
+    names it beside a value the evidence did not choose)."""
+    return {f"env.{name}": f"export {name}" for name in ctx.env}
 
 
 def env_exports(ctx: ExportContext) -> list[str]:
@@ -73,11 +63,11 @@ def provenance_lines(ctx: ExportContext) -> list[str]:
     if not env:
         return []
     loose = undistinguished(ctx)
+    loose.update({k[4:]: v for k, v in roomiest_knobs(ctx).items() if k.startswith("env.") and k[4:] not in loose})
     chosen = [k for k in sorted(env) if k not in loose]
-    how = "measured" if ctx.source not in ("simulated", "") else "predicted"
     lines = []
     if chosen:
-        lines.append(f"# {how} to matter or set by the spec: {', '.join(chosen)}")
+        lines.append(f"# {ctx.how} to matter or set by the spec: {', '.join(chosen)}")
     if loose:
         lines.append(
             f"# defaults the model could not distinguish (probe to choose; any value of each prices the same): "
@@ -92,4 +82,5 @@ class EnvExporter(Exporter):
     shell = True
 
     def render(self, ctx: ExportContext) -> str:
-        return "\n".join([*header_lines(ctx), *provenance_lines(ctx), *env_exports(ctx)]) + "\n"
+        lines = [*header_lines(ctx, written=env_written(ctx)), *provenance_lines(ctx), *env_exports(ctx)]
+        return "\n".join(lines) + "\n"

@@ -10,9 +10,10 @@ parallel, batch, recompute, optimizer-sharding and precision settings), then wha
 adds (data, tokenizer, checkpoints). Megatron's argparse keeps the last value of a repeated flag,
 so the user's own flags win where they repeat one.
 
-What launches is exactly the measured config: Megatron derives dp = world / (tp·pp·cp) and
-grad-accum = global batch / (micro-batch · dp); ``--recompute-method block`` counts layers per
-*virtual* stage, so ``--recompute-num-layers`` is the measured per-stage count divided by vpp; the
+What launches is exactly the trial's config (measured or simulated, as the header says): Megatron
+derives dp = world / (tp·pp·cp) and grad-accum = global batch / (micro-batch · dp);
+``--recompute-method block`` counts layers per *virtual* stage, so ``--recompute-num-layers`` is the
+trial's per-stage count divided by vpp; the
 distributed optimizer is ZeRO-1 and nothing more (ZeRO-2/3 are refused, see
 :mod:`autotune.stacks`).
 """
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ExportContext, Exporter, bash_array, header_lines
-from ._env import env_exports
+from ._base import ExportContext, Exporter, args_written, bash_array, header_lines
+from ._env import env_exports, env_written
 
 # MindSpeed-LLM's Llama-2 flags (examples/mcore/llama2/pretrain_llama2_13b_ptd.sh, Ascend/MindSpeed-LLM
 # a9547f618ed4643e386a96be191258b872c4d9dc): fused kernels and the local transformer implementation.
@@ -38,6 +39,22 @@ MINDSPEED_FLAGS = (
     "--transformer-impl",
     "local",
 )
+
+
+# the flag each knob is written as (in AUTOTUNE_ARGS): the header names it beside a value the
+# evidence did not choose
+MEGATRON_FLAGS = {
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "vpp": "--num-layers-per-virtual-pipeline-stage",
+    "cp": "--context-parallel-size",
+    "micro_batch_size": "--micro-batch-size",
+    "sequence_parallel": "--sequence-parallel",
+    "recompute": "--recompute-granularity",
+    "recompute_layers": "--recompute-num-layers",
+    "zero_stage": "--use-distributed-optimizer",
+    "precision": "--bf16",
+}
 
 
 def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None) -> list[str]:
@@ -145,16 +162,22 @@ class MegatronExporter(Exporter):
             stack = MINDSPEED_FLAGS
             if int(ctx.get("cp", 1) or 1) > 1:  # ring attention, as measured and priced; MindSpeed's default
                 stack += ("--context-parallel-algo", "megatron_cp_algo")  # was Ulysses in older releases
+        args = megatron_args(ctx.config, gbs, layers)
+        written = {**env_written(ctx), **args_written(args, MEGATRON_FLAGS)}
+        if ctx.get("precision") == "fp16":
+            written["precision"] = "--fp16"
+        if gbs:  # dp and grad-accum follow from the global batch
+            written.update(dp="--global-batch-size (dp)", grad_accum="--global-batch-size (grad-accum)")
         env = env_exports(ctx)
         if "CUDA_DEVICE_MAX_CONNECTIONS" not in ctx.env:
             env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron's validate_args requires it for tp/cp > 1")
         lines = [
             "#!/usr/bin/env bash",
-            *header_lines(ctx),
+            *header_lines(ctx, written=written),
             f"# {'MindSpeed-LLM' if target == 'mindspeed' else 'Megatron-LM'} launch with the tuned parallel, "
             "batch, recompute, optimizer-sharding and precision settings",
             f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; dp and grad-accum follow from "
-            "--global-batch-size, as measured).",
+            f"--global-batch-size, as {ctx.how}).",
             "# Add data, tokenizer and checkpoint arguments on the command line: ./launch_megatron.sh --data-path ...",
             "set -euo pipefail",
             "",
@@ -169,7 +192,7 @@ class MegatronExporter(Exporter):
             "",
             *bash_array("MODEL_ARGS", model_args(ctx.model, ctx.workload, target)),
             *bash_array("STACK_ARGS", stack),
-            *bash_array("AUTOTUNE_ARGS", megatron_args(ctx.config, gbs, layers)),
+            *bash_array("AUTOTUNE_ARGS", args),
             "",
             'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',
             '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',

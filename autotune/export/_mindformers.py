@@ -9,9 +9,9 @@ config steps run (``_train_dataset_preprocess``, ``set_config`` with its batch r
 and the network built without weights (the legacy Llama, and an mcore Qwen3 from 2.1.0's own YAML),
 whose ``LayerSetting`` decides the pipeline chunks and the recomputed layers.
 
-What launches is the measured config, by MindFormers' batch rule (``BaseTrainer.
-_check_global_batch_size_for_auto_parallel``): in semi-auto parallel the global batch is
-``batch_size x data_parallel x micro_batch_num x micro_batch_interleave_num`` when pipelining
+What launches is the trial's config (measured or simulated, as the header says), by MindFormers'
+batch rule (``BaseTrainer._check_global_batch_size_for_auto_parallel``): in semi-auto parallel the
+global batch is ``batch_size x data_parallel x micro_batch_num x micro_batch_interleave_num`` when pipelining
 (``gradient_accumulation_steps`` is ignored there) and ``batch_size x data_parallel x
 micro_batch_interleave_num x gradient_accumulation_steps`` without (``micro_batch_num`` is reset to
 1). So grad-accum goes to ``micro_batch_num`` with pp > 1 and to
@@ -31,9 +31,9 @@ chunk per stage unless MindSpore's ``pipeline_interleave`` is on (scheduler ``1f
 ``recompute: True``, or a list with the recomputed layer count of each stage (MindFormers' per-stage
 form, spread over the stage's chunks by ``LayerSetting``) when only some layers are; selective =
 ``select_recompute: True``; ``recompute_slice_activation`` False (the mcore models refuse True).
-``model_config.offset: 0``: even stages, as measured (a model YAML's offset is for its own pp, and
-the mcore models refuse one of another length). ``model_config.seq_length`` is the measured
-sequence length (MindFormers takes it from nowhere else; a dataset with its own length must match).
+``model_config.offset: 0``: even stages, as the trial ran or was priced (a model YAML's offset is for
+its own pp, and the mcore models refuse one of another length). ``model_config.seq_length`` is the
+study's sequence length (MindFormers takes it from nowhere else; a dataset with its own length must match).
 Precision: ``compute_dtype``, with dynamic loss scaling for fp16 and none (``scale_sense: 1.0``) for
 bf16 and fp32; parameter and norm/softmax dtypes stay the model YAML's (their keys differ between
 the legacy and the mcore models, and the mcore conversion refuses ``param_init_type`` beside a
@@ -50,6 +50,23 @@ import yaml
 from ._base import ExportContext, Exporter, header_lines, one_line
 
 _MODES = {"graph": 0, "pynative": 1}
+# the key each knob is written as: the header names it beside a value the evidence did not choose
+MINDFORMERS_KEYS = {
+    "dp": "parallel_config.data_parallel",
+    "tp": "parallel_config.model_parallel",
+    "pp": "parallel_config.pipeline_stage",
+    "cp": "parallel_config.context_parallel",
+    "vpp": "model.model_config.pp_interleave_num",
+    "sequence_parallel": "parallel_config.use_seq_parallel",
+    "micro_batch_size": "runner_config.batch_size",
+    "recompute": "recompute_config",
+    "recompute_layers": "recompute_config.recompute",
+    "zero_stage": "parallel.enable_parallel_optimizer",
+    "precision": "model.model_config.compute_dtype",
+    "mode": "context.mode",
+    "jit_level": "context.jit_config.jit_level",
+    "graph_kernel_flags": "MS_DEV_GRAPH_KERNEL_FLAGS in best.env",
+}
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -125,7 +142,7 @@ class MindFormersExporter(Exporter):
         ]
         if seq_len:
             notes.append(
-                f"# measured at sequence length {int(seq_len)}: a dataset with its own length (Megatron "
+                f"# {ctx.how} at sequence length {int(seq_len)}: a dataset with its own length (Megatron "
                 f"datasets' data_loader.config.seq_length) must match"
             )
         if precision == "fp16":
@@ -139,4 +156,8 @@ class MindFormersExporter(Exporter):
                 f"# graph-kernel flags go in the environment (best.env): "
                 f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}"
             )
-        return "\n".join([*header_lines(ctx), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)
+        written = dict(MINDFORMERS_KEYS)
+        written["grad_accum"] = (
+            "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
+        )
+        return "\n".join([*header_lines(ctx, written=written), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)

@@ -1,4 +1,4 @@
-"""MindIE Service: the ``config.json`` settings of a measured serving config.
+"""MindIE Service: the ``config.json`` settings of a tuned serving config.
 
 One source of truth: :func:`mindie_settings` renders a serving config into MindIE's own
 ``config.json`` keys, for the exported fragment (``mindie_config.json``: only the keys the trial
@@ -223,6 +223,25 @@ MINDIE_SET_BY_AUTOTUNE = {
     "metricsPort": "the deployment",
 }
 SERVED_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+# where each knob is written (the header names it beside a value the evidence did not choose)
+MINDIE_WRITTEN = {
+    "tp": "ModelConfig[0].worldSize, npuDeviceIds",
+    "replicas": "_autotune.replicas: one mindieservice_daemon each",
+    "max_num_seqs": "ScheduleConfig.maxBatchSize, maxPrefillBatchSize",
+    "max_num_batched_tokens": "ScheduleConfig.maxPrefillTokens",
+    "block_size": "ScheduleConfig.cacheBlockSize",
+    "memory_utilization": "_autotune.env.NPU_MEMORY_FRACTION",
+    "enable_prefix_caching": "ModelConfig[0].plugin_params",
+    "enable_chunked_prefill": "ModelConfig[0].plugin_params, ScheduleConfig.templateType",
+    "quantization": "_autotune.weights: msModelSlim weights",
+    "kv_cache_dtype": "_autotune.weights: msModelSlim weights",
+}
+
+
+def _where(name: str) -> str:
+    """``ScheduleConfig.maxIterTimes``: where config.json holds MindIE's own key ``name``."""
+    path = [str(p) if not isinstance(p, int) else f"[{p}]" for p in setting_path(name)]
+    return ".".join(path[-3:]).replace(".[", "[")
 
 
 def setting_path(name: str) -> tuple[Any, ...]:
@@ -348,7 +367,11 @@ class MindIEExporter(Exporter):
         )
         tp = int(config.get("tp", 1))
         replicas = int(config.get("replicas", 1) or 1)
-        header = header_fields(ctx)
+        written = dict(MINDIE_WRITTEN)
+        written.update(
+            {n: _where(n[len("engine.") :]) for n in config if n.startswith("engine.") and n[7:] in MINDIE_KEYS}
+        )
+        header = header_fields(ctx, written)
         header["merge"] = (
             "merge into your MindIE config.json (MindIE-LLM 3.0.0.beta.1 keys): mappings key by key, "
             "ModelConfig[0] key by key, a null value removes the key (plugin_params: null = no plugin)"

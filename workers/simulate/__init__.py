@@ -40,13 +40,14 @@ from typing import Any, Mapping
 
 import numpy as np
 from autotune.objectives import flops_per_token
+from autotune.objectives.serving import cost_per_million
 
 from ..hardware import load_profile
 from ..protocol import ProbeResult, TrialRequest
 from ._checks import max_model_len, prepare, row_reason, sanitize
 from ._columns import columns_from_params
 from ._common import GIB, HW, Shape
-from ._infer import infer
+from ._infer import infer_points
 from ._memory import train_memory
 from ._serve import SERVE_MEM_COMPONENTS, SLO_METRICS, Traffic, serve
 from ._timing import train_time
@@ -100,6 +101,7 @@ SERVE_METRICS = (
     "kv_cache_usage",
     "preemptions",
     "requests_failed",
+    "cost_per_million_output_tokens",
 )
 _SERVE_EXTRA = (
     "max_rate_rps_model",
@@ -108,6 +110,8 @@ _SERVE_EXTRA = (
     "max_concurrency",
     "kv_cache_tokens",
 )
+# the inference figures a trial reports (headline and per batch: objectives.INFER_POINT_METRICS)
+INFER_METRIC_PREFIXES = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s")
 _DEFAULT_PROFILE = {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "gpu": "a100-sxm-80gb", "cpu": "cpu"}
 
 
@@ -128,11 +132,12 @@ def _simulate(
     s, c, world, checks = prepare(model, workload, cluster, configs)
     valid = ~np.logical_or.reduce([mask for _, mask in checks])
     if str(workload.get("kind", "train")) == "serve":
-        return _serve_columns(s, hw, c, workload, valid)
+        return _serve_columns(s, hw, c, workload, valid, cluster.get("cost_per_device_hour"))
     if str(workload.get("kind", "train")) == "infer":
-        sanitize(c, valid, ("tp", "pp", "batch_size"))
-        out = infer(s, hw, c, workload)
-        metrics = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s")
+        sanitize(c, valid, ("tp", "pp"))
+        c["batch_size"] = np.where(valid, c["batch_size"], 0.0)
+        out = infer_points(s, hw, c, workload)
+        metrics = tuple(k for k in out if k.startswith(INFER_METRIC_PREFIXES))
     else:
         sanitize(c, valid, ("tp", "pp", "cp", "vpp", "dp", "micro_batch_size", "grad_accum"))
         for k in ("zero_stage", "recompute", "precision"):
@@ -151,16 +156,24 @@ def _simulate(
 
 
 def _serve_columns(
-    s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], valid: np.ndarray
+    s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], valid: np.ndarray, cost_per_device_hour: Any = None
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Serving columns; metrics are NaN where the config is invalid or the engine would refuse to
-    start (it reports nothing then)."""
+    start (it reports nothing then). With the cluster's ``cost_per_device_hour``, the cost per
+    million output tokens at the operating point, by the definition measured runs use
+    (:func:`autotune.objectives.serving.cost_per_million_output_tokens`)."""
     sanitize(c, valid, ("tp", "pp", "replicas", "max_num_seqs", "max_num_batched_tokens"))
     c["memory_utilization"] = np.where(valid, c["memory_utilization"], 0.9)
     c["block_size"] = np.where(valid, c["block_size"], 0.0)
     for k in ("graph_mode", "kv_cache_dtype", "quantization", "precision"):
         c[k] = np.where(valid, c[k], 0.0)
     out, per_rate = serve(s, hw, c, workload)
+    if cost_per_device_hour is not None:
+        devices = c["replicas"] * c["tp"] * c["pp"]
+        tokens = out["output_tokens_per_s"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cost = cost_per_million(float(cost_per_device_hour), devices, tokens)
+        out["cost_per_million_output_tokens"] = np.where(tokens > 0, cost, np.nan)
     fits = valid & out["fits"]
     out["valid"] = valid
     out["fits"] = fits
@@ -263,7 +276,7 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
             f"(largest: {detail} GiB)",
         )
     if workload.get("kind", "train") == "infer":
-        keys = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s", "peak_memory_gib", "memory_headroom_gib")
+        keys = (*(k for k in row if k.startswith(INFER_METRIC_PREFIXES)), "peak_memory_gib", "memory_headroom_gib")
     else:
         keys = (
             "step_time_s",
@@ -308,7 +321,7 @@ def _serve_result(
             )
         return ProbeResult(status="oom", source="simulated", wall_s=wall, info=info, reason=reason)
     keys = (*SERVE_METRICS, *_SERVE_EXTRA, "peak_memory_gib", "memory_headroom_gib")
-    metrics = {k: row[k] for k in keys}
+    metrics = {k: row[k] for k in keys if k in row}  # the cost only where the cluster has one
     metrics.update({k: v for k, v in row.items() if k.startswith("batch")})
     rates = []
     for i in range(per_rate["rate"].shape[1]):

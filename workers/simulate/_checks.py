@@ -82,7 +82,10 @@ def infer_checks(s: Shape, c: dict, world: int) -> list[tuple[str, np.ndarray]]:
     return [
         ("tp and pp must be positive integers (tp={tp}, pp={pp})", ~_is_int(t) | ~_is_int(p) | (t < 1) | (p < 1)),
         ("tp*pp = {tp_pp} does not divide world_size " + str(world), world % np.maximum(t * p, 1) != 0),
-        ("batch_size must be a positive integer, got {batch_size}", ~_is_int(c["batch_size"]) | (c["batch_size"] < 1)),
+        (  # 0: priced at each of the workload's batch sizes
+            "batch_size must be a positive integer, got {batch_size}",
+            ~_is_int(c["batch_size"]) | (c["batch_size"] < 0),
+        ),
         (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
         (
             f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",

@@ -13,8 +13,28 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from autotune.objectives import infer_headline
+
 from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth
 from ._memory import fragmentation_fraction
+
+
+def infer_points(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every config at each of the workload's batch sizes (measurement points, not a knob): the
+    per-batch figures, the headline ones (:func:`autotune.objectives.infer_headline`: latency at the
+    smallest batch, per-instance and per-device throughput at the largest) and the memory and time
+    breakdowns of the largest batch, the peak. A config that names its own ``batch_size`` (a column
+    above 0) is priced at that batch alone, as before the points."""
+    if np.any(c["batch_size"] > 0):
+        out = infer(s, hw, c, workload)
+        out["decode_tokens_per_s_per_device"] = out["decode_tokens_per_s"] / np.maximum(c["tp"] * c["pp"], 1.0)
+        return out
+    sizes = sorted({int(b) for b in workload.get("batch_sizes") or [1]})
+    per = {b: infer(s, hw, {**c, "batch_size": np.full(c["tp"].shape, float(b))}, workload) for b in sizes}
+    out = dict(per[sizes[-1]])
+    out.update(infer_headline(per, np.maximum(c["tp"] * c["pp"], 1.0), workload))
+    return out
+
 
 # Kernels per layer and decode step (norms, rope, attention, GEMMs, activation, residuals).
 DECODE_OPS = 14

@@ -97,6 +97,7 @@ class Plan:
     prompt_len: int = 0
     gen_len: int = 0
     batch_size: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # inference: the measured batch sizes
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -295,14 +296,14 @@ def _resolve_infer(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
         )
     plan.prompt_len = int(workload.get("prompt_len", 128))
     plan.gen_len = int(workload.get("gen_len", 32))
-    sizes = workload.get("batch_sizes") or [1]
+    # every config at each of the workload's batch sizes (measurement points); a batch_size param
+    # (an older study's knob) measures that batch alone
     bs = _int(params, "batch_size", None)
-    if bs is None:
-        bs = int(sizes[0])
-        plan.notes.append(f"no batch_size param: using workload.batch_sizes[0] = {bs}")
-    if bs < 1 or plan.prompt_len < 1 or plan.gen_len < 1:
-        raise ProbeFailure("invalid", "invalid config: batch_size, prompt_len and gen_len must be >= 1")
-    plan.batch_size = bs
+    sizes = [bs] if bs is not None else sorted({int(b) for b in workload.get("batch_sizes") or [1]})
+    if min(sizes) < 1 or plan.prompt_len < 1 or plan.gen_len < 1:
+        raise ProbeFailure("invalid", "invalid config: batch sizes, prompt_len and gen_len must be >= 1")
+    plan.batch_sizes = sizes
+    bs = plan.batch_size = max(sizes)  # the largest sets the peak memory
     plan.seq_len = plan.prompt_len + plan.gen_len
     plan.global_batch_size = bs * plan.dp
     if plan.recompute != "none" or plan.zero_stage:
