@@ -2,10 +2,16 @@
 
 What MLflow 3.17's UI reads, found in its own source (``mlflow/server/js/build/static/js``):
 
-- The experiment page's kind (GenAI "Overview"/traces, or the runs table of "Model training") comes
-  from the ``workflowType`` URL parameter (``genai`` | ``machine_learning``), else the browser's
-  localStorage ``mlflow.workflowType``, default ``genai`` (main.*.js, the workflow-type context; its
-  switcher is always enabled, so the experiment tag ``mlflow.experimentKind`` is not read any more).
+- The layout of every page under an experiment (the GenAI one, or "Machine learning" with its runs
+  table; the run pages too) comes from the ``workflowType`` URL parameter (``genai`` |
+  ``machine_learning``) of the page itself, else the browser's localStorage
+  ``mlflow.workflowType_v1``, default ``genai`` (main.*.js, module 7975, the workflow-type context;
+  its switcher is always enabled, module 89511 ``Z0``, so the experiment tag
+  ``mlflow.experimentKind`` is not read any more). Only the sidebar's switch writes localStorage;
+  the runs table's links to a run (3793.*.chunk.js, ``run_name_link``) carry no ``workflowType``,
+  and nothing the server sends sets it. So every link autotune prints or writes carries
+  ``workflowType=machine_learning`` (:data:`WORKFLOW`), and a page reached otherwise follows the
+  browser's last switch.
 - The runs table's state can be loaded from an experiment tag ``mlflow.sharedViewState.<key>``
   (a JSON object; the URL parameter ``viewStateShareKey=<key>``): the search facets
   ``searchFilter``, ``orderByKey``/``orderByAsc`` (a key such as ``metrics.`name```) and the UI state
@@ -13,16 +19,27 @@ What MLflow 3.17's UI reads, found in its own source (``mlflow/server/js/build/s
   ``compareRunSections``, ``isAccordionReordered``, ``groupBy``... (3878.*.chunk.js, main.*.js
   module 1395: the list of shareable keys; ``runsExpanded``, ``runsPinned``, ``runsHidden`` are never
   shared). The URL must then carry no search facet of its own, or the shared state is ignored.
+- Parent and child runs: the table nests children under their parent only when it is sorted by
+  creation time or neither sorted nor filtered (3878.*.chunk.js: ``nestChildren`` is
+  ``!orderByKey && !searchFilter || orderByKey === "attributes.start_time"``), and a nested parent
+  opens folded (``runsExpanded`` is not shared; the table unfolds by itself only the parents of
+  ``mlflow.runType=evaluation`` runs, on a first visit). Sorted by an objective, every run is a
+  row of its own.
+- Metric cells show the logged value as it is: a metric column's ``valueFormatter`` comes from a
+  map compiled into the bundle, empty in MLflow's build (3793.*.chunk.js module 57333 reads
+  ``Ue.g[name].valueFormatter``, main.*.js module 13071 is ``const r={}``), and no shareable key
+  sets a format or precision. The trials' figures are therefore logged exact, not rounded.
 - Charts: the cards of ``compareRunCharts`` are kept in their order; metrics without a card are
   appended to a section marked ``isReordered`` (alphabetically otherwise).
 - Descriptions: the tag ``mlflow.note.content`` of a run or of the experiment (Markdown).
 
 So a study writes its view as the experiment tag ``mlflow.sharedViewState.autotune``
 (:func:`study_view_state`, written by :mod:`autotune.study_tracking`) and :func:`study_ui_url`
-links to it: the study's trials (the parent run's children, as rows, not folded under the parent),
-sorted by the first objective, the objectives, status and searched params as the first columns,
-and the objectives as the first charts. MLflow says "You're viewing a shared view" above the
-table; its "Exit shared view" returns to the user's own view.
+links to it: the study's runs as rows (its trials, and the parent run with the study's
+description, plots and exports, last: it has no trial figures), sorted by the first objective,
+the objectives (and a serving study's decision figures and layout), status and searched params as
+the first columns, and the objectives as the first charts. MLflow says "You're viewing a shared
+view" above the table; its "Exit shared view" returns to the user's own view.
 
 This module imports neither MLflow nor Rich at import time (the CLI imports it inside a command).
 """
@@ -46,12 +63,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlencode
 
+from autotune.objectives import DECISION_METRICS
+
 __all__ = [
     "VIEW_KEY",
     "VIEW_TAG",
+    "STUDY_FILTER",
+    "SERVING_METRICS",
+    "SERVING_PARAMS",
     "NoMlflowStore",
     "study_view_state",
     "study_ui_url",
+    "parent_run_ui_url",
+    "run_ui_path",
     "serve_ui",
     "running_ui",
     "server_command",
@@ -65,6 +89,13 @@ _SECTION = "autotune-model-metrics"  # the uuid of the charts' first section, "M
 _MAX_TAG = 20000  # MLflow's limit on an experiment tag's value (mlflow.utils.validation)
 _MAX_PARAM_COLUMNS = 24
 _PARALLEL_PARAMS = 8  # a parallel-coordinates chart stays readable with this many axes
+# the study's runs: its parent and its trials carry the tag (autotune.study_tracking); MLflow's
+# search has no OR, and no other tag is shared by a parent run and its children
+STUDY_FILTER = "tags.`autotune.backend` LIKE '%'"
+# what a serving study's decision reads (autotune.objectives.DECISION_METRICS["serve"]), and its layout
+_COST = "cost_per_million_output_tokens"
+SERVING_METRICS = DECISION_METRICS["serve"]
+SERVING_PARAMS = ("replicas", "tp")
 
 
 class NoMlflowStore(FileNotFoundError):
@@ -77,23 +108,36 @@ def _key(kind: str, name: str) -> str:
 
 
 def study_view_state(
-    parent_run_id: str,
     objectives: Sequence[tuple[str, str]],
     params: Sequence[str],
     *,
     status_tag: str = "autotune.status",
     second_axis: str | None = None,
+    workload: str = "train",
+    priced: bool = False,
 ) -> dict[str, Any]:
     """The runs table and charts of one study, as MLflow's shared view state.
 
     ``objectives``: (metric, "maximize"|"minimize") pairs, the first sorts the table; ``params``:
     the searched params (MLflow-valid names) in the order the columns should show them;
     ``second_axis``: a metric set against the first objective in a scatter chart when there is
-    one objective (with two, they are the scatter's axes)."""
+    one objective (with two, they are the scatter's axes). A serving study (``workload`` "serve")
+    shows the figures its decision reads (:data:`SERVING_METRICS`, the cost only when ``priced``:
+    the cluster has a cost per device hour) and its layout (:data:`SERVING_PARAMS`) after the
+    objectives, before the status and the other params."""
     metrics = [m for m, _ in objectives]
     first, direction = objectives[0]
-    params = list(dict.fromkeys(params))[:_MAX_PARAM_COLUMNS]
-    columns = [_key("metrics", m) for m in metrics] + [_key("tags", status_tag)] + [_key("params", p) for p in params]
+    searched = params = list(dict.fromkeys(params))
+    shown = list(metrics)
+    layout: list[str] = []
+    if workload == "serve":
+        shown += [m for m in SERVING_METRICS if m not in shown and (priced or m != _COST)]
+        layout = list(SERVING_PARAMS)
+        params = [p for p in params if p not in layout]
+    params = params[: max(0, _MAX_PARAM_COLUMNS - len(layout))]
+    leading = [_key("metrics", m) for m in shown] + [_key("params", p) for p in layout]
+    columns = leading + [_key("tags", status_tag)] + [_key("params", p) for p in params]
+    widths = {_key("metrics", m): 190 if m in metrics else _width(m) for m in shown}
     charts: list[dict[str, Any]] = []
 
     def card(uuid: str, kind: str, **fields: Any) -> None:
@@ -120,31 +164,38 @@ def study_view_state(
             xaxis={"key": y, "type": "METRIC"},
             yaxis={"key": first, "type": "METRIC"},
         )
-    if params:
+    if searched:
         card(
             "parallel",
             "PARALLEL",
-            selectedParams=params[:_PARALLEL_PARAMS],
+            selectedParams=searched[:_PARALLEL_PARAMS],
             selectedMetrics=metrics[:2],
             showAllRuns=True,
         )
     state: dict[str, Any] = {
-        # the trials as rows of their own: a parent's children are folded under it, and the
-        # folding (runsExpanded) is never part of a shared view
-        "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        # the study's runs, each a row of its own (sorted by a metric, MLflow folds no child
+        # under its parent): the trials, and the parent run with the study's plots, last (it has
+        # no trial figures, and runs without the sort key come last). Every run autotune writes
+        # carries the tag; in a run directory's store the experiment holds this one study.
+        "searchFilter": STUDY_FILTER,
         "orderByKey": _key("metrics", first),
         "orderByAsc": direction == "minimize",
         "selectedColumns": columns,
         "columnOrder": columns,
-        "columnWidths": {_key("metrics", m): 190 for m in metrics},
+        "columnWidths": widths,
         "compareRunCharts": charts,
         "compareRunSections": [{"uuid": _SECTION, "name": "Model metrics", "display": True, "isReordered": True}],
         "isAccordionReordered": True,
         "hideEmptyCharts": True,
     }
-    while len(json.dumps(state)) > _MAX_TAG and len(state["selectedColumns"]) > len(metrics) + 1:
+    while len(json.dumps(state)) > _MAX_TAG and len(state["selectedColumns"]) > len(leading) + 1:
         state["selectedColumns"] = state["columnOrder"] = state["selectedColumns"][:-1]
     return state
+
+
+def _width(metric: str) -> int:
+    """A column wide enough for the metric's name in the header (MLflow's default is 100 px)."""
+    return max(120, min(280, 8 * len(metric) + 40))
 
 
 def _connect(db: Path) -> sqlite3.Connection:
@@ -189,6 +240,28 @@ def study_ui_url(run_dir: Path, base_url: str) -> str:
     return f"{base_url.rstrip('/')}/#/experiments/{exp_id}/runs?{urlencode(query)}"
 
 
+def run_ui_path(experiment_id: str, run_id: str) -> str:
+    """The path (after ``#``) of a run's page in the "Machine learning" layout."""
+    return f"/experiments/{experiment_id}/runs/{run_id}?{urlencode(WORKFLOW)}"
+
+
+def parent_run_ui_url(run_dir: Path, base_url: str) -> str | None:
+    """The URL of the study's parent run (its description, plots and exports) on the MLflow
+    server at ``base_url``, in the "Machine learning" layout; None when the store has none.
+    Reads the run directory's store without MLflow."""
+    db = _store(Path(run_dir))
+    exp_id, _ = _study_experiment(db)
+    with contextlib.closing(_connect(db)) as conn:
+        row = conn.execute(
+            "SELECT r.run_uuid FROM runs r WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'"
+            " AND EXISTS(SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'autotune.study')"
+            " AND NOT EXISTS(SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'mlflow.parentRunId')"
+            " ORDER BY r.start_time DESC LIMIT 1",
+            (exp_id,),
+        ).fetchone()
+    return f"{base_url.rstrip('/')}/#{run_ui_path(exp_id, row[0])}" if row else None
+
+
 # ---- the server ---------------------------------------------------------------------------------
 def server_command(run_dir: Path, host: str, port: int) -> list[str]:
     """``mlflow server`` on the run directory's store: one worker, no job runner (MLflow's defaults
@@ -228,7 +301,12 @@ def _free_port(host: str) -> int:
 
 
 def _port_taken(host: str, port: int) -> bool:
+    """Whether a server could not listen on ``host``:``port``. Checked as the server binds
+    (uvicorn sets SO_REUSEADDR on POSIX): the connections a stopped server left in TIME_WAIT do not
+    hold the port, a socket listening on it does."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        if os.name == "posix":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -348,6 +426,11 @@ def serve_ui(
                 base, proc = stack.enter_context(running_ui(run_dir, host, port, progress=p.update))
             url = study_ui_url(run_dir, base)
             on_ready(url)
+            parent = parent_run_ui_url(run_dir, base)
+            if parent:
+                console.print(
+                    f"the study's parent run (description, plots, exports): {parent}", markup=False, soft_wrap=True
+                )
             if open_browser:
                 import webbrowser
 

@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import optuna
 from optuna.trial import TrialState
@@ -131,7 +132,7 @@ class StudyTracking(TrialListener):
     def _describe(self, run_id: str) -> None:
         """The parent run's and the experiment's descriptions, and the study's view of the runs
         table (:func:`autotune.mlflow_ui.study_view_state`): what a user sees first in the UI."""
-        from .mlflow_ui import VIEW_TAG, study_view_state
+        from .mlflow_ui import VIEW_KEY, VIEW_TAG, WORKFLOW, run_ui_path, study_view_state
 
         what = self._what()
         self.tracker.log_parent(tags={NOTE_TAG: "\n".join(what)})
@@ -142,14 +143,25 @@ class StudyTracking(TrialListener):
             and self.spec.workload.kind == "train"
         ):
             second = "peak_memory_gib"  # speed against memory: what the front of the report weighs
-        view = study_view_state(run_id, self.objectives, [mlflow_key(k) for k in self.searched()], second_axis=second)
+        view = study_view_state(
+            self.objectives,
+            [mlflow_key(k) for k in self.searched()],
+            second_axis=second,
+            workload=self.spec.workload.kind,
+            priced=self.spec.cluster.cost_per_device_hour is not None,
+        )
+        # the links carry the layout: MLflow's UI takes it from the page's URL (or the browser's
+        # last switch), never from the experiment
+        experiment = self.tracker.experiment_id
+        table = f"#/experiments/{experiment}/runs?{urlencode({**WORKFLOW, 'viewStateShareKey': VIEW_KEY})}"
+        parent = f"#{run_ui_path(experiment, run_id)}"
         experiment_note = "\n".join(
             [
                 *what[:3],
                 "",
-                "**The trials, sorted by the objective**: run `autotune ui RUN_DIR`, or open "
-                f"[this link](#/experiments/{self.tracker.experiment_id}/runs?workflowType=machine_learning"
-                f"&viewStateShareKey={VIEW_TAG.rsplit('.', 1)[1]}) (MLflow shows it as a shared view).",
+                f"- **The trials, sorted by the objective** (this study's parent run last): run `autotune ui RUN_DIR`, "
+                f"or open [this link]({table}) (MLflow shows it as a shared view).",
+                f"- **The study's parent run** (description, plots, exports): [{run_id}]({parent}).",
             ]
         )
         self.tracker.set_experiment_tags({NOTE_TAG: experiment_note, VIEW_TAG: json.dumps(view)})

@@ -101,9 +101,9 @@ SERVE_METRICS = (
     "kv_cache_usage",
     "preemptions",
     "requests_failed",
-    "cost_per_million_output_tokens",
 )
 _SERVE_EXTRA = (
+    "cost_per_million_output_tokens",  # where the cluster has a cost_per_device_hour
     "max_rate_rps_model",
     "max_rate_rps_model_per_device",
     "capacity_rps",
