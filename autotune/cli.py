@@ -145,12 +145,20 @@ def _format_help() -> str:
 
 def _error(text: str) -> None:
     """An error line. The text is never read as rich markup: it quotes specs, probes and paths,
-    which are full of brackets (``[rank0]:``, ``[tp for x in ...]``, ``[/bold]``)."""
-    err.print(Text.assemble(("error", "red"), " ", text))
+    which are full of brackets (``[rank0]:``, ``[tp for x in ...]``, ``[/bold]``); and its control,
+    bidi and invisible characters are escapes (:func:`~autotune.spec_errors.escape_text`: an ESC
+    is ``\\x1b``, a newline ``\\n``; text escaped already stays as it is)."""
+    err.print(Text.assemble(("error", "red"), " ", escape_text(text)))
 
 
 def _warn(text: str) -> None:
-    err.print(Text(text, style="yellow"))
+    err.print(Text(escape_text(text), style="yellow"))
+
+
+def _say(console: Console, text: str, style: str = "") -> None:
+    """A line of ``text`` that quotes a spec, a probe or a trial record: printed as it is, never
+    read as markup, its control, bidi and invisible characters escaped (one line, what it holds)."""
+    console.print(Text(escape_text(text), style=style))
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -282,22 +290,23 @@ def doctor(
             )
         )
     else:
-        out.print(f"[bold]Ray cluster[/bold] {escape(address or 'local (this machine)')}: {len(nodes)} node(s)")
+        out.print(
+            f"[bold]Ray cluster[/bold] {escape(escape_text(address or 'local (this machine)'))}: {len(nodes)} node(s)"
+        )
         for n in nodes:
             devices = ", ".join(
                 f"{k} {n['free'].get(k, v):g}/{v:g} free" for k, v in n["total"].items() if k in ("CPU", "GPU", "NPU")
             )
             soft = n.get("software") or {}
             software = ", ".join(f"{k} {v}" for k, v in soft.items()) if soft else n.get("error", "none found")
-            out.print(
-                f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): {devices}",
-                markup=False,
+            _say(
+                out, f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): {devices}"
             )
-            out.print(f"      software: {software}", markup=False)
+            _say(out, f"      software: {software}")
             if n.get("visible_devices"):
-                out.print(f"      visible: {n['visible_devices']}", markup=False)
+                _say(out, f"      visible: {n['visible_devices']}")
         if verdict:
-            out.print(("ok  " if verdict[0] else "not placeable  ") + verdict[1], markup=False)
+            _say(out, ("ok  " if verdict[0] else "not placeable  ") + verdict[1])
     if verdict and not verdict[0]:
         raise typer.Exit(EXIT_NO_RESULT)
 
@@ -318,33 +327,35 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
     empty = _why_empty(spec)
     if empty:
         if as_json:
-            out.print_json(
-                json.dumps({"ok": False, "errors": [f"{escape_text(str(spec_path))}: constraints: {empty}"]})
-            )
+            out.print_json(json.dumps({"ok": False, "errors": [f"{escape_text(str(spec_path))}: {empty}"]}))
         else:
-            _error(f"{escape_text(str(spec_path))}: constraints: {empty}")
+            _error(f"{escape_text(str(spec_path))}: {empty}")
         raise typer.Exit(EXIT_INPUT)
     if as_json:
         out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
     else:
-        out.print(f"ok  {spec.summary()}", markup=False)
+        _say(out, f"ok  {spec.summary()}")
 
 
 def _why_empty(spec: Spec) -> Optional[str]:
-    """Why the spec's space holds no valid config (None when it holds one, or is too large to
-    enumerate: then the sampler explores it and says what it rejected)."""
-    from .space import Space
+    """Why the spec's space holds no valid config, as ``constraints: ...`` (None when it holds one,
+    or is above search.exhaustive_limit: then the sampler explores it and says what it rejected),
+    or ``search.exhaustive_limit: ...`` when ranking a space that size could not fit in memory."""
+    from .space import Space, SpaceTooLarge
 
     try:
-        return Space(spec).enumerate(limit=spec.search.exhaustive_limit).why_empty()
+        empty = Space(spec).why_empty(limit=spec.search.exhaustive_limit)
+    except SpaceTooLarge as exc:
+        return f"search.exhaustive_limit: {exc}"
     except ValueError:
         return None
+    return f"constraints: {empty}" if empty else None
 
 
 def _refuse_empty(spec: Spec, spec_path: Path) -> None:
     empty = _why_empty(spec)
     if empty:
-        _error(f"{escape_text(str(spec_path))}: constraints: {empty}")
+        _error(f"{escape_text(str(spec_path))}: {empty}")
         raise typer.Exit(EXIT_INPUT)
 
 
@@ -362,13 +373,16 @@ def plan(
     from .context import probe_context
     from .ranking import rank_space
     from .trial_attrs import ROOMIEST, UNDISTINGUISHED
-    from .space import Space
+    from .space import Space, SpaceTooLarge
 
     spec, profile = _planned_profile(spec)
     space = Space(spec)
     objectives = spec.objective_list()
     try:
         enumeration = space.enumerate(limit=spec.search.exhaustive_limit)
+    except SpaceTooLarge as exc:
+        _error(f"{escape_text(str(spec_path))}: search.exhaustive_limit: {exc}")
+        raise typer.Exit(EXIT_INPUT) from None
     except ValueError as exc:
         _error(f"{exc}; narrow the space or raise search.exhaustive_limit")
         raise typer.Exit(EXIT_INPUT) from None
@@ -403,8 +417,8 @@ def plan(
         }
         out.print_json(json.dumps(payload, default=_json_default))
         return
-    out.print(spec.summary())
-    out.print(profile["line"], markup=False)
+    _say(out, spec.summary())
+    _say(out, profile["line"])
     out.print(
         f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
         f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
@@ -412,7 +426,7 @@ def plan(
         else f"space: {enumeration.space_size:,} combinations, no valid config"
     )
     for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
-        out.print(Text(f"  {count:,} rejected: {reason}", style="dim"))
+        _say(out, f"  {count:,} rejected: {reason}", style="dim")
     if not best:
         _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
@@ -425,7 +439,7 @@ def plan(
     for marker, text_of in ((UNDISTINGUISHED, Layout.undistinguished_text), (ROOMIEST, Layout.roomiest_text)):
         for text in sorted({text_of(lay) for lay in layouts if text_of(lay)}):
             rows = [str(i) for i, lay in enumerate(layouts, start=1) if text_of(lay) == text]
-            out.print(f"  rows {','.join(rows)}: {marker}{text}", markup=False)
+            _say(out, f"  rows {','.join(rows)}: {marker}{text}")
     print_pricing(out, ranking.knob_pricing(list(space.choices)))
     print_breakdown(out, best[0][1])
 
@@ -542,7 +556,7 @@ def run(
     except ValueError as exc:
         _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
-    err.print(Text.assemble((f"backend: {choice.kind}", "bold"), f" — {choice.reason}"))
+    err.print(Text.assemble((escape_text(f"backend: {choice.kind}"), "bold"), escape_text(f" — {choice.reason}")))
     directory = _run_dir(spec, run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -590,9 +604,10 @@ def _run_locked(
     from .study_definition import definition
 
     defined_as = definition(spec, choice.kind)
-    _check_definition(spec, spec_path, directory, defined_as, fresh_study)
+    # the lease first: a second driver is refused before its spec check can set the live study aside
     lease = _lease_shared_study(spec, directory)
     try:
+        _check_definition(spec, spec_path, directory, defined_as, fresh_study)
         _run_study(
             spec,
             spec_path,
@@ -635,6 +650,9 @@ def _run_study(
     """Probe, record and finish the study (its run directory locked, its lease held)."""
     _remember_spec(spec_path, directory)
     spec = _measured_profile(spec, choice)
+    from .usable_memory import with_usable_memory
+
+    spec, usable_memory = with_usable_memory(spec, choice.simulated, lambda text: _say(err, text, style="dim"))
 
     from .progress import ProgressObserver
     from .search import StudyRunner, Unplaceable
@@ -680,6 +698,7 @@ def _run_study(
         reuse_cache=reuse_cache,
         stop_requested=lambda: _SIGTERM_RECEIVED,
         definition=defined_as,
+        usable_memory=usable_memory or None,
     )
     status = "FAILED"
     try:
@@ -725,7 +744,7 @@ def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: 
             f"({exc.trials} trial(s) measured under the old definition):"
         )
         for line in exc.changes:
-            err.print(f"  {line}", markup=False)
+            _say(err, f"  {line}")
         err.print(
             "resuming would mix trials of two different studies. Either start it in a new directory "
             "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
@@ -736,12 +755,11 @@ def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: 
         raise typer.Exit(EXIT_INPUT) from None
     if aside is not None:
         name, changes = aside
-        err.print(
-            Text(
-                f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
-                f"{name!r} in the same storage; starting a new study {spec.name!r}",
-                style="dim",
-            )
+        _say(
+            err,
+            f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
+            f"{name!r} in the same storage; starting a new study {spec.name!r}",
+            style="dim",
         )
 
 
@@ -754,7 +772,7 @@ def _measured_profile(spec: Spec, choice: Any) -> Spec:
         from .progress import phase
 
         return ensure_measured_profile(
-            spec, choice.simulated, lambda text: err.print(Text(text, style="dim")), lambda text: phase(err, text)
+            spec, choice.simulated, lambda text: _say(err, text, style="dim"), lambda text: phase(err, text)
         )
     except ConnectionError as exc:  # the Ray cluster does not answer (dispatch.RayUnreachable)
         _error(str(exc))
@@ -789,7 +807,7 @@ def _relocate_mlflow(directory: Path) -> None:
         log.debug("MLflow artifact paths not checked: %s", exc)
         return
     if moved:
-        err.print(Text(moved, style="dim"))
+        _say(err, moved, style="dim")
 
 
 def _tracker(spec: Spec, directory: Path) -> Any:
@@ -799,7 +817,7 @@ def _tracker(spec: Spec, directory: Path) -> Any:
     if not spec.tracking.mlflow_uri:
         _relocate_mlflow(directory)  # a resumed study whose run directory was moved
     if uri.startswith(("http://", "https://")):
-        err.print(f"connecting to MLflow at {uri} ...", markup=False)
+        _say(err, f"connecting to MLflow at {uri} ...")
     try:
         return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
     except Exception as exc:
@@ -870,10 +888,10 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         out.print_json(json.dumps(payload, default=_json_default))
     else:
         source = "simulated" if choice.simulated else "measured"
-        err.print(
+        _say(
+            err,
             f"{status_line(result.records)} ({_probes_words(outcome.probes_run)}, {source}); stopped: "
             f"{outcome.stopped_because}",
-            markup=False,
         )
         from .run_output import print_best, print_preview, print_pricing
 
@@ -898,15 +916,13 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
     if tracking:
         uri = tracking.tracker.tracking_uri
         if uri.startswith(("http://", "https://", "databricks")):  # a server of its own: open it there
-            err.print(
-                f"  browse trials:   open {uri} (experiment {spec.tracking.experiment or spec.name})", markup=False
-            )
+            _say(err, f"  browse trials:   open {uri} (experiment {spec.tracking.experiment or spec.name})")
         else:
-            err.print(f"  browse trials:   autotune ui {_quoted(directory)}", markup=False)
+            _say(err, f"  browse trials:   autotune ui {_quoted(directory)}")
     journal = journal_path(spec, directory)
     if journal is not None:
-        err.print(f"  Optuna's view:   optuna-dashboard {_quoted(journal)}", markup=False)
-    err.print(f"  results table:   autotune report {spec_arg} --run-dir {directory}", markup=False)
+        _say(err, f"  Optuna's view:   optuna-dashboard {_quoted(journal)}")
+    _say(err, f"  results table:   autotune report {spec_arg} --run-dir {directory}")
     if exports:
         launch = next(
             (
@@ -924,7 +940,7 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
             else "best config:    "
         )
         how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
-        err.print(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})", markup=False)
+        _say(err, f"  {label} {exports['yaml']}   ({how}env: {exports['env']})")
     if choice.simulated:
         how = (
             f"backend {spec.target_stack}, the engine itself"
@@ -1002,17 +1018,17 @@ def report(
     from .run_output import WIDTH, decision_lines, print_report_table, wrap_line
 
     rows = results_rows(records, objectives, spec.workload.kind)
-    out.print(f"[bold]{escape(spec.name)}[/bold]: {escape(status_line(records))}")
+    out.print(Text.assemble((escape_text(spec.name), "bold"), escape_text(f": {status_line(records)}")))
     print_report_table(out, rows, records, objectives, top)
     decision = decision_lines(best[0], spec.workload.model_dump(), spec.cluster.cost_per_device_hour) if best else []
     if decision:
         out.print(f"best trial {best[0].number}:", markup=False)
         for text in decision:
-            for part in wrap_line(f"  {text}", WIDTH, indent=6):
+            for part in wrap_line(f"  {escape_text(text)}", WIDTH, indent=6):
                 out.print(part, markup=False)
     if line:
-        out.print(line)
-    for text in summary_lines(summary):
+        _say(out, line)
+    for text in summary_lines(summary):  # escaped by summary_lines (each line wrapped to fit)
         out.print(text, markup=False, highlight=False)
 
 
@@ -1056,10 +1072,10 @@ def export(
             err.print("[red]error[/red] the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)
         if result.recommendation is not None and result.recommendation.changed:
-            err.print(
+            _say(
+                err,
                 f"exporting the recommended config: {result.recommendation.sentence} (--trial "
                 f"{result.best[0].number} exports the best)",
-                markup=False,
             )
     directory = out_dir or _run_dir(spec, run_dir) / "export"
     from .export import ExportRefused
@@ -1088,7 +1104,7 @@ def export(
         print(json.dumps({"trial": chosen.number, "files": {k: str(v) for k, v in paths.items()}}))
         return
     for kind, path in paths.items():
-        out.print(f"{kind}: {path}", highlight=False, soft_wrap=True, markup=False)
+        _say(out, f"{kind}: {path}")
 
 
 # ------------------------------------------------------------------------------------------- ui

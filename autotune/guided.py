@@ -72,6 +72,13 @@ FAMILY_PARAMS = ("tp", "pp", "cp", "zero_stage", "recompute")
 # fold, and the simulator does not price it; environment variables get the narrow prior
 EXECUTION_PARAMS = ("mode", "jit_level", "graph_kernel_flags", "compile")
 _MAX_ONE_HOT_VALUES = 16
+# knobs that cannot make a config that ran out of memory fit (issue 41): the half precisions hold the
+# same bytes, a graph or fusion flag moves no tensor out of memory, an HCCL setting other than a
+# smaller buffer allocates as much; a layout that ran out of memory is not probed again with only these
+# changed ("the same wall")
+SAME_WALL_PRECISIONS = ("bf16", "fp16")
+SAME_WALL_FLAGS = ("graph_kernel_flags", "jit_level", "compile", "mode")
+HCCL_BUFFER = "env.HCCL_BUFFSIZE"
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,9 @@ class GuideSettings:
     # profile says it fits, and is no OOM risk taken blind
     memory_profiles: bool = False
     profile_cost: float = 0.3  # a profile's cost in full-probe equivalents, as the guide weighs it
+    # what the device check measured a probe's allocator can use on one device (autotune.usable_memory;
+    # the hardware profile's usable_memory_gib), None where no check ran
+    device_usable_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,8 @@ class Observation:
     # the P(fits) its memory profile gave the full model, where a profile decided (its verdict's
     # figure: the line through the profile's peaks against the memory its allocator could use)
     profile_p_fit: float | None = None
+    # the P(fits) the full probe was run at (the guide's when it chose it, or its profile's verdict)
+    stated_p_fit: float | None = None
 
 
 @dataclass
@@ -215,6 +227,7 @@ class Guide:
             ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw))
         )
         self.families = [family_of(c) for c in ranking.enumeration.configs]
+        self.walls = [_wall_of(c) for c in ranking.enumeration.configs]
 
     # ---- features ----------------------------------------------------------------------------------
     @staticmethod
@@ -437,20 +450,66 @@ class Guide:
         failed = [
             o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]
         ]
-        reported = [o for o in obs if o.usable_gib and o.usable_gib > 0]
-        if reported and not failed:
-            return self._reported_usable(reported, belief)
-        if not failed:
-            return nominal, 0.0
-        taught_by = min(failed, key=lambda o: o.oom_needed_gib)
-        upper = taught_by.oom_needed_gib
         lows = [float(o.peak_memory_gib) for o in obs if o.status in ("ok", "pruned") and o.peak_memory_gib]
+        # an OOM whose message gives no numbers still bounds what is usable: below what that config
+        # needed, where its peak is known (its memory profile, or a memory model the measured peaks
+        # pin down), and above every peak that fitted
+        bounds = [(o.oom_needed_gib, o) for o in failed]
+        bounds += [b for b in self._plain_oom_bounds(obs, lows) if b[0] < 0.995 * nominal[b[1].index]]
+        reported = [o for o in obs if o.usable_gib and o.usable_gib > 0]
+        if reported and not bounds:
+            return self._reported_usable(reported, belief)
+        if not bounds:
+            return self.device_limit(), 0.0
+        upper, taught_by = min(bounds, key=lambda b: b[0])
         lows += [o.oom_in_use_gib for o in failed if o.oom_in_use_gib is not None and o.oom_in_use_gib <= upper]
         lower = max(lows) if lows else 0.9 * upper
         lower = min(lower, upper)
-        usable = np.minimum(nominal, 0.5 * (lower + upper))
+        usable = np.minimum(self.device_limit(), 0.5 * (lower + upper))
         sd = (upper - lower) / math.sqrt(12.0)
         return self._less_for_more_buffers(usable, sd, taught_by.index)
+
+    def device_limit(self) -> np.ndarray:
+        """The capacity each config's predicted peak may reach: the nominal one, or, where the device
+        check measured less usable by the allocator (``settings.device_usable_gib``), that plus what
+        the model puts outside the allocator for the config (the runtime reserve its peak counts),
+        when that is clearly (1 %) below the nominal."""
+        usable = self.settings.device_usable_gib
+        if not usable or usable <= 0:
+            return self.limit
+        outside = (
+            self.mem_components[:, self.mem_names.index("runtime_reserve")]
+            if self.mem_components is not None and "runtime_reserve" in self.mem_names
+            else 0.0
+        )
+        limit = np.minimum(self.limit, float(usable) + outside)
+        return np.where(limit < 0.99 * self.limit, limit, self.limit)
+
+    def _plain_oom_bounds(self, obs: list[Observation], fitted: list[float]) -> list[tuple[float, Observation]]:
+        """(what the config needed, at least, by its known peak; the OOM) for each out-of-memory probe
+        whose message gave no byte counts: the peak its memory profile predicted (plus one sd), else
+        the peak the measured peaks alone predict where they pin it within 3 %. None where the peak is
+        not known that well, or where a config that fitted already peaked higher (the estimate was
+        wrong, not the capacity)."""
+        plain = [o for o in obs if o.status == "oom" and not o.oom_needed_gib]
+        if not plain:
+            return []
+        highest = max(fitted) if fitted else 0.0
+        out = []
+        measured = None
+        for o in plain:
+            if o.profile_peak_gib:
+                needed = float(o.profile_peak_gib) + float(o.profile_sd_gib or 0.0)
+            else:
+                if measured is None:  # the belief from the peaks alone (no OOM censoring in it)
+                    measured = self._memory_belief([x for x in obs if x.status in ("ok", "pruned")])
+                mean, sd = float(measured.mean[o.index]), float(measured.sd[o.index])
+                if not (mean > 0 and sd <= 0.03 * mean):
+                    continue
+                needed = mean + sd
+            if needed > highest:
+                out.append((needed, o))
+        return out
 
     def _less_for_more_buffers(
         self, usable: np.ndarray, sd: np.ndarray | float, taught_by: int
@@ -596,7 +655,7 @@ class Guide:
         lacks) is there at least as much."""
         usable, usable_sd = self.usable_limit(obs, belief)
         z = (usable - mem_mean) / np.maximum(np.sqrt(mem_sd**2 + usable_sd**2), 1e-9)
-        p_fit = _norm_cdf(z)
+        p_fit = _norm_cdf(z) ** self.fit_correction(obs)
         relative = (usable - mem_mean) / np.maximum(usable, 1e-9)  # headroom as a share of what is usable
         for o in obs:
             if o.status in ("oom", "oom_predicted"):  # measured over, or profiled over, the limit
@@ -610,7 +669,74 @@ class Guide:
                     # and their profiles said no)
                     cap = min(cap, o.profile_p_fit)
                 p_fit = np.where(tighter, np.minimum(p_fit, cap), p_fit)
-        return p_fit
+        return np.where(self.same_wall(obs), 0.0, p_fit)
+
+    def _after_wall(self, obs: list[Observation], index: int, mem_mean: np.ndarray, belief: "_MemoryBelief") -> str:
+        """Where the chosen config is a near sibling (two knobs or fewer apart) of one that ran out of
+        memory: what it changes, the saving the model predicts, and the shortfall it must cover."""
+        configs = self.ranking.enumeration.configs
+        chosen = configs[index]
+        usable, _ = self.usable_limit(obs, belief)
+        for o in obs:
+            if o.status != "oom":
+                continue
+            failed = configs[o.index]
+            changed = sorted(k for k in set(chosen) | set(failed) if chosen.get(k) != failed.get(k))
+            if not changed or len([k for k in changed if k not in ("dp", "grad_accum")]) > 2:
+                continue
+            needed = o.oom_needed_gib or float(mem_mean[o.index])
+            shortfall = max(needed - float(usable[o.index]), 0.0)
+            saving = float(mem_mean[o.index] - mem_mean[index])
+            return (
+                f"after trial {o.number} ran out of memory: {', '.join(f'{k} {chosen.get(k)}' for k in changed)} "
+                f"predicted to save {saving:.1f} GiB against a shortfall of {shortfall:.1f} GiB (usable "
+                f"{float(usable[o.index]):.1f} GiB)"
+            )
+        return ""
+
+    def same_wall(self, obs: list[Observation]) -> np.ndarray:
+        """The configs that differ from one that ran out of memory only in knobs that cannot save
+        memory (:data:`SAME_WALL_FLAGS`, bf16 for fp16, an HCCL setting other than a smaller
+        ``HCCL_BUFFSIZE``): they run into the same wall, and are not probed. (The config that ran
+        out keeps the model's P(fits), which caps its less roomy neighbours'.)"""
+        out = np.zeros(self.n, dtype=bool)
+        configs = self.ranking.enumeration.configs
+        for o in obs:
+            if o.status != "oom":
+                continue
+            wall, buffer = self.walls[o.index], _buffer_of(configs[o.index])
+            for i, w in enumerate(self.walls):
+                if (
+                    w == wall
+                    and i != o.index
+                    and not (buffer is not None and (_buffer_of(configs[i]) or buffer) < buffer)
+                ):
+                    out[i] = True
+        return out
+
+    def fit_correction(self, obs: list[Observation]) -> float:
+        """The exponent that corrects P(fits) where it over-promised (1: it did not). Among the full
+        probes run at a stated P(fits) of 0.5 or more, fewer fitted than the sum of those P(fits)
+        promised, beyond one binomial sd: the exponent ``g`` (P(fits) ** g) that makes the promise
+        match what happened, from 1 up to 8."""
+        stated = [
+            (o.stated_p_fit, o.status != "oom") for o in obs if o.stated_p_fit is not None and o.stated_p_fit >= 0.5
+        ]
+        stated = [(p, fit) for p, fit in stated if p < 1.0]
+        if len(stated) < 3:
+            return 1.0
+        p = np.array([x for x, _ in stated])
+        fits = sum(1 for _, fit in stated if fit)
+        if fits >= p.sum() - math.sqrt(float(np.sum(p * (1.0 - p)))):
+            return 1.0
+        low, high = 1.0, 8.0
+        for _ in range(30):
+            mid = 0.5 * (low + high)
+            if np.sum(p**mid) > fits:
+                low = mid
+            else:
+                high = mid
+        return high
 
     # ---- decisions -----------------------------------------------------------------------------------
     def close_call(
@@ -969,6 +1095,9 @@ class Guide:
                 f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
                 "this one surely fits and tells its memory, so it need not be risked"
             )
+        wall = self._after_wall(obs, index, mem_mean, belief)
+        if wall:
+            parts.append(wall)
         if s.memory_profiles and p_fit[index] < s.fit_confidence:
             parts.append(
                 f"not sure to fit (P(fits) {p_fit[index]:.2f}): memory profile first, full probe only if it fits"
@@ -976,6 +1105,25 @@ class Guide:
         parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
         return with_prediction(Proposal(index, config, "; ".join(parts), scout_for=scout_for)), ""
+
+
+def _wall_of(config: dict[str, Any]) -> tuple:
+    """A config less the knobs that cannot save memory (:data:`SAME_WALL_FLAGS`, a half precision,
+    the HCCL settings): two configs of one wall hold the same tensors."""
+    out = []
+    for k, v in sorted(config.items()):
+        if k in SAME_WALL_FLAGS or k.startswith("env.HCCL_"):
+            continue
+        out.append((k, "half" if k == "precision" and v in SAME_WALL_PRECISIONS else v))
+    return tuple(out)
+
+
+def _buffer_of(config: dict[str, Any]) -> float | None:
+    """The config's ``HCCL_BUFFSIZE`` (MB), where it sets a number."""
+    try:
+        return float(config[HCCL_BUFFER])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _beyond_environment(config: dict[str, Any]) -> tuple:

@@ -129,6 +129,7 @@ class GuidedSampler(BaseSampler):
                 min_fit_probability=sp.min_fit_probability,
                 max_oom_share=sp.max_oom_share,
                 max_doubt_probes=sp.max_doubt_probes,
+                device_usable_gib=probe_context(spec).hardware.get("usable_memory_gib"),
             ),
         )
         return cls(ranking, space, objectives[0], **kwargs)
@@ -284,6 +285,7 @@ class GuidedSampler(BaseSampler):
                     profile_sd_gib=float(profile_sd) if _finite(profile_sd) else None,
                     usable_gib=_usable(ua, profile) if status not in ("oom", "crash") else None,
                     profile_p_fit=float(profile["p_fit"]) if _finite(profile.get("p_fit")) else None,
+                    stated_p_fit=_stated_p_fit(ua, profile, status),
                 )
             )
         return out
@@ -436,3 +438,15 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
         return bool(distribution._contains(distribution.to_internal_repr(value)))
     except (ValueError, TypeError):
         return False
+
+
+def _stated_p_fit(ua: dict[str, Any], profile: dict[str, Any], status: str) -> float | None:
+    """The P(fits) a full probe ran at: its memory profile's verdict where one sent it on, else the
+    guide's when it chose the config; None for a probe that never ran in full (a profile that said
+    no) or one the guide did not choose."""
+    if status == "oom_predicted":
+        return None
+    if _finite(profile.get("p_fit")):
+        return float(profile["p_fit"])
+    stated = (ua.get(A.PREDICTED) or {}).get("guided_p_fit")
+    return float(stated) if _finite(stated) else None

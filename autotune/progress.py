@@ -16,6 +16,7 @@ from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .records import TrialRecord
+from .spec_errors import escape_text
 
 __all__ = ["ProgressObserver", "Phase", "phase", "PROGRESS_EVERY_ENV"]
 
@@ -192,9 +193,11 @@ class ProgressObserver:
         if self.task is not None and record.status != "infra":  # not a probe of the budget: its retry is
             self.progress.advance(self.task)
             self.done += 1
-        if record.status not in ("ok",):  # a probe's words: brackets in them are text, never markup
+        if record.status not in ("ok",):  # a probe's words: brackets in them are text, never markup,
+            # and an ESC, a BEL or a newline in them an escape (\x1b, \n), never a terminal's command
+            reason = escape_text(str(record.reason or "")[:160])
             self.progress.console.print(
-                Text.assemble(f"  trial {record.number}: ", (record.status, "yellow"), f" {record.reason[:160]}")
+                Text.assemble(f"  trial {record.number}: ", (escape_text(str(record.status)), "yellow"), f" {reason}")
             )
             self._last_line = time.monotonic()
         self._status(best)
@@ -205,7 +208,7 @@ class ProgressObserver:
             self._say(f"trial {record.number} ok:{shown} ({self.done}/{self.budget} done{self.best_text})")
 
     def on_message(self, text: str) -> None:
-        self._say(text)
+        self._say(escape_text(str(text)))  # may quote a probe (an infrastructure failure's reason)
 
     def _status(self, best: TrialRecord | None) -> None:
         if self.task is None:

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from .importance import importance_note, study_importances
+from .usable_memory import USABLE_ATTR
 from .sanity import is_finite_number as _finite
 from .memory_profile import cost_of_trials, ran_full_probe
 from .records import TrialRecord, best_records, is_tracked
+from .spec_errors import escape_text
 
 __all__ = [
     "status_counts",
@@ -103,6 +105,17 @@ def results_rows(
 
 
 def write_results_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """``results.csv``: one line per row, a column per key (in first-seen order). A text cell that
+    a spreadsheet would run as a formula (one starting with ``=``, ``+``, ``-``, ``@``, a tab or a
+    carriage return: an env value ``=cmd|' /C calc'!A0``) is written with a leading ``'``, OWASP's
+    rule for CSV injection; numbers (negative ones included) are written as they are, and the JSON
+    outputs (summary.json, ``report --json``) keep every value raw."""
+
+    def cell(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(("=", "+", "-", "@", "\t", "\r")):
+            return "'" + value
+        return value
+
     columns: list[str] = []
     for row in rows:
         for k in row:
@@ -110,10 +123,10 @@ def write_results_csv(rows: list[dict[str, Any]], path: Path) -> Path:
                 columns.append(k)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
+        writer = csv.writer(fh)
+        writer.writerow([cell(str(c)) for c in columns])
         for row in rows:
-            writer.writerow(row)
+            writer.writerow([cell(row.get(c, "")) for c in columns])
     return path
 
 
@@ -330,6 +343,9 @@ def study_summary(
     out["importances_note"] = importance_note(recorded)
     out["probes"] = probe_costs(records)
     out["memory_calibration"] = memory_calibration(records)
+    usable = study.user_attrs.get(USABLE_ATTR)
+    if isinstance(usable, dict) and usable:
+        out["usable_memory"] = usable
     if top is not None:
         source = top.predicted if any(k.startswith("mem_") for k in top.predicted) else top.metrics
         breakdown = {k[4:]: float(v) for k, v in source.items() if k.startswith("mem_") and isinstance(v, (int, float))}
@@ -376,12 +392,18 @@ def memory_calibration(records: list[TrialRecord]) -> list[dict[str, Any]]:
 
 
 def calibration_pairs(records: list[TrialRecord]) -> list[tuple[float, bool]]:
-    """(P(fits) the guide gave a probe, whether it fitted) of every probe with a memory verdict."""
-    return [
-        (float(r.predicted["guided_p_fit"]), r.status != "oom")
-        for r in records
-        if r.probed and r.status in ("ok", "oom", "pruned", "nan") and _finite(r.predicted.get("guided_p_fit"))
-    ]
+    """(P(fits) a full probe ran at, whether it fitted) of every full probe with a memory verdict: the
+    P(fits) of its memory profile's verdict where a profile sent it on, else the guide's when it
+    chose the config (the one the guide corrects itself by: ``guided_sampler._stated_p_fit``)."""
+    out = []
+    for r in records:
+        if not (r.probed and r.status in ("ok", "oom", "pruned", "nan")):
+            continue
+        stated = (r.memory_profile or {}).get("p_fit")
+        stated = stated if _finite(stated) else r.predicted.get("guided_p_fit")
+        if _finite(stated):
+            out.append((float(stated), r.status != "oom"))
+    return out
 
 
 def calibration_rows(pairs: list[tuple[float, bool]]) -> list[dict[str, Any]]:
@@ -407,7 +429,10 @@ WIDTH = 120  # the terminal the report's lines must fit (summary.md shares them)
 
 def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
     """The summary as text lines for the terminal and summary.md, each at most ``width`` columns
-    (a longer line is wrapped at a word, its continuation indented)."""
+    (a longer line is wrapped at a word, its continuation indented). Text a probe or the spec
+    wrote (a recommendation's config, a parameter's name) has its control, bidi and invisible
+    characters escaped (:func:`~autotune.spec_errors.escape_text`): a newline is ``\\n``, not a
+    line break."""
     lines: list[str] = []
     rows = summary.get("before_after") or []
     baseline = summary.get("baseline_trial")
@@ -461,6 +486,14 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
                 f"{cost['oom_predicted']} ended by theirs without a full probe; "
                 f"{cost['full_probe_equivalents']:.1f} full-probe equivalents spent in all"
             )
+    usable = summary.get("usable_memory") or {}
+    if "usable_memory_gib" in usable:
+        lines.append(
+            f"usable memory per device, measured before the first probe: {usable['usable_memory_gib']:.2f} GiB "
+            f"({usable.get('how', 'device check')})"
+        )
+    elif usable.get("error"):
+        lines.append(f"usable memory not measured before the first probe: {usable['error']}")
     for row in summary.get("memory_calibration") or []:
         lines.append(
             f"guide said P(fits) {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f}: {row['fitted']} of "
@@ -480,7 +513,7 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
                 else "peak not measured (the probe did not report it)"
             )
         )
-    return [wrapped for line in lines for wrapped in wrap_line(line, width)]
+    return [wrapped for line in lines for wrapped in wrap_line(escape_text(line), width)]
 
 
 def _top_importances(values: dict[str, float], n: int = 6) -> str:

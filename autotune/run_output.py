@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .report import WIDTH, wrap_line
+from .spec_errors import escape_text
 
 __all__ = [
     "wrap_line",
@@ -39,7 +40,9 @@ __all__ = [
 
 def short(config: dict[str, Any]) -> str:
     """A config on one line: the parallel layout in short words (``tp=2 pp=1 mbs=4 sp bf16``),
-    every other searched setting by its name, the env settings last after two spaces."""
+    every other searched setting by its name, the env settings last after two spaces. A value's
+    control, bidi or invisible characters (an ESC, a NUL, a newline in an env or engine value of
+    the spec) are escapes (``\\x1b``, ``\\n``): the line stays one line, and shows what it holds."""
     keys = [
         "tp",
         "pp",
@@ -86,7 +89,7 @@ def short(config: dict[str, Any]) -> str:
     # by its canonical name, so that two configs never print the same
     parts += [f"{k}={v}" for k, v in config.items() if k not in keys and k not in _LAYOUT and not k.startswith("env.")]
     env = [f"{k[4:]}={v}" for k, v in config.items() if k.startswith("env.")]
-    return " ".join(parts) + (("  " + " ".join(env)) if env else "")
+    return escape_text(" ".join(parts) + (("  " + " ".join(env)) if env else ""))
 
 
 # what ``_instances`` says of a config; world_size is the devices it occupies, which it implies
@@ -243,14 +246,14 @@ def print_preview(
             markup=False,
         )
         if left and left != shared:
-            console.print(f"{'':9}{UNDISTINGUISHED}{left}", markup=False)
+            console.print(f"{'':9}{UNDISTINGUISHED}{escape_text(left)}", markup=False)
     if shared:
-        for text in wrap_line(f"  ~ {UNDISTINGUISHED}{shared}", WIDTH, indent=4):
+        for text in wrap_line(f"  ~ {UNDISTINGUISHED}{escape_text(shared)}", WIDTH, indent=4):
             console.print(text, markup=False)
     from .trial_attrs import ROOMIEST, roomiest_in
 
     for room in sorted({roomiest_in(r.chosen_because or "") for r, _, _ in shown} - {""}):
-        for text in wrap_line(f"  {ROOMIEST}{room}", WIDTH, indent=4):
+        for text in wrap_line(f"  {ROOMIEST}{escape_text(room)}", WIDTH, indent=4):
             console.print(text, markup=False)
 
 
@@ -265,7 +268,7 @@ def print_pricing(console: Console, pricing: dict[str, str]) -> None:
     parts = [f"{words}: {', '.join(n for n, k in pricing.items() if k == kind)}" for kind, words in kinds]
     parts = [p for p, (kind, _) in zip(parts, kinds) if kind in pricing.values()]
     if parts:
-        for text in wrap_line("searched knobs " + "; ".join(parts), WIDTH, indent=2):
+        for text in wrap_line(escape_text("searched knobs " + "; ".join(parts)), WIDTH, indent=2):
             console.print(text, markup=False)
 
 
@@ -389,28 +392,28 @@ def print_best(
         )
         for r in best:
             console.print(Text.assemble(("  trial ", ""), (str(r.number), "bold"), f": {short(r.config)}"))
-            console.print(f"      {_metric_line(r, objectives)}  ({source})", markup=False)
+            console.print(escape_text(f"      {_metric_line(r, objectives)}  ({source})"), markup=False)
         for line in decision_lines(best[0], workload, cost_per_device_hour):
-            for text in wrap_line(f"  front's first, {line}", WIDTH, indent=6):
+            for text in wrap_line(f"  front's first, {escape_text(line)}", WIDTH, indent=6):
                 console.print(text, markup=False)
     else:
         top = best[0]
         console.print(Text.assemble(("best", "bold"), f" trial {top.number}: {short(top.config)}"))
-        console.print(f"  {_metric_line(top, objectives)}  ({source})", markup=False)
+        console.print(escape_text(f"  {_metric_line(top, objectives)}  ({source})"), markup=False)
         for line in decision_lines(top, workload, cost_per_device_hour):
-            for text in wrap_line(f"  {line}", WIDTH, indent=6):
+            for text in wrap_line(f"  {escape_text(line)}", WIDTH, indent=6):
                 console.print(text, markup=False)
     note = precision_note(best[0].config, workload.get("kind", "train"))
     if note:
         for text in wrap_line(f"  {note}", WIDTH, indent=4):
             console.print(text, markup=False)
     if improvement:
-        console.print(f"  {improvement}", markup=False)
+        console.print(f"  {escape_text(improvement)}", markup=False)
     if recommendation is not None and recommendation.sentence:
         if recommendation.changed:
-            console.print(Text(recommendation.sentence, style="bold"))
+            console.print(Text(escape_text(recommendation.sentence), style="bold"))
         else:
-            console.print(Text.assemble(("tight:", "bold"), f" {recommendation.sentence}"))
+            console.print(Text.assemble(("tight:", "bold"), f" {escape_text(recommendation.sentence)}"))
 
 
 # the guide's "predicted 693.6 ± 30" in a trial's reason: the figure the report's column shows
@@ -427,17 +430,25 @@ def _predicted_cell(record: Any, metric: str) -> str:
     return fmt_metric(p.get(metric))
 
 
+def _one_line(text: str) -> str:
+    """``text`` escaped (:func:`~autotune.spec_errors.escape_text`: a newline is ``\\n``), its runs
+    of spaces one space."""
+    return " ".join(escape_text(text).split())
+
+
 def _why(record: Any, with_prediction_column: bool, shared: str = "", shared_room: str = "") -> str:
+    """Why the trial was chosen or failed, on one line: a probe's words escaped (an ESC, a BEL,
+    a newline in a failure reason is written as ``\\x1b``, ``\\x07``, ``\\n``)."""
     why = record.reason if record.status != "ok" else record.chosen_because
-    why = " ".join(str(why or "").split())
+    why = _one_line(str(why or ""))
     if shared:
         from .trial_attrs import UNDISTINGUISHED
 
-        why = why.replace(f"{UNDISTINGUISHED}{shared}", "knobs the model prices alike: ~ below")
+        why = why.replace(_one_line(f"{UNDISTINGUISHED}{shared}"), "knobs the model prices alike: ~ below")
     if shared_room:
         from .trial_attrs import ROOMIEST
 
-        why = why.replace(f"{ROOMIEST}{shared_room}", "knobs priced alike in speed, roomiest taken: = below")
+        why = why.replace(_one_line(f"{ROOMIEST}{shared_room}"), "knobs priced alike in speed, roomiest taken: = below")
     if with_prediction_column and record.status == "ok":
         # the guide's prediction is the table's predicted column: said once per row
         parts = (_GUIDE_PREDICTION.sub("", part) for part in why.split("; "))
@@ -493,8 +504,10 @@ def print_report_table(
             values.append(fmt_metric(rec.metrics.get("peak_memory_gib")))
         cells_of[rec.number] = values
     widths = [max([len(c)] + [len(cells_of[r.number][i]) for r in shown]) for i, c in enumerate(columns)]
-    status_w = max([6] + [len(r.status) for r in shown])
-    source_w = max([6] + [len(r.source) for r in shown])
+    status_of = {r.number: escape_text(str(r.status)) for r in shown}  # a trial record's: printed as text
+    source_of = {r.number: escape_text(str(r.source)) for r in shown}
+    status_w = max([6] + [len(s) for s in status_of.values()])
+    source_w = max([6] + [len(s) for s in source_of.values()])
     head = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} " + "  ".join(
         c.rjust(w) for c, w in zip(columns, widths)
     )
@@ -511,7 +524,7 @@ def print_report_table(
     for rec in shown:
         number = f"{rec.number}{BASELINE_MARK if rec.baseline else ''}"
         cells = "  ".join(v.rjust(w) for v, w in zip(cells_of[rec.number], widths))
-        prefix = f"{number:<6} {rec.status:<{status_w}} {rec.source:<{source_w}} {cells}  "
+        prefix = f"{number:<6} {status_of[rec.number]:<{status_w}} {source_of[rec.number]:<{source_w}} {cells}  "
         for text in _config_lines(prefix, short(rec.config)):
             console.print(text, markup=False)
         why = _why(rec, predicted, shared, shared_room)
@@ -524,8 +537,8 @@ def print_report_table(
     if shared:
         from .trial_attrs import UNDISTINGUISHED
 
-        for text in wrap_line(f"~ (in a reason): {UNDISTINGUISHED}{shared}", WIDTH, indent=2):
+        for text in wrap_line(f"~ (in a reason): {UNDISTINGUISHED}{escape_text(shared)}", WIDTH, indent=2):
             console.print(text, markup=False)
     if shared_room:
-        for text in wrap_line(f"= (in a reason): {ROOMIEST}{shared_room}", WIDTH, indent=2):
+        for text in wrap_line(f"= (in a reason): {ROOMIEST}{escape_text(shared_room)}", WIDTH, indent=2):
             console.print(text, markup=False)

@@ -65,6 +65,7 @@ from .space import Space, config_key
 from .spec import Spec
 from .storage import open_study, study_storage
 from .study_definition import record_definition
+from .usable_memory import USABLE_ATTR
 from .study_plan import Unplaceable, check_placeable, enqueue_plan, make_sampler, rank_for_study, valid_count
 from .study_result import StudyOutcome, StudyResult
 from .stop_conditions import (
@@ -119,10 +120,12 @@ class StudyRunner:
         reuse_cache: bool = False,
         stop_requested: Any = None,
         definition: dict[str, Any] | None = None,
+        usable_memory: dict[str, Any] | None = None,
     ):
         self.spec, self.run_dir, self.backend = spec, run_dir, backend
         self.dispatcher, self.launcher = dispatcher, launcher
         self.definition = definition  # what defines the study (study_definition), kept on it when created
+        self.usable_memory = usable_memory  # what the device check said (autotune.usable_memory), kept on it
         # a signal whose handler's exception Python swallowed (raised inside a garbage-collection
         # callback, "Exception ignored in ...") still stops the loop: the CLI's flag, checked here
         self.stop_requested = stop_requested or (lambda: False)
@@ -234,6 +237,8 @@ class StudyRunner:
         study = open_study(self.spec, self.run_dir, sampler)
         if self.definition is not None:
             record_definition(study, self.definition)
+        if self.usable_memory:
+            study.set_user_attr(USABLE_ATTR, self.usable_memory)
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
             study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, existing)

@@ -15,6 +15,12 @@ Every environment variable name, wherever it enters the spec (``space.env``, ``b
 :data:`ENV_NAME_RULE`: a POSIX shell name. The values the simulator reads
 (``PYTORCH_NPU_ALLOC_CONF``, ``PYTORCH_CUDA_ALLOC_CONF``, ``HCCL_BUFFSIZE``,
 ``MULTI_STREAM_MEMORY_REUSE``) are checked here, with their field path, not first in ``plan``.
+The values of ``space.env``, ``space.engine`` and a baseline's ``env.VAR`` reach launch scripts,
+flags and JSON configs (:func:`setting_value_problem`): no NaN or Infinity, no control, line-separator
+or bidi character, and no engine string starting with ``-`` (read as a flag of its own after
+``--NAME``). A serving workload's durations, SLOs and burstiness are finite and bounded (a day;
+a probe's timeout, a week), and its lengths file is read cell by cell (:func:`_read_length_pairs`):
+integers only, never a boolean, a repeated column or a quoted line of the file.
 
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 
@@ -25,7 +31,10 @@ and its field-level rule, as one reference a reader can scan; nothing else lives
 from __future__ import annotations
 
 
+import json
 import math
+import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
@@ -58,6 +67,7 @@ __all__ = [
     "env_name_problem",
     "env_value_problem",
     "path_problem",
+    "setting_value_problem",
 ]
 
 
@@ -93,6 +103,7 @@ MAX_ENV_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: one NAME=value string of
 MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB; PyYAML reads about 1 MiB a second
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
+MAX_SPEC_INT = 2**53 - 1  # beyond this an integer cannot be a size, and JSON (Optuna storage) cannot keep it
 
 
 def env_name_problem(name: Any) -> str | None:
@@ -223,6 +234,124 @@ def short_value(value: Any, limit: int = 120) -> str:
     return f"{text[: limit - 40]}...{text[-20:]} ({size})"
 
 
+def _excerpt(value: Any, limit: int = 40) -> str:
+    """A short, escaped excerpt of one value read from a file (at most ``limit`` characters of a
+    string, control and invisible characters as escapes; a number as JSON writes it): an error
+    names the offending cell, never quotes the lines around it (the file may be anything a path
+    leads to)."""
+    if isinstance(value, str):
+        return repr(value[:limit]) + (f"... ({len(value):,} characters)" if len(value) > limit else "")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    return _json_word(value)
+
+
+def _json_word(value: Any) -> str:
+    """How JSON writes a scalar (``true``, ``null``, ``Infinity``): the words of a JSON-lines file."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "a string"
+    return f"a JSON {'array' if isinstance(value, list) else 'object' if isinstance(value, dict) else 'value'}"
+
+
+# ------------------------------------------------------------------- engine and env setting values
+# control characters, C0 (NUL, tab, newline, ESC...), DEL and C1, and the characters that change how
+# a line reads without being seen: line and paragraph separators, bidi embeddings, overrides,
+# isolates and marks ("Trojan source"). A value exported into a shell script, a flag or a config
+# file holds none: bash drops a NUL silently, a newline or an escape changes what runs or what a
+# terminal shows, and U+202E shows a script's line other than as it runs.
+_UNSEEN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+_CONTROL_NAMES = {"\t": "TAB", "\n": "NEWLINE", "\r": "CARRIAGE RETURN", "\x1b": "ESC", "\x7f": "DEL"}
+
+
+def _control_problem(value: str) -> str | None:
+    if "\x00" in value:
+        return (
+            "contains a NUL character, a control character no environment variable, command line or config "
+            "file can hold (bash drops it silently)"
+        )
+    bad = _UNSEEN.search(value)
+    if bad is not None:
+        ch = bad.group()
+        kind = "control character" if unicodedata.category(ch) == "Cc" else "invisible character"
+        name = unicodedata.name(ch, "") or _CONTROL_NAMES.get(ch)
+        return (
+            f"contains the {kind} U+{ord(ch):04X}{f' ({name})' if name else ''} at character {bad.start() + 1}; "
+            "a setting exported into a shell script, a flag or a config file holds no control, line-separator "
+            "or bidi character"
+        )
+    return None
+
+
+def setting_value_problem(value: Any, *, engine: bool = False) -> str | None:
+    """Why ``value`` cannot be a value of ``space.env.VAR`` / a baseline ``env.VAR`` (or, with
+    ``engine``, of ``space.engine.NAME``), or None: a non-finite number (``.nan``, ``.inf``: no
+    JSON config or flag parser reads one, and a strict JSON parser refuses the file), a control
+    character, and for an engine value a string that starts with ``-`` (vLLM's argument parser reads
+    it as a flag: ``--weird --model=/etc/passwd`` sets ``--model``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"{_json_word(value)} is not a finite number; settings are finite numbers, strings or booleans "
+            "(MindIE's config.json is strict JSON, which has no NaN or Infinity)"
+        )
+    if isinstance(value, str):
+        problem = _control_problem(value)
+        if problem:
+            return problem
+        if engine and value.startswith("-"):
+            return (
+                f"{short_value(value, 60)} starts with '-': an engine value is written after its flag "
+                "(--NAME VALUE), where vLLM's parser would read it as a flag of its own (--model, --host); "
+                "a negative number is written as a number (-5), not a string"
+            )
+    return None
+
+
+def _env_setting(value: Any) -> Any:
+    problem = setting_value_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _engine_setting(value: Any) -> Any:
+    problem = setting_value_problem(value, engine=True)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Scalar = Union[str, int, float, bool]
+EnvSetting = Annotated[Scalar, AfterValidator(_env_setting)]
+EngineSetting = Annotated[Scalar, AfterValidator(_engine_setting)]
+
+
+def _additional_config_problem(value: Any) -> str | None:
+    """Why an ``engine.additional_config`` value is not what vLLM's ``--additional-config`` takes
+    (a JSON object, finite numbers only), or None."""
+    if not isinstance(value, str) or value == "":
+        return None if value in ("", None) else "a JSON object written as a string ('{\"key\": value}')"
+
+    def constant(word: str) -> Any:
+        raise ValueError(f"{word} is not JSON (no NaN or Infinity)")
+
+    try:
+        parsed = json.loads(value, parse_constant=constant)
+    except ValueError as exc:
+        return f"not a JSON object: {exc}"
+    if not isinstance(parsed, dict):
+        return f"a JSON object ('{{\"key\": value}}'), got {_json_word(parsed)}"
+    return None
+
+
 # --------------------------------------------------------------------------------------- workload
 class TrainWorkload(_Strict):
     """A pre-training / fine-tuning step: what one optimizer step processes and how to probe it."""
@@ -301,11 +430,40 @@ class TrafficSpec(_Strict):
     lengths_file: str | None = Field(
         None, description="JSON lines of {prompt_len, output_len} (or a CSV with those columns), relative to the spec"
     )
-    length_pairs: list[tuple[int, int]] | None = Field(None, description="set from lengths_file when the spec loads")
+    length_pairs: list[tuple[int, int]] | None = Field(
+        None, description="set from lengths_file when the spec loads (never written in a spec)"
+    )
     shared_prefix: float = Field(0.0, ge=0, lt=1, description="share of each prompt that all requests share")
-    duration_s: float = Field(30.0, gt=0, description="load per rate tried")
+    duration_s: float = Field(30.0, gt=0, description="load per rate tried, seconds (at most a day)")
     warmup_requests: int = Field(4, ge=0, description="requests sent before any measurement, not recorded as load")
-    seed: int = 0
+    seed: int = Field(0, ge=0)
+
+    @field_validator("length_pairs", mode="before")
+    @classmethod
+    def _filled_by_the_loader(cls, v: Any) -> Any:
+        if v is not None:  # the loader sets it after validation; written here it would skip the file's checks
+            raise ValueError(
+                "length_pairs is not a spec field: autotune fills it from lengths_file when the spec loads; "
+                "write the pairs into a lengths file (JSON lines of {prompt_len, output_len}, or a CSV with "
+                "those columns) and name it in lengths_file"
+            )
+        return v
+
+    @field_validator("duration_s")
+    @classmethod
+    def _duration(cls, v: float) -> float:
+        return _bounded(v, "seconds", MAX_DURATION_S, "1 day")
+
+    @field_validator("burstiness")
+    @classmethod
+    def _burstiness(cls, v: float) -> float:
+        low, high = BURSTINESS_RANGE
+        if not (math.isfinite(v) and low <= v <= high):
+            raise ValueError(
+                f"burstiness is the gamma shape of the gaps between arrivals: a finite number from {low:g} to "
+                f"{high:g} (1 is Poisson, below 1 burstier)"
+            )
+        return v
 
     @field_validator("rates", mode="before")
     @classmethod
@@ -323,6 +481,13 @@ class TrafficSpec(_Strict):
 
     @model_validator(mode="after")
     def _lengths(self, info: Any) -> "TrafficSpec":
+        requests = max(self.rates) * self.duration_s
+        if requests > MAX_REQUESTS_PER_RATE:
+            raise ValueError(
+                f"the highest rate ({max(self.rates):.6g} requests/s) for duration_s ({self.duration_s:g} s) plans "
+                f"{requests:.3g} requests per rate; a probe plans at most {MAX_REQUESTS_PER_RATE:,}: lower the "
+                "rate or the duration"
+            )
         if self.lengths_file is not None:
             if self.prompt_len is not None or self.output_len is not None:
                 raise ValueError("give either lengths_file or prompt_len and output_len, not both")
@@ -356,50 +521,212 @@ def _mean(length: Length | None) -> float:
 
 
 MAX_LENGTH_PAIRS = 100_000
+MAX_LENGTHS_FILE_BYTES = 64 * MAX_SPEC_BYTES
+MAX_DURATION_S = 86_400  # a day: traffic.duration_s, workload.startup_timeout_s
+MAX_PROBE_TIMEOUT_S = 7 * 86_400  # a week: workload.timeout_s of a serving probe (every rate and the batch sweep)
+MAX_SLO_MS = 86_400_000  # a day, in ms: an SLO's latency bound
+MAX_REQUESTS_PER_RATE = 10_000_000  # rate x duration_s: the requests a probe plans (and holds) for one rate
+BURSTINESS_RANGE = (1e-3, 1e3)  # below, a rate's request count explodes (~1/(2 shape)); above, gaps underflow
+
+
+def _bounded(value: float, unit: str, cap: float, cap_words: str) -> float:
+    """``value`` if finite and at most ``cap``; a ValueError saying so otherwise (a probe computes
+    request counts, deadlines and timeouts from these: ``.inf`` made every trial crash)."""
+    if not math.isfinite(value) or value > cap:
+        raise ValueError(f"expected a finite number of {unit}, at most {cap:,} ({cap_words})")
+    return value
+
+
+_LENGTH_COLUMNS = ("prompt_len", "output_len")
+_EXPECTED_LENGTHS = (
+    f"expected prompt_len and output_len, positive integers (token counts) of at most 2**53 - 1 ({MAX_SPEC_INT:,})"
+)
+_FILE_BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off"})
+_DIGITS = re.compile(r"[0-9]{1,30}")
+
+
+def _length_value(value: Any) -> tuple[int | None, str]:
+    """A lengths file's cell as a token count, or (None, why not): never a boolean (JSON ``true``
+    was read as 1), a non-finite or fractional number, or one above 2**53 - 1 (Infinity and 1e300
+    were an OverflowError)."""
+    if isinstance(value, bool):
+        return None, "a boolean, not a token count"
+    if isinstance(value, str):
+        word = value.strip()
+        if word.lower() in _FILE_BOOL_WORDS:
+            return None, "a boolean word, not a token count"
+        if not _DIGITS.fullmatch(word):  # int() would also read "+12", "1_000", "١٢"
+            return None, "not an integer (ASCII digits)"
+        value = int(word)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return None, "not a finite number"
+        if not value.is_integer():
+            return None, "not a whole number"
+        value = int(value)
+    elif not isinstance(value, int):
+        return None, "not an integer"
+    if value <= 0:
+        return None, "not above 0"
+    if value > MAX_SPEC_INT:
+        return None, "above 2**53 - 1"
+    return value, ""
+
+
+def _open_lengths_file(path: Path, where: str) -> str:
+    """The UTF-8 text of a lengths file (a byte-order mark dropped), read with a bound; a
+    ValueError naming the file otherwise (never its contents)."""
+    import os
+    import stat
+
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{where} is not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_LENGTHS_FILE_BYTES:
+            chunk = os.read(fd, MAX_LENGTHS_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > MAX_LENGTHS_FILE_BYTES:
+        raise ValueError(f"{where} is larger than {MAX_LENGTHS_FILE_BYTES:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{where} line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); a lengths file is UTF-8 JSON "
+            "lines or CSV"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+class _Repeated(Exception):
+    """A JSON object that names a length column twice."""
+
+
+def _json_records(text: str, where: str) -> Any:
+    """``(line, object)`` for each non-blank line of a JSON-lines lengths file."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out and key in _LENGTH_COLUMNS:
+                raise _Repeated(key)
+            out[key] = value
+        return out
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line, object_pairs_hook=unique)
+        except _Repeated as exc:
+            raise ValueError(
+                f"{where} line {number}: the object names {exc.args[0]} twice (JSON keeps the last one, "
+                "silently); name it once"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} line {number}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else "a number JSON cannot hold"
+            raise ValueError(f"{where} line {number}: not JSON ({reason})") from None
+        if not isinstance(row, dict):
+            raise ValueError(
+                f'{where} line {number}: expected a JSON object {{"prompt_len": N, "output_len": N}}, '
+                f"got {_json_word(row)}"
+            )
+        yield number, row
+
+
+def _csv_records(text: str, where: str) -> Any:
+    """``(line, {column: cell})`` for each non-blank row of a CSV lengths file: its header names
+    prompt_len and output_len, each column once, and every row has the header's fields."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    record = 0
+    try:
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            if header is None:
+                header = [cell.strip() for cell in row]
+                seen: dict[str, int] = {}
+                for column, name in enumerate(header, 1):
+                    if name and name in seen:
+                        raise ValueError(
+                            f"{where} line {reader.line_num}: the header names the column {_excerpt(name)} twice "
+                            f"(columns {seen[name]} and {column}); name each column once"
+                        )
+                    seen.setdefault(name, column)
+                missing = [name for name in _LENGTH_COLUMNS if name not in seen]
+                if missing:
+                    raise ValueError(
+                        f"{where} line {reader.line_num}: the header has no {' or '.join(missing)} column; a CSV of "
+                        "lengths starts with a header line naming the columns prompt_len and output_len"
+                    )
+                continue
+            record += 1
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{where} line {reader.line_num}, record {record}: {len(row)} field{'s' * (len(row) != 1)}, "
+                    f"and the header names {len(header)} columns"
+                )
+            yield reader.line_num, dict(zip(header, row))
+    except csv.Error as exc:
+        raise ValueError(f"{where} line {reader.line_num}: not CSV ({exc})") from None
 
 
 def _read_length_pairs(base: Path, name: str) -> list[tuple[int, int]]:
     """``[(prompt_len, output_len), ...]`` of a JSON-lines or CSV file; a ValueError naming the
-    file, the line and what was expected otherwise."""
-    import csv
-    import json
-
+    file, the line and what was expected otherwise. An error never quotes the file's lines (the
+    path may lead anywhere: a symlink to /etc/passwd): it names the line, the column and the kind
+    of problem, with at most a short, escaped excerpt of the offending cell."""
     problem = path_problem(name)
     if problem:
         raise ValueError(f"lengths_file: {problem}")
     path = Path(name) if Path(name).is_absolute() else base / name
     if not _is_file(path):
         raise ValueError(f"lengths_file {path} does not exist (or is not a regular file)")
-    if path.stat().st_size > 64 * MAX_SPEC_BYTES:
-        raise ValueError(f"lengths_file {path} is larger than {64 * MAX_SPEC_BYTES:,} bytes")
-    text = path.read_text(encoding="utf-8", errors="strict")
-    rows: list[Any]
-    if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(text.splitlines()))
-    else:
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as exc:
-                    raise ValueError(f"lengths_file {path} line {number}: not JSON ({exc})") from None
+    where = f"lengths_file {path}"
+    text = _open_lengths_file(path, where)
+    is_csv = path.suffix.lower() == ".csv"
+    records = _csv_records(text, where) if is_csv else _json_records(text, where)
     pairs = []
-    for number, row in enumerate(rows, 1):
-        try:
-            p, o = int(row["prompt_len"]), int(row["output_len"])
-        except (KeyError, TypeError, ValueError):
+    for record, (line, row) in enumerate(records, 1):
+        at = f"{where} line {line}, record {record}"
+        missing = [column for column in _LENGTH_COLUMNS if column not in row]
+        if missing:
             raise ValueError(
-                f"lengths_file {path} record {number}: expected prompt_len and output_len, positive integers; "
-                f"got {short_value(row)}"
-            ) from None
-        if p <= 0 or o <= 0:
-            raise ValueError(f"lengths_file {path} record {number}: lengths must be > 0, got {p}, {o}")
-        pairs.append((p, o))
+                f"{at}: expected prompt_len and output_len, positive integers; the "
+                f"{'row' if is_csv else 'object'} has no {' or '.join(missing)}"
+            )
+        pair = []
+        for column in _LENGTH_COLUMNS:
+            value, why = _length_value(row[column])
+            if value is None:
+                raise ValueError(f"{at}: {column} is {_excerpt(row[column])}, {why}; {_EXPECTED_LENGTHS}")
+            pair.append(value)
+        pairs.append((pair[0], pair[1]))
+        if len(pairs) > MAX_LENGTH_PAIRS:
+            raise ValueError(f"{where} holds more than {MAX_LENGTH_PAIRS:,} pairs; at most {MAX_LENGTH_PAIRS:,}")
     if not pairs:
-        raise ValueError(f"lengths_file {path} holds no length pairs")
-    if len(pairs) > MAX_LENGTH_PAIRS:
-        raise ValueError(f"lengths_file {path} holds {len(pairs):,} pairs; at most {MAX_LENGTH_PAIRS:,}")
+        raise ValueError(f"{where} holds no length pairs")
     return pairs
 
 
@@ -410,6 +737,11 @@ class SLOSpec(_Strict):
     tpot_p99_ms: float | None = Field(None, gt=0, description="time per output token after the first, p99, ms")
     itl_p99_ms: float | None = Field(None, gt=0, description="inter-token latency, p99, ms")
     e2e_p99_ms: float | None = Field(None, gt=0, description="end-to-end latency, p99, ms")
+
+    @field_validator("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms")
+    @classmethod
+    def _bounded_ms(cls, v: float | None) -> float | None:
+        return None if v is None else _bounded(v, "milliseconds", MAX_SLO_MS, "1 day")
 
 
 class ServeWorkload(_Strict):
@@ -432,6 +764,16 @@ class ServeWorkload(_Strict):
         if any(b <= 0 for b in v):
             raise ValueError("batch sizes must be positive")
         return v
+
+    @field_validator("startup_timeout_s")
+    @classmethod
+    def _startup(cls, v: float) -> float:
+        return _bounded(v, "seconds", MAX_DURATION_S, "1 day")
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        return _bounded(v, "seconds", MAX_PROBE_TIMEOUT_S, "a week")
 
     @model_validator(mode="after")
     def _context(self) -> "ServeWorkload":
@@ -561,6 +903,16 @@ class BackendSpec(_Strict):
         "workload.warmup_steps + measured_steps; the warm-up ones are not measured)",
     )
 
+    @field_validator("argv", "args")
+    @classmethod
+    def _command_line(cls, v: list[str] | None) -> list[str] | None:
+        for i, word in enumerate(v or []):
+            if "\x00" in word:
+                raise ValueError(
+                    f"word {i + 1} ({short_value(word, 60)}) contains a NUL character, which no command line can hold"
+                )
+        return v
+
     @field_validator("python", "cwd", "entry")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
@@ -607,7 +959,6 @@ class BackendSpec(_Strict):
 
 # ------------------------------------------------------------------------------------------ space
 MAX_RANGE_VALUES = 100_000  # every value is enumerated (ranking, grid search): a range must stay listable
-MAX_SPEC_INT = 2**53 - 1  # beyond this an integer cannot be a size, and JSON (Optuna storage) cannot keep it
 
 
 class IntRange(_Strict):
@@ -697,8 +1048,8 @@ class SpaceSpec(_Strict):
     graph_mode: list[Literal["eager", "graph", "torchair"]] | None = Field(
         None, description="serving: eager, the engine's graph capture, or vLLM-Ascend's torchair graph"
     )
-    env: dict[EnvName, list[Union[str, int, float, bool]]] = Field(default_factory=dict)
-    engine: dict[EngineName, list[Union[str, int, float, bool]]] = Field(
+    env: dict[EnvName, list[EnvSetting]] = Field(default_factory=dict)
+    engine: dict[EngineName, list[EngineSetting]] = Field(
         default_factory=dict,
         description="serving: an engine's own settings by its own names (MindIE maxIterTimes, a vLLM flag)",
     )
@@ -745,6 +1096,11 @@ class SpaceSpec(_Strict):
         for name, values in v.items():
             if not values:
                 raise ValueError(f"engine.{name} needs at least one value")
+            if name == "additional_config":  # vLLM's --additional-config: merged into one JSON object
+                for i, value in enumerate(values):
+                    problem = _additional_config_problem(value)
+                    if problem:
+                        raise ValueError(f"engine.additional_config[{i}]: {problem}")
         return v
 
     @field_validator(
@@ -815,7 +1171,13 @@ class SearchSpec(_Strict):
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid", "exhaustive"] = "auto"
     seed: int | None = Field(0, ge=0, lt=2**32, description="sampler seed (numpy's range: 0 <= seed < 2**32)")
     timeout_s: float | None = Field(None, gt=0, description="stop starting new trials after this long")
-    exhaustive_limit: int = Field(2_000_000, gt=0, description="largest space ranked exhaustively by the simulator")
+    exhaustive_limit: int = Field(
+        2_000_000,
+        gt=0,
+        description="largest space ranked exhaustively by the simulator (larger ones are sampled); a space "
+        "under it whose ranking could not fit in this machine's memory is refused (validate/plan/run: exit 2, "
+        "with the estimate: autotune.space.memory_problem)",
+    )
     prune: bool = Field(
         True,
         description="stop a real probe early once its measured steps are confidently slower "

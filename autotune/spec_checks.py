@@ -11,7 +11,16 @@ from typing import Any
 
 from .models import MODEL_ALIASES
 from .safe_expr import ExpressionError, compile_expression
-from .spec import CANONICAL_PARAMS, DERIVED_PARAMS, SERVE_PARAMS, Spec, short_value, env_value, env_value_problem
+from .spec import (
+    CANONICAL_PARAMS,
+    DERIVED_PARAMS,
+    SERVE_PARAMS,
+    Spec,
+    env_value,
+    env_value_problem,
+    setting_value_problem,
+    short_value,
+)
 from .spec_errors import SpecProblem
 
 __all__ = ["semantic_problems"]
@@ -167,7 +176,7 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
             if isinstance(value, (dict, list)) or value is None:
                 problem = f"an environment variable's value is a string, number or boolean (got {short_value(value)})"
             else:
-                problem = env_value_problem(key[4:], env_value(value))
+                problem = setting_value_problem(value) or env_value_problem(key[4:], env_value(value))
             if problem:
                 unknown.append(key)
                 problems.append(SpecProblem(("baseline", key), problem))

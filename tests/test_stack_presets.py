@@ -267,6 +267,10 @@ def test_a_study_runs_end_to_end_through_each_preset(write_spec, tmp_path, kind)
         # Megatron-family presets run one more: Megatron-LM main's iteration-2 line averages in
         # iteration 1 and is not measured; MindSpeed-LLM 2.3.0 resets its timer and measures all 4
         assert m["measured_steps"] == {"deepspeed": 2, "megatron": 3, "mindspeed": 4, "torchtitan": 3}[kind]
+    # the study measured the usable memory before its first probe, and reports it (issue 41: the
+    # stacks' logs never print it)
+    usable = report["summary"]["usable_memory"]
+    assert usable["usable_memory_gib"] > 0 and usable["how"]
     # what the fake measured follows the arguments the preset rendered from each trial
     measured = [t for t in report["trials"] if t["probed"] and t["metrics"].get("step_time_s")]  # a pruned one too
     times = {json.dumps(t["params"], sort_keys=True): t["metrics"]["step_time_s"] for t in measured}

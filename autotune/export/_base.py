@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import json
+import math
 import re
 import shlex
 import time
@@ -28,6 +30,8 @@ __all__ = [
     "study_facts",
     "longest_lengths",
     "LAUNCHES",
+    "json_text",
+    "unsafe_settings",
 ]
 
 # the sources whose numbers were measured: a probe's result, or one answered from the result cache
@@ -259,7 +263,11 @@ def header_fields(ctx: ExportContext, written: Mapping[str, str] | None = None) 
         "trial": ctx.trial,
         "source": ctx.source or "unknown",
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "metrics": {k: v for k, v in sorted(ctx.metrics.items()) if isinstance(v, (int, float))},
+        "metrics": {  # numbers only, finite ones (NaN has no JSON form, and is no measurement)
+            k: v
+            for k, v in sorted(ctx.metrics.items())
+            if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
+        },
         "metrics_are": ctx.provenance,
         "software": _software(ctx),
     }
@@ -335,6 +343,42 @@ def bash_array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
     return lines
 
 
+# control characters (C0, DEL, C1), line separators and bidi controls: no exported value holds one
+# (bash drops a NUL silently, so a script would launch something other than the measured config; a
+# U+202E shows a line other than as it runs); the spec refuses them (autotune.spec)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+
+def unsafe_settings(config: Mapping[str, Any], *, flags: bool = False) -> list[str]:
+    """Why the config's ``env.*`` / ``engine.*`` values cannot be written into a launch file, one
+    reason each: a non-finite number (strict JSON has no NaN or Infinity), a control character
+    (NUL...), and with ``flags`` (the value follows ``--NAME`` on a command line) an engine string
+    that starts with ``-``, which an argument parser reads as a flag of its own. The spec refuses all
+    of these; this guards a config from elsewhere (an older run's record)."""
+    out = []
+    for name, value in config.items():
+        if not str(name).startswith(("env.", "engine.")):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"{one_line(name)} is {value}, not a finite number")
+        elif isinstance(value, str):
+            bad = _CONTROL.search(value)
+            if bad:
+                out.append(f"{one_line(name)} holds the control character U+{ord(bad.group()):04X}")
+            elif flags and str(name).startswith("engine.") and value.startswith("-"):
+                out.append(
+                    f"{one_line(name)} is {one_line(repr(value[:60]))}, which starts with '-': after --NAME it "
+                    "would be read as a flag of its own (--model, --host)"
+                )
+    return out
+
+
+def json_text(data: Any, **kwargs: Any) -> str:
+    """``json.dumps`` for an exported file: ``allow_nan=False``, the last guard against NaN or
+    Infinity (which no strict JSON parser, MindIE's included, reads): a ValueError, never such a file."""
+    return json.dumps(data, allow_nan=False, **kwargs)
+
+
 class ExportRefused(ValueError):
     """The format cannot launch this config; the message says why (never exported as something else)."""
 
@@ -353,6 +397,10 @@ class Exporter(abc.ABC):
     # the study's facts: study_facts)
     targets: tuple[str, ...] = ()
     target_rules: Callable[..., list[str]] | None = None
+    # how the file writes engine.* values: "" (not at all), "flags" (after --NAME: a value starting
+    # with '-' would be a flag), "json" (in a JSON file); shell files and these check the env/engine
+    # values (unsafe_settings)
+    engine_values: str = ""
 
     @abc.abstractmethod
     def render(self, ctx: ExportContext) -> str:
@@ -369,9 +417,12 @@ class Exporter(abc.ABC):
         unsafe = [name for name in ctx.env if not ENV_NAME.fullmatch(name)] if self.shell else []
         if unsafe:  # `export NAME=...` cannot quote a name: `X=1;touch PWNED;#` would run as a command
             return [f"env name(s) {', '.join(map(repr, unsafe))} are not shell variable names ([A-Za-z_][A-Za-z0-9_]*)"]
+        values = (
+            unsafe_settings(ctx.config, flags=self.engine_values == "flags") if self.shell or self.engine_values else []
+        )
         targets = self.targets
         if not targets:
-            return []
+            return values
         kind = ctx.workload.get("kind", "train")
         if kind != self.launches:  # a launch of another workload would launch something else
             return [
@@ -381,7 +432,7 @@ class Exporter(abc.ABC):
             ]
         target = ctx.target if ctx.target in targets else targets[0]
         rules = self.target_rules(target, ctx.config, study_facts(ctx)) if self.target_rules is not None else []
-        return rules + self.workload_reasons(ctx)
+        return values + rules + self.workload_reasons(ctx)
 
     def workload_reasons(self, ctx: ExportContext) -> list[str]:
         """Why the format cannot launch the study's model and workload (default: none)."""

@@ -36,7 +36,7 @@ import json
 import re
 from typing import Any
 
-from ._base import ExportContext, Exporter, header_fields, longest_lengths, one_line
+from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths, one_line
 
 __all__ = [
     "MINDIE_DEFAULT_CONFIG",
@@ -353,6 +353,7 @@ class MindIEExporter(Exporter):
     name = "mindie"
     filename = "mindie_config.json"
     launches = "serve"
+    engine_values = "json"  # engine.NAME -> a key of config.json: finite numbers only (strict JSON)
 
     def render(self, ctx: ExportContext) -> str:
         config = ctx.config
@@ -391,4 +392,4 @@ class MindIEExporter(Exporter):
                 + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
                 + ")"
             )
-        return json.dumps({"_autotune": header, **fragment}, indent=1, default=str) + "\n"
+        return json_text({"_autotune": header, **fragment}, indent=1, default=str) + "\n"

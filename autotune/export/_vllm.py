@@ -32,7 +32,7 @@ import re
 import shlex
 from typing import Any
 
-from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, one_line
+from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
 
 __all__ = [
@@ -115,6 +115,10 @@ def _engine_settings(config: dict[str, Any]) -> dict[str, Any]:
     return {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
 
 
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"engine.additional_config holds {word}, which strict JSON (and vLLM's parser) does not read")
+
+
 def additional_config(config: dict[str, Any]) -> dict[str, Any]:
     """vLLM's ``--additional-config`` (a platform plugin's own settings): vLLM-Ascend's torchair
     graph for ``graph_mode: torchair`` and the user's ``engine.additional_config`` (JSON) on top."""
@@ -124,7 +128,7 @@ def additional_config(config: dict[str, Any]) -> dict[str, Any]:
         out["ascend_scheduler_config"] = {"enabled": True}
     user = _engine_settings(config).get("additional_config")
     if user not in (None, ""):
-        extra = json.loads(user) if isinstance(user, str) else user
+        extra = json.loads(user, parse_constant=_no_constant) if isinstance(user, str) else user
         if not isinstance(extra, dict):
             raise ValueError(f"engine.additional_config must be a JSON object, got {user!r}")
         out.update(extra)
@@ -164,9 +168,12 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
         args += ["--quantization", quantization]
     if max_model_len:
         args += ["--max-model-len", str(int(max_model_len))]
+    unsafe = unsafe_settings({k: v for k, v in config.items() if k.startswith("engine.")}, flags=True)
+    if unsafe:  # the spec refuses these; a config from elsewhere never reaches a command line with one
+        raise ValueError(f"cannot render vLLM's arguments: {'; '.join(unsafe)}")
     extra = additional_config(config)
     if extra:
-        args += ["--additional-config", json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+        args += ["--additional-config", json_text(extra, sort_keys=True, separators=(",", ":"))]
     for name, value in _engine_settings(config).items():
         if name == "additional_config":
             continue
@@ -194,6 +201,15 @@ class VllmExporter(Exporter):
     shell = True
     executable = True
     launches = "serve"
+    engine_values = "flags"  # engine.NAME -> --NAME VALUE
+
+    def unsupported(self, ctx: ExportContext) -> list[str]:
+        reasons = super().unsupported(ctx)
+        try:
+            additional_config(ctx.config)
+        except ValueError as exc:  # not a JSON object, or NaN in it: vLLM would not start
+            reasons.append(one_line(exc))
+        return reasons
 
     def render(self, ctx: ExportContext) -> str:
         config = ctx.config

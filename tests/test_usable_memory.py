@@ -1,0 +1,206 @@
+"""Memory on the production path (issue 41): the usable memory measured before the first probe, an
+out-of-memory message without numbers still bounding it, no second walk into the same wall, and a
+P(fits) that corrects itself where it over-promised."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from autotune.guided import Guide, GuideSettings, Observation
+
+
+def _guide(configs, peaks, limit=64.0, **settings):
+    n = len(configs)
+    peaks = np.asarray(peaks, dtype=float)
+    predictions = {
+        "tokens_per_s_per_device": np.linspace(100, 200, n),
+        "step_time_s": np.linspace(2, 1, n),
+        "peak_memory_gib": peaks,
+        "mem_activations": peaks - 4.0,
+        "mem_runtime_reserve": np.full(n, 3.0),
+        "mem_comm_buffers": np.full(n, 1.0),
+        "memory_limit_gib": np.full(n, limit),
+        "valid": np.ones(n, bool),
+    }
+    ranking = SimpleNamespace(
+        predictions=predictions,
+        enumeration=SimpleNamespace(configs=configs, params=sorted({k for c in configs for k in c})),
+        objectives=[("tokens_per_s_per_device", "maximize")],
+    )
+    return Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(**settings))
+
+
+LAYOUT = {"tp": 1, "pp": 4, "micro_batch_size": 1, "recompute": "selective", "zero_stage": 1}
+CONFIGS = [
+    {**LAYOUT, "precision": "bf16", "env.HCCL_BUFFSIZE": 200},  # 0: runs out of memory
+    {**LAYOUT, "precision": "fp16", "env.HCCL_BUFFSIZE": 200},  # 1: the same bytes
+    {**LAYOUT, "precision": "bf16", "env.HCCL_BUFFSIZE": 400},  # 2: a larger buffer: no saving
+    {**LAYOUT, "precision": "bf16", "env.HCCL_BUFFSIZE": 120},  # 3: a smaller buffer may save
+    {**LAYOUT, "recompute": "full", "precision": "bf16", "env.HCCL_BUFFSIZE": 200},  # 4: saves activations
+    {**LAYOUT, "micro_batch_size": 2, "precision": "bf16", "env.HCCL_BUFFSIZE": 200},  # 5
+]
+PEAKS = [62.0, 62.0, 62.3, 61.8, 50.0, 70.0]
+
+
+def test_no_second_walk_into_the_same_wall():
+    """A layout that ran out of memory is not probed again with only a half precision, a larger
+    HCCL buffer or a graph flag changed: those configs' P(fits) is 0, whatever the model says."""
+    guide = _guide(CONFIGS, PEAKS)
+    oom = [Observation(index=0, status="oom", number=0)]
+    p = guide.fit_probability(oom, *_mean_sd(guide, oom))
+    assert p[1] == 0.0 and p[2] == 0.0
+    assert p[3] > 0.0 and p[4] > 0.5  # a smaller buffer, full recompute: may save memory
+    proposal, _ = guide.propose(oom, best=None, budget_left=10)
+    assert proposal is not None and proposal.index not in (1, 2)
+
+
+def test_an_oom_without_numbers_bounds_the_usable_memory_by_the_known_peak():
+    """The message gave no byte counts, but the config's memory profile read its peak (62 GiB):
+    what is usable lies between the highest peak that fitted (55) and that, not at the nominal 64."""
+    guide = _guide(CONFIGS, PEAKS)
+    fitted = Observation(index=4, status="ok", objective=120.0, peak_memory_gib=55.0, number=1)
+    before, _ = guide.usable_limit([fitted])
+    assert before[0] == pytest.approx(64.0)
+    failed = Observation(index=0, status="oom", number=0, profile_peak_gib=62.0, profile_sd_gib=0.4)
+    usable, sd = guide.usable_limit([fitted, failed])
+    assert 55.0 <= usable[0] < 62.4 and np.all(np.asarray(sd) > 0)
+    # without a profile and with nothing that pins the model down, the OOM teaches no bound
+    assert guide.usable_limit([Observation(index=0, status="oom", number=0)])[0][0] == pytest.approx(64.0)
+
+
+def test_the_fit_model_is_corrected_where_a_level_over_promised():
+    guide = _guide(CONFIGS, PEAKS)
+    honest = [Observation(index=i, status="ok", number=i, stated_p_fit=0.95) for i in range(4)]
+    assert guide.fit_correction(honest) == 1.0
+    broken = [Observation(index=i, status="oom" if i % 2 else "ok", number=i, stated_p_fit=0.9) for i in range(6)]
+    gamma = guide.fit_correction(broken)
+    assert gamma > 1.0 and sum(0.9**gamma for _ in range(6)) == pytest.approx(3, abs=0.1)
+
+
+def test_the_device_checks_usable_memory_lowers_the_capacity_the_guide_starts_from():
+    guide = _guide(CONFIGS, PEAKS, device_usable_gib=56.0)  # plus the model's 3 GiB runtime reserve
+    assert guide.device_limit()[0] == pytest.approx(59.0)
+    p = guide.fit_probability([], *_mean_sd(guide, []))
+    assert p[0] < 0.5 < p[4]
+    assert _guide(CONFIGS, PEAKS, device_usable_gib=63.9).device_limit()[0] == pytest.approx(64.0)  # not clearly less
+
+
+def test_the_device_check_on_the_cpu_reads_the_probes_soft_limit(monkeypatch):
+    from autotune.workers.device_check import measure
+
+    monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "1.5")
+    out = measure("cpu")
+    assert out["usable_memory_gib"] == pytest.approx(1.5) and "AUTOTUNE_MEMORY_LIMIT_GIB" in out["how"]
+
+
+def test_a_real_study_measures_and_reports_its_usable_memory(write_spec, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.spec_load import load_spec
+    from autotune.usable_memory import with_usable_memory
+
+    monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "2.5")
+    spec = load_spec(
+        write_spec(
+            """
+name: usable
+model: tiny-llama
+workload: {kind: train, seq_len: 64, global_batch_size: 4}
+cluster: {accelerator: cpu, nodes: 1, devices_per_node: 1}
+backend: torch
+space: {micro_batch_size: [1, 2]}
+ray: {enabled: false}
+""",
+            "usable.yaml",
+        )
+    )
+    said = []
+    measured, found = with_usable_memory(spec, False, said.append)
+    assert found["usable_memory_gib"] == pytest.approx(2.5)
+    assert measured.cluster.overrides["usable_memory_gib"] == pytest.approx(2.5)
+    assert "usable memory: 2.50 GiB" in said[0]
+    assert with_usable_memory(spec, True, said.append) == (spec, {})  # the simulator: no device
+    # through a study: the report says it
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["run", str(spec.source_path), "--run-dir", str(run_dir), "--no-tracking", "--n-trials", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["usable_memory"]["usable_memory_gib"] == pytest.approx(2.5)
+    assert "usable memory per device, measured before the first probe: 2.50 GiB" in (run_dir / "summary.md").read_text()
+
+
+def _mean_sd(guide, obs):
+    belief = guide._memory_belief(obs)
+    return belief.mean, belief.sd
+
+
+def test_the_cpu_probes_soft_limit_message_teaches_the_usable_memory():
+    """The torch probe's out-of-memory line on the CPU gives its peak and the limit: the guide's usable
+    memory falls from the nominal capacity to below that peak at once."""
+    from autotune.workers.protocol import classify_failure, oom_evidence
+
+    line = (
+        "out of memory: peak RSS 3.214 GiB exceeds the soft limit AUTOTUNE_MEMORY_LIMIT_GIB=3 GiB (requested 3.214 GiB)"
+    )
+    assert classify_failure(1, line)[0] == "oom"
+    evidence = oom_evidence(line)
+    assert evidence == {"capacity": 3.0, "needed_at_least": 3.214}
+    guide = _guide(CONFIGS, [3.4, 3.4, 3.5, 3.3, 2.0, 4.0], limit=23.0)
+    fitted = Observation(index=4, status="ok", objective=120.0, peak_memory_gib=2.1, number=1)
+    failed = Observation(index=0, status="oom", number=0, oom_needed_gib=evidence["needed_at_least"])
+    usable, _ = guide.usable_limit([fitted, failed])
+    assert 2.1 <= usable[0] < 3.214
+
+
+TINY16 = (
+    "{name: tiny-llama-16, hidden_size: 512, num_hidden_layers: 16, num_attention_heads: 8, "
+    "num_key_value_heads: 4, intermediate_size: 1376, vocab_size: 2048, max_position_embeddings: 1024}"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_real_cpu_study_under_a_memory_limit_never_walks_into_the_same_wall_twice(write_spec, tmp_path, monkeypatch):
+    """Real torch probes on this CPU under a soft memory limit below the host's: the study knows the
+    limit (the device check reads it; an OOM's message teaches it too), and no layout runs out of
+    memory twice with only its precision changed."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.guided import _wall_of
+
+    monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "1.3")
+    spec = write_spec(
+        f"""
+name: tiny-wall
+model: {TINY16}
+workload: {{kind: train, seq_len: 128, global_batch_size: 8, warmup_steps: 1, measured_steps: 2}}
+cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 2}}
+backend: torch
+space:
+  tp: [1, 2]
+  micro_batch_size: [1, 2, 4]
+  recompute: [none, full]
+  precision: [bf16, fp16]
+objectives: [tokens_per_s_per_device]
+search: {{n_trials: 6, seed: 1}}
+ray: {{enabled: false}}
+""",
+        "wall.yaml",
+    )
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
+    assert result.exit_code in (0, 4), result.output
+    report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    assert report["summary"]["usable_memory"]["usable_memory_gib"] == pytest.approx(1.3)
+    walls = [
+        _wall_of(t["params"] | {k: v for k, v in t["config"].items()}) for t in report["trials"] if t["status"] == "oom"
+    ]
+    assert len(walls) == len(set(walls)), [t["config"] for t in report["trials"] if t["status"] == "oom"]
