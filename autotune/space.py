@@ -6,13 +6,19 @@ with one data-parallel rank and ZeRO stage 0, say — resolve to the same canoni
 same :func:`config_key`, so the search never probes a config twice.
 
 Everything here works one config at a time (:meth:`Space.resolve`, for trials the sampler
-proposes) and on the whole space at once (:meth:`Space.enumerate`, numpy columns, for ranking
-and ``autotune plan``). ``space`` starts no cluster and logs nothing.
+proposes) and on the whole space (:meth:`Space.enumerate`, numpy columns derived in chunks and
+kept as integer codes, for ranking and ``autotune plan``: millions of configs in tens of MB; a
+space whose ranking could not fit in the machine's memory is refused, :class:`SpaceTooLarge`).
+``space`` starts no cluster and logs nothing.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import operator
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +28,18 @@ from .safe_expr import Expression, compile_expression
 from .spec import ServeWorkload, Spec, TrainWorkload
 from .stacks import target_violations
 
-__all__ = ["Space", "Resolved", "Enumeration", "config_key", "TRAIN_DEFAULTS", "INFER_DEFAULTS", "SERVE_DEFAULTS"]
+__all__ = [
+    "Space",
+    "Resolved",
+    "Enumeration",
+    "ConfigRows",
+    "SpaceTooLarge",
+    "memory_problem",
+    "config_key",
+    "TRAIN_DEFAULTS",
+    "INFER_DEFAULTS",
+    "SERVE_DEFAULTS",
+]
 
 # Values of parameters the spec does not search (docs/ARCHITECTURE.md defaults).
 TRAIN_DEFAULTS: dict[str, Any] = {
@@ -89,29 +106,188 @@ class Resolved:
         return config_key(self.config)
 
 
-@dataclass
+class SpaceTooLarge(ValueError):
+    """Ranking the space exhaustively would need more memory than the machine has."""
+
+
+# What ranking a space exhaustively holds (``autotune plan``, a study's ranking): per combination
+# in the worst case (every one a valid canonical config the simulator prices apart from the
+# others: its codes, its first combination, the predictions and the ranking's working arrays),
+# and once (the interpreter, numpy, the simulator, one chunk of combinations being derived).
+# benchmarks/huge_space.py --size priced held ~530 B per combination (benchmarks/README.md, "Huge spaces").
+BYTES_PER_COMBINATION = 700
+BASE_BYTES = 512 * 2**20
+CHUNK = 1 << 17  # combinations derived at once: bounds the memory of the enumeration
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this process may use: the physical memory, or the cgroup's limit when lower."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**60:
+            sizes.append(int(text))
+    return min(sizes) if sizes else None
+
+
+def ranking_memory(combinations: int) -> int:
+    """Bytes that ranking a space of ``combinations`` exhaustively may need (the worst case)."""
+    return BASE_BYTES + BYTES_PER_COMBINATION * combinations
+
+
+def memory_problem(combinations: int, memory: int | None = None) -> str | None:
+    """Why a space of ``combinations`` cannot be ranked exhaustively on this machine (None when it can)."""
+    memory = machine_memory() if memory is None else memory
+    need = ranking_memory(combinations)
+    if memory is None or need <= memory:
+        return None
+    most = max((memory - BASE_BYTES) // BYTES_PER_COMBINATION, 0)
+    return (
+        f"ranking the space's {combinations:,} combinations exhaustively needs up to {_bytes_text(need)} of memory "
+        f"({BYTES_PER_COMBINATION} bytes per combination, when every one is a valid config, plus "
+        f"{_bytes_text(BASE_BYTES)}); this machine has {_bytes_text(memory)}, enough for about {most:,} "
+        f"combinations: set search.exhaustive_limit below {combinations:,} (the sampler then explores the "
+        "space without ranking it all), or narrow the space"
+    )
+
+
+def _bytes_text(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} PiB"
+
+
+class ConfigRows(Sequence):
+    """The valid canonical configs of an :class:`Enumeration` as dicts, built when asked for: a
+    space of millions of configs holds their codes, not millions of dicts. Each access builds a
+    new dict (a caller may change it); iterate or use :meth:`rows` for many."""
+
+    def __init__(self, enumeration: Enumeration):
+        self._e = enumeration
+
+    def __len__(self) -> int:
+        return self._e.valid
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.rows(np.arange(len(self))[i])
+        i = operator.index(i)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("config index out of range")
+        e = self._e
+        row = e.codes[i]
+        out = {name: e.vocab[j][row[j]] for j, name in enumerate(e.names)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, len(self), 1 << 15):
+            yield from self.rows(np.arange(start, min(start + (1 << 15), len(self))))
+
+    def rows(self, index: Any) -> list[dict[str, Any]]:
+        """The configs at ``index`` (an array of rows), as dicts."""
+        e = self._e
+        index = np.asarray(index, dtype=np.int64)
+        if not e.names:
+            return [{} for _ in range(len(index))]
+        values = [e.vocab_objects[j][e.codes[index, j]].tolist() for j in range(len(e.names))]
+        nullable = [name for j, name in enumerate(e.names) if e.has_none[j]]
+        out = []
+        for row in zip(*values):
+            config = dict(zip(e.names, row))
+            for name in nullable:
+                if config[name] is None:
+                    del config[name]
+            out.append(config)
+        return out
+
+
 class Enumeration:
     """The whole space at once: ``space_size`` raw combinations, ``configs`` the valid unique
-    canonical ones (as dicts, in a stable order) and ``columns`` the same as numpy arrays."""
+    canonical ones (dicts built on access, in a stable order: that of each one's first
+    combination) and ``columns`` the same as numpy arrays.
 
-    space_size: int
-    configs: list[dict[str, Any]]
-    columns: dict[str, np.ndarray]
-    invalid_reasons: dict[str, int]
-    # the searched parameters' raw values of the first combination that resolves to each config:
-    # what a sampler proposes so that ``Space.resolve`` gives that config back
-    params: dict[str, np.ndarray] = field(default_factory=dict)
-    # combinations each rule rejects that no other rule does: the rule that empties a space
-    sole_reasons: dict[str, int] = field(default_factory=dict)
+    Held compactly: ``codes`` (one small integer per config and column, an index into that
+    column's ``vocab``) and ``first`` (the index of each config's first combination, in
+    ``np.indices`` order of the searched parameters), so that millions of configs fit in tens of
+    MB; :meth:`index_of_config` finds a config by its values without a dict of them all."""
+
+    def __init__(
+        self,
+        space_size: int,
+        names: list[str],
+        codes: np.ndarray,
+        vocab: list[list[Any]],
+        dtypes: list[np.dtype],
+        first: np.ndarray,
+        searched: dict[str, np.ndarray],
+        invalid_reasons: dict[str, int],
+        sole_reasons: dict[str, int] | None = None,
+    ):
+        self.space_size = space_size
+        self.names = names
+        self.codes = codes
+        self.vocab = vocab
+        self.dtypes = dtypes
+        self.first = first
+        self.invalid_reasons = invalid_reasons
+        # combinations each rule rejects that no other rule does: the rule that empties a space
+        self.sole_reasons = sole_reasons or {}
+        self._searched = searched  # searched name -> its values (np.indices order)
+        self.vocab_objects = [_object_array(v) for v in vocab]
+        self.has_none = [any(x is None for x in v) for v in vocab]
+        self.configs = ConfigRows(self)
+        self._params: dict[str, np.ndarray] | None = None
+        self._lookup: tuple[Any, ...] | None = None
+        self._fast: dict[str, dict[tuple[type, Any], int]] | None = None
+
+    @classmethod
+    def empty(cls, space_size: int, invalid_reasons: dict[str, int], sole_reasons: dict[str, int]) -> Enumeration:
+        return cls(
+            space_size, [], np.zeros((0, 0), np.uint8), [], [], np.zeros(0, np.int64), {}, invalid_reasons, sole_reasons
+        )
 
     @property
     def valid(self) -> int:
-        return len(self.configs)
+        return int(len(self.first))
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Each config column as a numpy array (the dtype the rules gave it), one entry per config."""
+        return {name: self.column(name) for name in self.names}
+
+    def column(self, name: str, rows: Any = None) -> np.ndarray:
+        j = self.names.index(name)
+        values = _typed_array(self.vocab[j], self.dtypes[j])
+        return values[self.codes[:, j] if rows is None else self.codes[rows, j]]
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The searched parameters' raw values of the first combination that resolves to each
+        config: what a sampler proposes so that ``Space.resolve`` gives that config back."""
+        if self._params is None:
+            names = list(self._searched)
+            lens = [len(v) for v in self._searched.values()]
+            digits = np.unravel_index(self.first, lens) if names and self.valid else [self.first] * len(names)
+            self._params = {n: self._searched[n][digits[i]] for i, n in enumerate(names)}
+        return self._params
 
     def why_empty(self) -> str | None:
         """Why no combination is a valid config (None when some is): each rule with the
         combinations it rejects, the user's constraints first, and the fix."""
-        if self.configs:
+        if self.valid:
             return None
         if not self.invalid_reasons:
             return "the space has no combination to try"
@@ -134,6 +310,144 @@ class Enumeration:
     def params_of(self, index: int) -> dict[str, Any]:
         """The searched parameters (plain Python values) that resolve to config ``index``."""
         return {name: _scalar(values[index]) for name, values in self.params.items()}
+
+    # ---- finding a config by its values ------------------------------------------------------------
+    def index_of_config(self, config: dict[str, Any]) -> int | None:
+        """Row of the canonical config equal to ``config`` (by :func:`config_key`), if enumerated."""
+        if not self.valid or any(k not in self._code_of for k in config):
+            return None
+        codes = []
+        fast = self._fast_codes
+        for name, table in self._code_of.items():
+            value = config.get(name)
+            if value is None and name in config:
+                return None  # a canonical config leaves unset values out
+            try:
+                code = fast[name].get((type(value), value))
+            except TypeError:  # unhashable
+                code = None
+            if code is None:
+                code = table.get(_value_key(value))
+            if code is None:
+                return None
+            codes.append(code)
+        weights, (packed, rows), by_bytes = self._row_lookup()
+        row = np.asarray(codes, dtype=self.codes.dtype)
+        if by_bytes is not None:
+            return by_bytes.get(row.tobytes())
+        key = int(row.astype(np.int64) @ weights)
+        at = int(np.searchsorted(packed, key))
+        if at < len(packed) and packed[at] == key:
+            return int(rows[at])
+        return None
+
+    def index_of_key(self, key: str) -> int | None:
+        """Row of the config with this canonical key (``config_key``), if enumerated."""
+        try:
+            config = json.loads(key)
+        except ValueError:
+            return None
+        return self.index_of_config(config) if isinstance(config, dict) else None
+
+    @property
+    def _fast_codes(self) -> dict[str, dict[tuple[type, Any], int]]:
+        """Each column's codes by (type, value): the common case of :meth:`index_of_config`, without JSON."""
+        if self._fast is None:
+            fast: dict[str, dict[tuple[type, Any], int]] = {}
+            for j, name in enumerate(self.names):
+                table = fast[name] = {}
+                for code, value in enumerate(self.vocab[j]):
+                    try:
+                        table.setdefault((type(value), value), code)
+                    except TypeError:
+                        pass
+            self._fast = fast
+        return self._fast
+
+    @property
+    def _code_of(self) -> dict[str, dict[str, int]]:
+        if self._lookup is None:
+            self._row_lookup()
+        return self._lookup[0]
+
+    def _row_lookup(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], dict[bytes, int] | None]:
+        """(each column's weight in a row's packed key, (the packed keys sorted, their rows), or the
+        rows by their bytes where the packed key would not fit in 62 bits)."""
+        if self._lookup is None:
+            code_of = {
+                name: {_value_key(v): c for c, v in enumerate(self.vocab[j])} for j, name in enumerate(self.names)
+            }
+            radix = [max(len(v), 1) for v in self.vocab]
+            if math.prod(radix) < 2**62:
+                mult = np.cumprod([1, *radix[::-1]])[:-1][::-1].astype(np.int64)
+                packed = self.codes.astype(np.int64) @ mult if self.names else np.zeros(self.valid, np.int64)
+                sort = np.argsort(packed, kind="stable")
+                self._lookup = (code_of, mult, (packed[sort], sort), None)
+            else:
+                rows = np.ascontiguousarray(self.codes)
+                by_bytes = {rows[i].tobytes(): i for i in range(len(rows) - 1, -1, -1)}
+                self._lookup = (code_of, np.zeros(0, np.int64), (np.zeros(0), np.zeros(0)), by_bytes)
+        return self._lookup[1], self._lookup[2], self._lookup[3]
+
+
+def _value_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values if values else []
+    return out
+
+
+def _typed_array(values: list[Any], dtype: np.dtype) -> np.ndarray:
+    if np.dtype(dtype).kind == "O":
+        return _object_array(values)
+    return np.asarray(values, dtype=dtype)
+
+
+class _Codes:
+    """Integer codes of one config column's values, the same across chunks (by ``str`` of the value,
+    as the de-duplication has always compared them)."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.values: list[Any] = []
+        self.dtype: np.dtype | None = None
+
+    def encode(self, column: np.ndarray) -> np.ndarray:
+        column = np.asarray(column)
+        if self.dtype is None:
+            self.dtype = column.dtype
+        elif self.dtype != column.dtype:
+            self.dtype = np.dtype(object)
+        if column.dtype == object:
+            unique, at, inverse = np.unique(column.astype(str), return_index=True, return_inverse=True)
+            texts, samples = unique.tolist(), column[at].tolist()
+        else:
+            unique, inverse = np.unique(column, return_inverse=True)
+            samples = unique.tolist()
+            texts = [str(v) for v in unique]
+        lut = np.empty(len(texts), dtype=np.int32)
+        for i, (text, sample) in enumerate(zip(texts, samples)):
+            code = self.index.get(text)
+            if code is None:
+                code = self.index[text] = len(self.values)
+                self.values.append(sample)
+            lut[i] = code
+        return lut[inverse.reshape(-1)]
+
+
+def _unique_rows(codes: np.ndarray) -> np.ndarray:
+    """Index of the first occurrence of each distinct row of ``codes`` (int32), ascending."""
+    if len(codes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if codes.shape[1] == 0:
+        return np.zeros(1, dtype=np.int64)
+    rows = np.ascontiguousarray(codes).view(np.dtype((np.void, codes.dtype.itemsize * codes.shape[1]))).ravel()
+    _, first = np.unique(rows, return_index=True)
+    first.sort()
+    return first
 
 
 class Space:
@@ -213,42 +527,189 @@ class Space:
 
     # ---- the whole space ------------------------------------------------------------------------
     def enumerate(self, limit: int | None = None) -> Enumeration:
-        """All valid canonical configs. Raises ValueError when the space exceeds ``limit``."""
+        """All valid canonical configs. Raises ValueError when the space exceeds ``limit``, and
+        :class:`SpaceTooLarge` (a ValueError) when ranking it could need more memory than the machine has.
+
+        The combinations are derived in chunks (:data:`CHUNK`), and only the valid canonical rows
+        are kept, as integer codes. Knobs no rule reads (``env.*``/``engine.*`` settings: the launcher's
+        environment) are not multiplied into the chunks: the other parameters' product is derived
+        once and each valid row takes every combination of them, in the order the whole product
+        would give (checked chunk by chunk: a rule that reads such a knob turns this off)."""
         size = self.size
         if limit is not None and size > limit:
             raise ValueError(f"the space has {size:,} combinations, more than the limit {limit:,}")
+        problem = memory_problem(size)
+        if problem:
+            raise SpaceTooLarge(problem)
+        _, free = self._split()
+        try:
+            return self._enumerate(free)
+        except _FreeKnobRead:
+            return self._enumerate([])
+
+    def why_empty(self, limit: int | None = None) -> str | None:
+        """:meth:`Enumeration.why_empty` without keeping the configs: stops at the first chunk that
+        holds a valid config. None also when the space exceeds ``limit`` (the sampler explores it
+        and says what it rejected); raises :class:`SpaceTooLarge` where :meth:`enumerate` would."""
+        size = self.size
+        if limit is not None and size > limit:
+            return None
+        problem = memory_problem(size)
+        if problem:
+            raise SpaceTooLarge(problem)
+        _, free = self._split()
+        try:
+            return self._why_empty(free)
+        except _FreeKnobRead:
+            return self._why_empty([])
+
+    def _split(self) -> tuple[list[str], list[str]]:
+        """(searched parameters the rules may read, free knobs): an ``env.*``/``engine.*`` knob of
+        distinct values that no user constraint names is free (the rules of autotune and of the
+        target stacks read the config's canonical parameters, not the launcher's environment)."""
+        names = list(self.choices)
+        sources = [e.source for e in self.user_constraints]
+        named = set().union(*(e.names for e in self.user_constraints)) if self.user_constraints else set()
+        free = [
+            n
+            for n in names
+            if n.startswith(("env.", "engine."))
+            and len(self.choices[n]) > 1
+            and len({str(v) for v in self.choices[n]}) == len(self.choices[n])
+            and n not in named
+            and not any(n in s or n.split(".", 1)[1] in s for s in sources)
+        ]
+        return [n for n in names if n not in free], free
+
+    def _chunks(self, free: list[str]) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, dict]]:
+        """The product of the searched parameters other than ``free``, derived chunk by chunk:
+        (each row's first combination index in the whole product, with the free knobs at their first
+        value; derived columns; valid; reasons). Raises :class:`_FreeKnobRead` when changing a free
+        knob changes a rule's verdict or a derived value."""
         names = list(self.choices)
         lens = [len(self.choices[n]) for n in names]
-        if names:
-            idx = np.indices(lens).reshape(len(names), -1)
-            cols = {n: _array(self.choices[n])[idx[i]] for i, n in enumerate(names)}
-        else:
-            cols = {}
-        n = size
-        for k, v in self.fixed.items():
-            cols[k] = np.full(n, v, dtype=object if isinstance(v, str) else None)
-        config_cols, valid, reasons = self._derive(cols)
-        keep = np.flatnonzero(valid)
-        kept = {k: v[keep] for k, v in config_cols.items()}
-        # de-duplicate canonical rows, keeping the first occurrence (stable order)
-        codes = (
-            np.stack([np.unique(v.astype(str), return_inverse=True)[1] for v in kept.values()], axis=1)
-            if kept
-            else np.zeros((0, 0))
+        strides = dict(zip(names, (math.prod(lens[i + 1 :]) for i in range(len(names)))))
+        values = {n: _array(self.choices[n]) for n in names}
+        bound = [n for n in names if n not in free]
+        bound_lens = [len(self.choices[n]) for n in bound]
+        total = math.prod(bound_lens)
+        for start in range(0, total, CHUNK):
+            index = np.arange(start, min(start + CHUNK, total), dtype=np.int64)
+            n = len(index)
+            digits = dict(zip(bound, np.unravel_index(index, bound_lens))) if bound else {}
+            position = np.zeros(n, dtype=np.int64)
+            cols: dict[str, np.ndarray] = {}
+            for name in names:
+                if name in digits:
+                    cols[name] = values[name][digits[name]]
+                    position += digits[name].astype(np.int64) * strides[name]
+                else:
+                    cols[name] = values[name][np.zeros(n, dtype=np.int64)]
+            for k, v in self.fixed.items():
+                cols[k] = np.full(n, v, dtype=object if isinstance(v, str) else None)
+            out, valid, reasons = self._derive(cols)
+            if free:  # the free knobs at other values: nothing but those columns may change
+                other = dict(cols)
+                for j, name in enumerate(free):
+                    other[name] = values[name][(np.arange(n) + j + 1) % len(values[name])]
+                out2, valid2, reasons2 = self._derive(other)
+                if (
+                    not _same(valid, valid2)
+                    or list(reasons) != list(reasons2)
+                    or any(not _same(reasons[k], reasons2[k]) for k in reasons)
+                    or list(out) != list(out2)
+                    or any(not _same(out[k], out2[k]) for k in out if k not in free)
+                    or any(not _same(out[k], cols[k]) or not _same(out2[k], other[k]) for k in free)
+                ):
+                    raise _FreeKnobRead
+            yield position, out, valid, reasons
+
+    def _free_product(self, free: list[str]) -> tuple[int, np.ndarray, list[np.ndarray]]:
+        """(combinations of the free knobs, each one's share of the combination index, its digits)."""
+        names = list(self.choices)
+        lens = [len(self.choices[n]) for n in names]
+        strides = dict(zip(names, (math.prod(lens[i + 1 :]) for i in range(len(names)))))
+        free_lens = [len(self.choices[n]) for n in free]
+        m = math.prod(free_lens)
+        index = np.arange(m, dtype=np.int64)
+        digits = list(np.unravel_index(index, free_lens)) if free else []
+        position = np.zeros(m, dtype=np.int64)
+        for name, d in zip(free, digits):
+            position += d.astype(np.int64) * strides[name]
+        return m, position, digits
+
+    def _enumerate(self, free: list[str]) -> Enumeration:
+        m, free_position, free_digits = self._free_product(free)
+        invalid: dict[str, int] = {}
+        sole: dict[str, int] = {}
+        names: list[str] = []
+        encoders: list[_Codes] = []
+        kept_codes: list[np.ndarray] = []
+        kept_position: list[np.ndarray] = []
+        for position, out, valid, reasons in self._chunks(free):
+            if not names:
+                names = list(out)
+                encoders = [_Codes() for _ in names]
+            _count(reasons, invalid, sole, m)
+            keep = np.flatnonzero(valid)
+            if not len(keep):
+                continue
+            codes = np.empty((len(keep), len(names)), dtype=np.int32)
+            for j, name in enumerate(names):
+                codes[:, j] = 0 if name in free else encoders[j].encode(np.asarray(out[name])[keep])
+            first = _unique_rows(codes)  # canonical rows de-duplicated, first occurrence kept
+            kept_codes.append(codes[first])
+            kept_position.append(position[keep[first]])
+        searched = {n: _array(self.choices[n]) for n in self.choices}
+        invalid = {k: v for k, v in invalid.items() if v}
+        sole = {k: v for k, v in sole.items() if k in invalid}
+        if not kept_codes or m == 0:
+            return Enumeration.empty(self.size, invalid, sole)
+        codes = np.concatenate(kept_codes)
+        position = np.concatenate(kept_position)
+        del kept_codes, kept_position
+        first = _unique_rows(codes)  # across chunks: the earliest chunk's row is the first occurrence
+        luts = {name: encoders[names.index(name)].encode(self.choices_array(name)) for name in free}
+        widest = max((len(e.values) for e in encoders), default=0)
+        dtype = np.uint8 if widest <= 2**8 else np.uint16 if widest <= 2**16 else np.int32
+        codes, position = codes[first].astype(dtype), position[first]
+        if free:  # each valid row with every combination of the free knobs, in combination order
+            at = (position[:, None] + free_position[None, :]).ravel()
+            order = np.argsort(at, kind="stable")
+            position = at[order]
+            del at
+            codes = codes[order // m]
+            combo = order % m
+            del order
+            for k, name in enumerate(free):
+                codes[:, names.index(name)] = luts[name][free_digits[k][combo]]
+        return Enumeration(
+            self.size,
+            names,
+            codes,
+            [e.values for e in encoders],
+            [e.dtype if e.dtype is not None else np.dtype(object) for e in encoders],
+            position,
+            searched,
+            invalid,
+            sole,
         )
-        if len(keep):
-            _, first = np.unique(codes, axis=0, return_index=True)
-            first.sort()
-        else:
-            first = np.zeros(0, dtype=int)
-        columns = {k: v[first] for k, v in kept.items()}
-        lists = {k: v.tolist() for k, v in columns.items()}
-        configs = [{k: v for k, v in zip(lists, row) if v is not None} for row in zip(*lists.values())] if lists else []
-        invalid_reasons = {msg: int(bad.sum()) for msg, bad in reasons.items() if bad.any()}
-        violations = sum((np.asarray(bad, dtype=int) for bad in reasons.values()), np.zeros(size, dtype=int))
-        sole = {msg: int((bad & (violations == 1)).sum()) for msg, bad in reasons.items() if bad.any()}
-        params = {name: cols[name][keep[first]] for name in names}
-        return Enumeration(size, configs, columns, invalid_reasons, params, sole)
+
+    def _why_empty(self, free: list[str]) -> str | None:
+        m, _, _ = self._free_product(free)
+        invalid: dict[str, int] = {}
+        sole: dict[str, int] = {}
+        for _, _, valid, reasons in self._chunks(free):
+            if m and valid.any():
+                return None
+            _count(reasons, invalid, sole, m)
+        invalid = {k: v for k, v in invalid.items() if v}
+        sole = {k: v for k, v in sole.items() if k in invalid}
+        return Enumeration.empty(self.size, invalid, sole).why_empty()
+
+    def choices_array(self, name: str) -> np.ndarray:
+        """The values of searched parameter ``name`` as a numpy array (ints, bools or objects)."""
+        return _array(self.choices[name])
 
     # ---- the rules, vectorised ----------------------------------------------------------------------
     def _derive(self, cols: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
@@ -343,6 +804,31 @@ class Space:
         kv = out["kv_cache_dtype"].astype(object)
         kv = np.where(kv == out["precision"].astype(object), "auto", kv).astype(object)
         return {"tp": tp, "pp": pp, "replicas": replicas, "world_size": devices, "kv_cache_dtype": kv}
+
+
+class _FreeKnobRead(Exception):
+    """A rule read a knob the enumeration took for free (:meth:`Space._split`): derive the whole product."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype == object or b.dtype == object:
+        return a.tolist() == b.tolist()
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+
+
+def _count(reasons: dict[str, np.ndarray], invalid: dict[str, int], sole: dict[str, int], times: int) -> None:
+    """Add a chunk's rejections to ``invalid`` (per rule) and ``sole`` (rejected by that rule alone),
+    each row standing for ``times`` combinations."""
+    if not reasons:
+        return
+    violations = np.sum([np.asarray(bad, dtype=np.int32) for bad in reasons.values()], axis=0)
+    alone = violations == 1
+    for msg, bad in reasons.items():
+        invalid[msg] = invalid.get(msg, 0) + int(np.count_nonzero(bad)) * times
+        sole[msg] = sole.get(msg, 0) + int(np.count_nonzero(bad & alone)) * times
 
 
 def _array(values: list[Any]) -> np.ndarray:

@@ -449,6 +449,14 @@ class TrafficSpec(_Strict):
             )
         return v
 
+    @field_validator("prompt_len", "output_len", mode="before")
+    @classmethod
+    def _fixed_length_positive(cls, v: Any) -> Any:
+        """A length given as one number is a positive integer: a YAML ``true``/``off`` or 0 is none."""
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and v <= 0):
+            raise ValueError("a length is a positive integer or {low, high}")
+        return v
+
     @field_validator("duration_s")
     @classmethod
     def _duration(cls, v: float) -> float:
@@ -817,7 +825,10 @@ class ClusterSpec(_Strict):
     )
 
     cost_per_device_hour: float | None = Field(
-        None, ge=0, description="what one device costs an hour (any currency): serving reports cost per million tokens"
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="what one device costs an hour (any currency): serving reports cost per million tokens",
     )
 
     @property

@@ -18,7 +18,7 @@ from .backends import least_trial_devices, trial_placement
 from .context import ProbeContext
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
-from .space import Space, config_key
+from .space import Space, SpaceTooLarge, config_key
 from .spec import Spec
 from .trial_attrs import ROOMIEST, UNDISTINGUISHED, A
 
@@ -92,7 +92,11 @@ def rank_for_study(
     if phase is None:
         say(text)
     with phase(text) if phase is not None else contextlib.nullcontext() as step:
-        enumeration = space.enumerate()
+        try:
+            enumeration = space.enumerate()
+        except SpaceTooLarge as exc:  # `run` refuses such a spec first (cli._refuse_empty)
+            say(f"{exc}: sampling instead of ranking")
+            return None
         if step is not None:
             step.update(f"pricing {enumeration.valid:,} valid configs")
         ranking = rank_space(enumeration, context, spec.objective_list())
@@ -142,10 +146,12 @@ def enqueue_plan(
     # layout with 20 allocator settings the model prices the same
     k = budget_left if simulated else max(1, math.ceil(budget_left / 2))
     queued = 0
-    for layout in ranking.distinct_layouts():
+    # the ranked rows of the configs already in the study (a layout with one of them is taken)
+    taken = {i for i in (ranking.index_of(key) for key in already if key) if i is not None}
+    for layout in ranking.layouts():  # taken one at a time: a huge ranking is read only as far as needed
         config, metrics = ranking.enumeration.configs[layout.index], ranking.metrics_of(layout.index)
         key = config_key(config)
-        if key in already or any(config_key(ranking.enumeration.configs[j]) in already for j in layout.members):
+        if key in already or any(j in taken for j in layout.members):
             continue
         why = f"rank {layout.rank} by model"
         if layout.undistinguished:
@@ -162,6 +168,7 @@ def enqueue_plan(
             },
         )
         already.add(key)
+        taken.add(layout.index)
         queued += 1
         if queued >= k:
             break

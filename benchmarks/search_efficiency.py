@@ -27,6 +27,20 @@ leaves 3 % of the usable memory free (``ROOMY_HEADROOM``): in some worlds every 
 of the optimum needs more than 97 % of the memory, which no search can call safe before it has
 risked an OOM on it, and which a team would not launch for a long run anyway.
 
+``--path production`` (issue 41) runs the worlds as the production path sees them
+(``true_world.PathOptions``): a probe reports its step time and peak only (no ``usable_memory_gib``,
+no reserved peak), the usable memory is 3-12 % below the nominal (drawn per world), and each world
+prints its out-of-memory failure in one real format (``--oom-format``: torch's CUDA allocator,
+torch_npu's, MindSpore's, vLLM's, a plain "out of memory" with no numbers; ``mixed`` spreads the
+four the generic parser classifies as ``oom`` over the worlds). ``--peak-only``, ``--usable-below``
+and ``--oom-format`` set each of these alone. The in-process dispatcher parses the launcher's lines
+with the same functions the ``command`` backend uses (``workers/protocol.py``), so a format the
+parser does not know is what a study would see. With autotune, two checks over every trial: the
+full probes of a layout after that layout ran out of memory that differ only in precision, HCCL
+settings or graph flags (``LAYOUT_FREE_KEYS``, ``LAYOUT_FREE_PREFIXES``; a study should make
+none), and the P(fits) the guide stated when it chose a full probe against whether it fitted, in
+``P_FIT_BINS`` (issue 41's acceptance: among full probes at P(fits) >= 0.9, at least 90 % fit).
+
 ``--memory-oracle`` tells autotune's guide every config's true peak and usable memory (sd 0.3 %
 of the peak, a measured peak's repeatability), instead of its memory model: a diagnostic, not a
 search anyone can run. It is the ceiling of the guide's step-time search and report with
@@ -38,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import replace
 import json
 import math
 import os
@@ -55,12 +70,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_ray_cluster import local_cluster  # noqa: E402
 import true_world  # noqa: E402
 from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: E402
-from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, oom_message, probe_wall_s  # noqa: E402
+from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, probe_output, probe_wall_s  # noqa: E402
+from true_world import MIXED_OOM_FORMATS, OOM_FORMATS, PATHS  # noqa: E402
 
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.context import probe_context  # noqa: E402
 from autotune.guided import Guide, _MemoryBelief  # noqa: E402
-from autotune.memory_profile import PROFILE_MARK, ran_full_probe  # noqa: E402
+from autotune.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.records import best_records, trial_records  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
@@ -76,6 +92,13 @@ SCENARIOS = {
 LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
 MODEL_LAYERS = {"llama2-7b": 32, "llama2-13b": 40, "llama2-70b": 80}
 ROOMY_HEADROOM = 0.03  # share of the usable memory a "roomy" optimum leaves free (Truth.roomy_optimum)
+# issue 41's checks. A layout: a config without these (precision, HCCL settings, graph / compile flags:
+# knobs that move no tensor out of memory); a full probe of a layout after that layout ran out of
+# memory, differing only in them, is a repeat (``repeats_after_oom``)
+LAYOUT_FREE_KEYS = ("precision", "mode", "jit_level", "graph_kernel_flags", "compile", "graph_mode")
+LAYOUT_FREE_PREFIXES = ("env.HCCL_",)
+# the P(fits) bins of the calibration check (the last one closed: P(fits) = 1 falls in it)
+P_FIT_BINS = ((0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0))
 
 
 def spec_for(
@@ -93,12 +116,15 @@ def spec_for(
     wall_scale_s: float = 0.0,
 ) -> Spec:
     """The benchmark's study of a scenario. ``ray_address``: dispatch through that Ray cluster, a
-    multi-node layout as one launcher per node (``--node-rank``), each probe sleeping
-    ``wall_scale_s`` per modelled full probe (``true_world.probe_wall_s``); else no Ray."""
+    multi-node layout as one launcher per node (``--node-rank``); else no Ray. ``wall_scale_s``
+    (> 0): each launcher lasts that many seconds per modelled full probe
+    (``true_world.probe_wall_s``), so the study's measured walls, which its budget in full-probe
+    equivalents is counted from, keep the modelled proportions."""
     argv = [sys.executable, str(LAUNCHER), "{trial_file}", "--num-layers", "{num_layers}"]
     env = {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}
     if ray_address:
         argv += ["--node-rank", "{node_rank}"]
+    if wall_scale_s > 0:
         env.update({WALL_SCALE_ENV: str(wall_scale_s), FULL_LAYERS_ENV: str(MODEL_LAYERS[sc["model"]])})
     data = {
         "name": f"bench-{name}",
@@ -160,6 +186,8 @@ class Truth:
         self.value = {
             config_key(c): (float(v) if f else 0.0) for c, v, f in zip(configs, t["tokens_per_s_per_device"], t["fits"])
         }
+        self.fits = {config_key(c): bool(f) for c, f in zip(configs, t["fits"])}
+        self.configs = configs
         self.optimum = max(self.value.values())
         # the best config that leaves at least ROOMY_HEADROOM of the usable memory free: what a team
         # launches for a long run (allocator variance over hours), and what ``recommend`` steers to
@@ -251,6 +279,18 @@ def memory_oracle(truth: Truth):
         Guide._memory_belief, Guide.usable_limit = saved
 
 
+def with_device_check(spec: Spec, truth: Truth) -> Spec:
+    """The spec as a study's device check leaves it (autotune.usable_memory): the usable memory it
+    measures, the world's capacity less what its runtime holds outside the allocator before any
+    communicator exists (the most any config's allocator could use), in ``usable_memory_gib``."""
+    c = truth.ctx
+    t = truth.world.truth(c.model, c.workload, c.cluster, truth.configs)
+    valid = np.asarray(t["valid"], dtype=bool)
+    usable = float(np.max((t["limit"] - t["held_outside_gib"])[valid]))
+    overrides = {**spec.cluster.overrides, "usable_memory_gib": round(usable, 3)}
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"overrides": overrides})})
+
+
 def profile_cost(profile: dict[str, Any], config: dict[str, Any], full_layers: int) -> float:
     """A trial's memory profile runs in full-probe equivalents, from the modelled walls
     (``true_world.probe_wall_s``): the same figure in-process and through Ray, where the launcher
@@ -262,15 +302,31 @@ def profile_cost(profile: dict[str, Any], config: dict[str, Any], full_layers: i
     )
 
 
+def parse_probe_output(rc: int, lines: list[str], wall_s: float):
+    """The ``ProbeResult`` the ``command`` backend makes of a launcher's exit status and lines, with
+    the functions it uses (``workers/protocol.py``: the metrics line; ``classify_failure`` and the
+    allocator's byte counts, ``oom_evidence``, for a failure)."""
+    from autotune.workers.protocol import ProbeResult, classify_failure, oom_evidence, parse_output_line
+
+    if rc == 0:
+        msg = next((m for m in map(parse_output_line, reversed(lines)) if m and "metrics" in m), None)
+        if msg is not None:
+            return ProbeResult("ok", metrics=dict(msg["metrics"]), info=dict(msg.get("info") or {}), wall_s=wall_s)
+    status, reason = classify_failure(rc, lines)
+    info: dict[str, Any] = {"returncode": rc}
+    evidence = oom_evidence(lines) if status == "oom" else None
+    if evidence:
+        info["oom"] = evidence
+    return ProbeResult(status, reason=reason, info=info, wall_s=wall_s, log_tail="\n".join(lines[-200:]))
+
+
 def run_autotune(
     spec: Spec, truth: Truth, run_dir: Path, in_process: bool, report_by: str = "estimate"
-) -> tuple[list[tuple], str, list]:
+) -> tuple[list[tuple], str, list, list]:
+    """The study's probes for ``curve``, why it stopped, its calibration pairs and its trial records."""
     dispatcher = None
     if in_process:
         from autotune.dispatch import InProcessDispatcher
-        from autotune.workers.protocol import ProbeResult
-
-        from autotune.workers.protocol import oom_evidence
 
         def fn(request):
             c = truth.ctx
@@ -280,11 +336,10 @@ def run_autotune(
             out = truth.world.measure(
                 model, request.workload if profiled else c.workload, c.cluster, request.params, request.number
             )
+            # priced by what it runs: a profile with k layers per stage its share (true_world.probe_wall_s)
             wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled)
-            if out.get("failure") == "oom":  # what the command path parses from the launcher's message
-                text = oom_message(out)
-                return ProbeResult("oom", reason=text, info={"oom": oom_evidence(text)}, wall_s=wall)
-            return ProbeResult("ok", metrics=out["metrics"], info=out.get("info", {}), wall_s=wall)
+            # the launcher's lines, parsed as the command path parses them
+            return parse_probe_output(*probe_output(out), wall)
 
         dispatcher = InProcessDispatcher(fn)
     choice = BackendChoice("command", "benchmark world")
@@ -313,8 +368,100 @@ def run_autotune(
             reported = config_key(best[0].config) if best else None
         ran_full = ran_full_probe(r.budget_attrs())
         cost = profile_cost(r.memory_profile, r.config, full_layers) + (1.0 if ran_full else 0.0)
-        probes.append((config_key(r.config), value, r.status == "oom" and ran_full, reported, cost, ran_full))
-    return probes, outcome.stopped_because, calibration_pairs(records)
+        # an OOM: what the world says (a message the parser does not know makes it a crash in the study)
+        oom = r.status == "oom" or not truth.fits.get(config_key(r.config), True)
+        probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))
+    return probes, outcome.stopped_because, calibration_pairs(records), records
+
+
+def budgeted(records: list) -> list:
+    """The records of the trials that probed (a repeat answered from the study's results did not)."""
+    return [r for r in records if r.probed and r.status != "duplicate"]
+
+
+def layout_of(config: dict[str, Any]) -> str:
+    """A config's layout: the config without precision, HCCL settings and graph / compile flags."""
+    kept = {
+        k: v for k, v in config.items() if k not in LAYOUT_FREE_KEYS and not str(k).startswith(LAYOUT_FREE_PREFIXES)
+    }
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def repeats_after_oom(records: list) -> list[dict[str, Any]]:
+    """Issue 41's check (a): every full probe of a layout (``layout_of``) after a trial of that layout
+    ran out of memory (its full probe, or its memory profile), that differs from the one that ran out
+    only in precision, HCCL settings or graph flags. In trial order (the in-process studies run one
+    trial at a time); each with the trial, the trial it repeats, the knobs that differ and whether it
+    ran out of memory again. A study should make none."""
+    oomed: dict[str, tuple[int, dict[str, Any]]] = {}  # layout -> (trial, config) of its first OOM
+    out = []
+    for r in sorted(budgeted(records), key=lambda r: r.number):
+        layout = layout_of(r.config)
+        if layout in oomed and ran_full_probe(r.budget_attrs()):
+            first, config = oomed[layout]
+            changed = {k: (config.get(k), r.config.get(k)) for k in set(config) | set(r.config)}
+            changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+            if changed:
+                out.append(
+                    {
+                        "trial": r.number,
+                        "after": first,
+                        "changed": changed,
+                        "oom_again": r.status == "oom",
+                        # the guide's rule lets a smaller HCCL buffer be tried (it can save memory)
+                        "smaller_buffer": _smaller_buffer(changed),
+                    }
+                )
+        if r.status == "oom" and layout not in oomed:
+            oomed[layout] = (r.number, r.config)
+    return out
+
+
+def _smaller_buffer(changed: dict[str, tuple[Any, Any]]) -> bool:
+    """Whether a repeat's change includes a smaller ``HCCL_BUFFSIZE`` (which can save memory: issue 41
+    bars the knobs that cannot, a larger or equal buffer among them)."""
+    before, after = changed.get("env.HCCL_BUFFSIZE", (None, None))
+    try:
+        return float(after) < float(before)
+    except (TypeError, ValueError):
+        return False
+
+
+def full_probe_calibration(records: list, fits: dict[str, bool]) -> list[dict[str, Any]]:
+    """Issue 41's check (b), one row per full probe the guide chose: the P(fits) it stated when it
+    chose it (``guided_p_fit`` of the trial's predictions, ``Proposal.predicted``), the P(fits) the
+    full probe ran at (its memory profile's verdict where one sent it on, else the same), and whether
+    it fitted (the world's truth: its probe did not run out of memory)."""
+    rows = []
+    for r in budgeted(records):
+        chosen = r.predicted.get("guided_p_fit")
+        key = config_key(r.config)
+        if not ran_full_probe(r.budget_attrs()) or not isinstance(chosen, (int, float)) or key not in fits:
+            continue
+        profiled = (r.memory_profile or {}).get("p_fit")
+        stated = float(profiled) if isinstance(profiled, (int, float)) and math.isfinite(profiled) else float(chosen)
+        rows.append({"trial": r.number, "chosen": float(chosen), "stated": stated, "fitted": fits[key]})
+    return rows
+
+
+def p_fit_bins(rows: list[dict[str, Any]], which: str = "chosen") -> list[tuple[str, int, int]]:
+    """(bin, full probes, fitted) per ``P_FIT_BINS``, the last bin closed."""
+    out = []
+    for i, (low, high) in enumerate(P_FIT_BINS):
+        last = i == len(P_FIT_BINS) - 1
+        inside = [r["fitted"] for r in rows if low <= r[which] < high or (last and r[which] >= high)]
+        out.append((f"[{low:g},{high:g}{']' if last else ')'}", len(inside), sum(inside)))
+    return out
+
+
+def misread_ooms(records: list, fits: dict[str, bool]) -> int:
+    """Full probes that ran out of memory in the world but that the study did not record as ``oom``
+    (a message the parser does not know: a crash)."""
+    return sum(
+        1
+        for r in budgeted(records)
+        if ran_full_probe(r.budget_attrs()) and not fits.get(config_key(r.config), True) and r.status != "oom"
+    )
 
 
 def run_random(truth: Truth, configs: list[dict[str, Any]], seed: int, max_probes: int):
@@ -354,7 +501,8 @@ def run_tpe(truth: Truth, space: Space, seed: int, max_probes: int):
     return probes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (``argv``: the command line's, by default) and return every world's rows."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", type=int, default=10)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -397,8 +545,40 @@ def main() -> None:
     ap.add_argument(
         "--wall-scale",
         type=float,
-        default=2.0,
-        help="with --ray-cluster: seconds a launcher sleeps per modelled full probe (profile walls stay in proportion)",
+        default=None,
+        help="seconds a launcher lasts per modelled full probe, so that a study's measured walls (its budget in "
+        "full-probe equivalents) keep the modelled proportions: default 2 with --ray-cluster, 0 (none) for the "
+        "launcher as a plain subprocess; in-process walls are the modelled ones",
+    )
+    ap.add_argument(
+        "--path",
+        choices=sorted(PATHS),
+        default="lab",
+        help="lab: probes report the peak, the reserved peak and the usable memory, as the torch probe on a device "
+        "(every figure before issue 41); production: the step time and the peak only, the usable memory 3-12 %% "
+        "below the nominal, and OOM messages in the frameworks' own words (--oom-format mixed)",
+    )
+    ap.add_argument(
+        "--peak-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="probes report the step time and the peak only (no usable_memory_gib, no peak_reserved_gib); "
+        "default: the path's",
+    )
+    ap.add_argument(
+        "--usable-below",
+        default=None,
+        help="LOW,HIGH: the share of the nominal memory that is not usable, drawn per world (one number: that "
+        "share in every world; 0: none); "
+        "default: the path's (production 0.03,0.12)",
+    )
+    ap.add_argument(
+        "--oom-format",
+        choices=(*OOM_FORMATS, "mixed"),
+        default=None,
+        help="the words of a world's out-of-memory failure: torch's CUDA allocator, torch_npu's, MindSpore's, "
+        "vLLM's engine start-up, a plain 'CUDA error: out of memory' with no numbers, or mixed (each world one of "
+        f"{', '.join(MIXED_OOM_FORMATS)}); default: the path's (lab: torch_npu's with the lab's numbers)",
     )
     ap.add_argument(
         "--profile-go",
@@ -419,6 +599,13 @@ def main() -> None:
         help="the guide without memory profiles (search.memory_profiles: false): every trial a full probe",
     )
     ap.add_argument(
+        "--device-check",
+        action="store_true",
+        help="the study measures its devices' usable memory before the first probe, as autotune's device "
+        "check does on a device (autotune.usable_memory: free after the runtime starts, no communicator yet): "
+        "the world's figure, in the spec's usable_memory_gib",
+    )
+    ap.add_argument(
         "--memory-oracle",
         action="store_true",
         help="tell autotune's guide every config's true peak and usable memory: the search's ceiling "
@@ -431,7 +618,21 @@ def main() -> None:
         + ", ".join(STRUCTURE_FAMILIES)
         + ", or all (one run per family)",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    path = PATHS[args.path]
+    if args.peak_only is not None:
+        path = replace(path, peak_only=args.peak_only)
+    if args.usable_below is not None:
+        try:
+            shares = [float(x) for x in args.usable_below.split(",")]
+            low, high = shares if len(shares) == 2 else (shares[0], shares[0])
+        except ValueError:
+            ap.error("--usable-below takes LOW,HIGH or one share (of the nominal memory, e.g. 0.03,0.12 or 0)")
+        if not 0.0 <= low <= high < 1.0:
+            ap.error("--usable-below: 0 <= LOW <= HIGH < 1")
+        path = replace(path, usable_below=(low, high) if high > 0 else None)
+    if args.oom_format is not None:
+        path = replace(path, oom_format=args.oom_format)
     if args.step_noise is not None:  # in-process worlds read the module, launchers the environment
         true_world.NOISE = args.step_noise
         os.environ[STEP_NOISE_ENV] = str(args.step_noise)
@@ -443,9 +644,20 @@ def main() -> None:
     methods = args.methods.split(",")
     results: dict[str, dict[str, list[dict]]] = {}
     calibration: dict[str, list[tuple[float, bool]]] = {}
+    formats: dict[str, int] = {}
+    if args.ray_cluster and args.in_process:
+        print("--ray-cluster: the multi-node scenarios run through the cluster, not in-process", file=sys.stderr)
+    if not args.in_process and not args.ray_cluster and args.wall_scale is None and not args.no_memory_profiles:
+        print(
+            "note: the launcher runs as a plain subprocess without --wall-scale, so a study counts its profiles' "
+            "cost from the launcher's real walls (mostly start-up): its budget in full-probe equivalents is not "
+            "the modelled one the figures use",
+            file=sys.stderr,
+        )
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autotune-search-bench-") as tmp:
         for scenario, family in ((s, f) for f in families for s in args.scenarios.split(",")):
+            i_scenario = list(SCENARIOS).index(scenario)
             sc = SCENARIOS[scenario]
             name = scenario if family == "none" else f"{scenario} {family}"
             base = spec_for(scenario, sc, args.budget, 0, None)
@@ -459,6 +671,10 @@ def main() -> None:
                     world = World.draw(
                         1000 + w, probe_context(base).hardware, space.choices, () if family == "none" else (family,)
                     )
+                    # "mixed": the formats in turn over the worlds, shifted per scenario, so every
+                    # format meets every scenario
+                    world.on_path(path, MIXED_OOM_FORMATS[(w + i_scenario) % len(MIXED_OOM_FORMATS)])
+                    formats[world.oom_format or "npu (lab)"] = formats.get(world.oom_format or "npu (lab)", 0) + 1
                     world_file = Path(tmp) / f"{scenario}-{family}-world{w}.json"
                     world_file.write_text(json.dumps(world.to_json()))
                     spec = spec_for(
@@ -473,15 +689,18 @@ def main() -> None:
                         not args.no_memory_profiles,
                         args.profile_go,
                         ray_address=address,
-                        wall_scale_s=args.wall_scale,
+                        wall_scale_s=wall_scale(args, use_ray),
                     )
                     truth = Truth(world, spec, configs)
+                    if args.device_check:
+                        spec = with_device_check(spec, truth)
+                        truth.ctx = probe_context(spec)
                     for method in methods:
                         t0 = time.perf_counter()
                         stopped = ""
                         if method == "autotune":
                             with memory_oracle(truth) if args.memory_oracle else contextlib.nullcontext():
-                                probes, stopped, calib = run_autotune(
+                                probes, stopped, calib, records = run_autotune(
                                     spec,
                                     truth,
                                     Path(tmp) / f"{scenario}-{family}-{w}",
@@ -490,17 +709,35 @@ def main() -> None:
                                 )
                             calibration.setdefault(family, []).extend(calib)
                             row = curve(probes, truth, args.budget)
+                            row.update(
+                                repeats=repeats_after_oom(records),
+                                p_fit=full_probe_calibration(records, truth.fits),
+                                misread_ooms=misread_ooms(records, truth.fits),
+                                # the study's own count of what it spent (from its measured walls)
+                                study_cost=cost_of_trials(r.budget_attrs() for r in budgeted(records)),
+                                model_cost=sum(p[4] for p in probes),
+                                oom_format=world.oom_format,
+                                usable_below=world.usable_below,
+                            )
                         elif method == "random":
                             row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
                         else:
                             row = curve(run_tpe(truth, Space(spec), w, args.max_probes), truth, args.max_probes)
                         row.update(world=w, seconds=time.perf_counter() - t0, stopped=stopped)
                         results[name][method].append(row)
+                        extra = ""
+                        if method == "autotune":
+                            extra = (
+                                f"repeats {len(row['repeats'])} FPE study/model {row['study_cost']:.1f}/"
+                                f"{row['model_cost']:.1f} "
+                                + (f"oom-format {row['oom_format']} " if row["oom_format"] else "")
+                                + (f"misread OOMs {row['misread_ooms']} " if row["misread_ooms"] else "")
+                            )
                         print(
                             f"{name} world {w} {method:8} best/opt@10 {row['at10']:.3f} @20 {row['at20']:.3f} "
                             f"to98 {row['probes_to_98'] and round(row['probes_to_98'], 2)} oom {row['oom_share']:.0%} "
                             f"full probes {row['probes']} trials {row.get('trials', row['probes'])} "
-                            f"{stopped}",
+                            f"{extra}{stopped}",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -512,6 +749,12 @@ def main() -> None:
         f"\n{args.worlds} worlds per scenario, autotune budget {args.budget} full-probe equivalents (a memory "
         f"profile counts its modelled wall, true_world.probe_wall_s), random/TPE up to {args.max_probes} "
         f"probes; {time.perf_counter() - t_start:.0f} s"
+    )
+    print(
+        f"path {args.path}: peak only {path.peak_only}, usable below the nominal "
+        f"{'%g-%g %%' % tuple(100 * x for x in path.usable_below) if path.usable_below else 'none'}, OOM formats "
+        + ", ".join(f"{k} {v}" for k, v in sorted(formats.items()))
+        + f"; memory profiles {'off' if args.no_memory_profiles else 'on'}"
     )
     print(
         "| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM full probes | "
@@ -562,8 +805,69 @@ def main() -> None:
                     f"| {family} | {row['p_fit_from']:.2f}-{row['p_fit_to']:.2f} | {row['probes']} | "
                     f"{row['fit_rate']:.1%} |"
                 )
+    auto = {name: by_method["autotune"] for name, by_method in results.items() if by_method.get("autotune")}
+    if auto:
+        print_issue41(auto)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return results
+
+
+def print_issue41(auto: dict[str, list[dict]]) -> None:
+    """Issue 41's figures per scenario (autotune's rows): OOM full probes, worlds within 2 % by the
+    20 full-probe equivalents, median best/opt at 10, the repeats after an OOM (check a) and the P(fits) calibration of
+    the full probes (check b)."""
+    everything = [r for rows in auto.values() for r in rows]
+    groups = list(auto.items()) + ([("all", everything)] if len(auto) > 1 else [])
+    by_format: dict[str, list[dict]] = {}
+    for r in everything:
+        by_format.setdefault(f"OOM format {r['oom_format'] or 'npu (lab)'}", []).append(r)
+    print("\nissue 41: memory on this path, per scenario (autotune)")
+    print(
+        "| scenario | worlds | OOM full probes | within 2 % by 20 | median best/opt @10 | "
+        "repeats after an OOM (OOM again; only knobs that cannot save memory) | full probes at P(fits) >= 0.9 that "
+        "fit | OOMs not read as oom |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, rows in groups + (sorted(by_format.items()) if len(by_format) > 1 else []):
+        repeats = [x for r in rows for x in r["repeats"]]
+        top = p_fit_bins([x for r in rows for x in r["p_fit"]])[-1]
+        print(
+            f"| {name} | {len(rows)} | {statistics.mean(r['oom_share'] for r in rows):.1%} | "
+            f"{sum(r['at20'] >= 0.98 for r in rows) / len(rows):.0%} | "
+            f"{statistics.median(r['at10'] for r in rows):.3f} | {len(repeats)} "
+            f"({sum(x['oom_again'] for x in repeats)}; "
+            f"{sum(not x.get('smaller_buffer') for x in repeats)}) | "
+            f"{f'{top[2] / top[1]:.1%} ({top[2]}/{top[1]})' if top[1] else '-'} | "
+            f"{sum(r['misread_ooms'] for r in rows)} |"
+        )
+    repeats = [x for r in everything for x in r["repeats"]]
+    print(
+        f"\nrepeats after an OOM (a layout probed again, only precision / HCCL / graph flags changed): {len(repeats)}"
+    )
+    for x in repeats[:10]:
+        print(f"  trial {x['trial']} after trial {x['after']}: {x['changed']} -> {'OOM' if x['oom_again'] else 'fit'}")
+    for which, what in (
+        ("chosen", "the P(fits) the guide stated when it chose the config (guided_p_fit)"),
+        ("stated", "the P(fits) the full probe ran at (its memory profile's verdict where one ran)"),
+    ):
+        print(f"\nP(fits) calibration of the full probes, by {what}: fitted / full probes")
+        bins = [b for b, _, _ in p_fit_bins([])]
+        print("| scenario | " + " | ".join(bins) + " |")
+        print("|---|" + "---|" * len(bins))
+        for name, rows in groups:
+            cells = p_fit_bins([x for r in rows for x in r["p_fit"]], which)
+            print(f"| {name} | " + " | ".join(f"{fit / n:.0%} ({fit}/{n})" if n else "-" for _, n, fit in cells) + " |")
+
+
+def wall_scale(args: argparse.Namespace, use_ray: bool) -> float:
+    """Seconds a launcher lasts per modelled full probe: ``--wall-scale``, by default 2 through Ray and
+    none otherwise (in-process probes take the modelled walls as they are)."""
+    if args.in_process and not use_ray:
+        return 0.0
+    if args.wall_scale is not None:
+        return max(0.0, args.wall_scale)
+    return 2.0 if use_ray else 0.0
 
 
 if __name__ == "__main__":

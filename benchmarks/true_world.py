@@ -46,6 +46,27 @@ Every term scales with the model it is given: a memory profile probe (the same c
 terms that are not linear in the layers (a max over stages, a spike that reuses freed activation
 memory, the late growth a two-step run sees only in part) make a profile's extrapolation err the
 way a real one would.
+
+The production path (issue 41; ``PATHS``, ``--path production`` of ``search_efficiency.py``). The
+worlds above report what the torch probe reports on a device: the peak, the allocator's reserved
+peak and the memory the allocator could have used (``usable_memory_gib``). The production path
+(Megatron-LM / MindSpeed-LLM logs, torchtitan, DeepSpeed, a team's own launcher through the
+``command`` backend) reports the step time and the peak only, and its usable memory sits a few
+percent below the nominal device memory. A world on that path
+
+- reports its peak only (``peak_only``): no ``usable_memory_gib``, no ``peak_reserved_gib``;
+- has its usable memory ``usable_below`` (3-12 %, drawn per world) below the nominal: the device's
+  total (what its allocator's message calls the total capacity) is the nominal less that share;
+- prints its out-of-memory failure in one real format (``oom_format``, ``OOM_FORMATS``): torch's
+  CUDA allocator, torch_npu's, MindSpore's, vLLM's engine start-up, or a plain "out of memory" with
+  no numbers; with a format set, the allocator's numbers are a real allocator's: the request that
+  failed is larger than what the device had free, so "in use + requested" (what autotune's parser
+  reads as needed at least) lies above the device's total by less than the failed request (one
+  tensor, 0.1-4 GiB) and at most at the config's need: the message says the config is over, not
+  how far (the lab's messages request up to the whole remaining need).
+
+``oom_format`` None (every world off the production path) keeps torch_npu's message with the numbers
+the worlds always gave, so the figures taken before issue 41 stay comparable.
 """
 
 from __future__ import annotations
@@ -239,6 +260,39 @@ MINDSPEED_SOURCE = (
 MINDSPEED_CANN_GIB = 4.5
 
 
+# --- the production path (issue 41) ---------------------------------------------------------------
+# The out-of-memory formats a world can print (``oom_lines``). cuda: torch >= 2.1's CUDA caching
+# allocator (c10/cuda/CUDACachingAllocator.cpp); npu: torch_npu's (MindSpeed-LLM on Ascend);
+# mindspore: MindSpore's Ascend memory adapter ("Out of Memory!!! Request memory size: ...B, Memory
+# Statistic:", mindspore/ccsrc .../ascend_memory_adapter.cc, as MindSpore's docs quote it); vllm:
+# vLLM's engine start-up when no memory is left for the KV cache (vllm/v1/core/kv_cache_utils.py;
+# a serving engine's words: a training world prints them only where asked, to see what the generic
+# parser makes of them); plain: the CUDA runtime's "CUDA error: out of memory" with no numbers.
+OOM_FORMATS = ("cuda", "npu", "mindspore", "vllm", "plain")
+# ``--oom-format mixed``: the formats autotune's generic parser (workers/protocol.py
+# classify_failure) classifies as ``oom`` today; each world one of them
+MIXED_OOM_FORMATS = ("cuda", "npu", "mindspore", "plain")
+USABLE_BELOW = (0.03, 0.12)  # the usable memory's share below the nominal on the production path
+# the size of the request that fails, GiB (log-uniform: an activation, a logits or a gradient buffer);
+# the lab's worlds instead request up to the whole remaining need, which tells how far over it is
+OOM_REQUEST_GIB = (0.1, 4.0)
+
+
+@dataclass(frozen=True)
+class PathOptions:
+    """What a world's probes report, and how much of its nominal memory is usable."""
+
+    peak_only: bool = False  # report the step time and the peak only (no usable memory, no reserved peak)
+    usable_below: tuple[float, float] | None = None  # (low, high) share of the nominal not usable, per world
+    oom_format: str | None = None  # OOM_FORMATS, or "mixed" (one of MIXED_OOM_FORMATS per world); None: lab
+
+
+PATHS = {
+    "lab": PathOptions(),  # the torch probe on a device (every world before issue 41)
+    "production": PathOptions(peak_only=True, usable_below=USABLE_BELOW, oom_format="mixed"),
+}
+
+
 def _truthy(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -413,6 +467,11 @@ class World:
     mem_factors: dict[str, float]
     value_effects: dict[str, dict[str, float]] = field(default_factory=dict)
     structure: dict[str, float] = field(default_factory=dict)  # family -> strength (STRUCTURE_FAMILIES)
+    # the production path (PathOptions): the probe reports its peak only; the share of the nominal
+    # memory that is not usable; the words of its out-of-memory failure (None: the lab's)
+    peak_only: bool = False
+    usable_below: float = 0.0
+    oom_format: str | None = None
 
     @classmethod
     def draw(
@@ -424,6 +483,21 @@ class World:
         rng = np.random.default_rng([seed, 7])
         world.structure = {f: float(rng.uniform(*STRUCTURE_FAMILIES[f])) for f in families}
         return world
+
+    def on_path(self, options: PathOptions, oom_format: str | None = None) -> "World":
+        """This world on a path (``PathOptions``): its usable share below the nominal drawn from the
+        seed (a stream of its own: the other draws stay as they were); ``oom_format`` the format of
+        this world where the options say "mixed" (the caller spreads them over its worlds)."""
+        rng = np.random.default_rng([self.seed, 41])
+        self.peak_only = options.peak_only
+        self.usable_below = float(rng.uniform(*options.usable_below)) if options.usable_below else 0.0
+        fmt = oom_format if options.oom_format == "mixed" else options.oom_format
+        if options.oom_format == "mixed" and fmt is None:
+            fmt = MIXED_OOM_FORMATS[int(rng.integers(len(MIXED_OOM_FORMATS)))]
+        if fmt is not None and fmt not in OOM_FORMATS:
+            raise ValueError(f"unknown OOM format {fmt!r}: one of {', '.join(OOM_FORMATS)}")
+        self.oom_format = fmt
+        return self
 
     @classmethod
     def _draw(cls, seed: int, hardware: dict[str, Any], space: dict[str, list[Any]]) -> "World":
@@ -456,6 +530,9 @@ class World:
             "mem_factors": self.mem_factors,
             "value_effects": self.value_effects,
             "structure": self.structure,
+            "peak_only": self.peak_only,
+            "usable_below": self.usable_below,
+            "oom_format": self.oom_format,
         }
 
     def structural_memory(
@@ -601,7 +678,9 @@ class World:
         if "caching-allocator" in self.structure:
             hidden = part["comm_buffers"] + part["runtime_reserve"] + source["gap"]
         valid = np.asarray(p["valid"], dtype=bool)
-        limit = np.asarray(p["memory_limit_gib"], dtype=float) - lost
+        # the device's total: the nominal less what is not usable on this path (0 off the production path)
+        capacity = np.asarray(p["memory_limit_gib"], dtype=float) * (1.0 - self.usable_below)
+        limit = capacity - lost
         world = np.asarray(p["tokens_per_s"] / p["tokens_per_s_per_device"], dtype=float)
         tokens = float(workload["global_batch_size"]) * float(workload["seq_len"])
         return {
@@ -612,7 +691,8 @@ class World:
             "devices": world,
             "tokens_per_s_per_device": np.where(valid, tokens / step / world, np.nan),
             "limit": limit,
-            "capacity": np.asarray(p["memory_limit_gib"], dtype=float),
+            "capacity": capacity,
+            "nominal": np.asarray(p["memory_limit_gib"], dtype=float),
             "outside_allocator_gib": np.where(valid, outside, np.nan),
             "unallocated_gib": np.where(valid, hidden, np.nan),
             "allocator_gap_gib": np.where(valid, source["gap"], np.nan),
@@ -633,6 +713,8 @@ class World:
             # limit and the whole need (a lower bound of it, as in a real allocator message)
             rng = np.random.default_rng([self.seed, run, 99])
             need, usable, capacity = float(t["peak_memory_gib"][0]), float(t["limit"][0]), float(t["capacity"][0])
+            if self.oom_format is not None:
+                return self._device_oom(t, need, usable, capacity, rng)
             in_use = usable - float(rng.uniform(0.1, 0.6))
             requested = max(0.05, float(rng.uniform(0.3, 1.0)) * (need - in_use))
             # the allocator's own counts leave out what is outside it; "free" is the device's
@@ -663,6 +745,11 @@ class World:
                 "peak_memory_gib": peak,
             }
         }
+        if self.peak_only:  # the production path: the step time and the peak, nothing else
+            if self.reports_allocated():  # the stack's log says which counter it printed
+                out["metrics"]["peak_memory_gib"] = peak - float(t["unallocated_gib"][0])
+                out["info"] = {"peak_memory_counts": "allocated"}
+            return out
         # what a probe on a device reports its allocator could have used (its reserve plus the device's
         # free memory, autotune's USABLE_KEY): the usable memory less what is held outside the allocator
         usable = (float(t["limit"][0]) - float(t["held_outside_gib"][0])) * float(rng.uniform(0.998, 1.002))
@@ -673,6 +760,37 @@ class World:
             out["metrics"]["peak_memory_gib"] = peak - float(t["unallocated_gib"][0])
             out["info"]["peak_memory_counts"] = "allocated"
         return out
+
+    def _device_oom(
+        self, t: dict[str, np.ndarray], need: float, usable: float, capacity: float, rng: np.random.Generator
+    ) -> dict[str, Any]:
+        """An out-of-memory failure with a real allocator's numbers (``oom_format`` set). Memory grows
+        by tensors; the first request larger than what the device still had free fails, so the
+        request is one tensor's size (``OOM_REQUEST_GIB``, log-uniform), what was free is less than
+        it, and in use (the device's, what it holds outside the usable memory included) + requested
+        lies above the device's total by less than the request and, on the scale of the config's
+        peak, at most at its need: the message says the config is over, hardly how far."""
+        requested = float(np.exp(rng.uniform(*np.log(OOM_REQUEST_GIB))))
+        free = float(rng.uniform(max(0.0, requested - (need - usable)), requested))
+        in_use = usable - free  # on the scale of the peak: the usable memory less what was still free
+        device_in_use = capacity - free  # ... and the device's: what is not usable is in use too
+        unallocated = float(t["unallocated_gib"][0])
+        if "caching-allocator" in self.structure:  # the allocator's gap so far, not the whole step's
+            unallocated -= float(t["allocator_gap_gib"][0]) * (1.0 - min(1.0, max(0.0, in_use) / need))
+        allocated = in_use - unallocated
+        reserved = max(allocated, in_use - float(t["held_outside_gib"][0]))
+        return {
+            "failure": "oom",
+            "format": self.oom_format,
+            "need": need,
+            "limit": usable,
+            "capacity": capacity,
+            "in_use": device_in_use,
+            "free": free,
+            "requested": requested,
+            "allocated": allocated,
+            "reserved": reserved,
+        }
 
     def reports_allocated(self) -> bool:
         """Whether a probe reports the allocator's peak (max_memory_allocated), not the device's."""
@@ -698,7 +816,10 @@ def probe_wall_s(layers: int, full_layers: int, profiled: bool) -> float:
 
 
 def oom_message(out: dict[str, Any]) -> str:
-    """torch_npu's words and byte counts for a failed allocation."""
+    """The words and byte counts of a failed allocation: in the world's format (``OOM_FORMATS``)
+    where it has one, else torch_npu's with the lab worlds' numbers."""
+    if out.get("format"):
+        return "\n".join(oom_lines(out))
     free = max(0.0, out["capacity"] - out["in_use"])
     allocated = out.get("allocated", out["in_use"])
     return (
@@ -707,6 +828,95 @@ def oom_message(out: dict[str, Any]) -> str:
         f"{allocated:.2f} GiB current active; {free:.2f} GiB free; {allocated:.2f} GiB reserved in "
         f"total by PyTorch)"
     )
+
+
+def oom_lines(out: dict[str, Any]) -> list[str]:
+    """The lines a launcher prints for an out-of-memory failure in ``out["format"]``: each as the
+    framework words it (the allocator's GiB with two decimals, MindSpore's MiB and bytes)."""
+    fmt = out["format"]
+    req, cap, free = out["requested"], out["capacity"], out["free"]
+    in_use, alloc, res = out["in_use"], out["allocated"], out["reserved"]
+    if fmt == "cuda":
+        return [
+            "Traceback (most recent call last):",
+            '  File "pretrain_gpt.py", line 281, in <module>',
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {req:.2f} GiB. GPU 0 has a total "
+            f"capacity of {cap:.2f} GiB of which {free:.2f} GiB is free. Including non-PyTorch memory, this "
+            f"process has {in_use:.2f} GiB memory in use. Of the allocated memory {alloc:.2f} GiB is allocated "
+            f"by PyTorch, and {res - alloc:.2f} GiB is reserved by PyTorch but unallocated. If reserved but "
+            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            "fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        ]
+    if fmt == "npu":
+        return [
+            f"RuntimeError: NPU out of memory. Tried to allocate {req:.2f} GiB (NPU 0; {cap:.2f} GiB total "
+            f"capacity; {alloc:.2f} GiB already allocated; {alloc:.2f} GiB current active; {free:.2f} GiB free; "
+            f"{res:.2f} GiB reserved in total by PyTorch)"
+        ]
+    if fmt == "mindspore":
+        # MindSpore's pool ("Used": what it holds of the device; the runtime's and the communicators'
+        # memory is outside it): in use of it the allocator's reserved share, the request larger than
+        # the rest. The split of what is in use into static and dynamic is not modelled: a third static
+        mib = lambda gib: int(round(gib * 1024))  # noqa: E731
+        static = res / 3
+        return [
+            "Traceback (most recent call last):",
+            "RuntimeError: ",
+            "----------------------------------------------------",
+            "- Framework Error Message:",
+            "----------------------------------------------------",
+            f"Out of Memory!!! Request memory size: {int(req * GIB)}B, Memory Statistic:",
+            f"Device HBM memory size: {mib(cap)}M",
+            f"MindSpore Used memory size: {mib(res + free)}M",
+            "MindSpore memory base address: 0x124140000000",
+            f"Total Static Memory size: {mib(static)}M",
+            f"Total Dynamic memory size: {mib(res - static)}M",
+            f"Dynamic memory size of this graph: {mib(res - static)}M",
+            "",
+            "Please try to reduce 'batch_size' or check whether exists extra large shape. For more details, "
+            "please refer to 'Out of Memory' at https://www.mindspore.cn .",
+        ]
+    if fmt == "vllm":
+        return [
+            "ERROR 11-26 10:00:00 [core.py:708] EngineCore failed to start.",
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        ]
+    if fmt == "plain":
+        return [
+            "RuntimeError: CUDA error: out of memory",
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+            "below might be incorrect.",
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+        ]
+    raise ValueError(f"unknown OOM format {fmt!r}")
+
+
+def probe_output(out: dict[str, Any]) -> tuple[int, list[str]]:
+    """(exit status, output lines) of the launcher for a probe's outcome ``out`` (``World.measure``):
+    what it prints, a metrics line or a failure in the framework's words."""
+    if out.get("failure") == "oom":
+        return 1, oom_message(out).splitlines()
+    if out.get("failure"):
+        return 2, [json.dumps({"event": "failure", "status": "invalid", "reason": "not a valid config"})]
+    return 0, [json.dumps(out)]
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc), else since this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED_AT
+
+
+_IMPORTED_AT = time.monotonic()
 
 
 def main(argv: list[str]) -> int:
@@ -738,18 +948,15 @@ def main(argv: list[str]) -> int:
         layers = int(trial["model"]["num_hidden_layers"])
         full = int(os.environ.get(FULL_LAYERS_ENV) or layers)
         profiled = "memory_profile_layers_per_stage" in trial["workload"]
-        time.sleep(scale * probe_wall_s(layers, full, profiled) / FULL_PROBE_WALL_S)
-    if out.get("failure") == "oom":
-        print(oom_message(out), flush=True)
-        return 1
-    if out.get("failure"):
-        print(json.dumps({"event": "failure", "status": "invalid", "reason": "not a valid config"}), flush=True)
-        return 2
-    if node_rank != 0:
+        # the process's own start-up (interpreter, imports) is part of the wall: sleep only the rest
+        time.sleep(max(0.0, scale * probe_wall_s(layers, full, profiled) / FULL_PROBE_WALL_S - _process_age_s()))
+    rc, lines = probe_output(out)
+    if rc == 0 and node_rank != 0:
         print(f"node {node_rank}: step done", file=sys.stderr, flush=True)
         return 0
-    print(json.dumps(out), flush=True)
-    return 0
+    for line in lines:
+        print(line, flush=True)
+    return rc
 
 
 if __name__ == "__main__":

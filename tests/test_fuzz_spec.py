@@ -16,6 +16,16 @@ symlink loop). The default run is fast; the deep run sends thousands of these mu
 
     python tests/test_fuzz_spec.py --mutants 3000 --seed 0      # prints the figures (JSON)
     pytest -m slow tests/test_fuzz_spec.py                      # the same, asserted
+
+A third (issue #42) mutates serve specs (tests/fuzz_serving.py): traffic, SLO, lengths files with
+their encodings, paths and values (Infinity, 1e300, true, duplicate CSV columns), user-written
+length pairs, engine settings with control characters, flag-like and non-finite values. Each
+mutant goes through ``autotune validate`` and ``autotune plan --json``: no traceback, no exit 70,
+no hang, validate and plan agree, no control character printed, the plan strict JSON, and what
+the mutation promises (refused, or accepted) kept. 200 seeded mutants by default::
+
+    AUTOTUNE_FUZZ_N=10000 pytest tests/test_fuzz_spec.py -k serving          # the issue's run
+    python tests/test_fuzz_spec.py --serving --mutants 10000 --seed 0         # the same, figures as JSON
 """
 
 from __future__ import annotations
@@ -624,11 +634,12 @@ def random_data_mutant(rng: random.Random) -> dict:
     return data
 
 
-def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
-    """(the bytes of a spec file, what must come of it): ``same`` (reads as FILE_BASE does),
-    ``duplicate_line`` (refused, a duplicate key on that line), ``error`` (refused), or nothing
-    (a spec or located errors)."""
-    data = copy.deepcopy(FILE_BASE)
+def file_mutant(rng: random.Random, kind: str, base: dict | None = None) -> tuple[bytes, dict]:
+    """(the bytes of a spec file, what must come of it): ``same`` (reads as ``base`` does,
+    FILE_BASE by default), ``duplicate_line`` (refused, a duplicate key on that line), ``error``
+    (refused), or nothing (a spec or located errors)."""
+    base = FILE_BASE if base is None else base
+    data = copy.deepcopy(base)
     doc = Doc(rng)
     expect: dict = {}
     if kind in ("duplicate", "duplicate_spelling"):
@@ -663,7 +674,7 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
             style = rng.choice(["single", "list", "anchor"])
             value = {"single": merged, "list": [merged, {}], "anchor": Raw("&m " + flow(merged))}[style]
             new = {Raw("<<"): value, **kept}
-            expect = {"same": FILE_BASE}
+            expect = {"same": base}
         rebuilt = _get(data, path[:-1]) if len(path) > 1 else data
         rebuilt[path[-1]] = new
         return _encode(doc.render(data)), expect
@@ -672,7 +683,7 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
             (p, m) for p, m in _mapping_paths(data) if p and m and not isinstance(p[-1], int)
         ]
         pairs = [(a, b) for a, b in zip(values, values[1:]) if a[1] == b[1] and type(a[1]) is type(b[1])]
-        lists = [(p, v) for p, v in ((p, _get(data, p)) for p in PATHS if p and isinstance(_get(data, p), list))]
+        lists = [(p, v) for p, v in ((p, _get(data, p)) for p in _paths(base) if p and isinstance(_get(data, p), list))]
         for p, v in lists:
             for q, w in lists:
                 if p < q and v == w:
@@ -685,8 +696,8 @@ def file_mutant(rng: random.Random, kind: str) -> tuple[bytes, dict]:
                 _set(marked, alias, Raw("*shared"))
                 text = Doc(random.Random(0), flow_share=0.0).render(marked)
                 if text.index("&shared") < text.index("*shared"):
-                    return _encode(text), {"same": FILE_BASE}
-        return _encode(doc.render(data)), {"same": FILE_BASE}
+                    return _encode(text), {"same": base}
+        return _encode(doc.render(data)), {"same": base}
     if kind == "encoding":
         data["description"] = rng.choice(["café", "naïve ünïcode", "日本語", "🙂", "plain"])
         text = doc.render(data)
@@ -951,8 +962,8 @@ def test_an_env_value_the_spec_accepts_is_one_the_simulator_reads(name, value):
 
 # ------------------------------------------------------------------------------------ deep run
 def _invoke(app, args: list[str], limit_s: int = 30):
-    """``autotune ARGS`` in-process, as ``main()`` runs it: (exit code, output, traceback or None);
-    an exception that escapes the command is exit 70, an alarm past ``limit_s`` a hang (-1)."""
+    """``autotune ARGS`` in-process, as ``main()`` runs it: (exit code, output, traceback or None,
+    stdout); an exception that escapes the command is exit 70, an alarm past ``limit_s`` a hang (-1)."""
     import signal
     import traceback
 
@@ -966,16 +977,164 @@ def _invoke(app, args: list[str], limit_s: int = 30):
     try:
         result = CliRunner().invoke(app, args)
     except TimeoutError:
-        return -1, "", "hang"
+        return -1, "", "hang", ""
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     exc = result.exception
     if isinstance(exc, TimeoutError):
-        return -1, result.output, "hang"
+        return -1, result.output, "hang", result.stdout
     if exc is not None and not isinstance(exc, SystemExit):
-        return 70, result.output, "".join(traceback.format_exception(exc))
-    return result.exit_code, result.output, ("Traceback" if "Traceback" in result.output else None)
+        return 70, result.output, "".join(traceback.format_exception(exc)), result.stdout
+    return result.exit_code, result.output, ("Traceback" if "Traceback" in result.output else None), result.stdout
+
+
+def _invoke_again_if_hung(app, args: list[str], figures: dict, limit_s: int = 30, again_s: int = 240):
+    """``_invoke``; a command past ``limit_s`` runs once more with ``again_s``: one that then ends
+    was a stall of a loaded machine (counted as ``stalls``, its second outcome kept), one that
+    does not is a hang."""
+    outcome = _invoke(app, args, limit_s)
+    if outcome[2] != "hang":
+        return outcome
+    again = _invoke(app, args, again_s)
+    if again[2] != "hang":
+        figures["stalls"] += 1
+    return again
+
+
+# characters no line autotune prints may hold as they are: C0/C1 controls (a newline and a tab
+# apart), DEL, bidi overrides and isolates, line and paragraph separators
+_UNSHOWABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _where(trace: str) -> str:
+    """The innermost autotune frame of a traceback and the exception's type: a failure's identity."""
+    frames = re.findall(r'File "([^"]*)", line \d+, in (\S+)', trace)
+    inner = [f"{f[f.rfind('autotune/') :]}:{fn}" for f, fn in frames if "autotune/" in f and "/tests/" not in f]
+    last = trace.strip().splitlines()[-1] if trace.strip() else ""
+    return f"{last.split(':', 1)[0]} at {inner[-1] if inner else (frames[-1][1] if frames else '?')}"
+
+
+def _new_figures(seed: int, family: str) -> dict:
+    return {
+        "family": family,
+        "mutants": 0,
+        "seed": seed,
+        "by_kind": Counter(),
+        "validate": Counter(),
+        "plan": Counter(),
+        "pairs": Counter(),
+        "tracebacks": 0,
+        "exit_70": 0,
+        "exit_70_by_kind": Counter(),
+        "hangs": 0,
+        "stalls": 0,  # past 30 s once, then ended within 240 s: a loaded machine, not a hang
+        "broken_promises": 0,
+        "validate_ok_plan_refused": 0,
+        "validate_refused_plan_ok": 0,
+        "unshowable_output": 0,
+        "plan_json_invalid": 0,
+        "slowest_s": 0.0,
+        "over_5_s": 0,
+        "failures": {},  # one entry per distinct failure: its count and the first mutant that showed it
+        "questions": {},  # label -> [accepted, refused]: inputs whose right answer is a matter of policy
+        "examples": [],
+    }
+
+
+def _repro(path: str) -> dict:
+    """The files of a failing mutant, shortened: what a person needs to reproduce it."""
+    out = {}
+    try:
+        folder = Path(path).parent
+        if not folder.is_dir() or "\x00" in path:
+            return out
+        for item in sorted(folder.iterdir()):
+            if item.is_file() and not item.is_symlink():
+                raw = item.read_bytes()
+                out[item.name] = raw[:700].decode("utf-8", "backslashreplace") + (
+                    f"... ({len(raw):,} bytes)" if len(raw) > 700 else ""
+                )
+            else:
+                out[item.name] = "(not a regular file)"
+    except OSError:
+        pass
+    return out
+
+
+def _judge(figures: dict, n: int, kind: str, path: str, expect: dict, validate, plan, labels=()) -> None:
+    """Count one mutant's ``autotune validate`` and ``autotune plan --json`` outcomes into ``figures``:
+    exit codes, tracebacks, exit 70s, hangs, validate/plan disagreements, broken promises, output
+    that shows a control character, a plan that is not strict JSON; each distinct failure once."""
+    figures["mutants"] += 1
+    figures["by_kind"][kind.split(":")[0]] += 1
+    figures["validate"][validate[0]] += 1
+    figures["plan"][plan[0]] += 1
+    figures["pairs"][f"{validate[0]}/{plan[0]}"] += 1
+    about = ", ".join(labels) or kind
+    bad: list[tuple[str, str]] = []  # (signature, details)
+    for name, (code, output, trace, _) in (("validate", validate), ("plan", plan)):
+        if trace == "hang":
+            figures["hangs"] += 1
+            bad.append((f"{name} hung: {about}", ""))
+        elif code == 70:
+            figures["exit_70"] += 1
+            figures["exit_70_by_kind"][kind.split(":")[0]] += 1
+            bad.append((f"{name} exit 70: {_where(trace)}", trace[-600:]))
+        elif trace:
+            figures["tracebacks"] += 1
+            bad.append((f"{name} printed a traceback: {about}", output[-600:]))
+        elif _UNSHOWABLE.search(output):
+            figures["unshowable_output"] += 1
+            bad.append((f"{name} printed a control character: {about}", ascii(output[-300:])))
+    if validate[0] not in (0, 2) or plan[0] not in (0, 1, 2):
+        bad.append((f"exit codes {validate[0]}/{plan[0]}: {about}", ""))
+    if validate[0] == 0 and plan[0] == 2:
+        figures["validate_ok_plan_refused"] += 1
+        bad.append((f"validate accepted what plan refused: {about}", plan[1][-300:]))
+    if validate[0] == 2 and plan[0] in (0, 1):
+        figures["validate_refused_plan_ok"] += 1
+        bad.append((f"validate refused what plan accepted: {about}", validate[1][-300:]))
+    if plan[0] in (0, 1):  # the plan a tool reads: strict JSON (no NaN, no Infinity)
+        try:
+            json.loads(plan[3], parse_constant=lambda word: (_ for _ in ()).throw(ValueError(word)))
+        except ValueError as exc:
+            figures["plan_json_invalid"] += 1
+            bad.append((f"plan --json is not strict JSON ({str(exc)[:40]}): {about}", plan[3][-300:]))
+    # (a NUL in a path cannot come from a command line: click refuses it, in its own words)
+    if validate[0] == 2 and os.path.basename(path) not in validate[1] and "\x00" not in path:
+        bad.append((f"an error that does not name the file: {about}", validate[1][-300:]))
+    promised_error = "duplicate_line" in expect or "error" in expect
+    if ("same" in expect or "ok" in expect) and validate[0] != 0 or promised_error and validate[0] != 2:
+        figures["broken_promises"] += 1
+        what = expect.get("labels") or [kind]
+        wanted = "accepted" if ("same" in expect or "ok" in expect) else "refused"
+        bad.append((f"promised {wanted}, validate exit {validate[0]}: {', '.join(what)}", validate[1][-300:]))
+    for label in expect.get("questions", []):
+        figures["questions"].setdefault(label, [0, 0])[0 if validate[0] == 0 else 1] += 1
+    if bad:
+        if len(figures["examples"]) < 20:
+            figures["examples"].append({"n": n, "kind": kind, "path": path, "problems": [b[0] for b in bad]})
+        for signature, details in bad:
+            entry = figures["failures"].setdefault(
+                signature, {"count": 0, "n": n, "labels": list(labels), "details": details, "files": _repro(path)}
+            )
+            entry["count"] += 1
+
+
+def _finish(figures: dict, start: float) -> dict:
+    figures["seconds"] = round(time.monotonic() - start, 1)
+    figures["distinct_failures"] = len(figures["failures"])
+    return {k: (dict(sorted(v.items(), key=str)) if isinstance(v, Counter) else v) for k, v in figures.items()}
+
+
+def _progress(log, figures: dict, n: int, start: float) -> None:
+    if log and (n + 1) % 500 == 0:
+        log(
+            f"{n + 1} mutants, {time.monotonic() - start:.0f} s, exit 70s {figures['exit_70']}, "
+            f"tracebacks {figures['tracebacks']}, hangs {figures['hangs']}, "
+            f"distinct failures {len(figures['failures'])}"
+        )
 
 
 def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
@@ -987,23 +1146,7 @@ def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
     rng = random.Random(seed)
     kinds = KINDS + ["special"]
     weights = [3 if k in ("data", "duplicate", "nasty", "tag", "yaml11") else 2 for k in KINDS] + [1]
-    figures: dict = {
-        "mutants": 0,
-        "seed": seed,
-        "by_kind": Counter(),
-        "validate": Counter(),
-        "plan": Counter(),
-        "pairs": Counter(),
-        "tracebacks": 0,
-        "exit_70": 0,
-        "exit_70_by_kind": Counter(),
-        "hangs": 0,
-        "broken_promises": 0,
-        "validate_ok_plan_refused": 0,
-        "slowest_s": 0.0,
-        "over_5_s": 0,
-        "examples": [],
-    }
+    figures = _new_figures(seed, "file")
     start = time.monotonic()
     specials = 0
     for n in range(mutants):
@@ -1020,50 +1163,14 @@ def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
             raw, expect = file_mutant(random.Random(rng.getrandbits(64)), kind)
             path = str(work / "spec.yaml")
             Path(path).write_bytes(raw)
-        validate = _invoke(app, ["validate", path])
-        plan = _invoke(app, ["plan", path, "--json"])
+        validate = _invoke_again_if_hung(app, ["validate", path], figures)
+        plan = _invoke_again_if_hung(app, ["plan", path, "--json"], figures)
         took = time.monotonic() - began
         figures["slowest_s"] = round(max(figures["slowest_s"], took), 2)
         figures["over_5_s"] += took > 5
-        figures["mutants"] += 1
-        figures["by_kind"][kind.split(":")[0]] += 1
-        figures["validate"][validate[0]] += 1
-        figures["plan"][plan[0]] += 1
-        figures["pairs"][f"{validate[0]}/{plan[0]}"] += 1
-        bad = []
-        for name, (code, output, trace) in (("validate", validate), ("plan", plan)):
-            if trace == "hang":
-                figures["hangs"] += 1
-                bad.append(f"{name} hung")
-            elif code == 70:
-                figures["exit_70"] += 1
-                figures["exit_70_by_kind"][kind.split(":")[0]] += 1
-                bad.append(f"{name} exit 70: {trace[-600:]}")
-            elif trace:
-                figures["tracebacks"] += 1
-                bad.append(f"{name} printed a traceback")
-        if validate[0] not in (0, 2) or plan[0] not in (0, 1, 2):
-            bad.append(f"exit codes {validate[0]}/{plan[0]}")
-        if validate[0] == 0 and plan[0] == 2:
-            figures["validate_ok_plan_refused"] += 1
-            bad.append("validate accepted what plan refused: " + plan[1][-300:])
-        # (a NUL in a path cannot come from a command line: click refuses it, in its own words)
-        if validate[0] == 2 and os.path.basename(path) not in validate[1] and "\x00" not in path:
-            bad.append("an error that does not name the file: " + validate[1][-300:])
-        if ("same" in expect and validate[0] != 0) or (
-            ("duplicate_line" in expect or "error" in expect) and validate[0] != 2
-        ):
-            figures["broken_promises"] += 1
-            bad.append(f"promised {expect}, validate exit {validate[0]}: {validate[1][-300:]}")
-        if bad and len(figures["examples"]) < 20:
-            figures["examples"].append({"n": n, "kind": kind, "path": path, "problems": bad})
-        if log and (n + 1) % 500 == 0:
-            log(
-                f"{n + 1} mutants, {time.monotonic() - start:.0f} s, exit 70s {figures['exit_70']}, "
-                f"tracebacks {figures['tracebacks']}, hangs {figures['hangs']}"
-            )
-    figures["seconds"] = round(time.monotonic() - start, 1)
-    return {k: (dict(sorted(v.items(), key=str)) if isinstance(v, Counter) else v) for k, v in figures.items()}
+        _judge(figures, n, kind, path, expect, validate, plan, [kind])
+        _progress(log, figures, n, start)
+    return _finish(figures, start)
 
 
 @pytest.mark.slow
@@ -1077,17 +1184,123 @@ def test_deep_fuzz_through_validate_and_plan(tmp_path):
     assert not figures["examples"], figures["examples"]
 
 
-if __name__ == "__main__":  # the deep run as a script: python tests/test_fuzz_spec.py --mutants 3000 --seed 0
+# ============================================================================= serving (issue #42)
+# The serving fuzzer: mutants of a serve spec (tests/fuzz_serving.py: traffic, SLO, lengths files
+# and their encodings and paths, user-written length pairs, engine settings with control
+# characters, flag-like and non-finite values, env values, serving parameters, the stack), and
+# the file-level kinds above written on a serve spec, through `autotune validate` and `plan`.
+#
+#     python tests/test_fuzz_spec.py --serving --mutants 10000 --seed 0    # the issue's run
+#     AUTOTUNE_FUZZ_N=10000 pytest tests/test_fuzz_spec.py -k serving       # the same, asserted
+import fuzz_serving  # noqa: E402
+
+SERVE_FILE_BASE: dict = copy.deepcopy(fuzz_serving.SERVE_BASE)
+SERVE_FILE_BASE["description"] = "fuzz"
+SERVE_FILE_BASE["baseline"] = {"tp": 1, "replicas": 1}
+SERVE_FILE_BASE["recommend"] = {"min_headroom_gib": 4.0}
+SERVE_FILE_KINDS = [k for k in KINDS if k not in ("huge", "deep", "data")]  # "data": fuzz_serving's own
+SERVE_FILE_SHARE = 0.15  # of the serving mutants, file-level ones
+
+
+def serving_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
+    """``mutants`` serving mutants through ``autotune validate`` and ``autotune plan --json``, judged
+    as ``deep_fuzz`` judges its own, each mutant's promise (``fuzz_serving.Mutant.expect``) kept."""
+    import shutil
+
+    from autotune.cli import app
+
+    rng = random.Random(seed)
+    figures = _new_figures(seed, "serving")
+    start = time.monotonic()
+    for n in range(mutants):
+        work = tmp / f"s{n}"
+        work.mkdir()
+        began = time.monotonic()
+        mutant_rng = random.Random(rng.getrandbits(64))
+        if rng.random() < SERVE_FILE_SHARE:
+            kind = rng.choice(SERVE_FILE_KINDS)
+            raw, expect = file_mutant(mutant_rng, kind, SERVE_FILE_BASE)
+            path = str(work / "spec.yaml")
+            Path(path).write_bytes(raw)
+            labels = [f"file:{kind}"]
+            expect = {**expect, "labels": labels}
+            kind = f"file:{kind}"
+        else:
+            mutant = fuzz_serving.serving_mutant(mutant_rng)
+            path = fuzz_serving.write_mutant(mutant, work)
+            labels = mutant.labels
+            kind = labels[0].split(":", 1)[0]
+            expect = {"questions": mutant.promised("question")}
+            if mutant.expect == "error":
+                expect.update({"error": "", "labels": mutant.promised("error")})
+            elif mutant.expect == "ok":
+                expect.update({"ok": True, "labels": labels})
+        validate = _invoke_again_if_hung(app, ["validate", path], figures)
+        plan = _invoke_again_if_hung(app, ["plan", path, "--json"], figures)
+        took = time.monotonic() - began
+        figures["slowest_s"] = round(max(figures["slowest_s"], took), 2)
+        figures["over_5_s"] += took > 5
+        _judge(figures, n, kind, path, expect, validate, plan, labels)
+        shutil.rmtree(work, ignore_errors=True)
+        _progress(log, figures, n, start)
+    return _finish(figures, start)
+
+
+SERVE_FUZZ_N = int(os.environ.get("AUTOTUNE_FUZZ_N", "200"))  # the issue's run: AUTOTUNE_FUZZ_N=10000
+
+
+@pytest.mark.timeout(max(600, SERVE_FUZZ_N))
+def test_fuzzed_serving_specs_through_validate_and_plan(tmp_path):
+    """Serving mutants (seeded; AUTOTUNE_FUZZ_N of them, AUTOTUNE_FUZZ_SEED): no traceback, no
+    exit 70, no hang, validate and plan agree, and each mutant's promise is kept."""
+    figures = serving_fuzz(SERVE_FUZZ_N, int(os.environ.get("AUTOTUNE_FUZZ_SEED", "0")), tmp_path)
+    assert figures["mutants"] == SERVE_FUZZ_N
+    assert figures["exit_70"] == 0 and figures["tracebacks"] == 0 and figures["hangs"] == 0, figures["failures"]
+    assert not figures["failures"], json.dumps(figures["failures"], indent=1, default=str)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_deep_serving_fuzz_10000_mutants(tmp_path):
+    figures = serving_fuzz(10_000, 0, tmp_path)
+    print(json.dumps(figures, indent=1, default=str))
+    assert figures["exit_70"] == 0 and figures["tracebacks"] == 0 and figures["hangs"] == 0, figures["failures"]
+    assert not figures["failures"], json.dumps(figures["failures"], indent=1, default=str)
+
+
+def test_the_serving_base_and_its_file_base_are_valid_and_plannable(tmp_path):
+    """The mutants' starting points: a promise of ``ok`` means something only if these load."""
+    from autotune.cli import app
+
+    for name, data in (("base", fuzz_serving.SERVE_BASE), ("file-base", SERVE_FILE_BASE)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert _invoke(app, ["validate", str(path)])[0] == 0
+        assert _invoke(app, ["plan", str(path), "--json"])[0] == 0
+    mutant = fuzz_serving.Mutant(copy.deepcopy(fuzz_serving.SERVE_BASE))
+    fuzz_serving._lengths_file(mutant, "lengths.jsonl", fuzz_serving._jsonl(fuzz_serving.LENGTHS).encode())
+    (tmp_path / "lengths").mkdir()
+    spec = load_spec(fuzz_serving.write_mutant(mutant, tmp_path / "lengths"))
+    assert spec.workload.traffic.length_pairs == fuzz_serving.LENGTHS
+
+
+if __name__ == "__main__":  # python tests/test_fuzz_spec.py [--serving] --mutants 3000 --seed 0
     import argparse
     import tempfile
 
     parser = argparse.ArgumentParser(description="deep spec fuzz through autotune validate and plan")
     parser.add_argument("--mutants", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--serving", action="store_true", help="serving mutants (issue #42), not file ones")
+    parser.add_argument("--json", help="also write the figures to this file")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-deep-fuzz-") as directory:
-        result = deep_fuzz(
+        run = serving_fuzz if options.serving else deep_fuzz
+        result = run(
             options.mutants, options.seed, Path(directory), log=lambda line: print(line, file=sys.stderr, flush=True)
         )
-    print(json.dumps(result, indent=1, default=str))
+    text = json.dumps(result, indent=1, default=str)
+    if options.json:
+        Path(options.json).write_text(text)
+    print(text)
     sys.exit(0 if not result["examples"] else 1)

@@ -355,3 +355,39 @@ def test_results_csv_neutralises_formula_cells(tmp_path: Path):
     assert back["env.E"] == "'\tx" and back["env.F"] == "'\rx"
     assert back["goodput"] == "-1.5" and back["engine.n"] == "-5" and back["trial"] == "0"
     assert back["env.G"] == "plain=value" and back["reason"] == ""
+
+
+@pytest.mark.parametrize(
+    "traffic, cluster, field",
+    [
+        ("{rates: [1], prompt_len: 64, output_len: 0}", "", "workload.traffic.output_len"),
+        ("{rates: [1], prompt_len: -5, output_len: 16}", "", "workload.traffic.prompt_len"),
+        ("{rates: [1], prompt_len: 64, output_len: true}", "", "workload.traffic.output_len"),
+        (
+            "{rates: [1], prompt_len: 64, output_len: 16}",
+            ", cost_per_device_hour: .inf",
+            "cluster.cost_per_device_hour",
+        ),
+    ],
+)
+def test_fuzzed_serving_lengths_and_costs_are_refused(write_spec, traffic, cluster, field):
+    """The serving fuzzer's two findings: a plain length <= 0 or a YAML boolean (plan then ranked with
+    max_model_len 27 and printed NaN costs), and an infinite device-hour cost (Infinity in plan --json)."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    spec = write_spec(
+        f"""
+name: r
+model: tiny-llama
+workload:
+  kind: serve
+  traffic: {traffic}
+  slo: {{ttft_p99_ms: 1000}}
+cluster: {{accelerator: cpu, profile: cpu, devices_per_node: 1{cluster}}}
+target: none
+"""
+    )
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2 and field in result.output, result.output
