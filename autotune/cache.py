@@ -58,6 +58,11 @@ def cache_key(
     """The key of one measurement: a hash of everything that decides it (see the module doc)."""
     work = {k: v for k, v in workload.items() if k not in ("timeout_s",)}
     back = {k: backend.get(k) for k in ("kind", "argv", "env", "python", "metric_patterns", "cwd")}
+    hardware = cluster.get("hardware")
+    if isinstance(hardware, dict) and "usable_memory_gib" in hardware:
+        # what the device check read at the study's start (autotune.usable_memory: on a CPU the host's
+        # free memory, which moves with its load) does not decide a measurement
+        cluster = {**cluster, "hardware": {k: v for k, v in hardware.items() if k != "usable_memory_gib"}}
     payload = {
         "config": config_key,
         "model": model,

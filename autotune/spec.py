@@ -584,30 +584,14 @@ def _length_value(value: Any) -> tuple[int | None, str]:
 def _open_lengths_file(path: Path, where: str) -> str:
     """The UTF-8 text of a lengths file (a byte-order mark dropped), read with a bound; a
     ValueError naming the file otherwise (never its contents)."""
-    import os
-    import stat
+    from .bounded_read import NotRegularFile, read_bounded
 
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{where} is not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_LENGTHS_FILE_BYTES:
-            chunk = os.read(fd, MAX_LENGTHS_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
+        raw = read_bounded(path, MAX_LENGTHS_FILE_BYTES)
+    except NotRegularFile:
+        raise ValueError(f"{where} is not a regular file") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ValueError(f"{where}: cannot read it ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
     if len(raw) > MAX_LENGTHS_FILE_BYTES:
         raise ValueError(f"{where} is larger than {MAX_LENGTHS_FILE_BYTES:,} bytes")
     try:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from .spec import MAX_SPEC_BYTES, MAX_SPEC_INT, Spec, short_value
 from .spec_checks import semantic_problems
+from .bounded_read import NotRegularFile, read_bounded
 from .spec_errors import SpecError, SpecProblem, _format_pydantic, _line_of
 
 __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec", "parse_spec_text", "read_spec_text", "decode_spec_bytes"]
@@ -165,27 +166,12 @@ def read_spec_text(path: str | Path) -> str:
             f"cannot read the spec: it is {info.st_size:,} bytes, above the limit of {MAX_SPEC_BYTES:,} "
             "bytes (1 MiB; a spec is a few KiB)"
         )
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        raw = read_bounded(path, MAX_SPEC_BYTES)
+    except NotRegularFile as exc:  # replaced between the stat and the open
+        raise refuse(f"cannot read the spec: it is {_file_kind(exc.mode)}, not a regular file") from None
     except OSError as exc:
         raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
-    try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):  # replaced between the stat and the open
-            raise refuse(f"cannot read the spec: it is {_file_kind(opened.st_mode)}, not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_SPEC_BYTES:
-            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise refuse(f"cannot read the spec: {_os_reason(exc)}") from None
-    finally:
-        os.close(fd)
-    raw = b"".join(chunks)
     if len(raw) > MAX_SPEC_BYTES:  # grew since the stat
         raise refuse(
             f"cannot read the spec: it is larger than the limit of {MAX_SPEC_BYTES:,} bytes (1 MiB; a spec "
