@@ -227,7 +227,12 @@ class Guide:
             ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw))
         )
         self.families = [family_of(c) for c in ranking.enumeration.configs]
-        self.walls = [_wall_of(c) for c in ranking.enumeration.configs]
+        self.walls: dict[tuple, list[int]] = {}  # a config's wall (_wall_of) -> the configs that share it
+        self.wall_of: list[tuple] = []
+        for i, c in enumerate(ranking.enumeration.configs):
+            wall = _wall_of(c)
+            self.wall_of.append(wall)
+            self.walls.setdefault(wall, []).append(i)
 
     # ---- features ----------------------------------------------------------------------------------
     @staticmethod
@@ -704,13 +709,9 @@ class Guide:
         for o in obs:
             if o.status != "oom":
                 continue
-            wall, buffer = self.walls[o.index], _buffer_of(configs[o.index])
-            for i, w in enumerate(self.walls):
-                if (
-                    w == wall
-                    and i != o.index
-                    and not (buffer is not None and (_buffer_of(configs[i]) or buffer) < buffer)
-                ):
+            buffer = _buffer_of(configs[o.index])
+            for i in self.walls[self.wall_of[o.index]]:
+                if i != o.index and not (buffer is not None and (_buffer_of(configs[i]) or buffer) < buffer):
                     out[i] = True
         return out
 

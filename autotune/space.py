@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .safe_expr import Expression, compile_expression
-from .spec import ServeWorkload, Spec, TrainWorkload
+from .spec import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
 from .stacks import target_violations
 
 __all__ = [
@@ -53,8 +53,6 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "zero_stage": 0,
     "precision": "bf16",
 }
-# the values a config derives from the others (never proposed)
-DERIVED = ("dp", "grad_accum")
 # inference: the workload's batch sizes are measurement points of every config, never a knob
 INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "precision": "bf16"}
 # a serving engine's settings when the spec does not search them (vLLM's defaults where it has one)
@@ -523,7 +521,7 @@ class Space:
         return Resolved(config, violations)
 
     def violated_constraints(self, config: dict[str, Any]) -> list[str]:
-        return self.resolve({k: v for k, v in config.items() if k not in DERIVED}).violations
+        return self.resolve({k: v for k, v in config.items() if k not in DERIVED_PARAMS}).violations
 
     # ---- the whole space ------------------------------------------------------------------------
     def enumerate(self, limit: int | None = None) -> Enumeration:
