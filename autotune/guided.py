@@ -470,9 +470,27 @@ class Guide:
         lows += [o.oom_in_use_gib for o in failed if o.oom_in_use_gib is not None and o.oom_in_use_gib <= upper]
         lower = max(lows) if lows else 0.9 * upper
         lower = min(lower, upper)
-        usable = np.minimum(self.device_limit(), 0.5 * (lower + upper))
-        sd = (upper - lower) / math.sqrt(12.0)
+        if taught_by.oom_needed_gib:  # byte counts: in use and in use + requested, a narrow interval
+            middle, sd = 0.5 * (lower + upper), (upper - lower) / math.sqrt(12.0)
+        else:
+            middle, sd = self._below_plain_oom(lower, upper, taught_by.index)
+        usable = np.minimum(self.device_limit(), middle)
         return self._less_for_more_buffers(usable, sd, taught_by.index)
+
+    def _below_plain_oom(self, lower: float, upper: float, taught_by: int) -> tuple[float, float]:
+        """The usable memory after an OOM whose message gave no numbers: what was usable before (the
+        capacity the device check measured, within 3 %; the nominal one, within 8 %, without a check:
+        the usable memory runs 3-12 % below it), known now to lie between the highest peak that
+        fitted and what the failed config needed. The middle of that interval threw the device
+        check away: in a 13B world of benchmarks/search_efficiency.py one plain OOM of a config a
+        few GiB over the limit put the usable memory at 54.6 GiB (the world's: 60.0), and every
+        memory profile after it, the optimum's included, predicted an OOM that would not have
+        happened. The prior truncated to the interval keeps it near the bound."""
+        prior = float(self.device_limit()[taught_by])
+        spread = (0.03 if self.settings.device_usable_gib else 0.08) * prior
+        if upper - lower <= 1e-9:
+            return upper, 0.0
+        return _truncated_normal(prior, spread, lower, upper)
 
     def device_limit(self) -> np.ndarray:
         """The capacity each config's predicted peak may reach: the nominal one, or, where the device
@@ -1148,6 +1166,19 @@ def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.n
     z = (mean - best) / sd
     pdf = np.exp(-0.5 * np.clip(z, -30, 30) ** 2) / np.sqrt(2 * np.pi)
     return sd * pdf + (mean - best) * _norm_cdf(z)
+
+
+def _truncated_normal(mean: float, sd: float, lower: float, upper: float) -> tuple[float, float]:
+    """The mean and sd of N(mean, sd²) truncated to [lower, upper] (lower < upper)."""
+    a, b = (lower - mean) / sd, (upper - mean) / sd
+    mass = float(_norm_cdf(np.array([b]))[0] - _norm_cdf(np.array([a]))[0])
+    if mass < 1e-12:  # the whole prior beyond one end: the interval's end nearest to it
+        end = upper if b < 0 else lower
+        return end, min(sd, (upper - lower) / math.sqrt(12.0))
+    pdf_a, pdf_b = (math.exp(-0.5 * min(z * z, 900.0)) / math.sqrt(2 * math.pi) for z in (a, b))
+    shift = (pdf_a - pdf_b) / mass
+    var = 1.0 + (a * pdf_a - b * pdf_b) / mass - shift * shift
+    return min(upper, max(lower, mean + sd * shift)), sd * math.sqrt(max(var, 0.0))
 
 
 def _norm_cdf(z: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ import numpy as np
 from .safe_expr import Expression, compile_expression
 from .spec import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
 from .stacks import target_violations
+from .workers.parameters import batched_below_seqs, serving_default
 
 __all__ = [
     "Space",
@@ -60,12 +61,13 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "tp": 1,
     "pp": 1,
     "replicas": 1,
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": 8192,
+    # the engine's defaults from the parameter table (autotune.workers.parameters), in this order
+    "max_num_seqs": serving_default("max_num_seqs"),
+    "max_num_batched_tokens": serving_default("max_num_batched_tokens"),
     "block_size": 128,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-    "memory_utilization": 0.9,
+    "enable_chunked_prefill": serving_default("enable_chunked_prefill"),
+    "enable_prefix_caching": serving_default("enable_prefix_caching"),
+    "memory_utilization": serving_default("memory_utilization"),
     "graph_mode": "graph",
     "kv_cache_dtype": "auto",
     "quantization": "none",
@@ -793,7 +795,9 @@ class Space:
         if self.target is None:  # no engine in mind: vLLM's scheduler checks, the engines' common ground
             seqs = out["max_num_seqs"].astype(int)
             batched = out["max_num_batched_tokens"].astype(int)
-            reasons["max_num_batched_tokens below max_num_seqs (the engine refuses it)"] = batched < seqs
+            reasons["max_num_batched_tokens below max_num_seqs (the engine refuses it)"] = batched_below_seqs(
+                batched, seqs
+            )
             context = int(self.constants["max_model_len"])
             chunked = out["enable_chunked_prefill"].astype(bool)
             no_chunks = f"without chunked prefill max_num_batched_tokens must hold max_model_len ({context})"

@@ -31,6 +31,7 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import optuna  # noqa: E402
 
+from autotune.assembly import launcher_for  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.ray_dispatch import RayDispatcher  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
@@ -69,7 +70,11 @@ def one_study(
     run_dir = folder / "run"
     t0 = time.perf_counter()
     tracker = Tracker(default_tracking_uri(run_dir), spec.name, run_dir / "mlartifacts") if tracked else None
-    runner = StudyRunner(spec, run_dir, BackendChoice("command", "benchmark"), tracker=tracker, dispatcher=dispatcher)
+    backend = BackendChoice("command", "benchmark")
+    # the launcher as `autotune run` builds it: a Ray dispatcher needs each probe's launch
+    runner = StudyRunner(
+        spec, run_dir, backend, tracker=tracker, dispatcher=dispatcher, launcher=launcher_for(spec, backend)
+    )
     outcome = runner.run()
     if tracker:
         tracker.finish_parent()

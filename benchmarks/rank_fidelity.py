@@ -1,7 +1,7 @@
 """Does the model rank real probes right on this machine? (issue #17)
 
     python benchmarks/rank_fidelity.py [--profile host.yaml] [--refit-probes 3] [--json out.json]
-                                       [--measurements earlier.json]
+                                       [--measurements earlier.json] [--configs 12]
 
 Measures a fixed, diverse set of 12 tiny-Llama configs (tp, pp, micro-batch, recompute, ZeRO,
 precision) with the torch probe on 2 gloo processes (``search_spaces/tiny_llama_cpu.yaml``'s
@@ -103,9 +103,9 @@ def predictions(tmp: Path, profile: Path | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measure(tmp: Path) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
+def measure(tmp: Path, configs: list[tuple] = CONFIGS) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
     rows = []
-    for n, values in enumerate(CONFIGS):
+    for n, values in enumerate(configs):
         space = {name: [value] for name, value in zip(NAMES, values)}
         spec = _spec(tmp, None, space, name=f"rank-fidelity-{n}")
         runner = StudyRunner(
@@ -117,7 +117,7 @@ def measure(tmp: Path) -> list[tuple[str, dict[str, Any], dict[str, float]]]:
             runner.close()
         record = next(r for r in outcome.records if r.probed)
         print(
-            f"  measured {n + 1}/{len(CONFIGS)}: {record.status} "
+            f"  measured {n + 1}/{len(configs)}: {record.status} "
             f"{record.metrics.get('tokens_per_s_per_device', float('nan')):,.0f} tokens/s/device  {values}",
             file=sys.stderr,
             flush=True,
@@ -143,7 +143,15 @@ def main() -> None:
         help="judge against the measurements of an earlier --json output instead of probing again "
         "(compare profiles on the same measurements, without the probes' run-to-run noise)",
     )
+    ap.add_argument(
+        "--configs",
+        type=int,
+        default=len(CONFIGS),
+        help=f"measure only the first N configs of the list (default all {len(CONFIGS)}; a smoke run: 3)",
+    )
     args = ap.parse_args()
+    if not args.refit_probes < args.configs <= len(CONFIGS):
+        ap.error(f"--configs must be more than --refit-probes ({args.refit_probes}) and at most {len(CONFIGS)}")
     with tempfile.TemporaryDirectory(prefix="autotune-rank-fidelity-") as tmp_name:
         tmp = Path(tmp_name)
         shipped = predictions(tmp, None)
@@ -152,7 +160,7 @@ def main() -> None:
             earlier = json.loads(args.measurements.read_text())["rows"]
             rows = [(config_key(r["config"]), r["config"], r["measured_metrics"]) for r in earlier]
         else:
-            rows = [r for r in measure(tmp) if r[2].get("tokens_per_s_per_device")]
+            rows = [r for r in measure(tmp, CONFIGS[: args.configs]) if r[2].get("tokens_per_s_per_device")]
     metric = "tokens_per_s_per_device"
     meas = [m[metric] for _, _, m in rows]
     columns = {"shipped cpu profile": [shipped[k][metric] for k, _, _ in rows]}

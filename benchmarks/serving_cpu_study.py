@@ -1,6 +1,6 @@
 """A real serving study on this CPU against the exhaustive truth of the same small space.
 
-    python benchmarks/serving_cpu_study.py [--keep DIR] [--trials 6]
+    python benchmarks/serving_cpu_study.py [--keep DIR] [--trials 6] [--quick]
 
 Measures every config of ``search_spaces/tiny_llama_serve_cpu.yaml``'s space (vLLM's CPU engine
 serving a tiny random-weight Llama under open-loop Poisson load; sampler ``exhaustive``), then
@@ -14,6 +14,10 @@ its budget, and reports:
 
 Every figure is the engine's real responses (a probe starts the engine, waits for health, drives
 load, reads /metrics). Takes about 1.5 minutes per config on a 2-core machine. Not a test.
+
+``--quick`` is the smallest run, a smoke test of the benchmark itself (its figures mean little): two
+configs (``max_num_seqs`` 1 and 8, chunked prefill on), rates 2 and 4 requests/s for 3 s each, one
+closed-loop batch, a study budget of 2.
 """
 
 from __future__ import annotations
@@ -66,12 +70,23 @@ def _row(r) -> str:
     )
 
 
+def quick(data: dict) -> dict:
+    """The spec shrunk to the smallest run (``--quick``): 2 configs, 2 rates of 3 s, one batch, budget 2."""
+    workload = dict(data["workload"], batch_sweep=[1])
+    workload["traffic"] = dict(workload["traffic"], rates=[2, 4], duration_s=3, warmup_requests=2)
+    space = dict(data["space"], max_num_seqs=[1, 8], enable_chunked_prefill=[True])
+    return dict(data, workload=workload, space=space, search=dict(data["search"], n_trials=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=None, help="the study's budget (default: the spec's)")
     ap.add_argument("--keep", type=Path, default=None, help="folder for both run directories (default: temporary)")
+    ap.add_argument("--quick", action="store_true", help="the smallest run: 2 configs, 2 short rates, budget 2")
     args = ap.parse_args()
     data = yaml.safe_load(SPEC.read_text())
+    if args.quick:
+        data = quick(data)
     with tempfile.TemporaryDirectory(prefix="autotune-serving-") as tmp_name:
         tmp = Path(tmp_name)
         base = args.keep or tmp

@@ -72,6 +72,24 @@ def test_an_oom_without_numbers_bounds_the_usable_memory_by_the_known_peak():
     assert guide.usable_limit([Observation(index=0, status="oom", number=0)])[0][0] == pytest.approx(64.0)
 
 
+def test_a_plain_oom_after_the_device_check_keeps_the_usable_memory_near_its_bound():
+    """The device check read 59 GiB usable; a config whose profile read 58 GiB (+0.5 sd) then ran out
+    of memory with no numbers. The usable memory lies below 58.5 GiB, and the check says close to
+    it: not the middle of [45, 58.5] (51.8 GiB), which would call configs of 55-57 GiB unfit, as a
+    13B benchmark world's optimum was."""
+    guide = _guide(CONFIGS, PEAKS, device_usable_gib=56.0)  # 59 GiB with the runtime reserve
+    fitted = Observation(index=4, status="ok", objective=120.0, peak_memory_gib=45.0, number=1)
+    failed = Observation(index=0, status="oom", number=0, profile_peak_gib=58.0, profile_sd_gib=0.5)
+    usable, sd = guide.usable_limit([fitted, failed])
+    assert 56.5 < usable[4] < 58.5 and float(np.max(sd)) < 2.0
+    # without a check the prior is the nominal capacity, looser: still nearer the bound than the middle
+    loose, loose_sd = _guide(CONFIGS, PEAKS).usable_limit([fitted, failed])
+    assert 51.75 < loose[4] < 58.5 and float(np.max(loose_sd)) > float(np.max(sd))
+    # an OOM with byte counts is read as before: between in use and in use + requested
+    counted = Observation(index=0, status="oom", number=0, oom_needed_gib=57.0, oom_in_use_gib=56.0)
+    assert guide.usable_limit([fitted, counted])[0][4] == pytest.approx(56.5)
+
+
 def test_the_fit_model_is_corrected_where_a_level_over_promised():
     guide = _guide(CONFIGS, PEAKS)
     honest = [Observation(index=i, status="ok", number=i, stated_p_fit=0.95) for i in range(4)]

@@ -36,6 +36,8 @@ import json
 import re
 from typing import Any
 
+from ..workers.parameters import serving_default
+
 from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths, one_line
 
 __all__ = [
@@ -274,13 +276,13 @@ def mindie_settings(
     """The config.json keys a serving config sets, as a nested fragment (``plugin_params: None``
     = no plugin: remove the key). The one rendering the ``mindie`` preset runs and the export writes."""
     tp = int(config.get("tp", 1))
-    seqs = int(config.get("max_num_seqs", 256))
+    seqs = int(config.get("max_num_seqs", serving_default("max_num_seqs")))
     engine = {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
     plugins = [
         name
         for name, on in (
-            ("prefix_cache", config.get("enable_prefix_caching", True)),
-            ("splitfuse", config.get("enable_chunked_prefill", True)),
+            ("prefix_cache", config.get("enable_prefix_caching", serving_default("enable_prefix_caching"))),
+            ("splitfuse", config.get("enable_chunked_prefill", serving_default("enable_chunked_prefill"))),
         )
         if on
     ]
@@ -291,11 +293,13 @@ def mindie_settings(
         "worldSize": tp,
         "npuMemSize": -1,
         "plugin_params": json.dumps({"plugin_type": ",".join(plugins)}) if plugins else None,
-        "templateType": "Mix" if config.get("enable_chunked_prefill", True) else "Standard",
+        "templateType": "Mix"
+        if config.get("enable_chunked_prefill", serving_default("enable_chunked_prefill"))
+        else "Standard",
         "cacheBlockSize": int(config.get("block_size", 128)),
         "maxBatchSize": seqs,
         "maxPrefillBatchSize": seqs,
-        "maxPrefillTokens": int(config.get("max_num_batched_tokens", 8192)),
+        "maxPrefillTokens": int(config.get("max_num_batched_tokens", serving_default("max_num_batched_tokens"))),
     }
     if max_model_len:
         settings["maxSeqLen"] = int(max_model_len)

@@ -32,6 +32,8 @@ import re
 import shlex
 from typing import Any
 
+from ..workers.parameters import serving_default
+
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
 
@@ -139,6 +141,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _setting(config: dict[str, Any], name: str) -> Any:
+    """A serving setting of the config, else the parameter table's default."""
+    return config.get(name, serving_default(name))
+
+
 def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: int | None = None) -> list[str]:
     """vLLM's engine arguments for a serving config (no model, host or port): the one rendering
     the ``vllm`` preset runs and ``serve_vllm.sh`` exports."""
@@ -148,15 +155,15 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
         "--pipeline-parallel-size",
         str(int(config.get("pp", 1))),
         "--max-num-seqs",
-        str(int(config.get("max_num_seqs", 256))),
+        str(int(config.get("max_num_seqs", serving_default("max_num_seqs")))),
         "--max-num-batched-tokens",
-        str(int(config.get("max_num_batched_tokens", 8192))),
+        str(int(config.get("max_num_batched_tokens", serving_default("max_num_batched_tokens")))),
         "--block-size",
         str(int(config.get("block_size", 128 if accelerator == "npu" else 16))),
-        "--enable-chunked-prefill" if config.get("enable_chunked_prefill", True) else "--no-enable-chunked-prefill",
-        "--enable-prefix-caching" if config.get("enable_prefix_caching", True) else "--no-enable-prefix-caching",
+        "--enable-chunked-prefill" if _setting(config, "enable_chunked_prefill") else "--no-enable-chunked-prefill",
+        "--enable-prefix-caching" if _setting(config, "enable_prefix_caching") else "--no-enable-prefix-caching",
         "--gpu-memory-utilization",
-        f"{float(config.get('memory_utilization', 0.9)):g}",
+        f"{float(_setting(config, 'memory_utilization')):g}",
         "--enforce-eager" if config.get("graph_mode", "graph") == "eager" else "--no-enforce-eager",
         "--dtype",
         vllm_dtype(config),

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.workers.parameters import serving_default
 from autotune.export._mindie import (
     MINDIE_DEFAULT_CONFIG,
     MINDIE_KEYS,
@@ -91,10 +92,10 @@ def mindie_rules(n: int) -> list[Rule]:
         return np.where(kv == col(c, "precision", "bf16", n).astype(str), "auto", kv)
 
     def prefix(c):
-        return np.asarray(col(c, "enable_prefix_caching", True, n)).astype(bool)
+        return np.asarray(col(c, "enable_prefix_caching", serving_default("enable_prefix_caching"), n)).astype(bool)
 
     def chunked(c):
-        return np.asarray(col(c, "enable_chunked_prefill", True, n)).astype(bool)
+        return np.asarray(col(c, "enable_chunked_prefill", serving_default("enable_chunked_prefill"), n)).astype(bool)
 
     def over(c, name: str, limit) -> np.ndarray:
         value = _engine(c, name, n)
@@ -140,7 +141,10 @@ def mindie_rules(n: int) -> list[Rule]:
             "(service_parameter_configuration.md)",
             lambda c: (
                 (fact(c, "max_prompt_len", n).astype(int) > 0)
-                & (col(c, "max_num_batched_tokens", 8192, n).astype(int) < fact(c, "max_prompt_len", n).astype(int))
+                & (
+                    col(c, "max_num_batched_tokens", serving_default("max_num_batched_tokens"), n).astype(int)
+                    < fact(c, "max_prompt_len", n).astype(int)
+                )
             ),
         ),
         (
@@ -164,7 +168,9 @@ def mindie_rules(n: int) -> list[Rule]:
         ),
         (
             "MindIE's maxPrefillBatchSize must be at most maxBatchSize (max_num_seqs) (schedule_config.cpp)",
-            lambda c: over(c, "maxPrefillBatchSize", col(c, "max_num_seqs", 256, n).astype(int)),
+            lambda c: over(
+                c, "maxPrefillBatchSize", col(c, "max_num_seqs", serving_default("max_num_seqs"), n).astype(int)
+            ),
         ),
         ("MindIE's maxIterTimes must be at most maxSeqLen, the workload's max_model_len", max_iter_over),
         (

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from autotune.export._vllm import VLLM_SET_BY_AUTOTUNE, VllmExporter, replica_devices, vllm_dtype, vllm_engine_args
+from autotune.workers.parameters import BATCHED_COVERS_SEQS, batched_below_seqs, serving_default
 
 from ._base import PresetLaunch, PresetRun, Rule, Stack, col, engine_names, fact
 
@@ -123,18 +124,20 @@ def vllm_rules(n: int) -> list[Rule]:
         return col(c, "quantization", "none", n).astype(str)
 
     def batched(c):
-        return col(c, "max_num_batched_tokens", 8192, n).astype(int)
+        return col(c, "max_num_batched_tokens", serving_default("max_num_batched_tokens"), n).astype(int)
 
     return [
         (
-            "vLLM needs max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py verify_max_model_len)",
-            lambda c: batched(c) < col(c, "max_num_seqs", 256, n).astype(int),
+            f"vLLM needs {BATCHED_COVERS_SEQS}",
+            lambda c: batched_below_seqs(
+                batched(c), col(c, "max_num_seqs", serving_default("max_num_seqs"), n).astype(int)
+            ),
         ),
         (
             "without chunked prefill vLLM needs max_num_batched_tokens >= max_model_len "
             "(vllm/config/scheduler.py verify_max_model_len)",
             lambda c: (
-                ~_bool(c, "enable_chunked_prefill", True, n)
+                ~_bool(c, "enable_chunked_prefill", serving_default("enable_chunked_prefill"), n)
                 & (fact(c, "max_model_len", n).astype(int) > 0)
                 & (batched(c) < fact(c, "max_model_len", n).astype(int))
             ),
@@ -151,7 +154,10 @@ def vllm_rules(n: int) -> list[Rule]:
             lambda c: (
                 (acc(c) == "npu")
                 & (block(c) != 128)
-                & (_bool(c, "enable_prefix_caching", True, n) | _bool(c, "enable_chunked_prefill", True, n))
+                & (
+                    _bool(c, "enable_prefix_caching", serving_default("enable_prefix_caching"), n)
+                    | _bool(c, "enable_chunked_prefill", serving_default("enable_chunked_prefill"), n)
+                )
             ),
         ),
         (

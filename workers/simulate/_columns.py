@@ -12,6 +12,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..parameters import serving_default
+
 __all__ = [
     "RECOMPUTE_CODES",
     "PRECISION_CODES",
@@ -60,12 +62,12 @@ DEFAULTS: dict[str, Any] = {
     "quantization": 0,
     # serving (issue #33; block_size 0 = the engine's default: 128 on npu, 16 otherwise)
     "replicas": 1,
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": 8192,
+    "max_num_seqs": serving_default("max_num_seqs"),
+    "max_num_batched_tokens": serving_default("max_num_batched_tokens"),
     "block_size": 0,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-    "memory_utilization": 0.9,
+    "enable_chunked_prefill": serving_default("enable_chunked_prefill"),
+    "enable_prefix_caching": serving_default("enable_prefix_caching"),
+    "memory_utilization": serving_default("memory_utilization"),
     "graph_mode": GRAPH_MODE_CODES["graph"],
     "kv_cache_dtype": KV_DTYPE_CODES["auto"],
 }

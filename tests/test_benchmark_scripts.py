@@ -1,0 +1,310 @@
+"""Every script in ``benchmarks/`` runs to completion at its smallest size, so that a refactor cannot
+leave one broken (as ``orchestration_overhead.py`` was: its ``StudyRunner`` got no launcher and the
+Ray dispatcher died on the first probe). Each runs as a user runs it, a subprocess of this Python,
+in a throwaway folder (its working directory and ``TMPDIR``), and must exit 0 and print its table.
+
+The fast set takes seconds a script; the scripts that need minutes even at their smallest size
+(real torch probes, a vLLM engine, a multi-node local Ray cluster, a calibration) are ``slow``
+(opt-in: ``pytest -m slow``). ``test_every_script_has_a_smoke_test`` fails when a script is added
+without a case here. No figure is asserted: on a shared 2-core machine the timings vary."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from support import REPO
+
+BENCH = REPO / "benchmarks"
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+# modules the scripts import, with no smoke test of their own: what runs each
+HELPERS = {
+    "local_ray_cluster.py": "search_efficiency.py --ray-cluster (slow): the local multi-node Ray cluster",
+    "true_world.py": "search_efficiency.py without --in-process: the worlds, and their launcher, one subprocess "
+    "per probe (its command line is the launcher's, a trial file; tests/test_bench_production_path.py)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One script at its smallest size: ``args`` (``{tmp}`` is the test's folder), the lines its
+    output must match (regular expressions, multi-line), the files it must write under ``{tmp}``."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    expect: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = (0,)
+    timeout_s: int = 300
+    prepare: Callable[[Path], None] | None = None
+    needs: Path | None = None  # a file without which the case is skipped (an optional environment)
+    name: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.name or Path(self.script).stem
+
+
+def _load(script: str):
+    spec = importlib.util.spec_from_file_location(Path(script).stem, BENCH / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rank_fidelity_measurements(tmp: Path) -> None:
+    """An earlier ``--json`` output for ``rank_fidelity.py --measurements``: its first 4 configs,
+    "measured" as the shipped profile's predictions slowed down by a different factor each."""
+    module = _load("rank_fidelity.py")
+    with tempfile.TemporaryDirectory(dir=tmp) as scratch:
+        predicted = module.predictions(Path(scratch), None)
+    rows = []
+    for key, metrics in predicted.items():
+        if metrics.get("tokens_per_s_per_device") and len(rows) < 4:
+            slower = 20.0 * (1 + 0.15 * len(rows))
+            measured = {
+                "tokens_per_s_per_device": metrics["tokens_per_s_per_device"] / slower,
+                "step_time_s": metrics["step_time_s"] * slower,
+            }
+            rows.append({"config": json.loads(key), "measured_metrics": measured})
+    assert len(rows) == 4, predicted
+    (tmp / "measurements.json").write_text(json.dumps({"rows": rows}))
+
+
+SEARCH = ("--methods", "autotune", "--worlds", "1", "--scenarios", "7b-8x64", "--budget", "3")
+SEARCH_TABLE = (
+    r"^7b-8x64 world 0 autotune .* full probes [1-9]",
+    r"^\| scenario \| worlds \|",
+    r"^\| 7b-8x64 \| 1 \|",
+    r"^repeats after an OOM",
+)
+TINY_TORCH = ("--warmup", "1", "--measured", "1", "--repeats", "1", "--seq-len", "32", "--global-batch", "2")
+
+FAST = [
+    Case("simulator_speed.py", ("1000",), (r"^1000 configs: conversion", r"configs/s including conversion")),
+    Case("simulator_fidelity.py", (), (r"^row\s+metric\s+predicted\s+measured", r"^MAPE over \d+ rows")),
+    Case(
+        "serving_fidelity.py",
+        ("--markdown", "{tmp}/serving.md"),
+        (r"^## Serving model fidelity", r"^\| row \| configuration \| metric \|", r"clean rows: mean absolute error"),
+        writes=("serving.md",),
+    ),
+    Case(
+        "huge_space.py",
+        ("--size", "small", "--keep", "{tmp}"),
+        (r"^\$ -m autotune\.cli plan ", r"^  exit 0, wall [\d.]+ s, peak RSS \d+ MiB"),
+        writes=("huge_space_small.yaml",),
+    ),
+    Case(
+        "search_efficiency.py",
+        (*SEARCH, "--in-process", "--json", "{tmp}/worlds.json"),
+        SEARCH_TABLE,
+        writes=("worlds.json",),
+        name="search_efficiency-in-process",
+    ),
+    Case(  # the world's launcher (true_world.py) as a subprocess per probe, as a user's launcher runs
+        "search_efficiency.py",
+        (*SEARCH, "--json", "{tmp}/worlds.json"),
+        SEARCH_TABLE,
+        writes=("worlds.json",),
+        name="search_efficiency-launcher",
+    ),
+    Case(
+        "orchestration_overhead.py",
+        ("--trials", "4", "--parallel", "2", "--repeats", "1"),
+        (
+            r"^\(local Ray start: [\d.]+ s",
+            r"^sampler\s+tracking\s+median ms/trial",
+            r"^random\s+off\s+[\d.]+",
+            r"^random\s+mlflow\s+[\d.]+",
+            r"^auto\s+off\s+[\d.]+",
+            r"^auto\s+mlflow\s+[\d.]+",
+        ),
+    ),
+    Case(
+        "dispatch_overhead.py",
+        ("--trials", "4", "--parallel", "2", "--repeats", "1"),
+        (
+            r"^dispatcher\s+probe\s+median ms/trial",
+            r"^raw spawn \(reference\)\s+sh\s+[\d.]+",
+            r"^LocalProcessDispatcher\s+python\s+[\d.]+",
+            r"^RayDispatcher\s+sh\s+[\d.]+",
+        ),
+    ),
+    Case(
+        "load.py",
+        ("--trials", "4", "--parallel", "2", "--backend", "simulate"),
+        (r"^first run: .* stopped: budget reached", r"^re-run changed nothing: True; lost 0, duplicated 0"),
+    ),
+    Case(
+        "silences.py",
+        ("--only", "run-simulated"),
+        (r"^command\s+longest silence", r"^run-simulated\s+[\d.]+ s\s+[\d.]+ s\s+0 "),
+    ),
+    Case(  # one real torch probe (2 gloo processes, fresh ones: no warm server left behind), a few seconds
+        "torch_probe_overhead.py",
+        ("--modes", "dp2", "--launchers", "spawn", *TINY_TORCH),
+        (r"^mode\s+launcher\s+wall s", r"^dp2\s+spawn\s+[\d.]+", r'"benchmark": "torch_probe_overhead"'),
+        name="torch_probe_overhead-spawn",
+    ),
+    Case(  # no probe: judged against an earlier run's measurements (the probes: the slow case below)
+        "rank_fidelity.py",
+        ("--measurements", "{tmp}/measurements.json", "--refit-probes", "1"),
+        (
+            r"^4 configs measured on this host",
+            r"^shipped cpu profile: Spearman -?[\d.]+, median abs error",
+            r"^after 1 refit probes \(.*\), on the other 3: Spearman",
+        ),
+        prepare=_rank_fidelity_measurements,
+        name="rank_fidelity-measurements",
+    ),
+]
+
+SLOW = [
+    Case(
+        "rank_fidelity.py",
+        ("--configs", "3", "--refit-probes", "1", "--json", "{tmp}/rank.json"),
+        (r"^\d configs measured on this host", r"^after 1 refit probes .* on the other \d: Spearman"),
+        writes=("rank.json",),
+        timeout_s=900,
+        name="rank_fidelity-probes",
+    ),
+    Case(
+        "simulator_vs_cpu_probe.py",
+        ("--trials", "3", "--keep", "{tmp}/run"),
+        (r"^profile: cpu; \d measured configs", r"^trial\s+predicted\s+measured", r"Spearman|fewer than 3"),
+        timeout_s=900,
+    ),
+    Case(  # the warm launcher (the default on a CPU node: a server started by the first trial) and torchrun
+        "torch_probe_overhead.py",
+        ("--modes", "dp2", "--launchers", "warm,torchrun", *TINY_TORCH),
+        (r"^warm launcher: first trial \(starts the server\)", r"^dp2\s+warm\s+[\d.]+", r"^dp2\s+torchrun\s+[\d.]+"),
+        timeout_s=600,
+        name="torch_probe_overhead-warm-torchrun",
+    ),
+    Case(  # exit 1: every step ran but the full probe's peak fell outside the profiles' band (a measurement)
+        "accelerator_check.py",
+        ("--device", "cpu", "--size", "tiny", "--out", "{tmp}/out", "--configs", "1", "--quiet"),
+        tuple(rf"^\| {step} \| ok \|" for step in ("sweep", "calibrate", "memory_profile", "full_probe", "comparison")),
+        writes=("out/accelerator_check.json", "out/accelerator_check.md"),
+        exit_codes=(0, 1),
+        timeout_s=900,
+    ),
+    Case(
+        "serving_cpu_study.py",
+        ("--quick", "--keep", "{tmp}/serving"),
+        (r"^exhaustive: 2 configs measured", r"^study: \d configs measured", r"^recommended: trial \d+ "),
+        timeout_s=1500,
+        needs=VLLM_PYTHON,
+    ),
+    Case(
+        "silences.py",
+        (),
+        tuple(rf"^{name}\s+[\d.]+ s\s+[\d.]+ s\s+0 " for name in ("run-simulated", "run-torch", "calibrate", "doctor")),
+        timeout_s=900,
+        name="silences-all",
+    ),
+    Case(  # a 4-node trial through a local multi-node Ray cluster (local_ray_cluster.py), one launcher per node
+        "search_efficiency.py",
+        (
+            "--methods",
+            "autotune",
+            "--worlds",
+            "1",
+            "--scenarios",
+            "70b-32x64",
+            "--budget",
+            "2",
+            "--ray-cluster",
+            "--wall-scale",
+            "0.2",
+        ),
+        (r"^70b-32x64 world 0 autotune .* full probes [1-9]", r"^\| scenario \| worlds \|", r"^\| 70b-32x64 \| 1 \|"),
+        timeout_s=1200,
+        name="search_efficiency-ray-cluster",
+    ),
+]
+
+
+def _bench_files() -> set[Path]:
+    return {p for p in BENCH.rglob("*") if "__pycache__" not in p.parts}
+
+
+def run_case(case: Case, tmp_path: Path) -> str:
+    """Run the case's script in ``tmp_path``; its output, once the case's checks pass."""
+    if case.needs is not None and not case.needs.exists():
+        pytest.skip(f"{case.needs} is not here")
+    if case.prepare is not None:
+        case.prepare(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        TMPDIR=str(scratch),  # the scripts' temporary folders (load.py's is never removed) land in tmp_path
+        # Ray's sockets stay where they would be: a socket path is at most 107 bytes long
+        RAY_TMPDIR=os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # silences.py: `autotune`
+        RAY_AUTH_MODE="disabled",
+        NO_COLOR="1",
+    )
+    argv = [sys.executable, str(BENCH / case.script), *(a.format(tmp=tmp_path) for a in case.args)]
+    before = _bench_files()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=case.timeout_s)
+    output = proc.stdout + proc.stderr
+    said = f"$ {' '.join(argv[1:])}\nexit {proc.returncode}\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode in case.exit_codes, said
+    for pattern in case.expect:
+        assert re.search(pattern, output, re.MULTILINE), f"no line matches {pattern!r}\n{said}"
+    for name in case.writes:
+        assert (tmp_path / name).is_file(), f"{name} not written\n{said}"
+    assert _bench_files() == before, "the script wrote into benchmarks/"
+    return output
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: c.id)
+@pytest.mark.timeout(400)
+def test_fast(case: Case, tmp_path: Path):
+    run_case(case, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=lambda c: c.id)
+@pytest.mark.timeout(1800)
+def test_slow(case: Case, tmp_path: Path):
+    output = run_case(case, tmp_path)
+    if case.id == "rank_fidelity-probes":  # the earlier run's measurements judge again without probes
+        report = json.loads((tmp_path / "rank.json").read_text())
+        assert len(report["rows"]) >= 2 and all(r["measured"] > 0 for r in report["rows"]), output
+        again = Case(
+            "rank_fidelity.py",
+            ("--measurements", "{tmp}/rank.json", "--refit-probes", "1"),
+            (rf"^{len(report['rows'])} configs measured on this host",),
+        )
+        run_case(again, tmp_path)
+
+
+def test_every_script_has_a_smoke_test():
+    """Each ``benchmarks/*.py`` is run by a case above, or is a helper module a case's script runs."""
+    scripts = {p.name for p in BENCH.glob("*.py")}
+    cased = {c.script for c in FAST + SLOW}
+    missing = scripts - cased - set(HELPERS)
+    assert not missing, f"benchmark scripts without a smoke test here (add a Case to FAST or SLOW): {sorted(missing)}"
+    gone = (cased | set(HELPERS)) - scripts
+    assert not gone, f"cases for scripts that are no longer in benchmarks/: {sorted(gone)}"
+    assert not cased & set(HELPERS), "a helper module with a case of its own: drop it from HELPERS"
+    for helper in HELPERS:  # a helper is imported by a script that runs here
+        importers = [
+            s for s in cased if re.search(rf"^(from|import) {Path(helper).stem}\b", (BENCH / s).read_text(), re.M)
+        ]
+        assert importers, f"{helper} is imported by no benchmark script: give it a case of its own"
+    assert len({c.id for c in FAST + SLOW}) == len(FAST + SLOW), "two cases with the same id"
