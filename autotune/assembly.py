@@ -16,7 +16,7 @@ from autotune.workers.protocol import TrialRequest
 from .backends import BackendChoice, launch_for
 from .spec import Spec
 
-__all__ = ["dispatcher_for", "launcher_for"]
+__all__ = ["dispatcher_for", "launcher_for", "tracking_for"]
 
 
 def dispatcher_for(spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
@@ -31,6 +31,18 @@ def dispatcher_for(spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
     from .ray_dispatch import RayDispatcher
 
     return RayDispatcher(address=spec.ray.address, num_cpus=spec.ray.num_cpus, resources=None, run_dir=run_dir)
+
+
+def tracking_for(tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
+    """The study's MLflow listener (:class:`autotune.study_tracking.StudyTracking`) over ``tracker``
+    (an open :class:`autotune.tracking.Tracker`), None without one: built here, handed to the loop."""
+    if tracker is None:
+        return None
+    from .space import Space
+    from .study_tracking import StudyTracking
+
+    parallel = 1 if backend.simulated else spec.search.parallel_trials
+    return StudyTracking(tracker, spec, backend, run_dir, parallel=parallel, space_size=Space(spec).size)
 
 
 def launcher_for(spec: Spec, backend: BackendChoice) -> Callable[[TrialRequest], Any]:

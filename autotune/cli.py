@@ -657,7 +657,7 @@ def _run_study(
     from .progress import ProgressObserver
     from .search import StudyRunner, Unplaceable
 
-    from .assembly import dispatcher_for, launcher_for
+    from .assembly import dispatcher_for, launcher_for, tracking_for
     from .progress import phase
 
     try:
@@ -692,7 +692,7 @@ def _run_study(
         choice,
         dispatcher=dispatcher,
         launcher=launcher_for(spec, choice),
-        tracker=tracker,
+        tracking=tracking_for(tracker, spec, choice, directory),
         observer=observer,
         cache=cache,
         reuse_cache=reuse_cache,

@@ -65,13 +65,22 @@ class _Quiet:
 
 
 class TrialListener:
-    """The listener contract (both hooks optional)."""
+    """The listener contract: every hook optional, each called the same way for every listener, in
+    the order the loop was given them (MLflow, the refit, then the cache and the guide's estimates).
+    The loop imports no listener's module: the assembly builds them (``autotune.assembly``)."""
 
-    def study_started(self, study: optuna.Study) -> None:
-        """The study is open and its plan queued; nothing has been probed in this run yet."""
+    def study_started(self, study: optuna.Study, ranking: Any = None) -> None:
+        """The study is open and its plan queued; nothing has been probed in this run yet. ``ranking``:
+        the model's ranking of the space (:class:`autotune.ranking.Ranking`), None without one."""
+
+    def probe_returned(self, number: int, config: dict[str, Any], result: ProbeResult) -> None:
+        """A real probe's raw result, before the study interprets it (what another study would see)."""
 
     def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
         """``record`` is the trial as stored (told to Optuna); ``result`` what the probe returned."""
+
+    def refit_changed(self, refit: Refit) -> None:
+        """The model's refit (:mod:`autotune.refit`) changed after a measured trial."""
 
 
 class ResultCacheListener(TrialListener):
@@ -106,7 +115,7 @@ class RefitListener(TrialListener):
         self.refit = Refit()  # identity until a probe is measured
         self._shown: Refit | None = None
 
-    def study_started(self, study: optuna.Study) -> None:
+    def study_started(self, study: optuna.Study, ranking: Any = None) -> None:
         self._fit(study, after=None)  # a resumed study starts from the fit of what it measured before
 
     def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:

@@ -76,7 +76,6 @@ from .stop_conditions import (
     sampler_stuck,
     space_exhausted,
 )
-from .study_tracking import StudyTracking
 from .trial_attrs import A
 from .trial_resolve import TrialResolver, tell
 
@@ -103,8 +102,9 @@ ALREADY_COMPLETE = (
 
 class StudyRunner:
     """Runs one study to its budget with the ``dispatcher`` (and ``launcher``: a trial request ->
-    the launch of its probe, None for an in-process dispatcher) it is given. ``tracker`` may be
-    None (tests, ``--no-tracking``)."""
+    the launch of its probe, None for an in-process dispatcher) it is given, and the study's MLflow
+    listener ``tracking`` (:func:`autotune.assembly.tracking_for`; None in tests and with
+    ``--no-tracking``): the loop tells it what it tells every listener and imports no tracking module."""
 
     def __init__(
         self,
@@ -114,7 +114,7 @@ class StudyRunner:
         *,
         dispatcher: Any,
         launcher: Callable[[TrialRequest], Any] = lambda request: None,
-        tracker: Any = None,
+        tracking: TrialListener | None = None,
         observer: SearchObserver | None = None,
         cache: Any = None,
         reuse_cache: bool = False,
@@ -140,15 +140,9 @@ class StudyRunner:
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
         self.resolver: TrialResolver | None = None
         # what observes each finished trial, in this order: MLflow, the model's refit, the guide
-        self.tracking = (
-            StudyTracking(tracker, spec, backend, run_dir, parallel=self.parallel, space_size=self.space.size)
-            if tracker
-            else None
-        )
+        self.tracking = tracking  # MLflow (autotune.study_tracking), built by the assembly; None: untracked
         self.refits = RefitListener(
-            bool(self.context.hardware.get("calibrated_at")),
-            on_moved=self._say_refit,
-            on_refit=self.tracking.log_refit if self.tracking else None,
+            bool(self.context.hardware.get("calibrated_at")), on_moved=self._say_refit, on_refit=self._refit_changed
         )
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
         self.pruner = LoserPruner(spec, backend.simulated)
@@ -211,7 +205,7 @@ class StudyRunner:
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, self.ranking if self.backend.simulated else None)
-        parent = self.tracking.parent_run_id if self.tracking else None
+        parent = getattr(self.tracking, "parent_run_id", None)
         result = StudyResult.load(self.spec, study)
         return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, self.infra_failure)
 
@@ -255,16 +249,12 @@ class StudyRunner:
         self.resolver = TrialResolver(
             self.spec, self.space, self.context, simulated, self.guided, ranking, refit, self.cache, self.reuse_cache
         )
-        self.cache_writer = (
-            ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name) if self.cache is not None else None
-        )
+        if self.cache is not None:
+            self.listeners.append(ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name))
         if self.guided is not None:
             self.listeners.append(GuideEstimatesListener(self.guided))
-        if self.tracking:
-            self.tracking.start(study, ranking)
-            self.tracking.reconcile(study)
         for listener in self.listeners:
-            listener.study_started(study)
+            listener.study_started(study, ranking)
         self.observer.on_start(budget, int(round(probes_done)))
         seen = measured_configs(study)
         if not self.backend.simulated:
@@ -380,8 +370,8 @@ class StudyRunner:
         """interpret -> record -> tell -> notify, for one finished trial."""
         scrub_result(result, self._secrets)  # a probe that printed its environment: no token stored anywhere
         settle_pruned(result, *self.pruner.settle(trial.number))
-        if self.cache_writer is not None:
-            self.cache_writer.probe_returned(trial.number, config, result)
+        for listener in self.listeners:
+            listener.probe_returned(trial.number, config, result)
         meaning = interpret(config, result, self.context, self.objectives, trial_devices(self.spec, config))
         result.status, result.reason = meaning.probe_status, meaning.probe_reason
         for name, value in (
@@ -419,6 +409,10 @@ class StudyRunner:
     # ---- helpers -----------------------------------------------------------------------------------
     def close(self) -> None:
         self.dispatcher.shutdown()
+
+    def _refit_changed(self, refit: Refit) -> None:
+        for listener in self.listeners:
+            listener.refit_changed(refit)
 
     def _say_refit(self, refit: Refit, after: int) -> None:
         self.observer.on_message(

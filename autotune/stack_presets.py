@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from autotune.workers.torch_probe.launch import static_rendezvous
+
 from .memory_profile import fill_num_layers, num_layers_of
 from .stacks import PresetRun, preset, preset_names
 from .stacks.deepspeed import DEEPSPEED_CONFIG_FILE
@@ -59,20 +61,8 @@ def preset_launch(
     )
     gbs = int(workload.get("global_batch_size") or 0)
     seq = int(workload.get("seq_len") or 0)
-    rendezvous = (
-        ["--standalone"]
-        if nodes <= 1
-        else [  # one process per node, the dispatcher fills these in
-            "--nnodes",
-            "{nnodes}",
-            "--node-rank",
-            "{node_rank}",
-            "--master-addr",
-            "{master_addr}",
-            "--master-port",
-            "{master_port}",
-        ]
-    )
+    # one process per node; the dispatcher fills in the placeholders
+    rendezvous = ["--standalone"] if nodes <= 1 else static_rendezvous("{nnodes}")
     launcher = [
         python or sys.executable,
         "-m",

@@ -56,7 +56,12 @@ class StudyTracking(TrialListener):
     def parent_run_id(self) -> str | None:
         return self.tracker.parent_run_id
 
-    def log_refit(self, refit: Any) -> None:
+    def study_started(self, study: optuna.Study, ranking: Ranking | None = None) -> None:
+        """Open (or resume) the parent run, then make MLflow hold exactly the tracked trials."""
+        self.start(study, ranking)
+        self.reconcile(study)
+
+    def refit_changed(self, refit: Any) -> None:
         """The model's refit factors, as a step of the parent run's metrics."""
         self.tracker.log_parent(metrics=refit.as_metrics(), step=refit.n)
 

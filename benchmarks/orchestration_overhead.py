@@ -31,7 +31,7 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import optuna  # noqa: E402
 
-from autotune.assembly import launcher_for  # noqa: E402
+from autotune.assembly import launcher_for, tracking_for  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.ray_dispatch import RayDispatcher  # noqa: E402
 from autotune.search import StudyRunner  # noqa: E402
@@ -73,7 +73,12 @@ def one_study(
     backend = BackendChoice("command", "benchmark")
     # the launcher as `autotune run` builds it: a Ray dispatcher needs each probe's launch
     runner = StudyRunner(
-        spec, run_dir, backend, tracker=tracker, dispatcher=dispatcher, launcher=launcher_for(spec, backend)
+        spec,
+        run_dir,
+        backend,
+        tracking=tracking_for(tracker, spec, backend, run_dir),
+        dispatcher=dispatcher,
+        launcher=launcher_for(spec, backend),
     )
     outcome = runner.run()
     if tracker:

@@ -104,3 +104,28 @@ def test_probes_never_import_the_driver():
                 if d.startswith("autotune.") and not d.startswith(("autotune.workers", "autotune.objectives"))
             }
             assert not driver, (module, driver)
+
+
+def _external_imports(path: Path) -> set[str]:
+    """Top-level names of the packages a module imports (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_study_loop_never_imports_tracking():
+    """Issue 43: the loop (autotune.search) tells its listeners what happened and knows nothing of
+    MLflow: the assembly builds the tracking listener and hands it over."""
+    graph = _graph()
+    banned = {"autotune.tracking", "autotune.study_tracking", "autotune.mlflow_ui"}
+    assert not graph["autotune.search"] & banned, graph["autotune.search"] & banned
+    assert "mlflow" not in _external_imports(ROOTS["autotune"] / "search.py")
+
+
+def test_the_parameter_table_is_a_leaf():
+    """The serving parameter table is read by the probes and the driver: it imports nothing of either."""
+    assert not {d for d in _graph()["autotune.workers.parameters"] if d.startswith("autotune")}

@@ -24,6 +24,23 @@ __all__ = ["PROBE_MODULE", "LAUNCHERS", "torchrun_argv", "spawn_argv", "warm_arg
 PROBE_MODULE = "autotune.workers.torch_probe"
 
 
+def static_rendezvous(nnodes: str) -> list[str]:
+    """torchrun's static rendezvous for one node of a multi-node trial: the dispatcher's placement
+    group assigns the node ranks and node 0 hosts the store; ``{node_rank}``, ``{master_addr}`` and
+    ``{master_port}`` are filled in per node by the dispatcher. Shared with the stack presets'
+    launches (:mod:`autotune.stack_presets`), which run a team's script under the same torchrun."""
+    return [
+        "--nnodes",
+        nnodes,
+        "--node-rank",
+        "{node_rank}",
+        "--master-addr",
+        "{master_addr}",
+        "--master-port",
+        "{master_port}",
+    ]
+
+
 def processes_per_node(request: Any) -> tuple[int, int]:
     """``(nodes, processes per node)``: one process per device of the trial's world.
 
@@ -62,18 +79,7 @@ def torchrun_argv(
         else:
             argv += ["--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(master_port)]
     elif rdzv_endpoint is None:
-        # the dispatcher's placement group: node ranks are assigned by it, node 0 hosts the store
-        # (torchrun's static rendezvous; {…} are filled in per node by the dispatcher)
-        argv += [
-            "--nnodes",
-            str(nodes),
-            "--node-rank",
-            "{node_rank}",
-            "--master-addr",
-            "{master_addr}",
-            "--master-port",
-            "{master_port}",
-        ]
+        argv += static_rendezvous(str(nodes))
     else:
         run_id = rdzv_id or f"{getattr(request, 'study', '') or 'autotune'}-{getattr(request, 'number', 0)}"
         argv += [
