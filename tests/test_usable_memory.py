@@ -184,7 +184,9 @@ TINY16 = (
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+# bf16 and fp16 on purpose (a half precision cannot save memory): this machine's CPUs emulate both, a
+# probe takes 100-210 s on 2 cores, five trials about 14 minutes; the timeout is a hang guard
+@pytest.mark.timeout(1800)
 def test_a_real_cpu_study_under_a_memory_limit_never_walks_into_the_same_wall_twice(write_spec, tmp_path, monkeypatch):
     """Real torch probes on this CPU under a soft memory limit below the host's: the study knows the
     limit (the device check reads it; an OOM's message teaches it too), and no layout runs out of
@@ -208,7 +210,7 @@ space:
   recompute: [none, full]
   precision: [bf16, fp16]
 objectives: [tokens_per_s_per_device]
-search: {{n_trials: 6, seed: 1}}
+search: {{n_trials: 5, seed: 1}}
 ray: {{enabled: false}}
 """,
         "wall.yaml",
@@ -218,7 +220,6 @@ ray: {{enabled: false}}
     assert result.exit_code in (0, 4), result.output
     report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
     assert report["summary"]["usable_memory"]["usable_memory_gib"] == pytest.approx(1.3)
-    walls = [
-        _wall_of(t["params"] | {k: v for k, v in t["config"].items()}) for t in report["trials"] if t["status"] == "oom"
-    ]
-    assert len(walls) == len(set(walls)), [t["config"] for t in report["trials"] if t["status"] == "oom"]
+    ooms = [t["params"] for t in report["trials"] if t["status"] == "oom"]
+    walls = [_wall_of(params) for params in ooms]
+    assert len(walls) == len(set(walls)), ooms
