@@ -129,12 +129,21 @@ def _fit_log_factors(a: np.ndarray, ridge: float) -> np.ndarray:
         residual = a @ scale - 1.0
         jac = a * scale[None, :]
         lhs = jac.T @ jac + ridge * np.eye(len(u))
-        step = np.linalg.solve(lhs, -(jac.T @ residual + ridge * u))
+        rhs = -(jac.T @ residual + ridge * u)
+        step = np.linalg.solve(lhs, rhs)
+        # a factor at its range's end that the step pushes further out is held there, and the step
+        # solved for the others (projected Gauss-Newton): solving for all of them and clipping
+        # made the free ones overshoot and cycle to the 200-step cap
+        held = (np.abs(u) >= _LOG_RANGE - 1e-12) & (np.sign(step) == np.sign(u))
+        if held.any():
+            free = ~held
+            step = np.zeros_like(u)
+            if free.any():
+                step[free] = np.linalg.solve(lhs[np.ix_(free, free)], rhs[free])
         step = np.clip(step, -1.0, 1.0)  # damped: one e-fold per iteration at most
         moved = np.clip(u + step, -_LOG_RANGE, _LOG_RANGE)
-        # converged when u stops moving: a factor pinned at the range's end while the step still
-        # pushes outward moves no more (the cap of 200 Gauss-Newton steps per refit, after every
-        # measured trial, was 19 ms a trial of the loop's 38: benchmarks/orchestration_overhead.py)
+        # converged when u stops moving (the cap of 200 steps per refit, after every measured trial,
+        # was 19 ms a trial of the loop's 38 with factors pinned: benchmarks/orchestration_overhead.py)
         change, u = float(np.max(np.abs(moved - u))), moved
         if change < 1e-10:
             break
