@@ -289,3 +289,19 @@ def test_deepspeed_a_skipped_step_is_not_timed():
     metrics = reader.metrics(steps)
     assert metrics["step_time_s"] == pytest.approx(0.3021, abs=1e-5)  # 0.2511 (no optimizer step) left out
     assert metrics["measured_steps"] == 3 and reader.verdict(steps) is None
+
+
+def test_a_memory_report_joined_to_an_iteration_line_still_gives_the_peak():
+    """Rank 0's memory report goes to another stream than the iteration line; read through one pipe
+    the two can join without a newline. Both are read: the step and the peak (a loaded test run lost
+    the peak of its first trial this way)."""
+    lines = _lines("megatron.log")
+    report = next(line for line in lines if "memory (MB)" in line)
+    alone = [line for line in lines if "memory (MB)" not in line]  # the one report, on its own line
+    first = next(i for i, line in enumerate(alone) if " iteration " in line)
+    apart, apart_steps = _read("megatron.log", "megatron", alone[: first + 1] + [report] + alone[first + 1 :])
+    joined = alone[:first] + [alone[first] + report] + alone[first + 1 :]
+    together, together_steps = _read("megatron.log", "megatron", joined)
+    assert len(together_steps) == len(apart_steps)
+    peak = apart.metrics(apart_steps)["peak_memory_gib"]
+    assert peak > 0 and together.metrics(together_steps).get("peak_memory_gib") == pytest.approx(peak)

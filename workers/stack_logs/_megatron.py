@@ -99,20 +99,27 @@ class MegatronLog(StackLog):
         self._lines = 0
 
     def parse(self, line: str) -> list[dict[str, Any]]:
+        # the memory report, on its own line or joined to an iteration line: rank 0 prints it to
+        # another stream, and two streams read through one pipe can interleave without a newline
+        # between them (a loaded machine's test run read "... nan iterations: 0 |[Rank 0] (after 1
+        # iterations) memory (MB) | ..." and kept no peak)
+        memory = _MEMORY.search(line)
+        if memory:
+            self._memory(_fields(memory.group(1)))
+            line = line[: memory.start()]
         m = _ITERATION.search(line)
         if m:
             return self._iteration(int(m.group(1)), _fields(m.group(3)), _STAMP.search(line))
-        m = _MEMORY.search(line)
-        if m:
-            fields = _fields(m.group(1))
-            peak = fields.get("max allocated")
-            if peak is not None:
-                self.note_memory(peak / 1024.0)
-            reserved = fields.get("max reserved")
-            if reserved is not None and math.isfinite(reserved):
-                gib = reserved / 1024.0
-                self.peak_reserved_gib = gib if self.peak_reserved_gib is None else max(self.peak_reserved_gib, gib)
         return []
+
+    def _memory(self, fields: dict[str, float]) -> None:
+        peak = fields.get("max allocated")
+        if peak is not None:
+            self.note_memory(peak / 1024.0)
+        reserved = fields.get("max reserved")
+        if reserved is not None and math.isfinite(reserved):
+            gib = reserved / 1024.0
+            self.peak_reserved_gib = gib if self.peak_reserved_gib is None else max(self.peak_reserved_gib, gib)
 
     def _covers_from(self, iteration: int, stamp: re.Match | None) -> int:
         """The first iteration the line at ``iteration`` averages over (see the module's docstring)."""
