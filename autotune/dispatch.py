@@ -142,6 +142,36 @@ def prepare_launch(launch: ProbeLaunch, trial_file: Path) -> tuple[list[str], An
     return argv, reader
 
 
+def run_probe(
+    request: TrialRequest,
+    launch: ProbeLaunch,
+    trial_file: Path,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ProbeResult:
+    """On the worker, one probe from start to result: write the trial file, the launch's files and
+    its log reader (:func:`prepare_launch`), run the probe's process group with the trial's
+    environment (:func:`probe_env`), and attach the serving probe's per-request records while the
+    trial's folder still exists. The local pool and Ray's task run it alike; only what they do
+    with the step events (``on_event``) and how they are stopped (``should_stop``) differ."""
+    from autotune.workers.command import run_probe_process
+
+    write_trial_file(request, trial_file)
+    argv, reader = prepare_launch(launch, trial_file)
+    result = run_probe_process(
+        argv,
+        probe_env(request, launch),
+        trial_file,
+        launch.timeout_s,
+        cwd=launch.cwd,
+        on_event=on_event,
+        should_stop=should_stop,
+        metric_patterns=launch.metric_patterns,
+        log_reader=reader,
+    )
+    return attach_requests_file(result)
+
+
 def resources_for(accelerator: str, devices: int, override: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Ray resource request (``.options(**request)``) of a trial using ``devices`` devices.
 
@@ -336,8 +366,6 @@ class LocalProcessDispatcher(Dispatcher):
         return handle
 
     def _run(self, request: TrialRequest, launch: ProbeLaunch, path: Path, stop: threading.Event) -> ProbeResult:
-        from autotune.workers.command import run_probe_process
-
         if stop.is_set():
             return ProbeResult("pruned", reason="cancelled before it started")
         if launch.nodes > 1:
@@ -346,29 +374,16 @@ class LocalProcessDispatcher(Dispatcher):
                 reason=f"the trial spans {launch.nodes} nodes: that needs Ray (ray.enabled: "
                 "true, and --ray-address for a cluster)",
             )
+        number, callback, steps = request.number, self._on_event, self._steps
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("event") == "step":
+                steps.append((number, event))  # deque.append is thread-safe
+            if callback is not None:
+                callback(number, event)
+
         try:
-            write_trial_file(request, path)
-            number, callback, steps = request.number, self._on_event, self._steps
-
-            def on_event(event: dict[str, Any]) -> None:
-                if event.get("event") == "step":
-                    steps.append((number, event))  # deque.append is thread-safe
-                if callback is not None:
-                    callback(number, event)
-
-            argv, reader = prepare_launch(launch, path)
-            result = run_probe_process(
-                argv,
-                probe_env(request, launch),
-                path,
-                launch.timeout_s,
-                cwd=launch.cwd,
-                on_event=on_event,
-                should_stop=stop.is_set,
-                metric_patterns=launch.metric_patterns,
-                log_reader=reader,
-            )
-            return attach_requests_file(result)
+            return run_probe(request, launch, path, on_event, stop.is_set)
         except Exception as exc:
             return _crash(exc, "running the probe failed")
 

@@ -1011,11 +1011,27 @@ class Guide:
         # the least P(fits) a config needs to be worth a probe: with memory profiles an unlikely fit
         # costs its profile, not an OOM (the score weighs it), and it may still win
         floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
+        ooms = sum(1 for o in obs if o.status == "oom")
+        # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
+        # a profile's verdict sends a config to its full probe (autotune.profiling), not here
+        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
+        stretch = ""
         if s.stop_early and best is not None and n_measured >= s.min_probes_before_stop:
             maybe = candidates & (p_fit >= floor)
             top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
             target = sign * best + abs(best) * s.stop_margin
-            if top < target:
+            # the configs that could still win but are less likely to fit than the floor: while the
+            # study has budget left and may still risk an OOM, one of them is worth its risk (7B
+            # 32 GB world 17 of benchmarks/search_efficiency.py stopped after 11 of 20 probes at
+            # 0.937 of the optimum, a config at 98.7 % of the memory it gave P(fits) 0.3)
+            risky = candidates & (p_fit >= s.give_up_probability) & (p_fit < floor) & (bound > target)
+            if top < target and risky.any() and not spent and (budget_left is None or budget_left > 1):
+                stretch = (
+                    f"every config at least {floor:.0%} likely to fit is below the best measured by the model's "
+                    f"bound; with budget left and the OOM allowance unspent, one that may fit and could win"
+                )
+                floor = s.give_up_probability
+            elif top < target:
                 again = self.close_call(obs, exclude, allowed, mean)
                 if again is not None:
                     return with_prediction(again), ""
@@ -1024,10 +1040,6 @@ class Guide:
                     f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win"
                 )
         safest = ""
-        ooms = sum(1 for o in obs if o.status == "oom")
-        # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
-        # a profile's verdict sends a config to its full probe (autotune.profiling), not here
-        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
         if best is None or spent:
             # nothing measured yet: the most promising config that surely fits, to learn from; or
             # the study spent the OOM probes it may risk: from now on, configs that surely fit
@@ -1108,6 +1120,8 @@ class Guide:
             parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
         if safest:
             parts.append(safest)
+        if stretch:
+            parts.append(stretch)
         if scout_for is not None:
             parts.append(
                 f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "

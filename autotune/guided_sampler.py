@@ -27,6 +27,7 @@ What a plain objective tells the guide: its return value (the first objective), 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -370,6 +371,12 @@ class GuidedSampler(BaseSampler):
             raise ValueError(f"trial {number}'s config is not in the ranked space")
         obs = self.observations([t for t in trials if t.number != number])
         return self.guide.fit_after_profile(obs, index, peak_gib, sd_gib, counts, usable_gib)
+
+    def profile_cost_measured(self, cost: float) -> None:
+        """A memory profile cost ``cost`` full-probe equivalents: the guide weighs the next one
+        halfway between what it assumed and this (``GuideSettings.profile_cost``)."""
+        settings = self.guide.settings
+        self.guide.settings = replace(settings, profile_cost=0.5 * (settings.profile_cost + cost))
 
     def _index_of(self, trial: FrozenTrial) -> int | None:
         """The ranking row of a trial's config: from autotune's config attribute, else its params."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.workers.protocol import ProbeResult, attach_requests_file, write_trial_file
+from autotune.workers.protocol import ProbeResult
 
 from .dispatch import (
     NODE_PLACEHOLDERS,
@@ -24,8 +24,7 @@ from .dispatch import (
     _STEP_FLUSH_S,
     _infrastructure_errors,
     node_env,
-    prepare_launch,
-    probe_env,
+    run_probe,
     visible_devices_env,
 )
 
@@ -110,7 +109,6 @@ def _ray_probe_task(
     (:class:`_StepBatcher`). ``node``: this task is one node of a multi-node trial (``nnodes``,
     ``node_rank``, ``master_addr``, ``master_port`` fill the argv placeholders and the
     environment; only node 0 streams step events)."""
-    from autotune.workers.command import run_probe_process
     from autotune.workers.protocol import TrialRequest as _Request
 
     request = _Request(**request_data)
@@ -144,24 +142,17 @@ def _ray_probe_task(
             batcher.add(event)  # a list append, mostly: never slows the reading of the probe's output
 
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-        path = write_trial_file(request, Path(tmp) / "trial.json")
-        argv, reader = prepare_launch(launch, Path(path))
         try:
-            result = run_probe_process(
-                argv,
-                probe_env(request, launch),
-                path,
-                launch.timeout_s,
-                cwd=launch.cwd,
-                metric_patterns=launch.metric_patterns,
-                on_event=on_event,
-                log_reader=reader,
+            result = run_probe(
+                request,
+                launch,
+                Path(tmp) / "trial.json",
+                on_event,
                 should_stop=batcher.tick if batcher is not None else None,
             )
         finally:
             if batcher is not None:
                 batcher.flush()  # the last batch, before the result: the driver sees every event
-        attach_requests_file(result)  # before the trial's folder is removed
     result.info.setdefault("host", socket.gethostname())
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):

@@ -2,12 +2,12 @@
 
 Why ask/tell rather than ``study.optimize``: trials run as separate processes on remote devices,
 several at once, and a failure (OOM, timeout) is information for the sampler, not an exception.
-Like Optuna's ``study/_optimize.py``, one trial is one path: ask -> resolve (canonical config,
-rules, repeats, cache: :mod:`autotune.trial_resolve`) -> dispatch -> interpret (pure:
-:mod:`autotune.interpret`) -> tell -> notify the listeners (MLflow, the refit, the guide:
-:mod:`autotune.listeners`); the stop conditions are a flat list of small named checks. The loop is
-given its dispatcher and launcher (the CLI assembles them, :mod:`autotune.assembly`); it never
-chooses them.
+Like Optuna's ``study/_optimize.py``, one trial is one path, read top to bottom in
+:mod:`autotune.trial_run` (ask -> resolve -> [memory profile -> verdict] -> dispatch -> interpret
+-> tell -> notify the listeners); this loop only starts trials, hands back what the dispatcher
+returned, and stops: the stop conditions are a flat list of small named checks. The loop is given
+its dispatcher and launcher (the CLI assembles them, :mod:`autotune.assembly`); it never chooses
+them.
 
 Guarantees, all backed by Optuna storage: resumable (a killed run's trials re-queued,
 :mod:`autotune.requeue`); no config probed twice (a repeat answered from the earlier result);
@@ -20,20 +20,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import TrialState
 
-from autotune.workers.protocol import ProbeResult, TrialRequest
+from autotune.workers.protocol import TrialRequest
 
-from .backends import BackendChoice, trial_devices
+from .backends import BackendChoice
 from .context import ProbeContext, probe_context
 from .guided_sampler import GuidedSampler
 from .importance import record_importances
-from .interpret import interpret, settle_pruned
 from .listeners import (
     GuideEstimatesListener,
     RefitListener,
@@ -43,25 +40,14 @@ from .listeners import (
     _Quiet,
     observer_phase,
 )
-from .memory_profile import cost_of_trials, layers_per_stage, median_full_wall, profile_cost_fpe
-from .profiling import MemoryProfiler, ProfileRun
+from .memory_profile import cost_of_trials
+from .profiling import MemoryProfiler
 from .pruning import LoserPruner
 from .ranking import Ranking
-from .records import (
-    TrialRecord,
-    best_records,
-    guide_estimates,
-    is_tracked,
-    jsonable,
-    measured_configs,
-    save_trial_files,
-    trial_record,
-    trial_records,
-)
+from .records import is_tracked, measured_configs, trial_records
 from .refit import Refit
-from .requeue import recover_interrupted, requeue_after_lost_capacity, retry_after_infra
-from .secret_env import masked_backend, scrub_result, secret_values
-from .space import Space, config_key
+from .requeue import recover_interrupted
+from .space import Space
 from .spec import Spec
 from .storage import open_study, study_storage
 from .study_definition import record_definition
@@ -77,7 +63,8 @@ from .stop_conditions import (
     space_exhausted,
 )
 from .trial_attrs import A
-from .trial_resolve import TrialResolver, tell
+from .trial_resolve import TrialResolver
+from .trial_run import TrialRunner
 
 __all__ = [
     "StudyRunner",
@@ -146,10 +133,8 @@ class StudyRunner:
         )
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
         self.pruner = LoserPruner(spec, backend.simulated)
-        self.infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
         self.profiler: MemoryProfiler | None = None  # profile-then-probe (autotune.profiling), set in _open
-        self._profiling: dict[Any, ProfileRun] = {}  # pending handles that are a trial's memory profile runs
-        self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
+        self.trials: TrialRunner | None = None  # each trial, ask to listeners (autotune.trial_run), set in _open
         # checked, in order, before each proposal: the first that answers stops asking
         self.stop_checks: list[Callable[[optuna.Study, LoopState], str | None]] = [
             deadline_reached,
@@ -180,23 +165,18 @@ class StudyRunner:
                     if why:
                         loop.stopped = why
                         break
-                    self._start_trial(study, loop)
+                    self.trials.start(study, loop)
                 if not loop.pending:
                     if loop.started >= loop.budget:
                         loop.stopped = ALREADY_COMPLETE if loop.done_before >= loop.budget else "budget reached"
                     break
                 for handle, result in self.dispatcher.wait_any(timeout=0.25):
-                    trial, config = loop.pending.pop(handle)
-                    run = self._profiling.pop(handle, None)
-                    if run is not None:
-                        self._profiled(study, loop, run, result)
-                    else:
-                        self._collect(study, loop, trial, config, result)
+                    self.trials.returned(study, loop, handle, result)
                     if self.stop_requested():
                         raise KeyboardInterrupt
                 d = self.dispatcher
-                full = {h: v for h, v in loop.pending.items() if h not in self._profiling}  # a profile is not pruned
-                self.pruner.prune(d.step_events(), full, lambda: self._best_single(study), d.cancel)
+                full = self.trials.full_probes(loop)  # a memory profile is not pruned
+                self.pruner.prune(d.step_events(), full, lambda: self.trials.best(study), d.cancel)
         except KeyboardInterrupt:
             loop.stopped = "interrupted by the user"
             for handle in list(loop.pending):
@@ -207,7 +187,7 @@ class StudyRunner:
         record_importances(study, self.objectives, self.ranking if self.backend.simulated else None)
         parent = getattr(self.tracking, "parent_run_id", None)
         result = StudyResult.load(self.spec, study)
-        return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, self.infra_failure)
+        return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, loop.infra_failure)
 
     def _open(self) -> tuple[optuna.Study, LoopState]:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""
@@ -253,6 +233,21 @@ class StudyRunner:
             self.listeners.append(ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name))
         if self.guided is not None:
             self.listeners.append(GuideEstimatesListener(self.guided))
+        self.trials = TrialRunner(
+            self.spec,
+            self.space,
+            self.context,
+            self.run_dir,
+            resolver=self.resolver,
+            profiler=self.profiler,
+            dispatcher=self.dispatcher,
+            launcher=self.launcher,
+            listeners=self.listeners,
+            pruner=self.pruner,
+            observer=self.observer,
+            # the guide weighs the next memory profile at what this one cost
+            on_profile_cost=self.guided.profile_cost_measured if self.guided is not None else None,
+        )
         for listener in self.listeners:
             listener.study_started(study, ranking)
         self.observer.on_start(budget, int(round(probes_done)))
@@ -268,143 +263,20 @@ class StudyRunner:
             len(loop.pending) < self.parallel
             and loop.started < loop.budget
             and loop.infra_in_a_row < MAX_INFRA_IN_A_ROW
-            and not self.infra_failure
+            and not loop.infra_failure
         )
 
     # ---- stop conditions ---------------------------------------------------------------------------
     def _infrastructure_stop(self, loop: LoopState) -> str | None:
-        if self.infra_failure:
-            return self.infra_failure
+        if loop.infra_failure:
+            return loop.infra_failure
         if loop.infra_in_a_row >= MAX_INFRA_IN_A_ROW:
-            self.infra_failure = (
+            loop.infra_failure = (
                 f"the infrastructure failed {loop.infra_in_a_row} trials in a row (see their "
                 "reasons): fix the cluster and run the same command to resume"
             )
-            return self.infra_failure
+            return loop.infra_failure
         return None
-
-    # ---- one trial ---------------------------------------------------------------------------------
-    def _start_trial(self, study: optuna.Study, loop: LoopState) -> None:
-        """ask -> resolve -> (the cache, or) dispatch."""
-        trial = study.ask(self.space.distributions())
-        handled = self.resolver.resolve(study, trial, loop.seen)
-        if handled is None:
-            loop.misses += 1
-            return
-        loop.misses = 0
-        config, why = handled
-        cached = None if A.REMEASURE_OF in trial.user_attrs else self.resolver.from_cache(config)
-        trial.set_user_attr(A.PROBED, True)
-        loop.seen[config_key(config)] = trial.number
-        loop.started += 1
-        if cached is not None:  # measured before, in this or another study: no probe
-            result, origin = cached
-            trial.set_user_attr(
-                A.CHOSEN, f"{why}; answered from the result cache (study {origin['study']}, trial {origin['trial']})"
-            )
-            record = self._finish(study, trial, config, result)
-            self.observer.on_trial_finished(record, self._best_single(study), len(loop.pending))
-            return
-        request = TrialRequest(
-            params=config,
-            model=self.context.model,
-            workload=self.context.workload,
-            cluster=self.context.cluster,
-            study=self.spec.name,
-            number=trial.number,
-            backend=masked_backend(self.spec.backend.model_dump()),
-        )
-        run = self.profiler.plan(trial, config, request, why) if self.profiler is not None else None
-        if run is not None:  # not sure to fit: its memory profile first (autotune.profiling)
-            self.observer.on_trial_started(trial.number, config, f"{why}; memory profile first")
-            self._submit_profile(loop, run)
-            return
-        launch = self.launcher(request)
-        self.observer.on_trial_started(trial.number, config, why)
-        loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
-
-    def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
-        request = self.profiler.next_request(run)
-        handle = self.dispatcher.submit(request, self.launcher(request))
-        loop.pending[handle] = (run.trial, run.config)
-        self._profiling[handle] = run
-
-    def _profiled(self, study: optuna.Study, loop: LoopState, run: ProfileRun, result: ProbeResult) -> None:
-        """A profile run came back: the next one, the full probe, or the trial's end (its verdict)."""
-        scrub_result(result, self._secrets)
-        action, final = self.profiler.take(study, run, result)
-        if action == "again":
-            self._submit_profile(loop, run)
-            return
-        # the trial started counting one full probe; it costs its profile, and the probe if it runs
-        median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
-        per_stage = layers_per_stage(run.request.model, run.config)
-        cost = profile_cost_fpe(run.walls_s, run.layers[: run.done], per_stage, median)
-        loop.started += cost
-        if self.guided is not None:  # the guide weighs the next profile at what this one cost
-            settings = self.guided.guide.settings
-            self.guided.guide.settings = replace(settings, profile_cost=0.5 * (settings.profile_cost + cost))
-        if action == "probe":
-            self.pruner.live_steps.pop(run.trial.number, None)  # the profile's steps are not the probe's
-            loop.pending[self.dispatcher.submit(run.request, self.launcher(run.request))] = (run.trial, run.config)
-            return
-        loop.started -= 1
-        self._collect(study, loop, run.trial, run.config, final)
-
-    def _collect(
-        self, study: optuna.Study, loop: LoopState, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
-    ) -> None:
-        record = self._finish(study, trial, config, result)
-        if record.status == "infra":  # the machine failed, not the config: no budget spent,
-            loop.started -= 1  # and its retry (queued by _finish) is no repeat
-            loop.infra_in_a_row += 1
-            if loop.seen.get(config_key(config)) == trial.number:
-                del loop.seen[config_key(config)]
-        else:
-            loop.infra_in_a_row = 0
-        self.observer.on_trial_finished(record, self._best_single(study), len(loop.pending))
-
-    def _finish(
-        self, study: optuna.Study, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
-    ) -> TrialRecord:
-        """interpret -> record -> tell -> notify, for one finished trial."""
-        scrub_result(result, self._secrets)  # a probe that printed its environment: no token stored anywhere
-        settle_pruned(result, *self.pruner.settle(trial.number))
-        for listener in self.listeners:
-            listener.probe_returned(trial.number, config, result)
-        meaning = interpret(config, result, self.context, self.objectives, trial_devices(self.spec, config))
-        result.status, result.reason = meaning.probe_status, meaning.probe_reason
-        for name, value in (
-            (A.STATUS, result.status),
-            (A.SOURCE, result.source),
-            (A.METRICS, meaning.metrics),
-            (A.WALL, round(result.wall_s, 3)),
-        ):
-            trial.set_user_attr(name, value)
-        if result.reason:
-            trial.set_user_attr(A.REASON, result.reason[:2000])
-        if result.info:
-            trial.set_user_attr(A.INFO, jsonable(result.info))
-        save_trial_files(self.run_dir, trial.number, result)
-        if meaning.status != result.status:
-            trial.set_user_attr(A.STATUS, meaning.status)
-            trial.set_user_attr(A.REASON, meaning.reason)
-        if meaning.retry == "capacity_lost":  # capacity that was there is gone: stop, leave the config for the re-run
-            why = requeue_after_lost_capacity(study, trial, config, self.space, meaning.capacity_lost)
-            if not self.infra_failure:
-                self.infra_failure = why
-                self.observer.on_message(why)
-        elif meaning.retry == "infra":
-            retry_after_infra(study, trial, config, self.space, self.observer.on_message)
-        if meaning.tell in ("values", "infeasible"):
-            trial.set_constraint("feasible", 0.0 if meaning.tell == "values" else 1.0)
-            tell(study, trial, meaning.values)
-        else:
-            tell(study, trial, state=TrialState.PRUNED if meaning.tell == "pruned" else TrialState.FAIL)
-        record = trial_record(study, trial.number)
-        for listener in self.listeners:
-            listener.trial_finished(study, record, result)
-        return record
 
     # ---- helpers -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -419,7 +291,3 @@ class StudyRunner:
             f"refit after trial {after} ({refit.n} measured): {refit.describe()}; "
             f"model error {refit.mape_before:.0f} % -> {refit.mape_after:.0f} %"
         )
-
-    def _best_single(self, study: optuna.Study) -> TrialRecord | None:
-        best = best_records(trial_records(study), self.objectives, guide_estimates(study))
-        return best[0] if best else None

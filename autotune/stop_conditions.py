@@ -42,6 +42,7 @@ class LoopState:
     infra_in_a_row: int = 0
     stopped: str = "budget reached"
     done_before: float = 0.0  # full-probe equivalents earlier runs of the study spent (a resumed study)
+    infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
 
 
 def deadline_reached(study: optuna.Study, loop: LoopState) -> str | None:

@@ -19,7 +19,7 @@ the record of the study; MLflow is a view of it. So:
   when it answers, the backlog is written in order and one line says so;
 - a child run is complete only once its terminal status is written. A write that broke half-way
   deletes the half-written child before writing it again, and the next run's reconciliation
-  (``StudyRunner._reconcile_tracking``) replaces any child still ``RUNNING`` and logs every
+  (``StudyTracking.reconcile``, at the study's start) replaces any child still ``RUNNING`` and logs every
   trial MLflow lacks, so a write lost with the process is not lost for good;
 - ``finish_parent`` waits for the queue while it moves, at most ``drain_timeout_s`` without progress,
   and returns what is still unwritten.

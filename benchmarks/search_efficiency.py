@@ -291,12 +291,17 @@ def memory_oracle(truth: Truth):
 
 def with_device_check(spec: Spec, truth: Truth) -> Spec:
     """The spec as a study's device check leaves it (autotune.usable_memory): the usable memory it
-    measures, the world's capacity less what its runtime holds outside the allocator before any
-    communicator exists (the most any config's allocator could use), in ``usable_memory_gib``."""
+    measures, in ``usable_memory_gib``. The check (workers/device_check.py) starts the runtime,
+    allocates one small tensor and reads ``mem_get_info``: free plus reserved, before any
+    communicator exists. So it reads the world's capacity less its runtime's context only: the
+    communication buffers (and whatever a world loses per communicator group) are still free then.
+    Until 2026-11-28 this figure also subtracted the smallest config's communication buffers, which
+    the real check never sees: it told the guide 1-4 GiB less than the check would (7B 8x64 world 1:
+    52.96 GiB where the check reads 55.5)."""
     c = truth.ctx
     t = truth.world.truth(c.model, c.workload, c.cluster, truth.configs)
     valid = np.asarray(t["valid"], dtype=bool)
-    usable = float(np.max((t["limit"] - t["held_outside_gib"])[valid]))
+    usable = float(np.max((t["capacity"] - t["runtime_reserve_gib"])[valid]))
     overrides = {**spec.cluster.overrides, "usable_memory_gib": round(usable, 3)}
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"overrides": overrides})})
 

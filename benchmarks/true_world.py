@@ -698,6 +698,8 @@ class World:
             "allocator_gap_gib": np.where(valid, source["gap"], np.nan),
             # what the runtime and the communicators hold outside the framework's allocator
             "held_outside_gib": np.where(valid, part["comm_buffers"] + part["runtime_reserve"], np.nan),
+            # ... of which the runtime's own context, there before any communicator exists
+            "runtime_reserve_gib": np.where(valid, part["runtime_reserve"], np.nan),
         }
 
     def measure(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -86,6 +87,23 @@ def test_production_world_draws_usable_memory_below_the_nominal(scenario):
     lab = _world(scenario, "lab")
     assert lab.usable_below == 0.0 and lab.oom_format is None and not lab.peak_only
     assert tw.World.from_json(json.loads(json.dumps(world.to_json()))) == world
+
+
+def test_the_device_check_reads_what_the_real_check_would_before_any_communicator(scenario):
+    """workers/device_check.py reads free + reserved after one small tensor, before a communicator
+    exists: the world's capacity less its runtime's context, with the communication buffers still
+    free. The benchmark once subtracted the smallest config's buffers too (1-4 GiB the real check
+    never loses), and the guide believed less usable memory than there was."""
+    spec, _, configs, _ = scenario
+    world = _world(scenario, "production")
+    truth = se.Truth(world, spec, configs)
+    t = world.truth(truth.ctx.model, truth.ctx.workload, truth.ctx.cluster, configs)
+    valid = t["valid"].astype(bool)
+    checked = se.with_device_check(spec, truth).cluster.overrides["usable_memory_gib"]
+    runtime = float(np.nanmax(t["runtime_reserve_gib"][valid]))
+    assert checked == pytest.approx(float(np.nanmax(t["capacity"][valid])) - runtime, abs=2e-3)
+    # more than any config's allocator can use once its communicators hold their buffers
+    assert checked > float(np.nanmax((t["limit"] - t["held_outside_gib"])[valid]))
 
 
 def test_probe_output_has_no_usable_memory_on_the_production_path(tmp_path, scenario):

@@ -1,7 +1,9 @@
 """The study loop's behaviour, pinned (issue #32): a seeded simulated study of the shipped
-``llama2_7b_8npu.yaml`` and a seeded ``command``-backend study produce the same trials, statuses,
-metrics and MLflow content (params, metrics, tags, artifact names) as the golden record in
-``tests/fixtures/golden_study/``, taken before the trial lifecycle was restructured.
+``llama2_7b_8npu.yaml``, a seeded ``command``-backend study and a seeded profiled training study
+(``search.memory_profiles`` through the command backend: memory profiles before full probes, issue
+#35) produce the same trials, statuses, metrics and MLflow content (params, metrics, tags, artifact
+names) as the golden record in ``tests/fixtures/golden_study/``, taken before the trial lifecycle
+was restructured (issue #43).
 
 What varies from run to run is left out of the record: times, durations, run ids, paths, host
 and software names. Floats are rounded to 6 significant digits (the simulator's arithmetic is
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +130,78 @@ def test_a_seeded_command_backend_study_is_unchanged(write_spec, tmp_path):
     result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
     _compare("command_backend", study_record(run_dir, "tiny"))
+
+
+# A launcher that honours ``--num-layers`` (a memory profile runs it with fewer layers): its peak
+# grows with the layers per stage and the activations kept; above 1.7 GiB it runs out of memory.
+PROFILED_PROBE = r"""
+import json, sys
+trial = json.load(open(sys.argv[sys.argv.index("--trial") + 1]))
+layers = int(sys.argv[sys.argv.index("--num-layers") + 1])
+p = trial["params"]
+per_stage = layers / p["pp"]
+kept = p["micro_batch_size"] * (0.25 if p["recompute"] == "full" else 1.0)
+peak = 0.30 + per_stage * 0.05 * kept / p["tp"] + 0.02 * per_stage
+if peak > 1.7:
+    print(f"RuntimeError: CUDA out of memory. Tried to allocate {peak - 1.7:.2f} GiB", flush=True)
+    sys.exit(1)
+tps = 1000.0 * p["micro_batch_size"] / (1.3 if p["recompute"] == "full" else 1.0) / p["tp"] / (0.9 + 0.1 * p["pp"])
+print(json.dumps({"event": "step", "step": 0, "step_time_s": 0.1}))
+print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0, "peak_memory_gib": peak}}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_seeded_profiled_training_study_is_unchanged(write_spec, tmp_path, monkeypatch):
+    """Configs the guide is not sure fit run a memory profile first: one whose profile says it fits
+    is probed in full, one whose profile says it does not ends as ``oom_predicted``. A profile's
+    cost counts against the budget by its wall time over a full probe's, so the walls are made a
+    function of the layers run (what a real probe's roughly are) to keep the study the same."""
+    import autotune.workers.command as command
+
+    run_probe_process = command.run_probe_process
+
+    def layered_wall(argv, *args, **kwargs):
+        result = run_probe_process(argv, *args, **kwargs)
+        result.wall_s = 1.0 + 0.25 * int(argv[argv.index("--num-layers") + 1])
+        return result
+
+    monkeypatch.setattr(command, "run_probe_process", layered_wall)
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROFILED_PROBE)
+    spec = write_spec(
+        f"""
+name: tiny-profiled
+model:
+  {{name: tiny-llama-16, hidden_size: 512, num_hidden_layers: 16, num_attention_heads: 8,
+   num_key_value_heads: 4, intermediate_size: 1376, vocab_size: 2048, max_position_embeddings: 1024}}
+workload: {{kind: train, seq_len: 128, global_batch_size: 8, warmup_steps: 1, measured_steps: 2}}
+cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 2, overrides: {{device_memory_gib: 1.7}}}}
+backend:
+  kind: command
+  argv: [{sys.executable}, {probe}, --num-layers, "{{num_layers}}", --trial, "{{trial_file}}"]
+  timeout_s: 60
+  resources: {{num_cpus: 1}}
+space:
+  tp: [1, 2]
+  pp: [1, 2]
+  micro_batch_size: [1, 4]
+  recompute: [none, full]
+  precision: [fp32]
+objectives: [tokens_per_s_per_device]
+search: {{n_trials: 5, seed: 1, memory_profiles: true, prune: false}}
+ray: {{enabled: false}}
+""",
+        "profiled.yaml",
+    )
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    record = study_record(run_dir, "tiny-profiled")
+    report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    for trial, reported in zip(record["trials"], report["trials"]):  # what each profile measured and decided
+        trial["memory_profile"] = _stable(reported.get("memory_profile") or {})
+        trial["chosen_because"] = reported.get("chosen_because")
+    verdicts = {t["memory_profile"].get("verdict") for t in record["trials"]}
+    assert {"probe", "oom_predicted"} <= verdicts, verdicts  # a profile that let the probe run, one that did not
+    _compare("profiled_training", record)

@@ -118,12 +118,13 @@ def _external_imports(path: Path) -> set[str]:
 
 
 def test_the_study_loop_never_imports_tracking():
-    """Issue 43: the loop (autotune.search) tells its listeners what happened and knows nothing of
-    MLflow: the assembly builds the tracking listener and hands it over."""
+    """Issue 43: the loop (autotune.search) and its trials (autotune.trial_run) tell their listeners
+    what happened and know nothing of MLflow: the assembly builds the tracking listener and hands it over."""
     graph = _graph()
     banned = {"autotune.tracking", "autotune.study_tracking", "autotune.mlflow_ui"}
-    assert not graph["autotune.search"] & banned, graph["autotune.search"] & banned
-    assert "mlflow" not in _external_imports(ROOTS["autotune"] / "search.py")
+    for module in ("search", "trial_run"):
+        assert not graph[f"autotune.{module}"] & banned, (module, graph[f"autotune.{module}"] & banned)
+        assert "mlflow" not in _external_imports(ROOTS["autotune"] / f"{module}.py"), module
 
 
 def test_the_parameter_table_is_a_leaf():

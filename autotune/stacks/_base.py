@@ -24,6 +24,8 @@ A stack is a target of some workloads (``workloads``): the training stacks of ``
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,6 +107,49 @@ class PresetLaunch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+
+
+# the serving presets' part of a trial's launch (vLLM, MindIE): the serving probe reads what to start
+# from ``engine.json`` in the trial's folder (workers/serve_probe/probe.py's ENGINE_FILE)
+ENGINE_FILE = "engine.json"
+SERVING_PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/" + ENGINE_FILE]
+SERVED_MODEL_NAME = "autotune-model"  # the name every serving preset serves the model under
+
+
+def serving_engine_launch(
+    engine: str,
+    replicas: list[dict[str, Any]],
+    files: dict[str, str],
+    ports: tuple[str, str],
+    metrics_names: Any,
+    startup_failures: Any,
+    workload: dict[str, Any],
+    version: str,
+) -> PresetLaunch:
+    """The launch of a serving preset: the serving probe, given ``engine.json``, the one contract
+    every engine fills the same way (its replicas' argv/env/devices/files, the OpenAI-compatible
+    routes, the ``/metrics`` names it reads, the start-up failures it recognises). ``ports``: the
+    names of the ports ``/metrics`` and ``/health`` answer on (vLLM serves both on ``port``, MindIE
+    on its metrics and management ports)."""
+    description = {
+        "engine": engine,
+        "replicas": replicas,
+        "files": files,
+        "api": {
+            "completions": "/v1/completions",
+            "health": "/health",
+            "metrics": "/metrics",
+            "metrics_port": ports[0],
+            "health_port": ports[1],
+            "model": SERVED_MODEL_NAME,
+        },
+        "metrics_names": metrics_names,
+        "startup_failures": startup_failures,
+        "prompt": "token_ids",
+        "startup_timeout_s": float(workload.get("startup_timeout_s") or 600.0),
+        "version": version,
+    }
+    return PresetLaunch(list(SERVING_PROBE_ARGV), files={ENGINE_FILE: json.dumps(description, indent=1)})
 
 
 @dataclass(frozen=True)

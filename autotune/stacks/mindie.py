@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any
 
 import numpy as np
@@ -35,14 +34,22 @@ from autotune.export._mindie import (
     mindie_settings,
 )
 
-from ._base import PresetLaunch, PresetRun, Rule, Stack, col, engine_names, fact, longest_lengths
+from ._base import (
+    SERVED_MODEL_NAME,
+    PresetLaunch,
+    PresetRun,
+    Rule,
+    Stack,
+    col,
+    engine_names,
+    fact,
+    longest_lengths,
+    serving_engine_launch,
+)
 
 __all__ = ["METRICS_NAMES", "SERVED_MODEL_NAME", "STACK", "STARTUP_FAILURES", "mindie_config_text", "mindie_rules"]
 
-ENGINE_FILE = "engine.json"
-PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/" + ENGINE_FILE]
 DEFAULT_ENTRY = "mindieservice_daemon"
-SERVED_MODEL_NAME = "autotune-model"
 # MindIE's Prometheus names (prometheus_metrics.cpp InitPrometheusMetrics; tests/fixtures/mindie/metrics.txt)
 METRICS_NAMES = {
     "kv_cache_usage": ["npu_cache_usage_perc"],
@@ -239,27 +246,10 @@ def mindie_launch(run: PresetRun) -> PresetLaunch:
     }
     tp = int(config.get("tp", 1))
     devices = [list(range(k * tp, (k + 1) * tp)) for k in range(int(config.get("replicas", 1) or 1))]
-    engine = {
-        "engine": "mindie",
-        "replicas": [
-            {"argv": list(argv), "env": dict(env), "devices": d, "files": {"config.json": text}} for d in devices
-        ],
-        "files": {},
-        "api": {
-            "completions": "/v1/completions",
-            "health": "/health",
-            "metrics": "/metrics",
-            "metrics_port": "metrics_port",
-            "health_port": "management_port",
-            "model": SERVED_MODEL_NAME,
-        },
-        "metrics_names": METRICS_NAMES,
-        "startup_failures": STARTUP_FAILURES,
-        "prompt": "token_ids",
-        "startup_timeout_s": float(workload.get("startup_timeout_s") or 600.0),
-        "version": "",
-    }
-    return PresetLaunch(list(PROBE_ARGV), files={ENGINE_FILE: json.dumps(engine, indent=1)})
+    replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {"config.json": text}} for d in devices]
+    return serving_engine_launch(
+        "mindie", replicas, {}, ("metrics_port", "management_port"), METRICS_NAMES, STARTUP_FAILURES, workload, ""
+    )
 
 
 STACK = Stack(

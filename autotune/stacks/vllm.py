@@ -36,7 +36,18 @@ import numpy as np
 from autotune.export._vllm import VLLM_SET_BY_AUTOTUNE, VllmExporter, replica_devices, vllm_dtype, vllm_engine_args
 from autotune.workers.parameters import BATCHED_COVERS_SEQS, batched_below_seqs, serving_default
 
-from ._base import PresetLaunch, PresetRun, Rule, Stack, col, engine_names, fact
+from ._base import (
+    ENGINE_FILE,
+    SERVED_MODEL_NAME,
+    PresetLaunch,
+    PresetRun,
+    Rule,
+    Stack,
+    col,
+    engine_names,
+    fact,
+    serving_engine_launch,
+)
 
 __all__ = [
     "ENGINE_FILE",
@@ -50,10 +61,7 @@ __all__ = [
     "vllm_rules",
 ]
 
-ENGINE_FILE = "engine.json"  # in the trial's folder ({trial_dir}): what the serving probe starts
-PROBE_ARGV = [sys.executable, "-m", "autotune.workers.serve_probe", "--engine", "{trial_dir}/" + ENGINE_FILE]
 DEFAULT_ENTRY = "-m vllm.entrypoints.openai.api_server"
-SERVED_MODEL_NAME = "autotune-model"
 
 # the engine's Prometheus names for what the probe reports (vllm/v1/metrics/loggers.py)
 METRICS_NAMES = {
@@ -297,25 +305,10 @@ def vllm_launch(run: PresetRun) -> PresetLaunch:
     ]
     devices = replica_devices(config)
     env = _device_env(accelerator, len(devices[0]))
-    engine = {
-        "engine": "vllm",
-        "replicas": [{"argv": list(argv), "env": dict(env), "devices": d, "files": {}} for d in devices],
-        "files": files,
-        "api": {
-            "completions": "/v1/completions",
-            "health": "/health",
-            "metrics": "/metrics",
-            "metrics_port": "port",
-            "health_port": "port",
-            "model": SERVED_MODEL_NAME,
-        },
-        "metrics_names": METRICS_NAMES,
-        "startup_failures": STARTUP_FAILURES,
-        "prompt": "token_ids",
-        "startup_timeout_s": float(workload.get("startup_timeout_s") or 600.0),
-        "version": _engine_version(python),
-    }
-    return PresetLaunch(list(PROBE_ARGV), files={ENGINE_FILE: json.dumps(engine, indent=1)})
+    replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {}} for d in devices]
+    return serving_engine_launch(
+        "vllm", replicas, files, ("port", "port"), METRICS_NAMES, STARTUP_FAILURES, workload, _engine_version(python)
+    )
 
 
 STACK = Stack(

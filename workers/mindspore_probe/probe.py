@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import sys
 import time
@@ -266,21 +265,7 @@ def run(trial: dict[str, Any], plan: dict[str, Any], distributed: bool) -> tuple
         if phase == "measure":
             times.append(dt)
         mem = _peak_memory_gib(ms, device)
-        if rank == 0:
-            measure.emit(
-                {
-                    "event": "step",
-                    "step": i,
-                    "phase": phase,
-                    "step_time_s": dt,
-                    "tokens": tokens_per_step,
-                    "loss": loss_value if math.isfinite(loss_value) else None,
-                    "loss_finite": int(math.isfinite(loss_value)),
-                    "memory_gib": mem,
-                }
-            )
-        if not math.isfinite(loss_value):
-            raise ProbeFailure("nan", f"non-finite loss {loss_value} at step {i} ({phase})", collective=True)
+        failures.report_step(measure.emit if rank == 0 else None, i, phase, dt, tokens_per_step, loss_value, mem)
         if limit is not None and mem > limit:
             raise ProbeFailure(
                 "oom",

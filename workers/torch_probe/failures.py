@@ -7,9 +7,11 @@ are plain ``RuntimeError``s with recognisable text, not a torch class).
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, Callable
 
-__all__ = ["ProbeFailure", "classify_exception", "EXIT_CODES"]
+__all__ = ["ProbeFailure", "classify_exception", "EXIT_CODES", "report_step"]
 
 # Distinct exit statuses make a failure readable from ``echo $?`` too; the driver classifies
 # from the ``{"event": "failure"}`` line first (protocol.classify_failure).
@@ -30,6 +32,38 @@ class ProbeFailure(Exception):
         self.status = status
         self.reason = reason
         self.collective = collective
+
+
+def report_step(
+    emit: Callable[[dict[str, Any]], None] | None,
+    step: int,
+    phase: str,
+    step_time_s: float,
+    tokens: int,
+    loss: float,
+    memory_gib: float,
+) -> None:
+    """One measured step, as every training probe (torch, MindSpore) reports it: the protocol's
+    ``{"event": "step"}`` line through ``emit`` (rank 0 passes its printer, the other ranks None),
+    then the whole probe ends as ``nan`` on a non-finite loss. The loss is exchanged over the ranks
+    before this, so every rank raises together (``collective``: only rank 0 prints the failure).
+    A non-finite loss is sent as null (NaN is not JSON) with ``loss_finite`` 0."""
+    finite = math.isfinite(loss)
+    if emit is not None:
+        emit(
+            {
+                "event": "step",
+                "step": step,
+                "phase": phase,
+                "step_time_s": step_time_s,
+                "tokens": tokens,
+                "loss": loss if finite else None,
+                "loss_finite": int(finite),
+                "memory_gib": memory_gib,
+            }
+        )
+    if not finite:
+        raise ProbeFailure("nan", f"non-finite loss {loss} at step {step} ({phase})", collective=True)
 
 
 _REQUESTED = [

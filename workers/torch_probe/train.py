@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ...objectives import flops_per_token
 from . import measure
-from .failures import ProbeFailure
+from .failures import ProbeFailure, report_step
 from .model import synthetic_tokens
 from .parallelize import ParallelModel, dp_mesh_of, parallelize_llama
 from .plan import ModelConfig, Plan
@@ -359,22 +359,7 @@ def run_train(rt: Runtime) -> dict[str, float]:
         mem = max(r[1] for r in rows)
         if phase == "measure":
             times.append(dt)
-        if rt.rank == 0:
-            # a non-finite loss is sent as null (NaN is not JSON) with loss_finite 0
-            measure.emit(
-                {
-                    "event": "step",
-                    "step": i,
-                    "phase": phase,
-                    "step_time_s": dt,
-                    "tokens": tokens,
-                    "loss": loss if math.isfinite(loss) else None,
-                    "loss_finite": int(math.isfinite(loss)),
-                    "memory_gib": mem,
-                }
-            )
-        if not math.isfinite(loss):
-            raise ProbeFailure("nan", f"non-finite loss {loss} at step {i} ({phase})", collective=True)
+        report_step(measure.emit if rt.rank == 0 else None, i, phase, dt, tokens, loss, mem)
         _check_memory(rt, rows, f"at step {i}")
         if i == 0:
             state = _state_bytes_per_param(tr)
