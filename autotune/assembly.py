@@ -1,22 +1,88 @@
-"""What the CLI assembles for a study before the loop runs it: the dispatcher that runs its probes
-and the launcher that turns a trial into its probe's launch.
+"""The study's assembly: what a study is given before the loop runs it, built from the spec.
 
-Like Hydra's Optuna sweeper, the search loop never chooses these (:class:`autotune.search.StudyRunner`
-is given them): a simulated study runs the analytical model in the driver; real probes run as local
-process groups without Ray (``ray.enabled: false``), or as Ray tasks on the cluster the spec names.
+Like Hydra's Optuna sweeper, the search loop never builds or chooses its launcher
+(:class:`autotune.search.StudyRunner` is given them): this module takes the shared study's lease,
+checks that the spec still defines the study kept in the run directory, puts the spec on the
+profile it ranks with (measured on this host for a real study), and builds the dispatcher that
+runs the probes (the analytical model in the driver; local process groups without Ray,
+``ray.enabled: false``; or Ray tasks on the cluster the spec names), the launcher that turns a
+trial into its probe's launch, the MLflow tracking listener, the result cache and the runner.
+
+It decides and builds; it prints nothing itself. What a user must be told (its errors among
+them, said where they happen: inside the phase that failed) goes through the :class:`Voice` the
+CLI gives it; a study that cannot be assembled then raises :class:`AssemblyFailed`, which says
+whether the input (exit 2) or the infrastructure (exit 3) is to blame.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from autotune.workers.protocol import TrialRequest
 
 from .backends import BackendChoice, launch_for
 from .spec import Spec
+from .spec_errors import escape_text
 
-__all__ = ["dispatcher_for", "launcher_for", "tracking_for"]
+__all__ = [
+    "AssemblyFailed",
+    "AssembledStudy",
+    "Voice",
+    "assemble_study",
+    "check_definition",
+    "dispatcher_for",
+    "launcher_for",
+    "lease_shared_study",
+    "measured_profile",
+    "open_tracker",
+    "planned_profile",
+    "relocate_mlflow",
+    "tracking_for",
+]
+
+log = logging.getLogger("autotune")
+
+
+class AssemblyFailed(Exception):
+    """The study cannot be assembled, and the user has been told why (:meth:`Voice.fail`):
+    ``infrastructure`` says whether Ray, MLflow or the storage (exit 3) or the input (exit 2) is
+    to blame."""
+
+    def __init__(self, message: str, *, infrastructure: bool) -> None:
+        super().__init__(message)
+        self.infrastructure = infrastructure
+
+
+@dataclass(frozen=True)
+class Voice:
+    """How a stage tells the user what they must know, the CLI deciding how it is shown: ``say`` a
+    line, ``note`` a line of lesser weight, ``warn`` a warning, ``error`` an error, ``phase`` a
+    moving status around a wait of seconds (:func:`autotune.progress.phase`)."""
+
+    say: Callable[[str], None]
+    note: Callable[[str], None]
+    warn: Callable[[str], None]
+    error: Callable[[str], None]
+    phase: Callable[[str], ContextManager[Any]]
+
+    def fail(self, message: str, *, infrastructure: bool, details: Sequence[str] = ()) -> AssemblyFailed:
+        """Say ``message`` as an error (``details`` as lines after it); the exception to raise."""
+        self.error(message)
+        for line in details:
+            self.say(line)
+        return AssemblyFailed(message, infrastructure=infrastructure)
+
+
+@dataclass
+class AssembledStudy:
+    """The spec the study runs (on its measured profile, its usable memory), and its runner."""
+
+    spec: Spec
+    runner: Any  # autotune.search.StudyRunner
 
 
 def dispatcher_for(spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
@@ -50,3 +116,171 @@ def launcher_for(spec: Spec, backend: BackendChoice) -> Callable[[TrialRequest],
     if backend.simulated:
         return lambda request: None
     return lambda request: launch_for(spec, backend, request)
+
+
+def lease_shared_study(spec: Spec, directory: Path, voice: Voice) -> Any:
+    """The lease of a study in a shared database (:func:`.run_lock.lease_shared_study`), taken before
+    the spec check, so that a second driver is refused before it can set the live study aside."""
+    from .run_lock import StudyInUse, lease_shared_study as lease
+    from .storage import StorageDamaged
+
+    try:
+        return lease(spec, directory)
+    except (StudyInUse, StorageDamaged) as exc:
+        raise voice.fail(str(exc), infrastructure=True) from None
+
+
+def check_definition(
+    spec: Spec, spec_path: Path, directory: Path, defined_as: dict[str, Any], fresh: bool, voice: Voice
+) -> None:
+    """Refuse to resume a study whose defining sections the spec has changed, naming the fields;
+    with ``fresh``, say that the old study was set aside (:mod:`.study_definition`)."""
+    from .storage import StorageDamaged
+    from .study_definition import StudyRedefined, redefinition
+
+    try:
+        aside = redefinition(spec, directory, defined_as, fresh)
+    except StorageDamaged as exc:
+        raise voice.fail(str(exc), infrastructure=True) from None
+    except StudyRedefined as exc:
+        raise voice.fail(
+            f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
+            f"({exc.trials} trial(s) measured under the old definition):",
+            infrastructure=False,
+            details=[
+                *(f"  {line}" for line in exc.changes),
+                "resuming would mix trials of two different studies. Either start it in a new directory "
+                "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
+                "kept in the same storage under another name, its trial folders under superseded-*/; nothing "
+                "is deleted); or undo the edit to resume the old study.",
+            ],
+        ) from None
+    if aside is not None:
+        name, changes = aside
+        voice.note(
+            f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
+            f"{name!r} in the same storage; starting a new study {spec.name!r}"
+        )
+
+
+def measured_profile(spec: Spec, choice: BackendChoice, voice: Voice) -> Spec:
+    """The spec on this host's measured profile when a real study would otherwise rank with
+    data-sheet figures (``host_profile``: calibrates once, cached per host and software)."""
+    from .host_profile import ensure_measured_profile
+
+    try:
+        return ensure_measured_profile(spec, choice.simulated, voice.note, voice.phase)
+    except ConnectionError as exc:  # the Ray cluster does not answer (dispatch.RayUnreachable)
+        raise voice.fail(str(exc), infrastructure=True) from None
+    except ValueError as exc:  # AUTOTUNE_CALIBRATE set to something else than auto / never
+        raise voice.fail(str(exc), infrastructure=False) from None
+
+
+def planned_profile(spec: Spec, voice: Voice) -> tuple[Spec, dict[str, Any]]:
+    """The spec on the profile ``plan`` ranks with (the one a run of it would use), and what it is."""
+    from .backends import select_backend
+    from .host_profile import planned_profile as planned
+
+    try:
+        simulated = select_backend(spec).simulated
+    except ValueError:  # a backend the run would refuse: plan still ranks, with the spec's profile
+        simulated = True
+    try:
+        return planned(spec, simulated)
+    except ValueError as exc:
+        raise voice.fail(str(exc), infrastructure=False) from None
+
+
+def relocate_mlflow(directory: Path, note: Callable[[str], None]) -> None:
+    """A moved run directory's own MLflow store, pointed at its new place (and said)."""
+    from .tracking import relocate_artifacts
+
+    try:
+        moved = relocate_artifacts(directory)
+    except Exception as exc:  # a store in use, or not MLflow's: browsing may miss artifacts, nothing else
+        log.debug("MLflow artifact paths not checked: %s", exc)
+        return
+    if moved:
+        note(moved)
+
+
+def open_tracker(spec: Spec, directory: Path, voice: Voice) -> Any:
+    """The study's MLflow store (:class:`autotune.tracking.Tracker`): the spec's server, else the
+    run directory's own store (pointed at its place first, for a study whose directory moved)."""
+    from .tracking import Tracker, default_tracking_uri, error_line
+
+    uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
+    if not spec.tracking.mlflow_uri:
+        relocate_mlflow(directory, voice.note)  # a resumed study whose run directory was moved
+    if uri.startswith(("http://", "https://")):
+        voice.say(f"connecting to MLflow at {uri} ...")
+    try:
+        return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
+    except Exception as exc:
+        raise voice.fail(
+            f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {error_line(exc, 300)}. Start the server or "
+            "fix the URI; or run with --no-tracking and run the same command again once it answers: the trials "
+            "measured meanwhile are logged then, and nothing is probed twice",
+            infrastructure=True,
+        ) from None
+
+
+def assemble_study(
+    spec: Spec,
+    directory: Path,
+    choice: BackendChoice,
+    defined_as: dict[str, Any],
+    voice: Voice,
+    *,
+    observer: Callable[[], Any],
+    no_tracking: bool,
+    reuse_cache: bool,
+    stop_requested: Callable[[], bool],
+) -> AssembledStudy:
+    """The study's runner, given its dispatcher, launcher, tracking listener, progress observer
+    (``observer()`` makes it: its clock starts once the study is set up) and result cache; the spec
+    on its measured profile and usable memory. Raises :class:`AssemblyFailed`."""
+    from .search import StudyRunner
+    from .usable_memory import with_usable_memory
+
+    spec = measured_profile(spec, choice, voice)
+    spec, usable_memory = with_usable_memory(spec, choice.simulated, voice.note)
+    try:
+        # a real backend's dispatcher starts (or joins) Ray: seconds; the simulator's is in-process
+        with voice.phase("starting the trials' dispatcher") if not choice.simulated else contextlib.nullcontext():
+            dispatcher = dispatcher_for(spec, choice, directory)
+    except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
+        raise voice.fail(str(exc), infrastructure=True) from None
+    except Exception as exc:  # Ray would not start: say what failed, keep the traceback for -v
+        log.debug("dispatcher failed", exc_info=True)
+        raise voice.fail(
+            f"cannot start the trials' dispatcher: {type(exc).__name__}: {exc}", infrastructure=True
+        ) from None
+    tracker = None
+    if not no_tracking:
+        with voice.phase("opening the MLflow store"):
+            tracker = open_tracker(spec, directory, voice)
+    progress = observer()
+    cache: Optional[Any] = None
+    if not choice.simulated:
+        from .cache import ResultCache
+
+        try:
+            cache = ResultCache()
+        except Exception as exc:  # an unwritable home: run without the cache, and say so
+            voice.warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
+    runner = StudyRunner(
+        spec,
+        directory,
+        choice,
+        dispatcher=dispatcher,
+        launcher=launcher_for(spec, choice),
+        tracking=tracking_for(tracker, spec, choice, directory),
+        observer=progress,
+        cache=cache,
+        reuse_cache=reuse_cache,
+        stop_requested=stop_requested,
+        definition=defined_as,
+        usable_memory=usable_memory or None,
+    )
+    return AssembledStudy(spec, runner)

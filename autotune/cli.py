@@ -3,11 +3,14 @@
 Like ``ray job`` and ``optuna``: logs and progress go to stderr, data to stdout, ``--json`` gives
 scripts a stable object, and the exit codes are documented:
 
-(Why one module of over 500 lines: the commands share their options, exit codes and output
-helpers; each command only parses, calls the stage that does the work (:mod:`autotune.finish`,
-:mod:`autotune.search`, :mod:`autotune.doctor`, ...) and prints what it returns; the tables it
-prints are :mod:`autotune.run_output`'s, each long phase a moving status of
-:func:`autotune.progress.phase`.)
+(Why one module of over 500 lines: it holds the eight commands, their options and help, and
+their exit paths, nothing else. Each command parses, calls the stage that does the work
+(:mod:`autotune.assembly` builds a study, :mod:`autotune.search` runs it, :mod:`autotune.finish`
+writes its files and decides what to advise, :mod:`autotune.doctor` asks the cluster, ...) and
+prints what it returns (:mod:`autotune.cli_output`, the tables :mod:`autotune.run_output`'s,
+each long phase a moving status of :func:`autotune.progress.phase`). What the commands read is
+:mod:`autotune.cli_input`'s, their shared options :mod:`autotune.cli_options`', the process's
+end :mod:`autotune.exit_status`'s.)
 
 
 ====  ==========================================================================
@@ -24,44 +27,31 @@ prints are :mod:`autotune.run_output`'s, each long phase a moving status of
 from __future__ import annotations
 
 import json
-import contextlib
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
-from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 
-from .secret_env import SPEC_COPY
+from .console import err, out
+from .console import error as _error, say as _say, setup_logging as _setup_logging, voice as _voice, warn as _warn
+from .exit_status import EXIT_INFRA, EXIT_INPUT, EXIT_INTERNAL, EXIT_NO_RESULT, EXIT_OK  # noqa: F401 (documented)
+from .exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated  # noqa: F401 (documented)
+from .exit_status import exit_without_teardown as _exit_without_teardown, install_sigterm as _install_sigterm
+from .exit_status import interrupted_exit as _interrupted_exit, was_terminated as _was_terminated
+from .cli_options import Command as _Command, Group as _Group, JsonOpt, RunDirOpt, RunOrSpecArg, SpecArg, VerboseOpt
+from .cli_options import backend_kinds as _backend_kinds, flag as _flag, format_help as _format_help
+from .cli_input import load as _load, load_run_or_spec as _load_run_or_spec, open_existing as _open_existing
+from .cli_input import refuse_empty as _refuse_empty, remember_spec as _remember_spec, run_dir_of as _run_dir
+from .cli_input import why_empty as _why_empty, with_overrides as _with_overrides
 from .spec import Spec
 from .spec_errors import SpecError, escape_text
 from .spec_load import load_spec
 
 __all__ = ["app", "main"]
-
-
-class _PlainHelp:
-    """``--help`` shown as a plain flag (typer 0.29 prints ``--help <bool>``)."""
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        if option is not None:
-            option.metavar = ""
-        return option
-
-
-class _Command(_PlainHelp, TyperCommand):
-    pass
-
-
-class _Group(_PlainHelp, TyperGroup):
-    pass
 
 
 app = typer.Typer(
@@ -71,170 +61,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Declarative auto-tuner for large-model training and inference configurations.",
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and commands stay copyable
-out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("autotune")
-
-EXIT_OK, EXIT_NO_RESULT, EXIT_INPUT, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
-EXIT_INTERNAL = 70  # sysexits EX_SOFTWARE: a bug in autotune, never "no trial succeeded" (1)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's stop, ``kill``): handled like Ctrl-C, then exit 143."""
-
-
-_SIGTERM_RECEIVED = False  # the exception may reach us re-raised as a plain KeyboardInterrupt
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    global _SIGTERM_RECEIVED
-    _SIGTERM_RECEIVED = True
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
-
-
-def _install_sigterm() -> None:
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread (the CLI called from a thread): leave it as it is
-        pass
-
-
-def _was_terminated(exc: KeyboardInterrupt) -> bool:
-    """SIGTERM, not Ctrl-C. A ``Terminated`` raised inside Ray's C++ wait can come back as a new,
-    plain ``KeyboardInterrupt`` (seen: exit 130 instead of 143, now and then): the flag decides."""
-    return isinstance(exc, Terminated) or _SIGTERM_RECEIVED
-
-
-def _interrupted_exit(exc: KeyboardInterrupt) -> int:
-    return EXIT_TERMINATED if _was_terminated(exc) else EXIT_INTERRUPTED
-
-
-SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
-RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
-RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
-
-
-def _flag(*names: str, help: str) -> Any:
-    """A boolean option shown as a plain flag (typer 0.29 prints ``--json <bool>`` otherwise)."""
-    return typer.Option(False, *names, help=help, metavar="")
-
-
-JsonOpt = _flag("--json", help="print one JSON object on stdout (logs and progress stay on stderr)")
-VerboseOpt = _flag("-v", "--verbose", help="log what each stage does (stderr)")
-
-
-def _backend_kinds() -> tuple[str, ...]:
-    """Every backend ``--backend`` accepts, as :func:`autotune.backends.select_backend` does."""
-    from .spec import BACKEND_KINDS
-    from .stacks import preset_names
-
-    return (*BACKEND_KINDS, *(name for name in preset_names() if name not in BACKEND_KINDS))
-
-
-def _format_help() -> str:
-    """``--format``'s help: every export format with the file it writes (from the registry)."""
-    from .exports import EXPORTERS
-
-    formats = ", ".join(f"{name} ({exporter.filename})" for name, exporter in EXPORTERS.items())
-    return (
-        f"comma-separated: {formats}; or all (every one that can launch the config). Default: yaml, env and the "
-        "launch file of the spec's target stack"
-    )
-
-
-def _error(text: str) -> None:
-    """An error line. The text is never read as rich markup: it quotes specs, probes and paths,
-    which are full of brackets (``[rank0]:``, ``[tp for x in ...]``, ``[/bold]``); and its control,
-    bidi and invisible characters are escapes (:func:`~autotune.spec_errors.escape_text`: an ESC
-    is ``\\x1b``, a newline ``\\n``; text escaped already stays as it is)."""
-    err.print(Text.assemble(("error", "red"), " ", escape_text(text)))
-
-
-def _warn(text: str) -> None:
-    err.print(Text(escape_text(text), style="yellow"))
-
-
-def _say(console: Console, text: str, style: str = "") -> None:
-    """A line of ``text`` that quotes a spec, a probe or a trial record: printed as it is, never
-    read as markup, its control, bidi and invisible characters escaped (one line, what it holds)."""
-    console.print(Text(escape_text(text), style=style))
-
-
-def _setup_logging(verbose: bool) -> None:
-    from rich.logging import RichHandler
-
-    level = logging.INFO if verbose else logging.WARNING
-    handler = RichHandler(console=err, show_path=False, show_time=False)
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
-    logging.getLogger("autotune").setLevel(logging.INFO if verbose else logging.WARNING)
-    for noisy in ("alembic", "mlflow", "optuna", "ray", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
-    # both configure their own loggers on import, which would undo the levels set above
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
-    # Optuna prints through its own handler ("[W 2026-11-24 ...] ..."): route it through ours
-    optuna.logging.disable_default_handler()
-    optuna.logging.enable_propagation()
-
-
-def _load(spec_path: Path) -> Spec:
-    try:
-        return load_spec(spec_path)
-    except SpecError as exc:
-        for problem in exc.problems:
-            _error(problem.render(exc.file))
-        raise typer.Exit(EXIT_INPUT) from None
-
-
-def _run_dir(spec: Spec, run_dir: Optional[Path]) -> Path:
-    return (run_dir or Path("autotune_runs") / spec.name).resolve()
-
-
-_SPEC_LOCATION = "autotune_spec.path"  # where the spec a run directory keeps (SPEC_COPY) came from
-
-
-def _remember_spec(spec_path: Path, directory: Path) -> None:
-    """Keep the spec with its study, so ``report``/``export`` can be given the run directory
-    (its secrets masked: :mod:`autotune.secret_env`)."""
-    from .secret_env import write_spec_copy
-
-    try:
-        write_spec_copy(spec_path, directory)
-        (directory / _SPEC_LOCATION).write_text(str(Path(spec_path).resolve()) + "\n")
-    except OSError as exc:
-        _warn(f"could not keep a copy of the spec in {directory}: {exc}")
-
-
-def _load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Optional[Path]]:
-    """A spec file, or a run directory written by ``autotune run`` (its spec is used: the
-    original file when it is still there, so relative paths in it resolve, else the copy)."""
-    if not path.is_dir():
-        return _load(path), run_dir
-    original = path / _SPEC_LOCATION
-    candidates = []
-    if original.exists():
-        candidates.append(Path(original.read_text().strip()))
-    candidates.append(path / SPEC_COPY)
-    for candidate in candidates:
-        if candidate.is_file():
-            return _load(candidate), run_dir or path
-    _error(f"{path}: a directory, but not a run directory of `autotune run` (no {SPEC_COPY})")
-    raise typer.Exit(EXIT_INPUT)
-
-
-def _with_overrides(spec: Spec, **changes: Any) -> Spec:
-    search = spec.search.model_copy(update={k: v for k, v in changes.items() if v is not None})
-    from .spec import SearchSpec
-
-    try:
-        search = SearchSpec.model_validate(search.model_dump())
-    except Exception as exc:
-        _error(f"option: {exc}")
-        raise typer.Exit(EXIT_INPUT) from None
-    return spec.model_copy(update={"search": search})
 
 
 # --------------------------------------------------------------------------------------- doctor
@@ -279,34 +106,9 @@ def doctor(
     if spec is not None:
         c = spec.cluster
         verdict = placement_verdict(nodes, c.accelerator, c.nodes, c.devices_per_node)
-    if as_json:
-        out.print_json(
-            json.dumps(
-                {
-                    "address": address or "local",
-                    "nodes": nodes,
-                    "placement": {"ok": verdict[0], "why": verdict[1]} if verdict else None,
-                }
-            )
-        )
-    else:
-        out.print(
-            f"[bold]Ray cluster[/bold] {escape(escape_text(address or 'local (this machine)'))}: {len(nodes)} node(s)"
-        )
-        for n in nodes:
-            devices = ", ".join(
-                f"{k} {n['free'].get(k, v):g}/{v:g} free" for k, v in n["total"].items() if k in ("CPU", "GPU", "NPU")
-            )
-            soft = n.get("software") or {}
-            software = ", ".join(f"{k} {v}" for k, v in soft.items()) if soft else n.get("error", "none found")
-            _say(
-                out, f"  {n['label']} ({n.get('host', 'host not reported')}, python {n.get('python', '?')}): {devices}"
-            )
-            _say(out, f"      software: {software}")
-            if n.get("visible_devices"):
-                _say(out, f"      visible: {n['visible_devices']}")
-        if verdict:
-            _say(out, ("ok  " if verdict[0] else "not placeable  ") + verdict[1])
+    from .cli_output import print_cluster
+
+    print_cluster(address, nodes, verdict, as_json)
     if verdict and not verdict[0]:
         raise typer.Exit(EXIT_NO_RESULT)
 
@@ -337,28 +139,6 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
         _say(out, f"ok  {spec.summary()}")
 
 
-def _why_empty(spec: Spec) -> Optional[str]:
-    """Why the spec's space holds no valid config, as ``constraints: ...`` (None when it holds one,
-    or is above search.exhaustive_limit: then the sampler explores it and says what it rejected),
-    or ``search.exhaustive_limit: ...`` when ranking a space that size could not fit in memory."""
-    from .space import Space, SpaceTooLarge
-
-    try:
-        empty = Space(spec).why_empty(limit=spec.search.exhaustive_limit)
-    except SpaceTooLarge as exc:
-        return f"search.exhaustive_limit: {exc}"
-    except ValueError:
-        return None
-    return f"constraints: {empty}" if empty else None
-
-
-def _refuse_empty(spec: Spec, spec_path: Path) -> None:
-    empty = _why_empty(spec)
-    if empty:
-        _error(f"{escape_text(str(spec_path))}: {empty}")
-        raise typer.Exit(EXIT_INPUT)
-
-
 # ----------------------------------------------------------------------------------------- plan
 @app.command(cls=_Command)
 def plan(
@@ -372,10 +152,14 @@ def plan(
     spec = _load(spec_path)
     from .context import probe_context
     from .ranking import rank_space
-    from .trial_attrs import ROOMIEST, UNDISTINGUISHED
     from .space import Space, SpaceTooLarge
 
-    spec, profile = _planned_profile(spec)
+    from .assembly import AssemblyFailed, planned_profile
+
+    try:
+        spec, profile = planned_profile(spec, _voice())
+    except AssemblyFailed:  # said already
+        raise typer.Exit(EXIT_INPUT) from None
     space = Space(spec)
     objectives = spec.objective_list()
     try:
@@ -396,56 +180,11 @@ def plan(
     # the top distinct layouts: configs the model prices the same are one row, their knobs named
     layouts = ranking.distinct_layouts(top)
     best = [(ranking.enumeration.configs[lay.index], ranking.metrics_of(lay.index)) for lay in layouts]
-    if as_json:
-        payload = {
-            "space_size": enumeration.space_size,
-            "valid": enumeration.valid,
-            "fit": ranking.fit,
-            "invalid_reasons": enumeration.invalid_reasons,
-            "objectives": [{"metric": m, "direction": d} for m, d in objectives],
-            "profile": {k: v for k, v in profile.items() if k != "line"},
-            "top": [
-                {
-                    "params": c,
-                    "metrics": _public_metrics(m),
-                    "undistinguished": lay.undistinguished,
-                    "roomiest": lay.roomiest,
-                }
-                for (c, m), lay in zip(best, layouts)
-            ],
-            "knob_pricing": ranking.knob_pricing(list(space.choices)),
-        }
-        out.print_json(json.dumps(payload, default=_json_default))
-        return
-    _say(out, spec.summary())
-    _say(out, profile["line"])
-    out.print(
-        f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
-        f"{ranking.fit:,} predicted to fit in {ranking.predictions.get('memory_limit_gib', [0])[0]:.1f} GiB per device"
-        if len(ranking.order)
-        else f"space: {enumeration.space_size:,} combinations, no valid config"
-    )
-    for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
-        _say(out, f"  {count:,} rejected: {reason}", style="dim")
-    if not best:
+    from .cli_output import print_plan
+
+    if not print_plan(spec, profile, space, enumeration, ranking, layouts, best, as_json):
         _warn("no config is predicted to fit; see the memory breakdown with -v")
         raise typer.Exit(EXIT_NO_RESULT)
-    from .ranking import Layout
-    from .run_output import print_breakdown, print_pricing, print_top_table
-
-    print_top_table(
-        out, best, objectives, title=f"predicted top {len(best)} distinct layouts (simulated, not measured)"
-    )
-    for marker, text_of in ((UNDISTINGUISHED, Layout.undistinguished_text), (ROOMIEST, Layout.roomiest_text)):
-        for text in sorted({text_of(lay) for lay in layouts if text_of(lay)}):
-            rows = [str(i) for i, lay in enumerate(layouts, start=1) if text_of(lay) == text]
-            _say(out, f"  rows {','.join(rows)}: {marker}{text}")
-    print_pricing(out, ranking.knob_pricing(list(space.choices)))
-    print_breakdown(out, best[0][1])
-
-
-def _public_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
 def _json_default(o: Any) -> Any:
@@ -490,19 +229,9 @@ def calibrate(
         _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
     path = write_profile(result, out_path)
-    profile = result["profile"]
-    if as_json:
-        out.print_json(
-            json.dumps({"path": str(path), "profile": profile, "measured": result["measured"]}, default=_json_default)
-        )
-        return
-    peaks = ", ".join(f"{k} {v:.4g}" for k, v in profile["peak_tflops"].items() if k != "int8")
-    out.print(
-        f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
-        f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s, "
-        f"{profile['collective_latency_us']:.0f} us latency"
-    )
-    err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {escape(str(path))}}}")
+    from .cli_output import print_calibration
+
+    print_calibration(path, result, as_json)
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -600,109 +329,49 @@ def _run_locked(
     reuse_cache: bool,
     as_json: bool,
 ) -> None:
-    """The study itself, with the run directory locked by this driver (:mod:`.run_lock`)."""
+    """The study itself, with the run directory locked by this driver (:mod:`.run_lock`): assembled
+    (:mod:`.assembly`), run (:class:`.search.StudyRunner`), finished (:mod:`.finish`)."""
+    from .assembly import AssemblyFailed, assemble_study, check_definition, lease_shared_study
+    from .exit_status import sigterm_received
+    from .progress import ProgressObserver
     from .study_definition import definition
 
+    voice = _voice()
     defined_as = definition(spec, choice.kind)
-    # the lease first: a second driver is refused before its spec check can set the live study aside
-    lease = _lease_shared_study(spec, directory)
+    lease = None
     try:
-        _check_definition(spec, spec_path, directory, defined_as, fresh_study)
-        _run_study(
+        # the lease first: a second driver is refused before its spec check can set the live study aside
+        lease = lease_shared_study(spec, directory, voice)
+        check_definition(spec, spec_path, directory, defined_as, fresh_study, voice)
+        _remember_spec(spec_path, directory)
+        study = assemble_study(
             spec,
-            spec_path,
             directory,
             choice,
             defined_as,
+            voice,
+            observer=lambda: ProgressObserver(err, spec.objective_list(), quiet=as_json),
             no_tracking=no_tracking,
             reuse_cache=reuse_cache,
-            as_json=as_json,
+            stop_requested=sigterm_received,
         )
+        outcome = _run_study(study.runner)
+        _finish_run(study.spec, directory, choice, outcome, study.runner, as_json)
+    except AssemblyFailed as exc:  # said already, where it failed
+        raise typer.Exit(EXIT_INFRA if exc.infrastructure else EXIT_INPUT) from None
     finally:
         if lease is not None:
             lease.release()
 
 
-def _lease_shared_study(spec: Spec, directory: Path) -> Any:
-    """Take the lease of a study in a shared database (:func:`.run_lock.lease_shared_study`): exit 3
-    while another driver holds it."""
-    from .run_lock import StudyInUse, lease_shared_study
+def _run_study(runner: Any) -> Any:
+    """Probe and record the study (its run directory locked, its lease held): its outcome."""
+    from .search import Unplaceable
     from .storage import StorageDamaged
 
-    try:
-        return lease_shared_study(spec, directory)
-    except (StudyInUse, StorageDamaged) as exc:
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-
-
-def _run_study(
-    spec: Spec,
-    spec_path: Path,
-    directory: Path,
-    choice: Any,
-    defined_as: dict[str, Any],
-    *,
-    no_tracking: bool,
-    reuse_cache: bool,
-    as_json: bool,
-) -> None:
-    """Probe, record and finish the study (its run directory locked, its lease held)."""
-    _remember_spec(spec_path, directory)
-    spec = _measured_profile(spec, choice)
-    from .usable_memory import with_usable_memory
-
-    spec, usable_memory = with_usable_memory(spec, choice.simulated, lambda text: _say(err, text, style="dim"))
-
-    from .progress import ProgressObserver
-    from .search import StudyRunner, Unplaceable
-
-    from .assembly import dispatcher_for, launcher_for, tracking_for
-    from .progress import phase
-
-    try:
-        # a real backend's dispatcher starts (or joins) Ray: seconds; the simulator's is in-process
-        with phase(err, "starting the trials' dispatcher") if not choice.simulated else contextlib.nullcontext():
-            dispatcher = dispatcher_for(spec, choice, directory)
-    except ConnectionError as exc:  # dispatch.RayUnreachable: its message names the address
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    except Exception as exc:  # Ray would not start: say what failed, keep the traceback for -v
-        log.debug("dispatcher failed", exc_info=True)
-        _error(f"cannot start the trials' dispatcher: {type(exc).__name__}: {exc}")
-        raise typer.Exit(EXIT_INFRA) from None
-    tracker = None
-    if not no_tracking:
-        with phase(err, "opening the MLflow store"):
-            tracker = _tracker(spec, directory)
-    observer = ProgressObserver(err, spec.objective_list(), quiet=as_json)
-    cache = None
-    if not choice.simulated:
-        from .cache import ResultCache
-
-        try:
-            cache = ResultCache()
-        except Exception as exc:  # an unwritable home: run without the cache, and say so
-            _warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
-    from .storage import StorageDamaged
-
-    runner = StudyRunner(
-        spec,
-        directory,
-        choice,
-        dispatcher=dispatcher,
-        launcher=launcher_for(spec, choice),
-        tracking=tracking_for(tracker, spec, choice, directory),
-        observer=observer,
-        cache=cache,
-        reuse_cache=reuse_cache,
-        stop_requested=lambda: _SIGTERM_RECEIVED,
-        definition=defined_as,
-        usable_memory=usable_memory or None,
-    )
     status = "FAILED"
     try:
-        with observer:
+        with runner.observer:
             outcome = runner.run()
         status = "FINISHED"
     except KeyboardInterrupt as exc:
@@ -724,109 +393,7 @@ def _run_study(
         runner.close()
         if status != "FINISHED":
             _close_tracking(runner, "KILLED" if status == "KILLED" else "FAILED")
-    _finish_run(spec, directory, choice, outcome, runner, as_json)
-
-
-def _check_definition(spec: Spec, spec_path: Path, directory: Path, defined_as: dict[str, Any], fresh: bool) -> None:
-    """Refuse (exit 2) to resume a study whose defining sections the spec has changed, naming the
-    fields; with ``fresh``, say that the old study was set aside (:mod:`.study_definition`)."""
-    from .storage import StorageDamaged
-    from .study_definition import StudyRedefined, redefinition
-
-    try:
-        aside = redefinition(spec, directory, defined_as, fresh)
-    except StorageDamaged as exc:
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    except StudyRedefined as exc:
-        _error(
-            f"{escape_text(str(spec_path))}: the spec changed what defines the study {spec.name!r} kept in {directory} "
-            f"({exc.trials} trial(s) measured under the old definition):"
-        )
-        for line in exc.changes:
-            _say(err, f"  {line}")
-        err.print(
-            "resuming would mix trials of two different studies. Either start it in a new directory "
-            "(--run-dir NEW_DIR), or start a fresh study in this one with --fresh-study (the old study is "
-            "kept in the same storage under another name, its trial folders under superseded-*/; nothing "
-            "is deleted); or undo the edit to resume the old study.",
-            markup=False,
-        )
-        raise typer.Exit(EXIT_INPUT) from None
-    if aside is not None:
-        name, changes = aside
-        _say(
-            err,
-            f"--fresh-study: the earlier study ({len(changes)} change(s): {'; '.join(changes[:3])}) is kept as "
-            f"{name!r} in the same storage; starting a new study {spec.name!r}",
-            style="dim",
-        )
-
-
-def _measured_profile(spec: Spec, choice: Any) -> Spec:
-    """The spec on this host's measured profile when a real study would otherwise rank with
-    data-sheet figures (``host_profile``: calibrates once, cached per host and software)."""
-    from .host_profile import ensure_measured_profile
-
-    try:
-        from .progress import phase
-
-        return ensure_measured_profile(
-            spec, choice.simulated, lambda text: _say(err, text, style="dim"), lambda text: phase(err, text)
-        )
-    except ConnectionError as exc:  # the Ray cluster does not answer (dispatch.RayUnreachable)
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    except ValueError as exc:  # AUTOTUNE_CALIBRATE set to something else than auto / never
-        _error(str(exc))
-        raise typer.Exit(EXIT_INPUT) from None
-
-
-def _planned_profile(spec: Spec) -> tuple[Spec, dict[str, Any]]:
-    from .backends import select_backend
-    from .host_profile import planned_profile
-
-    try:
-        simulated = select_backend(spec).simulated
-    except ValueError:  # a backend the run would refuse: plan still ranks, with the spec's profile
-        simulated = True
-    try:
-        return planned_profile(spec, simulated)
-    except ValueError as exc:
-        _error(str(exc))
-        raise typer.Exit(EXIT_INPUT) from None
-
-
-def _relocate_mlflow(directory: Path) -> None:
-    """A moved run directory's own MLflow store, pointed at its new place (and said)."""
-    from .tracking import relocate_artifacts
-
-    try:
-        moved = relocate_artifacts(directory)
-    except Exception as exc:  # a store in use, or not MLflow's: browsing may miss artifacts, nothing else
-        log.debug("MLflow artifact paths not checked: %s", exc)
-        return
-    if moved:
-        _say(err, moved, style="dim")
-
-
-def _tracker(spec: Spec, directory: Path) -> Any:
-    from .tracking import Tracker, default_tracking_uri, error_line
-
-    uri = spec.tracking.mlflow_uri or default_tracking_uri(directory)
-    if not spec.tracking.mlflow_uri:
-        _relocate_mlflow(directory)  # a resumed study whose run directory was moved
-    if uri.startswith(("http://", "https://")):
-        _say(err, f"connecting to MLflow at {uri} ...")
-    try:
-        return Tracker(uri, spec.tracking.experiment or spec.name, directory / "mlartifacts")
-    except Exception as exc:
-        _error(
-            f"cannot open the MLflow store {uri} (tracking.mlflow_uri): {error_line(exc, 300)}. Start the server or "
-            "fix the URI; or run with --no-tracking and run the same command again once it answers: the trials "
-            "measured meanwhile are logged then, and nothing is probed twice"
-        )
-        raise typer.Exit(EXIT_INFRA) from None
+    return outcome
 
 
 def _close_tracking(runner: Any, status: str) -> None:
@@ -837,148 +404,22 @@ def _close_tracking(runner: Any, status: str) -> None:
 
 
 def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: Any, as_json: bool) -> None:
-    from autotune.workers.protocol import FAILURE_STATUSES
+    """Write the study's files (:func:`.finish.finish_study`), then print what :func:`.finish.advise`
+    says: the JSON object, or the status line and the tables; the next steps; the exit code."""
+    from .cli_output import print_run_end
+    from .finish import advise, finish_run
 
-    from .exports import default_formats
-    from .finish import finish_study
-    from .records import is_tracked
-    from .report import best_payload, status_counts, status_line
-    from .storage import journal_path
-
-    from .progress import phase
-
-    objectives = spec.objective_list()
-    tracking = runner.tracking
-    what = "writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
-    with phase(err, what):
-        finished = finish_study(
-            spec,
-            directory,
-            outcome.study,
-            outcome.result,
-            probes_run=outcome.probes_run,
-            stopped_because=outcome.stopped_because,
-            tracking=tracking,
-        )
-        if tracking:
-            _close_tracking(runner, "FINISHED")
-    for name, reasons in finished.target_refusals.items():  # a study resumed from before its target
-        _warn(f"not exported as {name}: {', '.join(reasons)}")
-    result, exports, line = outcome.result, finished.exports, finished.improvement
-    best = result.best[0] if result.best else None
-    recommendation, chosen = result.recommendation, result.chosen
-    failed = sum(1 for r in result.records if is_tracked(r) and r.status in FAILURE_STATUSES)
-    if as_json:
-        payload = {
-            "study": spec.name,
-            "backend": choice.kind,
-            "source": "simulated" if choice.simulated else "measured",
-            "probes": round(float(outcome.probes_run), 3),  # full-probe equivalents (a memory profile: its share)
-            "failed": failed,
-            "statuses": status_counts(result.records),
-            "stopped_because": outcome.stopped_because,
-            "best": [best_payload(b) for b in result.best],
-            "improvement": line,
-            "run_dir": str(directory),
-            "recommended": best_payload(chosen) if chosen is not None else None,
-            "recommendation": recommendation.sentence if recommendation else "",
-            "exports": {k: str(v) for k, v in exports.items()},
-            "mlflow_parent_run_id": outcome.parent_run_id,
-        }
-        out.print_json(json.dumps(payload, default=_json_default))
-    else:
-        source = "simulated" if choice.simulated else "measured"
-        _say(
-            err,
-            f"{status_line(result.records)} ({_probes_words(outcome.probes_run)}, {source}); stopped: "
-            f"{outcome.stopped_because}",
-        )
-        from .run_output import print_best, print_preview, print_pricing
-
-        if best is not None and choice.simulated:
-            print_preview(out, result.records, objectives, recommendation)
-            if outcome.ranking is not None:
-                print_pricing(out, outcome.ranking.knob_pricing(list(spec.space.choices())))
-        print_best(
-            out,
-            result.best,
-            objectives,
-            source,
-            line,
-            recommendation,
-            workload=spec.workload.model_dump(),
-            cost_per_device_hour=spec.cluster.cost_per_device_hour,
-        )
-    if best is None:
-        _warn("no trial succeeded: see `autotune report` for the failure reasons")
-    err.print("\n[bold]next steps[/bold]")
-    spec_arg = str(spec.source_path) if spec.source_path else spec.name
-    if tracking:
-        uri = tracking.tracker.tracking_uri
-        if uri.startswith(("http://", "https://", "databricks")):  # a server of its own: open it there
-            _say(err, f"  browse trials:   open {uri} (experiment {spec.tracking.experiment or spec.name})")
-        else:
-            _say(err, f"  browse trials:   autotune ui {_quoted(directory)}")
-    journal = journal_path(spec, directory)
-    if journal is not None:
-        _say(err, f"  Optuna's view:   optuna-dashboard {_quoted(journal)}")
-    _say(err, f"  results table:   autotune report {spec_arg} --run-dir {directory}")
-    if exports:
-        launch = next(
-            (
-                exports[f]
-                for f in default_formats(spec.target_stack, spec.workload.kind)
-                if f not in ("yaml", "env") and f in exports
-            ),
-            None,
-        ) or next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
-        label = (
-            "recommended:    "
-            if recommendation is not None and recommendation.changed
-            else "front's first:  "
-            if len(objectives) > 1
-            else "best config:    "
-        )
-        how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
-        _say(err, f"  {label} {exports['yaml']}   ({how}env: {exports['env']})")
-    if choice.simulated:
-        how = (
-            f"backend {spec.target_stack}, the engine itself"
-            if spec.workload.kind == "serve" and spec.target_stack != "none"
-            else "backend torch or command"
-        )
-        err.print(f"  these are predictions: run on the target cluster ({how}) to measure them")
-    if outcome.infra_failure:
-        _error(f"the infrastructure failed: {outcome.infra_failure}")
+    finished = finish_run(spec, directory, outcome, runner.tracking, _voice())
+    advice = advise(spec, directory, choice, outcome, finished, runner.tracking)
+    print_run_end(spec, choice, outcome, finished, advice, as_json)
+    if advice.infra_failure:
+        _error(f"the infrastructure failed: {advice.infra_failure}")
         raise typer.Exit(EXIT_INFRA)
-    if best is None:
+    if not advice.succeeded:
         raise typer.Exit(EXIT_NO_RESULT)
 
 
-def _quoted(path: Any) -> str:
-    import shlex
-
-    return shlex.quote(str(path))
-
-
 # --------------------------------------------------------------------------------------- report
-def _open_existing(spec: Spec, run_dir: Optional[Path]) -> Any:
-    from .storage import StorageDamaged, open_study
-
-    directory = _run_dir(spec, run_dir)
-    if not spec.tracking.storage and not (directory / "optuna.journal").exists():
-        _error(f"no study in {directory}; run `autotune run` first (or pass --run-dir)")
-        raise typer.Exit(EXIT_INPUT)
-    try:
-        return open_study(spec, directory, create=False)
-    except StorageDamaged as exc:
-        _error(str(exc))
-        raise typer.Exit(EXIT_INFRA) from None
-    except KeyError:
-        _error(f"the storage holds no study named {spec.name!r}")
-        raise typer.Exit(EXIT_INPUT) from None
-
-
 @app.command(cls=_Command)
 def report(
     spec_path: Path = RunOrSpecArg,
@@ -994,8 +435,10 @@ def report(
     _setup_logging(False)
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     study = _open_existing(spec, run_dir)
-    _relocate_mlflow(_run_dir(spec, run_dir))
-    from .report import best_payload, improvement_line, results_rows, status_line, study_summary, summary_lines
+    from .assembly import relocate_mlflow
+
+    relocate_mlflow(_run_dir(spec, run_dir), lambda text: _say(err, text, style="dim"))
+    from .report import improvement_line, study_summary
     from .study_result import StudyResult
 
     objectives = spec.objective_list()
@@ -1003,33 +446,9 @@ def report(
     records, best, baseline = result.records, result.best, result.baseline
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
     summary = study_summary(study, records, objectives, best, baseline, result.recommendation)
-    if as_json:
-        payload = {
-            "study": spec.name,
-            "objectives": [{"metric": m, "direction": d} for m, d in objectives],
-            "trials": [r.to_json() for r in records],
-            "best": [best_payload(b) for b in best],
-            "baseline": best_payload(baseline) if baseline else None,
-            "improvement": line,
-            "summary": summary,
-        }
-        out.print_json(json.dumps(payload, default=_json_default))
-        return
-    from .run_output import WIDTH, decision_lines, print_report_table, wrap_line
+    from .cli_output import print_report
 
-    rows = results_rows(records, objectives, spec.workload.kind)
-    out.print(Text.assemble((escape_text(spec.name), "bold"), escape_text(f": {status_line(records)}")))
-    print_report_table(out, rows, records, objectives, top)
-    decision = decision_lines(best[0], spec.workload.model_dump(), spec.cluster.cost_per_device_hour) if best else []
-    if decision:
-        out.print(f"best trial {best[0].number}:", markup=False)
-        for text in decision:
-            for part in wrap_line(f"  {escape_text(text)}", WIDTH, indent=6):
-                out.print(part, markup=False)
-    if line:
-        _say(out, line)
-    for text in summary_lines(summary):  # escaped by summary_lines (each line wrapped to fit)
-        out.print(text, markup=False, highlight=False)
+    print_report(spec, records, best, baseline, line, summary, top, as_json)
 
 
 # --------------------------------------------------------------------------------------- export
@@ -1150,35 +569,6 @@ def ui(
     raise typer.Exit(code)
 
 
-def _exit_without_teardown(code: Any) -> None:
-    """Exit once the command's work is done and said, without the interpreter's teardown of
-    torch, Ray, MLflow and pandas modules (2 s on an idle 2-core machine, up to 9 s on a loaded
-    one, all of it silence after the last line). Nothing is skipped that keeps data: threads that
-    are not daemons are joined, the atexit handlers (Ray's shutdown among them) run, and the
-    standard streams and logs are flushed first."""
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:  # sys.exit("message"): printed, status 1, as the interpreter does
-        print(code, file=sys.stderr)
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    os._exit(status)
-
-
 def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     _install_sigterm()
@@ -1197,15 +587,6 @@ def main() -> None:
             "traceback; please report it)"
         )
         sys.exit(EXIT_INTERNAL)
-
-
-def _probes_words(spent: float) -> str:
-    """The budget spent: a count of probes, or full-probe equivalents where memory profiles
-    (which cost a share of a full probe) ran."""
-    spent = float(spent)
-    if abs(spent - round(spent)) < 1e-9:
-        return f"{int(round(spent))} probed"
-    return f"{spent:.1f} full-probe equivalents probed, memory profiles included"
 
 
 if __name__ == "__main__":

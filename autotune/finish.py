@@ -1,6 +1,8 @@
-"""The end of a study: its results table, summary, plots and exports, and the MLflow parent run's
-closing content. Behind the CLI (which prints what this returns), so that a script that runs a
-study gets the same files as ``autotune run``.
+"""The end of a study: its results table, summary, plots and exports, the MLflow parent run's
+closing content (:func:`finish_study`), and what the user is told at the end (:func:`advise`: the
+``--json`` object, the status line, the next steps, how the study ended). Behind the CLI, which
+prints what this returns, so that a script that runs a study gets the same files and the same
+advice as ``autotune run``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from .records import TrialRecord
 from .spec import Spec
 from .study_result import StudyResult
 
-__all__ = ["FinishedStudy", "finish_study", "export_context", "json_default"]
+__all__ = [
+    "Advice",
+    "FinishedStudy",
+    "advise",
+    "finish_run",
+    "finish_study",
+    "export_context",
+    "json_default",
+    "probes_words",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +129,127 @@ def finish_study(
             plots=finished.plots,
         )
     return finished
+
+
+def finish_run(spec: Spec, directory: Path, outcome: Any, tracking: Any, voice: Any) -> FinishedStudy:
+    """The end of ``autotune run``: :func:`finish_study` within a phase the user sees, the MLflow
+    parent run closed (what MLflow refused said), and the target's formats that refused the chosen
+    config said (a study resumed from before its target). ``voice``: :class:`autotune.assembly.Voice`."""
+    what = "writing the results, plots, exports" + (" and the MLflow parent run" if tracking else "")
+    with voice.phase(what):
+        finished = finish_study(
+            spec,
+            directory,
+            outcome.study,
+            outcome.result,
+            probes_run=outcome.probes_run,
+            stopped_because=outcome.stopped_because,
+            tracking=tracking,
+        )
+        if tracking:
+            for warning in tracking.close("FINISHED"):
+                voice.warn(warning)
+    for name, reasons in finished.target_refusals.items():
+        voice.warn(f"not exported as {name}: {', '.join(reasons)}")
+    return finished
+
+
+@dataclass
+class Advice:
+    """What ``autotune run`` says at the end of a study, decided here and printed by the CLI."""
+
+    payload: dict[str, Any]  # the --json object
+    status: str  # trials by status, the budget spent, the source, why the study stopped
+    next_steps: list[str]  # one line each: where to browse, report and launch what was found
+    succeeded: bool  # a trial succeeded (else exit 1)
+    infra_failure: str | None  # the infrastructure failed the study (exit 3)
+
+
+def probes_words(spent: float) -> str:
+    """The budget spent: a count of probes, or full-probe equivalents where memory profiles
+    (which cost a share of a full probe) ran."""
+    spent = float(spent)
+    if abs(spent - round(spent)) < 1e-9:
+        return f"{int(round(spent))} probed"
+    return f"{spent:.1f} full-probe equivalents probed, memory profiles included"
+
+
+def _quoted(path: Any) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
+
+
+def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: FinishedStudy, tracking: Any) -> Advice:
+    """The end of ``autotune run``: the ``--json`` object, the status line, the next steps (browse
+    the trials, Optuna's view, the results table, the exported config and how to launch it, and for
+    a simulated study how to measure it), and whether it succeeded or the infrastructure failed."""
+    from autotune.workers.protocol import FAILURE_STATUSES
+
+    from .exports import default_formats
+    from .records import is_tracked
+    from .report import best_payload, status_counts, status_line
+    from .storage import journal_path
+
+    objectives = spec.objective_list()
+    result, exports = outcome.result, finished.exports
+    recommendation, chosen = result.recommendation, result.chosen
+    source = "simulated" if backend.simulated else "measured"
+    payload = {
+        "study": spec.name,
+        "backend": backend.kind,
+        "source": source,
+        "probes": round(float(outcome.probes_run), 3),  # full-probe equivalents (a memory profile: its share)
+        "failed": sum(1 for r in result.records if is_tracked(r) and r.status in FAILURE_STATUSES),
+        "statuses": status_counts(result.records),
+        "stopped_because": outcome.stopped_because,
+        "best": [best_payload(b) for b in result.best],
+        "improvement": finished.improvement,
+        "run_dir": str(directory),
+        "recommended": best_payload(chosen) if chosen is not None else None,
+        "recommendation": recommendation.sentence if recommendation else "",
+        "exports": {k: str(v) for k, v in exports.items()},
+        "mlflow_parent_run_id": outcome.parent_run_id,
+    }
+    status = (
+        f"{status_line(result.records)} ({probes_words(outcome.probes_run)}, {source}); stopped: "
+        f"{outcome.stopped_because}"
+    )
+    steps = []
+    spec_arg = str(spec.source_path) if spec.source_path else spec.name
+    if tracking:
+        uri = tracking.tracker.tracking_uri
+        if uri.startswith(("http://", "https://", "databricks")):  # a server of its own: open it there
+            steps.append(f"  browse trials:   open {uri} (experiment {spec.tracking.experiment or spec.name})")
+        else:
+            steps.append(f"  browse trials:   autotune ui {_quoted(directory)}")
+    journal = journal_path(spec, directory)
+    if journal is not None:
+        steps.append(f"  Optuna's view:   optuna-dashboard {_quoted(journal)}")
+    steps.append(f"  results table:   autotune report {spec_arg} --run-dir {directory}")
+    if exports:
+        launch = next(
+            (
+                exports[f]
+                for f in default_formats(spec.target_stack, spec.workload.kind)
+                if f not in ("yaml", "env") and f in exports
+            ),
+            None,
+        ) or next((p for f, p in exports.items() if f not in ("yaml", "env")), None)
+        label = (
+            "recommended:    "
+            if recommendation is not None and recommendation.changed
+            else "front's first:  "
+            if len(objectives) > 1
+            else "best config:    "
+        )
+        how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
+        steps.append(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})")
+    if backend.simulated:
+        how = (
+            f"backend {spec.target_stack}, the engine itself"
+            if spec.workload.kind == "serve" and spec.target_stack != "none"
+            else "backend torch or command"
+        )
+        steps.append(f"  these are predictions: run on the target cluster ({how}) to measure them")
+    return Advice(payload, status, steps, bool(result.best), outcome.infra_failure)

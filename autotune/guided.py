@@ -966,125 +966,196 @@ class Guide:
         """The next config to probe, or None with the reason to stop. Near the end of the budget
         (and before stopping early) a close call between the two best is measured again.
         ``allowed`` (a mask over the ranking) narrows the choice, e.g. to configs matching
-        parameters a user fixed for this trial."""
-        obs = list(obs)
-        s = self.settings
-        mean, sd = self._objective_model(obs)
-        belief = self._memory_belief(obs)
-        mem_mean, mem_sd = belief.mean, belief.sd
-        p_fit = self.fit_probability(obs, mem_mean, mem_sd, belief)
+        parameters a user fixed for this trial.
 
-        def with_prediction(proposal: Proposal) -> Proposal:
-            i = proposal.index
-            proposal.predicted = {
-                f"guided_{self.metric}": float(mean[i]),
-                f"guided_{self.metric}_sd": float(sd[i]),
-                "guided_peak_memory_gib": float(mem_mean[i]),
-                "guided_p_fit": float(p_fit[i]),
-            }
-            return proposal
-
+        In the order a decision is made: what the models say now (:meth:`_picture`); a close call
+        near the end; whether to stop, or to stretch to a riskier config with budget left
+        (:meth:`_stop_or_stretch`); which configs may be probed (:meth:`_pool`); the best of them
+        by the acquisition (:meth:`_choose`); and the words of why (:meth:`_reason`)."""
+        view = self._picture(list(obs), set(exclude), best, budget_left, allowed)
         if budget_left is not None and budget_left <= 2:
-            again = self.close_call(obs, exclude, allowed, mean)
+            again = self.close_call(view.obs, view.exclude, allowed, view.mean)
             if again is not None:
-                return with_prediction(again), ""
-        sign = 1.0 if self.direction == "maximize" else -1.0
-        candidates = self.valid.copy() if allowed is None else self.valid & allowed
-        probed = {o.index for o in obs} | set(exclude)
-        if probed:
-            candidates[list(probed)] = False
-        if not candidates.any():
+                return view.with_prediction(again, widened=False), ""
+        if not view.candidates.any():
             return None, (
                 "every valid config of the space has been probed"
                 if allowed is None
                 else "every valid config with the fixed parameters has been probed"
             )
-        seen_families = {self.families[o.index] for o in obs}
+        floor, stretch, stop = self._stop_or_stretch(view, allowed)
+        if stop is not None:
+            return stop
+        pool, safest, why_not = self._pool(view, floor)
+        if why_not:
+            return None, why_not
+        index, doubted, scout_for = self._choose(view, pool, safest)
+        reason = self._reason(view, index, pool, doubted, scout_for, safest, stretch)
+        config = self.ranking.enumeration.configs[index]
+        return view.with_prediction(Proposal(index, config, reason, scout_for=scout_for)), ""
+
+    def _picture(
+        self,
+        obs: list[Observation],
+        exclude: set[int],
+        best: float | None,
+        budget_left: int | None,
+        allowed: np.ndarray | None,
+    ) -> "_Picture":
+        """What the models say of every config now: the objective's mean and sd (widened for the
+        families not measured while the model is in doubt), the memory belief and P(fits), which
+        configs are left, and the study's OOM count against its allowance."""
+        s = self.settings
+        mean, sd = self._objective_model(obs)
+        belief = self._memory_belief(obs)
+        p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
+        candidates = self.valid.copy() if allowed is None else self.valid & allowed
+        probed = {o.index for o in obs} | exclude
+        if probed:
+            candidates[list(probed)] = False
+        seen = {self.families[o.index] for o in obs}
         doubt, doubt_why = self.model_doubt(obs) if best is not None else (0.0, "")
-        unmeasured = np.array([f not in seen_families for f in self.families]) if doubt else None
+        unmeasured = np.array([f not in seen for f in self.families]) if doubt else None
+        model_sd = sd
         if doubt:
             # the families not measured may be as wrong as the one shown wrong: widen them
             sd = np.where(unmeasured, np.hypot(sd, math.expm1(doubt) * np.abs(mean)), sd)
-        ucb = sign * mean + s.explore_kappa * sd
-        bound = sign * mean + s.stop_kappa * sd
-        n_measured = sum(1 for o in obs if o.objective is not None)
-        # the least P(fits) a config needs to be worth a probe: with memory profiles an unlikely fit
-        # costs its profile, not an OOM (the score weighs it), and it may still win
-        floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
         ooms = sum(1 for o in obs if o.status == "oom")
         # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
         # a profile's verdict sends a config to its full probe (autotune.profiling), not here
-        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(set(exclude)), budget_left)
-        stretch = ""
-        if s.stop_early and best is not None and n_measured >= s.min_probes_before_stop:
-            maybe = candidates & (p_fit >= floor)
-            top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
-            target = sign * best + abs(best) * s.stop_margin
-            # the configs that could still win but are less likely to fit than the floor: while the
-            # study has budget left and may still risk an OOM, one of them is worth its risk (7B
-            # 32 GB world 17 of benchmarks/search_efficiency.py stopped after 11 of 20 probes at
-            # 0.937 of the optimum, a config at 98.7 % of the memory it gave P(fits) 0.3)
-            risky = candidates & (p_fit >= s.give_up_probability) & (p_fit < floor) & (bound > target)
-            if top < target and risky.any() and not spent and (budget_left is None or budget_left > 1):
-                stretch = (
-                    f"every config at least {floor:.0%} likely to fit is below the best measured by the model's "
-                    f"bound; with budget left and the OOM allowance unspent, one that may fit and could win"
-                )
-                floor = s.give_up_probability
-            elif top < target:
-                again = self.close_call(obs, exclude, allowed, mean)
-                if again is not None:
-                    return with_prediction(again), ""
-                return None, (
-                    f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
-                    f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win"
-                )
+        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(exclude), budget_left)
+        return _Picture(
+            obs=obs,
+            exclude=exclude,
+            best=best,
+            budget_left=budget_left,
+            metric=self.metric,
+            sign=1.0 if self.direction == "maximize" else -1.0,
+            mean=mean,
+            sd=sd,
+            model_sd=model_sd,
+            belief=belief,
+            p_fit=p_fit,
+            candidates=candidates,
+            seen_families=seen,
+            doubt=doubt,
+            doubt_why=doubt_why,
+            unmeasured=unmeasured,
+            n_measured=sum(1 for o in obs if o.objective is not None),
+            ooms=ooms,
+            spent=spent,
+        )
+
+    def _stop_or_stretch(
+        self, view: "_Picture", allowed: np.ndarray | None
+    ) -> tuple[float, str, tuple[Proposal | None, str] | None]:
+        """(the least P(fits) a config needs to be probed, why it was stretched, or what to return
+        instead of a new config: a close call's re-measurement, or None and the reason to stop).
+
+        The floor is ``min_fit_probability``; with memory profiles ``give_up_probability`` (an unlikely
+        fit costs its profile, not an OOM; the score weighs it). The stopping rule: every config that
+        may fit (the floor) has its optimistic bound (``stop_kappa`` sd) below the best measured. Then
+        the configs that could still win but are less likely to fit than the floor: while the study
+        has budget left and may still risk an OOM, one of them is worth its risk (7B 32 GB world 17 of
+        benchmarks/search_efficiency.py stopped after 11 of 20 probes at 0.937 of the optimum, a
+        config at 98.7 % of the memory it gave P(fits) 0.3)."""
+        s = self.settings
+        floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
+        best = view.best
+        if not (s.stop_early and best is not None and view.n_measured >= s.min_probes_before_stop):
+            return floor, "", None
+        bound = view.sign * view.mean + s.stop_kappa * view.sd
+        maybe = view.candidates & (view.p_fit >= floor)
+        top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
+        target = view.sign * best + abs(best) * s.stop_margin
+        if top >= target:
+            return floor, "", None
+        risky = view.candidates & (view.p_fit >= s.give_up_probability) & (view.p_fit < floor) & (bound > target)
+        if risky.any() and not view.spent and (view.budget_left is None or view.budget_left > 1):
+            stretch = (
+                f"every config at least {floor:.0%} likely to fit is below the best measured by the model's "
+                f"bound; with budget left and the OOM allowance unspent, one that may fit and could win"
+            )
+            return s.give_up_probability, stretch, None
+        again = self.close_call(view.obs, view.exclude, allowed, view.mean)
+        if again is not None:
+            return floor, "", (view.with_prediction(again), "")
+        return (
+            floor,
+            "",
+            (
+                None,
+                f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
+                f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win",
+            ),
+        )
+
+    def _pool(self, view: "_Picture", floor: float) -> tuple[np.ndarray, str, str]:
+        """(the configs that may be probed, the words when only the safest are left, the reason to
+        stop when none may). Nothing measured yet: the configs that surely fit, to learn from (an
+        OOM teaches less than a measured peak, and a study that fails its first probes has nothing
+        to go on); the OOM allowance spent: from now on, configs that surely fit; else those at
+        least ``floor`` likely to fit. Where none qualifies, the likeliest to fit, to learn where the
+        limit is (a study that stops after its first OOM finds nothing)."""
+        s = self.settings
+        candidates, p_fit = view.candidates, view.p_fit
         safest = ""
-        if best is None or spent:
-            # nothing measured yet: the most promising config that surely fits, to learn from; or
-            # the study spent the OOM probes it may risk: from now on, configs that surely fit
+        if view.best is None or view.spent:
             pool = candidates & (p_fit >= s.fit_confidence)
-            if not pool.any() and spent and best is not None:
+            if not pool.any() and view.spent and view.best is not None:
                 top = float(np.max(np.where(candidates, p_fit, 0.0)))
                 if top < s.min_fit_probability:
-                    return None, (
-                        f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
-                        f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
-                        f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})"
+                    ooms = view.ooms
+                    return (
+                        pool,
+                        "",
+                        (
+                            f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
+                            f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
+                            f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})"
+                        ),
                     )
                 pool = candidates & (p_fit >= 0.9 * top)
                 safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
-            # nothing measured and nothing sure to fit: the safest configs (below), not any config
-            # that may fit; an OOM teaches less than a measured peak, and a study that fails its
-            # first probes has nothing to go on
         else:
             pool = candidates & (p_fit >= floor)
         if not pool.any():
-            # nothing is likely enough to fit: the configs most likely to, to learn where the
-            # limit is (a study that stops after its first OOM finds nothing)
             top = float(np.max(np.where(candidates, p_fit, 0.0)))
             if top < s.give_up_probability:
-                return None, (
-                    f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
-                    "learned from the OOMs so far)"
+                return (
+                    pool,
+                    "",
+                    (
+                        f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
+                        "learned from the OOMs so far)"
+                    ),
                 )
             pool = candidates & (p_fit >= 0.9 * top)
             safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
-        scouted = None
+        return pool, safest, ""
+
+    def _choose(self, view: "_Picture", pool: np.ndarray, safest: str) -> tuple[int, int | None, int | None]:
+        """(the config to probe, the same where it is a doubt probe, the promising config it scouts
+        for). While the model is in doubt and has probes of doubt left: the best of a family not
+        measured, if its widened bound could beat the best measured and it surely fits. Nothing
+        measured yet, or only the safest left: the highest optimistic bound. Else the expected
+        improvement over the best, weighted by the probability of fitting (a config near the memory
+        limit is tried when what it could gain is worth the risk), plus what a sure config's
+        measurement would make sure of the unsure ones (scouting)."""
+        s = self.settings
+        sign, mean, sd, p_fit, best = view.sign, view.mean, view.sd, view.p_fit, view.best
+        ucb = sign * mean + s.explore_kappa * sd
+        scouted = scouting = None
         doubted = None
-        if doubt and not safest and self._doubt_probes(obs) < s.max_doubt_probes:
-            # before exploiting further: the best of a family not measured, if its widened bound
-            # could beat the best measured and it surely fits
-            others = pool & unmeasured & (p_fit >= s.fit_confidence) & (ucb > sign * best)
+        if view.doubt and not safest and self._doubt_probes(view.obs) < s.max_doubt_probes:
+            others = pool & view.unmeasured & (p_fit >= s.fit_confidence) & (ucb > sign * best)
             if others.any():
                 doubted = int(np.argmax(np.where(others, ucb, -np.inf)))
         if doubted is not None:
-            score = np.where(np.arange(self.n) == doubted, 1.0, -np.inf)
-        elif best is None or safest:
+            return doubted, doubted, None
+        if best is None or safest:
             score = np.where(pool, ucb, -np.inf)
         else:
-            # expected improvement over the best, weighted by the probability of fitting: a
-            # config near the memory limit is tried when what it could gain is worth the risk
             gain = _expected_improvement(sign * mean, sd, sign * best)
             if s.memory_profiles:
                 # a config not sure to fit is profiled first: it costs the profile, and its full probe
@@ -1096,28 +1167,43 @@ class Guide:
                 score = np.where(pool, gain * p_fit**s.fit_power, -np.inf)
             if s.scout and not s.memory_profiles:
                 sure = pool & (p_fit >= s.fit_confidence)
-                unsure = candidates & (p_fit < s.fit_confidence) & (p_fit >= s.give_up_probability)
-                scouting, scouted = self.scout_value(obs, belief, sure, unsure, gain, p_fit)
+                unsure = view.candidates & (p_fit < s.fit_confidence) & (p_fit >= s.give_up_probability)
+                scouting, scouted = self.scout_value(view.obs, view.belief, sure, unsure, gain, p_fit)
                 score = np.where(sure, score + scouting, score)
         index = int(np.argmax(score))
         scout_for = None
         if scouted is not None and scouted[index] >= 0 and scouting[index] > score[index] - scouting[index]:
             scout_for = int(scouted[index])
-        config = self.ranking.enumeration.configs[index]
-        # why: the rank by the current model's mean, and whether the family is new
-        by_mean = np.where(pool, sign * mean, -np.inf)
+        return index, None, scout_for
+
+    def _reason(
+        self,
+        view: "_Picture",
+        index: int,
+        pool: np.ndarray,
+        doubted: int | None,
+        scout_for: int | None,
+        safest: str,
+        stretch: str,
+    ) -> str:
+        """Why this config: doubt, a new family, the safest left, a stretch, a scout, a sibling of
+        a config that ran out of memory, a profile first; its rank by the model's mean among the
+        configs that may be probed, and its prediction."""
+        s = self.settings
+        mean, sd, p_fit = view.mean, view.sd, view.p_fit
+        mem_mean, mem_sd = view.belief.mean, view.belief.sd
+        by_mean = np.where(pool, view.sign * mean, -np.inf)
         rank = int(np.sum(by_mean > by_mean[index])) + 1
         parts = []
         if doubted is not None:
             parts.append(
-                f"doubt: {doubt_why}; the model's uncertainty is widened by ±{math.expm1(doubt):.0%} for the "
-                "families not measured, so the best of one is probed before exploiting further"
+                f"doubt: {view.doubt_why}; the model's uncertainty is widened by ±{math.expm1(view.doubt):.0%} for "
+                "the families not measured, so the best of one is probed before exploiting further"
             )
-        elif doubt:
-            parts.append(f"doubt: {doubt_why} (unmeasured families widened by ±{math.expm1(doubt):.0%})")
-        if obs and self.families[index] not in seen_families:
-            fam = _family_words(self.families[index])
-            parts.append(f"exploration: new tp/pp/zero/recompute family ({fam})")
+        elif view.doubt:
+            parts.append(f"doubt: {view.doubt_why} (unmeasured families widened by ±{math.expm1(view.doubt):.0%})")
+        if view.obs and self.families[index] not in view.seen_families:
+            parts.append(f"exploration: new tp/pp/zero/recompute family ({_family_words(self.families[index])})")
         if safest:
             parts.append(safest)
         if stretch:
@@ -1128,16 +1214,55 @@ class Guide:
                 f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
                 "this one surely fits and tells its memory, so it need not be risked"
             )
-        wall = self._after_wall(obs, index, mem_mean, belief)
+        wall = self._after_wall(view.obs, index, mem_mean, view.belief)
         if wall:
             parts.append(wall)
         if s.memory_profiles and p_fit[index] < s.fit_confidence:
             parts.append(
                 f"not sure to fit (P(fits) {p_fit[index]:.2f}): memory profile first, full probe only if it fits"
             )
-        parts.append(f"rank {rank} by model" + (f" refit after {n_measured} measured" if n_measured else ""))
+        n = view.n_measured
+        parts.append(f"rank {rank} by model" + (f" refit after {n} measured" if n else ""))
         parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
-        return with_prediction(Proposal(index, config, "; ".join(parts), scout_for=scout_for)), ""
+        return "; ".join(parts)
+
+
+@dataclass
+class _Picture:
+    """What one proposal is decided from (``Guide._picture``): the models' view of every config."""
+
+    obs: list[Observation]
+    exclude: set[int]
+    best: float | None
+    budget_left: int | None
+    metric: str
+    sign: float  # +1 to maximise, -1 to minimise
+    mean: np.ndarray  # the objective's mean ...
+    sd: np.ndarray  # ... and sd, widened for unmeasured families while in doubt
+    model_sd: np.ndarray  # the sd before that widening
+    belief: _MemoryBelief
+    p_fit: np.ndarray
+    candidates: np.ndarray  # valid, allowed, not probed nor in flight
+    seen_families: set[tuple]
+    doubt: float
+    doubt_why: str
+    unmeasured: np.ndarray | None  # the configs of families not measured (while in doubt)
+    n_measured: int
+    ooms: int
+    spent: bool  # the OOM allowance
+
+    def with_prediction(self, proposal: Proposal, widened: bool = True) -> Proposal:
+        """The proposal with what the guide predicts of it (trial attributes, the report's band);
+        ``widened``: its sd as the doubt widened it (a close call near the end is decided before)."""
+        i = proposal.index
+        sd = self.sd if widened else self.model_sd
+        proposal.predicted = {
+            f"guided_{self.metric}": float(self.mean[i]),
+            f"guided_{self.metric}_sd": float(sd[i]),
+            "guided_peak_memory_gib": float(self.belief.mean[i]),
+            "guided_p_fit": float(self.p_fit[i]),
+        }
+        return proposal
 
 
 def _wall_of(config: dict[str, Any]) -> tuple:

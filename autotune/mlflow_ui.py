@@ -387,7 +387,7 @@ def running_ui(
         if proc is not None:
             # SIGTERM to its process group (mlflow server runs uvicorn as its child), SIGKILL to
             # what is left after the grace
-            from .workers.command import kill_group
+            from .workers.process_group import kill_group
 
             kill_group(proc, grace_s=10.0)
         log_path.unlink(missing_ok=True)

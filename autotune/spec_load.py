@@ -1,4 +1,5 @@
-"""Reading a spec file: a bounded, typed read, YAML with its locations, then the schema and the checks.
+"""Reading a spec file: a bounded, typed read, YAML with its locations, the files the spec names
+(:mod:`autotune.spec_files`), then the schema and the checks.
 
 What the reader accepts (issue #31): a regular file of at most ``MAX_SPEC_BYTES`` (1 MiB; a spec
 is a few KiB), never a directory, FIFO or device (refused before it is opened for reading), in
@@ -32,6 +33,7 @@ from .spec import MAX_SPEC_BYTES, MAX_SPEC_INT, Spec, short_value
 from .spec_checks import semantic_problems
 from .bounded_read import NotRegularFile, read_bounded
 from .spec_errors import SpecError, SpecProblem, _format_pydantic, _line_of
+from .spec_files import read_spec_files
 
 __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec", "parse_spec_text", "read_spec_text", "decode_spec_bytes"]
 
@@ -48,7 +50,8 @@ def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None, ro
             p.line = _line_of(root, p.loc)
         raise SpecError(file, problems)
     try:
-        spec = Spec.model_validate(data, context={"base_dir": str(base_dir or Path("."))})
+        files = read_spec_files(data, Path(base_dir or "."))  # what the spec names, read for the schema
+        spec = Spec.model_validate(data, context={"files": files})
     except RecursionError:
         raise SpecError(file, [SpecProblem((), "nested too deeply to read (a spec nests a few levels)")]) from None
     except ValidationError as exc:

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.records import TrialRecord
-from autotune.run_output import WIDTH, print_report_table
+from autotune.report_table import print_report_table
+from autotune.run_output import WIDTH
 from support import REPO
 
 runner = CliRunner()

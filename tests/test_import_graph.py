@@ -130,3 +130,70 @@ def test_the_study_loop_never_imports_tracking():
 def test_the_parameter_table_is_a_leaf():
     """The serving parameter table is read by the probes and the driver: it imports nothing of either."""
     assert not {d for d in _graph()["autotune.workers.parameters"] if d.startswith("autotune")}
+
+
+# the schema and its section modules (autotune/spec.py's docstring); what they may import of autotune
+SPEC_SCHEMA = ("spec", "spec_fields", "spec_workload", "spec_space", "spec_search", "stack_names")
+SPEC_SCHEMA_MAY_IMPORT = {
+    "autotune.models",  # ModelSpec and the model presets
+    "autotune.workers.protocol",  # ENV_NAME, the probe protocol's environment variable name
+    "autotune.workers.alloc_conf",  # an allocator config, parsed as the simulator parses it
+    *(f"autotune.{m}" for m in SPEC_SCHEMA),
+}
+# the two derived views that ask a catalogue above the schema when called (never at import)
+SPEC_VIEWS = {("target_stack", "autotune.stacks"), ("objective_list", "autotune.objectives")}
+
+
+def _function_imports(path: Path) -> set[tuple[str, str]]:
+    """(function, module) for each import inside a function of the module at ``path``."""
+    found = set()
+    for function in ast.walk(ast.parse(path.read_text())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    found.add((function.name, f"autotune.{base}" if node.level else base))
+                elif isinstance(node, ast.Import):
+                    found |= {(function.name, a.name) for a in node.names}
+    return found
+
+
+def test_the_spec_is_the_schema():
+    """Issue 43: the schema reads no file and imports no stack, simulator, hardware-profile or objectives
+    module; the files a spec names are read by the loader (autotune.spec_files), the checks across
+    sections are autotune.spec_checks. Only the two derived views ask the registry and the metric
+    catalogue, inside their functions."""
+    graph = _graph()
+    for module in SPEC_SCHEMA:
+        deps = {d for d in graph[f"autotune.{module}"] if d.startswith("autotune")}
+        views = SPEC_VIEWS if module == "spec" else set()
+        assert deps - {m for _, m in views} <= SPEC_SCHEMA_MAY_IMPORT, (module, deps - SPEC_SCHEMA_MAY_IMPORT)
+        lazy = {(f, m) for f, m in _function_imports(ROOTS["autotune"] / f"{module}.py") if m.startswith("autotune")}
+        assert lazy == views, (module, lazy)
+        external = _external_imports(ROOTS["autotune"] / f"{module}.py") - {"autotune", "__future__"}
+        assert external <= {"pydantic", "typing", "pathlib", "math", "re", "json", "unicodedata"}, (module, external)
+    assert sum(1 for _ in (ROOTS["autotune"] / "spec.py").open()) <= 500
+
+
+def test_importing_the_spec_loads_no_stack_simulator_or_objectives():
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, autotune.spec; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    banned = ("autotune.stacks", "autotune.workers.simulate", "autotune.workers.hardware", "autotune.objectives")
+    assert not [m for m in loaded if m.startswith(banned)]
+
+
+def test_the_stack_names_the_schema_reads_are_the_registry():
+    """autotune.stack_names is the schema's copy of the registry's names: they agree, name for name."""
+    from autotune import stack_names, stacks
+
+    assert stack_names.STACK_NAMES == stacks.names()
+    assert stack_names.preset_names() == stacks.preset_names()
+    for name, entry in stack_names.PRESET_ENTRIES.items():
+        assert (entry.default, entry.example) == (stacks.STACKS[name].default_entry, stacks.STACKS[name].entry_example)

@@ -305,3 +305,22 @@ def test_a_memory_report_joined_to_an_iteration_line_still_gives_the_peak():
     assert len(together_steps) == len(apart_steps)
     peak = apart.metrics(apart_steps)["peak_memory_gib"]
     assert peak > 0 and together.metrics(together_steps).get("peak_memory_gib") == pytest.approx(peak)
+
+
+def test_an_iteration_line_joined_after_a_memory_report_still_counts_its_step():
+    """The other order: the memory report first, the iteration line joined to its end. The report's
+    fields end where the iteration line begins; the step is read too (a loaded full-suite run counted
+    2 measured steps of 3 through the Megatron preset this way: the iteration was cut off with the
+    report's tail)."""
+    lines = _lines("megatron.log")
+    report = next(line for line in lines if "memory (MB)" in line)
+    alone = [line for line in lines if "memory (MB)" not in line]
+    first = next(i for i, line in enumerate(alone) if " iteration " in line)
+    second = next(i for i, line in enumerate(alone) if " iteration " in line and i > first)
+    apart, apart_steps = _read("megatron.log", "megatron", alone[:second] + [report] + alone[second:])
+    joined = alone[:second] + [report + alone[second]] + alone[second + 1 :]
+    together, together_steps = _read("megatron.log", "megatron", joined)
+    assert len(together_steps) == len(apart_steps)
+    assert together.metrics(together_steps)["measured_steps"] == apart.metrics(apart_steps)["measured_steps"]
+    peak = apart.metrics(apart_steps)["peak_memory_gib"]
+    assert peak > 0 and together.metrics(together_steps).get("peak_memory_gib") == pytest.approx(peak)

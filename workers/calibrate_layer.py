@@ -1,6 +1,6 @@
 """A transformer layer's step measured in context: what tensor parallelism really costs.
 
-Collectives timed between idle ranks (``calibrate.measure_collectives``) price a message on the
+Collectives timed between idle ranks (``calibrate_collectives.measure_collectives``) price a message on the
 wire. A tensor-parallel layer pays more at each of its collectives: DTensor's dispatch around
 every sharded linear, the host issuing the collective after its compute, and the wait for the
 slower rank at a blocking all-reduce. On a 2-core CPU host with gloo that is ~7 ms per collective
@@ -16,7 +16,7 @@ So the layer is measured on the same ranks twice, with the probe's own block
 and the difference per collective, less what the message's bytes cost at the fitted bus
 bandwidth, is the latency the simulator's tensor-parallel collectives pay
 (``tp_collective_latency_us``; an all-reduce pays it twice, as it pays ``collective_latency_us``).
-Runs inside ``calibrate._collective_worker``, whose process group it uses.
+Runs inside ``calibrate_collectives._collective_worker``, whose process group it uses.
 """
 
 from __future__ import annotations

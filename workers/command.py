@@ -20,7 +20,8 @@ the torch probe and the MindSpore probe alike. It
   or by Ray's memory monitor: Ray then kills the worker's direct children only, and a probe's
   own children, which hold the accelerators, would otherwise live on).
 
-It imports only the standard library and ``.protocol``: it runs on worker nodes.
+It imports only the standard library, ``.protocol`` and ``.process_group`` (signalling the group,
+the watchdog): it runs on worker nodes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .process_group import (
+    PROBE_MARK_ENV,
+    finish_watchdog,
+    kill_group,
+    kill_probe_marked,
+    leader_exited,
+    signal_group,
+    start_watchdog,
+)
 from .protocol import (
     PEAK_COUNTS,
     PEAK_COUNTS_KEY,
@@ -72,15 +82,6 @@ _EXIT_DRAIN_MAX_S = 15.0
 class _Unterminated(str):
     """The last output of a probe that ended without a newline. When autotune killed the probe,
     it is a line cut in half by the kill and is dropped; otherwise it is kept as a normal line."""
-
-
-# Runs outside the probe's group: waits for "done" on its stdin (fd 3 in the background subshell,
-# since an asynchronous list gets /dev/null as stdin). EOF without "done" means the process that
-# started the probe died: kill the group, politely first. dash's kill takes no "--".
-_WATCHDOG_SCRIPT = (
-    'exec 3<&0; ( read x <&3; if [ "$x" != done ]; then kill -TERM -"$1" 2>/dev/null; '
-    'sleep "$2"; kill -KILL -"$1" 2>/dev/null; fi ) >/dev/null 2>&1 & exit 0'
-)
 
 
 def run_probe_process(
@@ -176,7 +177,7 @@ def run_probe_process(
         return ProbeResult("invalid", reason=f"cannot start probe {argv[0]!r}: {exc}", wall_s=time.monotonic() - t0)
 
     run = _Run(proc, patterns, log_tail_lines, on_event, log_reader)
-    guard = _start_watchdog(proc.pid, kill_grace_s) if watchdog else None
+    guard = start_watchdog(proc.pid, kill_grace_s) if watchdog else None
     lines: queue.Queue = queue.Queue(maxsize=10_000)  # bounded: a flooding probe blocks on its pipe
     reader_stop = threading.Event()
     reader = threading.Thread(
@@ -199,11 +200,11 @@ def run_probe_process(
             else:  # output closed: only the exit is left to see, soon in the usual case
                 time.sleep(nap)
                 nap = min(nap * 2, POLL_S)
-            if rc is None and _leader_exited(proc):
+            if rc is None and leader_exited(proc):
                 # The leader is a zombie until reaped, so its pid (the group id) cannot be reused:
                 # kill whatever it left behind in its group, then reap it.
-                _signal_group(proc.pid, signal.SIGKILL)
-                _finish_watchdog(guard)
+                signal_group(proc.pid, signal.SIGKILL)
+                finish_watchdog(guard)
                 guard = None
                 rc = proc.wait()
                 left_at = time.monotonic()
@@ -229,23 +230,23 @@ def run_probe_process(
                 elif deadline is not None and now >= deadline:
                     timed_out = True
                 if stopped or timed_out:
-                    _signal_group(proc.pid, signal.SIGTERM)
+                    signal_group(proc.pid, signal.SIGTERM)
                     run.signalled = True
                     term_at = now
             elif not killed and now - term_at >= kill_grace_s:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 killed = True
     except BaseException:
         # A callback raised, or the caller was interrupted (Ray's non-forced cancel raises
         # KeyboardInterrupt here): never leave the group running.
         kill_group(proc, kill_grace_s)
-        _finish_watchdog(guard)
+        finish_watchdog(guard)
         raise
     finally:
         reader_stop.set()  # from now on the reader drops lines; it closes the pipe at EOF
         reader.join(timeout=0.5)
 
-    escaped = _kill_marked(marker)
+    escaped = kill_probe_marked(marker)
     if escaped:
         log.warning("probe %s left %d process(es) outside its process group (setsid): killed", argv[0], escaped)
     result = run.result(rc, stopped=stopped, timed_out=timed_out)
@@ -483,103 +484,3 @@ def _put(out: queue.Queue, item: Any, stop: threading.Event) -> None:
             return
         except queue.Full:
             continue
-
-
-def _leader_exited(proc: subprocess.Popen) -> bool:
-    """True once the leader has exited, without reaping it (so its pid/pgid stays reserved)."""
-    if proc.returncode is not None:
-        return True
-    waitid = getattr(os, "waitid", None)
-    if waitid is None:  # pragma: no cover - not on Linux
-        return proc.poll() is not None
-    try:
-        info = waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return proc.poll() is not None
-    return info is not None
-
-
-PROBE_MARK_ENV = "AUTOTUNE_PROBE_MARK"
-
-
-def _kill_marked(marker: str) -> int:
-    """SIGKILL every process whose environment carries this probe's mark (Linux ``/proc``; elsewhere
-    nothing is found): the descendants that left the probe's process group, which killing the
-    group cannot reach. A process that cleared its environment is not found: nothing else marks
-    it. Returns how many were killed."""
-    return kill_marked(PROBE_MARK_ENV, marker)
-
-
-def kill_marked(var: str, marker: str) -> int:
-    """SIGKILL every process but this one whose environment has ``var=marker`` (Linux ``/proc``);
-    how many. The serving probe marks its engines the same way."""
-    needle = f"{var}={marker}".encode()
-    killed = 0
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        if pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except (OSError, ValueError):  # gone meanwhile, or not ours to read
-            continue
-    return killed
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the group, SIGKILL after ``grace_s`` (or as soon as the leader is gone), reap."""
-    if proc.returncode is not None:
-        return
-    _signal_group(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end and not _leader_exited(proc):
-        time.sleep(0.02)
-    _signal_group(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - an unkillable (D-state) process
-        log.warning("probe process %d did not die after SIGKILL", proc.pid)
-
-
-def _start_watchdog(pgid: int, grace_s: float) -> subprocess.Popen | None:
-    try:
-        guard = subprocess.Popen(
-            ["/bin/sh", "-c", _WATCHDOG_SCRIPT, "autotune-probe-watchdog", str(pgid), f"{max(grace_s, 0.0):g}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
-        return guard  # the outer sh exits at once (reaped in _finish_watchdog); its subshell watches
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.debug("no probe watchdog: %s", exc)
-        return None
-
-
-def _finish_watchdog(guard: subprocess.Popen | None) -> None:
-    if guard is None or guard.stdin is None:
-        return
-    try:
-        guard.stdin.write(b"done\n")
-        guard.stdin.close()
-    except OSError:
-        pass
-    try:
-        guard.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass

@@ -7,10 +7,11 @@ MindSpeed-LLM, DeepSpeed, torchtitan, MindFormers) are targets of ``train`` (and
 serving engines (vLLM / vLLM-Ascend, MindIE) of ``serve``.
 Everything else asks this registry: :mod:`autotune.space` (rules),
 :mod:`autotune.context` (memory rule), :mod:`autotune.export` (exporters and their refusals),
-:mod:`autotune.backends` and :mod:`autotune.stack_presets` (the preset launch), and
-:mod:`autotune.spec` (the names ``target:`` and ``backend.kind`` accept; this package never
-imports the spec). Adding a stack is one module and one ``register`` line below
-(docs/ARCHITECTURE.md, "Adding a stack").
+:mod:`autotune.backends` and :mod:`autotune.stack_presets` (the preset launch). The spec reads
+the names ``target:`` and ``backend.kind`` accept from the leaf :mod:`autotune.stack_names`, so it
+imports no stack; ``tests/test_import_graph.py`` holds that leaf to this registry, and this
+package never imports the spec. Adding a stack is one module, one ``register`` line below and
+its names in :mod:`autotune.stack_names` (docs/ARCHITECTURE.md, "Adding a stack").
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..command import kill_marked
+from ..process_group import kill_marked
 from ..protocol import classify_failure
 from .failure import ProbeFailure
 

@@ -7,11 +7,11 @@ are parsed once per distinct value (there are only a handful in any study).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Iterable
 
 import numpy as np
 
+from ..alloc_conf import parse_alloc_conf, truthy as _truthy
 from ..parameters import serving_default
 
 __all__ = [
@@ -114,33 +114,6 @@ def _code(table: dict[str, int], value: Any, name: str) -> int:
     if key not in table:
         raise ValueError(f"{name}: unknown value {value!r}; expected one of {', '.join(table)}")
     return table[key]
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
-@lru_cache(maxsize=256)
-def parse_alloc_conf(text: str) -> tuple[bool, float, float]:
-    """(expandable_segments, max_split_size_mb, garbage_collection_threshold) of an allocator
-    config string such as ``expandable_segments:True,max_split_size_mb:512``. Unknown options are
-    ignored here (the allocator itself reports them at process start)."""
-    expandable, split, gc = False, 0.0, 0.0
-    for part in str(text).split(","):
-        key, _, value = part.partition(":")
-        key, value = key.strip().lower(), value.strip()
-        try:
-            if key == "expandable_segments":
-                expandable = _truthy(value)
-            elif key == "max_split_size_mb":
-                split = float(value)
-            elif key == "garbage_collection_threshold":
-                gc = float(value)
-        except ValueError:
-            raise ValueError(f"allocator config {text!r}: {key} expects a number, got {value!r}") from None
-    return expandable, split, gc
 
 
 def _row_env(p: dict[str, Any]) -> tuple[bool, float, float, float, int]:

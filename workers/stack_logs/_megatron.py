@@ -77,6 +77,8 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)")
 # training_log's timestamp: '%Y-%m-%d %H:%M:%S' up to core_v0.15, '%Y-%m-%d %H:%M:%S.%f' after
 _STAMP = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\]\s*iteration\b")
 _MEMORY = re.compile(r"memory \(MB\)\s*\|(.*)")
+# where an iteration line begins inside another line: its timestamp, or "iteration N/M" without one
+_JOINED_ITERATION = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\]|\biteration\s+\d+\s*/\s*\d+")
 _ARGPARSE = re.compile(r"error: (unrecognized arguments|argument --|the following arguments are required)")
 _COLLECTIVE_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout|EI0002|HCCL[^\n]*time(?:d)? ?out", re.IGNORECASE
@@ -102,11 +104,15 @@ class MegatronLog(StackLog):
         # the memory report, on its own line or joined to an iteration line: rank 0 prints it to
         # another stream, and two streams read through one pipe can interleave without a newline
         # between them (a loaded machine's test run read "... nan iterations: 0 |[Rank 0] (after 1
-        # iterations) memory (MB) | ..." and kept no peak)
+        # iterations) memory (MB) | ..." and kept no peak; another, the report first, lost a step)
         memory = _MEMORY.search(line)
         if memory:
-            self._memory(_fields(memory.group(1)))
-            line = line[: memory.start()]
+            # ... in either order: an iteration line joined after the report starts at its
+            # timestamp (or at "iteration N/M" without one), where the report's fields end
+            tail = memory.group(1)
+            joined = _JOINED_ITERATION.search(tail)
+            self._memory(_fields(tail[: joined.start()] if joined else tail))
+            line = line[: memory.start()] + (tail[joined.start() :] if joined else "")
         m = _ITERATION.search(line)
         if m:
             return self._iteration(int(m.group(1)), _fields(m.group(3)), _STAMP.search(line))
