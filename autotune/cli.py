@@ -3,16 +3,6 @@
 Like ``ray job`` and ``optuna``: logs and progress go to stderr, data to stdout, ``--json`` gives
 scripts a stable object, and the exit codes are documented:
 
-(Why one module of over 500 lines: it holds the eight commands, their options and help, and
-their exit paths, nothing else. Each command parses, calls the stage that does the work
-(:mod:`autotune.assembly` builds a study, :mod:`autotune.search` runs it, :mod:`autotune.finish`
-writes its files and decides what to advise, :mod:`autotune.doctor` asks the cluster, ...) and
-prints what it returns (:mod:`autotune.cli_output`, the tables :mod:`autotune.run_output`'s,
-each long phase a moving status of :func:`autotune.progress.phase`). What the commands read is
-:mod:`autotune.cli_input`'s, their shared options :mod:`autotune.cli_options`', the process's
-end :mod:`autotune.exit_status`'s.)
-
-
 ====  ==========================================================================
 0     success
 1     the study ran but no trial succeeded (see the report for the reasons)
@@ -22,6 +12,15 @@ end :mod:`autotune.exit_status`'s.)
       the results so far are written and the same command resumes), MLflow or the Optuna storage
 130   interrupted (Ctrl-C); the study resumes with the same command
 ====  ==========================================================================
+
+(Why one module of over 500 lines: it holds the eight commands, their options and help, and
+their exit paths, nothing else. Each command parses, calls the stage that does the work
+(:mod:`autotune.assembly` builds a study, :mod:`autotune.search` runs it, :mod:`autotune.finish`
+writes its files and decides what to advise, :mod:`autotune.doctor` asks the cluster, ...) and
+prints what it returns (:mod:`autotune.cli_output`, the tables :mod:`autotune.run_output`'s,
+each long phase a moving status of :func:`autotune.progress.phase`). What the commands read is
+:mod:`autotune.cli_input`'s, their shared options :mod:`autotune.cli_options`', the process's
+end :mod:`autotune.exit_status`'s.)
 """
 
 from __future__ import annotations

@@ -78,15 +78,8 @@ def finish_study(
     """Write ``results.csv``, ``summary.json``/``summary.md``, the plots and every export that can
     launch the recommended config exactly; give MLflow's parent run its closing content."""
     from .exports import EXPORTERS, default_formats, refusals, write_exports
-    from .report import (
-        improvement_line,
-        results_rows,
-        study_summary,
-        summary_lines,
-        summary_metrics,
-        write_plots,
-        write_results_csv,
-    )
+    from .report import improvement_line, results_rows, study_summary, summary_lines, summary_metrics, write_results_csv
+    from .study_plots import write_plots
 
     objectives = spec.objective_list()
     results_csv = write_results_csv(

@@ -1,4 +1,4 @@
-"""What a finished study says: best vs baseline, the results table, Optuna plots.
+"""What a finished study says: best vs baseline, the results table (its plots: :mod:`autotune.study_plots`).
 
 Pure functions over :class:`~autotune.records.TrialRecord` lists, plus writers for the files the
 CLI shows and the tracker attaches to the parent run. Nothing here talks to MLflow.
@@ -16,7 +16,6 @@ from .sanity import is_finite_number as _finite
 from .memory_profile import cost_of_trials, ran_full_probe
 from .records import TrialRecord, best_records, is_tracked
 from .spec_errors import escape_text
-from .study_plots import write_plots  # the report's plots, a module of their own
 
 __all__ = [
     "status_counts",
@@ -24,7 +23,6 @@ __all__ = [
     "improvement_line",
     "results_rows",
     "write_results_csv",
-    "write_plots",
     "best_payload",
     "study_summary",
     "summary_lines",

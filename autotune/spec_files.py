@@ -48,7 +48,7 @@ def read_spec_files(data: Any, base_dir: Path) -> dict[tuple[str, str], Any]:
         return files
     model = data.get("model")
     if isinstance(model, str) and model not in PRESETS and not path_problem(model):
-        path = Path(model) if Path(model).is_absolute() else base_dir / model
+        path = _beside(base_dir, model)
         if model.endswith(".json") or _is_file(path):
             files["model", model] = _model_file(path)
     workload = data.get("workload")
@@ -91,10 +91,15 @@ def _profile_file(base: Path, name: str) -> str:
     problem = path_problem(name)
     if problem:
         raise ValueError(f"the hardware profile file's path: {problem}")
-    path = Path(name) if Path(name).is_absolute() else base / name
+    path = _beside(base, name)
     if not _is_file(path):
         raise ValueError(f"hardware profile file {path} does not exist (write one with `autotune calibrate`)")
     return str(path.resolve())
+
+
+def _beside(base: Path, name: str) -> Path:
+    """The file a spec names: an absolute path as it is, a relative one beside the spec."""
+    return Path(name) if Path(name).is_absolute() else base / name
 
 
 def _is_file(path: Path) -> bool:
@@ -280,7 +285,7 @@ def _read_length_pairs(base: Path, name: str) -> list[tuple[int, int]]:
     problem = path_problem(name)
     if problem:
         raise ValueError(f"lengths_file: {problem}")
-    path = Path(name) if Path(name).is_absolute() else base / name
+    path = _beside(base, name)
     if not _is_file(path):
         raise ValueError(f"lengths_file {path} does not exist (or is not a regular file)")
     where = f"lengths_file {path}"
