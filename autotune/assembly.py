@@ -8,6 +8,12 @@ runs the probes (the analytical model in the driver; local process groups withou
 ``ray.enabled: false``; or Ray tasks on the cluster the spec names), the launcher that turns a
 trial into its probe's launch, the MLflow tracking listener, the result cache and the runner.
 
+Nothing past this module reads the spec for the loop (issue 43: narrow settings): the loop, the
+guide, the pruner, the dispatcher and the probes' request builder each get a small frozen settings
+object made here once (:func:`loop_settings`, :func:`dispatch_settings`; the request builder's and
+the guide's through :mod:`autotune.study_settings`), the objectives resolved once and carried by
+them, and the loop's set-up bound to the spec (:class:`autotune.study_plan.StudyPlan`).
+
 It decides and builds; it prints nothing itself. What a user must be told (its errors among
 them, said where they happen: inside the phase that failed) goes through the :class:`Voice` the
 CLI gives it; a study that cannot be assembled then raises :class:`AssemblyFailed`, which says
@@ -25,6 +31,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 from autotune.workers.protocol import TrialRequest
 
 from .backends import BackendChoice, launch_for
+from .dispatch import DispatchSettings
 from .spec import Spec
 from .spec_errors import escape_text
 
@@ -34,13 +41,16 @@ __all__ = [
     "Voice",
     "assemble_study",
     "check_definition",
+    "dispatch_settings",
     "dispatcher_for",
     "launcher_for",
+    "loop_settings",
     "lease_shared_study",
     "measured_profile",
     "open_tracker",
     "planned_profile",
     "relocate_mlflow",
+    "study_runner",
     "tracking_for",
 ]
 
@@ -85,30 +95,88 @@ class AssembledStudy:
     runner: Any  # autotune.search.StudyRunner
 
 
+def dispatch_settings(spec: Spec, backend: BackendChoice) -> DispatchSettings:
+    """The dispatcher's settings (:class:`autotune.dispatch.DispatchSettings`) from the spec."""
+    return DispatchSettings(
+        simulated=backend.simulated,
+        use_ray=spec.ray.enabled,
+        ray_address=spec.ray.address,
+        ray_num_cpus=spec.ray.num_cpus,
+        max_parallel=spec.search.parallel_trials,
+    )
+
+
 def dispatcher_for(spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
+    """The study's dispatcher: the simulator in the driver, local process groups, or Ray tasks."""
+    return make_dispatcher(dispatch_settings(spec, backend), run_dir)
+
+
+def make_dispatcher(settings: DispatchSettings, run_dir: Path) -> Any:
+    """The dispatcher ``settings`` ask for."""
     from . import dispatch
 
-    if backend.simulated:
+    if settings.simulated:
         from autotune.workers.simulate import simulate_trial
 
         return dispatch.InProcessDispatcher(simulate_trial)
-    if not spec.ray.enabled:
-        return dispatch.LocalProcessDispatcher(max_parallel=spec.search.parallel_trials)
+    if not settings.use_ray:
+        return dispatch.LocalProcessDispatcher.from_settings(settings)
     from .ray_dispatch import RayDispatcher
 
-    return RayDispatcher(address=spec.ray.address, num_cpus=spec.ray.num_cpus, resources=None, run_dir=run_dir)
+    return RayDispatcher.from_settings(settings, run_dir)
 
 
-def tracking_for(tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path) -> Any:
+def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> Any:
+    """The loop's settings (:class:`autotune.search.LoopSettings`), made once from the spec, the
+    objectives resolved (``context``: the study's probe context, when made already)."""
+    from .pruning import PruneSettings
+    from .search import LoopSettings
+    from .study_settings import guide_settings, objectives_of, probe_context, request_settings
+
+    context = context if context is not None else probe_context(spec)
+    sp = spec.search
+    return LoopSettings(
+        objectives=objectives_of(spec),
+        simulated=backend.simulated,
+        n_trials=sp.n_trials,
+        timeout_s=sp.timeout_s,
+        parallel=1 if backend.simulated else sp.parallel_trials,
+        rank_first=sp.sampler == "auto",
+        memory_profiles=sp.memory_profiles,
+        seed=sp.seed,
+        guide=guide_settings(spec, context),
+        prune=PruneSettings(prune=sp.prune, prune_margin=sp.prune_margin, prune_min_steps=sp.prune_min_steps),
+        request=request_settings(spec, context),
+    )
+
+
+def study_runner(spec: Spec, run_dir: Path, backend: BackendChoice, **kwargs: Any) -> Any:
+    """The study's runner (:class:`autotune.search.StudyRunner`): its settings and its plan made
+    from ``spec`` here, once; ``kwargs`` as the runner takes them (``dispatcher`` first)."""
+    from .search import StudyRunner
+    from .space import Space
+    from .study_plan import StudyPlan
+    from .study_settings import probe_context
+
+    context = probe_context(spec)
+    settings = loop_settings(spec, backend, context)
+    plan = StudyPlan(spec, Space(spec), context, settings.objectives)
+    return StudyRunner(settings, plan, run_dir, **kwargs)
+
+
+def tracking_for(tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path, objectives: Any = None) -> Any:
     """The study's MLflow listener (:class:`autotune.study_tracking.StudyTracking`) over ``tracker``
-    (an open :class:`autotune.tracking.Tracker`), None without one: built here, handed to the loop."""
+    (an open :class:`autotune.tracking.Tracker`), None without one: built here, handed to the loop
+    (``objectives``: the study's, resolved, when at hand)."""
     if tracker is None:
         return None
     from .space import Space
     from .study_tracking import StudyTracking
 
     parallel = 1 if backend.simulated else spec.search.parallel_trials
-    return StudyTracking(tracker, spec, backend, run_dir, parallel=parallel, space_size=Space(spec).size)
+    return StudyTracking(
+        tracker, spec, backend, run_dir, parallel=parallel, space_size=Space(spec).size, objectives=objectives
+    )
 
 
 def launcher_for(spec: Spec, backend: BackendChoice) -> Callable[[TrialRequest], Any]:
@@ -240,7 +308,10 @@ def assemble_study(
     """The study's runner, given its dispatcher, launcher, tracking listener, progress observer
     (``observer()`` makes it: its clock starts once the study is set up) and result cache; the spec
     on its measured profile and usable memory. Raises :class:`AssemblyFailed`."""
+    from .space import Space
     from .search import StudyRunner
+    from .study_plan import StudyPlan
+    from .study_settings import probe_context
     from .usable_memory import with_usable_memory
 
     spec = measured_profile(spec, choice, voice)
@@ -269,13 +340,15 @@ def assemble_study(
             cache = ResultCache()
         except Exception as exc:  # an unwritable home: run without the cache, and say so
             voice.warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
+    context = probe_context(spec)  # the spec on its measured profile and usable memory: made once, here
+    settings = loop_settings(spec, choice, context)
     runner = StudyRunner(
-        spec,
+        settings,
+        StudyPlan(spec, Space(spec), context, settings.objectives),
         directory,
-        choice,
         dispatcher=dispatcher,
         launcher=launcher_for(spec, choice),
-        tracking=tracking_for(tracker, spec, choice, directory),
+        tracking=tracking_for(tracker, spec, choice, directory, settings.objectives),
         observer=progress,
         cache=cache,
         reuse_cache=reuse_cache,

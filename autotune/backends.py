@@ -17,17 +17,10 @@ from dataclasses import dataclass
 
 from .spec import BACKEND_KINDS, Spec
 from .stacks import preset, preset_names
+from autotune.workers.parameters import trial_devices
 from autotune.workers.protocol import TrialRequest
 
-__all__ = [
-    "BackendChoice",
-    "select_backend",
-    "visible_devices",
-    "launch_for",
-    "trial_devices",
-    "trial_placement",
-    "least_trial_devices",
-]
+__all__ = ["BackendChoice", "select_backend", "visible_devices", "launch_for", "trial_placement", "least_trial_devices"]
 
 
 @dataclass(frozen=True)
@@ -130,16 +123,6 @@ def node_bundle(accelerator: str, devices_per_node: int) -> dict[str, float]:
     return {"CPU": float(devices_per_node)}
 
 
-def trial_devices(spec: Spec, params: dict) -> int:
-    """The devices one trial occupies: tp x pp x cp x dp for training (the whole world),
-    replicas x tp x pp for serving, tp for inference."""
-    if spec.workload.kind == "train":
-        return int(params.get("tp", 1)) * int(params.get("pp", 1)) * int(params.get("cp", 1)) * int(params.get("dp", 1))
-    if spec.workload.kind == "serve":
-        return int(params.get("replicas", 1)) * int(params.get("tp", 1)) * int(params.get("pp", 1))
-    return int(params.get("tp", 1))
-
-
 def least_trial_devices(spec: Spec) -> int:
     """The fewest devices any trial of the spec's space occupies (what a cluster must offer at all)."""
     if spec.workload.kind == "train":
@@ -177,7 +160,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     # the layers of the model this trial runs: fewer than the spec's in a memory profile
     # (autotune.memory_profile), so a launcher that takes its own layer count is told
     env = {**backend.env, **request.env(), NUM_LAYERS_ENV: str(num_layers_of(request.model))}
-    placement = trial_placement(spec, trial_devices(spec, request.params))
+    placement = trial_placement(spec, trial_devices(spec.workload.kind, request.params))
     resources, nodes = placement["resources"], placement["nodes"]
     cwd = backend.cwd
     if cwd and not os.path.isabs(cwd) and spec.source_path is not None:

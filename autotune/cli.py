@@ -49,6 +49,7 @@ from .cli_input import why_empty as _why_empty, with_overrides as _with_override
 from .spec import Spec
 from .spec_errors import SpecError, escape_text
 from .spec_load import load_spec
+from .stacks import target_of
 
 __all__ = ["app", "main"]
 
@@ -132,10 +133,12 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
         else:
             _error(f"{escape_text(str(spec_path))}: {empty}")
         raise typer.Exit(EXIT_INPUT)
+    from .cli_output import spec_summary
+
     if as_json:
-        out.print_json(json.dumps({"ok": True, "summary": spec.summary()}))
+        out.print_json(json.dumps({"ok": True, "summary": spec_summary(spec)}))
     else:
-        _say(out, f"ok  {spec.summary()}")
+        _say(out, f"ok  {spec_summary(spec)}")
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -149,7 +152,7 @@ def plan(
     """Space size, valid configs, configs the memory model says fit, and the predicted top N."""
     _setup_logging(verbose)
     spec = _load(spec_path)
-    from .context import probe_context
+    from .study_settings import objectives_of, probe_context
     from .ranking import rank_space
     from .space import Space, SpaceTooLarge
 
@@ -160,7 +163,7 @@ def plan(
     except AssemblyFailed:  # said already
         raise typer.Exit(EXIT_INPUT) from None
     space = Space(spec)
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     try:
         enumeration = space.enumerate(limit=spec.search.exhaustive_limit)
     except SpaceTooLarge as exc:
@@ -333,6 +336,7 @@ def _run_locked(
     from .assembly import AssemblyFailed, assemble_study, check_definition, lease_shared_study
     from .exit_status import sigterm_received
     from .progress import ProgressObserver
+    from .study_settings import objectives_of
     from .study_definition import definition
 
     voice = _voice()
@@ -349,7 +353,7 @@ def _run_locked(
             choice,
             defined_as,
             voice,
-            observer=lambda: ProgressObserver(err, spec.objective_list(), quiet=as_json),
+            observer=lambda: ProgressObserver(err, objectives_of(spec), quiet=as_json),
             no_tracking=no_tracking,
             reuse_cache=reuse_cache,
             stop_requested=sigterm_received,
@@ -365,7 +369,7 @@ def _run_locked(
 
 def _run_study(runner: Any) -> Any:
     """Probe and record the study (its run directory locked, its lease held): its outcome."""
-    from .search import Unplaceable
+    from .study_plan import Unplaceable
     from .storage import StorageDamaged
 
     status = "FAILED"
@@ -439,9 +443,10 @@ def report(
     relocate_mlflow(_run_dir(spec, run_dir), lambda text: _say(err, text, style="dim"))
     from .report import improvement_line, study_summary
     from .study_result import StudyResult
+    from .study_settings import objectives_of
 
-    objectives = spec.objective_list()
-    result = StudyResult.load(spec, study)
+    objectives = objectives_of(spec)
+    result = StudyResult.load(spec, study, objectives)
     records, best, baseline = result.records, result.best, result.baseline
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
     summary = study_summary(study, records, objectives, best, baseline, result.recommendation)
@@ -474,7 +479,7 @@ def export(
         raise typer.Exit(EXIT_INPUT) from None
     spec, run_dir = _load_run_or_spec(spec_path, run_dir)
     if chosen_formats is None:
-        chosen_formats = list(default_formats(spec.target_stack, spec.workload.kind))
+        chosen_formats = list(default_formats(target_of(spec), spec.workload.kind))
     study = _open_existing(spec, run_dir)
     from .study_result import StudyResult
 
@@ -513,7 +518,7 @@ def export(
         hint = (
             "export yaml or env"
             if spec.workload.kind != "train"
-            else f"the study's target is {spec.target_stack}: export its format, or set `target:` in the spec and run "
+            else f"the study's target is {target_of(spec)}: export its format, or set `target:` in the spec and run "
             "the study again"
         )
         _error(f"{exc} ({hint})")

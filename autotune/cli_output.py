@@ -19,6 +19,8 @@ from .console import err, out, say, warn
 from .finish import Advice, json_default
 from .spec import Spec
 from .spec_errors import escape_text
+from .stacks import target_of
+from .study_settings import objectives_of
 
 __all__ = ["print_calibration", "print_cluster", "print_plan", "print_report", "print_run_end", "public_metrics"]
 
@@ -91,7 +93,7 @@ def print_plan(
     and the best one's memory; False (its tables not printed) when no config is predicted to fit."""
     from .trial_attrs import ROOMIEST, UNDISTINGUISHED
 
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     if as_json:
         payload = {
             "space_size": enumeration.space_size,
@@ -113,7 +115,7 @@ def print_plan(
         }
         out.print_json(json.dumps(payload, default=json_default))
         return True
-    say(out, spec.summary())
+    say(out, spec_summary(spec))
     say(out, profile["line"])
     out.print(
         f"space: {enumeration.space_size:,} combinations, {enumeration.valid:,} valid canonical configs, "
@@ -143,7 +145,7 @@ def print_plan(
 def print_run_end(spec: Spec, choice: Any, outcome: Any, finished: Any, advice: Advice, as_json: bool) -> None:
     """``run``'s end: the ``--json`` object, or the status line, the preview and the best; then the
     next steps (:func:`autotune.finish.advise` decided each)."""
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     result = outcome.result
     if as_json:
         out.print_json(json.dumps(advice.payload, default=json_default))
@@ -184,7 +186,7 @@ def print_report(
 ) -> None:
     """``report``: every trial (the table fitted to 120 columns), the best trial's decision lines,
     before/after, and the summary; or the ``--json`` object."""
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     if as_json:
         from .report import best_payload
 
@@ -216,3 +218,32 @@ def print_report(
         say(out, line)
     for text in summary_lines(summary):  # escaped by summary_lines (each line wrapped to fit)
         out.print(text, markup=False, highlight=False)
+
+
+def spec_summary(spec: Spec) -> str:
+    """One line that says what a spec tunes: the model, the workload, the cluster, the backend and
+    target, the objectives (resolved) and the budget."""
+    from .spec import ServeWorkload, TrainWorkload
+
+    w = spec.workload
+    if isinstance(w, TrainWorkload):
+        work = f"train seq {w.seq_len} gbs {w.global_batch_size}"
+    elif isinstance(w, ServeWorkload):
+        prompt, output = w.traffic.mean()
+        rates = "/".join(f"{r:g}" for r in w.traffic.rates)
+        work = f"serve prompt ~{prompt:.0f} output ~{output:.0f} at {rates} req/s"
+        work += f", SLO ttft p99 {w.slo.ttft_p99_ms:g} ms"
+        if w.slo.tpot_p99_ms:
+            work += f" tpot p99 {w.slo.tpot_p99_ms:g} ms"
+    else:
+        work = f"infer prompt {w.prompt_len} gen {w.gen_len}"
+    objs = ", ".join(f"{m} ({d[:3]})" for m, d in objectives_of(spec))
+    n = spec.model.num_parameters()
+    size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+    return (
+        f"{spec.name}: {spec.model.name} ({size} params), {work}, "
+        f"{spec.cluster.nodes}x{spec.cluster.devices_per_node} {spec.cluster.accelerator} "
+        f"({spec.cluster.profile_name}), {len(spec.space.choices())} searched params, "
+        f"backend {spec.backend.kind}, target {target_of(spec)}, objectives {objs}, "
+        f"budget {spec.search.n_trials} trials"
+    )

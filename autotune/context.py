@@ -1,19 +1,23 @@
-"""The resolved, JSON-ready sections a probe receives with every trial.
+"""What a probe receives with every trial: the resolved model, workload and cluster, and the
+request builder's settings.
 
 A probe knows only its trial file (docs/ARCHITECTURE.md), so the model, workload and cluster go with each
 trial as plain mappings, the hardware profile resolved (overrides applied) inside ``cluster``.
-Built once per study and shared by the simulator ranking and the trial requests, so the two can
-never describe different hardware.
+Built once per study from the spec (:func:`autotune.study_settings.probe_context`) and shared by
+the simulator ranking and the trial requests, so the two can never describe different hardware.
+:class:`RequestSettings` is what the request builder (:mod:`autotune.trial_run`,
+:mod:`autotune.trial_resolve`) is given instead of the spec (issue 43: narrow settings).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import Spec
+from autotune.workers.protocol import TrialRequest
 
-__all__ = ["ProbeContext", "probe_context"]
+__all__ = ["ProbeContext", "RequestSettings"]
 
 
 @dataclass(frozen=True)
@@ -27,23 +31,26 @@ class ProbeContext:
         return self.cluster["hardware"]
 
 
-def probe_context(spec: Spec) -> ProbeContext:
-    from autotune.workers.hardware import load_profile
+@dataclass(frozen=True)
+class RequestSettings:
+    """What a trial file needs beside the config, made once from the spec by the assembly."""
 
-    hardware = load_profile(spec.cluster.profile_name, spec.cluster.overrides)
-    cluster = {
-        "accelerator": spec.cluster.accelerator,
-        "profile": spec.cluster.profile_name,
-        "nodes": spec.cluster.nodes,
-        "devices_per_node": spec.cluster.devices_per_node,
-        "world_size": spec.cluster.world_size,
-        "threads_per_rank": spec.cluster.threads_per_rank,
-        "cost_per_device_hour": spec.cluster.cost_per_device_hour,
-        "hardware": hardware,
-    }
-    from .stacks import memory_rule
+    study: str  # the study's name: every trial file and cache entry names the study it came from
+    context: ProbeContext  # the model, workload and cluster (hardware resolved) every probe is told
+    backend: dict[str, Any]  # the spec's backend section, secret env values masked: the probe's settings, the cache key
+    workload_kind: str  # train, infer or serve: a config's devices (parameters.trial_devices)
+    secrets: tuple[str, ...] = ()  # every secret value the spec holds: scrubbed from what a probe printed
 
-    workload = spec.workload.model_dump()
-    if spec.is_training:  # how the stack that runs the config holds its model states
-        workload["memory_rule"] = memory_rule(spec.target_stack, spec.backend.kind)
-    return ProbeContext(spec.model.model_dump(), workload, cluster)
+    def request(self, config: dict[str, Any], number: int) -> TrialRequest:
+        """What the probe of trial ``number`` is told: the config, the model, workload and cluster,
+        the backend (masked)."""
+        c = self.context
+        return TrialRequest(
+            params=config,
+            model=c.model,
+            workload=c.workload,
+            cluster=c.cluster,
+            study=self.study,
+            number=number,
+            backend=copy.deepcopy(self.backend),
+        )

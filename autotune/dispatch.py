@@ -44,6 +44,7 @@ from autotune.workers.protocol import ProbeResult, TrialRequest, attach_requests
 
 __all__ = [
     "Dispatcher",
+    "DispatchSettings",
     "Handle",
     "InProcessDispatcher",
     "LocalProcessDispatcher",
@@ -66,6 +67,18 @@ _STEP_FLUSH_S = 0.2
 # is even tried: Ray's own connect retries for minutes in C++, deaf to SIGTERM (see check_ray_address).
 _RAY_CONNECT_TIMEOUT_S = 10.0
 _RAY_CLIENT_PORT = 10001  # Ray Client's default port, for a ``ray://host`` without one
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    """How a study's probes are dispatched, made once from the spec by the assembly
+    (:func:`autotune.assembly.dispatcher_for` builds the dispatcher from it)."""
+
+    simulated: bool  # the analytical model answers in the driver: no process, no Ray
+    use_ray: bool  # ray.enabled: Ray tasks; false: local process groups on this machine
+    ray_address: str | None  # ray.address: the cluster to join; None starts a local Ray in this process
+    ray_num_cpus: int | None  # ray.num_cpus: the CPUs a local Ray offers (default: the machine's cores)
+    max_parallel: int  # search.parallel_trials: the probes the local pool runs at once
 
 
 @dataclass
@@ -333,6 +346,11 @@ class LocalProcessDispatcher(Dispatcher):
     temporary directory, removed at shutdown, when ``run_dir`` is None). ``on_event(number,
     event)``, if given, receives the probes' events, from the worker threads. Resource requests
     are not checked: this is for one machine whose devices the caller already knows."""
+
+    @classmethod
+    def from_settings(cls, settings: DispatchSettings) -> "LocalProcessDispatcher":
+        """The local pool a study's :class:`DispatchSettings` ask for."""
+        return cls(max_parallel=settings.max_parallel)
 
     def __init__(
         self,

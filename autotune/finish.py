@@ -17,7 +17,9 @@ import optuna
 
 from .records import TrialRecord
 from .spec import Spec
+from .stacks import target_of
 from .study_result import StudyResult
+from .study_settings import objectives_of
 
 __all__ = [
     "Advice",
@@ -53,7 +55,7 @@ class FinishedStudy:
 def export_context(spec: Spec, record: TrialRecord) -> Any:
     """What an exporter may use of a chosen trial: its config and metrics, the spec's model,
     workload and cluster, the study's target stack, the trial's reason and the searched names."""
-    from .context import probe_context
+    from .study_settings import probe_context
     from .export import ExportContext
 
     ctx = probe_context(spec)
@@ -61,7 +63,7 @@ def export_context(spec: Spec, record: TrialRecord) -> Any:
     # best.env's comments read the trial's reason (the knobs the model could not tell apart) and
     # the searched names
     return ExportContext.from_record(
-        spec.name, record, ctx.model, ctx.workload, cluster, target=spec.target_stack, searched=spec.space.searched()
+        spec.name, record, ctx.model, ctx.workload, cluster, target=target_of(spec), searched=spec.space.searched()
     )
 
 
@@ -81,7 +83,7 @@ def finish_study(
     from .report import improvement_line, results_rows, study_summary, summary_lines, summary_metrics, write_results_csv
     from .study_plots import write_plots
 
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     results_csv = write_results_csv(
         results_rows(result.records, objectives, spec.workload.kind), directory / "results.csv"
     )
@@ -91,7 +93,7 @@ def finish_study(
     chosen = result.chosen
     if chosen is not None:
         context = export_context(spec, chosen)
-        target_formats = default_formats(spec.target_stack, spec.workload.kind)
+        target_formats = default_formats(target_of(spec), spec.workload.kind)
         # every format that can launch the config exactly; the target's own are expected to
         refused = refusals(context, list(EXPORTERS))
         for name, reasons in refused.items():
@@ -184,7 +186,7 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
     from .report import best_payload, status_counts, status_line
     from .storage import journal_path
 
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     result, exports = outcome.result, finished.exports
     recommendation, chosen = result.recommendation, result.chosen
     source = "simulated" if backend.simulated else "measured"
@@ -224,7 +226,7 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
         launch = next(
             (
                 exports[f]
-                for f in default_formats(spec.target_stack, spec.workload.kind)
+                for f in default_formats(target_of(spec), spec.workload.kind)
                 if f not in ("yaml", "env") and f in exports
             ),
             None,
@@ -236,12 +238,12 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
             if len(objectives) > 1
             else "best config:    "
         )
-        how = f"launch with {spec.target_stack}: {launch}, " if launch else ""
+        how = f"launch with {target_of(spec)}: {launch}, " if launch else ""
         steps.append(f"  {label} {exports['yaml']}   ({how}env: {exports['env']})")
     if backend.simulated:
         how = (
-            f"backend {spec.target_stack}, the engine itself"
-            if spec.workload.kind == "serve" and spec.target_stack != "none"
+            f"backend {target_of(spec)}, the engine itself"
+            if spec.workload.kind == "serve" and target_of(spec) != "none"
             else "backend torch or command"
         )
         steps.append(f"  these are predictions: run on the target cluster ({how}) to measure them")

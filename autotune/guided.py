@@ -60,7 +60,7 @@ import numpy as np
 
 from .ranking import Ranking
 from .refit import COMPONENTS
-from .spec import DERIVED_PARAMS
+from .spec_space import DERIVED_PARAMS
 from .workers.protocol import PEAK_LEAVES_OUT
 
 __all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "PEAK_LEAVES_OUT", "family_of"]

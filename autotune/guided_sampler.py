@@ -107,32 +107,20 @@ class GuidedSampler(BaseSampler):
         with the spec's ``search`` settings, seed and budget; the first objective guides. The
         space is enumerated and ranked with the simulator unless ``space``/``ranking`` are given
         (the study runner has them already)."""
-        from .context import probe_context
         from .ranking import rank_space
-        from .spec import Spec
         from .spec_load import load_spec
+        from .study_settings import guide_settings, objectives_of, probe_context
 
-        if not isinstance(spec, Spec):
+        if isinstance(spec, (str, Path)):
             spec = load_spec(Path(spec))
         space = space or Space(spec)
-        objectives = spec.objective_list()
+        objectives = objectives_of(spec)
+        context = probe_context(spec)
         if ranking is None:
-            ranking = rank_space(space.enumerate(), probe_context(spec), objectives)
-        sp = spec.search
-        kwargs.setdefault("seed", sp.seed)
-        kwargs.setdefault("n_trials", sp.n_trials)
-        kwargs.setdefault(
-            "settings",
-            GuideSettings(
-                explore_kappa=sp.explore_kappa,
-                fit_confidence=sp.fit_confidence,
-                stop_early=sp.stop_early,
-                min_fit_probability=sp.min_fit_probability,
-                max_oom_share=sp.max_oom_share,
-                max_doubt_probes=sp.max_doubt_probes,
-                device_usable_gib=probe_context(spec).hardware.get("usable_memory_gib"),
-            ),
-        )
+            ranking = rank_space(space.enumerate(), context, objectives)
+        kwargs.setdefault("seed", spec.search.seed)
+        kwargs.setdefault("n_trials", spec.search.n_trials)
+        kwargs.setdefault("settings", guide_settings(spec, context))
         return cls(ranking, space, objectives[0], **kwargs)
 
     def proposal(self, number: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.workers.parameters import instance_devices, value
 from autotune.workers.protocol import ProbeResult
 
 from .sanity import is_finite_number as _finite
@@ -62,7 +63,7 @@ def interpret(
 
         from .sanity import implausible_metrics
 
-        precision = str(config.get("precision", "bf16"))
+        precision = value(config, "precision")
         for k, v in derive_metrics(
             metrics,
             context.model,
@@ -71,7 +72,7 @@ def interpret(
             devices,
             precision,
             cost_per_device_hour=context.cluster.get("cost_per_device_hour"),
-            instance_devices=int(config.get("tp", 1) or 1) * int(config.get("pp", 1) or 1),
+            instance_devices=instance_devices(config),
         ).items():
             metrics.setdefault(k, v)
         problems = implausible_metrics(metrics, context.model, context.workload, context.hardware, precision)

@@ -11,26 +11,36 @@ machines) cannot win, and is killed. It is recorded as ``pruned`` with the steps
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .interpret import measured_step_times
 from .records import TrialRecord
 from .sanity import is_finite_number as _finite
-from .spec import Spec
+from .settings import Objectives
 
-__all__ = ["LoserPruner"]
+__all__ = ["LoserPruner", "PruneSettings"]
 
 _STEP_OBJECTIVES = ("tokens_per_s_per_device", "tokens_per_s", "samples_per_s", "step_time_s")
 
 
-class LoserPruner:
-    """Keeps the running trials' streamed steps; cancels the confident losers."""
+@dataclass(frozen=True)
+class PruneSettings:
+    """The pruner's settings, made once from the spec's ``search:`` section by the assembly."""
 
-    def __init__(self, spec: Spec, simulated: bool):
-        self.settings = spec.search
-        objectives = spec.objective_list()
+    prune: bool  # search.prune: the user allows stopping a probe that cannot win
+    prune_margin: float  # search.prune_margin: how much slower than the best a probe must be to be stopped
+    prune_min_steps: int  # search.prune_min_steps: measured steps a probe makes before it is judged
+
+
+class LoserPruner:
+    """Keeps the running trials' streamed steps; cancels the confident losers (``objectives``:
+    the study's, resolved; only a single step-time objective on real probes is pruned)."""
+
+    def __init__(self, settings: PruneSettings, objectives: Objectives, simulated: bool):
+        self.settings = settings
         self.active = (
-            spec.search.prune and not simulated and len(objectives) == 1 and objectives[0][0] in _STEP_OBJECTIVES
+            settings.prune and not simulated and len(objectives) == 1 and objectives[0].metric in _STEP_OBJECTIVES
         )
         self.live_steps: dict[int, list[dict[str, Any]]] = {}  # step events of running trials
         self.reasons: dict[int, str] = {}  # trials being stopped early, and why

@@ -25,6 +25,7 @@ from typing import Any
 from autotune.workers.protocol import ProbeResult, TrialRequest, write_trial_file
 
 from .dispatch import (
+    DispatchSettings,
     _FORCE_CANCEL_AFTER_S,
     _NODE_CACHE_S,
     _RAY_CLIENT_PORT,
@@ -173,6 +174,11 @@ class RayDispatcher(Dispatcher):
     ``run_dir``: a copy of every trial file is kept in ``run_dir/trials/`` (the probe itself reads
     one written on its worker's local disk: the driver sends the request, not a path).
     """
+
+    @classmethod
+    def from_settings(cls, settings: DispatchSettings, run_dir: str | Path | None = None) -> "RayDispatcher":
+        """The Ray dispatcher a study's :class:`~autotune.dispatch.DispatchSettings` ask for."""
+        return cls(address=settings.ray_address, num_cpus=settings.ray_num_cpus, resources=None, run_dir=run_dir)
 
     def __init__(
         self,

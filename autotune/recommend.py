@@ -24,7 +24,7 @@ single-objective studies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from .sanity import is_finite_number
 from .workers.protocol import PEAK_COUNTS_KEY, PEAK_LEAVES_OUT
@@ -139,19 +139,21 @@ def recommend(
     return Recommendation(chosen, top, room, top_room, tol, sentence)
 
 
-def study_recommendation(spec: Any, records: list[Any], best: list[Any]) -> Recommendation | None:
+def study_recommendation(
+    spec: Any, records: list[Any], best: list[Any], objectives: Sequence[tuple[str, str]] | None = None
+) -> Recommendation | None:
     """The recommendation of a study under its spec's ``recommend:`` settings (capacity: the
     device memory of the spec's hardware profile; predictions or measurements from the best's
-    source)."""
+    source; ``objectives``: the spec's, resolved, when the caller has them)."""
     if not best:
         return None
-    from .context import probe_context
+    from .study_settings import objectives_of, probe_context
 
     capacity = probe_context(spec).hardware.get("device_memory_gib")
     return recommend(
         records,
         best,
-        spec.objective_list(),
+        list(objectives) if objectives is not None else list(objectives_of(spec)),
         float(capacity) if is_finite_number(capacity) else None,
         spec.recommend.min_headroom_gib,
         spec.recommend.tolerance,

@@ -18,6 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from autotune.workers.parameters import value
+
 from .report import WIDTH, wrap_line
 from .spec_errors import escape_text
 
@@ -100,8 +102,8 @@ def _instances(config: dict[str, Any]) -> str:
     that has replicas (inference and serving); "" for a training config."""
     if "replicas" not in config:
         return ""
-    pp = config.get("pp", 1)
-    return f"{config['replicas']} x tp{config.get('tp', 1)}" + (f" pp{pp}" if pp not in (1, None) else "")
+    pp = value(config, "pp")
+    return f"{config['replicas']} x tp{value(config, 'tp')}" + (f" pp{pp}" if pp != 1 else "")
 
 
 def fmt_metric(v: Any, name: str = "") -> str:

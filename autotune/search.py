@@ -7,7 +7,10 @@ Like Optuna's ``study/_optimize.py``, one trial is one path, read top to bottom 
 -> tell -> notify the listeners); this loop only starts trials, hands back what the dispatcher
 returned, and stops: the stop conditions are a flat list of small named checks. The loop is given
 its dispatcher and launcher (the CLI assembles them, :mod:`autotune.assembly`); it never chooses
-them.
+them. Nor does it read the spec (issue 43): like Hydra's sweeper, it takes typed settings
+(:class:`LoopSettings`, made once by the assembly, the objectives resolved) and its set-up
+(:class:`autotune.study_plan.StudyPlan`: rank, sampler, storage, plan, the study's result) from
+outside.
 
 Guarantees, all backed by Optuna storage: resumable (a killed run's trials re-queued,
 :mod:`autotune.requeue`); no config probed twice (a repeat answered from the earlier result);
@@ -17,9 +20,9 @@ is never a measured one (``autotune.source``).
 
 from __future__ import annotations
 
-import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,8 +30,8 @@ import optuna
 
 from autotune.workers.protocol import TrialRequest
 
-from .backends import BackendChoice
-from .context import ProbeContext, probe_context
+from .context import ProbeContext, RequestSettings
+from .guided import GuideSettings
 from .guided_sampler import GuidedSampler
 from .importance import record_importances
 from .listeners import (
@@ -42,62 +45,63 @@ from .listeners import (
 )
 from .memory_profile import cost_of_trials
 from .profiling import MemoryProfiler
-from .pruning import LoserPruner
+from .pruning import LoserPruner, PruneSettings
 from .ranking import Ranking
 from .records import is_tracked, measured_configs, trial_records
 from .refit import Refit
 from .requeue import recover_interrupted
-from .space import Space
-from .spec import Spec
-from .storage import open_study, study_storage
+from .settings import Objectives
 from .study_definition import record_definition
 from .usable_memory import USABLE_ATTR
-from .study_plan import Unplaceable, check_placeable, enqueue_plan, make_sampler, rank_for_study, valid_count
-from .study_result import StudyOutcome, StudyResult
+from .study_plan import StudyPlan
+from .study_result import StudyOutcome
 from .stop_conditions import (
     MAX_INFRA_IN_A_ROW,
     LoopState,
+    budget_stop,
     deadline_reached,
+    infrastructure_stop,
     guide_says_stop,
     sampler_stuck,
     space_exhausted,
 )
-from .trial_attrs import A
 from .trial_resolve import TrialResolver
 from .trial_run import TrialRunner
 
-__all__ = [
-    "StudyRunner",
-    "SearchObserver",
-    "StudyOutcome",
-    "ALREADY_COMPLETE",
-    "Unplaceable",
-    "open_study",
-    "study_storage",
-    "make_sampler",
-    "A",
-]
+__all__ = ["LoopSettings", "StudyRunner", "SearchObserver", "StudyOutcome"]
 
-log = logging.getLogger(__name__)
 
-# the stop reason of a run that found the study's budget already spent
-ALREADY_COMPLETE = (
-    "already complete, nothing run: earlier runs spent the budget (search.n_trials); raise it to measure more, "
-    "or --fresh-study to start over"
-)
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop and its trials read of the spec, made once by the assembly
+    (:func:`autotune.assembly.loop_settings`)."""
+
+    objectives: Objectives  # the study's, resolved once: what Optuna is told, what "best" means, what the guide aims at
+    simulated: bool  # the analytical model answers: one trial at a time, no guide, no pruning, no placement check
+    n_trials: int  # search.n_trials: the budget, in full-probe equivalents
+    timeout_s: float | None  # search.timeout_s: no trial is started after this many seconds
+    parallel: int  # trials in flight at once: search.parallel_trials, 1 on the simulator
+    rank_first: bool  # search.sampler is auto: the simulator ranks the space; its best bets or the guide propose
+    memory_profiles: bool  # search.memory_profiles: the user asked for profiles (said when the guide cannot run them)
+    seed: int | None  # search.seed: the guide's independent sampler
+    guide: GuideSettings  # the guide's knobs, for sampler auto on real probes
+    prune: PruneSettings  # when a running probe is stopped as one that cannot win
+    request: RequestSettings  # what each trial file says beside its config: the probe context, the study, the backend
 
 
 class StudyRunner:
-    """Runs one study to its budget with the ``dispatcher`` (and ``launcher``: a trial request ->
-    the launch of its probe, None for an in-process dispatcher) it is given, and the study's MLflow
-    listener ``tracking`` (:func:`autotune.assembly.tracking_for`; None in tests and with
-    ``--no-tracking``): the loop tells it what it tells every listener and imports no tracking module."""
+    """Runs one study to its budget under its ``settings`` and ``plan`` (the study's set-up, bound
+    to its spec by the assembly: :func:`autotune.assembly.study_runner` makes all three), with the
+    ``dispatcher`` (and ``launcher``: a trial request -> the launch of its probe, None for an
+    in-process dispatcher) it is given, and the study's MLflow listener ``tracking``
+    (:func:`autotune.assembly.tracking_for`; None in tests and with ``--no-tracking``): the loop
+    tells it what it tells every listener and imports no tracking module."""
 
     def __init__(
         self,
-        spec: Spec,
+        settings: LoopSettings,
+        plan: StudyPlan,
         run_dir: Path,
-        backend: BackendChoice,
         *,
         dispatcher: Any,
         launcher: Callable[[TrialRequest], Any] = lambda request: None,
@@ -109,7 +113,7 @@ class StudyRunner:
         definition: dict[str, Any] | None = None,
         usable_memory: dict[str, Any] | None = None,
     ):
-        self.spec, self.run_dir, self.backend = spec, run_dir, backend
+        self.settings, self.plan, self.run_dir = settings, plan, run_dir
         self.dispatcher, self.launcher = dispatcher, launcher
         self.definition = definition  # what defines the study (study_definition), kept on it when created
         self.usable_memory = usable_memory  # what the device check said (autotune.usable_memory), kept on it
@@ -117,11 +121,11 @@ class StudyRunner:
         # callback, "Exception ignored in ...") still stops the loop: the CLI's flag, checked here
         self.stop_requested = stop_requested or (lambda: False)
         self.observer = observer or _Quiet()
-        self.space = Space(spec)
-        self.context: ProbeContext = probe_context(spec)
-        self.objectives = spec.objective_list()
-        self.parallel = 1 if backend.simulated else spec.search.parallel_trials
-        self.cache = None if backend.simulated else cache  # real probes' results across studies (autotune.cache)
+        self.space = plan.space
+        self.context: ProbeContext = settings.request.context
+        self.objectives = settings.objectives
+        self.parallel = settings.parallel
+        self.cache = None if settings.simulated else cache  # real probes' results across studies (autotune.cache)
         self.reuse_cache = reuse_cache
         self.ranking: Ranking | None = None
         self.guided: GuidedSampler | None = None  # sampler auto on real probes: model-guided proposals
@@ -132,7 +136,7 @@ class StudyRunner:
             bool(self.context.hardware.get("calibrated_at")), on_moved=self._say_refit, on_refit=self._refit_changed
         )
         self.listeners: list[TrialListener] = [x for x in (self.tracking, self.refits) if x is not None]
-        self.pruner = LoserPruner(spec, backend.simulated)
+        self.pruner = LoserPruner(settings.prune, settings.objectives, settings.simulated)
         self.profiler: MemoryProfiler | None = None  # profile-then-probe (autotune.profiling), set in _open
         self.trials: TrialRunner | None = None  # each trial, ask to listeners (autotune.trial_run), set in _open
         # checked, in order, before each proposal: the first that answers stops asking
@@ -151,13 +155,13 @@ class StudyRunner:
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> StudyOutcome:
         """Probe until a stop condition holds; a study whose budget earlier runs spent runs nothing
-        and says so (:data:`ALREADY_COMPLETE`)."""
+        and says so (:data:`autotune.stop_conditions.ALREADY_COMPLETE`)."""
         study, loop = self._open()
         try:
             while True:
                 if self.stop_requested():
                     raise KeyboardInterrupt
-                if not loop.pending and (why := self._infrastructure_stop(loop)):
+                if not loop.pending and (why := infrastructure_stop(loop)):
                     loop.stopped = why
                     break
                 while self._may_start(loop):
@@ -168,7 +172,7 @@ class StudyRunner:
                     self.trials.start(study, loop)
                 if not loop.pending:
                     if loop.started >= loop.budget:
-                        loop.stopped = ALREADY_COMPLETE if loop.done_before >= loop.budget else "budget reached"
+                        loop.stopped = budget_stop(loop)
                     break
                 for handle, result in self.dispatcher.wait_any(timeout=0.25):
                     self.trials.returned(study, loop, handle, result)
@@ -184,59 +188,70 @@ class StudyRunner:
             raise
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
-        record_importances(study, self.objectives, self.ranking if self.backend.simulated else None)
+        record_importances(study, self.objectives, self.ranking if self.settings.simulated else None)
         parent = getattr(self.tracking, "parent_run_id", None)
-        result = StudyResult.load(self.spec, study)
+        result = self.plan.result(study)
         return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, loop.infra_failure)
 
     def _open(self) -> tuple[optuna.Study, LoopState]:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.spec.search.sampler == "auto":
-            self.ranking = rank_for_study(
-                self.spec,
-                self.space,
-                self.context,
-                self.run_dir,
-                self.observer.on_message,
-                phase=lambda text: observer_phase(self.observer, text),
+        settings, plan = self.settings, self.plan
+        if settings.rank_first:
+            self.ranking = plan.rank(
+                self.run_dir, self.observer.on_message, phase=lambda text: observer_phase(self.observer, text)
             )
         ranking = self.ranking
-        if ranking is not None and not self.backend.simulated and len(self.objectives) == 1 and ranking.order.size:
-            self.guided = GuidedSampler.from_spec(self.spec, space=self.space, ranking=ranking)
-        self.profiler = MemoryProfiler(self.spec, self.guided)
-        if self.guided is not None and not self.profiler.available and self.spec.search.memory_profiles:
+        if ranking is not None and not settings.simulated and len(self.objectives) == 1 and ranking.order.size:
+            self.guided = GuidedSampler(
+                ranking,
+                self.space,
+                self.objectives[0],
+                settings=settings.guide,
+                seed=settings.seed,
+                n_trials=settings.n_trials,
+            )
+        self.profiler = plan.memory_profiler(self.guided)
+        if self.guided is not None and not self.profiler.available and settings.memory_profiles:
             self.observer.on_message(f"memory profiles off: {self.profiler.why_not}")
-        sampler = self.guided or make_sampler(self.spec, self.space, len(self.objectives), self.parallel)
-        study = open_study(self.spec, self.run_dir, sampler)
+        sampler = self.guided or plan.sampler(self.parallel)
+        study = plan.open(self.run_dir, sampler)
         if self.definition is not None:
             record_definition(study, self.definition)
         if self.usable_memory:
             study.set_user_attr(USABLE_ATTR, self.usable_memory)
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
-            study.sampler = make_sampler(self.spec, self.space, len(self.objectives), self.parallel, existing)
+            study.sampler = plan.sampler(self.parallel, existing)
         recover_interrupted(study, self.space, self.observer.on_message)
         # the budget counts full-probe equivalents: a memory profile costs its share of a full probe
         probes_done = cost_of_trials(
             r.budget_attrs() for r in trial_records(study) if is_tracked(r) and r.status != "infra"
         )
-        budget = self.spec.search.n_trials
-        simulated = self.backend.simulated
+        budget = settings.n_trials
+        simulated = settings.simulated
         left = int(math.floor(budget - probes_done + 1e-9))  # whole full probes left
-        enqueue_plan(study, self.spec, self.space, ranking, left, simulated, self.guided is not None)
+        plan.enqueue(study, ranking, left, simulated, self.guided is not None)
         refit = lambda: self.refits.refit  # noqa: E731 - the latest, read at each resolution
         self.resolver = TrialResolver(
-            self.spec, self.space, self.context, simulated, self.guided, ranking, refit, self.cache, self.reuse_cache
+            self.space,
+            settings.request,
+            self.objectives,
+            simulated,
+            self.guided,
+            ranking,
+            refit,
+            self.cache,
+            self.reuse_cache,
         )
         if self.cache is not None:
-            self.listeners.append(ResultCacheListener(self.cache, self.resolver.cache_key, self.spec.name))
+            self.listeners.append(ResultCacheListener(self.cache, self.resolver.cache_key, settings.request.study))
         if self.guided is not None:
             self.listeners.append(GuideEstimatesListener(self.guided))
         self.trials = TrialRunner(
-            self.spec,
             self.space,
-            self.context,
+            settings.request,
+            self.objectives,
             self.run_dir,
             resolver=self.resolver,
             profiler=self.profiler,
@@ -252,10 +267,10 @@ class StudyRunner:
             listener.study_started(study, ranking)
         self.observer.on_start(budget, int(round(probes_done)))
         seen = measured_configs(study)
-        if not self.backend.simulated:
-            check_placeable(self.spec, self.dispatcher)
-        deadline = time.monotonic() + self.spec.search.timeout_s if self.spec.search.timeout_s else None
-        total = valid_count(self.spec, self.space, ranking)
+        if not simulated:
+            plan.check_placeable(self.dispatcher)
+        deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
+        total = plan.valid_count(ranking)
         return study, LoopState(budget, probes_done, seen, total, deadline, done_before=probes_done)
 
     def _may_start(self, loop: LoopState) -> bool:
@@ -265,18 +280,6 @@ class StudyRunner:
             and loop.infra_in_a_row < MAX_INFRA_IN_A_ROW
             and not loop.infra_failure
         )
-
-    # ---- stop conditions ---------------------------------------------------------------------------
-    def _infrastructure_stop(self, loop: LoopState) -> str | None:
-        if loop.infra_failure:
-            return loop.infra_failure
-        if loop.infra_in_a_row >= MAX_INFRA_IN_A_ROW:
-            loop.infra_failure = (
-                f"the infrastructure failed {loop.infra_in_a_row} trials in a row (see their "
-                "reasons): fix the cluster and run the same command to resume"
-            )
-            return loop.infra_failure
-        return None
 
     # ---- helpers -----------------------------------------------------------------------------------
     def close(self) -> None:

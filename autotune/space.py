@@ -30,8 +30,16 @@ import numpy as np
 from .safe_expr import Expression, compile_expression
 from .space_enumeration import ConfigRows, Enumeration, _Codes, _scalar, _unique_rows, config_key
 from .spec import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
-from .stacks import target_violations
-from .workers.parameters import batched_below_seqs, serving_default
+from .stacks import target_of, target_violations
+from .workers.parameters import (
+    batched_below_seqs,
+    data_parallel,
+    default,
+    effective_vpp,
+    grad_accum as grad_accum_of,
+    sequence_parallel_on,
+    serving_default,
+)
 
 __all__ = [
     "Space",
@@ -46,24 +54,28 @@ __all__ = [
     "SERVE_DEFAULTS",
 ]
 
-# Values of parameters the spec does not search (docs/ARCHITECTURE.md defaults).
+# Values of parameters the spec does not search: the parameter table's (autotune.workers.parameters);
+# the study's default on every accelerator (a CPU spec names fp32 itself: search_spaces/tiny_llama_cpu*.yaml)
 TRAIN_DEFAULTS: dict[str, Any] = {
-    "tp": 1,
-    "pp": 1,
-    "cp": 1,
-    "vpp": 1,
-    "micro_batch_size": 1,
-    "sequence_parallel": False,
-    "recompute": "none",
-    "zero_stage": 0,
-    "precision": "bf16",
+    name: default(name)
+    for name in (
+        "tp",
+        "pp",
+        "cp",
+        "vpp",
+        "micro_batch_size",
+        "sequence_parallel",
+        "recompute",
+        "zero_stage",
+        "precision",
+    )
 }
 # inference: the workload's batch sizes are measurement points of every config, never a knob
-INFER_DEFAULTS: dict[str, Any] = {"tp": 1, "precision": "bf16"}
+INFER_DEFAULTS: dict[str, Any] = {name: default(name) for name in ("tp", "precision")}
 # a serving engine's settings when the spec does not search them (vLLM's defaults where it has one)
 SERVE_DEFAULTS: dict[str, Any] = {
-    "tp": 1,
-    "pp": 1,
+    "tp": default("tp"),
+    "pp": default("pp"),
     "replicas": 1,
     # the engine's defaults from the parameter table (autotune.workers.parameters), in this order
     "max_num_seqs": serving_default("max_num_seqs"),
@@ -75,7 +87,7 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "graph_mode": "graph",
     "kv_cache_dtype": "auto",
     "quantization": "none",
-    "precision": "bf16",
+    "precision": default("precision"),
 }
 
 
@@ -194,9 +206,8 @@ class Space:
         else:
             self.constants.update(prompt_len=w.prompt_len, gen_len=w.gen_len)
         self.user_constraints: list[Expression] = [compile_expression(c) for c in spec.constraints]
-        self.target: str | None = (
-            spec.target_stack if (self.training or self.serving) and spec.target_stack != "none" else None
-        )
+        target = target_of(spec)
+        self.target: str | None = target if (self.training or self.serving) and target != "none" else None
         # what a stack's rules know of the study besides the config (autotune.stacks.fact_columns)
         self.facts = {
             "accelerator": spec.cluster.accelerator,
@@ -444,19 +455,19 @@ class Space:
             mbs = out["micro_batch_size"].astype(int)
             model_par = tp * pp * cp
             reasons[f"tp*pp*cp does not divide the world size ({self.world})"] = self.world % model_par != 0
-            dp = np.maximum(self.world // model_par, 1)
+            dp = np.maximum(data_parallel(self.world, tp, pp, cp).astype(int), 1)
             gbs = self.constants["global_batch_size"]
             reasons[f"global_batch_size ({gbs}) not divisible by micro_batch_size*dp"] = gbs % (mbs * dp) != 0
-            grad_accum = np.maximum(gbs // np.maximum(mbs * dp, 1), 1)
+            grad_accum = np.maximum(grad_accum_of(gbs, mbs, dp).astype(int), 1)
             # canonical form: settings that cannot matter take their neutral value
-            vpp = np.where(pp == 1, 1, vpp)
+            vpp = effective_vpp(vpp, pp)
             reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = self.layers % (pp * vpp) != 0
             reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (
                 grad_accum % pp != 0
             )
             seq = self.constants["seq_len"]
             reasons[f"seq_len ({seq}) not divisible by 2*cp"] = (cp > 1) & (seq % (2 * cp) != 0)
-            sp = out["sequence_parallel"].astype(bool) & (tp > 1)
+            sp = sequence_parallel_on(out["sequence_parallel"].astype(bool), tp)
             reasons[f"sequence_parallel needs seq_len ({seq}) divisible by tp"] = sp & (seq % tp != 0)
             zero = np.where(dp * cp == 1, 0, out["zero_stage"].astype(int))
             recompute = out["recompute"].astype(object)

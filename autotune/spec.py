@@ -22,9 +22,11 @@ baseline against the space, the hardware profile, the target) are :mod:`autotune
 The schema imports no stack, simulator, hardware-profile or objectives module
 (tests/test_import_graph.py): the names ``target:`` and ``backend.kind`` accept come from the leaf
 :mod:`autotune.stack_names`; an allocator config is parsed by :mod:`autotune.workers.alloc_conf`,
-which the simulator reads too. Two derived views ask a catalogue above the schema when called, never
-at import: :attr:`Spec.target_stack` (the stack registry's default target) and
-:meth:`Spec.objective_list` (a metric's default direction).
+which the simulator reads too. What needs a catalogue above the schema is resolved there: the
+target a spec without ``target:`` is tuned for by the stack registry
+(:func:`autotune.stacks.target_of`). The objectives with their default directions are resolved once, above
+the schema (:func:`autotune.study_settings.objectives_of`), and so is the one-line summary of a spec
+(:func:`autotune.cli_output.spec_summary`).
 
 ``spec`` starts no cluster and logs nothing (docs/ARCHITECTURE.md, data flow).
 """
@@ -335,49 +337,3 @@ class Spec(Strict):
     @property
     def is_training(self) -> bool:
         return self.workload.kind == "train"
-
-    @property
-    def target_stack(self) -> str:
-        """``target``, or the default for the backend and accelerator (:func:`autotune.stacks.default_target`:
-        the registry's rules, read when asked, since the registry is above the schema)."""
-        from .stacks import default_target
-
-        return self.target or default_target(
-            self.backend.kind, self.cluster.accelerator, tuple(self.space.choices()), workload_kind=self.workload.kind
-        )
-
-    def objective_list(self) -> list[tuple[str, str]]:
-        """(metric, direction) pairs with defaults applied."""
-        from autotune.objectives import get_metric
-
-        default = {
-            "train": "tokens_per_s_per_device",
-            "infer": "decode_tokens_per_s_per_device",
-            "serve": "goodput_rps_per_device",
-        }
-        objectives = self.objectives or [ObjectiveSpec(metric=default[self.workload.kind])]
-        return [(o.metric, o.direction or get_metric(o.metric).direction) for o in objectives]
-
-    def summary(self) -> str:
-        w = self.workload
-        if isinstance(w, TrainWorkload):
-            work = f"train seq {w.seq_len} gbs {w.global_batch_size}"
-        elif isinstance(w, ServeWorkload):
-            prompt, output = w.traffic.mean()
-            rates = "/".join(f"{r:g}" for r in w.traffic.rates)
-            work = f"serve prompt ~{prompt:.0f} output ~{output:.0f} at {rates} req/s"
-            work += f", SLO ttft p99 {w.slo.ttft_p99_ms:g} ms"
-            if w.slo.tpot_p99_ms:
-                work += f" tpot p99 {w.slo.tpot_p99_ms:g} ms"
-        else:
-            work = f"infer prompt {w.prompt_len} gen {w.gen_len}"
-        objs = ", ".join(f"{m} ({d[:3]})" for m, d in self.objective_list())
-        n = self.model.num_parameters()
-        size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
-        return (
-            f"{self.name}: {self.model.name} ({size} params), {work}, "
-            f"{self.cluster.nodes}x{self.cluster.devices_per_node} {self.cluster.accelerator} "
-            f"({self.cluster.profile_name}), {len(self.space.choices())} searched params, "
-            f"backend {self.backend.kind}, target {self.target_stack}, objectives {objs}, "
-            f"budget {self.search.n_trials} trials"
-        )

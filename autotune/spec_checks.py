@@ -206,14 +206,16 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
     if spec.backend.kind == "mindspore" and spec.cluster.accelerator == "cuda":
         problems.append(SpecProblem(("backend", "kind"), "the mindspore backend runs on npu or cpu, not cuda"))
     seq_len, positions = getattr(spec.workload, "seq_len", None), spec.model.max_position_embeddings
-    if kind == "train" and seq_len and seq_len > positions and spec.target_stack in ("megatron", "mindspeed"):
+    from .stacks import target_of
+
+    if kind == "train" and seq_len and seq_len > positions and target_of(spec) in ("megatron", "mindspeed"):
         problems.append(
             SpecProblem(
                 ("workload", "seq_len"),
                 (
                     f"{seq_len} is above the model's max_position_embeddings {positions}: Megatron's "
                     f"validate_args refuses --seq-length {seq_len} with --max-position-embeddings {positions} "
-                    f"(target {spec.target_stack}); train at most {positions}, or give the model "
+                    f"(target {target_of(spec)}); train at most {positions}, or give the model "
                     f"`max_position_embeddings: {seq_len}` (a model mapping, for a context extension)"
                 ),
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from autotune.workers.parameters import value
 from autotune.workers.torch_probe.launch import static_rendezvous
 
 from .memory_profile import fill_num_layers, num_layers_of
@@ -53,12 +54,7 @@ def preset_launch(
     if stack.serving:
         return _serving_launch(stack, backend, request, python)
     config, workload = request.params, request.workload
-    devices = (
-        int(config.get("tp", 1))
-        * int(config.get("pp", 1))
-        * int(config.get("cp", 1) or 1)
-        * int(config.get("dp", 1) or 1)
-    )
+    devices = value(config, "tp") * value(config, "pp") * value(config, "cp") * value(config, "dp")
     gbs = int(workload.get("global_batch_size") or 0)
     seq = int(workload.get("seq_len") or 0)
     # one process per node; the dispatcher fills in the placeholders
@@ -102,7 +98,7 @@ def _serving_launch(stack: Any, backend: Any, request: Any, python: str | None) 
     """A serving engine's preset: the probe's argv and ``engine.json`` (no log reader: the serving
     probe prints the protocol)."""
     config = request.params
-    devices = int(config.get("replicas", 1) or 1) * int(config.get("tp", 1)) * int(config.get("pp", 1))
+    devices = int(config.get("replicas", 1) or 1) * value(config, "tp") * value(config, "pp")
     entry = backend.entry or stack.default_entry
     run = PresetRun(
         request=request,

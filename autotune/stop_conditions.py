@@ -14,8 +14,11 @@ import optuna
 from optuna.trial import TrialState
 
 __all__ = [
+    "ALREADY_COMPLETE",
     "LoopState",
     "MAX_INFRA_IN_A_ROW",
+    "budget_stop",
+    "infrastructure_stop",
     "MAX_MISSES",
     "deadline_reached",
     "space_exhausted",
@@ -25,6 +28,12 @@ __all__ = [
 
 MAX_INFRA_IN_A_ROW = 3  # then the cluster, not the configs, is the problem: stop and say so
 MAX_MISSES = 200  # proposals in a row answered without a probe (rejected or repeats): the sampler is stuck
+
+# the stop reason of a run that found the study's budget already spent
+ALREADY_COMPLETE = (
+    "already complete, nothing run: earlier runs spent the budget (search.n_trials); raise it to measure more, "
+    "or --fresh-study to start over"
+)
 
 
 @dataclass
@@ -71,3 +80,22 @@ def guide_says_stop(guide: Any, study: optuna.Study) -> str | None:
         return None
     why = guide.stop_reason(study)
     return f"stopped early: {why}" if why else None
+
+
+def infrastructure_stop(loop: LoopState) -> str | None:
+    """The cluster lost capacity, or failed :data:`MAX_INFRA_IN_A_ROW` trials in a row: checked by the
+    loop before anything else, with nothing in flight (the study ends with exit 3)."""
+    if loop.infra_failure:
+        return loop.infra_failure
+    if loop.infra_in_a_row >= MAX_INFRA_IN_A_ROW:
+        loop.infra_failure = (
+            f"the infrastructure failed {loop.infra_in_a_row} trials in a row (see their "
+            "reasons): fix the cluster and run the same command to resume"
+        )
+        return loop.infra_failure
+    return None
+
+
+def budget_stop(loop: LoopState) -> str:
+    """Why a loop with nothing in flight and its budget started stops: spent now, or by earlier runs."""
+    return ALREADY_COMPLETE if loop.done_before >= loop.budget else "budget reached"

@@ -24,6 +24,7 @@ from typing import Any
 
 import optuna
 
+from .settings import Objectives
 from .spec import Spec
 
 __all__ = ["StorageDamaged", "check_journal", "journal_path", "name_metrics", "open_study", "study_storage"]
@@ -207,11 +208,15 @@ class _FlockJournalLock:
 
 
 def open_study(
-    spec: Spec, run_dir: Path, sampler: optuna.samplers.BaseSampler | None = None, create: bool = True
+    spec: Spec,
+    run_dir: Path,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    create: bool = True,
+    objectives: Objectives | None = None,
 ) -> optuna.Study:
-    """The spec's study. Raises :class:`StorageDamaged` (naming the file) for a storage that
-    cannot be read as a study, and ``KeyError`` when ``create`` is false and there is no study of
-    that name in it."""
+    """The spec's study (``objectives``: the spec's, resolved, when the caller has them). Raises
+    :class:`StorageDamaged` (naming the file) for a storage that cannot be read as a study, and
+    ``KeyError`` when ``create`` is false and there is no study of that name in it."""
     path = journal_path(spec, run_dir)
     where = str(path) if path is not None else f"the Optuna storage {spec.tracking.storage} (tracking.storage)"
     if path is not None and create and (not path.exists() or path.stat().st_size == 0):
@@ -234,7 +239,11 @@ def open_study(
             f"{where}: Optuna cannot replay it ({type(exc).__name__}: {exc}); restore the file "
             "from a backup, or pass a new --run-dir to start the study over"
         ) from None
-    directions = [d for _, d in spec.objective_list()]
+    if objectives is None:
+        from .study_settings import objectives_of
+
+        objectives = objectives_of(spec)
+    directions = [d for _, d in objectives]
     if not create:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=sampler)
     else:
@@ -244,18 +253,22 @@ def open_study(
     if path is not None:
         _check_no_trial_lost(study, path, run_dir)
     if create:
-        name_metrics(study, spec)
+        name_metrics(study, spec, objectives)
     return study
 
 
-def name_metrics(study: optuna.Study, spec: Spec) -> None:
+def name_metrics(study: optuna.Study, spec: Spec, objectives: Objectives | None = None) -> None:
     """Name the study's objectives after the spec's metrics (``study.set_metric_names``), so that
     optuna-dashboard and ``trials_dataframe`` say ``decode_tokens_per_s``, not "Objective 0". On
     new and resumed studies (one written before autotune named them gets its names); written
     only when they change, so that a resume adds no record to the journal."""
     import warnings
 
-    names = [m for m, _ in spec.objective_list()]
+    if objectives is None:
+        from .study_settings import objectives_of
+
+        objectives = objectives_of(spec)
+    names = [m for m, _ in objectives]
     if study.metric_names == names or len(names) != len(study.directions):
         return
     with warnings.catch_warnings():  # set_metric_names is marked experimental

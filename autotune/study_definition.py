@@ -28,6 +28,7 @@ import optuna
 
 from .secret_env import SPEC_COPY, masked_backend
 from .spec import Spec
+from .stacks import target_of
 
 __all__ = [
     "StudyRedefined",
@@ -58,7 +59,7 @@ def definition(spec: Spec, backend_kind: str) -> dict[str, Any]:
         if isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in _NOT_DEFINING.get(section, ())}
         out[section] = value
-    out["target"] = spec.target_stack
+    out["target"] = target_of(spec)
     out["backend"] = {**(out.get("backend") or {}), "resolved": backend_kind}
     return json.loads(json.dumps(out, sort_keys=True))
 

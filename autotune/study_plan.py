@@ -1,6 +1,10 @@
 """How a study is set up before its first trial: the sampler, the simulator's ranking of the space,
 the plan queued from it (the baseline, the model's best bets), and the check that its trials can be
-placed at all. Functions of the spec and the study; the loop (:mod:`autotune.search`) calls them once.
+placed at all. Functions of the spec and the study.
+
+The loop (:mod:`autotune.search`) never sees the spec (issue 43: narrow settings): the assembly
+gives it a :class:`StudyPlan`, these functions bound to the spec, its space, its probe context and
+its resolved objectives, which the loop calls once each (as Hydra's sweeper is given its launcher).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -19,10 +23,12 @@ from .context import ProbeContext
 from .ranking import Ranking, rank_space
 from .sanity import is_finite_number as _finite
 from .space import Space, SpaceTooLarge, config_key
+from .settings import Objectives
 from .spec import Spec
 from .trial_attrs import ROOMIEST, UNDISTINGUISHED, A
 
 __all__ = [
+    "StudyPlan",
     "Unplaceable",
     "make_sampler",
     "rank_for_study",
@@ -78,9 +84,11 @@ def rank_for_study(
     run_dir: Path,
     say: Callable[[str], None],
     phase: Callable[[str], ContextManager[Any]] | None = None,
+    objectives: Objectives | None = None,
 ) -> Ranking | None:
     """Whole-space simulator ranking when the space is small enough to enumerate. ``phase``
-    keeps the user's status moving while a large space is enumerated and priced."""
+    keeps the user's status moving while a large space is enumerated and priced (``objectives``:
+    the spec's, resolved, when the caller has them)."""
     if space.size > spec.search.exhaustive_limit:
         say(
             f"space of {space.size:,} combinations is above the exhaustive limit "
@@ -99,7 +107,7 @@ def rank_for_study(
             return None
         if step is not None:
             step.update(f"pricing {enumeration.valid:,} valid configs")
-        ranking = rank_space(enumeration, context, spec.objective_list())
+        ranking = rank_space(enumeration, context, objectives if objectives is not None else _objectives(spec))
         ranking.write_csv(run_dir / "ranking.csv")
     say(
         f"ranked {enumeration.valid:,} valid configs, {ranking.fit:,} predicted to fit "
@@ -116,8 +124,10 @@ def enqueue_plan(
     budget_left: int,
     simulated: bool,
     guided: bool,
+    objectives: Objectives | None = None,
 ) -> None:
-    """Queue the baseline and, for ``sampler: auto``, the simulator's best bets.
+    """Queue the baseline and, for ``sampler: auto``, the simulator's best bets (``objectives``:
+    the spec's, resolved, when the caller has them).
 
     A resumed study already holds its plan (waiting trials) and gets no second one."""
     trials = study.get_trials(deepcopy=False)
@@ -144,6 +154,7 @@ def enqueue_plan(
     # objectives): the top half, then the sampler
     # one config per layout the model can tell apart: 20 trials are 20 layouts, not one
     # layout with 20 allocator settings the model prices the same
+    objectives = objectives if objectives is not None else _objectives(spec)
     k = budget_left if simulated else max(1, math.ceil(budget_left / 2))
     queued = 0
     # the ranked rows of the configs already in the study (a layout with one of them is taken)
@@ -160,12 +171,7 @@ def enqueue_plan(
             why += f"; {ROOMIEST}{layout.roomiest_text()}"
         study.enqueue_trial(
             params_for(space, config),
-            user_attrs={
-                A.CONFIG: config,
-                A.KEY: key,
-                A.PREDICTED: predicted_of(metrics, spec.objective_list()),
-                A.CHOSEN: why,
-            },
+            user_attrs={A.CONFIG: config, A.KEY: key, A.PREDICTED: predicted_of(metrics, objectives), A.CHOSEN: why},
         )
         already.add(key)
         taken.add(layout.index)
@@ -185,7 +191,7 @@ def params_for(space: Space, config: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def predicted_of(metrics: dict[str, Any], objectives: list[tuple[str, str]]) -> dict[str, float]:
+def predicted_of(metrics: dict[str, Any], objectives: Sequence[tuple[str, str]]) -> dict[str, float]:
     """The prediction kept with a trial: the metrics a user compares, and the step-time breakdown
     the refit (:mod:`autotune.refit`) learns from."""
     keys = {m for m, _ in objectives} | {
@@ -222,3 +228,63 @@ def check_placeable(spec: Spec, dispatcher: Any) -> None:
             f"{devices} {spec.cluster.accelerator} device(s){spread} (the spec's cluster "
             "section): start the nodes it needs, or change the spec's cluster"
         )
+
+
+def _objectives(spec: Spec) -> Objectives:
+    from .study_settings import objectives_of
+
+    return objectives_of(spec)
+
+
+class StudyPlan:
+    """The study's set-up, bound to its spec: what the loop calls once, never reading the spec itself.
+
+    Made by the assembly (:func:`autotune.assembly.study_runner`) with the study's ``space``, probe
+    ``context`` and resolved ``objectives``, the ones the loop's settings carry, so that the plan and
+    the trials can never rank, queue and judge by different ones."""
+
+    def __init__(self, spec: Spec, space: Space, context: ProbeContext, objectives: Objectives) -> None:
+        self._spec = spec
+        self.space, self.context, self.objectives = space, context, objectives
+
+    def rank(
+        self, run_dir: Path, say: Callable[[str], None], phase: Callable[[str], ContextManager[Any]] | None = None
+    ) -> Ranking | None:
+        """:func:`rank_for_study`."""
+        return rank_for_study(self._spec, self.space, self.context, run_dir, say, phase, self.objectives)
+
+    def sampler(self, parallel: int, resumed_at: int = 0) -> optuna.samplers.BaseSampler:
+        """:func:`make_sampler`, for the study's objectives."""
+        return make_sampler(self._spec, self.space, len(self.objectives), parallel, resumed_at)
+
+    def open(self, run_dir: Path, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+        """The study in its storage (:func:`autotune.storage.open_study`), created or resumed."""
+        from .storage import open_study
+
+        return open_study(self._spec, run_dir, sampler, objectives=self.objectives)
+
+    def enqueue(
+        self, study: optuna.Study, ranking: Ranking | None, budget_left: int, simulated: bool, guided: bool
+    ) -> None:
+        """:func:`enqueue_plan`."""
+        enqueue_plan(study, self._spec, self.space, ranking, budget_left, simulated, guided, self.objectives)
+
+    def memory_profiler(self, guided: Any) -> Any:
+        """The study's memory profiler (:class:`autotune.profiling.MemoryProfiler`) over the guide ``guided``."""
+        from .profiling import MemoryProfiler
+
+        return MemoryProfiler(self._spec, guided)
+
+    def check_placeable(self, dispatcher: Any) -> None:
+        """:func:`check_placeable`."""
+        check_placeable(self._spec, dispatcher)
+
+    def valid_count(self, ranking: Ranking | None) -> int | None:
+        """:func:`valid_count`."""
+        return valid_count(self._spec, self.space, ranking)
+
+    def result(self, study: optuna.Study) -> Any:
+        """What the study found (:class:`autotune.study_result.StudyResult`), read once."""
+        from .study_result import StudyResult
+
+        return StudyResult.load(self._spec, study, self.objectives)

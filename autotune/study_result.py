@@ -14,6 +14,7 @@ import optuna
 from .ranking import Ranking
 from .recommend import Recommendation, study_recommendation
 from .records import TrialRecord, best_records, guide_estimates, trial_records
+from .settings import Objectives
 from .spec import Spec
 
 __all__ = ["StudyResult", "StudyOutcome"]
@@ -29,11 +30,15 @@ class StudyResult:
     recommendation: Recommendation | None
 
     @classmethod
-    def load(cls, spec: Spec, study: optuna.Study) -> "StudyResult":
+    def load(cls, spec: Spec, study: optuna.Study, objectives: Objectives | None = None) -> "StudyResult":
+        """``objectives``: the spec's, resolved, when the caller has them (else resolved here)."""
+        from .study_settings import objectives_of
+
+        objectives = objectives if objectives is not None else objectives_of(spec)
         records = trial_records(study)
-        best = best_records(records, spec.objective_list(), guide_estimates(study))
+        best = best_records(records, objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
-        return cls(records, best, baseline, study_recommendation(spec, records, best))
+        return cls(records, best, baseline, study_recommendation(spec, records, best, objectives))
 
     @property
     def chosen(self) -> TrialRecord | None:

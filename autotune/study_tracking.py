@@ -29,7 +29,9 @@ from .sanity import is_finite_number as _finite
 from .records import REQUESTS_FILE
 from .secret_env import SPEC_COPY, write_spec_copy
 from .serving_plots import PLOT_NAME, latency_vs_rate_plot
+from .settings import Objectives
 from .spec import Spec
+from .study_settings import objectives_of
 from .trial_attrs import A
 from .tracking import NOTE_TAG, TERMINAL_STATUSES, error_line, mlflow_key
 
@@ -39,10 +41,19 @@ log = logging.getLogger(__name__)
 
 
 class StudyTracking(TrialListener):
-    """The study's MLflow content, written through ``tracker``."""
+    """The study's MLflow content, written through ``tracker`` (``objectives``: the spec's,
+    resolved, when the assembly has them)."""
 
     def __init__(
-        self, tracker: Any, spec: Spec, backend: BackendChoice, run_dir: Path, *, parallel: int, space_size: int
+        self,
+        tracker: Any,
+        spec: Spec,
+        backend: BackendChoice,
+        run_dir: Path,
+        *,
+        parallel: int,
+        space_size: int,
+        objectives: Objectives | None = None,
     ):
         self.tracker = tracker
         self.spec = spec
@@ -50,7 +61,7 @@ class StudyTracking(TrialListener):
         self.run_dir = run_dir
         self.parallel = parallel
         self.space_size = space_size
-        self.objectives = spec.objective_list()
+        self.objectives = objectives if objectives is not None else objectives_of(spec)
 
     @property
     def parent_run_id(self) -> str | None:

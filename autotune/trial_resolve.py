@@ -16,11 +16,11 @@ from optuna.trial import TrialState
 
 from autotune.workers.protocol import ProbeResult
 
+from .context import RequestSettings
 from .interpret import penalty
 from .records import frozen_trial
-from .secret_env import masked_backend
+from .settings import Objectives
 from .space import Space, config_key
-from .spec import Spec
 from .study_plan import predicted_of
 from .trial_attrs import A
 
@@ -40,13 +40,15 @@ def tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
 
 
 class TrialResolver:
-    """Resolves the proposals of one study (``refit``: a callable giving the model's current refit)."""
+    """Resolves the proposals of one study (``request``: the request builder's settings, the probe
+    context and the masked backend among them; ``objectives``: the study's, resolved; ``refit``: a
+    callable giving the model's current refit)."""
 
     def __init__(
         self,
-        spec: Spec,
         space: Space,
-        context: Any,
+        request: RequestSettings,
+        objectives: Objectives,
         simulated: bool,
         guided: Any,
         ranking: Any,
@@ -54,8 +56,8 @@ class TrialResolver:
         cache: Any = None,
         reuse_cache: bool = False,
     ):
-        self.spec, self.space, self.context = spec, space, context
-        self.objectives = spec.objective_list()
+        self.space, self.request, self.context = space, request, request.context
+        self.objectives = objectives
         self.simulated, self.guided, self.ranking, self.refit = simulated, guided, ranking, refit
         self.cache, self.reuse_cache = cache, reuse_cache
 
@@ -126,9 +128,7 @@ class TrialResolver:
         from .cache import cache_key
 
         c = self.context
-        return cache_key(
-            config_key(config), c.model, c.workload, c.cluster, masked_backend(self.spec.backend.model_dump())
-        )
+        return cache_key(config_key(config), c.model, c.workload, c.cluster, self.request.backend)
 
     def from_cache(self, config: dict[str, Any]) -> tuple[ProbeResult, dict[str, Any]] | None:
         if self.cache is None or not self.reuse_cache:

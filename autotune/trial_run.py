@@ -24,7 +24,8 @@ from optuna.trial import TrialState
 
 from autotune.workers.protocol import ProbeResult, TrialRequest
 
-from .backends import trial_devices
+from autotune.workers.parameters import trial_devices
+from .context import RequestSettings
 from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
 from .memory_profile import layers_per_stage, median_full_wall, profile_cost_fpe
@@ -32,9 +33,9 @@ from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
 from .records import TrialRecord, best_records, guide_estimates, jsonable, save_trial_files, trial_record, trial_records
 from .requeue import requeue_after_lost_capacity, retry_after_infra
-from .secret_env import masked_backend, scrub_result, secret_values
+from .secret_env import scrub_result
+from .settings import Objectives
 from .space import Space, config_key
-from .spec import Spec
 from .stop_conditions import LoopState
 from .trial_attrs import A
 from .trial_resolve import TrialResolver, tell
@@ -45,7 +46,9 @@ __all__ = ["TrialRunner"]
 class TrialRunner:
     """Runs the trials of one study, each from ask to the listeners.
 
-    Given what a trial uses, built once the study is open: the ``resolver`` (:mod:`autotune.trial_resolve`),
+    Given what a trial uses, built once the study is open: the ``request`` settings (what a trial
+    file needs, :class:`autotune.context.RequestSettings`), the study's resolved ``objectives``, the
+    ``resolver`` (:mod:`autotune.trial_resolve`),
     the memory ``profiler`` (None: no profiles), the ``dispatcher`` and ``launcher``, the
     ``listeners`` in the order they are told, the ``pruner`` (what streamed from a trial, why it was
     stopped) and the ``observer``; ``on_profile_cost`` hears what each memory profile cost in
@@ -53,9 +56,9 @@ class TrialRunner:
 
     def __init__(
         self,
-        spec: Spec,
         space: Space,
-        context: Any,
+        request: RequestSettings,
+        objectives: Objectives,
         run_dir: Any,
         *,
         resolver: TrialResolver,
@@ -67,14 +70,14 @@ class TrialRunner:
         observer: SearchObserver,
         on_profile_cost: Callable[[float], None] | None = None,
     ):
-        self.spec, self.space, self.context, self.run_dir = spec, space, context, run_dir
-        self.objectives = spec.objective_list()
+        self.space, self.request, self.context, self.run_dir = space, request, request.context, run_dir
+        self.objectives = objectives
         self.resolver, self.profiler = resolver, profiler
         self.dispatcher, self.launcher = dispatcher, launcher
         self.listeners, self.pruner, self.observer = listeners, pruner, observer
         self.on_profile_cost = on_profile_cost
         self._profiling: dict[Any, ProfileRun] = {}  # pending handles that are a trial's memory profile runs
-        self._secrets = secret_values(spec.model_dump(mode="json"))  # scrubbed from what a probe printed
+        self._secrets = list(request.secrets)  # scrubbed from what a probe printed
 
     # ---- ask -> resolve -> (the cache, or) [memory profile first, or] dispatch ------------------
     def start(self, study: optuna.Study, loop: LoopState) -> None:
@@ -110,15 +113,7 @@ class TrialRunner:
 
     def _request(self, trial: optuna.Trial, config: dict[str, Any]) -> TrialRequest:
         """What the probe is told: the config, the model, workload and cluster, the backend (masked)."""
-        return TrialRequest(
-            params=config,
-            model=self.context.model,
-            workload=self.context.workload,
-            cluster=self.context.cluster,
-            study=self.spec.name,
-            number=trial.number,
-            backend=masked_backend(self.spec.backend.model_dump()),
-        )
+        return self.request.request(config, trial.number)
 
     def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
         """Submit the profile's next run (the layers per stage it has not run yet)."""
@@ -185,7 +180,9 @@ class TrialRunner:
         settle_pruned(result, *self.pruner.settle(trial.number))
         for listener in self.listeners:
             listener.probe_returned(trial.number, config, result)
-        meaning = interpret(config, result, self.context, self.objectives, trial_devices(self.spec, config))
+        meaning = interpret(
+            config, result, self.context, self.objectives, trial_devices(self.request.workload_kind, config)
+        )
         result.status, result.reason = meaning.probe_status, meaning.probe_reason
         for name, value in (
             (A.STATUS, result.status),

@@ -17,7 +17,7 @@ spec's ``ray: {address: ...}`` and shuts Ray and the cluster down on exit, error
 
     with local_cluster(4, 8) as address:
         spec = ...  # backend argv [..., "{trial_file}", "--node-rank", "{node_rank}"], ray.address = address
-        StudyRunner(spec, run_dir, BackendChoice("command", "...")).run()
+        study_runner(spec, run_dir, BackendChoice("command", "..."), dispatcher=...).run()  # autotune.assembly
 
 Ray prints a harmless "No module named 'acl'" traceback when NPU is declared without CANN, and
 asks for token authentication unless ``RAY_AUTH_MODE=disabled`` (set here when not set).

@@ -31,10 +31,9 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import optuna  # noqa: E402
 
-from autotune.assembly import launcher_for, tracking_for  # noqa: E402
+from autotune.assembly import launcher_for, tracking_for, study_runner  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.ray_dispatch import RayDispatcher  # noqa: E402
-from autotune.search import StudyRunner  # noqa: E402
 from autotune.spec_load import load_spec  # noqa: E402
 from autotune.tracking import Tracker, default_tracking_uri  # noqa: E402
 
@@ -72,7 +71,7 @@ def one_study(
     tracker = Tracker(default_tracking_uri(run_dir), spec.name, run_dir / "mlartifacts") if tracked else None
     backend = BackendChoice("command", "benchmark")
     # the launcher as `autotune run` builds it: a Ray dispatcher needs each probe's launch
-    runner = StudyRunner(
+    runner = study_runner(
         spec,
         run_dir,
         backend,

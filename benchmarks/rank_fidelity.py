@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulator_vs_cpu_probe import spearman  # noqa: E402
 
+from autotune.assembly import study_runner  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
-from autotune.context import probe_context  # noqa: E402
+from autotune.study_settings import objectives_of, probe_context  # noqa: E402
 from autotune.ranking import rank_space  # noqa: E402
 from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, fit_refit  # noqa: E402
-from autotune.search import StudyRunner  # noqa: E402
 
 
 def _assembled(spec, run_dir):
@@ -94,7 +94,7 @@ def predictions(tmp: Path, profile: Path | None) -> dict[str, dict[str, Any]]:
     space = {n: sorted({c[i] for c in CONFIGS}, key=str) for i, n in enumerate(NAMES)}
     spec = _spec(tmp, profile, space, name="rank-fidelity-space")
     sp = Space(spec)
-    ranking = rank_space(sp.enumerate(), probe_context(spec), spec.objective_list())
+    ranking = rank_space(sp.enumerate(), probe_context(spec), objectives_of(spec))
     out = {}
     for values in CONFIGS:
         resolved = sp.resolve(dict(zip(NAMES, values)))
@@ -108,7 +108,7 @@ def measure(tmp: Path, configs: list[tuple] = CONFIGS) -> list[tuple[str, dict[s
     for n, values in enumerate(configs):
         space = {name: [value] for name, value in zip(NAMES, values)}
         spec = _spec(tmp, None, space, name=f"rank-fidelity-{n}")
-        runner = StudyRunner(
+        runner = study_runner(
             spec, tmp / f"run{n}", BackendChoice("torch", "benchmark"), **_assembled(spec, tmp / f"run{n}")
         )
         try:

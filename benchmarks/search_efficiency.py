@@ -73,13 +73,13 @@ from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: 
 from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, probe_output, probe_wall_s  # noqa: E402
 from true_world import MIXED_OOM_FORMATS, OOM_FORMATS, PATHS  # noqa: E402
 
+from autotune.assembly import study_runner  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
-from autotune.context import probe_context  # noqa: E402
+from autotune.study_settings import objectives_of, probe_context  # noqa: E402
 from autotune.guided import Guide, _MemoryBelief  # noqa: E402
 from autotune.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
 from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.records import best_records, trial_records  # noqa: E402
-from autotune.search import StudyRunner  # noqa: E402
 from autotune.space import Space, config_key  # noqa: E402
 from autotune.spec import Spec  # noqa: E402
 
@@ -363,7 +363,7 @@ def run_autotune(
         from autotune.assembly import dispatcher_for, launcher_for
 
         dispatcher, launcher = dispatcher_for(spec, choice, run_dir), launcher_for(spec, choice)
-    runner = StudyRunner(spec, run_dir, choice, dispatcher=dispatcher, launcher=launcher)
+    runner = study_runner(spec, run_dir, choice, dispatcher=dispatcher, launcher=launcher)
     outcome = runner.run()
     runner.close()
     probes = []
@@ -371,7 +371,7 @@ def run_autotune(
     trials = sorted(outcome.study.get_trials(deepcopy=False), key=lambda t: t.number)
     guided = outcome.study.sampler if hasattr(outcome.study.sampler, "estimates") else None
     full_layers = int(truth.ctx.model["num_hidden_layers"])
-    objectives = spec.objective_list()
+    objectives = objectives_of(spec)
     for r in records:
         if not r.probed or r.status == "duplicate":
             continue

@@ -32,9 +32,8 @@ import yaml
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-from autotune.assembly import dispatcher_for, launcher_for  # noqa: E402
+from autotune.assembly import dispatcher_for, launcher_for, study_runner  # noqa: E402
 from autotune.backends import select_backend  # noqa: E402
-from autotune.search import StudyRunner  # noqa: E402
 from autotune.space import config_key  # noqa: E402
 from autotune.spec_load import load_spec  # noqa: E402
 
@@ -52,7 +51,7 @@ def _study(data: dict, run_dir: Path, tmp: Path, name: str):
     spec_path.write_text(yaml.safe_dump(data))
     spec = load_spec(spec_path)
     choice = select_backend(spec)
-    runner = StudyRunner(
+    runner = study_runner(
         spec, run_dir, choice, dispatcher=dispatcher_for(spec, choice, run_dir), launcher=launcher_for(spec, choice)
     )
     try:

@@ -29,9 +29,9 @@ import yaml
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
+from autotune.assembly import study_runner  # noqa: E402
 from autotune.backends import BackendChoice  # noqa: E402
 from autotune.refit import fit_refit  # noqa: E402
-from autotune.search import StudyRunner  # noqa: E402
 
 
 def _assembled(spec, run_dir):
@@ -80,7 +80,7 @@ def main() -> None:
         spec_path.write_text(yaml.safe_dump(data))
         spec = load_spec(spec_path)
         run_dir = args.keep or Path(tmp) / "run"
-        runner = StudyRunner(spec, run_dir, BackendChoice("torch", "benchmark"), **_assembled(spec, run_dir))
+        runner = study_runner(spec, run_dir, BackendChoice("torch", "benchmark"), **_assembled(spec, run_dir))
         try:
             outcome = runner.run()
         finally:

@@ -186,7 +186,7 @@ def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
     )
 
     # an OOM is an infeasible config for the sampler, not a silently ignored failure
-    from autotune.search import open_study
+    from autotune.storage import open_study
     from autotune.spec_load import load_spec
 
     study = open_study(load_spec(spec), run_dir, create=False)

@@ -171,15 +171,15 @@ def test_the_serving_headroom_rule_is_the_engines_memory_setting():
 def test_undistinguished_knobs_are_priced_alike_and_layouts_are_not_merged():
     """A knob is called undistinguished only where changing it alone leaves every prediction (the
     objectives and the peak) equal; 1 x tp8 and 4 x tp2 are never one layout."""
-    from autotune.context import probe_context
+    from autotune.study_settings import objectives_of, probe_context
     from autotune.ranking import rank_space
     from autotune.space import Space, config_key
 
     spec = load_spec(SERVE)
     space = Space(spec)
-    ranking = rank_space(space.enumerate(), probe_context(spec), spec.objective_list())
+    ranking = rank_space(space.enumerate(), probe_context(spec), objectives_of(spec))
     layouts = ranking.distinct_layouts()
-    metric = spec.objective_list()[0][0]
+    metric = objectives_of(spec)[0][0]
     for layout in layouts:
         assert "tp" not in layout.undistinguished and "replicas" not in layout.undistinguished
         first = ranking.enumeration.configs[layout.index]

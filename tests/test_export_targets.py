@@ -31,7 +31,7 @@ from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand
 from autotune.space import Space
 from autotune.spec_load import parse_spec
-from autotune.stacks import STACKS, unsupported_reasons
+from autotune.stacks import STACKS, target_of, unsupported_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LLAMA2_7B = {
@@ -206,15 +206,15 @@ def test_a_config_the_target_cannot_express_is_refused_at_export_with_the_reason
 
 def test_default_target_follows_the_backend():
     base = {"name": "t", "model": "tiny-llama", "workload": {"kind": "train", "seq_len": 64, "global_batch_size": 8}}
-    assert parse_spec({**base, "cluster": {"accelerator": "npu"}}).target_stack == "mindspeed"
-    assert parse_spec({**base, "cluster": {"accelerator": "cuda"}}).target_stack == "megatron"
+    assert target_of(parse_spec({**base, "cluster": {"accelerator": "npu"}})) == "mindspeed"
+    assert target_of(parse_spec({**base, "cluster": {"accelerator": "cuda"}})) == "megatron"
     assert (
-        parse_spec(
-            {**base, "cluster": {"accelerator": "cpu", "devices_per_node": 1}, "backend": "mindspore"}
-        ).target_stack
+        target_of(
+            parse_spec({**base, "cluster": {"accelerator": "cpu", "devices_per_node": 1}, "backend": "mindspore"})
+        )
         == "mindformers"
     )
-    assert parse_spec({**base, "target": "torchtitan"}).target_stack == "torchtitan"
+    assert target_of(parse_spec({**base, "target": "torchtitan"})) == "torchtitan"
 
 
 # ---------------------------------------------------------------------- Megatron / MindSpeed

@@ -177,7 +177,7 @@ def _check(path, spec_or_error):
     assert isinstance(spec_or_error, Spec)
     # a valid spec is one the model can rank, as `autotune plan` does (a space too large to
     # enumerate is the one error plan reports, as a ValueError naming the limit)
-    from autotune.context import probe_context
+    from autotune.study_settings import objectives_of, probe_context
     from autotune.ranking import rank_space
     from autotune.space import Space
 
@@ -187,7 +187,7 @@ def _check(path, spec_or_error):
     except ValueError as exc:
         assert "limit" in str(exc) or "exhaustive" in str(exc), exc
         return
-    ranking = rank_space(enumeration, probe_context(spec), spec.objective_list())
+    ranking = rank_space(enumeration, probe_context(spec), objectives_of(spec))
     assert ranking.fit <= enumeration.valid <= enumeration.space_size
 
 

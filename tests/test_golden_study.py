@@ -3,7 +3,8 @@
 (``search.memory_profiles`` through the command backend: memory profiles before full probes, issue
 #35) produce the same trials, statuses, metrics and MLflow content (params, metrics, tags, artifact
 names) as the golden record in ``tests/fixtures/golden_study/``, taken before the trial lifecycle
-was restructured (issue #43).
+was restructured (issue #43). A seeded serving study (``workload: {kind: serve}``, the real serving
+probe against the fake engine) is pinned too, without its timed figures (its test says what is kept).
 
 What varies from run to run is left out of the record: times, durations, run ids, paths, host
 and software names. Floats are rounded to 6 significant digits (the simulator's arithmetic is
@@ -20,7 +21,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -58,8 +59,9 @@ def _artifacts(client: Any, run_id: str, path: str = "") -> list[str]:
     return sorted(out)
 
 
-def study_record(run_dir: Path, experiment: str) -> dict[str, Any]:
-    """Trials as ``autotune report --json`` gives them, and the study's MLflow runs."""
+def study_record(run_dir: Path, experiment: str, metrics: Callable[[dict[str, Any]], Any] = _stable) -> dict[str, Any]:
+    """Trials as ``autotune report --json`` gives them, and the study's MLflow runs; ``metrics``
+    gives what is kept of a trial's or run's metrics (default: their stable values)."""
     from mlflow.tracking import MlflowClient
 
     report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
@@ -71,7 +73,7 @@ def study_record(run_dir: Path, experiment: str) -> dict[str, Any]:
             "probed": t["probed"],
             "baseline": t["baseline"],
             "source": t["source"],
-            "metrics": _stable(t["metrics"]),
+            "metrics": metrics(t["metrics"]),
             "failure": re.sub(r"/\S+", "PATH", t.get("failure") or ""),
         }
         for t in report["trials"]
@@ -89,7 +91,7 @@ def study_record(run_dir: Path, experiment: str) -> dict[str, Any]:
             else f"trial {r.data.tags['autotune.trial']}",
             "status": r.info.status,
             "params": _stable(r.data.params),
-            "metrics": _stable(r.data.metrics),
+            "metrics": metrics(r.data.metrics),
             "tags": _stable(r.data.tags),
             "artifacts": _artifacts(client, r.info.run_id),
         }
@@ -205,3 +207,89 @@ ray: {{enabled: false}}
     verdicts = {t["memory_profile"].get("verdict") for t in record["trials"]}
     assert {"probe", "oom_predicted"} <= verdicts, verdicts  # a profile that let the probe run, one that did not
     _compare("profiled_training", record)
+
+
+# vLLM's place taken by the fake engine (tests/fixtures/fake_engine/server.py): ``backend: {kind:
+# vllm}`` renders each trial into vLLM's launch as for the real engine (``{python} {entry} --model
+# ... --port {port} --max-num-seqs N ...``); this entry keeps what the fake understands (the port,
+# ``--max-num-seqs`` as the requests decoding at once) and becomes the fake server in the same
+# process, so the probe stops what it started.
+FAKE_VLLM = r"""
+import os, sys
+args = sys.argv[1:]
+def value(name, default):
+    return args[args.index(name) + 1] if name in args else default
+os.execv(sys.executable, [sys.executable, FAKE_SERVER, "--port", value("--port", "0"),
+         "--capacity", value("--max-num-seqs", "64"), "--ttft-ms", "5", "--token-ms", "1"])
+"""
+
+# MLflow params and tags whose values follow from the timed metrics: which trial measured best
+_MEASURED = re.compile(r"^best\.|^autotune\.(best|recommended)_trial$")
+
+
+def _untimed(items: dict[str, Any]) -> dict[str, Any]:
+    return {k: "MEASURED" if _MEASURED.search(k) else v for k, v in items.items()}
+
+
+@pytest.mark.timeout(600)
+def test_a_seeded_serving_study_on_the_fake_engine_is_unchanged(write_spec, tmp_path):
+    """A serving study (``workload: {kind: serve}``, ``backend: {kind: vllm}``) through the real
+    serving probe (``autotune.workers.serve_probe``: the engine started per trial, ``/health``, the
+    warm-up, the closed-loop batch sweep, the open-loop load at each rate, ``/metrics``, the engine
+    stopped) against the fake engine in vLLM's place.
+
+    Its figures are timed (goodput, TTFT, TPOT... differ from run to run), so the record keeps what
+    does not depend on the clock: the trials in order with their params, statuses, sources, failures
+    and why each was chosen, the NAMES of the metrics each trial reports (not their values), and the
+    MLflow runs' statuses, metric names, params, tags and artifact names, with the values of the
+    params and tags that follow from the measured figures (``best.*``, ``autotune.best_trial``,
+    ``autotune.recommended_trial``: which trial measured best) replaced by ``MEASURED`` so that
+    their keys are still pinned.
+
+    The proposals must not depend on the timings: the sampler is Optuna's seeded ``random``, which
+    proposes without reading what was measured (the ``auto`` guide would react to the measured
+    goodput), with ``stop_early: false`` (the whole budget is spent) and ``prune: false``. The SLO
+    verdicts (each trial's rates tried by the bisection and its operating rate, in the trial runs'
+    ``autotune.serving.*`` tags) are pinned too: the SLO (p99 TTFT 20 s, TPOT 5 s) is far above what
+    the fake engine takes (5 ms to the first token, 1 ms a token), so every rate of the ladder meets
+    it however loaded the machine is, as every request must come back within the probe's 30 s grace
+    for the trial to be ``ok`` at all."""
+    fake = tmp_path / "fake_vllm.py"
+    fake.write_text(
+        FAKE_VLLM.replace("FAKE_SERVER", repr(str(REPO / "tests" / "fixtures" / "fake_engine" / "server.py")))
+    )
+    spec = write_spec(
+        f"""
+name: tiny-serve-fake
+model: tiny-llama
+workload:
+  kind: serve
+  traffic: {{rates: [2, 4], arrival: poisson, prompt_len: 16, output_len: 4, duration_s: 1, warmup_requests: 1,
+            seed: 3}}
+  slo: {{ttft_p99_ms: 20000, tpot_p99_ms: 5000}}
+  batch_sweep: [1, 2]
+  startup_timeout_s: 30
+  timeout_s: 60
+cluster: {{accelerator: cpu, profile: cpu, nodes: 1, devices_per_node: 1}}
+target: vllm
+backend: {{kind: vllm, python: {sys.executable}, entry: {fake}}}
+space:
+  max_num_seqs: [1, 2, 8, 32]
+  enable_chunked_prefill: [true, false]
+  graph_mode: [eager]
+objectives: [goodput_rps_per_device]
+search: {{n_trials: 3, sampler: random, seed: 5, stop_early: false, prune: false}}
+ray: {{enabled: false}}
+""",
+        "serve.yaml",
+    )
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    record = study_record(run_dir, "tiny-serve-fake", metrics=sorted)  # the metrics' names, not their values
+    for run in record["mlflow"]:
+        run["params"], run["tags"] = _untimed(run["params"]), _untimed(run["tags"])
+    report = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    for trial, reported in zip(record["trials"], report["trials"]):
+        trial["chosen_because"] = reported.get("chosen_because")
+    _compare("serving_fake_engine", record)

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from autotune.context import probe_context
+from autotune.study_settings import objectives_of, probe_context
 from autotune.guided import Guide, GuideSettings, Observation
 from autotune.ranking import rank_space
 from autotune.space import Space
@@ -27,7 +27,7 @@ def world():
     space = Space(spec)
     enum = space.enumerate()
     ctx = probe_context(spec)
-    ranking = rank_space(enum, ctx, spec.objective_list())
+    ranking = rank_space(enum, ctx, objectives_of(spec))
     # the "truth": the same model with its tensor-parallel communication 2.5x slower, recompute
     # 1.4x dearer, and activations 15 % larger than predicted
     p = simulate_configs(ctx.model, ctx.workload, ctx.hardware, ctx.cluster, columns_from_params(enum.configs))
@@ -175,7 +175,7 @@ def test_a_close_call_is_between_the_best_estimates_of_two_layouts_not_two_env_s
 def _runner(tmp_path, world, n_trials: int, run_dir_name: str = "run", kill_at: int | None = None):
     from autotune.backends import BackendChoice
     from autotune.dispatch import InProcessDispatcher
-    from autotune.search import StudyRunner
+    from autotune.assembly import study_runner
     from autotune.space import config_key
     from autotune.workers.protocol import ProbeResult
 
@@ -207,7 +207,7 @@ def _runner(tmp_path, world, n_trials: int, run_dir_name: str = "run", kill_at: 
         search={"n_trials": n_trials, "sampler": "auto", "prune": False},
     )
     spec = Spec.model_validate(data)
-    return StudyRunner(
+    return study_runner(
         spec, tmp_path / run_dir_name, BackendChoice("command", "test world"), dispatcher=InProcessDispatcher(probe)
     )
 
@@ -245,7 +245,7 @@ def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
 
 def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
     from autotune.records import best_records
-    from autotune.search import A
+    from autotune.trial_attrs import A
     from autotune.space import config_key
 
     runner = _runner(tmp_path, world, 12)
@@ -287,7 +287,7 @@ def test_an_execution_mode_the_simulator_does_not_price_is_learned_as_a_factor()
     }
     spec = Spec.model_validate(data)
     enum = Space(spec).enumerate()
-    ranking = rank_space(enum, probe_context(spec), spec.objective_list())
+    ranking = rank_space(enum, probe_context(spec), objectives_of(spec))
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
     assert {n.split("=")[0] for n, u in zip(guide.one_hot_names, guide.unpriced) if u} == {"mode", "jit_level"}
     raw = np.asarray(ranking.predictions["step_time_s"])
@@ -525,7 +525,7 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
 
 def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_path, world):
     from autotune.records import best_records, guide_estimates
-    from autotune.search import A
+    from autotune.trial_attrs import A
     from autotune.space import config_key
 
     runner = _runner(tmp_path, world, 10)

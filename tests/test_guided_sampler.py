@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase
 
-from autotune.context import probe_context
+from autotune.study_settings import objectives_of, probe_context
 from autotune.guided import GuideSettings
 from autotune.guided_sampler import OUTCOME_ATTR, GuidedSampler, report_failure
 from autotune.ranking import rank_space
@@ -31,7 +31,7 @@ OBJECTIVE = ("tokens_per_s_per_device", "maximize")
 def ranked():
     spec = Spec.model_validate(SPEC)
     space = Space(spec)
-    return rank_space(space.enumerate(), probe_context(spec), spec.objective_list()), space, spec
+    return rank_space(space.enumerate(), probe_context(spec), objectives_of(spec)), space, spec
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import autotune.ranking as ranking_mod
 import autotune.space as space_mod
 from autotune.cli import app
-from autotune.context import probe_context
+from autotune.study_settings import objectives_of, probe_context
 from autotune.ranking import rank_space
 from autotune.space import Space, config_key, memory_problem
 from autotune.spec_load import load_spec
@@ -184,7 +184,7 @@ def test_chunked_pricing_gives_the_whole_batch_predictions(write_spec, monkeypat
     text = TINY_TRAIN.replace("objectives:", ENV_KNOBS + "objectives:", 1)
     spec = load_spec(write_spec(text))
     enumeration = Space(spec).enumerate()
-    ranking = rank_space(enumeration, probe_context(spec), spec.objective_list())
+    ranking = rank_space(enumeration, probe_context(spec), objectives_of(spec))
     c = probe_context(spec)
     whole = simulate_configs(c.model, c.workload, c.hardware, c.cluster, columns_from_params(list(enumeration.configs)))
     assert list(ranking.predictions) == list(whole)

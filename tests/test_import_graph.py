@@ -127,6 +127,35 @@ def test_the_study_loop_never_imports_tracking():
         assert "mlflow" not in _external_imports(ROOTS["autotune"] / f"{module}.py"), module
 
 
+# issue 43: the modules that take narrow settings (the loop, the trials, the guide, the pruner, the
+# dispatchers, the probes' request builder) and the settings' own leaf
+NARROW_SETTINGS = (
+    "search",
+    "trial_run",
+    "trial_resolve",
+    "context",
+    "pruning",
+    "guided",
+    "guided_sampler",
+    "dispatch",
+    "ray_dispatch",
+    "ray_tasks",
+    "listeners",
+    "stop_conditions",
+    "settings",
+)
+
+
+def test_the_loop_guide_and_dispatch_never_import_the_spec():
+    """Issue 43 (narrow settings, not the whole spec): the loop, the guide, the dispatchers and the
+    probes' request builder take small frozen settings made once by the assembly; none of them
+    imports autotune.spec (lazily neither), and none resolves the objectives again."""
+    graph = _graph()
+    for module in NARROW_SETTINGS:
+        assert "autotune.spec" not in graph[f"autotune.{module}"], module
+        assert "objective_list" not in (ROOTS["autotune"] / f"{module}.py").read_text(), module
+
+
 def test_the_parameter_table_is_a_leaf():
     """The serving parameter table is read by the probes and the driver: it imports nothing of either."""
     assert not {d for d in _graph()["autotune.workers.parameters"] if d.startswith("autotune")}
@@ -140,8 +169,8 @@ SPEC_SCHEMA_MAY_IMPORT = {
     "autotune.workers.alloc_conf",  # an allocator config, parsed as the simulator parses it
     *(f"autotune.{m}" for m in SPEC_SCHEMA),
 }
-# the two derived views that ask a catalogue above the schema when called (never at import)
-SPEC_VIEWS = {("target_stack", "autotune.stacks"), ("objective_list", "autotune.objectives")}
+# what needs a catalogue above the schema is resolved there, never by the schema: the default target
+# by the registry (autotune.stacks.target_of), the objectives once (autotune.study_settings.objectives_of)
 
 
 def _function_imports(path: Path) -> set[tuple[str, str]]:
@@ -161,15 +190,14 @@ def _function_imports(path: Path) -> set[tuple[str, str]]:
 def test_the_spec_is_the_schema():
     """Issue 43: the schema reads no file and imports no stack, simulator, hardware-profile or objectives
     module; the files a spec names are read by the loader (autotune.spec_files), the checks across
-    sections are autotune.spec_checks. Only the two derived views ask the registry and the metric
-    catalogue, inside their functions."""
+    sections are autotune.spec_checks. No import inside a function either: the default target is the
+    registry's answer (autotune.stacks.target_of), the objectives are resolved above the schema."""
     graph = _graph()
     for module in SPEC_SCHEMA:
         deps = {d for d in graph[f"autotune.{module}"] if d.startswith("autotune")}
-        views = SPEC_VIEWS if module == "spec" else set()
-        assert deps - {m for _, m in views} <= SPEC_SCHEMA_MAY_IMPORT, (module, deps - SPEC_SCHEMA_MAY_IMPORT)
+        assert deps <= SPEC_SCHEMA_MAY_IMPORT, (module, deps - SPEC_SCHEMA_MAY_IMPORT)
         lazy = {(f, m) for f, m in _function_imports(ROOTS["autotune"] / f"{module}.py") if m.startswith("autotune")}
-        assert lazy == views, (module, lazy)
+        assert not lazy, (module, lazy)
         external = _external_imports(ROOTS["autotune"] / f"{module}.py") - {"autotune", "__future__"}
         assert external <= {"pydantic", "typing", "pathlib", "math", "re", "json", "unicodedata"}, (module, external)
     assert sum(1 for _ in (ROOTS["autotune"] / "spec.py").open()) <= 500

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.backends import launch_for, select_backend
-from autotune.context import probe_context
+from autotune.study_settings import probe_context
 from autotune.memory_profile import (
     NUM_LAYERS_ENV,
     PROFILE_MARK,

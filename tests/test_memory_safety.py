@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from autotune.context import probe_context
+from autotune.study_settings import objectives_of, probe_context
 from autotune.guided import Guide, Observation
 from autotune.ranking import rank_space
 from autotune.report import memory_calibration, probe_costs
@@ -114,7 +114,7 @@ SPEC = {
 @pytest.fixture(scope="module")
 def guide():
     spec = Spec.model_validate(SPEC)
-    ranking = rank_space(Space(spec).enumerate(), probe_context(spec), spec.objective_list())
+    ranking = rank_space(Space(spec).enumerate(), probe_context(spec), objectives_of(spec))
     return Guide(ranking, ("tokens_per_s_per_device", "maximize"))
 
 

@@ -7,7 +7,7 @@ import pytest
 from autotune.backends import BackendChoice
 from autotune.dispatch import InProcessDispatcher
 from autotune.refit import Refit, fit_refit
-from autotune.search import StudyRunner
+from autotune.assembly import study_runner
 from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
@@ -161,7 +161,7 @@ def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sam
         def on_message(self, text):
             messages.append(text)
 
-    runner = StudyRunner(
+    runner = study_runner(
         spec,
         tmp_path / "run",
         BackendChoice("command", "test"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 from autotune.backends import BackendChoice
-from autotune.context import probe_context
+from autotune.study_settings import probe_context
 from autotune.dispatch import InProcessDispatcher
 from autotune.sanity import implausible_metrics
 from autotune.records import trial_records
-from autotune.search import StudyRunner
+from autotune.assembly import study_runner
 from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
@@ -69,7 +69,7 @@ def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_pat
             return ProbeResult("ok", metrics={"step_time_s": -1.0, "tokens_per_s_per_device": 1e12})
         return ProbeResult("ok", metrics={"step_time_s": 1.0, "tokens_per_s_per_device": 100.0 + len(calls)})
 
-    runner = StudyRunner(
+    runner = study_runner(
         spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe)
     )
     outcome = runner.run()
@@ -103,7 +103,7 @@ def test_a_run_that_used_a_little_more_than_the_profile_stays_measured(write_spe
             },
         )
 
-    runner = StudyRunner(
+    runner = study_runner(
         spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe)
     )
     outcome = runner.run()

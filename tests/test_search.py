@@ -9,7 +9,9 @@ from optuna.trial import TrialState
 from autotune.backends import BackendChoice
 from autotune.dispatch import InProcessDispatcher
 from autotune.records import trial_records
-from autotune.search import A, StudyRunner, open_study
+from autotune.assembly import study_runner
+from autotune.storage import open_study
+from autotune.trial_attrs import A
 from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
@@ -40,7 +42,7 @@ def _spec(write_spec, text=TINY_TRAIN, **search):
 
 
 def _runner(spec, tmp_path, calls):
-    return StudyRunner(spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(fake_probe(calls)))
+    return study_runner(spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(fake_probe(calls)))
 
 
 def test_budget_met_and_no_config_probed_twice(write_spec, tmp_path):

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli_output import spec_summary
 from autotune.space import Space
 from autotune.spec_errors import SpecError
 from autotune.spec_load import load_spec
+from autotune.study_settings import objectives_of
 
 SERVE = """
 name: serve-test
@@ -43,8 +45,8 @@ def test_serve_spec_loads_with_resolved_context_and_default_objective(write_spec
     w = spec.workload
     assert w.kind == "serve" and w.max_model_len == 192 + 32
     assert w.traffic.mean() == (128.0, 32.0) and w.traffic.longest() == (192, 32)
-    assert spec.objective_list() == [("goodput_rps_per_device", "maximize")]
-    assert "serve prompt ~128 output ~32 at 1/2/4 req/s" in spec.summary()
+    assert objectives_of(spec) == (("goodput_rps_per_device", "maximize"),)
+    assert "serve prompt ~128 output ~32 at 1/2/4 req/s" in spec_summary(spec)
 
 
 def test_one_rate_is_a_ladder_of_one(write_spec):

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli_output import spec_summary
 from autotune.spec_errors import SpecError
 from autotune.spec_load import load_spec
+from autotune.study_settings import objectives_of
 from support import REPO, TINY_TRAIN
 
 
@@ -15,14 +17,14 @@ def test_tiny_spec_loads_with_defaults(write_spec):
     assert spec.model.name == "tiny-llama" and spec.model.num_key_value_heads == 4
     assert spec.cluster.world_size == 2 and spec.cluster.profile_name == "cpu"
     assert spec.backend.kind == "simulate"
-    assert spec.objective_list() == [("tokens_per_s_per_device", "maximize")]
+    assert objectives_of(spec) == (("tokens_per_s_per_device", "maximize"),)
     assert spec.space.choices()["zero_stage"] == [0, 1, 3]
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_specs_validate(path):
     spec = load_spec(path)
-    assert spec.summary()
+    assert spec_summary(spec)
 
 
 def test_hf_config_json_relative_to_spec(write_spec, tmp_path):
@@ -122,7 +124,7 @@ def test_profile_override_unknown_key(write_spec):
 
 
 def test_profile_override_applies(write_spec):
-    from autotune.context import probe_context
+    from autotune.study_settings import probe_context
 
     spec = load_spec(
         write_spec(

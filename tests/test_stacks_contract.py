@@ -28,7 +28,7 @@ import yaml
 
 from autotune import stacks
 from autotune.backends import launch_for, select_backend
-from autotune.context import probe_context
+from autotune.study_settings import probe_context
 from autotune.export import ExportContext, Exporter, ExportRefused
 from autotune.exports import EXPORTERS, default_formats, parse_formats, write_exports
 from autotune.export._base import header_fields, script_arrays
@@ -36,7 +36,7 @@ from autotune.space import Space
 from autotune.spec import BACKEND_KINDS
 from autotune.spec_load import parse_spec
 from autotune.stack_presets import preset_launch
-from autotune.stacks import STACKS, PresetLaunch, PresetRun, Stack, register, unregister
+from autotune.stacks import STACKS, PresetLaunch, target_of, PresetRun, Stack, register, unregister
 from autotune.stacks._base import WORKLOAD_KINDS, col
 from autotune.workers.protocol import TrialRequest
 from autotune.workers.simulate._memory import MEMORY_RULES
@@ -370,7 +370,7 @@ def test_the_built_in_defaults():
     assert stacks.default_target("mindspore", "cpu") == "mindformers"
     assert stacks.default_target("auto", "npu", ("graph_kernel_flags",)) == "mindformers"
     base = {"name": "t", "model": "tiny-llama", "workload": {"kind": "train", "seq_len": 64, "global_batch_size": 8}}
-    assert parse_spec({**base, "cluster": {"accelerator": "npu"}}).target_stack == "mindspeed"
+    assert target_of(parse_spec({**base, "cluster": {"accelerator": "npu"}})) == "mindspeed"
     # serving: vLLM on every accelerator, MindIE only when named (its preset, or target: mindie)
     for accelerator in ("npu", "cuda", "cpu"):
         assert stacks.default_target("auto", accelerator, workload_kind="serve") == "vllm"
@@ -396,7 +396,7 @@ def test_the_spec_accepts_the_stack(name):
     base = {**SPEC, "workload": SERVE_WORKLOAD, "space": SERVE_SPACE} if STACKS[name].serving else SPEC
     if STACKS[name].serving:
         _serve_spec()  # skips while the spec takes no serving workload
-    assert parse_spec({**base, "target": name}).target_stack == name
+    assert target_of(parse_spec({**base, "target": name})) == name
     if STACKS[name].preset:
         assert name in BACKEND_KINDS
         backend = {"kind": name, **({"entry": STACKS[name].entry_example} if not STACKS[name].default_entry else {})}

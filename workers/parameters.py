@@ -1,32 +1,63 @@
-"""The serving engine's canonical parameters, each written once: its default, what it means, each
-engine's spelling, and the rule between two of them (issue 43, "one table of parameters").
+"""The canonical parameters, each written once: its type, default, allowed values, what it means,
+each stack's spelling, and the rules between parameters (issue 43, "one table of parameters").
 
-Why a table: the defaults (``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192) were written in six
-files (the space, the simulator, the vLLM and MindIE stacks, both exports) and the rule
-``max_num_batched_tokens >= max_num_seqs`` in three; a change to one would have left the others
-pricing, checking or launching another engine. The space, the simulator, the stacks and the exports
-read this module; ``tests/test_parameter_table.py`` checks that each of them agrees with it.
+Why a table: the serving defaults (``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192) were written
+in six files and the rule ``max_num_batched_tokens >= max_num_seqs`` in three; the training defaults
+(``zero_stage`` 0, ``recompute`` none, ``precision`` bf16...) in some sixty places across the space,
+the simulator, the stacks' rules, four exporters and both probes, and the rules ``dp = world /
+(tp*pp*cp)``, ``grad_accum = gbs / (mbs*dp)``, "sequence parallel needs tp > 1" and "vpp needs
+pp > 1" in three to five each. A change to one copy would have left the others pricing, checking or
+launching another config. They all read this module now; ``tests/test_parameter_table.py`` checks
+that each agrees with it and that no module writes a default beside its name again.
 
-A leaf module (standard library only): the probes (``autotune.workers``) and the driver both read it.
-The defaults are vLLM's (``vllm/engine/arg_utils.py`` / ``vllm/config/scheduler.py``) where it has
-one; MindIE's ``config.json`` keys carry the same meaning under their own names.
+A leaf module (standard library only): the probes (``autotune.workers``; the MindSpore probe loads it
+by its file, it runs in MindSpore's own environment) and the driver both read it. The serving
+defaults are vLLM's (``vllm/engine/arg_utils.py`` / ``vllm/config/scheduler.py``) where it has one;
+MindIE's ``config.json`` keys carry the same meaning under their own names. The training spellings
+are the ones the exporters write (``autotune/export/_megatron.py``, ``_deepspeed.py``,
+``_torchtitan.py``, ``_mindformers.py``).
+
+``precision`` has a default per accelerator: ``bf16`` is the study's (the space writes it into every
+trial it proposes on every accelerator, the simulator prices it, the exports launch it), and a trial
+that reaches a probe on a CPU without a precision runs ``fp32`` (MindSpore's CPU backend has no bf16
+kernels, its Gather refuses BFloat16; torch's CPU bf16 is emulated 10-50x slower without AVX512-BF16),
+which is what both probes did on every accelerator before the table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
+
+
+Spelling = str | tuple[str, ...]  # a stack's flag or key; a tuple: every form it is written in
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """One canonical serving parameter."""
+    """One canonical parameter (serving: vLLM's and MindIE's spellings; training: the four training
+    stacks')."""
 
     name: str  # the canonical name (spec, space, trial params, MLflow)
-    default: Any  # the value when the spec does not search it
+    default: Any  # the value when the spec does not search it (and a config does not name it)
     meaning: str  # what it sets, in one line
-    vllm_flag: str | None  # vLLM's engine argument (``vllm serve``)
+    vllm_flag: str | None = None  # vLLM's engine argument (``vllm serve``)
     mindie_keys: tuple[str, ...] = ()  # MindIE config.json's ScheduleConfig / ModelConfig keys
+    type: type = object  # what a value is read as (:func:`value`): int, bool or str
+    allowed: tuple[Any, ...] = ()  # its values, where they are finitely many
+    # the default where an accelerator's differs (a probe running there reads it: :func:`default`)
+    by_accelerator: tuple[tuple[str, Any], ...] = ()
+    derived: bool = False  # derived from the others by a rule (:data:`RULES`) when a config lacks it
+    megatron: Spelling = ""  # Megatron-LM / MindSpeed-LLM ``pretrain_gpt.py`` flag (export._megatron)
+    deepspeed: Spelling = ""  # DeepSpeed config JSON key (export._deepspeed)
+    torchtitan: Spelling = ""  # torchtitan 0.3 trainer CLI override (export._torchtitan)
+    mindformers: Spelling = ""  # MindFormers run-YAML key (export._mindformers)
+
+    def spelling(self, stack: str) -> Spelling:
+        """This parameter's flag or key in ``stack`` (megatron, deepspeed, torchtitan, mindformers;
+        "" where the stack has none)."""
+        return getattr(self, stack)
 
 
 SERVING: dict[str, Parameter] = {
@@ -83,3 +114,269 @@ BATCHED_COVERS_SEQS = (
 def batched_below_seqs(batched: Any, seqs: Any) -> Any:
     """Where :data:`BATCHED_COVERS_SEQS` is broken (scalars or numpy arrays, element-wise)."""
     return batched < seqs
+
+
+# ---------------------------------------------------------------------------------------- training
+# The spellings are what the exporters write (and ``tests/test_parameter_table.py`` finds in their
+# files); "" where a stack cannot set the parameter (its rules refuse a value other than the default,
+# autotune.stacks) or derives it.
+TRAINING: dict[str, Parameter] = {
+    p.name: p
+    for p in (
+        Parameter(
+            "tp",
+            1,
+            "tensor-parallel size",
+            type=int,
+            megatron="--tensor-model-parallel-size",
+            torchtitan="--parallelism.tensor_parallel_degree",
+            mindformers="parallel_config.model_parallel",
+        ),
+        Parameter(
+            "pp",
+            1,
+            "pipeline-parallel size (stages)",
+            type=int,
+            megatron="--pipeline-model-parallel-size",
+            torchtitan="--parallelism.pipeline_parallel_degree",
+            mindformers="parallel_config.pipeline_stage",
+        ),
+        Parameter(
+            "cp",
+            1,
+            "context-parallel size (ring attention over the sequence)",
+            type=int,
+            megatron="--context-parallel-size",
+            torchtitan="--parallelism.context_parallel_degree",
+            mindformers="parallel_config.context_parallel",
+        ),
+        Parameter(
+            "vpp",
+            1,
+            "virtual pipeline stages per rank (interleaved 1F1B; 1 unless pp > 1)",
+            type=int,
+            megatron="--num-layers-per-virtual-pipeline-stage",
+            torchtitan="--parallelism.pipeline_parallel_schedule",
+            mindformers="model.model_config.pp_interleave_num",
+        ),
+        Parameter(
+            "dp",
+            1,
+            "data-parallel size: derived, world_size / (tp*pp*cp)",
+            type=int,
+            derived=True,
+            deepspeed="train_batch_size",
+            torchtitan="--training.global_batch_size",
+            mindformers="parallel_config.data_parallel",
+        ),
+        Parameter(
+            "micro_batch_size",
+            1,
+            "sequences per micro-batch per data-parallel rank",
+            type=int,
+            megatron="--micro-batch-size",
+            deepspeed="train_micro_batch_size_per_gpu",
+            torchtitan="--training.local_batch_size",
+            mindformers="runner_config.batch_size",
+        ),
+        Parameter(
+            "grad_accum",
+            1,
+            "micro-batches per step: derived, global_batch_size / (micro_batch_size*dp)",
+            type=int,
+            derived=True,
+            deepspeed="gradient_accumulation_steps",
+            torchtitan="--training.global_batch_size",
+            # micro_batch_num with pp > 1, runner_config.gradient_accumulation_steps without
+            mindformers=("parallel_config.micro_batch_num", "runner_config.gradient_accumulation_steps"),
+        ),
+        Parameter(
+            "sequence_parallel",
+            False,
+            "Megatron-style sequence parallelism of the norms and dropouts with tensor parallelism",
+            type=bool,
+            megatron="--sequence-parallel",
+            torchtitan=("--parallelism.enable-sequence-parallel", "--parallelism.no-enable-sequence-parallel"),
+            mindformers="parallel_config.use_seq_parallel",
+        ),
+        Parameter(
+            "recompute",
+            "none",
+            "activation recomputation granularity",
+            type=str,
+            allowed=("none", "selective", "full"),
+            megatron="--recompute-granularity",
+            deepspeed="activation_checkpointing",
+            torchtitan="activation-checkpoint:",  # the trainer's subcommand, activation-checkpoint:none|selective|full
+            mindformers="recompute_config",
+        ),
+        Parameter(
+            "recompute_layers",
+            None,
+            "layers recomputed per stage with full recompute (None: every layer of the stage)",
+            type=int,
+            megatron="--recompute-num-layers",
+            mindformers="recompute_config.recompute",
+        ),
+        Parameter(
+            "zero_stage",
+            0,
+            "ZeRO / distributed-optimizer sharding stage (1 optimizer states, 2 + gradients, 3 + weights)",
+            type=int,
+            allowed=(0, 1, 2, 3),
+            megatron="--use-distributed-optimizer",
+            deepspeed="zero_optimization.stage",
+            torchtitan="--parallelism.fsdp_reshard_after_forward",
+            mindformers="parallel.enable_parallel_optimizer",
+        ),
+        Parameter(
+            "precision",
+            "bf16",
+            "compute dtype (fp16 with dynamic loss scaling)",
+            type=str,
+            allowed=("bf16", "fp16", "fp32"),
+            # a probe on a CPU: MindSpore's CPU backend has no bf16 kernels, torch's emulates bf16
+            by_accelerator=(("cpu", "fp32"),),
+            megatron=("--bf16", "--fp16"),
+            deepspeed="bf16 / fp16",
+            torchtitan="--training.mixed_precision_param",
+            mindformers="model.model_config.compute_dtype",
+        ),
+        Parameter(
+            "compile",
+            "none",
+            "torch.compile mode (torch backend; torchtitan's compile has no mode)",
+            type=str,
+            allowed=("none", "default", "reduce-overhead", "max-autotune"),
+            torchtitan=("--compile.enable", "--compile.no-enable"),
+        ),
+        Parameter(
+            "mode",
+            "graph",
+            "MindSpore execution mode (MindSpore backend)",
+            type=str,
+            allowed=("graph", "pynative"),
+            mindformers="context.mode",
+        ),
+        Parameter(
+            "jit_level",
+            "O1",
+            "MindSpore jit level of the MindFormers launch (the MindSpore probe, given none, runs O1 with "
+            "graph_kernel_flags and O0 without: probe_jit_level)",
+            type=str,
+            allowed=("O0", "O1", "O2"),
+            mindformers="context.jit_config.jit_level",
+        ),
+        Parameter(
+            "graph_kernel_flags",
+            "",
+            "MindSpore graph-kernel fusion flags (MS_DEV_GRAPH_KERNEL_FLAGS; '' = fusion off)",
+            type=str,
+            mindformers="MS_DEV_GRAPH_KERNEL_FLAGS in best.env",
+        ),
+    )
+}
+STACKS = ("megatron", "deepspeed", "torchtitan", "mindformers")
+
+
+def default(name: str, accelerator: str | None = None) -> Any:
+    """The default of a canonical parameter (training or serving); ``accelerator`` (npu | cuda | cpu):
+    that accelerator's where it has its own (a probe reads it; the study's default is ``accelerator``
+    None: the space writes it into every trial it proposes). KeyError for a name the table does not hold."""
+    parameter = TRAINING.get(name) or SERVING[name]
+    if accelerator is not None:
+        for where, value_there in parameter.by_accelerator:
+            if where == accelerator:
+                return value_there
+    return parameter.default
+
+
+def value(config: Mapping[str, Any], name: str, accelerator: str | None = None) -> Any:
+    """``config[name]`` read as the table's type, or the table's default (:func:`default`) where the
+    config does not name it or names it as None, "" or "None" (what a value read back from MLflow or a
+    YAML null looks like), or an int parameter as 0 where its default is not 0 (no size: the callers'
+    ``or 1``). A bool from a string: 1/true/yes/on. A value of the wrong kind raises ValueError
+    (``int("x")``), as the callers' ``int(...)`` did."""
+    raw = config.get(name)
+    if raw is None or (isinstance(raw, str) and raw.strip() in ("", "None")):
+        return default(name, accelerator)
+    kind = (TRAINING.get(name) or SERVING[name]).type
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on") if isinstance(raw, str) else bool(raw)
+    if kind is int:
+        return int(raw) or default(name, accelerator)
+    if kind is str:
+        return str(raw)
+    return raw
+
+
+def spellings(stack: str) -> dict[str, Spelling]:
+    """``{canonical name: flag or key}`` of the parameters ``stack`` spells (what its export writes
+    for each: the header names it beside a value the evidence did not choose)."""
+    return {name: p.spelling(stack) for name, p in TRAINING.items() if p.spelling(stack)}
+
+
+def probe_jit_level(config: Mapping[str, Any]) -> str:
+    """The MindSpore probe's jit level for a config that names none: O1 where graph-kernel flags
+    (or the older ``enable_graph_kernel``) ask for fusion, which runs at O1, else O0 (MindSpore 2.10's
+    kernel-by-kernel default). The MindFormers export writes the table's ``jit_level`` default (O1)."""
+    if config.get("jit_level"):
+        return str(config["jit_level"])
+    return "O1" if value(config, "graph_kernel_flags") or config.get("enable_graph_kernel") else "O0"
+
+
+# ---- the rules between training parameters (scalars or numpy arrays, element-wise; no numpy here)
+DP_RULE = "dp = world_size / (tp*pp*cp)"
+GRAD_ACCUM_RULE = "grad_accum = global_batch_size / (micro_batch_size*dp)"
+SEQUENCE_PARALLEL_RULE = "sequence_parallel only with tp > 1 (Megatron turns it off at tp = 1)"
+VPP_RULE = "vpp only with pp > 1 (one stage has no interleaving: vpp is 1)"
+RULES = (DP_RULE, GRAD_ACCUM_RULE, SEQUENCE_PARALLEL_RULE, VPP_RULE)
+
+
+def _at_least(x: Any, low: float) -> Any:
+    """``max(x, low)``, element-wise for arrays (a product of sizes below 1 is an invalid config the
+    caller's checks refuse; the division stays finite)."""
+    return x * (x >= low) + low * (x < low)
+
+
+def data_parallel(world: Any, tp: Any, pp: Any, cp: Any) -> Any:
+    """:data:`DP_RULE`: a float where tp*pp*cp does not divide the world (the caller refuses the config,
+    or floors it where it has refused it already)."""
+    return world / _at_least(tp * pp * cp, 1.0)
+
+
+def grad_accum(global_batch_size: Any, micro_batch_size: Any, dp: Any) -> Any:
+    """:data:`GRAD_ACCUM_RULE`: a float where micro_batch_size*dp does not divide the global batch."""
+    return global_batch_size / _at_least(micro_batch_size * dp, 1e-9)
+
+
+def sequence_parallel_on(sequence_parallel: Any, tp: Any) -> Any:
+    """:data:`SEQUENCE_PARALLEL_RULE`: whether sequence parallelism is on."""
+    return sequence_parallel & (tp > 1)
+
+
+def effective_vpp(vpp: Any, pp: Any) -> Any:
+    """:data:`VPP_RULE`: the virtual stages a pipeline of ``pp`` stages runs."""
+    return vpp * (pp > 1) + (pp <= 1)
+
+
+# ---- the devices a config occupies (the dispatcher reserves them, the metrics divide by them)
+DEVICES_RULE = (
+    "a trial's devices: tp*pp*cp*dp for training (the world), replicas*tp*pp for serving (replicas of one "
+    "tp*pp instance), tp for offline inference (one instance)"
+)
+
+
+def instance_devices(config: Mapping[str, Any]) -> int:
+    """The devices one engine instance spans: tp*pp."""
+    return value(config, "tp") * value(config, "pp")
+
+
+def trial_devices(workload_kind: str, config: Mapping[str, Any]) -> int:
+    """:data:`DEVICES_RULE`: the devices one trial of a ``workload_kind`` workload occupies; a probe's
+    reported ``world_size`` is not read here (the caller prefers it where the probe knows it)."""
+    if workload_kind == "train":
+        return instance_devices(config) * value(config, "cp") * value(config, "dp")
+    if workload_kind == "serve":
+        return int(config.get("replicas") or 1) * instance_devices(config)
+    return value(config, "tp")

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import json
 
+from ..workers.parameters import spellings, value
 from ._base import ExportContext, Exporter, header_fields
 
 
-# the key each knob is written as: the header names it beside a value the evidence did not choose
-DEEPSPEED_KEYS = {
-    "micro_batch_size": "train_micro_batch_size_per_gpu",
-    "grad_accum": "gradient_accumulation_steps",
-    "dp": "train_batch_size",
-    "zero_stage": "zero_optimization.stage",
-    "precision": "bf16 / fp16",
-}
+# the key each knob is written as, from the parameter table: the header names it beside a value the
+# evidence did not choose (recompute's activation_checkpointing only where it is written: full)
+DEEPSPEED_KEYS = {name: key for name, key in spellings("deepspeed").items() if name != "recompute"}
 
 
 class DeepSpeedExporter(Exporter):
@@ -32,16 +28,17 @@ class DeepSpeedExporter(Exporter):
     filename = "deepspeed_config.json"
 
     def render(self, ctx: ExportContext) -> str:
-        mbs = int(ctx.get("micro_batch_size", 1))
-        ga = int(ctx.get("grad_accum", 1) or 1)
-        dp = int(ctx.get("dp", 1) or 1)
+        mbs = value(ctx.config, "micro_batch_size")
+        ga = value(ctx.config, "grad_accum")
+        dp = value(ctx.config, "dp")
         world = ctx.world_size
         if dp != world:
             raise ValueError(f"dp {dp} is not the world {world}: a DeepSpeed config cannot launch model parallelism")
-        stage = int(ctx.get("zero_stage", 0) or 0)
+        stage = value(ctx.config, "zero_stage")
+        recompute = value(ctx.config, "recompute")
         written = dict(DEEPSPEED_KEYS)
-        if ctx.get("recompute", "none") == "full":
-            written["recompute"] = "activation_checkpointing"
+        if recompute == "full":
+            written["recompute"] = spellings("deepspeed")["recompute"]
         header = header_fields(ctx, written)
         header["assumes"] = (
             f"a plain deepspeed.initialize over all {world} ranks (data parallel {world}, "
@@ -58,7 +55,7 @@ class DeepSpeedExporter(Exporter):
         }
         if stage == 3:
             cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-        precision = ctx.get("precision", "bf16")
+        precision = value(ctx.config, "precision")
         if precision == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif precision == "fp16":
@@ -70,7 +67,7 @@ class DeepSpeedExporter(Exporter):
                 "hysteresis": 2,
                 "min_loss_scale": 1,
             }
-        if ctx.get("recompute", "none") == "full":
+        if recompute == "full":
             # DeepSpeed's checkpointing settings; the model still wraps each block in
             # deepspeed.checkpointing.checkpoint (or calls gradient_checkpointing_enable())
             cfg["activation_checkpointing"] = {

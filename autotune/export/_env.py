@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 
+from ..workers.parameters import value
 from ._base import ExportContext, Exporter, header_lines, one_line, roomiest_knobs, undistinguished_knobs
 
 
@@ -51,7 +52,7 @@ def env_exports(ctx: ExportContext) -> list[str]:
             f"export PYTORCH_CUDA_ALLOC_CONF={shlex.quote(env['PYTORCH_NPU_ALLOC_CONF'])}"
             "  # the same allocator string on CUDA"
         )
-    flags = ctx.get("graph_kernel_flags")
+    flags = value(ctx.config, "graph_kernel_flags")
     if flags and "MS_DEV_GRAPH_KERNEL_FLAGS" not in env:
         lines.append(f"export MS_DEV_GRAPH_KERNEL_FLAGS={shlex.quote(str(flags))}  # MindSpore graph-kernel fusion")
     return lines

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..workers.parameters import effective_vpp, sequence_parallel_on, spellings, value
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines
 from ._env import env_exports, env_written
 
@@ -41,44 +42,34 @@ MINDSPEED_FLAGS = (
 )
 
 
-# the flag each knob is written as (in AUTOTUNE_ARGS): the header names it beside a value the
-# evidence did not choose
-MEGATRON_FLAGS = {
-    "tp": "--tensor-model-parallel-size",
-    "pp": "--pipeline-model-parallel-size",
-    "vpp": "--num-layers-per-virtual-pipeline-stage",
-    "cp": "--context-parallel-size",
-    "micro_batch_size": "--micro-batch-size",
-    "sequence_parallel": "--sequence-parallel",
-    "recompute": "--recompute-granularity",
-    "recompute_layers": "--recompute-num-layers",
-    "zero_stage": "--use-distributed-optimizer",
-    "precision": "--bf16",
-}
+# the flag each knob is written as (in AUTOTUNE_ARGS), from the parameter table: the header names it
+# beside a value the evidence did not choose
+MEGATRON_FLAGS = spellings("megatron")
 
 
 def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None) -> list[str]:
     """Megatron-LM / MindSpeed-LLM arguments for the config's parallel, batch, recompute,
     optimizer-sharding and precision settings."""
-    tp, pp, vpp = int(config.get("tp", 1)), int(config.get("pp", 1)), int(config.get("vpp", 1) or 1)
+    tp, pp = value(config, "tp"), value(config, "pp")
+    vpp = effective_vpp(value(config, "vpp"), pp)
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
-    if vpp > 1 and pp > 1:
+    if vpp > 1:
         if not num_layers:
             raise ValueError("an interleaved schedule (vpp > 1) needs the model's layer count")
         args += ["--num-layers-per-virtual-pipeline-stage", str(num_layers // (pp * vpp))]
-    if int(config.get("cp", 1) or 1) > 1:
+    if value(config, "cp") > 1:
         args += ["--context-parallel-size", str(config["cp"])]
     if "micro_batch_size" in config:
         args += ["--micro-batch-size", str(config["micro_batch_size"])]
     if global_batch_size:
         args += ["--global-batch-size", str(global_batch_size)]
-    if config.get("sequence_parallel") and tp > 1:
+    if sequence_parallel_on(value(config, "sequence_parallel"), tp):
         args.append("--sequence-parallel")
-    recompute = config.get("recompute", "none")
+    recompute = value(config, "recompute")
     if recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
-        layers = config.get("recompute_layers")
+        layers = value(config, "recompute_layers")
         if layers:  # the first `layers` of each stage; block counts per virtual stage
             args += [
                 "--recompute-granularity",
@@ -86,16 +77,16 @@ def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_lay
                 "--recompute-method",
                 "block",
                 "--recompute-num-layers",
-                str(int(layers) // (vpp if pp > 1 else 1)),
+                str(layers // vpp),
             ]
         else:  # every layer: each layer is its own checkpointed chunk
             args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    zero = int(config.get("zero_stage", 0) or 0)
+    zero = value(config, "zero_stage")
     if zero == 1:
         args.append("--use-distributed-optimizer")  # ZeRO-1: optimizer states sharded over dp (x cp)
     elif zero >= 2:
         raise ValueError(f"zero_stage {zero} has no Megatron form (the distributed optimizer is ZeRO-1)")
-    precision = config.get("precision", "bf16")
+    precision = value(config, "precision")
     if precision in ("bf16", "fp16"):
         args.append(f"--{precision}")
     return args
@@ -160,12 +151,10 @@ class MegatronExporter(Exporter):
         stack: tuple[str, ...] = ()
         if target == "mindspeed":
             stack = MINDSPEED_FLAGS
-            if int(ctx.get("cp", 1) or 1) > 1:  # ring attention, as measured and priced; MindSpeed's default
+            if value(ctx.config, "cp") > 1:  # ring attention, as measured and priced; MindSpeed's default
                 stack += ("--context-parallel-algo", "megatron_cp_algo")  # was Ulysses in older releases
         args = megatron_args(ctx.config, gbs, layers)
-        written = {**env_written(ctx), **args_written(args, MEGATRON_FLAGS)}
-        if ctx.get("precision") == "fp16":
-            written["precision"] = "--fp16"
+        written = {**env_written(ctx), **args_written(args, MEGATRON_FLAGS)}  # precision: --bf16 or --fp16
         if gbs:  # dp and grad-accum follow from the global batch
             written.update(dp="--global-batch-size (dp)", grad_accum="--global-batch-size (grad-accum)")
         env = env_exports(ctx)

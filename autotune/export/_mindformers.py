@@ -47,26 +47,13 @@ from __future__ import annotations
 
 import yaml
 
+from ..workers.parameters import effective_vpp, spellings, value
 from ._base import ExportContext, Exporter, header_lines, one_line
 
 _MODES = {"graph": 0, "pynative": 1}
-# the key each knob is written as: the header names it beside a value the evidence did not choose
-MINDFORMERS_KEYS = {
-    "dp": "parallel_config.data_parallel",
-    "tp": "parallel_config.model_parallel",
-    "pp": "parallel_config.pipeline_stage",
-    "cp": "parallel_config.context_parallel",
-    "vpp": "model.model_config.pp_interleave_num",
-    "sequence_parallel": "parallel_config.use_seq_parallel",
-    "micro_batch_size": "runner_config.batch_size",
-    "recompute": "recompute_config",
-    "recompute_layers": "recompute_config.recompute",
-    "zero_stage": "parallel.enable_parallel_optimizer",
-    "precision": "model.model_config.compute_dtype",
-    "mode": "context.mode",
-    "jit_level": "context.jit_config.jit_level",
-    "graph_kernel_flags": "MS_DEV_GRAPH_KERNEL_FLAGS in best.env",
-}
+# the key each knob is written as, from the parameter table: the header names it beside a value the
+# evidence did not choose (grad_accum's depends on pp: render names it)
+MINDFORMERS_KEYS = {name: key for name, key in spellings("mindformers").items() if name != "grad_accum"}
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -75,18 +62,19 @@ class MindFormersExporter(Exporter):
     filename = "mindformers_parallel.yaml"
 
     def render(self, ctx: ExportContext) -> str:
-        pp = int(ctx.get("pp", 1))
-        vpp = int(ctx.get("vpp", 1) or 1) if pp > 1 else 1
-        ga = int(ctx.get("grad_accum", 1) or 1)
-        recompute = ctx.get("recompute", "none")
-        layers = ctx.get("recompute_layers")
+        config = ctx.config
+        pp = value(config, "pp")
+        vpp = effective_vpp(value(config, "vpp"), pp)
+        ga, mbs, dp = value(config, "grad_accum"), value(config, "micro_batch_size"), value(config, "dp")
+        recompute = value(config, "recompute")
+        layers = value(config, "recompute_layers")
         context = {
-            "mode": _MODES.get(str(ctx.get("mode", "graph")), 0),
-            "jit_config": {"jit_level": str(ctx.get("jit_level", "O1"))},
+            "mode": _MODES.get(value(config, "mode"), 0),
+            "jit_config": {"jit_level": value(config, "jit_level")},
         }
         parallel = {
             "parallel_mode": 1,
-            "enable_parallel_optimizer": int(ctx.get("zero_stage", 0) or 0) >= 1,
+            "enable_parallel_optimizer": value(config, "zero_stage") >= 1,
             "full_batch": True,
             "dataset_strategy": "full_batch",
         }
@@ -96,29 +84,26 @@ class MindFormersExporter(Exporter):
             "context": context,
             "parallel": parallel,
             "parallel_config": {
-                "data_parallel": int(ctx.get("dp", 1) or 1),
-                "model_parallel": int(ctx.get("tp", 1)),
+                "data_parallel": dp,
+                "model_parallel": value(config, "tp"),
                 "pipeline_stage": pp,
-                "context_parallel": int(ctx.get("cp", 1) or 1),
+                "context_parallel": value(config, "cp"),
                 "micro_batch_num": ga if pp > 1 else 1,
-                "use_seq_parallel": bool(ctx.get("sequence_parallel", False)),
+                "use_seq_parallel": value(config, "sequence_parallel"),
                 "vocab_emb_dp": False,
                 "gradient_aggregation_group": 4,
             },
             "micro_batch_interleave_num": 1,
             "recompute_config": {
-                "recompute": ([int(layers)] * pp if layers else True) if recompute == "full" else False,
+                "recompute": ([layers] * pp if layers else True) if recompute == "full" else False,
                 "select_recompute": recompute == "selective",
                 "parallel_optimizer_comm_recompute": False,
                 "mp_comm_recompute": True,
                 "recompute_slice_activation": False,
             },
-            "runner_config": {
-                "batch_size": int(ctx.get("micro_batch_size", 1)),
-                "gradient_accumulation_steps": 1 if pp > 1 else ga,
-            },
+            "runner_config": {"batch_size": mbs, "gradient_accumulation_steps": 1 if pp > 1 else ga},
         }
-        precision = ctx.get("precision", "bf16")
+        precision = value(config, "precision")
         body["runner_wrapper"] = {
             "scale_sense": {
                 "type": "DynamicLossScaleUpdateCell",
@@ -129,7 +114,7 @@ class MindFormersExporter(Exporter):
             if precision == "fp16"
             else 1.0
         }
-        model_config = {"compute_dtype": _DTYPES.get(str(precision), "float32"), "pp_interleave_num": vpp, "offset": 0}
+        model_config = {"compute_dtype": _DTYPES.get(precision, "float32"), "pp_interleave_num": vpp, "offset": 0}
         seq_len = (ctx.workload or {}).get("seq_len")
         if seq_len:
             model_config["seq_length"] = int(seq_len)
@@ -137,7 +122,7 @@ class MindFormersExporter(Exporter):
         notes = [
             f"# MindFormers: the run YAML is this file with `base_config: <your model YAML>` on top (or these keys "
             f"merged over it); semi-auto parallel, full_batch: global batch "
-            f"{int(ctx.get('micro_batch_size', 1)) * int(ctx.get('dp', 1) or 1) * ga} = batch_size x data_parallel x "
+            f"{mbs * dp * ga} = batch_size x data_parallel x "
             f"{'micro_batch_num' if pp > 1 else 'gradient_accumulation_steps'}"
         ]
         if seq_len:
@@ -150,14 +135,13 @@ class MindFormersExporter(Exporter):
                 "# fp16: if your model YAML's runner_wrapper.scale_sense is a number, replace it by the mapping "
                 "below (base_config cannot merge a mapping over a number)"
             )
-        flags = ctx.get("graph_kernel_flags")
+        flags = value(config, "graph_kernel_flags")
         if flags:
             notes.append(
                 f"# graph-kernel flags go in the environment (best.env): "
                 f"MS_DEV_GRAPH_KERNEL_FLAGS={one_line(' '.join(str(flags).split()))}"
             )
         written = dict(MINDFORMERS_KEYS)
-        written["grad_accum"] = (
-            "parallel_config.micro_batch_num" if pp > 1 else "runner_config.gradient_accumulation_steps"
-        )
+        with_stages, without = spellings("mindformers")["grad_accum"]
+        written["grad_accum"] = with_stages if pp > 1 else without
         return "\n".join([*header_lines(ctx, written=written), *notes]) + "\n" + yaml.safe_dump(body, sort_keys=False)

@@ -36,7 +36,7 @@ import json
 import re
 from typing import Any
 
-from ..workers.parameters import serving_default
+from ..workers.parameters import serving_default, value as param
 
 from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths, one_line
 
@@ -275,7 +275,7 @@ def mindie_settings(
 ) -> dict[str, Any]:
     """The config.json keys a serving config sets, as a nested fragment (``plugin_params: None``
     = no plugin: remove the key). The one rendering the ``mindie`` preset runs and the export writes."""
-    tp = int(config.get("tp", 1))
+    tp = param(config, "tp")
     seqs = int(config.get("max_num_seqs", serving_default("max_num_seqs")))
     engine = {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
     plugins = [
@@ -370,7 +370,7 @@ class MindIEExporter(Exporter):
             model_name=str(ctx.model.get("name") or ""),
             weight_path=ctx.model.get("path"),
         )
-        tp = int(config.get("tp", 1))
+        tp = param(config, "tp")
         replicas = int(config.get("replicas", 1) or 1)
         written = dict(MINDIE_WRITTEN)
         written.update(

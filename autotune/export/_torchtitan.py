@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..workers.parameters import effective_vpp, sequence_parallel_on, spellings, value
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines
 from ._env import env_exports, env_written
 
@@ -35,30 +36,18 @@ from ._env import env_exports, env_written
 _PRESET_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b")}
 
 
-# the flag each knob is written as (in AUTOTUNE_ARGS): the header names it beside a value the
-# evidence did not choose
-TORCHTITAN_FLAGS = {
-    "tp": "--parallelism.tensor_parallel_degree",
-    "pp": "--parallelism.pipeline_parallel_degree",
-    "vpp": "--parallelism.pipeline_parallel_schedule",
-    "cp": "--parallelism.context_parallel_degree",
-    "sequence_parallel": ("--parallelism.enable-sequence-parallel", "--parallelism.no-enable-sequence-parallel"),
-    "zero_stage": "--parallelism.fsdp_reshard_after_forward",
-    "micro_batch_size": "--training.local_batch_size",
-    "grad_accum": "--training.global_batch_size",
-    "dp": "--training.global_batch_size",
-    "precision": "--training.mixed_precision_param",
-    "compile": ("--compile.enable", "--compile.no-enable"),
-}
+# the flag each knob is written as (in AUTOTUNE_ARGS), from the parameter table: the header names it
+# beside a value the evidence did not choose (recompute: the AUTOTUNE_AC subcommand, named by render)
+TORCHTITAN_FLAGS = {name: flag for name, flag in spellings("torchtitan").items() if name != "recompute"}
 
 
 def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers: int) -> list[str]:
     """The trainer's CLI overrides for the config (after ``--module`` and ``--config``)."""
-    dp = int(config.get("dp", 1) or 1)
-    zero = int(config.get("zero_stage", 0) or 0)
-    tp, pp, vpp = int(config.get("tp", 1)), int(config.get("pp", 1)), int(config.get("vpp", 1) or 1)
-    mbs, ga = int(config.get("micro_batch_size", 1)), int(config.get("grad_accum", 1) or 1)
-    precision = config.get("precision", "bf16")
+    dp, zero = value(config, "dp"), value(config, "zero_stage")
+    tp, pp = value(config, "tp"), value(config, "pp")
+    vpp = effective_vpp(value(config, "vpp"), pp)
+    mbs, ga = value(config, "micro_batch_size"), value(config, "grad_accum")
+    precision = value(config, "precision")
     shard = zero >= 2
     args = [
         "--parallelism.data_parallel_replicate_degree",
@@ -70,10 +59,10 @@ def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers
         "--parallelism.tensor_parallel_degree",
         str(tp),
         "--parallelism.enable-sequence-parallel"
-        if config.get("sequence_parallel") and tp > 1
+        if sequence_parallel_on(value(config, "sequence_parallel"), tp)
         else "--parallelism.no-enable-sequence-parallel",
         "--parallelism.context_parallel_degree",
-        str(int(config.get("cp", 1) or 1)),
+        str(value(config, "cp")),
         "--parallelism.pipeline_parallel_degree",
         str(pp),
     ]
@@ -105,7 +94,7 @@ def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers
         "float32",
         "--training.mixed_precision_param",
         dtype,
-        "--compile.enable" if config.get("compile", "none") not in (None, "none") else "--compile.no-enable",
+        "--compile.enable" if value(config, "compile") != "none" else "--compile.no-enable",
     ]
     return args
 
@@ -113,7 +102,7 @@ def torchtitan_args(config: dict[str, Any], workload: dict[str, Any], num_layers
 def activation_checkpoint_subcommand(config: dict[str, Any]) -> str:
     """The trainer's ``activation-checkpoint:*`` subcommand; it goes last (tyro applies what
     follows a subcommand to it)."""
-    recompute = config.get("recompute", "none")
+    recompute = value(config, "recompute")
     return f"activation-checkpoint:{recompute if recompute in ('selective', 'full') else 'none'}"
 
 

@@ -32,7 +32,7 @@ import re
 import shlex
 from typing import Any
 
-from ..workers.parameters import serving_default
+from ..workers.parameters import serving_default, value as param
 
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
@@ -93,14 +93,14 @@ _KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "int8": "int8
 
 def vllm_dtype(config: dict[str, Any]) -> str:
     """``--dtype`` of the config's precision."""
-    return _DTYPES.get(str(config.get("precision", "bf16")), "bfloat16")
+    return _DTYPES.get(param(config, "precision"), "bfloat16")
 
 
 def vllm_kv_cache_dtype(config: dict[str, Any], accelerator: str) -> str:
     """``--kv-cache-dtype``: ``auto`` for the compute dtype; on Ascend always ``auto`` (a quantized
     KV cache comes from the checkpoint there: vLLM-Ascend's C8)."""
     kv = str(config.get("kv_cache_dtype", "auto") or "auto")
-    if kv in ("auto", str(config.get("precision", "bf16"))) or accelerator == "npu":
+    if kv in ("auto", param(config, "precision")) or accelerator == "npu":
         return "auto"
     return _KV_DTYPES.get(kv, kv)
 
@@ -151,9 +151,9 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
     the ``vllm`` preset runs and ``serve_vllm.sh`` exports."""
     args = [
         "--tensor-parallel-size",
-        str(int(config.get("tp", 1))),
+        str(param(config, "tp")),
         "--pipeline-parallel-size",
-        str(int(config.get("pp", 1))),
+        str(param(config, "pp")),
         "--max-num-seqs",
         str(int(config.get("max_num_seqs", serving_default("max_num_seqs")))),
         "--max-num-batched-tokens",
@@ -193,7 +193,7 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
 
 def replica_devices(config: dict[str, Any]) -> list[list[int]]:
     """Each replica's devices (indices into the trial's, or the node's): ``tp x pp`` apiece, in order."""
-    per = int(config.get("tp", 1)) * int(config.get("pp", 1))
+    per = param(config, "tp") * param(config, "pp")
     return [list(range(k * per, (k + 1) * per)) for k in range(int(config.get("replicas", 1) or 1))]
 
 
@@ -234,7 +234,7 @@ class VllmExporter(Exporter):
             "#!/usr/bin/env bash",
             *header_lines(ctx, written=written),
             f"# {flavour} serving on {one_line(accelerator)}, as {ctx.how}: {len(devices)} server(s), one per replica, "
-            f"{per} device(s) each (tp {int(config.get('tp', 1))} x pp {int(config.get('pp', 1))}), on ports "
+            f"{per} device(s) each (tp {param(config, 'tp')} x pp {param(config, 'pp')}), on ports "
             "PORT, PORT+1, ...; put your load balancer in front of them.",
             "# vLLM 0.10 and later (checked: vLLM 0.32's own argument parser); extra flags after the script's name "
             "are passed to every server.",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MINDSPORE_PARAMS",
     "STACKS",
+    "target_of",
     "PresetLaunch",
     "PresetRun",
     "Rule",
@@ -142,6 +143,15 @@ def default_target(
         if stack.default_when(backend_kind, accelerator, tuple(searched)):
             return stack.name
     return "none"
+
+
+def target_of(spec: Any) -> str:
+    """The stack a spec is tuned for: its ``target:``, or :func:`default_target` for its backend,
+    accelerator, searched parameters and workload. The registry answers, not the schema: the spec
+    (:mod:`autotune.spec`) imports no stack."""
+    return spec.target or default_target(
+        spec.backend.kind, spec.cluster.accelerator, tuple(spec.space.choices()), workload_kind=spec.workload.kind
+    )
 
 
 def target_violations(

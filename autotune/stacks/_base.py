@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.export._base import longest_lengths
+from autotune.workers.parameters import default
 
 if TYPE_CHECKING:
     from autotune.export import Exporter
@@ -52,6 +53,7 @@ __all__ = [
     "fact_columns",
     "longest_lengths",
     "mindspore_only",
+    "param",
     "partial_recompute",
     "uses_mindspore",
 ]
@@ -249,6 +251,12 @@ def col(cols: dict[str, np.ndarray], name: str, default: Any, n: int) -> np.ndar
     return np.asarray(value)
 
 
+def param(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """Column ``name`` of a canonical parameter, or its default (the parameter table's, study-wide)
+    for every config when the space does not have it."""
+    return col(cols, name, default(name), n)
+
+
 def partial_recompute(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """Full recompute of only some layers of each stage (``recompute_layers`` set)."""
     rl = cols.get("recompute_layers")
@@ -259,7 +267,7 @@ def partial_recompute(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
 
 def compiled(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """torch.compile on."""
-    return col(cols, "compile", "none", n).astype(str) != "none"
+    return param(cols, "compile", n).astype(str) != "none"
 
 
 def mindspore_only(cols: dict[str, np.ndarray], n: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import json
 from autotune.export._base import ExportContext
 from autotune.export._deepspeed import DeepSpeedExporter
 
-from ._base import PresetLaunch, PresetRun, Rule, Stack, col, compiled, mindspore_only, partial_recompute
+from ._base import PresetLaunch, PresetRun, Rule, Stack, compiled, mindspore_only, param, partial_recompute
 
 __all__ = ["DEEPSPEED_CONFIG_FILE", "STACK"]
 
@@ -27,13 +27,13 @@ def deepspeed_rules(n: int) -> list[Rule]:
             "a DeepSpeed config cannot express tp/pp/cp > 1 (model parallelism lives in the model code: "
             "Megatron-DeepSpeed or a PipelineModule)",
             lambda c: (
-                (col(c, "tp", 1, n).astype(int) * col(c, "pp", 1, n).astype(int) * col(c, "cp", 1, n).astype(int)) > 1
+                (param(c, "tp", n).astype(int) * param(c, "pp", n).astype(int) * param(c, "cp", n).astype(int)) > 1
             ),
         ),
         (
             "DeepSpeed has no selective recompute, nor a recomputed-layer count (activation checkpointing is per "
             "block, in the model code)",
-            lambda c: (col(c, "recompute", "none", n).astype(str) == "selective") | partial_recompute(c, n),
+            lambda c: (param(c, "recompute", n).astype(str) == "selective") | partial_recompute(c, n),
         ),
         ("torch.compile is not set by the DeepSpeed config", lambda c: compiled(c, n)),
         ("MindSpore settings (mode, jit_level, graph_kernel_flags) do not apply", lambda c: mindspore_only(c, n)),

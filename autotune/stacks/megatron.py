@@ -10,15 +10,16 @@ from __future__ import annotations
 import numpy as np
 
 from autotune.export._megatron import MegatronExporter, megatron_args, model_args
+from autotune.workers.parameters import value
 
 from ._base import (
     PresetLaunch,
     PresetRun,
     Rule,
     Stack,
-    col,
     compiled,
     mindspore_only,
+    param,
     partial_recompute,
     uses_mindspore,
 )
@@ -31,19 +32,17 @@ def megatron_rules(n: int) -> list[Rule]:
         (
             "ZeRO-2/3 cannot be expressed: Megatron's --use-distributed-optimizer shards optimizer states only "
             "(ZeRO-1)",
-            lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2,
+            lambda c: param(c, "zero_stage", n).astype(int) >= 2,
         ),
         (
             "recompute_layers must be a multiple of vpp: --recompute-method block counts layers per virtual stage",
             lambda c: (
                 partial_recompute(c, n)
-                & (col(c, "vpp", 1, n).astype(int) > 1)
+                & (param(c, "vpp", n).astype(int) > 1)
                 & np.array(
                     [
                         (v or 0) % max(int(p), 1) != 0
-                        for v, p in zip(
-                            np.asarray(col(c, "recompute_layers", None, n), dtype=object), col(c, "vpp", 1, n)
-                        )
+                        for v, p in zip(np.asarray(param(c, "recompute_layers", n), dtype=object), param(c, "vpp", n))
                     ]
                 )
             ),
@@ -75,7 +74,7 @@ def megatron_launch(run: PresetRun, flavour: str = "megatron", stack_args: tuple
         *run.user,
     ]
     env = {}
-    if int(config.get("tp", 1)) > 1 or int(config.get("cp", 1) or 1) > 1:
+    if value(config, "tp") > 1 or value(config, "cp") > 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron's validate_args requires it for tp/cp > 1
     return PresetLaunch(argv, env)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from autotune.export._mindformers import MindFormersExporter
 
-from ._base import Rule, Stack, col, compiled, uses_mindspore
+from ._base import Rule, Stack, compiled, param, uses_mindspore
 
 __all__ = ["STACK"]
 
@@ -18,7 +18,7 @@ def mindformers_rules(n: int) -> list[Rule]:
     return [
         (
             "ZeRO-2/3 cannot be expressed: MindSpore's parallel optimizer shards the optimizer (ZeRO-1)",
-            lambda c: col(c, "zero_stage", 0, n).astype(int) >= 2,
+            lambda c: param(c, "zero_stage", n).astype(int) >= 2,
         ),
         ("torch.compile does not apply to MindSpore", lambda c: compiled(c, n)),
     ]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.workers.parameters import serving_default
+from autotune.workers.parameters import serving_default, value
 from autotune.export._mindie import (
     MINDIE_DEFAULT_CONFIG,
     MINDIE_KEYS,
@@ -35,15 +35,16 @@ from autotune.export._mindie import (
 )
 
 from ._base import (
-    SERVED_MODEL_NAME,
     PresetLaunch,
     PresetRun,
     Rule,
+    SERVED_MODEL_NAME,
     Stack,
     col,
     engine_names,
     fact,
     longest_lengths,
+    param,
     serving_engine_launch,
 )
 
@@ -96,7 +97,7 @@ def mindie_rules(n: int) -> list[Rule]:
 
     def kv(c):
         kv = col(c, "kv_cache_dtype", "auto", n).astype(str)
-        return np.where(kv == col(c, "precision", "bf16", n).astype(str), "auto", kv)
+        return np.where(kv == param(c, "precision", n).astype(str), "auto", kv)
 
     def prefix(c):
         return np.asarray(col(c, "enable_prefix_caching", serving_default("enable_prefix_caching"), n)).astype(bool)
@@ -122,7 +123,7 @@ def mindie_rules(n: int) -> list[Rule]:
         (
             "MindIE has no pipeline parallelism: ModelConfig's worldSize is the tensor-parallel size "
             "(src/config_manager/model_deploy_config.cpp)",
-            lambda c: col(c, "pp", 1, n).astype(int) > 1,
+            lambda c: param(c, "pp", n).astype(int) > 1,
         ),
         (
             "MindIE's cacheBlockSize is at most 128 and a multiple of 16 (service_parameter_configuration.md, "
@@ -244,7 +245,7 @@ def mindie_launch(run: PresetRun) -> PresetLaunch:
         "MINDIE_LOG_TO_STDOUT": "1",
         **mindie_env(config),
     }
-    tp = int(config.get("tp", 1))
+    tp = value(config, "tp")
     devices = [list(range(k * tp, (k + 1) * tp)) for k in range(int(config.get("replicas", 1) or 1))]
     replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {"config.json": text}} for d in devices]
     return serving_engine_launch(

@@ -8,6 +8,7 @@ target on NPUs.
 from __future__ import annotations
 
 from autotune.export._megatron import MINDSPEED_FLAGS
+from autotune.workers.parameters import value
 
 from ._base import PresetLaunch, PresetRun, Stack, uses_mindspore
 from .megatron import STACK as MEGATRON, megatron_launch, megatron_rules
@@ -17,7 +18,7 @@ __all__ = ["STACK"]
 
 def mindspeed_launch(run: PresetRun) -> PresetLaunch:
     stack_args = list(MINDSPEED_FLAGS)
-    if int(run.config.get("cp", 1) or 1) > 1:
+    if value(run.config, "cp") > 1:
         stack_args += ["--context-parallel-algo", "megatron_cp_algo"]
     return megatron_launch(run, "mindspeed", tuple(stack_args))
 

@@ -13,17 +13,17 @@ import numpy as np
 
 from autotune.export._torchtitan import TorchtitanExporter, activation_checkpoint_subcommand, torchtitan_args
 
-from ._base import PresetLaunch, PresetRun, Rule, Stack, col, mindspore_only, partial_recompute
+from ._base import PresetLaunch, PresetRun, Rule, Stack, mindspore_only, param, partial_recompute
 
 __all__ = ["STACK"]
 
 
 def torchtitan_rules(n: int) -> list[Rule]:
     def zero(c):
-        return col(c, "zero_stage", 0, n).astype(int)
+        return param(c, "zero_stage", n).astype(int)
 
     def precision(c):
-        return col(c, "precision", "bf16", n).astype(str)
+        return param(c, "precision", n).astype(str)
 
     return [
         ("torchtitan has no ZeRO-1 (FSDP2 shards parameters too)", lambda c: zero(c) == 1),
@@ -35,7 +35,7 @@ def torchtitan_rules(n: int) -> list[Rule]:
         ("torchtitan 0.3 checkpoints every block: no recomputed-layer count", lambda c: partial_recompute(c, n)),
         (
             "torchtitan's compile has no mode: only compile 'default' is expressible",
-            lambda c: np.isin(col(c, "compile", "none", n).astype(str), ["reduce-overhead", "max-autotune"]),
+            lambda c: np.isin(param(c, "compile", n).astype(str), ["reduce-overhead", "max-autotune"]),
         ),
         ("MindSpore settings (mode, jit_level, graph_kernel_flags) do not apply", lambda c: mindspore_only(c, n)),
     ]

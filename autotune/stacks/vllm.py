@@ -38,14 +38,15 @@ from autotune.workers.parameters import BATCHED_COVERS_SEQS, batched_below_seqs,
 
 from ._base import (
     ENGINE_FILE,
-    SERVED_MODEL_NAME,
     PresetLaunch,
     PresetRun,
     Rule,
+    SERVED_MODEL_NAME,
     Stack,
     col,
     engine_names,
     fact,
+    param,
     serving_engine_launch,
 )
 
@@ -118,7 +119,7 @@ def _bool(cols: dict[str, np.ndarray], name: str, default: bool, n: int) -> np.n
 def _kv(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """The KV cache dtype as the engine stores it: ``auto`` for the compute dtype."""
     kv = col(cols, "kv_cache_dtype", "auto", n).astype(str)
-    return np.where(kv == col(cols, "precision", "bf16", n).astype(str), "auto", kv)
+    return np.where(kv == param(cols, "precision", n).astype(str), "auto", kv)
 
 
 def vllm_rules(n: int) -> list[Rule]:

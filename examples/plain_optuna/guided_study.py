@@ -20,7 +20,7 @@ import sys
 import optuna
 
 from autotune.backends import BackendChoice, launch_for, select_backend
-from autotune.context import probe_context
+from autotune.study_settings import objectives_of, probe_context
 from autotune.guided_sampler import GuidedSampler, report_failure
 from autotune.spec_load import load_spec
 from autotune.workers.protocol import ProbeResult, TrialRequest
@@ -36,7 +36,7 @@ def main() -> int:
 
     spec = load_spec(args.spec)
     n_trials = args.n_trials or spec.search.n_trials
-    metric, direction = spec.objective_list()[0]
+    metric, direction = objectives_of(spec)[0]
     context = probe_context(spec)
     backend = BackendChoice("simulate", "--simulate") if args.simulate else select_backend(spec)
     print(f"measuring with: {backend.kind} ({backend.reason})", file=sys.stderr)

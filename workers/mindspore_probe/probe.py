@@ -2,8 +2,9 @@
 
 Runs in MindSpore's own environment (MindSpore's PYNATIVE mode needs ``numpy<2``, the rest of
 autotune needs ``numpy>=2``), so it imports only the standard library, numpy and MindSpore;
-the timing statistics and failure classification it shares with the torch probe are loaded from
-their files (``../torch_probe/measure.py`` and ``failures.py`` are standard-library only).
+the timing statistics and failure classification it shares with the torch probe, and the parameter
+table, are loaded from their files (``../torch_probe/measure.py``, ``failures.py`` and
+``../parameters.py`` are standard-library only).
 
 Order: read the trial; resolve and validate the plan (a config MindSpore cannot run here is
 ``invalid`` before MindSpore starts); put ``env.*`` and ``MS_DEV_GRAPH_KERNEL_FLAGS`` into the
@@ -35,21 +36,25 @@ ASCEND_ONLY_NOTE = (
 def _load(name: str, relative: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, HERE / relative)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
 
 measure = _load("autotune_probe_measure", "../torch_probe/measure.py")
 failures = _load("autotune_probe_failures", "../torch_probe/failures.py")
+parameters = _load("autotune_probe_parameters", "../parameters.py")
 ProbeFailure = failures.ProbeFailure
 
 
 def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
-    """The trial's settings with defaults, checked against what this probe can run (no MindSpore)."""
+    """The trial's settings with defaults (the parameter table's on the trial's accelerator: precision
+    fp32 on a CPU, bf16 on Ascend), checked against what this probe can run (no MindSpore)."""
     p = dict(trial.get("params", {}))
     w = dict(trial.get("workload", {}))
     accelerator = str(trial.get("cluster", {}).get("accelerator", "cpu"))
-    tp, pp = int(p.get("tp", 1) or 1), int(p.get("pp", 1) or 1)
+    value = parameters.value
+    tp, pp = value(p, "tp"), value(p, "pp")
     if tp * pp > 1:
         raise ProbeFailure(
             "invalid",
@@ -61,14 +66,14 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
     if dp != world:
         raise ProbeFailure("invalid", f"dp={dp} but {world} processes were started: dp must equal the world size")
     gbs = int(w.get("global_batch_size", dp))
-    mbs = int(p.get("micro_batch_size", 1) or 1)
+    mbs = value(p, "micro_batch_size")
     if gbs % (mbs * dp):
         raise ProbeFailure("invalid", f"global_batch_size {gbs} is not a multiple of micro_batch_size {mbs} x dp {dp}")
-    mode = str(p.get("mode", "graph"))
+    mode = value(p, "mode")
     if mode not in ("graph", "pynative"):
         raise ProbeFailure("invalid", f"mode {mode!r}: expected graph or pynative")
-    flags = str(p.get("graph_kernel_flags") or "")
-    jit_level = str(p.get("jit_level") or ("O1" if flags or p.get("enable_graph_kernel") else "O0"))
+    flags = value(p, "graph_kernel_flags")
+    jit_level = parameters.probe_jit_level(p)
     if jit_level not in ("O0", "O1"):
         raise ProbeFailure(
             "invalid",
@@ -81,7 +86,7 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
             f"graph_kernel_flags have no effect with mode={mode} jit_level={jit_level} "
             "(graph-kernel fusion runs in graph mode at jit level O1)"
         )
-    precision = str(p.get("precision", "fp32"))
+    precision = value(p, "precision", accelerator)
     if precision not in ("fp32", "fp16", "bf16"):
         raise ProbeFailure("invalid", f"precision {precision!r}: expected fp32, fp16 or bf16")
     if precision == "bf16" and accelerator == "cpu":
@@ -90,7 +95,7 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
             "precision bf16: MindSpore's CPU backend has no bf16 kernels (its Gather "
             "rejects BFloat16); bf16 runs on Ascend",
         )
-    zero = int(p.get("zero_stage", 0) or 0)
+    zero = value(p, "zero_stage")
     if zero > 1:
         raise ProbeFailure(
             "invalid",
@@ -109,13 +114,13 @@ def resolve_plan(trial: dict[str, Any], world: int) -> dict[str, Any]:
         "accelerator": accelerator,
         "dp": dp,
         "micro_batch_size": mbs,
-        "grad_accum": gbs // (mbs * dp),
+        "grad_accum": int(parameters.grad_accum(gbs, mbs, dp)),
         "global_batch_size": gbs,
         "seq_len": int(w.get("seq_len", 128)),
         "mode": mode,
         "jit_level": jit_level,
         "graph_kernel_flags": flags,
-        "recompute": str(p.get("recompute", "none")),
+        "recompute": value(p, "recompute"),
         "precision": precision,
         "warmup_steps": int(w.get("warmup_steps", 1)),
         "measured_steps": int(w.get("measured_steps", 3)),

@@ -38,6 +38,7 @@ import aiohttp
 
 from autotune.objectives import serving
 
+from ..parameters import trial_devices
 from ..protocol import TRIAL_FILE_ENV, TrialRequest, read_trial_file
 from . import traffic as traffic_mod
 from .client import Endpoint, LeastOutstanding, closed_batch, new_session, open_loop, send_request
@@ -283,7 +284,7 @@ class Run:
         sampler: MetricsSampler,
     ) -> dict[str, Any]:
         p = self.request.params
-        devices = int(p.get("world_size") or int(p.get("replicas", 1)) * int(p.get("tp", 1)) * int(p.get("pp", 1)))
+        devices = int(p.get("world_size") or trial_devices("serve", p))
         metrics = serving.serving_metrics(summaries, devices)
         metrics.update(engine_view)
         for b, s in closed.items():

@@ -43,6 +43,7 @@ from autotune.objectives import flops_per_token
 from autotune.objectives.serving import cost_per_million
 
 from ..hardware import load_profile
+from ..parameters import serving_default
 from ..protocol import ProbeResult, TrialRequest
 from ._checks import max_model_len, prepare, row_reason, sanitize
 from ._columns import columns_from_params
@@ -163,7 +164,7 @@ def _serve_columns(
     million output tokens at the operating point, by the definition measured runs use
     (:func:`autotune.objectives.serving.cost_per_million_output_tokens`)."""
     sanitize(c, valid, ("tp", "pp", "replicas", "max_num_seqs", "max_num_batched_tokens"))
-    c["memory_utilization"] = np.where(valid, c["memory_utilization"], 0.9)
+    c["memory_utilization"] = np.where(valid, c["memory_utilization"], serving_default("memory_utilization"))
     c["block_size"] = np.where(valid, c["block_size"], 0.0)
     for k in ("graph_mode", "kv_cache_dtype", "quantization", "precision"):
         c[k] = np.where(valid, c[k], 0.0)

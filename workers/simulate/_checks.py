@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..parameters import data_parallel, grad_accum, sequence_parallel_on
 from ._columns import fill_defaults
 from ._common import Shape
 
@@ -195,12 +196,10 @@ def prepare(
     if kind == "infer":
         return s, c, world, infer_checks(s, c, world)
     t, p, cp = c["tp"], c["pp"], c["cp"]
-    c["dp"] = np.where(c["dp"] < 0, world / np.maximum(t * p * cp, 1.0), c["dp"])
+    c["dp"] = np.where(c["dp"] < 0, data_parallel(world, t, p, cp), c["dp"])
     gbs = float(workload["global_batch_size"])
-    c["grad_accum"] = np.where(
-        c["grad_accum"] < 0, gbs / np.maximum(c["micro_batch_size"] * c["dp"], 1e-9), c["grad_accum"]
-    )
-    c["sp"] = c["sequence_parallel"] & (c["tp"] > 1)  # Megatron turns SP off at tp = 1
+    c["grad_accum"] = np.where(c["grad_accum"] < 0, grad_accum(gbs, c["micro_batch_size"], c["dp"]), c["grad_accum"])
+    c["sp"] = sequence_parallel_on(c["sequence_parallel"], c["tp"])  # Megatron turns SP off at tp = 1
     return s, c, world, train_checks(s, workload, c, world)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..alloc_conf import parse_alloc_conf, truthy as _truthy
-from ..parameters import serving_default
+from ..parameters import default as table_default, serving_default
 
 __all__ = [
     "RECOMPUTE_CODES",
@@ -35,28 +35,26 @@ KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8": 1.0}
 GRAPH_MODE_CODES = {"eager": 0, "graph": 1, "torchair": 2}
 KV_DTYPE_CODES = {"auto": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
 
-# column -> default (dp and grad_accum: -1 = derive from the cluster and the workload;
+# column -> default: the parameter table's (autotune.workers.parameters; the study's, accelerator None),
+# categorical ones as their codes (dp and grad_accum: -1 = derive from the cluster and the workload;
 # recompute_layers: -1 = every layer of the stage; batch_size: 0 = training workload)
 DEFAULTS: dict[str, Any] = {
-    "tp": 1,
-    "pp": 1,
+    **{name: table_default(name) for name in ("tp", "pp")},
     "dp": -1,
-    "cp": 1,
-    "vpp": 1,
-    "micro_batch_size": 1,
+    **{name: table_default(name) for name in ("cp", "vpp", "micro_batch_size")},
     "grad_accum": -1,
-    "sequence_parallel": False,
-    "recompute": 0,
-    "recompute_layers": -1,
-    "zero_stage": 0,
-    "precision": 0,
+    "sequence_parallel": table_default("sequence_parallel"),
+    "recompute": RECOMPUTE_CODES[table_default("recompute")],
+    "recompute_layers": -1 if table_default("recompute_layers") is None else table_default("recompute_layers"),
+    "zero_stage": table_default("zero_stage"),
+    "precision": PRECISION_CODES[table_default("precision")],
     "alloc_expandable_segments": False,
     "alloc_max_split_size_mb": 0.0,
     "alloc_gc_threshold": 0.0,
     "hccl_buffsize_mb": 200.0,
     "multi_stream_memory_reuse": 1,
-    "compile": 0,
-    "graph_kernel": False,
+    "compile": COMPILE_CODES[table_default("compile")],
+    "graph_kernel": bool(table_default("graph_kernel_flags")),
     "batch_size": 0,
     "kv_cache_bytes": 2.0,
     "quantization": 0,

@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..parameters import TRAINING, data_parallel, default, grad_accum, sequence_parallel_on
 from .failures import ProbeFailure
 
 __all__ = ["ModelConfig", "Plan", "resolve_plan", "RECOMPUTE_MODES", "PRECISIONS", "COMPILE_MODES"]
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp32")
-COMPILE_MODES = ("none", "default", "max-autotune")
+RECOMPUTE_MODES = TRAINING["recompute"].allowed
+PRECISIONS = TRAINING["precision"].allowed
+# the compile modes this probe runs: the table's, less reduce-overhead
+COMPILE_MODES = tuple(m for m in TRAINING["compile"].allowed if m != "reduce-overhead")
 DEFAULT_SEED = 1234
 DEFAULT_LR = 1e-3
 
@@ -72,19 +74,19 @@ class Plan:
 
     kind: str
     world_size: int
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    vpp: int = 1
-    micro_batch_size: int = 1
-    grad_accum: int = 1
-    sequence_parallel: bool = False
-    recompute: str = "none"
-    recompute_layers: int | None = None
-    zero_stage: int = 0
-    precision: str = "fp32"
-    compile: str = "none"
+    tp: int = default("tp")
+    pp: int = default("pp")
+    dp: int = default("dp")
+    cp: int = default("cp")
+    vpp: int = default("vpp")
+    micro_batch_size: int = default("micro_batch_size")
+    grad_accum: int = default("grad_accum")
+    sequence_parallel: bool = default("sequence_parallel")
+    recompute: str = default("recompute")
+    recompute_layers: int | None = default("recompute_layers")
+    zero_stage: int = default("zero_stage")
+    precision: str = default("precision", "cpu")  # resolve_plan: the trial's accelerator's
+    compile: str = default("compile")
     seq_len: int = 128
     global_batch_size: int = 1
     warmup_steps: int = 1
@@ -143,6 +145,8 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
 
     ``dp`` and ``grad_accum`` are derived when the trial does not carry them (docs/ARCHITECTURE.md: dp =
     world/(tp·pp·cp), grad_accum = global_batch/(micro_batch·dp)); when it does, they must agree.
+    A parameter the trial does not name takes the parameter table's default on the trial's
+    accelerator (``precision``: fp32 on a CPU, bf16 on npu and cuda).
     """
     environ = environ or {}
     params = dict(request.params)
@@ -153,10 +157,8 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
     if kind not in ("train", "infer"):
         raise ProbeFailure("invalid", f"invalid config: workload.kind={kind!r}, expected train or infer")
 
-    tp = _int(params, "tp", 1)
-    pp = _int(params, "pp", 1)
-    cp = _int(params, "cp", 1)
-    vpp = _int(params, "vpp", 1)
+    accelerator = str(dict(getattr(request, "cluster", None) or {}).get("accelerator", "cpu")).lower()
+    tp, pp, cp, vpp = (_int(params, name, default(name)) for name in ("tp", "pp", "cp", "vpp"))
     for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("vpp", vpp)):
         if value < 1:
             raise ProbeFailure("invalid", f"invalid config: {name}={value} must be >= 1")
@@ -166,7 +168,7 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
             "invalid",
             f"invalid config: world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}",
         )
-    dp = _int(params, "dp", world_size // model_parallel)
+    dp = _int(params, "dp", int(data_parallel(world_size, tp, pp, cp)))
     if dp < 1 or tp * pp * dp * cp != world_size:
         raise ProbeFailure(
             "invalid",
@@ -182,12 +184,12 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
         dp=dp,
         cp=cp,
         vpp=vpp,
-        sequence_parallel=_bool(params.get("sequence_parallel", False)),
-        recompute=_choice(params, "recompute", "none", RECOMPUTE_MODES),
-        recompute_layers=_int(params, "recompute_layers", None),
-        zero_stage=_int(params, "zero_stage", 0),
-        precision=_choice(params, "precision", "fp32", PRECISIONS),
-        compile=_choice(params, "compile", "none", COMPILE_MODES),
+        sequence_parallel=_bool(params.get("sequence_parallel", default("sequence_parallel"))),
+        recompute=_choice(params, "recompute", default("recompute"), RECOMPUTE_MODES),
+        recompute_layers=_int(params, "recompute_layers", default("recompute_layers")),
+        zero_stage=_int(params, "zero_stage", default("zero_stage")),
+        precision=_choice(params, "precision", default("precision", accelerator), PRECISIONS),
+        compile=_choice(params, "compile", default("compile"), COMPILE_MODES),
         warmup_steps=int(workload.get("warmup_steps", 1)),
         measured_steps=int(workload.get("measured_steps", 3)),
         profile_step=_bool(workload.get("profile_step", False)),
@@ -199,7 +201,7 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
         raise ProbeFailure("invalid", f"invalid config: zero_stage={plan.zero_stage}, expected 0-3")
     if plan.measured_steps < 1 or plan.warmup_steps < 0:
         raise ProbeFailure("invalid", "invalid config: need measured_steps >= 1 and warmup_steps >= 0")
-    if plan.sequence_parallel and tp == 1:
+    if plan.sequence_parallel and not sequence_parallel_on(plan.sequence_parallel, tp):
         plan.sequence_parallel = False
         plan.notes.append("sequence_parallel ignored: tp == 1")
 
@@ -247,7 +249,7 @@ def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
         )
     per_dp = int(per_dp)
     if mbs is None:
-        mbs = per_dp // ga if ga else 1
+        mbs = per_dp // ga if ga else default("micro_batch_size")
     if mbs < 1 or per_dp % mbs:
         raise ProbeFailure(
             "invalid",
@@ -255,7 +257,7 @@ def _resolve_train(plan: Plan, params: dict[str, Any], workload: dict[str, Any],
             f"not divisible by micro_batch_size {mbs}",
         )
     if ga is None:
-        ga = per_dp // mbs
+        ga = int(grad_accum(plan.global_batch_size, mbs, plan.dp))
     if mbs * ga * plan.dp != plan.global_batch_size:
         raise ProbeFailure(
             "invalid",
