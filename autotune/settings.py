@@ -1,11 +1,11 @@
 """The study's objectives, resolved once: the one piece every narrow settings object carries.
 
-Issue 43 ("narrow settings, not the whole spec"): the loop (:class:`autotune.search.LoopSettings`),
-the guide (:class:`autotune.guided.GuideSettings`), the dispatcher
-(:class:`autotune.dispatch.DispatchSettings`), the pruner (:class:`autotune.pruning.PruneSettings`)
-and the probes' request builder (:class:`autotune.context.RequestSettings`) each take a small frozen
-object made once from the spec by the assembly (:mod:`autotune.assembly`, through
-:mod:`autotune.study_settings`), and each type lives in the module that uses it. Only the
+Issue 43 ("narrow settings, not the whole spec"): the loop (:class:`autotune.study.search.LoopSettings`),
+the guide (:class:`autotune.guide.guided.GuideSettings`), the dispatcher
+(:class:`autotune.dispatch.dispatcher.DispatchSettings`), the pruner (:class:`autotune.study.pruning.PruneSettings`)
+and the probes' request builder (:class:`autotune.spec.context.RequestSettings`) each take a small frozen
+object made once from the spec by the assembly (:mod:`autotune.cli.assembly`, through
+:mod:`autotune.spec.resolve`), and each type lives in the module that uses it. Only the
 objectives are shared by several of them (the loop, the trials, the resolver, the pruner, the
 ranking and the outputs all read the same (metric, direction) pairs), so their type lives here, in
 a leaf that imports no spec: the metrics' default directions are read from :mod:`autotune.objectives`

@@ -50,7 +50,7 @@ class A:
     REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
     INFRA_RETRY_OF = "autotune.infra_retry_of"  # the config again, after the infrastructure failed under it
     WALL = "autotune.wall_s"
-    # the trial's memory profile (autotune.memory_profile.ProfileRecord): the layers per stage run,
+    # the trial's memory profile (autotune.guide.memory_profile.ProfileRecord): the layers per stage run,
     # the peaks, the fitted full peak and sd, P(fits) after it, the verdict and its cost
     MEMORY_PROFILE = "autotune.memory_profile"
     INFO = "autotune.info"

@@ -86,7 +86,7 @@ def _project_importable() -> None:
 
 _project_importable()
 
-from autotune.memory_profile import (  # noqa: E402
+from autotune.guide.memory_profile import (  # noqa: E402
     extrapolate_peak,
     layers_per_stage,
     plan_profile,
@@ -94,7 +94,7 @@ from autotune.memory_profile import (  # noqa: E402
     profile_points,
     profile_request,
 )
-from autotune.profiling import BAND_SD  # noqa: E402
+from autotune.study.profiling import BAND_SD  # noqa: E402
 from autotune.workers.command import run_probe_process  # noqa: E402
 from autotune.workers.protocol import PEAK_COUNTS_KEY, USABLE_KEY, TrialRequest, write_trial_file  # noqa: E402
 from autotune.workers.torch_probe.launch import probe_argv  # noqa: E402
@@ -102,7 +102,7 @@ from autotune.workers.torch_probe.launch import probe_argv  # noqa: E402
 SCHEMA = 1
 HEAVY = ("optuna", "ray", "mlflow")  # what the device machine does not have
 
-# The tiny-llama preset (autotune/models.py) and Llama-3.2-1B's shape, random weights either way
+# The tiny-llama preset (autotune/spec/models.py) and Llama-3.2-1B's shape, random weights either way
 TINY = dict(
     name="tiny-llama",
     arch="llama",

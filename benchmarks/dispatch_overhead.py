@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.dispatch import Dispatcher, LocalProcessDispatcher, ProbeLaunch
-from autotune.ray_dispatch import RayDispatcher
+from autotune.dispatch.dispatcher import Dispatcher, LocalProcessDispatcher, ProbeLaunch
+from autotune.dispatch.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import TrialRequest
 
 PROBES = {

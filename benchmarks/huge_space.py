@@ -49,7 +49,7 @@ SIZES = {
 
 # every combination a valid config the simulator prices apart from the others (the HCCL buffer
 # and the allocator's split size change the predicted memory): the worst case per combination,
-# which the memory estimate of autotune.space (BYTES_PER_COMBINATION) assumes
+# which the memory estimate of autotune.spec.space (BYTES_PER_COMBINATION) assumes
 PRICED = """name: huge-space-priced
 description: every combination valid and priced apart (benchmarks/huge_space.py, issue 42)
 model: llama2-7b

@@ -71,10 +71,10 @@ def counts(run_dir: Path) -> dict[str, int]:
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from autotune.records import trial_records
-    from autotune.secret_env import SPEC_COPY
-    from autotune.spec_load import load_spec
-    from autotune.storage import open_study
+    from autotune.study.records import trial_records
+    from autotune.spec.secret_env import SPEC_COPY
+    from autotune.spec.load import load_spec
+    from autotune.study.storage import open_study
 
     spec = load_spec(run_dir / SPEC_COPY)
     records = trial_records(open_study(spec, run_dir, create=False))
@@ -83,7 +83,7 @@ def counts(run_dir: Path) -> dict[str, int]:
     runs = client.search_runs([exp.experiment_id], max_results=50000)
     children = [int(r.data.tags["autotune.trial"]) for r in runs if "mlflow.parentRunId" in r.data.tags]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from autotune.records import is_tracked
+    from autotune.study.records import is_tracked
 
     tracked = {r.number for r in records if is_tracked(r)}
     return {

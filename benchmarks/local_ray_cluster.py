@@ -1,7 +1,7 @@
 """A local multi-node Ray cluster on one machine, for trials that span nodes (issue #35).
 
 A 70B layout on 4 x 8 devices is a 4-node trial. autotune dispatches it through Ray as it would on
-a real cluster (``autotune.ray_tasks``): a placement group of one bundle per node
+a real cluster (``autotune.dispatch.ray_tasks``): a placement group of one bundle per node
 (``{"NPU": 8, "CPU": 1}``, ``STRICT_SPREAD``, so each bundle lands on its own node) reserves every
 node's devices at once; node 0's address and a free port there become the rendezvous
 (``{master_addr}``, ``{master_port}``); one launcher task per bundle runs the backend's argv with
@@ -17,7 +17,7 @@ spec's ``ray: {address: ...}`` and shuts Ray and the cluster down on exit, error
 
     with local_cluster(4, 8) as address:
         spec = ...  # backend argv [..., "{trial_file}", "--node-rank", "{node_rank}"], ray.address = address
-        study_runner(spec, run_dir, BackendChoice("command", "..."), dispatcher=...).run()  # autotune.assembly
+        study_runner(spec, run_dir, BackendChoice("command", "..."), dispatcher=...).run()  # autotune.cli.assembly
 
 Ray prints a harmless "No module named 'acl'" traceback when NPU is declared without CANN, and
 asks for token authentication unless ``RAY_AUTH_MODE=disabled`` (set here when not set).

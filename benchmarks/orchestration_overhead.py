@@ -31,11 +31,11 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import optuna  # noqa: E402
 
-from autotune.assembly import launcher_for, tracking_for, study_runner  # noqa: E402
-from autotune.backends import BackendChoice  # noqa: E402
-from autotune.ray_dispatch import RayDispatcher  # noqa: E402
-from autotune.spec_load import load_spec  # noqa: E402
-from autotune.tracking import Tracker, default_tracking_uri  # noqa: E402
+from autotune.cli.assembly import launcher_for, tracking_for, study_runner  # noqa: E402
+from autotune.dispatch.backends import BackendChoice  # noqa: E402
+from autotune.dispatch.ray_dispatch import RayDispatcher  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
+from autotune.tracking.tracker import Tracker, default_tracking_uri  # noqa: E402
 
 SPEC = """
 name: bench-{tag}

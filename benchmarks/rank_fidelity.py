@@ -10,7 +10,7 @@ was measured:
 
 - with the shipped ``cpu`` profile (data-sheet figures of a server socket),
 - with ``--profile`` (a profile ``autotune calibrate --out host.yaml`` wrote on this host),
-- after ``--refit-probes`` k refit measurements (``autotune.refit`` from the first k configs of
+- after ``--refit-probes`` k refit measurements (``autotune.guide.refit`` from the first k configs of
   the list, judged on the other 12 - k): Spearman rank correlation and median absolute error.
 
 Every config is measured once, in the list's order, each in a one-config study (so the order
@@ -37,23 +37,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulator_vs_cpu_probe import spearman  # noqa: E402
 
-from autotune.assembly import study_runner  # noqa: E402
-from autotune.backends import BackendChoice  # noqa: E402
-from autotune.study_settings import objectives_of, probe_context  # noqa: E402
-from autotune.ranking import rank_space  # noqa: E402
-from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, fit_refit  # noqa: E402
+from autotune.cli.assembly import study_runner  # noqa: E402
+from autotune.dispatch.backends import BackendChoice  # noqa: E402
+from autotune.spec.resolve import objectives_of, probe_context  # noqa: E402
+from autotune.guide.ranking import rank_space  # noqa: E402
+from autotune.guide.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, fit_refit  # noqa: E402
 
 
 def _assembled(spec, run_dir):
-    """The dispatcher and launcher the CLI would give a torch study (autotune.assembly)."""
-    from autotune.assembly import dispatcher_for, launcher_for
+    """The dispatcher and launcher the CLI would give a torch study (autotune.cli.assembly)."""
+    from autotune.cli.assembly import dispatcher_for, launcher_for
 
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
 
 
-from autotune.space import Space, config_key  # noqa: E402
-from autotune.spec_load import load_spec  # noqa: E402
+from autotune.spec.space import Space, config_key  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # (tp, pp, micro_batch_size, recompute, zero_stage, precision): every knob varies, both ways

@@ -73,15 +73,15 @@ from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: 
 from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, probe_output, probe_wall_s  # noqa: E402
 from true_world import MIXED_OOM_FORMATS, OOM_FORMATS, PATHS  # noqa: E402
 
-from autotune.assembly import study_runner  # noqa: E402
-from autotune.backends import BackendChoice  # noqa: E402
-from autotune.study_settings import objectives_of, probe_context  # noqa: E402
-from autotune.guided import Guide, _MemoryBelief  # noqa: E402
-from autotune.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
-from autotune.report import calibration_pairs, calibration_rows  # noqa: E402
-from autotune.records import best_records, trial_records  # noqa: E402
-from autotune.space import Space, config_key  # noqa: E402
-from autotune.spec import Spec  # noqa: E402
+from autotune.cli.assembly import study_runner  # noqa: E402
+from autotune.dispatch.backends import BackendChoice  # noqa: E402
+from autotune.spec.resolve import objectives_of, probe_context  # noqa: E402
+from autotune.guide.guided import Guide, _MemoryBelief  # noqa: E402
+from autotune.guide.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
+from autotune.finish.report import calibration_pairs, calibration_rows  # noqa: E402
+from autotune.study.records import best_records, trial_records  # noqa: E402
+from autotune.spec.space import Space, config_key  # noqa: E402
+from autotune.spec.schema import Spec  # noqa: E402
 
 SCENARIOS = {
     "7b-8x64": dict(model="llama2-7b", nodes=1, memory=64, gbs=64, pp=[1, 2, 4]),
@@ -290,7 +290,7 @@ def memory_oracle(truth: Truth):
 
 
 def with_device_check(spec: Spec, truth: Truth) -> Spec:
-    """The spec as a study's device check leaves it (autotune.usable_memory): the usable memory it
+    """The spec as a study's device check leaves it (autotune.study.usable_memory): the usable memory it
     measures, in ``usable_memory_gib``. The check (workers/device_check.py) starts the runtime,
     allocates one small tensor and reads ``mem_get_info``: free plus reserved, before any
     communicator exists. So it reads the world's capacity less its runtime's context only: the
@@ -341,7 +341,7 @@ def run_autotune(
     """The study's probes for ``curve``, why it stopped, its calibration pairs and its trial records."""
     dispatcher = None
     if in_process:
-        from autotune.dispatch import InProcessDispatcher
+        from autotune.dispatch.dispatcher import InProcessDispatcher
 
         def fn(request):
             c = truth.ctx
@@ -360,7 +360,7 @@ def run_autotune(
     choice = BackendChoice("command", "benchmark world")
     launcher = lambda request: None  # noqa: E731 - the in-process dispatcher needs none
     if dispatcher is None:  # the launcher as a subprocess per probe (per node, through Ray when the spec says)
-        from autotune.assembly import dispatcher_for, launcher_for
+        from autotune.cli.assembly import dispatcher_for, launcher_for
 
         dispatcher, launcher = dispatcher_for(spec, choice, run_dir), launcher_for(spec, choice)
     runner = study_runner(spec, run_dir, choice, dispatcher=dispatcher, launcher=launcher)
@@ -639,7 +639,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--device-check",
         action="store_true",
         help="the study measures its devices' usable memory before the first probe, as autotune's device "
-        "check does on a device (autotune.usable_memory: free after the runtime starts, no communicator yet): "
+        "check does on a device (autotune.study.usable_memory: free after the runtime starts, no communicator yet): "
         "the world's figure, in the spec's usable_memory_gib",
     )
     ap.add_argument(

@@ -32,10 +32,10 @@ import yaml
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-from autotune.assembly import dispatcher_for, launcher_for, study_runner  # noqa: E402
-from autotune.backends import select_backend  # noqa: E402
-from autotune.space import config_key  # noqa: E402
-from autotune.spec_load import load_spec  # noqa: E402
+from autotune.cli.assembly import dispatcher_for, launcher_for, study_runner  # noqa: E402
+from autotune.dispatch.backends import select_backend  # noqa: E402
+from autotune.spec.space import config_key  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "search_spaces" / "tiny_llama_serve_cpu.yaml"

@@ -20,11 +20,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autotune.models import PRESETS
+from autotune.spec.models import PRESETS
 from autotune.workers.hardware import load_profile
 from autotune.workers.simulate import columns_from_params, simulate_configs
 
-LLAMA2_7B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-7b"])  # autotune/models.py
+LLAMA2_7B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-7b"])  # autotune/spec/models.py
 LLAMA3_8B = dict(
     LLAMA2_7B, num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072
 )

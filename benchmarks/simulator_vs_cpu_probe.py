@@ -10,7 +10,7 @@ config (recorded with the trial before it ran) with what was measured:
 - Spearman rank correlation and MAPE of predicted vs measured tokens/s/device, with the profile
   the spec names (the bundled ``cpu`` data-sheet figures) or ``--profile`` (e.g. a file written by
   ``autotune calibrate`` on this host);
-- the refit of the model from all the measurements (``autotune.refit``): step-time error before
+- the refit of the model from all the measurements (``autotune.guide.refit``): step-time error before
   and after, and the factors.
 
 Takes minutes (each probe starts two processes and trains for a few steps; bf16 configs are
@@ -29,20 +29,20 @@ import yaml
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-from autotune.assembly import study_runner  # noqa: E402
-from autotune.backends import BackendChoice  # noqa: E402
-from autotune.refit import fit_refit  # noqa: E402
+from autotune.cli.assembly import study_runner  # noqa: E402
+from autotune.dispatch.backends import BackendChoice  # noqa: E402
+from autotune.guide.refit import fit_refit  # noqa: E402
 
 
 def _assembled(spec, run_dir):
-    """The dispatcher and launcher the CLI would give a torch study (autotune.assembly)."""
-    from autotune.assembly import dispatcher_for, launcher_for
+    """The dispatcher and launcher the CLI would give a torch study (autotune.cli.assembly)."""
+    from autotune.cli.assembly import dispatcher_for, launcher_for
 
     choice = BackendChoice("torch", "benchmark")
     return {"dispatcher": dispatcher_for(spec, choice, run_dir), "launcher": launcher_for(spec, choice)}
 
 
-from autotune.spec_load import load_spec  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -37,10 +37,10 @@ from autotune.workers.torch_probe import warm
 from autotune.workers.torch_probe.launch import spawn_argv, torchrun_argv, warm_argv
 
 try:
-    from autotune.models import PRESETS
+    from autotune.spec.models import PRESETS
 
     TINY = dict(PRESETS["tiny-llama"], name="tiny-llama", arch="llama")
-except ImportError:  # the preset's published values, should autotune.models move
+except ImportError:  # the preset's published values, should autotune.spec.models move
     TINY = dict(
         name="tiny-llama",
         arch="llama",

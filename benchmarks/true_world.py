@@ -803,7 +803,7 @@ class World:
 # model 100 s, of which PROBE_STARTUP_SHARE is start-up (process, runtime, communicators, model build:
 # what a run of any size pays) and the rest its steps; a memory profile runs 2 steps where the full
 # probe runs 6, with its share of the layers. The 15 % start-up is an assumption for an NPU cluster,
-# stated in benchmarks/README.md; a study measures the real walls (autotune.memory_profile).
+# stated in benchmarks/README.md; a study measures the real walls (autotune.guide.memory_profile).
 FULL_PROBE_WALL_S = 100.0
 PROBE_STARTUP_SHARE = 0.15
 PROFILE_STEPS_SHARE = 2 / 6

@@ -33,6 +33,12 @@ goodput can always be checked against the requests it came from. Why each defini
 - **A rate meets the SLO** when every request completed (a failed request is never "within
   target") and the p99 of TTFT, TPOT (and ITL, E2E when given) is within its target: the p99
   targets the workload states, checked as the percentiles they are.
+- **How sure a verdict is** (issue 44): each p99 carries its distribution-free 95 % interval from
+  the requests (:func:`autotune.objectives.intervals.quantile_interval`; unbounded above with too
+  few requests), and the rate's ``slo_verdict`` says ``met`` or ``missed`` only when every
+  interval is on one side of its target, else ``undecided`` (more requests would decide). The
+  operating point is still chosen on the p99s themselves (``slo_met``); the verdict says whether
+  the requests sent were enough to be sure of it.
 - **The operating point** is the highest rate tried whose SLO was met; DistServe's goodput is
   that highest sustainable rate. When no rate met the SLO the lowest rate tried is reported with
   goodput 0 and ``max_rate_rps`` 0: a measurement (this config cannot meet the SLO at any rate
@@ -41,7 +47,8 @@ goodput can always be checked against the requests it came from. Why each defini
   hour at the operating point: what serving this traffic on this layout costs, comparable across
   layouts of different sizes.
 
-numpy is the only dependency: the probe imports this module on worker nodes.
+numpy (and scipy, for the intervals) are its only dependencies: the probe imports this module on
+worker nodes.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from .intervals import ci_keys, quantile_interval, verdict
 
 __all__ = [
     "SLO_KEYS",
@@ -163,15 +172,29 @@ def summarize_rate(
     for name, values in series.items():
         for q in PERCENTILES:
             out[f"{name}_p{q}_ms"] = _r(percentile(values, q))
+        interval = quantile_interval(values, 99)
+        if interval is not None:  # an end the requests cannot reach is None (unbounded)
+            low, high = ci_keys(f"{name}_p99_ms")
+            out[low], out[high] = (_r(v) if math.isfinite(v) else None for v in interval)
     met = bool(records) and failed == 0
+    verdicts = []
     for key in SLO_KEYS:
         target = _target(slo, key)
         measured = out.get(key)
         if target is not None and measured is not None and measured > target:
             met = False
+        if target is not None and measured is not None:
+            low, high = (out.get(k) for k in ci_keys(key))
+            verdicts.append(
+                verdict((low if low is not None else -math.inf, high if high is not None else math.inf), target)
+            )
     if met and _target(slo, "ttft_p99_ms") is not None and out["ttft_p99_ms"] is None:
         met = False  # nothing completed: no TTFT to meet the target with
     out["slo_met"] = met
+    if not records or failed or "missed" in verdicts or (not met and not verdicts):
+        out["slo_verdict"] = "missed"
+    else:
+        out["slo_verdict"] = "undecided" if "undecided" in verdicts else "met"
     return out
 
 
@@ -211,6 +234,11 @@ def serving_metrics(summaries: Sequence[Mapping[str, Any]], devices: int) -> dic
             value = point.get(f"{name}_p{q}_ms")
             if value is not None:
                 out[f"{name}_p{q}_ms"] = float(value)
+        for key in ci_keys(f"{name}_p99_ms"):  # its interval, where the requests bound it
+            if point.get(key) is not None:
+                out[key] = float(point[key])
+    if met:  # 1: the requests sent at the operating rate were too few to be sure it meets the SLO
+        out["slo_undecided"] = float(point.get("slo_verdict") == "undecided")
     return out
 
 

@@ -21,7 +21,7 @@ os.environ.setdefault("AUTOTUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="au
 # automatic calibration is tested on its own (test_host_profile.py), with a throwaway profile cache
 os.environ.setdefault("AUTOTUNE_CALIBRATE", "never")
 os.environ.setdefault("AUTOTUNE_PROFILE_CACHE", tempfile.mkdtemp(prefix="autotune-test-profiles-"))
-# one MLflow schema for the suite (autotune.tracking.seed_sqlite_store), never the user's ~/.cache
+# one MLflow schema for the suite (autotune.tracking.tracker.seed_sqlite_store), never the user's ~/.cache
 os.environ.setdefault("AUTOTUNE_MLFLOW_SCHEMA_CACHE", tempfile.mkdtemp(prefix="autotune-test-mlflow-schema-"))
 
 

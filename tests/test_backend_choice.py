@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from autotune.backends import select_backend
-from autotune.cli import app
-from autotune.spec import BACKEND_KINDS
-from autotune.spec_load import parse_spec
+from autotune.dispatch.backends import select_backend
+from autotune.cli.commands import app
+from autotune.spec.schema import BACKEND_KINDS
+from autotune.spec.load import parse_spec
 
 
 def _preset(kind: str = "megatron", accelerator: str = "npu") -> dict:
@@ -28,7 +28,7 @@ def _preset(kind: str = "megatron", accelerator: str = "npu") -> dict:
 @pytest.mark.parametrize("accelerator", ["npu", "cuda"])
 @pytest.mark.parametrize("kind", ["megatron", "mindspeed", "deepspeed"])
 def test_a_preset_runs_its_stack_where_autotunes_interpreter_sees_no_device(monkeypatch, kind, accelerator):
-    monkeypatch.setattr("autotune.backends.visible_devices", lambda acc: 0)
+    monkeypatch.setattr("autotune.dispatch.backends.visible_devices", lambda acc: 0)
     spec = parse_spec(_preset(kind, accelerator))
     choice = select_backend(spec)
     assert choice.kind == kind and not choice.simulated, choice.reason
@@ -36,7 +36,7 @@ def test_a_preset_runs_its_stack_where_autotunes_interpreter_sees_no_device(monk
 
 
 def test_npu_devices_count_without_torch_npu_in_autotunes_environment(monkeypatch, tmp_path):
-    from autotune import backends
+    from autotune.dispatch import backends
 
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(

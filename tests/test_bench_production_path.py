@@ -21,9 +21,9 @@ sys.path.insert(0, str(BENCH))
 import search_efficiency as se  # noqa: E402
 import true_world as tw  # noqa: E402
 
-from autotune.study_settings import probe_context  # noqa: E402
-from autotune.records import TrialRecord  # noqa: E402
-from autotune.space import Space  # noqa: E402
+from autotune.spec.resolve import probe_context  # noqa: E402
+from autotune.study.records import TrialRecord  # noqa: E402
+from autotune.spec.space import Space  # noqa: E402
 from autotune.workers.protocol import USABLE_KEY, classify_failure, oom_evidence  # noqa: E402
 
 SCENARIO = "7b-8x32"

@@ -8,9 +8,9 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.spec_errors import SpecError
-from autotune.spec_load import load_spec
+from autotune.cli.commands import app
+from autotune.spec.errors import SpecError
+from autotune.spec.load import load_spec
 from autotune.workers.calibrate import fit_gemm_curve, fit_half_dim, fit_latency_bandwidth
 from autotune.workers.calibrate_layer import COLLECTIVES_PER_LAYER, fit_tp_latency
 from autotune.workers.hardware import PROFILE_KEYS, load_profile
@@ -65,7 +65,7 @@ def test_the_simulator_prices_tensor_parallel_collectives_at_the_measured_latenc
     """``tp_collective_latency_us`` moves tp > 1 configs' tensor-parallel time, and nothing else."""
     import numpy as np
 
-    from autotune.models import PRESETS
+    from autotune.spec.models import PRESETS
     from autotune.workers.simulate import columns_from_params, simulate_configs
 
     params = [{"tp": t, "pp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 0} for t in (1, 2)]
@@ -88,7 +88,7 @@ def test_the_simulator_prices_tensor_parallel_collectives_at_the_measured_latenc
 def test_the_simulator_adds_the_measured_optimizer_cost_per_parameter_tensor():
     import numpy as np
 
-    from autotune.models import PRESETS
+    from autotune.spec.models import PRESETS
     from autotune.workers.simulate import columns_from_params, simulate_configs
 
     params = [{"tp": 1, "pp": p, "micro_batch_size": 1, "recompute": "none", "zero_stage": 0} for p in (1, 2)]

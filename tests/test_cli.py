@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import REPO, TINY_TRAIN, command_spec as _command_spec, mlflow_runs, probe_log as _probe_log
 
 runner = CliRunner()
@@ -186,8 +186,8 @@ def test_command_backend_through_ray_in_parallel_with_oom(write_spec, tmp_path):
     )
 
     # an OOM is an infeasible config for the sampler, not a silently ignored failure
-    from autotune.storage import open_study
-    from autotune.spec_load import load_spec
+    from autotune.study.storage import open_study
+    from autotune.spec.load import load_spec
 
     study = open_study(load_spec(spec), run_dir, create=False)
     for t in study.trials:
@@ -463,7 +463,7 @@ def test_reuse_cache_answers_configs_measured_by_an_earlier_study(write_spec, tm
 
 
 def test_result_cache_keeps_only_outcomes_that_repeat(tmp_path):
-    from autotune.cache import ResultCache, cache_key
+    from autotune.study.cache import ResultCache, cache_key
     from autotune.workers.protocol import ProbeResult
 
     cache = ResultCache(tmp_path / "c.sqlite")

@@ -10,7 +10,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 
 runner = CliRunner()
 COMMANDS = ["doctor", "validate", "plan", "calibrate", "run", "report", "export", "ui"]
@@ -24,8 +24,8 @@ def _help(*args: str) -> str:
 
 
 def test_run_help_lists_every_backend_the_code_accepts():
-    from autotune.backends import select_backend
-    from autotune.spec_load import load_spec
+    from autotune.dispatch.backends import select_backend
+    from autotune.spec.load import load_spec
     from support import REPO
 
     text = _help("run")
@@ -38,7 +38,7 @@ def test_run_help_lists_every_backend_the_code_accepts():
 
 
 def test_export_help_lists_every_format_and_its_file():
-    from autotune.exports import EXPORTERS
+    from autotune.finish.exports import EXPORTERS
 
     text = _help("export")
     for name, exporter in EXPORTERS.items():

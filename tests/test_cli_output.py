@@ -16,10 +16,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.records import TrialRecord
-from autotune.report_table import print_report_table
-from autotune.run_output import WIDTH
+from autotune.cli.commands import app
+from autotune.study.records import TrialRecord
+from autotune.finish.report_table import print_report_table
+from autotune.finish.run_output import WIDTH
 from support import REPO
 
 runner = CliRunner()
@@ -92,8 +92,8 @@ def test_optuna_study_names_its_metrics_and_report_explains_importances(infer_st
 
 
 def test_metric_names_set_on_a_resumed_study_written_without_them(infer_study, tmp_path):
-    from autotune.spec_load import load_spec
-    from autotune.storage import open_study
+    from autotune.spec.load import load_spec
+    from autotune.study.storage import open_study
 
     spec = load_spec(INFER)
     storage = optuna.storages.JournalStorage(
@@ -195,8 +195,8 @@ def test_best_env_of_a_searched_setting_the_model_prices():
 
 def test_ui_command_calls_the_mlflow_ui_module(tmp_path, monkeypatch):
     """``autotune ui RUN_DIR`` hands the run directory, host, port and --open to
-    :func:`autotune.mlflow_ui.serve_ui`, prints the URL it is given, and exits with its code;
-    ``--print-url`` only asks :func:`~autotune.mlflow_ui.study_ui_url`."""
+    :func:`autotune.tracking.mlflow_ui.serve_ui`, prints the URL it is given, and exits with its code;
+    ``--print-url`` only asks :func:`~autotune.tracking.mlflow_ui.study_ui_url`."""
     import sys
     import types
 
@@ -211,11 +211,11 @@ def test_ui_command_calls_the_mlflow_ui_module(tmp_path, monkeypatch):
         calls["url"] = (run_dir, base_url)
         return f"{base_url}/#/experiments/1"
 
-    from autotune.mlflow_ui import server_url  # the real one: a pure function of host and port
+    from autotune.tracking.mlflow_ui import server_url  # the real one: a pure function of host and port
 
-    fake = types.ModuleType("autotune.mlflow_ui")
+    fake = types.ModuleType("autotune.tracking.mlflow_ui")
     fake.serve_ui, fake.study_ui_url, fake.server_url = serve_ui, study_ui_url, server_url
-    monkeypatch.setitem(sys.modules, "autotune.mlflow_ui", fake)
+    monkeypatch.setitem(sys.modules, "autotune.tracking.mlflow_ui", fake)
     result = runner.invoke(app, ["ui", str(tmp_path), "--port", "5055", "--open"])
     assert result.exit_code == 0, result.output
     assert calls["serve"] == (tmp_path.resolve(), "127.0.0.1", 5055, True)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import TINY_TRAIN
 
 PROBE = r"""
@@ -56,7 +56,7 @@ def test_spec_text_with_brackets_is_reported_verbatim(write_spec):
 def test_an_uncaught_error_is_exit_70_in_one_line_not_1(write_spec, monkeypatch, capsys):
     """Exit 1 means "no trial succeeded"; a bug in autotune is 70 (sysexits EX_SOFTWARE), one line
     on stderr, and the traceback only with AUTOTUNE_DEBUG=1 (issue #13, item 11)."""
-    import autotune.cli as cli
+    import autotune.cli.commands as cli
 
     def broken(*args, **kwargs):
         raise RuntimeError("something [/bold] broke")

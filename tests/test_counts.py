@@ -9,10 +9,10 @@ import json
 from rich.console import Console
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.progress import ProgressObserver
-from autotune.report import status_counts, status_line
-from autotune.records import TrialRecord
+from autotune.cli.commands import app
+from autotune.tracking.progress import ProgressObserver
+from autotune.finish.report import status_counts, status_line
+from autotune.study.records import TrialRecord
 from support import TINY_TRAIN
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.spec_load import load_spec
+from autotune.cli.commands import app
+from autotune.spec.load import load_spec
 from support import REPO
 
 runner = CliRunner()
@@ -35,7 +35,7 @@ def serve_study(tmp_path_factory) -> tuple[Path, object]:
 
 
 def test_inference_batch_sizes_are_measurement_points_not_a_knob(tmp_path):
-    from autotune.space import Space
+    from autotune.spec.space import Space
 
     spec = load_spec(INFER)
     assert "batch_size" not in Space(spec).choices
@@ -138,8 +138,8 @@ def test_the_cost_per_million_output_tokens_is_in_the_run_directory(serve_study)
 
 
 def test_the_serving_headroom_rule_is_the_engines_memory_setting():
-    from autotune.recommend import recommend
-    from autotune.records import TrialRecord
+    from autotune.study.recommend import recommend
+    from autotune.study.records import TrialRecord
 
     def rec(n: int, goodput: float, util: float) -> TrialRecord:
         return TrialRecord(
@@ -171,9 +171,9 @@ def test_the_serving_headroom_rule_is_the_engines_memory_setting():
 def test_undistinguished_knobs_are_priced_alike_and_layouts_are_not_merged():
     """A knob is called undistinguished only where changing it alone leaves every prediction (the
     objectives and the peak) equal; 1 x tp8 and 4 x tp2 are never one layout."""
-    from autotune.study_settings import objectives_of, probe_context
-    from autotune.ranking import rank_space
-    from autotune.space import Space, config_key
+    from autotune.spec.resolve import objectives_of, probe_context
+    from autotune.guide.ranking import rank_space
+    from autotune.spec.space import Space, config_key
 
     spec = load_spec(SERVE)
     space = Space(spec)
@@ -239,7 +239,7 @@ def test_report_marks_the_baseline_with_its_own_legend(tmp_path):
 
 
 def test_an_fp16_recommendation_carries_a_numerical_stability_note():
-    from autotune.run_output import precision_note
+    from autotune.finish.run_output import precision_note
 
     assert "overflow" in precision_note({"precision": "fp16"}, "train")
     assert "65,504" in precision_note({"precision": "fp16"}, "infer")

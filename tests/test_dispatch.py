@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dispatch import Handle, InProcessDispatcher, LocalProcessDispatcher, ProbeLaunch, probe_env, resources_for
-from autotune.ray_dispatch import RayDispatcher
+from autotune.dispatch.dispatcher import (
+    Handle,
+    InProcessDispatcher,
+    LocalProcessDispatcher,
+    ProbeLaunch,
+    probe_env,
+    resources_for,
+)
+from autotune.dispatch.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import ProbeResult, TrialRequest
 from support import grandchild_probe, read_pid, wait_dead
 
@@ -229,7 +236,7 @@ def test_ray_an_ignored_cancel_is_not_forced_once_the_trial_has_finished(ray_dis
     not force-cancelled (the same race as above), and its measurement is kept."""
     import ray
 
-    from autotune import dispatch
+    from autotune.dispatch import dispatcher as dispatch
 
     d = ray_dispatcher
     h = d.submit(request(13), echo_launch(resources={"num_cpus": 0.5}))
@@ -259,7 +266,7 @@ def test_stop_tasks_cancels_only_unfinished_and_forces_only_ignored_cancels(ray_
     kill the driver inside Ray), and forces only a task still running after the grace period."""
     import ray
 
-    from autotune.ray_tasks import stop_tasks
+    from autotune.dispatch.ray_tasks import stop_tasks
 
     cancels: list[tuple[object, bool]] = []
     real_cancel = ray.cancel

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from autotune.dispatch import LocalProcessDispatcher, ProbeLaunch
-from autotune.ray_dispatch import RayDispatcher
+from autotune.dispatch.dispatcher import LocalProcessDispatcher, ProbeLaunch
+from autotune.dispatch.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import TrialRequest
 from support import grandchild_probe, read_pid, script, wait_dead
 

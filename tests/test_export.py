@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from autotune.export import ExportContext
-from autotune.exports import EXPORTERS, parse_formats, write_exports
+from autotune.finish.exports import EXPORTERS, parse_formats, write_exports
 from autotune.export._base import script_arrays
 
 CONFIG = {
@@ -240,7 +240,7 @@ def test_parse_formats():
 def test_cli_export_from_the_run_directory_in_every_format(write_spec, tmp_path):
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
     from support import TINY_TRAIN
 
     spec = write_spec(TINY_TRAIN)

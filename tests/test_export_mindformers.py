@@ -38,8 +38,8 @@ import pytest
 import yaml
 
 from autotune.export import ExportContext
-from autotune.exports import EXPORTERS
-from autotune.models import PRESETS
+from autotune.finish.exports import EXPORTERS
+from autotune.spec.models import PRESETS
 from test_export_targets import LLAMA2_7B, LLAMA3_8B, MEGATRON_CONFIGS, cfg, launched
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from autotune.export import ExportContext
-from autotune.exports import EXPORTERS
-from autotune.spec_errors import SpecError
-from autotune.spec_load import parse_spec
+from autotune.finish.exports import EXPORTERS
+from autotune.spec.errors import SpecError
+from autotune.spec.load import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def test_an_env_name_that_is_not_a_shell_name_is_never_written_to_a_shell_file(t
     import subprocess
 
     from autotune.export import ExportRefused
-    from autotune.exports import write_exports
+    from autotune.finish.exports import write_exports
 
     config = {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "grad_accum": 8, "precision": "bf16"}
     hostile = {**config, "env.X=1;touch PWNED;#": "v", "env.$(touch PWNED2)": "w"}

@@ -32,9 +32,9 @@ from autotune.export import ExportContext, ExportRefused
 from autotune.export._base import script_arrays
 from autotune.export._mindie import MINDIE_DEFAULT_CONFIG, MINDIE_KEYS, merge_config, mindie_settings, setting_path
 from autotune.export._vllm import vllm_engine_args
-from autotune.exports import EXPORTERS, default_formats, write_exports
-from autotune.models import PRESETS as MODELS
-from autotune.stack_presets import preset_launch
+from autotune.finish.exports import EXPORTERS, default_formats, write_exports
+from autotune.spec.models import PRESETS as MODELS
+from autotune.dispatch.stack_presets import preset_launch
 from autotune.stacks import STACKS
 from autotune.stacks.mindie import METRICS_NAMES as MINDIE_METRICS, STARTUP_FAILURES as MINDIE_FAILURES
 from autotune.stacks.vllm import METRICS_NAMES as VLLM_METRICS, STARTUP_FAILURES as VLLM_FAILURES, user_arg_conflicts

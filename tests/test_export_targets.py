@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from autotune.export import ExportContext, ExportRefused
-from autotune.exports import EXPORTERS, write_exports
+from autotune.finish.exports import EXPORTERS, write_exports
 from autotune.export._base import script_arrays
 from autotune.export._megatron import MINDSPEED_FLAGS
 from autotune.export._torchtitan import activation_checkpoint_subcommand
-from autotune.space import Space
-from autotune.spec_load import parse_spec
+from autotune.spec.space import Space
+from autotune.spec.load import parse_spec
 from autotune.stacks import STACKS, target_of, unsupported_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -517,7 +517,7 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
     by bash with a stand-in torchrun that records what MindSpeed-LLM would receive."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     spec = Path(__file__).resolve().parents[1] / "examples" / "mindspeed_llama2_7b" / "spec.yaml"
     run_dir = tmp_path / "run"
@@ -571,7 +571,7 @@ def test_mindspeed_example_runs_and_its_launch_script_passes_the_users_flags_thr
 
 
 def test_a_baseline_the_target_cannot_launch_is_a_spec_error():
-    from autotune.spec_errors import SpecError
+    from autotune.spec.errors import SpecError
 
     data = {
         "name": "t",

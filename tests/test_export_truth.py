@@ -18,7 +18,7 @@ import re
 import pytest
 
 from autotune.export import ExportContext
-from autotune.exports import EXPORTERS
+from autotune.finish.exports import EXPORTERS
 from autotune.trial_attrs import UNDISTINGUISHED
 
 MODEL = {

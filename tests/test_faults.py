@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import TINY_TRAIN, free_port, mlflow_runs
 
 # A launcher that fails in the way named by the first unclaimed fault (each fault once, whatever

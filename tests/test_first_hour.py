@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import TINY_TRAIN
 
 EMPTY = TINY_TRAIN.replace("objectives:", "constraints: ['tp * pp > 4']\nobjectives:")
@@ -48,7 +48,7 @@ def test_optuna_warnings_go_through_autotune_logging(capsys):
 
     import optuna
 
-    from autotune.cli import _setup_logging
+    from autotune.cli.commands import _setup_logging
 
     _setup_logging(False)
     seen = []
@@ -74,7 +74,7 @@ def test_mlflow_opens_on_the_study(write_spec, tmp_path):
     the parent carries the best config as params, its effective settings, and every export."""
     from mlflow.tracking import MlflowClient
 
-    from autotune.exports import EXPORTERS
+    from autotune.finish.exports import EXPORTERS
 
     spec = write_spec(
         TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 6, seed: 1, parallel_trials: 4}")
@@ -217,7 +217,7 @@ def _record(number, value, peak, metric="tokens_per_s_per_device"):
 
 @pytest.mark.parametrize("direction, values", [("maximize", (100.0, 98.0, 90.0)), ("minimize", (1.0, 1.02, 1.1))])
 def test_the_rule_stays_within_the_error_of_the_best(direction, values):
-    from autotune.recommend import recommend
+    from autotune.study.recommend import recommend
 
     metric = "tokens_per_s_per_device" if direction == "maximize" else "step_time_s"
     best, close, far = (_record(i, v, p, metric) for i, (v, p) in enumerate(zip(values, (63.0, 50.0, 30.0))))
@@ -237,7 +237,7 @@ def test_headroom_counts_what_an_allocator_peak_did_not_see():
     """A peak from torch's allocated counter leaves out fragmentation, the runtime's context and
     the communication buffers: the headroom the rule judges adds the simulator's figures for
     them, so a config that only looks roomy is not recommended for its room."""
-    from autotune.recommend import recommend
+    from autotune.study.recommend import recommend
 
     best, roomy = _record(0, 100.0, 63.0), _record(1, 99.0, 50.0)
     roomy.info = {"peak_memory_counts": "allocated"}

@@ -49,10 +49,10 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from autotune.safe_expr import ExpressionError, compile_expression  # noqa: E402
-from autotune.spec import Spec  # noqa: E402
-from autotune.spec_errors import SpecError  # noqa: E402
-from autotune.spec_load import load_spec  # noqa: E402
+from autotune.spec.safe_expr import ExpressionError, compile_expression  # noqa: E402
+from autotune.spec.schema import Spec  # noqa: E402
+from autotune.spec.errors import SpecError  # noqa: E402
+from autotune.spec.load import load_spec  # noqa: E402
 from support import TINY_TRAIN  # noqa: E402
 
 BASE = yaml.safe_load(TINY_TRAIN)
@@ -177,9 +177,9 @@ def _check(path, spec_or_error):
     assert isinstance(spec_or_error, Spec)
     # a valid spec is one the model can rank, as `autotune plan` does (a space too large to
     # enumerate is the one error plan reports, as a ValueError naming the limit)
-    from autotune.study_settings import objectives_of, probe_context
-    from autotune.ranking import rank_space
-    from autotune.space import Space
+    from autotune.spec.resolve import objectives_of, probe_context
+    from autotune.guide.ranking import rank_space
+    from autotune.spec.space import Space
 
     spec = spec_or_error
     try:
@@ -216,7 +216,7 @@ def test_fuzzed_specs_are_a_spec_or_located_errors(tmp_path, data):
 def test_fuzzed_specs_through_the_cli_exit_0_or_2(tmp_path, data):
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     path = tmp_path / "fuzz.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
@@ -857,7 +857,7 @@ def check_file_outcome(file: str, outcome, expect: dict) -> None:
     assert isinstance(outcome, Spec), outcome
     assert "duplicate_line" not in expect and "error" not in expect, expect
     if expect.get("same"):
-        from autotune.spec_load import parse_spec
+        from autotune.spec.load import parse_spec
 
         wanted = parse_spec(copy.deepcopy(expect["same"])).model_dump(exclude={"source_path"})
         assert outcome.model_dump(exclude={"source_path"}) == wanted, "a merge, alias or encoding read differently"
@@ -950,7 +950,7 @@ ENV_TEXT = st.one_of(
     value=ENV_TEXT,
 )
 def test_an_env_value_the_spec_accepts_is_one_the_simulator_reads(name, value):
-    from autotune.spec import env_value_problem
+    from autotune.spec.schema import env_value_problem
     from autotune.workers.simulate._columns import columns_from_params
 
     if env_value_problem(name, value) is not None:
@@ -1141,7 +1141,7 @@ def deep_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
     """``mutants`` file mutants (every kind, special paths included) through ``autotune validate``
     and ``autotune plan --json``: the exit-code histogram, tracebacks, exit 70s, hangs, and the
     mutants whose promise (``file_mutant``) or whose validate/plan pair disagrees."""
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     rng = random.Random(seed)
     kinds = KINDS + ["special"]
@@ -1207,7 +1207,7 @@ def serving_fuzz(mutants: int, seed: int, tmp: Path, log=None) -> dict:
     as ``deep_fuzz`` judges its own, each mutant's promise (``fuzz_serving.Mutant.expect``) kept."""
     import shutil
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     rng = random.Random(seed)
     figures = _new_figures(seed, "serving")
@@ -1270,7 +1270,7 @@ def test_deep_serving_fuzz_10000_mutants(tmp_path):
 
 def test_the_serving_base_and_its_file_base_are_valid_and_plannable(tmp_path):
     """The mutants' starting points: a promise of ``ok`` means something only if these load."""
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     for name, data in (("base", fuzz_serving.SERVE_BASE), ("file-base", SERVE_FILE_BASE)):
         path = tmp_path / f"{name}.yaml"

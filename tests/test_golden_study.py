@@ -26,7 +26,7 @@ from typing import Any, Callable
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import REPO, command_spec
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_study"

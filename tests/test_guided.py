@@ -1,4 +1,4 @@
-"""The model-guided search (autotune/guided.py): what it learns from measurements and OOMs,
+"""The model-guided search (autotune/guide/guided.py): what it learns from measurements and OOMs,
 when it stops, and that it finds a perturbed world's optimum in a few probes."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 import numpy as np
 import pytest
 
-from autotune.study_settings import objectives_of, probe_context
-from autotune.guided import Guide, GuideSettings, Observation
-from autotune.ranking import rank_space
-from autotune.space import Space
-from autotune.spec import Spec
+from autotune.spec.resolve import objectives_of, probe_context
+from autotune.guide.guided import Guide, GuideSettings, Observation
+from autotune.guide.ranking import rank_space
+from autotune.spec.space import Space
+from autotune.spec.schema import Spec
 from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, simulate_configs
 from support import GUIDED_SPEC
 
@@ -173,10 +173,10 @@ def test_a_close_call_is_between_the_best_estimates_of_two_layouts_not_two_env_s
 
 
 def _runner(tmp_path, world, n_trials: int, run_dir_name: str = "run", kill_at: int | None = None):
-    from autotune.backends import BackendChoice
-    from autotune.dispatch import InProcessDispatcher
-    from autotune.assembly import study_runner
-    from autotune.space import config_key
+    from autotune.dispatch.backends import BackendChoice
+    from autotune.dispatch.dispatcher import InProcessDispatcher
+    from autotune.cli.assembly import study_runner
+    from autotune.spec.space import config_key
     from autotune.workers.protocol import ProbeResult
 
     ranking, step, mem, fits, value = world
@@ -244,9 +244,9 @@ def test_a_study_killed_and_resumed_makes_the_same_choices(tmp_path, world):
 
 
 def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
-    from autotune.records import best_records
+    from autotune.study.records import best_records
     from autotune.trial_attrs import A
-    from autotune.space import config_key
+    from autotune.spec.space import config_key
 
     runner = _runner(tmp_path, world, 12)
     outcome = runner.run()
@@ -477,9 +477,9 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
     """With 2-3 % noise between runs, the highest of twenty readings is often a slower config read
     high. A guided study reports the measured config with the guide's best estimate (pooled over
     every measurement); its metrics stay what was measured, and the report says why."""
-    from autotune.report import best_by_estimate
-    from autotune.records import TrialRecord, best_records
-    from autotune.space import config_key
+    from autotune.finish.report import best_by_estimate
+    from autotune.study.records import TrialRecord, best_records
+    from autotune.spec.space import config_key
 
     def record(number, tp, metrics):
         return TrialRecord(
@@ -523,10 +523,63 @@ def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckies
     assert best_records(times, [("step_time_s", "minimize")], est)[0].number == 1
 
 
+def test_between_measured_configs_the_measurements_decide_not_the_models_prior():
+    """Issue 44: a three-config study measured 40.3, 42.0 and 27.0 tokens/s; the guide's model put
+    the third at 180 +/- 6 and the report chose it. A reading the noise cannot explain (27.0 is 36 %
+    below 42.0, beyond two standard errors at 3 % noise) is never outranked by the model: only
+    configs within the noise of the best reading are chosen between by the estimate."""
+    from autotune.study.records import TrialRecord, beyond_noise, best_records, measurement_noise
+    from autotune.spec.space import config_key
+
+    def record(number, mbs, value, n=1):
+        metrics = {"tokens_per_s_per_device": value, **({"measurements": n} if n > 1 else {})}
+        return TrialRecord(
+            number=number,
+            state="COMPLETE",
+            config={"micro_batch_size": mbs},
+            status="ok",
+            source="measured",
+            metrics=metrics,
+            predicted={},
+            reason="",
+            probed=True,
+            baseline=False,
+            chosen_because="",
+            values=None,
+            feasible=True,
+        )
+
+    metric = "tokens_per_s_per_device"
+    objective = [(metric, "maximize")]
+    records = [record(0, 1, 40.3), record(1, 2, 42.0), record(2, 4, 27.0)]
+    model = {
+        config_key({"micro_batch_size": 1}): (36.0, 5.0, 1),
+        config_key({"micro_batch_size": 2}): (39.0, 5.0, 1),
+        config_key({"micro_batch_size": 4}): (180.0, 6.0, 1),
+    }
+    assert best_records(records, objective, model)[0].number == 1  # not micro-batch 4
+    # within the noise of the best reading, the pooled estimate still decides (the winner's curse)
+    model[config_key({"micro_batch_size": 1})] = (41.5, 1.0, 1)
+    assert best_records(records, objective, model)[0].number == 0
+    # estimates the readings do not allow (a model off by a scale: 1,370 for a config read 40) are
+    # not the guide describing the measurements: the best reading is reported
+    off = {k: (v[0] * 33.0, v[1], 1) for k, v in model.items()}
+    best = best_records(records, objective, off)[0]
+    assert best.number == 1 and f"estimated_{metric}" not in best.predicted
+    # the noise is the study's where it measured a config twice, never below the guide's 3 %
+    assert measurement_noise([[records[0]], [records[1]]], metric) == pytest.approx(0.03)
+    repeats = [record(3, 8, 30.0), record(4, 8, 40.0)]
+    assert measurement_noise([repeats], metric) == pytest.approx((2 * (1 / 7) ** 2) ** 0.5)
+    # more readings narrow the band: 10 % apart is noise for single readings at 5 %, not for means of 8
+    a, b = record(5, 16, 100.0), record(6, 32, 90.0)
+    assert not beyond_noise(a, b, metric, 0.05)
+    assert beyond_noise(record(5, 16, 100.0, n=8), record(6, 32, 90.0, n=8), metric, 0.05)
+
+
 def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_path, world):
-    from autotune.records import best_records, guide_estimates
+    from autotune.study.records import best_records, guide_estimates
     from autotune.trial_attrs import A
-    from autotune.space import config_key
+    from autotune.spec.space import config_key
 
     runner = _runner(tmp_path, world, 10)
     outcome = runner.run()

@@ -1,4 +1,4 @@
-"""The guide as an Optuna sampler (autotune/guided_sampler.py): Optuna's own sampler contract
+"""The guide as an Optuna sampler (autotune/guide/sampler.py): Optuna's own sampler contract
 suites, and the guide's behaviour in a plain Optuna study (no autotune runner): proposals,
 OOM evidence from the error text, fixed parameters, stopping, resuming."""
 
@@ -13,12 +13,12 @@ import optuna
 import pytest
 from optuna.testing.pytest_samplers import BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase
 
-from autotune.study_settings import objectives_of, probe_context
-from autotune.guided import GuideSettings
-from autotune.guided_sampler import OUTCOME_ATTR, GuidedSampler, report_failure
-from autotune.ranking import rank_space
-from autotune.space import Space, config_key
-from autotune.spec import Spec
+from autotune.spec.resolve import objectives_of, probe_context
+from autotune.guide.guided import GuideSettings
+from autotune.guide.sampler import OUTCOME_ATTR, GuidedSampler, report_failure
+from autotune.guide.ranking import rank_space
+from autotune.spec.space import Space, config_key
+from autotune.spec.schema import Spec
 from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, simulate_configs
 from support import GUIDED_SPEC
 

@@ -10,9 +10,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from autotune import host_profile
-from autotune.cli import app
-from autotune.spec_load import load_spec
+from autotune.study import host_profile
+from autotune.cli.commands import app
+from autotune.spec.load import load_spec
 from support import command_spec
 
 

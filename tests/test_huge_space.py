@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import autotune.ranking as ranking_mod
-import autotune.space as space_mod
-from autotune.cli import app
-from autotune.study_settings import objectives_of, probe_context
-from autotune.ranking import rank_space
-from autotune.space import Space, config_key, memory_problem
-from autotune.spec_load import load_spec
+import autotune.guide.ranking as ranking_mod
+import autotune.spec.space as space_mod
+from autotune.cli.commands import app
+from autotune.spec.resolve import objectives_of, probe_context
+from autotune.guide.ranking import rank_space
+from autotune.spec.space import Space, config_key, memory_problem
+from autotune.spec.load import load_spec
 from support import REPO, TINY_TRAIN
 
 runner = CliRunner()

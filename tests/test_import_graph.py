@@ -47,6 +47,11 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def _path(module: str) -> Path:
+    """The file of a module of autotune (``autotune.study.search`` -> autotune/study/search.py)."""
+    return _modules()[module]
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
@@ -118,30 +123,30 @@ def _external_imports(path: Path) -> set[str]:
 
 
 def test_the_study_loop_never_imports_tracking():
-    """Issue 43: the loop (autotune.search) and its trials (autotune.trial_run) tell their listeners
+    """Issue 43: the loop (autotune.study.search) and its trials (autotune.study.trial_run) tell their listeners
     what happened and know nothing of MLflow: the assembly builds the tracking listener and hands it over."""
     graph = _graph()
-    banned = {"autotune.tracking", "autotune.study_tracking", "autotune.mlflow_ui"}
-    for module in ("search", "trial_run"):
-        assert not graph[f"autotune.{module}"] & banned, (module, graph[f"autotune.{module}"] & banned)
-        assert "mlflow" not in _external_imports(ROOTS["autotune"] / f"{module}.py"), module
+    for module in ("autotune.study.search", "autotune.study.trial_run"):
+        banned = {d for d in graph[module] if d == "autotune.tracking" or d.startswith("autotune.tracking.")}
+        assert not banned, (module, banned)
+        assert "mlflow" not in _external_imports(_path(module)), module
 
 
 # issue 43: the modules that take narrow settings (the loop, the trials, the guide, the pruner, the
 # dispatchers, the probes' request builder) and the settings' own leaf
 NARROW_SETTINGS = (
-    "search",
-    "trial_run",
-    "trial_resolve",
-    "context",
-    "pruning",
-    "guided",
-    "guided_sampler",
-    "dispatch",
-    "ray_dispatch",
-    "ray_tasks",
-    "listeners",
-    "stop_conditions",
+    "study.search",
+    "study.trial_run",
+    "study.trial_resolve",
+    "spec.context",
+    "study.pruning",
+    "guide.guided",
+    "guide.sampler",
+    "dispatch.dispatcher",
+    "dispatch.ray_dispatch",
+    "dispatch.ray_tasks",
+    "study.listeners",
+    "study.stop_conditions",
     "settings",
 )
 
@@ -149,11 +154,11 @@ NARROW_SETTINGS = (
 def test_the_loop_guide_and_dispatch_never_import_the_spec():
     """Issue 43 (narrow settings, not the whole spec): the loop, the guide, the dispatchers and the
     probes' request builder take small frozen settings made once by the assembly; none of them
-    imports autotune.spec (lazily neither), and none resolves the objectives again."""
+    imports autotune.spec.schema (lazily neither), and none resolves the objectives again."""
     graph = _graph()
     for module in NARROW_SETTINGS:
-        assert "autotune.spec" not in graph[f"autotune.{module}"], module
-        assert "objective_list" not in (ROOTS["autotune"] / f"{module}.py").read_text(), module
+        assert "autotune.spec.schema" not in graph[f"autotune.{module}"], module
+        assert "objective_list" not in _path(f"autotune.{module}").read_text(), module
 
 
 def test_the_parameter_table_is_a_leaf():
@@ -161,16 +166,23 @@ def test_the_parameter_table_is_a_leaf():
     assert not {d for d in _graph()["autotune.workers.parameters"] if d.startswith("autotune")}
 
 
-# the schema and its section modules (autotune/spec.py's docstring); what they may import of autotune
-SPEC_SCHEMA = ("spec", "spec_fields", "spec_workload", "spec_space", "spec_search", "stack_names")
+# the schema and its section modules (autotune/spec/schema.py's docstring); what they may import of autotune
+SPEC_SCHEMA = (
+    "spec.schema",
+    "spec.fields",
+    "spec.workload_section",
+    "spec.space_section",
+    "spec.search_section",
+    "spec.stack_names",
+)
 SPEC_SCHEMA_MAY_IMPORT = {
-    "autotune.models",  # ModelSpec and the model presets
+    "autotune.spec.models",  # ModelSpec and the model presets
     "autotune.workers.protocol",  # ENV_NAME, the probe protocol's environment variable name
     "autotune.workers.alloc_conf",  # an allocator config, parsed as the simulator parses it
     *(f"autotune.{m}" for m in SPEC_SCHEMA),
 }
 # what needs a catalogue above the schema is resolved there, never by the schema: the default target
-# by the registry (autotune.stacks.target_of), the objectives once (autotune.study_settings.objectives_of)
+# by the registry (autotune.stacks.target_of), the objectives once (autotune.spec.resolve.objectives_of)
 
 
 def _function_imports(path: Path) -> set[tuple[str, str]]:
@@ -189,18 +201,18 @@ def _function_imports(path: Path) -> set[tuple[str, str]]:
 
 def test_the_spec_is_the_schema():
     """Issue 43: the schema reads no file and imports no stack, simulator, hardware-profile or objectives
-    module; the files a spec names are read by the loader (autotune.spec_files), the checks across
-    sections are autotune.spec_checks. No import inside a function either: the default target is the
+    module; the files a spec names are read by the loader (autotune.spec.files), the checks across
+    sections are autotune.spec.checks. No import inside a function either: the default target is the
     registry's answer (autotune.stacks.target_of), the objectives are resolved above the schema."""
     graph = _graph()
     for module in SPEC_SCHEMA:
         deps = {d for d in graph[f"autotune.{module}"] if d.startswith("autotune")}
         assert deps <= SPEC_SCHEMA_MAY_IMPORT, (module, deps - SPEC_SCHEMA_MAY_IMPORT)
-        lazy = {(f, m) for f, m in _function_imports(ROOTS["autotune"] / f"{module}.py") if m.startswith("autotune")}
+        lazy = {(f, m) for f, m in _function_imports(_path(f"autotune.{module}")) if m.startswith("autotune")}
         assert not lazy, (module, lazy)
-        external = _external_imports(ROOTS["autotune"] / f"{module}.py") - {"autotune", "__future__"}
+        external = _external_imports(_path(f"autotune.{module}")) - {"autotune", "__future__"}
         assert external <= {"pydantic", "typing", "pathlib", "math", "re", "json", "unicodedata"}, (module, external)
-    assert sum(1 for _ in (ROOTS["autotune"] / "spec.py").open()) <= 500
+    assert sum(1 for _ in _path("autotune.spec.schema").open()) <= 500
 
 
 def test_importing_the_spec_loads_no_stack_simulator_or_objectives():
@@ -208,7 +220,7 @@ def test_importing_the_spec_loads_no_stack_simulator_or_objectives():
     import sys
 
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, autotune.spec; print(' '.join(sorted(sys.modules)))"],
+        [sys.executable, "-c", "import sys, autotune.spec.schema; print(' '.join(sorted(sys.modules)))"],
         capture_output=True,
         text=True,
         check=True,
@@ -218,10 +230,93 @@ def test_importing_the_spec_loads_no_stack_simulator_or_objectives():
 
 
 def test_the_stack_names_the_schema_reads_are_the_registry():
-    """autotune.stack_names is the schema's copy of the registry's names: they agree, name for name."""
-    from autotune import stack_names, stacks
+    """autotune.spec.stack_names is the schema's copy of the registry's names: they agree, name for name."""
+    from autotune import stacks
+    from autotune.spec import stack_names
 
     assert stack_names.STACK_NAMES == stacks.names()
     assert stack_names.preset_names() == stacks.preset_names()
     for name, entry in stack_names.PRESET_ENTRIES.items():
         assert (entry.default, entry.example) == (stacks.STACKS[name].default_entry, stacks.STACKS[name].entry_example)
+
+
+# the packages of autotune in the order of the data flow, lowest first (docs/ARCHITECTURE.md, "The
+# layout"): a package imports only packages below it (siblings on one line import neither way)
+LAYERS = (
+    ("autotune.trial_attrs", "autotune.sanity", "autotune.settings"),  # the vocabulary every stage shares
+    ("autotune.export",),  # each stack's launch format
+    ("autotune.stacks",),  # the stacks' registry: rules, memory rule, exporter, preset launch
+    ("autotune.spec",),  # the spec, its space, the probe context it resolves to
+    ("autotune.guide",),  # the model-guided search: ranking, guide, refit, memory profiles
+    ("autotune.dispatch",),  # which probe, and running it (local or Ray)
+    ("autotune.study",),  # the loop, one trial, its records, result and set-up
+    ("autotune.tracking", "autotune.finish"),  # MLflow and progress; the files and advice at the end
+    ("autotune.cli",),  # the commands and the assembly that wires a study
+)
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_the_packages_follow_the_data_flow():
+    """Issue 43 (a layout that shows the data flow): every import between autotune's packages goes
+    down :data:`LAYERS`, so a package's place says which stages it may use."""
+    level = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+    upward = []
+    for module, deps in _graph().items():
+        a = _package(module)
+        if a not in level:
+            continue
+        for dep in deps:
+            b = _package(dep)
+            if b in level and b != a and level[b] >= level[a]:
+                upward.append(f"{module} -> {dep}")
+    assert not upward, upward
+
+
+def test_autotune_holds_packages_and_the_shared_vocabulary_only():
+    """No module goes back into the flat folder: autotune/ holds the stage packages, each with a
+    docstring that says what it holds, and the three leaves every stage reads."""
+    root = ROOTS["autotune"]
+    flat = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert flat == {m.rsplit(".", 1)[1] for m in LAYERS[0]}, flat
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").exists() and not p.is_symlink()}
+    assert {f"autotune.{p}" for p in packages} == {p for layer in LAYERS[1:] for p in layer}
+    for p in packages:
+        assert ast.get_docstring(ast.parse((root / p / "__init__.py").read_text())), p
+
+
+def test_every_former_module_path_still_imports_the_module_it_became():
+    """Documented import paths (``autotune.guided_sampler.GuidedSampler``, ``autotune.spec_load``,
+    ``autotune.dispatch``...) keep working after the layout: the same module object, with a
+    DeprecationWarning that names the new place; the five packages named like a former module
+    give its names."""
+    import importlib
+    import subprocess
+    import sys
+
+    import autotune
+
+    code = (
+        "import importlib, warnings, sys\n"
+        "from autotune import MOVED\n"
+        "for old, new in MOVED.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module('autotune.' + old)\n"
+        "    assert module is importlib.import_module('autotune.' + new), old\n"
+        "    assert module.__spec__.name == 'autotune.' + new, old\n"
+        "    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old\n"
+        "from autotune.guided_sampler import GuidedSampler\n"
+        "from autotune.spec import Spec\n"
+        "from autotune.dispatch import InProcessDispatcher, LocalProcessDispatcher\n"
+        "from autotune.tracking import Tracker\n"
+        "from autotune.finish import finish_run\n"
+        "from autotune.cli import main\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert set(autotune.MOVED.values()) <= {m[len("autotune.") :] for m in _modules()}
+    assert importlib.import_module("autotune.study.search").__name__ == "autotune.study.search"

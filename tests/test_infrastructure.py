@@ -11,7 +11,7 @@ import re
 
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import command_spec
 
 KILLER = r"""
@@ -115,7 +115,7 @@ def test_doctor_advises_a_ray_start_that_ray_accepts_and_names_each_node(acceler
 
     from ray.scripts.scripts import start
 
-    from autotune.doctor import placement_verdict
+    from autotune.cli.doctor import placement_verdict
 
     name = {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}[accelerator]
     nodes = [
@@ -158,7 +158,7 @@ def test_ray_cluster_messages_go_to_the_log_not_stdout(capsys, caplog):
 
     import ray._private.worker as ray_worker
 
-    from autotune.ray_dispatch import _route_ray_messages
+    from autotune.dispatch.ray_dispatch import _route_ray_messages
 
     saved = ray_worker.print_to_stdstream
     try:

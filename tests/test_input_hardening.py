@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from autotune.export import ExportContext
-from autotune.spec_errors import SpecError
-from autotune.spec_load import load_spec
+from autotune.spec.errors import SpecError
+from autotune.spec.load import load_spec
 
 SERVE = """
 name: serve-hardening
@@ -103,7 +103,7 @@ def test_a_non_finite_baseline_env_value_is_a_spec_error(write_spec):
 
 
 def test_the_mindie_export_refuses_non_finite_values_and_never_writes_nan():
-    from autotune.exports import EXPORTERS
+    from autotune.finish.exports import EXPORTERS
 
     mindie = EXPORTERS["mindie"]
     ctx = serve_context(
@@ -305,7 +305,7 @@ def test_a_nul_in_a_command_line_word_is_a_spec_error(write_spec):
 
 def test_the_vllm_export_refuses_flag_like_and_nul_engine_values():
     from autotune.export._vllm import vllm_engine_args
-    from autotune.exports import EXPORTERS
+    from autotune.finish.exports import EXPORTERS
 
     vllm = EXPORTERS["vllm"]
     for value in ("--model=/etc/passwd", "a\x00b", "x\ny"):
@@ -321,7 +321,7 @@ def test_the_vllm_export_refuses_flag_like_and_nul_engine_values():
 
 
 def test_a_shell_export_refuses_a_nul_in_an_env_value():
-    from autotune.exports import EXPORTERS
+    from autotune.finish.exports import EXPORTERS
 
     ctx = serve_context({"env.MY_SETTING": "a\x00b"})
     for name in ("env", "vllm"):
@@ -330,7 +330,7 @@ def test_a_shell_export_refuses_a_nul_in_an_env_value():
 
 # ---------------------------------------------------------------- 10: formulas in results.csv
 def test_results_csv_neutralises_formula_cells(tmp_path: Path):
-    from autotune.report import write_results_csv
+    from autotune.finish.report import write_results_csv
 
     rows = [
         {
@@ -375,7 +375,7 @@ def test_fuzzed_serving_lengths_and_costs_are_refused(write_spec, traffic, clust
     max_model_len 27 and printed NaN costs), and an infinite device-hour cost (Infinity in plan --json)."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     spec = write_spec(
         f"""

@@ -1,11 +1,11 @@
-"""The study's reading of a probe result (autotune.interpret), on plain values: no Optuna, no Ray."""
+"""The study's reading of a probe result (autotune.study.interpret), on plain values: no Optuna, no Ray."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from autotune.interpret import interpret, settle_pruned
-from autotune.models import PRESETS
+from autotune.study.interpret import interpret, settle_pruned
+from autotune.spec.models import PRESETS
 from autotune.workers.hardware import load_profile
 from autotune.workers.protocol import ProbeResult
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import launch_for, select_backend
-from autotune.study_settings import probe_context
-from autotune.memory_profile import (
+from autotune.dispatch.backends import launch_for, select_backend
+from autotune.spec.resolve import probe_context
+from autotune.guide.memory_profile import (
     NUM_LAYERS_ENV,
     PROFILE_MARK,
     fit_stage_memory,
@@ -20,7 +20,7 @@ from autotune.memory_profile import (
     profile_request,
     why_no_profile,
 )
-from autotune.spec_load import load_spec
+from autotune.spec.load import load_spec
 from autotune.workers.protocol import TrialRequest
 
 

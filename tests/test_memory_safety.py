@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from autotune.study_settings import objectives_of, probe_context
-from autotune.guided import Guide, Observation
-from autotune.ranking import rank_space
-from autotune.report import memory_calibration, probe_costs
-from autotune.records import TrialRecord
-from autotune.interpret import step_peak_memory as _step_peak_memory
-from autotune.space import Space
-from autotune.spec import Spec
+from autotune.spec.resolve import objectives_of, probe_context
+from autotune.guide.guided import Guide, Observation
+from autotune.guide.ranking import rank_space
+from autotune.finish.report import memory_calibration, probe_costs
+from autotune.study.records import TrialRecord
+from autotune.study.interpret import step_peak_memory as _step_peak_memory
+from autotune.spec.space import Space
+from autotune.spec.schema import Spec
 from autotune.workers.command import run_probe_process
 from autotune.workers.protocol import oom_evidence
 

@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.mlflow_ui import (
+from autotune.cli.commands import app
+from autotune.tracking.mlflow_ui import (
     STUDY_FILTER,
     VIEW_TAG,
     NoMlflowStore,
@@ -28,7 +28,7 @@ from autotune.mlflow_ui import (
     study_ui_url,
     study_view_state,
 )
-from autotune.tracking import NOTE_TAG, SCHEMA_CACHE_ENV, Tracker, seed_sqlite_store
+from autotune.tracking.tracker import NOTE_TAG, SCHEMA_CACHE_ENV, Tracker, seed_sqlite_store
 from support import TINY_TRAIN, free_port, mlflow_runs
 
 

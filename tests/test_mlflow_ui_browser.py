@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import free_port, mlflow_runs
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def _served(run_dir: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
     run's (its stderr); stopped as Ctrl-C or a service manager does, it must return 0 and free
     the port."""
     port = free_port()
-    code = "import sys; from pathlib import Path; from autotune.mlflow_ui import serve_ui; "
+    code = "import sys; from pathlib import Path; from autotune.tracking.mlflow_ui import serve_ui; "
     code += "sys.exit(serve_ui(Path(sys.argv[1]), port=int(sys.argv[2])))"
     errors = tmp_path / "serve_ui.stderr"
     with errors.open("w") as stderr:

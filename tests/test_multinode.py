@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from support import TINY_TRAIN
 
 pytestmark = pytest.mark.timeout(600)

@@ -59,8 +59,13 @@ def test_wheel_contains_and_imports_mapped_packages(tmp_path):
     assert "autotune/objectives/__init__.py" in names
     assert any(n.startswith("autotune/workers/hardware/") and n.endswith(".yaml") for n in names)
     assert not any(n.startswith(("workers/", "objectives/")) for n in names)  # no generic top-level names
+    # every module of the source tree's autotune/ is in the wheel (a stage package left out of
+    # pyproject's list would install a CLI that cannot import its study)
+    source = {str(p.relative_to(REPO)) for p in (REPO / "autotune").rglob("*.py")}
+    assert source <= names, sorted(source - names)
     code = (
         "import autotune.workers.hardware as h, autotune.objectives as o, autotune.workers as w;"
+        "import autotune.cli.commands, autotune.study.search, autotune.finish.study_end;"
         "assert w.__file__.startswith(%r); print(h.available_profiles())" % str(tmp_path / "site")
     )
     res = subprocess.run(

@@ -2,7 +2,13 @@
 or of the rule ``max_num_batched_tokens >= max_num_seqs`` agrees with it (the space, the simulator,
 the vLLM and MindIE stacks, both exports); every reader of a training default or of the training
 rules does too (the space, the simulator, the stacks' rules, the Megatron, DeepSpeed, torchtitan and
-MindFormers exports, the torch and MindSpore probes' plans). And no module restates a default."""
+MindFormers exports, the torch and MindSpore probes' plans). And no module restates a default.
+
+The serving rows are checked the way each engine renders them: a number or a ``--[no-]flag`` for
+the numeric and boolean rows, the value after the flag (``--kv-cache-dtype auto``), no flag at all
+for the default where vLLM's own default is "not given" (``quantization`` none), a boolean flag a
+value maps to (``graph_mode`` graph: ``--no-enforce-eager``), and nothing for ``replicas`` (one
+server per replica, no engine flag)."""
 
 from __future__ import annotations
 
@@ -20,11 +26,11 @@ from autotune.export._base import script_arrays
 from autotune.export._deepspeed import DeepSpeedExporter
 from autotune.export._megatron import MegatronExporter
 from autotune.export._mindformers import MindFormersExporter
-from autotune.export._mindie import mindie_settings
+from autotune.export._mindie import MindIEExporter, mindie_settings
 from autotune.export._torchtitan import TorchtitanExporter
-from autotune.export._vllm import vllm_engine_args
-from autotune.space import INFER_DEFAULTS, SERVE_DEFAULTS, TRAIN_DEFAULTS
-from autotune.spec_space import SpaceSpec
+from autotune.export._vllm import replica_devices, vllm_engine_args
+from autotune.spec.space import INFER_DEFAULTS, SERVE_DEFAULTS, TRAIN_DEFAULTS
+from autotune.spec.space_section import SpaceSpec
 from autotune.stacks import unsupported_reasons
 from autotune.workers.parameters import (
     BATCHED_COVERS_SEQS,
@@ -44,29 +50,88 @@ from autotune.workers.parameters import (
 from autotune.workers.protocol import TrialRequest
 from autotune.workers.simulate._checks import prepare
 from autotune.workers.simulate._columns import (
+    _CODES as SIMULATOR_CODES,
     COMPILE_CODES,
     DEFAULTS as SIMULATOR_DEFAULTS,
+    GRAPH_MODE_CODES,
+    KV_DTYPE_CODES,
     PRECISION_CODES,
+    QUANT_CODES,
     RECOMPUTE_CODES,
     columns_from_params,
+    fill_defaults,
 )
 from autotune.workers.torch_probe.plan import COMPILE_MODES, PRECISIONS, RECOMPUTE_MODES, resolve_plan
+
+
+# the simulator's codes of the serving rows with string values (a new one: the simulator codes it too)
+SERVING_CODES = {name: SIMULATOR_CODES[name] for name, p in SERVING.items() if p.type is str}
 
 
 def test_the_space_and_the_simulator_take_their_serving_defaults_from_the_table():
     for name, parameter in SERVING.items():
         assert SERVE_DEFAULTS[name] == parameter.default, name
-        assert SIMULATOR_DEFAULTS[name] == parameter.default, name
+        # a default that differs per device is 0 in the simulator's columns, "the engine's own",
+        # resolved where the accelerator is known (test_block_size_...); a string one is its code
+        if parameter.type is str:
+            want = SERVING_CODES[name][parameter.default]
+        else:
+            want = 0 if parameter.by_accelerator else parameter.default
+        assert SIMULATOR_DEFAULTS[name] == want, name
+    # the simulator knows the values the table allows, no more and no fewer
+    assert (SERVING_CODES["graph_mode"], SERVING_CODES["kv_cache_dtype"]) == (GRAPH_MODE_CODES, KV_DTYPE_CODES)
+    assert SERVING_CODES["quantization"] == QUANT_CODES
+    for name, codes in SERVING_CODES.items():
+        assert set(codes) == set(SERVING[name].allowed), name
+    # a config naming none of them is priced as one naming every default (not the per-device ones:
+    # test_block_size_...), and a string column holding None as one holding the default
+    every = {name: p.default for name, p in SERVING.items() if not p.by_accelerator}
+    bare, explicit = columns_from_params([{}]), columns_from_params([every])
+    for name in bare:
+        assert np.array_equal(bare[name], explicit[name]), name
+    given, _ = fill_defaults({name: np.array([None], dtype=object) for name in SERVING_CODES})
+    for name, codes in SERVING_CODES.items():
+        assert given[name][0] == codes[SERVING[name].default], name
 
 
-def test_the_vllm_launch_says_the_tables_defaults_under_vllms_flags():
-    args = vllm_engine_args({}, "cuda")
+def _vllm_writes_the_default(name: str, parameter, accelerator: str) -> str:
+    """How ``vllm serve`` is told a string row's default: ``value`` (the flag, then the default),
+    ``absent`` (no flag: vLLM's own default is the flag not given) or ``boolean`` (the default maps
+    to ``--no-FLAG``); in the last two, another allowed value writes the flag (the spelling is real)."""
+    default = serving_default(name, accelerator)
+    args = vllm_engine_args({}, accelerator)
+    assert args == vllm_engine_args({name: default}, accelerator), name  # a bare config launches the default
+    others = [vllm_engine_args({name: v}, accelerator) for v in parameter.allowed if v != default]
+    flag = parameter.vllm_flag
+    if flag in args:
+        assert args[args.index(flag) + 1] == default, name
+        return "value"
+    negated = flag.replace("--", "--no-", 1)
+    if negated in args:
+        assert any(flag in other for other in others), name
+        return "boolean"
+    assert any(flag in other for other in others), name
+    return "absent"
+
+
+@pytest.mark.parametrize("accelerator", ["cuda", "npu", "cpu"])
+def test_the_vllm_launch_says_the_tables_defaults_under_vllms_flags(accelerator):
+    args = vllm_engine_args({}, accelerator)
+    forms = {}
     for name, parameter in SERVING.items():
-        default = parameter.default
-        if isinstance(default, bool):
+        default = serving_default(name, accelerator)
+        if parameter.vllm_flag is None:  # no engine flag (replicas: one server each): none is written
+            assert not any(name.replace("_", "-") in a or name in a for a in args), name
+        elif parameter.type is str:
+            forms[name] = _vllm_writes_the_default(name, parameter, accelerator)
+        elif isinstance(default, bool):
             assert (parameter.vllm_flag if default else parameter.vllm_flag.replace("--", "--no-", 1)) in args, name
         else:
             assert args[args.index(parameter.vllm_flag) + 1] == f"{default:g}", name
+    # what vLLM does with each: its cache_dtype "auto" is passed, its quantization None is no flag,
+    # its enforce_eager False is --no-enforce-eager (a new row needs no entry here)
+    pinned = {"graph_mode": "boolean", "kv_cache_dtype": "value", "quantization": "absent"}
+    assert {name: forms[name] for name in pinned} == pinned
 
 
 def test_mindies_config_says_the_tables_defaults_under_its_keys():
@@ -74,8 +139,61 @@ def test_mindies_config_says_the_tables_defaults_under_its_keys():
     schedule = settings["BackendConfig"]["ScheduleConfig"]
     for name, parameter in SERVING.items():
         for key in parameter.mindie_keys:
-            assert schedule[key] == parameter.default, (name, key)
+            assert schedule[key] == serving_default(name, "npu"), (name, key)
+        if not parameter.mindie_keys:  # no key (replicas, graph_mode, the weights' quantization): nothing set
+            assert mindie_settings({name: serving_default(name, "npu")}) == settings, name
     assert schedule["templateType"] == ("Mix" if serving_default("enable_chunked_prefill") else "Standard")
+    # the default weights and KV cache need no msModelSlim weights; a quantized scheme does
+    bare = json.loads(MindIEExporter().render(_serve_context({})))["_autotune"]
+    assert "weights" not in bare and len(bare["replicas"]) == default("replicas")
+    quantized = json.loads(MindIEExporter().render(_serve_context({"quantization": "w8a8"})))["_autotune"]
+    assert "msModelSlim" in quantized["weights"]
+
+
+def _serve_context(config, accelerator="npu"):
+    return ExportContext(
+        study="table",
+        trial=0,
+        config=config,
+        metrics={},
+        source="simulated",
+        model={"name": "tiny", "num_hidden_layers": 8, "hidden_size": 256, "num_attention_heads": 4},
+        workload={"kind": "serve", "max_model_len": 1024},
+        cluster={"accelerator": accelerator, "nodes": 1, "devices_per_node": 8, "world_size": 8},
+    )
+
+
+@pytest.mark.parametrize("accelerator", ["cuda", "npu", "cpu"])
+def test_the_stacks_rules_judge_a_bare_config_as_one_naming_every_serving_default(accelerator):
+    facts = {"accelerator": accelerator, "model": {"max_position_embeddings": 4096}, "workload": {"kind": "serve"}}
+    every = {name: serving_default(name, accelerator) for name in SERVING}
+    for stack in ("vllm", "mindie"):
+        assert unsupported_reasons(stack, {}, facts) == unsupported_reasons(stack, every, facts), stack
+
+
+def test_every_reader_of_replicas_counts_the_tables_default():
+    """``replicas`` has no engine flag: each replica is a server the export and the preset start."""
+    from autotune.dispatch.stack_presets import _serving_launch
+    from autotune.workers.parameters import trial_devices
+
+    n = default("replicas")
+    assert SERVING["replicas"].vllm_flag is None and not SERVING["replicas"].mindie_keys
+    assert len(replica_devices({})) == n and trial_devices("serve", {}) == n
+    assert len(replica_devices({"replicas": None})) == n and trial_devices("serve", {"replicas": "None"}) == n
+    from types import SimpleNamespace
+
+    from autotune.stacks import get
+
+    request = TrialRequest(
+        params={},
+        model={"name": "tiny", "num_hidden_layers": 2, "path": "/models/tiny"},
+        workload={"kind": "serve", "max_model_len": 1024},
+        cluster={"accelerator": "npu", "nodes": 1, "devices_per_node": 8, "world_size": 8},
+    )
+    backend = SimpleNamespace(entry=None, args=[])
+    for stack in ("vllm", "mindie"):
+        launch = _serving_launch(get(stack), backend, request, "python")
+        assert len(json.loads(launch["files"]["engine.json"])["replicas"]) == n, stack
 
 
 def test_every_reader_of_the_rule_draws_the_same_line():
@@ -115,7 +233,7 @@ def _restatements(table: dict, defaults_of) -> list[str]:
 def test_no_module_restates_a_serving_default():
     """A default written as a literal beside its name (``"max_num_seqs", 256`` or ``"max_num_seqs": 256``)
     anywhere but the table: the six files that each had a copy read the table now."""
-    found = _restatements(SERVING, lambda p: [p.default])
+    found = _restatements(SERVING, lambda p: [p.default, *(v for _, v in p.by_accelerator)])
     assert not found, found
 
 
@@ -142,6 +260,31 @@ def test_the_restatement_check_finds_a_restatement(tmp_path, monkeypatch):
     assert found == ["autotune/a.py:1: zero_stage", "autotune/a.py:2: precision"]
 
 
+def test_the_restatement_check_finds_a_restated_serving_default(tmp_path, monkeypatch):
+    """And for the serving rows: the forms the readers had (``col(c, "quantization", "none", n)``,
+    ``config.get("replicas", 1)``, ``"kv_cache_dtype": "auto"``, ``'graph_mode': 'graph'``), not
+    ``"replicas": 10``."""
+    import support
+
+    fake = tmp_path / "repo"
+    (fake / "workers").mkdir(parents=True)
+    (fake / "autotune").mkdir()
+    (fake / "workers" / "parameters.py").write_text('SERVING = {"replicas": 1}\n')
+    (fake / "workers" / "b.py").write_text(
+        'q = col(c, "quantization", "none", n)\nr = int(config.get("replicas", 1) or 1)\n'
+        'd = {"kv_cache_dtype": "auto",\n     \'graph_mode\': \'graph\', "replicas": 10}\n'
+    )
+    monkeypatch.setattr(support, "REPO", fake)
+    monkeypatch.setitem(globals(), "REPO", fake)
+    found = _restatements(SERVING, lambda p: [p.default, *(v for _, v in p.by_accelerator)])
+    assert sorted(found) == [
+        "workers/b.py:1: quantization",
+        "workers/b.py:2: replicas",
+        "workers/b.py:3: kv_cache_dtype",
+        "workers/b.py:4: graph_mode",
+    ]
+
+
 # ---------------------------------------------------------------------------------------- training
 def test_the_table_holds_every_canonical_training_parameter_the_spec_searches():
     fields = SpaceSpec.model_fields
@@ -157,6 +300,12 @@ def test_the_table_holds_every_canonical_training_parameter_the_spec_searches():
     for name in ("recompute", "zero_stage", "precision", "compile", "mode", "jit_level"):
         (listed, _none) = fields[name].annotation.__args__
         assert tuple(listed.__args__[0].__args__) == TRAINING[name].allowed, name
+    for name, parameter in SERVING.items():  # a serving parameter with finitely many values: the same
+        assert name in fields, name
+        if parameter.allowed:
+            (listed, _none) = fields[name].annotation.__args__
+            assert tuple(listed.__args__[0].__args__) == parameter.allowed, name
+            assert {parameter.default, *(v for _, v in parameter.by_accelerator)} <= set(parameter.allowed), name
 
 
 def test_precision_has_a_default_per_accelerator():
@@ -365,3 +514,51 @@ def test_every_reader_of_a_configs_devices_counts_them_by_the_table():
     assert trial_devices("serve", {"tp": 2, "pp": 2}) == 4
     assert trial_devices("infer", {"tp": 4, "pp": 2}) == 4
     assert instance_devices({"tp": "None", "pp": 2}) == 2
+
+
+@pytest.mark.parametrize("accelerator", ["cuda", "npu", "cpu"])
+def test_block_size_has_a_default_per_accelerator_and_every_reader_takes_it(accelerator):
+    """Adding a parameter to the table (docs/ARCHITECTURE.md, "Adding a parameter"), shown on
+    ``block_size``: one row, a default per device (vLLM's 16; its CPU platform's and Ascend's 128).
+    The space's defaults, the vLLM launch, the stacks' rules and the simulator read it; before the
+    row, the vLLM export and the simulator gave a CPU config without one 16 while the space gave 128."""
+    from types import SimpleNamespace
+
+    from autotune.spec.space import workload_defaults
+    from autotune.workers.simulate import simulate_trial
+    from autotune.workers.protocol import TrialRequest
+
+    want = serving_default("block_size", accelerator)
+    assert want == (16 if accelerator == "cuda" else 128)
+    spec = SimpleNamespace(workload=SimpleNamespace(kind="serve"), cluster=SimpleNamespace(accelerator=accelerator))
+    assert workload_defaults(spec)["block_size"] == want
+    args = vllm_engine_args({}, accelerator)
+    assert args[args.index("--block-size") + 1] == str(want)
+    # the stacks' rules judge a config that names no block as one naming the device's default
+    facts = {"accelerator": accelerator, "model": {"max_position_embeddings": 4096}, "workload": {"kind": "serve"}}
+    bare = {"max_num_seqs": 8, "max_num_batched_tokens": 4096, "enable_chunked_prefill": True}
+    for stack in ("vllm", "mindie") if accelerator == "npu" else ("vllm",):
+        assert unsupported_reasons(stack, bare, facts) == unsupported_reasons(
+            stack, dict(bare, block_size=want), facts
+        ), stack
+    # the simulator prices a config without a block as one with the device's default
+    from autotune.workers.hardware import load_profile
+
+    profile = {"cuda": "a100-sxm-80gb", "npu": "ascend-910b", "cpu": "cpu"}[accelerator]
+    cluster = {"accelerator": accelerator, "nodes": 1, "devices_per_node": 1, "world_size": 1}
+    cluster["hardware"] = load_profile(profile)
+    workload = {
+        "kind": "serve",
+        "traffic": {"rates": [1.0], "arrival": "poisson", "burstiness": 1.0, "prompt_len": 128, "output_len": 32},
+        "slo": {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 100.0},
+        "batch_sweep": [1],
+        "max_model_len": 1024,
+    }
+    model = {"arch": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8}
+    model.update(num_key_value_heads=8, intermediate_size=1376, vocab_size=32000, max_position_embeddings=2048)
+    priced = [
+        simulate_trial(TrialRequest(params=dict(bare, tp=1, **extra), model=model, workload=workload, cluster=cluster))
+        for extra in ({}, {"block_size": want})
+    ]
+    assert priced[0].status == priced[1].status
+    assert priced[0].metrics == priced[1].metrics

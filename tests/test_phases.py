@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.progress import PROGRESS_EVERY_ENV
+from autotune.tracking.progress import PROGRESS_EVERY_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.guided import Guide, GuideSettings, Observation
-from autotune.memory_profile import (
+from autotune.cli.commands import app
+from autotune.guide.guided import Guide, GuideSettings, Observation
+from autotune.guide.memory_profile import (
     ProfileEstimate,
     calibrate_estimate,
     cost_of_trials,
@@ -261,7 +261,7 @@ def _profiler_spec(go: float):
 
 def test_a_profile_that_measured_both_sides_decides_without_the_model():
     """Reserved peaks and the usable memory from the profile's own runs: the verdict is theirs."""
-    from autotune.profiling import MemoryProfiler, ProfileRun
+    from autotune.study.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
     class Guided:  # the model's verdict, which a direct measurement overrides
@@ -299,7 +299,7 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model():
 def test_a_profile_that_gives_no_line_falls_back_to_the_full_probe():
     """Runs that report peaks of different stages (no stage measured twice), or a run that
     crashed: no verdict, the full probe runs as it would have without profiles, and says why."""
-    from autotune.profiling import MemoryProfiler, ProfileRun
+    from autotune.study.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
     guided = SimpleNamespace(guide=SimpleNamespace(settings=GuideSettings()))

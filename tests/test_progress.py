@@ -9,8 +9,8 @@ import time
 
 from rich.console import Console
 
-from autotune.progress import PROGRESS_EVERY_ENV, ProgressObserver, phase
-from autotune.records import TrialRecord
+from autotune.tracking.progress import PROGRESS_EVERY_ENV, ProgressObserver, phase
+from autotune.study.records import TrialRecord
 
 
 def _plain() -> tuple[Console, io.StringIO]:

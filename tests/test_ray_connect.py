@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("ray")
 
-from autotune.ray_dispatch import RayDispatcher, RayUnreachable  # noqa: E402
+from autotune.dispatch.ray_dispatch import RayDispatcher, RayUnreachable  # noqa: E402
 
 
 def closed_port() -> int:
@@ -49,7 +49,7 @@ def test_a_closed_port_fails_fast_naming_the_address(scheme):
 
 @pytest.mark.timeout(90)
 def test_doctor_exits_3_naming_the_address():
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     address = f"127.0.0.1:{closed_port()}"
     result = CliRunner().invoke(app, ["doctor", "--ray-address", address])
@@ -62,8 +62,8 @@ def test_doctor_exits_3_naming_the_address():
 def test_run_exits_3_naming_the_address(write_spec, tmp_path, monkeypatch, calibrate):
     """``autotune run`` against a dead cluster: exit 3 (infrastructure) and one line naming the
     address, nothing probed; was a silent hang of minutes."""
-    from autotune.cli import app
-    from autotune.host_profile import PROFILE_CACHE_ENV
+    from autotune.cli.commands import app
+    from autotune.study.host_profile import PROFILE_CACHE_ENV
     from support import command_spec, probe_log
 
     # with calibration on (the default where no profile is cached) the host profile's own Ray

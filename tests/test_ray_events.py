@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dispatch import ProbeLaunch
-from autotune.ray_dispatch import RayDispatcher
+from autotune.dispatch.dispatcher import ProbeLaunch
+from autotune.dispatch.ray_dispatch import RayDispatcher
 from autotune.workers.protocol import TrialRequest
 
 PY = sys.executable

@@ -63,7 +63,7 @@ def autotune_exe() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("autotune")
-    return [found] if found else [sys.executable, "-c", "from autotune.cli import main; main()"]
+    return [found] if found else [sys.executable, "-c", "from autotune.cli.commands import main; main()"]
 
 
 # ------------------------------------------------------------------------------------- set-up
@@ -155,8 +155,8 @@ def test_readme_commands_run(tmp_path):
 
 def test_readme_spec_example_is_valid(tmp_path):
     """The spec in brief is a spec autotune accepts, with every top-level section of a spec."""
-    from autotune.spec import Spec
-    from autotune.spec_load import load_spec
+    from autotune.spec.schema import Spec
+    from autotune.spec.load import load_spec
 
     specs = [b for b in fenced_blocks(README.read_text(), "yaml") if re.search(r"^model:", b, re.M)]
     assert specs, "no spec example (a yaml block with model:) in the README"
@@ -174,7 +174,7 @@ def test_readme_spec_example_is_valid(tmp_path):
 def _cli_options() -> dict[str, set[str]]:
     import typer
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     group = typer.main.get_command(app)
     return {
@@ -208,9 +208,9 @@ def test_documented_commands_and_flags_exist(page):
 
 
 def test_every_backend_is_documented():
-    """docs/CLI.md lists every kind ``run --backend`` takes (autotune/backends.py); the help's own list
+    """docs/CLI.md lists every kind ``run --backend`` takes (autotune/dispatch/backends.py); the help's own list
     is checked in tests/test_cli_help.py."""
-    from autotune.spec import BACKEND_KINDS
+    from autotune.spec.schema import BACKEND_KINDS
     from autotune.stacks import preset_names
 
     kinds = [*BACKEND_KINDS, *(n for n in preset_names() if n not in BACKEND_KINDS)]

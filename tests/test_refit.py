@@ -1,14 +1,14 @@
-"""Refitting the performance model from measured probes (autotune.refit) and in the search loop."""
+"""Refitting the performance model from measured probes (autotune.guide.refit) and in the search loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.backends import BackendChoice
-from autotune.dispatch import InProcessDispatcher
-from autotune.refit import Refit, fit_refit
-from autotune.assembly import study_runner
-from autotune.spec_load import load_spec
+from autotune.dispatch.backends import BackendChoice
+from autotune.dispatch.dispatcher import InProcessDispatcher
+from autotune.guide.refit import Refit, fit_refit
+from autotune.cli.assembly import study_runner
+from autotune.spec.load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 
@@ -25,7 +25,7 @@ def _pred(compute: float, comm: float) -> dict[str, float]:
 
 
 def test_groups_cover_every_time_component_once():
-    from autotune.refit import COMPONENTS, GROUPS
+    from autotune.guide.refit import COMPONENTS, GROUPS
 
     grouped = [k for names in GROUPS.values() for k in names]
     assert sorted(grouped) == sorted(COMPONENTS) and len(set(grouped)) == len(grouped)
@@ -110,7 +110,7 @@ def test_a_measured_profile_keeps_one_noisy_probe_from_distorting_the_groups():
     (noise). Trusting the profile as little as a data sheet, the fit bends the groups it can move
     freely to explain the miss (a pipeline 6x cheaper than predicted, from probes whose pipeline
     was predicted right); with a measured profile's ridge every factor stays a modest correction."""
-    from autotune.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED
+    from autotune.guide.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED
 
     noisy = {"time_gemm": 0.39, "time_dp_comm": 0.004}
     tp = {"time_gemm": 0.40, "time_tp_comm": 0.8}
@@ -184,7 +184,7 @@ def test_a_factor_pinned_at_its_range_end_leaves_the_others_at_their_optimum():
     not left cycling to the step cap (what the loop's no-op benchmark probes did, 19 ms a refit)."""
     import numpy as np
 
-    from autotune.refit import _LOG_RANGE, _fit_log_factors
+    from autotune.guide.refit import _LOG_RANGE, _fit_log_factors
 
     rng = np.random.default_rng(3)
     a = np.column_stack([np.full(12, 0.015), rng.uniform(0.001, 0.005, 12), rng.uniform(0.001, 0.003, 12)])

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.run_lock import LEASE_ATTR, RunDirLock, StudyInUse, StudyLease
+from autotune.study.run_lock import LEASE_ATTR, RunDirLock, StudyInUse, StudyLease
 from support import command_spec, probe_log
 
 pytestmark = pytest.mark.timeout(300)

@@ -3,7 +3,7 @@ import re
 import numpy as np
 import pytest
 
-from autotune.safe_expr import ExpressionError, compile_expression
+from autotune.spec.safe_expr import ExpressionError, compile_expression
 
 
 def test_scalar_and_vector_agree():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
-from autotune.backends import BackendChoice
-from autotune.study_settings import probe_context
-from autotune.dispatch import InProcessDispatcher
+from autotune.dispatch.backends import BackendChoice
+from autotune.spec.resolve import probe_context
+from autotune.dispatch.dispatcher import InProcessDispatcher
 from autotune.sanity import implausible_metrics
-from autotune.records import trial_records
-from autotune.assembly import study_runner
-from autotune.spec_load import load_spec
+from autotune.study.records import trial_records
+from autotune.cli.assembly import study_runner
+from autotune.spec.load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 

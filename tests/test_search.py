@@ -6,13 +6,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.backends import BackendChoice
-from autotune.dispatch import InProcessDispatcher
-from autotune.records import trial_records
-from autotune.assembly import study_runner
-from autotune.storage import open_study
+from autotune.dispatch.backends import BackendChoice
+from autotune.dispatch.dispatcher import InProcessDispatcher
+from autotune.study.records import trial_records
+from autotune.cli.assembly import study_runner
+from autotune.study.storage import open_study
 from autotune.trial_attrs import A
-from autotune.spec_load import load_spec
+from autotune.spec.load import load_spec
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 
@@ -173,7 +173,7 @@ def test_journal_lock_is_released_when_its_holder_is_killed(tmp_path):
             sys.executable,
             "-c",
             (
-                "import time; from pathlib import Path; from autotune.storage import _journal_lock;"
+                "import time; from pathlib import Path; from autotune.study.storage import _journal_lock;"
                 f"_journal_lock(Path({str(journal)!r})).acquire(); print('held', flush=True); time.sleep(60)"
             ),
         ],
@@ -231,7 +231,7 @@ def test_a_grid_study_ends_when_its_grid_is_exhausted(write_spec, tmp_path):
     outside study.optimize; the ask/tell loop takes it as the end of the grid, not a failure."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
     from support import TINY_TRAIN
 
     import json

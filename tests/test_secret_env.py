@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.secret_env import MASK, masked_backend, masked_spec_text
+from autotune.cli.commands import app
+from autotune.spec.secret_env import MASK, masked_backend, masked_spec_text
 from support import TINY_TRAIN
 
 PROBE = r"""
@@ -77,7 +77,7 @@ def test_masking_keeps_every_other_byte():
 
 # ----------------------------------------------------------------- issue #31: mask the loaded data
 def _copy_of(tmp_path: Path, text: str) -> str:
-    from autotune.secret_env import write_spec_copy
+    from autotune.spec.secret_env import write_spec_copy
 
     source = tmp_path / "spec.yaml"
     source.write_text(text)
@@ -98,7 +98,7 @@ def test_a_secret_brought_by_a_merge_key_is_masked(tmp_path):
 
 
 def test_a_secret_reused_through_an_alias_is_masked_and_the_copy_still_reads_as_the_spec(tmp_path):
-    from autotune.spec_load import load_spec
+    from autotune.spec.load import load_spec
 
     copy = _copy_of(
         tmp_path, BASE + "backend:\n  kind: simulate\n  env:\n    HF_TOKEN: &tok hf_alias_Zq8s\n    OTHER_TOKEN: *tok\n"

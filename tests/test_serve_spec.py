@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli_output import spec_summary
-from autotune.space import Space
-from autotune.spec_errors import SpecError
-from autotune.spec_load import load_spec
-from autotune.study_settings import objectives_of
+from autotune.cli.output import spec_summary
+from autotune.spec.space import Space
+from autotune.spec.errors import SpecError
+from autotune.spec.load import load_spec
+from autotune.spec.resolve import objectives_of
 
 SERVE = """
 name: serve-test
@@ -124,8 +124,8 @@ def test_serving_metrics_derive_per_device_and_cost():
 
 
 def test_serving_trial_tags_and_plot(tmp_path: Path):
-    from autotune.serving_plots import latency_vs_rate_plot
-    from autotune.study_tracking import serving_tags
+    from autotune.tracking.serving_plots import latency_vs_rate_plot
+    from autotune.tracking.study_tracking import serving_tags
 
     rates = [
         {"rate": 2.0, "slo_met": True, "goodput_rps": 2.0, "ttft_p99_ms": 300.0, "tpot_p99_ms": 40.0},
@@ -146,7 +146,7 @@ def test_a_simulated_serving_study_tracks_the_slo_rates_and_plot_and_exports_vll
     vLLM launch and never a training one."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
     from support import REPO, mlflow_runs
 
     text = (REPO / "search_spaces" / "llama2_7b_serve_8npu.yaml").read_text().replace("n_trials: 16", "n_trials: 3")
@@ -179,7 +179,7 @@ def test_a_simulated_serving_study_tracks_the_slo_rates_and_plot_and_exports_vll
 def test_the_workers_records_come_back_in_the_result_and_land_beside_the_study(tmp_path: Path):
     """A probe's folder on a worker is removed after the trial: the records travel in the result
     and are written as trials/NNNN/requests.jsonl, and result.json then names that copy."""
-    from autotune.records import save_trial_files
+    from autotune.study.records import save_trial_files
     from autotune.workers.protocol import ProbeResult, attach_requests_file
 
     probe_dir = tmp_path / "worker"

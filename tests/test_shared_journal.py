@@ -19,8 +19,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.run_lock import LOCK_FILE, RunDirLock, StudyInUse, lease_shared_study
-from autotune.spec_load import load_spec
+from autotune.study.run_lock import LOCK_FILE, RunDirLock, StudyInUse, lease_shared_study
+from autotune.spec.load import load_spec
 from support import TINY_TRAIN, command_spec, probe_log
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from autotune.workers.hardware import load_profile
-from autotune.models import PRESETS
+from autotune.spec.models import PRESETS
 from autotune.workers.protocol import TrialRequest
 from autotune.workers.simulate import SERVE_METRICS, columns_from_params, simulate_configs, simulate_trial
 
 GIB = 2.0**30
-# the published architectures (autotune/models.py), as the simulator reads them
+# the published architectures (autotune/spec/models.py), as the simulator reads them
 LLAMA2_7B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-7b"])
 LLAMA3_8B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama3-8b"])
 LLAMA2_70B = dict(arch="llama", tie_word_embeddings=False, **PRESETS["llama2-70b"])

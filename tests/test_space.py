@@ -5,8 +5,8 @@ import itertools
 import optuna
 import pytest
 
-from autotune.space import Space, config_key
-from autotune.spec_load import load_spec
+from autotune.spec.space import Space, config_key
+from autotune.spec.load import load_spec
 from support import REPO, TINY_TRAIN
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli_output import spec_summary
-from autotune.spec_errors import SpecError
-from autotune.spec_load import load_spec
-from autotune.study_settings import objectives_of
+from autotune.cli.output import spec_summary
+from autotune.spec.errors import SpecError
+from autotune.spec.load import load_spec
+from autotune.spec.resolve import objectives_of
 from support import REPO, TINY_TRAIN
 
 
@@ -124,7 +124,7 @@ def test_profile_override_unknown_key(write_spec):
 
 
 def test_profile_override_applies(write_spec):
-    from autotune.study_settings import probe_context
+    from autotune.spec.resolve import probe_context
 
     spec = load_spec(
         write_spec(

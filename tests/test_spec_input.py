@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.spec_errors import SpecError
-from autotune.spec_load import load_spec
+from autotune.cli.commands import app
+from autotune.spec.errors import SpecError
+from autotune.spec.load import load_spec
 from support import TINY_TRAIN
 
-MAX_SPEC_BYTES = 1 << 20  # autotune.spec_load.MAX_SPEC_BYTES (test_the_size_limit_is_the_documented_one)
+MAX_SPEC_BYTES = 1 << 20  # autotune.spec.load.MAX_SPEC_BYTES (test_the_size_limit_is_the_documented_one)
 
 SPEC = textwrap.dedent(TINY_TRAIN).lstrip()  # line 1 is "name: tiny"
 
@@ -260,7 +260,7 @@ def test_yaml_values_pyyaml_cannot_build_are_located_errors(tmp_path):
 
 
 def test_the_size_limit_is_the_documented_one():
-    from autotune import spec_load as spec
+    from autotune.spec import load as spec
 
     assert spec.MAX_SPEC_BYTES == MAX_SPEC_BYTES and "1 MiB" in spec.__doc__
 
@@ -359,7 +359,7 @@ def test_control_and_bidi_characters_in_a_field_path_are_escaped(tmp_path, key, 
 
 
 def test_escape_text_keeps_letters_and_escapes_the_invisible():
-    from autotune.spec_errors import escape_text
+    from autotune.spec.errors import escape_text
 
     assert escape_text("naïve 🙂 tp") == "naïve 🙂 tp"
     assert (

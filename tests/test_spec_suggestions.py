@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.spec_errors import SpecError, SpecProblem
-from autotune.spec_load import load_spec
+from autotune.cli.commands import app
+from autotune.spec.errors import SpecError, SpecProblem
+from autotune.spec.load import load_spec
 from support import TINY_TRAIN
 
 SPEC = textwrap.dedent(TINY_TRAIN).lstrip()  # line 1 is "name: tiny"; line 7 "  tp: [1, 2]"

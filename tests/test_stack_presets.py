@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 from autotune.workers.command import run_probe_process
 from autotune.workers.stack_logs import STACK_LOGS, stack_log
 

@@ -27,15 +27,15 @@ import pytest
 import yaml
 
 from autotune import stacks
-from autotune.backends import launch_for, select_backend
-from autotune.study_settings import probe_context
+from autotune.dispatch.backends import launch_for, select_backend
+from autotune.spec.resolve import probe_context
 from autotune.export import ExportContext, Exporter, ExportRefused
-from autotune.exports import EXPORTERS, default_formats, parse_formats, write_exports
+from autotune.finish.exports import EXPORTERS, default_formats, parse_formats, write_exports
 from autotune.export._base import header_fields, script_arrays
-from autotune.space import Space
-from autotune.spec import BACKEND_KINDS
-from autotune.spec_load import parse_spec
-from autotune.stack_presets import preset_launch
+from autotune.spec.space import Space
+from autotune.spec.schema import BACKEND_KINDS
+from autotune.spec.load import parse_spec
+from autotune.dispatch.stack_presets import preset_launch
 from autotune.stacks import STACKS, PresetLaunch, target_of, PresetRun, Stack, register, unregister
 from autotune.stacks._base import WORKLOAD_KINDS, col
 from autotune.workers.protocol import TrialRequest
@@ -439,7 +439,7 @@ def test_the_preset_launch_names_the_reader_of_its_log(name, candidates):
 
 
 def _serve_request(config: dict[str, Any], accelerator: str = "npu") -> TrialRequest:
-    from autotune.models import PRESETS as MODELS
+    from autotune.spec.models import PRESETS as MODELS
 
     return TrialRequest(
         params=dict(config),

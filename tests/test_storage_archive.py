@@ -9,8 +9,8 @@ import json
 
 from typer.testing import CliRunner
 
-from autotune import storage
-from autotune.cli import app
+from autotune.study import storage
+from autotune.cli.commands import app
 from support import TINY_TRAIN, command_spec
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 
 SPEC = """
 name: edited

@@ -12,7 +12,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
+from autotune.cli.commands import app
 
 RAW = ("\x1b", "\x07", "\x00", "\u202e")
 
@@ -150,7 +150,7 @@ def test_control_characters_in_env_and_engine_values_are_refused_and_said_escape
 
 def test_values_of_an_older_study_are_escaped_in_the_tables():
     """A record written before the spec refused them (or by hand) still prints escaped."""
-    from autotune.run_output import short
+    from autotune.finish.run_output import short
 
     text = short({"tp": 1, "env.MY_FLAG": "a\x1b]0;TITLE\x07", "engine.myFlag": "x\x00y\nNEXT"})
     _assert_safe(text, "NEXT")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.tracking import TERMINAL_STATUSES, Tracker
+from autotune.cli.commands import app
+from autotune.tracking.tracker import TERMINAL_STATUSES, Tracker
 from support import TINY_TRAIN, command_spec, free_port, mlflow_runs, probe_log
 
 RANDOM_TINY = TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {n_trials: 8, sampler: random, seed: 5}")

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.tracking import RENAMED_TAG, Tracker, mlflow_key
+from autotune.tracking.tracker import RENAMED_TAG, Tracker, mlflow_key
 
 LONG = "throughput_" + "x" * 290
 BAD_METRICS = {
@@ -133,8 +133,8 @@ def test_every_name_becomes_one_mlflow_accepts(name):
 DISK_FULL = textwrap.dedent("""
     import resource, sys
     from pathlib import Path
-    from autotune.cli import _setup_logging
-    from autotune.tracking import Tracker
+    from autotune.cli.commands import _setup_logging
+    from autotune.tracking.tracker import Tracker
 
     _setup_logging(False)  # the terminal as ``autotune run`` has it
     d = Path(sys.argv[1])

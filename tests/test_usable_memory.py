@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from autotune.guided import Guide, GuideSettings, Observation
+from autotune.guide.guided import Guide, GuideSettings, Observation
 
 
 def _guide(configs, peaks, limit=64.0, **settings):
@@ -118,9 +118,9 @@ def test_the_device_check_on_the_cpu_reads_the_probes_soft_limit(monkeypatch):
 def test_a_real_study_measures_and_reports_its_usable_memory(write_spec, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from autotune.cli import app
-    from autotune.spec_load import load_spec
-    from autotune.usable_memory import with_usable_memory
+    from autotune.cli.commands import app
+    from autotune.spec.load import load_spec
+    from autotune.study.usable_memory import with_usable_memory
 
     monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "2.5")
     spec = load_spec(
@@ -193,8 +193,8 @@ def test_a_real_cpu_study_under_a_memory_limit_never_walks_into_the_same_wall_tw
     memory twice with only its precision changed."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
-    from autotune.guided import _wall_of
+    from autotune.cli.commands import app
+    from autotune.guide.guided import _wall_of
 
     monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "1.3")
     spec = write_spec(

@@ -31,7 +31,7 @@ pytestmark = [
 def test_a_real_cpu_serving_study_recomputes_and_exports_what_ran(tmp_path: Path):
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
     from autotune.objectives import serving
     from test_export_serving import server_words, vllm_parse
 

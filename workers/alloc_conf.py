@@ -1,7 +1,7 @@
 """How a trial's allocator config is read: ``PYTORCH_NPU_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF``.
 
 A leaf read by both sides: the simulator's columns (``workers/simulate/_columns.py``) price what
-it parses, and the spec's schema (:mod:`autotune.spec_fields`) refuses, with the field's path, a
+it parses, and the spec's schema (:mod:`autotune.spec.fields`) refuses, with the field's path, a
 value it cannot parse, which ``plan`` would otherwise be the first to find. Imports nothing of
 autotune.
 """

@@ -78,6 +78,19 @@ SERVING: dict[str, Parameter] = {
             ("maxPrefillTokens",),
         ),
         Parameter(
+            "block_size",
+            16,
+            "tokens per KV-cache block (the paged attention's page)",
+            "--block-size",
+            ("cacheBlockSize",),
+            type=int,
+            allowed=(16, 32, 64, 128),
+            # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE is 16 (vllm/config/cache.py); its CPU platform sets 128
+            # when none is given (vllm/platforms/cpu.py check_and_update_config); vLLM-Ascend and MindIE
+            # (cacheBlockSize) run 128 on Ascend
+            by_accelerator=(("npu", 128), ("cpu", 128)),
+        ),
+        Parameter(
             "enable_chunked_prefill",
             True,
             "split long prompts into chunks scheduled with decodes (MindIE: the splitfuse plugin)",
@@ -95,13 +108,64 @@ SERVING: dict[str, Parameter] = {
             "share of the device memory the engine may take (weights, activations, KV cache)",
             "--gpu-memory-utilization",
         ),
+        # The four below are serving rows too, though kv_cache_dtype and quantization are also an offline
+        # inference workload's (spec/checks.py allows them there): not a section of their own, because the
+        # defaults and spellings are the serving engines' either way (the simulator prices both workloads
+        # with the same columns, the torch inference probe does not act on them), and one more dict would
+        # make every lookup (default, value, the tests over SERVING) search a third place for nothing.
+        # How an engine spells a value ("none" -> no --quantization; "graph" -> --no-enforce-eager) stays
+        # in its exporter (autotune/export/_vllm.py); only the default is here.
+        Parameter(
+            "replicas",
+            1,
+            "engine instances (servers) on the node, each on its own tp*pp devices, behind one load balancer",
+            # no engine flag or key: each replica is a server of its own (one ``vllm serve``, one
+            # mindieservice_daemon, MindIE's modelInstanceNumber stays 1) that the export and the preset start
+            None,
+            type=int,
+        ),
+        Parameter(
+            "graph_mode",
+            "graph",
+            "eager, the engine's graph capture (CUDA graphs, vLLM-Ascend's ACLGraph; MindIE's own ATB graph) "
+            "or vLLM-Ascend's torchair graph",
+            # a boolean flag in vLLM (EngineArgs.enforce_eager, False: graph capture, vllm/engine/arg_utils.py):
+            # eager -> --enforce-eager, graph -> --no-enforce-eager, torchair -> --no-enforce-eager and
+            # --additional-config torchair_graph_config; no MindIE key (it always runs its graph; the
+            # stack's rules refuse eager and torchair)
+            "--enforce-eager",
+            type=str,
+            allowed=("eager", "graph", "torchair"),
+        ),
+        Parameter(
+            "kv_cache_dtype",
+            "auto",
+            "the KV cache's dtype (auto: the compute dtype, precision)",
+            # vLLM's CacheConfig.cache_dtype, "auto" (vllm/config/cache.py); no MindIE key: its int8 (C8)
+            # KV cache comes with msModelSlim-quantized weights, as vLLM-Ascend's does
+            "--kv-cache-dtype",
+            type=str,
+            allowed=("auto", "bf16", "fp16", "fp8", "int8"),
+        ),
+        Parameter(
+            "quantization",
+            "none",
+            "the weights' quantization scheme (the checkpoint holds it; none: unquantized weights)",
+            # vLLM's ModelConfig.quantization, None: no --quantization flag (vllm/config/model.py); a scheme
+            # is --quantization ascend on Ascend, compressed-tensors elsewhere (the export); no MindIE key:
+            # msModelSlim-quantized weights (modelWeightPath)
+            "--quantization",
+            type=str,
+            allowed=("none", "int8", "w8a8", "int4"),
+        ),
     )
 }
 
 
-def serving_default(name: str) -> Any:
-    """The default of a canonical serving parameter (KeyError for a name the table does not hold)."""
-    return SERVING[name].default
+def serving_default(name: str, accelerator: str | None = None) -> Any:
+    """The default of a canonical serving parameter, on ``accelerator`` where its own differs
+    (``block_size``); KeyError for a name the table does not hold."""
+    return default(name, accelerator)
 
 
 # the rule between two serving parameters, as vLLM's scheduler config enforces it
@@ -378,5 +442,5 @@ def trial_devices(workload_kind: str, config: Mapping[str, Any]) -> int:
     if workload_kind == "train":
         return instance_devices(config) * value(config, "cp") * value(config, "dp")
     if workload_kind == "serve":
-        return int(config.get("replicas") or 1) * instance_devices(config)
+        return value(config, "replicas") * instance_devices(config)
     return value(config, "tp")

@@ -50,7 +50,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # (rejected by a rule, or the probe said so); pruned: stopped early by the driver as a loser.
 # infra: the infrastructure failed under the probe (a Ray worker or node died), not the config;
 # set by the dispatcher, never claimed by a probe. oom_predicted: the trial's memory profile (a run of
-# its layout with fewer layers, autotune.memory_profile) says the full model does not fit, so it was
+# its layout with fewer layers, autotune.guide.memory_profile) says the full model does not fit, so it was
 # never run in full; set by the driver
 STATUSES = ("ok", "oom", "timeout", "nan", "crash", "invalid", "pruned", "infra", "oom_predicted")
 FAILURE_STATUSES = frozenset({"oom", "timeout", "nan", "crash", "invalid"})

@@ -6,7 +6,7 @@ MindFormers; a serving study's are vLLM / vLLM-Ascend (``serve_vllm.sh``) and Mi
 (``mindie_config.json``); each refuses a study of the other kind (``Exporter.launches``).
 Each exporter is an :class:`Exporter`: a name, a file name and ``render(context)``; the
 implementations live in private modules, and each stack's descriptor (:mod:`autotune.stacks`) holds
-the one that launches it; :mod:`autotune.exports` puts them together (``EXPORTERS``: yaml, env and
+the one that launches it; :mod:`autotune.finish.exports` puts them together (``EXPORTERS``: yaml, env and
 the registered stacks' exporters) above both, so the formats never import the stacks. Every file
 starts with the same header (in the file format's comment syntax, or an ``_autotune`` key in JSON):
 study, trial, whether the numbers were measured (and on what) or predicted by the simulator, the

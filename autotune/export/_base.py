@@ -36,7 +36,7 @@ __all__ = [
 
 # the sources whose numbers were measured: a probe's result, or one answered from the result cache
 MEASURED_SOURCES = ("measured", "cache")
-# how a trial answered from the result cache says so in its reason (autotune.search)
+# how a trial answered from the result cache says so in its reason (autotune.study.search)
 _FROM_CACHE = re.compile(r"answered from the result cache \(([^)]*)\)")
 
 # what the file of an exporter launches, by ``Exporter.launches`` (a study of another workload kind is refused)
@@ -345,7 +345,7 @@ def bash_array(name: str, args: list[str] | tuple[str, ...]) -> list[str]:
 
 # control characters (C0, DEL, C1), line separators and bidi controls: no exported value holds one
 # (bash drops a NUL silently, so a script would launch something other than the measured config; a
-# U+202E shows a line other than as it runs); the spec refuses them (autotune.spec)
+# U+202E shows a line other than as it runs); the spec refuses them (autotune.spec.schema)
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 
 

@@ -296,7 +296,7 @@ def mindie_settings(
         "templateType": "Mix"
         if config.get("enable_chunked_prefill", serving_default("enable_chunked_prefill"))
         else "Standard",
-        "cacheBlockSize": int(config.get("block_size", 128)),
+        "cacheBlockSize": param(config, "block_size", "npu"),
         "maxBatchSize": seqs,
         "maxPrefillBatchSize": seqs,
         "maxPrefillTokens": int(config.get("max_num_batched_tokens", serving_default("max_num_batched_tokens"))),
@@ -371,7 +371,7 @@ class MindIEExporter(Exporter):
             weight_path=ctx.model.get("path"),
         )
         tp = param(config, "tp")
-        replicas = int(config.get("replicas", 1) or 1)
+        replicas = param(config, "replicas")
         written = dict(MINDIE_WRITTEN)
         written.update(
             {n: _where(n[len("engine.") :]) for n in config if n.startswith("engine.") and n[7:] in MINDIE_KEYS}
@@ -390,7 +390,7 @@ class MindIEExporter(Exporter):
             {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
             for k in range(replicas)
         ]
-        if str(config.get("quantization", "none")) != "none" or config.get("kv_cache_dtype") == "int8":
+        if param(config, "quantization") != "none" or config.get("kv_cache_dtype") == "int8":
             header["weights"] = one_line(
                 f"modelWeightPath must hold msModelSlim-quantized weights ({config.get('quantization')}"
                 + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")

@@ -99,7 +99,7 @@ def vllm_dtype(config: dict[str, Any]) -> str:
 def vllm_kv_cache_dtype(config: dict[str, Any], accelerator: str) -> str:
     """``--kv-cache-dtype``: ``auto`` for the compute dtype; on Ascend always ``auto`` (a quantized
     KV cache comes from the checkpoint there: vLLM-Ascend's C8)."""
-    kv = str(config.get("kv_cache_dtype", "auto") or "auto")
+    kv = param(config, "kv_cache_dtype")
     if kv in ("auto", param(config, "precision")) or accelerator == "npu":
         return "auto"
     return _KV_DTYPES.get(kv, kv)
@@ -107,7 +107,7 @@ def vllm_kv_cache_dtype(config: dict[str, Any], accelerator: str) -> str:
 
 def vllm_quantization(config: dict[str, Any], accelerator: str) -> str | None:
     """``--quantization``: the method that loads the config's quantized checkpoint, None for none."""
-    quant = str(config.get("quantization", "none") or "none")
+    quant = param(config, "quantization")
     if quant == "none":
         return None
     return "ascend" if accelerator == "npu" else "compressed-tensors"
@@ -125,7 +125,7 @@ def additional_config(config: dict[str, Any]) -> dict[str, Any]:
     """vLLM's ``--additional-config`` (a platform plugin's own settings): vLLM-Ascend's torchair
     graph for ``graph_mode: torchair`` and the user's ``engine.additional_config`` (JSON) on top."""
     out: dict[str, Any] = {}
-    if config.get("graph_mode") == "torchair":  # vLLM-Ascend <= v0.11: torchair runs with its ascend scheduler
+    if param(config, "graph_mode") == "torchair":  # vLLM-Ascend <= v0.11: torchair runs with its ascend scheduler
         out["torchair_graph_config"] = {"enabled": True}
         out["ascend_scheduler_config"] = {"enabled": True}
     user = _engine_settings(config).get("additional_config")
@@ -159,12 +159,12 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
         "--max-num-batched-tokens",
         str(int(config.get("max_num_batched_tokens", serving_default("max_num_batched_tokens")))),
         "--block-size",
-        str(int(config.get("block_size", 128 if accelerator == "npu" else 16))),
+        str(param(config, "block_size", accelerator)),
         "--enable-chunked-prefill" if _setting(config, "enable_chunked_prefill") else "--no-enable-chunked-prefill",
         "--enable-prefix-caching" if _setting(config, "enable_prefix_caching") else "--no-enable-prefix-caching",
         "--gpu-memory-utilization",
         f"{float(_setting(config, 'memory_utilization')):g}",
-        "--enforce-eager" if config.get("graph_mode", "graph") == "eager" else "--no-enforce-eager",
+        "--enforce-eager" if param(config, "graph_mode") == "eager" else "--no-enforce-eager",
         "--dtype",
         vllm_dtype(config),
         "--kv-cache-dtype",
@@ -194,7 +194,7 @@ def vllm_engine_args(config: dict[str, Any], accelerator: str, max_model_len: in
 def replica_devices(config: dict[str, Any]) -> list[list[int]]:
     """Each replica's devices (indices into the trial's, or the node's): ``tp x pp`` apiece, in order."""
     per = param(config, "tp") * param(config, "pp")
-    return [list(range(k * per, (k + 1) * per)) for k in range(int(config.get("replicas", 1) or 1))]
+    return [list(range(k * per, (k + 1) * per)) for k in range(param(config, "replicas"))]
 
 
 # each accelerator's device-visibility variable, and the command that starts one server

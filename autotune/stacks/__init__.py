@@ -5,13 +5,13 @@ it, its memory rule, its exporter, its preset launch and log reader, its support
 workloads it is a target of and when it is the default target. The training stacks (Megatron-LM,
 MindSpeed-LLM, DeepSpeed, torchtitan, MindFormers) are targets of ``train`` (and ``infer``); the
 serving engines (vLLM / vLLM-Ascend, MindIE) of ``serve``.
-Everything else asks this registry: :mod:`autotune.space` (rules),
-:mod:`autotune.context` (memory rule), :mod:`autotune.export` (exporters and their refusals),
-:mod:`autotune.backends` and :mod:`autotune.stack_presets` (the preset launch). The spec reads
-the names ``target:`` and ``backend.kind`` accept from the leaf :mod:`autotune.stack_names`, so it
+Everything else asks this registry: :mod:`autotune.spec.space` (rules),
+:mod:`autotune.spec.context` (memory rule), :mod:`autotune.export` (exporters and their refusals),
+:mod:`autotune.dispatch.backends` and :mod:`autotune.dispatch.stack_presets` (the preset launch). The spec reads
+the names ``target:`` and ``backend.kind`` accept from the leaf :mod:`autotune.spec.stack_names`, so it
 imports no stack; ``tests/test_import_graph.py`` holds that leaf to this registry, and this
 package never imports the spec. Adding a stack is one module, one ``register`` line below and
-its names in :mod:`autotune.stack_names` (docs/ARCHITECTURE.md, "Adding a stack").
+its names in :mod:`autotune.spec.stack_names` (docs/ARCHITECTURE.md, "Adding a stack").
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def default_target(
 def target_of(spec: Any) -> str:
     """The stack a spec is tuned for: its ``target:``, or :func:`default_target` for its backend,
     accelerator, searched parameters and workload. The registry answers, not the schema: the spec
-    (:mod:`autotune.spec`) imports no stack."""
+    (:mod:`autotune.spec.schema`) imports no stack."""
     return spec.target or default_target(
         spec.backend.kind, spec.cluster.accelerator, tuple(spec.space.choices()), workload_kind=spec.workload.kind
     )

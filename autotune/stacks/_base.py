@@ -2,19 +2,19 @@
 
 A config is only worth recommending if the stack that will run it can launch *that* config. So a
 stack says, in one place: what the space may contain for it (its rules, each a reason and a
-vectorised predicate over config columns, applied by :mod:`autotune.space` while it enumerates),
+vectorised predicate over config columns, applied by :mod:`autotune.spec.space` while it enumerates),
 how it holds the model states (the simulator's memory rule), the exporter that writes its launch
 (which refuses, with the same reasons, a config the rules forbid), and, for a stack autotune can
 run as the probe (a backend preset), how a trial becomes its launch and which reader of
 :mod:`autotune.workers.stack_logs` reads its log.
 
-The columns a rule sees are those of :meth:`autotune.space.Space._derive`: numpy arrays of
+The columns a rule sees are those of :meth:`autotune.spec.space.Space._derive`: numpy arrays of
 canonical parameters, ``recompute_layers`` an object column with ``None`` where every layer is
 recomputed. Facts of the study that are not parameters (the accelerator, the model's name, the
 longest prompt and output the traffic sends) reach the rules as columns named ``@NAME``
 (:func:`fact`; :func:`fact_columns` builds them from ``{"accelerator", "model", "workload"}``):
 what an engine can launch depends on where it runs. A rule reading a fact that is not given
-(``""`` / ``0``) does not fire. Nothing here imports :mod:`autotune.spec` (the spec derives its
+(``""`` / ``0``) does not fire. Nothing here imports :mod:`autotune.spec.schema` (the spec derives its
 stack names from the registry) nor the workers' log readers (those run on worker nodes; a stack
 names its reader).
 
@@ -69,7 +69,7 @@ FACTS: dict[str, Any] = {"accelerator": "", "model": "", "max_prompt_len": 0, "m
 
 @dataclass(frozen=True)
 class PresetRun:
-    """What every preset launch shares, built by :func:`autotune.stack_presets.preset_launch`:
+    """What every preset launch shares, built by :func:`autotune.dispatch.stack_presets.preset_launch`:
     the trial, ``launcher`` (``python -m torch.distributed.run ... --nproc-per-node N``; for a
     serving stack the engine's interpreter, ``backend.python``), the entry point as argv words,
     the user's ``args`` (``{iterations}`` filled in) and the sizes (``devices``: the world, or a
@@ -255,6 +255,17 @@ def param(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
     """Column ``name`` of a canonical parameter, or its default (the parameter table's, study-wide)
     for every config when the space does not have it."""
     return col(cols, name, default(name), n)
+
+
+def param_on_device(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """Column ``name``, or for each config the table's default on the study's accelerator (the
+    ``@accelerator`` fact) when the space does not have it: a default that differs per device
+    (``block_size``)."""
+    value = cols.get(name)
+    if value is not None:
+        return np.asarray(value)
+    accelerators = fact(cols, "accelerator", n).astype(str)
+    return np.array([default(name, a if a else None) for a in accelerators])
 
 
 def partial_recompute(cols: dict[str, np.ndarray], n: int) -> np.ndarray:

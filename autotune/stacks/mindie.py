@@ -45,6 +45,7 @@ from ._base import (
     fact,
     longest_lengths,
     param,
+    param_on_device,
     serving_engine_launch,
 )
 
@@ -92,11 +93,14 @@ def _number(value: Any) -> float:
 
 
 def mindie_rules(n: int) -> list[Rule]:
+    def block(c):
+        return param_on_device(c, "block_size", n).astype(int)
+
     def quant(c):
-        return col(c, "quantization", "none", n).astype(str)
+        return param(c, "quantization", n).astype(str)
 
     def kv(c):
-        kv = col(c, "kv_cache_dtype", "auto", n).astype(str)
+        kv = param(c, "kv_cache_dtype", n).astype(str)
         return np.where(kv == param(c, "precision", n).astype(str), "auto", kv)
 
     def prefix(c):
@@ -128,13 +132,11 @@ def mindie_rules(n: int) -> list[Rule]:
         (
             "MindIE's cacheBlockSize is at most 128 and a multiple of 16 (service_parameter_configuration.md, "
             "schedule_config.cpp)",
-            lambda c: (
-                (col(c, "block_size", 128, n).astype(int) > 128) | (col(c, "block_size", 128, n).astype(int) % 16 != 0)
-            ),
+            lambda c: (block(c) > 128) | (block(c) % 16 != 0),
         ),
         (
             "MindIE runs its own (ATB) graph: graph_mode eager and torchair are vLLM / vLLM-Ascend settings",
-            lambda c: col(c, "graph_mode", "graph", n).astype(str) != "graph",
+            lambda c: param(c, "graph_mode", n).astype(str) != "graph",
         ),
         (
             "MindIE's KV cache is the model dtype, or int8 (C8) from msModelSlim weights: no bf16/fp16/fp8 setting",
@@ -246,7 +248,7 @@ def mindie_launch(run: PresetRun) -> PresetLaunch:
         **mindie_env(config),
     }
     tp = value(config, "tp")
-    devices = [list(range(k * tp, (k + 1) * tp)) for k in range(int(config.get("replicas", 1) or 1))]
+    devices = [list(range(k * tp, (k + 1) * tp)) for k in range(value(config, "replicas"))]
     replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {"config.json": text}} for d in devices]
     return serving_engine_launch(
         "mindie", replicas, {}, ("metrics_port", "management_port"), METRICS_NAMES, STARTUP_FAILURES, workload, ""

@@ -47,6 +47,7 @@ from ._base import (
     engine_names,
     fact,
     param,
+    param_on_device,
     serving_engine_launch,
 )
 
@@ -118,7 +119,7 @@ def _bool(cols: dict[str, np.ndarray], name: str, default: bool, n: int) -> np.n
 
 def _kv(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """The KV cache dtype as the engine stores it: ``auto`` for the compute dtype."""
-    kv = col(cols, "kv_cache_dtype", "auto", n).astype(str)
+    kv = param(cols, "kv_cache_dtype", n).astype(str)
     return np.where(kv == param(cols, "precision", n).astype(str), "auto", kv)
 
 
@@ -127,10 +128,10 @@ def vllm_rules(n: int) -> list[Rule]:
         return fact(c, "accelerator", n).astype(str)
 
     def block(c):
-        return col(c, "block_size", 16, n).astype(int)
+        return param_on_device(c, "block_size", n).astype(int)
 
     def quant(c):
-        return col(c, "quantization", "none", n).astype(str)
+        return param(c, "quantization", n).astype(str)
 
     def batched(c):
         return col(c, "max_num_batched_tokens", serving_default("max_num_batched_tokens"), n).astype(int)
@@ -155,7 +156,7 @@ def vllm_rules(n: int) -> list[Rule]:
             "graph_mode torchair is vLLM-Ascend's torchair graph (additional_config torchair_graph_config, "
             "vLLM-Ascend v0.9.1 to v0.11.x, removed in v0.12) for DeepSeek-series and PanguProMoE models only, "
             "not a dense Llama/GPT: use graph (ACLGraph) or eager",
-            lambda c: col(c, "graph_mode", "graph", n).astype(str) == "torchair",
+            lambda c: param(c, "graph_mode", n).astype(str) == "torchair",
         ),
         (
             "vLLM-Ascend runs block_size 128 whenever prefix caching or chunked prefill is on "

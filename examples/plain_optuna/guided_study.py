@@ -19,10 +19,10 @@ import sys
 
 import optuna
 
-from autotune.backends import BackendChoice, launch_for, select_backend
-from autotune.study_settings import objectives_of, probe_context
-from autotune.guided_sampler import GuidedSampler, report_failure
-from autotune.spec_load import load_spec
+from autotune.dispatch.backends import BackendChoice, launch_for, select_backend
+from autotune.spec.resolve import objectives_of, probe_context
+from autotune.guide.sampler import GuidedSampler, report_failure
+from autotune.spec.load import load_spec
 from autotune.workers.protocol import ProbeResult, TrialRequest
 
 
@@ -52,7 +52,7 @@ def main() -> int:
             from autotune.workers.simulate import simulate_trial
 
             return simulate_trial(request)
-        from autotune.dispatch import LocalProcessDispatcher
+        from autotune.dispatch.dispatcher import LocalProcessDispatcher
 
         with LocalProcessDispatcher(max_parallel=1) as dispatcher:
             dispatcher.submit(request, launch_for(spec, backend, request))

@@ -211,7 +211,7 @@ def test_a_mindspore_cpu_study_runs_end_to_end_with_measurements_in_mlflow(tmp_p
     children tagged measured, and the MindFormers export of the best."""
     from typer.testing import CliRunner
 
-    from autotune.cli import app
+    from autotune.cli.commands import app
 
     monkeypatch.setenv(launch.MINDSPORE_PYTHON_ENV, MS_PYTHON)
     run_dir = tmp_path / "study"
@@ -246,14 +246,14 @@ def test_a_mindspore_cpu_study_runs_end_to_end_with_measurements_in_mlflow(tmp_p
 def test_the_npu_mindspore_spec_previews_on_the_simulator_without_npus(monkeypatch):
     """`autotune run search_spaces/llama2_7b_8npu_mindspore.yaml` on a machine without NPUs: the
     simulator, announced; `--backend mindspore` would force the probes."""
-    from autotune.backends import select_backend
-    from autotune.spec_load import load_spec
+    from autotune.dispatch.backends import select_backend
+    from autotune.spec.load import load_spec
 
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
     spec = load_spec(REPO / "search_spaces" / "llama2_7b_8npu_mindspore.yaml")
-    monkeypatch.setattr("autotune.backends.visible_devices", lambda accelerator: 0)
+    monkeypatch.setattr("autotune.dispatch.backends.visible_devices", lambda accelerator: 0)
     choice = select_backend(spec)
     assert choice.kind == "simulate" and "no NPU is visible" in choice.reason
     assert select_backend(spec, "mindspore").kind == "mindspore"
-    monkeypatch.setattr("autotune.backends.visible_devices", lambda accelerator: 8)
+    monkeypatch.setattr("autotune.dispatch.backends.visible_devices", lambda accelerator: 8)
     assert select_backend(spec).kind == "mindspore"

@@ -67,7 +67,7 @@ PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
 # (a tensor-parallel layer step in context: dispatch and rank skew on top of the wire); data-sheet
 # profiles have no such figure and their tensor-parallel collectives pay ``collective_latency_us``;
 # ``optimizer_us_per_tensor`` (an optimizer step's host cost per parameter tensor) is 0 there.
-# ``usable_memory_gib`` is the device check's (autotune.usable_memory): what a probe's allocator can
+# ``usable_memory_gib`` is the device check's (autotune.study.usable_memory): what a probe's allocator can
 # use on one device after the runtime started; absent, the guide starts from device_memory_gib.
 OPTIONAL_KEYS = frozenset(
     {"description", "calibrated_at", "tp_collective_latency_us", "optimizer_us_per_tensor", "usable_memory_gib"}

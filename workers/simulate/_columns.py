@@ -56,18 +56,19 @@ DEFAULTS: dict[str, Any] = {
     "compile": COMPILE_CODES[table_default("compile")],
     "graph_kernel": bool(table_default("graph_kernel_flags")),
     "batch_size": 0,
-    "kv_cache_bytes": 2.0,
-    "quantization": 0,
-    # serving (issue #33; block_size 0 = the engine's default: 128 on npu, 16 otherwise)
-    "replicas": 1,
+    "kv_cache_bytes": KV_BYTES[serving_default("kv_cache_dtype")],
+    "quantization": QUANT_CODES[serving_default("quantization")],
+    # serving (issue #33; block_size 0 = the engine's default on the accelerator, resolved where it is
+    # known: workers.parameters, "block_size")
+    "replicas": serving_default("replicas"),
     "max_num_seqs": serving_default("max_num_seqs"),
     "max_num_batched_tokens": serving_default("max_num_batched_tokens"),
     "block_size": 0,
     "enable_chunked_prefill": serving_default("enable_chunked_prefill"),
     "enable_prefix_caching": serving_default("enable_prefix_caching"),
     "memory_utilization": serving_default("memory_utilization"),
-    "graph_mode": GRAPH_MODE_CODES["graph"],
-    "kv_cache_dtype": KV_DTYPE_CODES["auto"],
+    "graph_mode": GRAPH_MODE_CODES[serving_default("graph_mode")],
+    "kv_cache_dtype": KV_DTYPE_CODES[serving_default("kv_cache_dtype")],
 }
 _BOOL = {
     "sequence_parallel",
@@ -104,8 +105,8 @@ _PLAIN = (
 
 
 def _code(table: dict[str, int], value: Any, name: str) -> int:
-    if value is None:
-        return 0
+    if value is None:  # the parameter table's default (graph_mode's is graph, code 1, not 0)
+        return int(DEFAULTS[name])
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
     key = str(value).lower()
@@ -150,7 +151,7 @@ def columns_from_params(params_list: Iterable[dict[str, Any]]) -> dict[str, np.n
     kv = []
     for p in rows:
         value = p.get("kv_cache_dtype")
-        key = "auto" if value is None else str(value).lower()
+        key = serving_default("kv_cache_dtype") if value is None else str(value).lower()
         if key not in KV_BYTES:
             raise ValueError(f"kv_cache_dtype: unknown value {value!r}; expected one of {', '.join(KV_BYTES)}")
         kv.append(KV_BYTES[key])

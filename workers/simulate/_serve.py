@@ -99,6 +99,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._checks import max_model_len
+from ..parameters import serving_default
 from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth, quant_peak, quant_weight_bytes
 from ._infer import DECODE_OPS
 
@@ -225,7 +226,7 @@ class Engine:
         t, p = _col(c["tp"]), _col(c["pp"])
         self.t, self.p, self.r = t, p, _col(c["replicas"])
         self.mns, self.mbt = _col(c["max_num_seqs"]), _col(c["max_num_batched_tokens"])
-        default_bs = 128.0 if hw.accelerator == "npu" else 16.0
+        default_bs = float(serving_default("block_size", hw.accelerator))  # 0: the engine's own on this device
         self.bs = np.where(_col(c["block_size"]) > 0, _col(c["block_size"]), default_bs)
         self.chunked = _col(c["enable_chunked_prefill"]) > 0
         self.caching = _col(c["enable_prefix_caching"]) > 0

@@ -28,7 +28,7 @@ def static_rendezvous(nnodes: str) -> list[str]:
     """torchrun's static rendezvous for one node of a multi-node trial: the dispatcher's placement
     group assigns the node ranks and node 0 hosts the store; ``{node_rank}``, ``{master_addr}`` and
     ``{master_port}`` are filled in per node by the dispatcher. Shared with the stack presets'
-    launches (:mod:`autotune.stack_presets`), which run a team's script under the same torchrun."""
+    launches (:mod:`autotune.dispatch.stack_presets`), which run a team's script under the same torchrun."""
     return [
         "--nnodes",
         nnodes,

@@ -1,0 +1,5 @@
+"""``python -m autotune.cli``: the ``autotune`` command."""
+
+from .commands import main
+
+main()

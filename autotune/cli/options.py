@@ -1,0 +1,77 @@
+"""What the commands share of their definition: the help shown as plain flags, the arguments and
+options several commands take (a spec, a run directory, ``--json``, ``-v``), and the help texts
+read from the registries (every backend ``--backend`` accepts, every export format and its file).
+
+Apart from :mod:`autotune.cli.commands` so that the command line reads as its commands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+__all__ = [
+    "Command",
+    "Group",
+    "JsonOpt",
+    "RunDirOpt",
+    "RunOrSpecArg",
+    "SpecArg",
+    "VerboseOpt",
+    "backend_kinds",
+    "flag",
+    "format_help",
+]
+
+
+class PlainHelp:
+    """``--help`` shown as a plain flag (typer 0.29 prints ``--help <bool>``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Command(PlainHelp, TyperCommand):
+    pass
+
+
+class Group(PlainHelp, TyperGroup):
+    pass
+
+
+SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)
+RunOrSpecArg = typer.Argument(..., help="run directory, or the tuning spec (YAML)", show_default=False)
+RunDirOpt = typer.Option(None, "--run-dir", help="study directory (default ./autotune_runs/<spec name>)")
+
+
+def flag(*names: str, help: str) -> Any:
+    """A boolean option shown as a plain flag (typer 0.29 prints ``--json <bool>`` otherwise)."""
+    return typer.Option(False, *names, help=help, metavar="")
+
+
+JsonOpt = flag("--json", help="print one JSON object on stdout (logs and progress stay on stderr)")
+VerboseOpt = flag("-v", "--verbose", help="log what each stage does (stderr)")
+
+
+def backend_kinds() -> tuple[str, ...]:
+    """Every backend ``--backend`` accepts, as :func:`autotune.dispatch.backends.select_backend` does."""
+    from ..spec.schema import BACKEND_KINDS
+    from ..stacks import preset_names
+
+    return (*BACKEND_KINDS, *(name for name in preset_names() if name not in BACKEND_KINDS))
+
+
+def format_help() -> str:
+    """``--format``'s help: every export format with the file it writes (from the registry)."""
+    from ..finish.exports import EXPORTERS
+
+    formats = ", ".join(f"{name} ({exporter.filename})" for name, exporter in EXPORTERS.items())
+    return (
+        f"comma-separated: {formats}; or all (every one that can launch the config). Default: yaml, env and the "
+        "launch file of the spec's target stack"
+    )

@@ -1,0 +1,1336 @@
+"""Model-guided search: which config to probe next, from the simulator and what was measured.
+
+The simulator prices every valid config of the space (``ranking.rank_space``) as a sum of time
+components (GEMM, attention, recompute, TP/DP/PP communication, bubble, ...) and memory
+components (weights, gradients, optimizer states, activations, buffers, reserve). A real machine
+departs from the model mostly component by component — this GEMM efficiency is lower, that
+collective is faster, activations take more room — plus effects the model does not price at all
+(an allocator setting, a kernel that is slow for one micro-batch size). So the guide keeps a
+Bayesian linear model on top of the simulator, fitted to every measurement of the study:
+
+    measured step time ≈ Σ_k f_k · t_k(x)  +  Σ_j g_j · φ_j(x) · t(x)
+    measured peak mem  ≈ Σ_k h_k · m_k(x)  +  Σ_j u_j · φ_j(x) · m(x)
+
+with ``t_k``/``m_k`` the predicted components, ``φ_j`` one-hot indicators of the parameter values
+(tp=4, recompute=full, env.X=...; none for the derived dp and grad_accum), priors
+``f_k, h_k ~ N(1, σ²)`` and ``g_j, u_j ~ N(0, σ²)``, and relative (not absolute) residuals. The
+posterior is closed-form (a small ridge solve), cheap over tens of thousands of configs, and gives
+every config a mean *and* an uncertainty:
+
+- **Next probe** = the highest optimistic objective (upper confidence bound, ``explore_kappa``
+  standard deviations) among configs not yet probed whose probability of fitting in memory is at
+  least ``fit_confidence``. A measured family pins down its components and parameter values;
+  structurally different families (other tp/pp/zero/recompute) keep their uncertainty, so they
+  are tried while they could still win, and never when they cannot.
+- **Scouting**: a promising config whose P(fits) falls short only because nothing like it was
+  measured (its ZeRO stage, its micro-batch size) is not risked; a config that surely fits and
+  shares what is uncertain about it is worth probing first, by what it would make sure
+  (``scout_value``). A parameter value's memory effect beyond the simulator's components has a
+  prior of ``memory_value_sigma`` of the peak (8 %): real stacks differ from the model by terms
+  it does not have (fp32 gradient buffers, unsharded activations), not only by factors.
+- **What a measured peak counts**: a framework's own counter sees only its caching allocator
+  (``max_memory_allocated``, printed by Megatron-LM and DeepSpeed, used by the probes; torchtitan
+  prints ``max_memory_reserved``); the device also holds the allocator's fragmentation, the
+  runtime's context and the communication buffers. A peak is fitted against the components it
+  counts (``PEAK_LEAVES_OUT``, from the probe's ``peak_memory_counts``), the prediction that
+  decides whether a config fits is the whole: the components no probe measures keep their prior,
+  until an OOM's byte counts (the device's, not the allocator's) pin them.
+- **Feasibility learning**: an OOM is a censored memory measurement (at least the capacity); a
+  config that fits although predicted over the limit lowers the estimate. Both move the memory
+  factors, hence the margin every similar config must keep.
+- **Stopping rule**: when even the optimistic bound (``stop_kappa`` standard deviations) of every
+  remaining config that may fit is below the best measured value by ``stop_margin``, no further
+  probe can win: the study stops and says so.
+
+Everything is derived from the study's trials each time it is asked (nothing to store, and a
+resumed study continues with the same ranking and the same fit).
+
+Why one module of over 500 lines: the model, its priors, its fit and the acquisition that reads
+it share one set of matrices and one derivation; split, each half would have to restate the other.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from .ranking import Ranking
+from .refit import COMPONENTS
+from ..spec.space_section import DERIVED_PARAMS
+from ..workers.protocol import PEAK_LEAVES_OUT
+
+__all__ = ["GuideSettings", "Observation", "Proposal", "Guide", "STEP_DERIVED", "PEAK_LEAVES_OUT", "family_of"]
+
+# objectives that every config of a study derives from its step time (same global batch and world)
+STEP_DERIVED = {"tokens_per_s_per_device": -1, "tokens_per_s": -1, "samples_per_s": -1, "mfu": -1, "step_time_s": 1}
+FAMILY_PARAMS = ("tp", "pp", "cp", "zero_stage", "recompute")
+# how the framework executes (graph vs eager, compiler level, fusion): can change a step several
+# fold, and the simulator does not price it; environment variables get the narrow prior
+EXECUTION_PARAMS = ("mode", "jit_level", "graph_kernel_flags", "compile")
+_MAX_ONE_HOT_VALUES = 16
+# knobs that cannot make a config that ran out of memory fit (issue 41): the half precisions hold the
+# same bytes, a graph or fusion flag moves no tensor out of memory, an HCCL setting other than a
+# smaller buffer allocates as much; a layout that ran out of memory is not probed again with only these
+# changed ("the same wall")
+SAME_WALL_PRECISIONS = ("bf16", "fp16")
+SAME_WALL_FLAGS = ("graph_kernel_flags", "jit_level", "compile", "mode")
+HCCL_BUFFER = "env.HCCL_BUFFSIZE"
+
+
+@dataclass(frozen=True)
+class GuideSettings:
+    """Knobs of the guide (``search:`` fields of the spec carry the same names)."""
+
+    prior_sigma: float = 0.25  # how wrong a component factor of the simulator may be (25 %)
+    value_sigma: float = 0.04  # effect of one parameter value beyond what the simulator prices (4 %)
+    unpriced_sigma: float = 1.5  # log-factor of an execution parameter the simulator does not price (mode, jit level)
+    memory_sigma: float = 0.12  # how wrong a memory component may be
+    memory_value_sigma: float = (
+        0.08  # memory effect of one parameter value beyond what the simulator prices (share of the peak)
+    )
+    noise: float = 0.03  # measurement noise, relative (median of repeated steps)
+    peak_noise: float = 0.01  # measurement noise of a peak, relative: a config's peak repeats to about 1 %
+    explore_kappa: float = 1.0  # optimism of the next pick, in standard deviations
+    fit_confidence: float = 0.95  # P(fits in memory) a config needs to be probed
+    stop_early: bool = True  # apply the stopping rule (else the budget is spent)
+    stop_kappa: float = 2.0  # optimism of the stopping rule
+    stop_margin: float = 0.0  # stop when every bound is below best * (1 + margin)
+    min_probes_before_stop: int = 3
+    min_fit_probability: float = 0.5  # probe a config less likely than this to fit only when none is likelier
+    give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
+    fit_power: float = 3.0  # weight of P(fits) against the expected improvement
+    remeasure_within: float = 0.03  # the two best measured this close: measure again before the end
+    scout: bool = True  # value a sure config for the unsure ones its measurement would make sure
+    max_oom_share: float | None = (
+        0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
+    )
+    doubt_threshold: float = 0.10  # a measured family this consistently off its predictions (log ratio) ...
+    max_doubt_probes: int = 2  # ... buys up to this many probes of unmeasured families before exploiting
+    # memory profiles (autotune.guide.memory_profile): the runner can run a config's layout with fewer
+    # layers first; a config not sure to fit then costs its profile, plus its full probe only if the
+    # profile says it fits, and is no OOM risk taken blind
+    memory_profiles: bool = False
+    profile_cost: float = 0.3  # a profile's cost in full-probe equivalents, as the guide weighs it
+    # what the device check measured a probe's allocator can use on one device (autotune.study.usable_memory;
+    # the hardware profile's usable_memory_gib), None where no check ran
+    device_usable_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured (or failed) trial, as the guide sees it."""
+
+    index: int  # row in the ranking
+    status: str  # ok / oom / pruned / nan / error ...
+    objective: float | None = None  # measured value of the first objective
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    number: int = -1
+    oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
+    oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
+    peak_counts: str = "device"  # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
+    # the full model's peak its memory profile predicted (counted as ``peak_counts``), and its sd
+    profile_peak_gib: float | None = None
+    profile_sd_gib: float | None = None
+    # the memory the probe's allocator could have used at its peak (its reserve plus what the device
+    # still had free): the usable memory measured without an OOM (protocol USABLE_KEY)
+    usable_gib: float | None = None
+    # the P(fits) its memory profile gave the full model, where a profile decided (its verdict's
+    # figure: the line through the profile's peaks against the memory its allocator could use)
+    profile_p_fit: float | None = None
+    # the P(fits) the full probe was run at (the guide's when it chose it, or its profile's verdict)
+    stated_p_fit: float | None = None
+
+
+@dataclass
+class Proposal:
+    index: int
+    config: dict[str, Any]
+    reason: str
+    predicted: dict[str, float] = field(default_factory=dict)
+    remeasure: bool = False  # the same config again: a close call between the two best
+    scout_for: int | None = None  # probed to learn the memory of this row, a promising config not yet sure to fit
+
+
+@dataclass
+class _Posterior:
+    mean: np.ndarray
+    cov: np.ndarray
+
+
+@dataclass
+class _MemoryBelief:
+    """The memory model's posterior over its factors, and what it says of every config: the
+    mean and sd of the peak (GiB), the sd including ``discrepancy`` (the model's relative
+    leave-one-out error beyond its own predictive uncertainty, a per-config error that no
+    measurement of another config removes)."""
+
+    post: _Posterior
+    design: np.ndarray
+    mean: np.ndarray
+    sd: np.ndarray
+    discrepancy: float = 0.0
+
+
+def family_of(config: dict[str, Any]) -> tuple:
+    return tuple(config.get(k) for k in FAMILY_PARAMS)
+
+
+def _solve(z: np.ndarray, y: np.ndarray, prior_mean: np.ndarray, prior_sd: np.ndarray, noise: np.ndarray) -> _Posterior:
+    """Bayesian linear regression y = z·θ + ε, θ ~ N(prior_mean, diag(prior_sd²)), ε ~ N(0, noise²)."""
+    prec0 = np.diag(1.0 / prior_sd**2)
+    w = 1.0 / noise**2
+    a = prec0 + (z * w[:, None]).T @ z
+    b = prec0 @ prior_mean + (z * w[:, None]).T @ y
+    cov = np.linalg.inv(a)
+    return _Posterior(cov @ b, cov)
+
+
+def _predict(post: _Posterior, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = z @ post.mean
+    var = np.einsum("ij,jk,ik->i", z, post.cov, z)
+    return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+class Guide:
+    """Proposals over one ranking; rebuilt from the observations at every call (cheap)."""
+
+    def __init__(self, ranking: Ranking, objective: tuple[str, str], settings: GuideSettings | None = None):
+        self.ranking = ranking
+        self.metric, self.direction = objective
+        self.settings = settings or GuideSettings()
+        p = ranking.predictions
+        n = len(ranking.enumeration.configs)
+        self.n = n
+        self.valid = np.asarray(p.get("valid", np.ones(n, bool)), dtype=bool)
+        self.limit = np.asarray(p.get("memory_limit_gib", np.full(n, np.inf)), dtype=float)
+        self.objective_raw = np.asarray(p[self.metric], dtype=float)
+        self.step_derived = self.metric in STEP_DERIVED and "step_time_s" in p
+        comp_names = [k for k in COMPONENTS if f"time_{k}" in p]
+        self.time_components = (
+            np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names], axis=1)
+            if comp_names and self.step_derived
+            else None
+        )
+        mem_names = sorted(k for k in p if k.startswith("mem_"))
+        self.mem_names = [k[len("mem_") :] for k in mem_names]
+        self.mem_components = (
+            np.stack([np.nan_to_num(np.asarray(p[k], dtype=float)) for k in mem_names], axis=1) if mem_names else None
+        )
+        self.peak = np.nan_to_num(np.asarray(p.get("peak_memory_gib", np.zeros(n)), dtype=float))
+        self.one_hot, self.one_hot_names = self._one_hot(ranking.enumeration.configs)
+        self.unpriced = self._unpriced_columns(
+            ranking.enumeration.configs, np.asarray(p.get("step_time_s", self.objective_raw))
+        )
+        self.families = [family_of(c) for c in ranking.enumeration.configs]
+        self.walls: dict[tuple, list[int]] = {}  # a config's wall (_wall_of) -> the configs that share it
+        self.wall_of: list[tuple] = []
+        for i, c in enumerate(ranking.enumeration.configs):
+            wall = _wall_of(c)
+            self.wall_of.append(wall)
+            self.walls.setdefault(wall, []).append(i)
+
+    # ---- features ----------------------------------------------------------------------------------
+    @staticmethod
+    def _one_hot(configs: list[dict[str, Any]]) -> tuple[np.ndarray, list[str]]:
+        """One indicator column per value of each parameter that varies, the value effects' basis.
+
+        Derived values (``dp``, ``grad_accum``: functions of tp, pp, cp, micro-batch and the global
+        batch) get no columns. Columns of their own would give every change of tp or micro-batch
+        two or three independent effects in the prior (tp=1 is also dp=8 and grad_accum=8) that
+        no measurement can tell apart: how two configs one tp or micro-batch value apart differ
+        in memory was 1.4-1.7 times as uncertain as ``memory_value_sigma`` means, and an optimum
+        with 6 % of the memory to spare was never sure enough to probe (13B world 8 of
+        benchmarks/search_efficiency.py). Whatever a derived value adds beyond the simulator is
+        an interaction of the parameters it follows from, and stays in the model's leave-one-out
+        error (``_memory_discrepancy``)."""
+        names: list[str] = []
+        columns: list[np.ndarray] = []
+        keys = sorted({k for c in configs for k in c} - set(DERIVED_PARAMS))
+        for key in keys:
+            values = [repr(c.get(key)) for c in configs]
+            distinct = sorted(set(values))
+            if not 2 <= len(distinct) <= _MAX_ONE_HOT_VALUES:
+                continue
+            arr = np.array(values)
+            for v in distinct:
+                names.append(f"{key}={v}")
+                columns.append((arr == v).astype(float))
+        if not columns:
+            return np.zeros((len(configs), 0)), []
+        return np.stack(columns, axis=1), names
+
+    def _unpriced_columns(self, configs: list[dict[str, Any]], predicted: np.ndarray) -> np.ndarray:
+        """One-hot columns of execution parameters (``EXECUTION_PARAMS``) whose value never changes
+        the simulator's prediction: the model knows nothing of them, so their prior is wide and
+        the first measurements decide."""
+        unpriced = np.zeros(len(self.one_hot_names), dtype=bool)
+        names = sorted({n.split("=", 1)[0] for n in self.one_hot_names} & set(EXECUTION_PARAMS))
+        values = np.nan_to_num(predicted.astype(float))
+        for name in names:
+            groups: dict[str, float] = {}
+            priced = False
+            for config, v in zip(configs, values):
+                key = repr(sorted((k, repr(x)) for k, x in config.items() if k != name))
+                first = groups.setdefault(key, v)
+                if abs(first - v) > 1e-9 * max(abs(first), 1e-30):
+                    priced = True
+                    break
+            if not priced:
+                unpriced |= np.array([n.split("=", 1)[0] == name for n in self.one_hot_names])
+        return unpriced
+
+    def _value_prior(self, sigma: float) -> np.ndarray:
+        return np.where(self.unpriced, self.settings.unpriced_sigma, sigma)
+
+    def _mem_design(self, rows: np.ndarray | slice, counts: Iterable[str] | None = None) -> np.ndarray:
+        """Design rows of the memory model: the whole peak by default, or for each row what a
+        measured peak of that kind counts (``PEAK_LEAVES_OUT``): the components it leaves out
+        are zero, and a parameter value's effect is a share of what it counts."""
+        comps = self.mem_components[rows] if self.mem_components is not None else self.peak[rows][:, None]
+        if counts is not None and self.mem_components is not None:
+            keep = np.array(
+                [[name not in PEAK_LEAVES_OUT.get(c, ()) for name in self.mem_names] for c in counts], dtype=float
+            )
+            comps = comps * keep
+        total = comps.sum(axis=1, keepdims=True)
+        return np.concatenate([comps, self.one_hot[rows] * total], axis=1)
+
+    # ---- models --------------------------------------------------------------------------------------
+    def _objective_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the objective for every config (in the objective's units)."""
+        s = self.settings
+        k = self.one_hot.shape[1]
+        if self.step_derived and self.time_components is not None:
+            rows = [
+                (o.index, o.step_time_s)
+                for o in obs
+                if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)
+            ]
+            step_mean, step_sd = self._step_model(rows)
+            raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)
+            step_mean = np.maximum(step_mean, 0.05 * raw_step)
+            if STEP_DERIVED[self.metric] < 0:  # throughput-like: inversely proportional to the step
+                mean = self.objective_raw * raw_step / step_mean
+                sd = mean * step_sd / step_mean
+            else:
+                mean, sd = step_mean, step_sd
+            return mean, sd
+        # any other objective: a multiplicative correction of the raw prediction by parameter values
+        rows = [
+            (o.index, o.objective)
+            for o in obs
+            if o.objective is not None
+            and o.objective > 0
+            and math.isfinite(o.objective)
+            and self.objective_raw[o.index] > 0
+        ]
+        prior_mean = np.concatenate([[1.0], np.zeros(k)])
+        prior_sd = np.concatenate([[s.prior_sigma], self._value_prior(s.value_sigma)])
+        design = (
+            np.concatenate([np.ones((self.n, 1)), self.one_hot], axis=1) * np.nan_to_num(self.objective_raw)[:, None]
+        )
+        if rows:
+            idx = np.array([r[0] for r in rows])
+            measured = np.array([r[1] for r in rows], dtype=float)
+            post = _solve(
+                design[idx] / measured[:, None], np.ones(len(rows)), prior_mean, prior_sd, np.full(len(rows), s.noise)
+            )
+        else:
+            post = _Posterior(prior_mean, np.diag(prior_sd**2))
+        return _predict(post, design)
+
+    def _step_model(self, rows: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """Step time mean and sd for every config: the linear model over the predicted components
+        and the priced parameter values, times ``exp(Σ e_j φ_j)`` for the execution parameters
+        the simulator does not price (graph vs pynative can be 20x apart: a factor, not a term).
+        The two parts are fitted alternately (three rounds are plenty: each is a small solve)."""
+        s = self.settings
+        ncomp = self.time_components.shape[1]
+        lin_cols = ~self.unpriced
+        design = np.concatenate(
+            [self.time_components, self.one_hot[:, lin_cols] * self.time_components.sum(axis=1, keepdims=True)], axis=1
+        )
+        prior_mean = np.concatenate([np.ones(ncomp), np.zeros(int(lin_cols.sum()))])
+        prior_sd = np.concatenate([np.full(ncomp, s.prior_sigma), np.full(int(lin_cols.sum()), s.value_sigma)])
+        execution = self.one_hot[:, self.unpriced]
+        n_exec = execution.shape[1]
+        exec_prior = _Posterior(np.zeros(n_exec), np.eye(n_exec) * s.unpriced_sigma**2)
+        if not rows:
+            post, exec_post = _Posterior(prior_mean, np.diag(prior_sd**2)), exec_prior
+        else:
+            idx = np.array([r[0] for r in rows])
+            measured = np.array([r[1] for r in rows], dtype=float)
+            noise = np.full(len(rows), s.noise)
+            exec_post = exec_prior
+            for _ in range(3 if n_exec else 1):
+                adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
+                post = _solve(design[idx] / adjusted[:, None], np.ones(len(rows)), prior_mean, prior_sd, noise)
+                if not n_exec:
+                    break
+                linear = np.maximum(design[idx] @ post.mean, 1e-12)
+                exec_post = _solve(
+                    execution[idx], np.log(measured / linear), exec_prior.mean, np.full(n_exec, s.unpriced_sigma), noise
+                )
+        mean, sd = _predict(post, design)
+        if n_exec:
+            factor_log, factor_sd = _predict(exec_post, execution)
+            mean = mean * np.exp(factor_log)
+            sd = mean * np.sqrt((sd / np.maximum(mean / np.exp(factor_log), 1e-300)) ** 2 + factor_sd**2)
+        return mean, sd
+
+    def _memory_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        belief = self._memory_belief(obs)
+        return belief.mean, belief.sd
+
+    def _memory_belief(self, obs: list[Observation]) -> "_MemoryBelief":
+        """Mean and standard deviation of every config's peak memory (GiB).
+
+        Three kinds of evidence: a measured peak; an OOM, censored at the capacity, or at what the
+        allocator said the config needed at least (in use + requested) when its message carries
+        the byte counts; a fit although predicted over the limit (at most the capacity). The
+        posterior's own uncertainty only covers what the linear model can represent, so it is
+        widened by the model's error on the configs it has seen, measured leave-one-out: when
+        the first peaks disagree with the prediction in a way the factors cannot absorb (a term
+        the simulator does not have), every unmeasured config's memory becomes less certain."""
+        rows, targets, noise, bound, counts = self._memory_evidence(obs)
+        design = self._mem_design(slice(None))
+        prior = self._memory_prior()
+        if not rows:
+            return _MemoryBelief(prior, design, *_predict(prior, design))
+        idx = np.array(rows)
+        t = np.array(targets)
+        nz = np.array(noise)
+        kinds = np.array(counts)
+        active = self._informative_bounds(idx, t, nz, np.array(bound), kinds)
+        if not active.any():
+            return _MemoryBelief(prior, design, *_predict(prior, design))
+        idx, t, nz, kinds = idx[active], t[active], nz[active], kinds[active]
+        post = self._memory_fit(idx, t, nz, kinds)
+        mean, sd = _predict(post, design)
+        discrepancy = self._memory_discrepancy(idx, t, nz, post, kinds)
+        if discrepancy > 0:
+            sd = np.sqrt(sd**2 + (discrepancy * np.abs(mean)) ** 2)
+        return _MemoryBelief(post, design, mean, sd, discrepancy)
+
+    def _memory_prior(self) -> _Posterior:
+        s = self.settings
+        k = self.one_hot.shape[1]
+        ncomp = self.mem_components.shape[1] if self.mem_components is not None else 1
+        prior_mean = np.concatenate([np.ones(ncomp), np.zeros(k)])
+        prior_sd = np.concatenate([np.full(ncomp, s.memory_sigma), np.full(k, s.memory_value_sigma)])
+        return _Posterior(prior_mean, np.diag(prior_sd**2))
+
+    def _memory_fit(self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, counts: np.ndarray) -> _Posterior:
+        prior = self._memory_prior()
+        return _solve(
+            self._mem_design(idx, counts) / targets[:, None],
+            np.ones(len(idx)),
+            prior.mean,
+            np.sqrt(np.diag(prior.cov)),
+            noise,
+        )
+
+    def usable_limit(
+        self, obs: list[Observation], belief: "_MemoryBelief | None" = None
+    ) -> tuple[np.ndarray, np.ndarray | float]:
+        """The memory each config may use, and its uncertainty (GiB). The profile's capacity, until
+        an OOM's byte counts prove less is usable: a request that failed although in use +
+        requested stayed below the capacity (runtime and communication reserves, a driver that
+        keeps some). The usable memory then lies between what was in use (and every peak that
+        fitted) and in use + requested; the middle of that interval, with its spread as
+        uncertainty.
+
+        That interval is learnt on the config that failed. HCCL and NCCL allocate their buffers
+        per communicator, outside the framework's allocator, and how much of them the measured
+        peaks counted is unknown: a config with more communication buffers than that one (more
+        communicators, a larger ``HCCL_BUFFSIZE``) may have up to the difference less usable. Its
+        usable memory is lowered by half the difference of the predicted buffers, with the
+        difference's uniform spread added to its uncertainty; one with fewer is not credited."""
+        nominal = self.limit
+        failed = [
+            o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]
+        ]
+        lows = [float(o.peak_memory_gib) for o in obs if o.status in ("ok", "pruned") and o.peak_memory_gib]
+        # an OOM whose message gives no numbers still bounds what is usable: below what that config
+        # needed, where its peak is known (its memory profile, or a memory model the measured peaks
+        # pin down), and above every peak that fitted
+        bounds = [(o.oom_needed_gib, o) for o in failed]
+        bounds += [b for b in self._plain_oom_bounds(obs, lows) if b[0] < 0.995 * nominal[b[1].index]]
+        reported = [o for o in obs if o.usable_gib and o.usable_gib > 0]
+        if reported and not bounds:
+            return self._reported_usable(reported, belief)
+        if not bounds:
+            return self.device_limit(), 0.0
+        upper, taught_by = min(bounds, key=lambda b: b[0])
+        lows += [o.oom_in_use_gib for o in failed if o.oom_in_use_gib is not None and o.oom_in_use_gib <= upper]
+        lower = max(lows) if lows else 0.9 * upper
+        lower = min(lower, upper)
+        if taught_by.oom_needed_gib:  # byte counts: in use and in use + requested, a narrow interval
+            middle, sd = 0.5 * (lower + upper), (upper - lower) / math.sqrt(12.0)
+        else:
+            middle, sd = self._below_plain_oom(lower, upper, taught_by.index)
+        usable = np.minimum(self.device_limit(), middle)
+        return self._less_for_more_buffers(usable, sd, taught_by.index)
+
+    def _below_plain_oom(self, lower: float, upper: float, taught_by: int) -> tuple[float, float]:
+        """The usable memory after an OOM whose message gave no numbers: what was usable before (the
+        capacity the device check measured, within 3 %; the nominal one, within 8 %, without a check:
+        the usable memory runs 3-12 % below it), known now to lie between the highest peak that
+        fitted and what the failed config needed. The middle of that interval threw the device
+        check away: in a 13B world of benchmarks/search_efficiency.py one plain OOM of a config a
+        few GiB over the limit put the usable memory at 54.6 GiB (the world's: 60.0), and every
+        memory profile after it, the optimum's included, predicted an OOM that would not have
+        happened. The prior truncated to the interval keeps it near the bound."""
+        prior = float(self.device_limit()[taught_by])
+        spread = (0.03 if self.settings.device_usable_gib else 0.08) * prior
+        if upper - lower <= 1e-9:
+            return upper, 0.0
+        return _truncated_normal(prior, spread, lower, upper)
+
+    def device_limit(self) -> np.ndarray:
+        """The capacity each config's predicted peak may reach: the nominal one, or, where the device
+        check measured less usable by the allocator (``settings.device_usable_gib``), that plus what
+        the model puts outside the allocator for the config (the runtime reserve its peak counts),
+        when that is clearly (1 %) below the nominal."""
+        usable = self.settings.device_usable_gib
+        if not usable or usable <= 0:
+            return self.limit
+        outside = (
+            self.mem_components[:, self.mem_names.index("runtime_reserve")]
+            if self.mem_components is not None and "runtime_reserve" in self.mem_names
+            else 0.0
+        )
+        limit = np.minimum(self.limit, float(usable) + outside)
+        return np.where(limit < 0.99 * self.limit, limit, self.limit)
+
+    def _plain_oom_bounds(self, obs: list[Observation], fitted: list[float]) -> list[tuple[float, Observation]]:
+        """(what the config needed, at least, by its known peak; the OOM) for each out-of-memory probe
+        whose message gave no byte counts: the peak its memory profile predicted (plus one sd), else
+        the peak the measured peaks alone predict where they pin it within 3 %. None where the peak is
+        not known that well, or where a config that fitted already peaked higher (the estimate was
+        wrong, not the capacity)."""
+        plain = [o for o in obs if o.status == "oom" and not o.oom_needed_gib]
+        if not plain:
+            return []
+        highest = max(fitted) if fitted else 0.0
+        out = []
+        measured = None
+        for o in plain:
+            if o.profile_peak_gib:
+                needed = float(o.profile_peak_gib) + float(o.profile_sd_gib or 0.0)
+            else:
+                if measured is None:  # the belief from the peaks alone (no OOM censoring in it)
+                    measured = self._memory_belief([x for x in obs if x.status in ("ok", "pruned")])
+                mean, sd = float(measured.mean[o.index]), float(measured.sd[o.index])
+                if not (mean > 0 and sd <= 0.03 * mean):
+                    continue
+                needed = mean + sd
+            if needed > highest:
+                out.append((needed, o))
+        return out
+
+    def _less_for_more_buffers(
+        self, usable: np.ndarray, sd: np.ndarray | float, taught_by: int
+    ) -> tuple[np.ndarray, np.ndarray | float]:
+        """A usable memory learnt on config ``taught_by``, for every config: one with more
+        communication buffers than it (HCCL/NCCL's, per communicator, outside the allocator) is
+        lowered by half the difference, with the difference's uniform spread as uncertainty; one
+        with fewer is not credited."""
+        if self.mem_components is None or "comm_buffers" not in self.mem_names:
+            return usable, sd
+        comm = self.mem_components[:, self.mem_names.index("comm_buffers")]
+        more = np.maximum(comm - comm[taught_by], 0.0)
+        return np.minimum(self.limit, usable - 0.5 * more), np.sqrt(np.asarray(sd) ** 2 + more**2 / 12.0)
+
+    def _reported_usable(
+        self, reported: list[Observation], belief: "_MemoryBelief | None" = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The usable memory from what probes reported their allocator could use. A report is the
+        allocator's share; the device's is that plus what the memory model puts outside the
+        allocator for the config that reported (runtime, communication buffers: ``PEAK_LEAVES_OUT``'s
+        "reserved"), the same figure it adds to every config's peak, as fitted to the peaks
+        measured so far (``belief``; the prior without one), with that part's uncertainty. The
+        lowest report teaches (the device with the least to spare decides a multi-device trial),
+        and only when it is clearly (2 sd) below the capacity;
+        a config with more communication buffers than it is lowered by half the difference, with
+        the difference's uniform spread as uncertainty (as after an OOM, :meth:`usable_limit`)."""
+        nominal = self.limit
+        post = belief.post if belief is not None else self._memory_prior()
+        rows = np.array(sorted({o.index for o in reported}))
+        outside_design = self._mem_design(rows) - self._mem_design(rows, ["reserved"] * len(rows))
+        outside = dict(zip(rows.tolist(), outside_design @ post.mean))
+        outside_var = dict(zip(rows.tolist(), np.einsum("ij,jk,ik->i", outside_design, post.cov, outside_design)))
+        device = [(float(o.usable_gib) + float(outside[o.index]), o) for o in reported]
+        least, taught_by = min(device, key=lambda d: d[0])
+        spread = math.hypot(self.settings.peak_noise * least, math.sqrt(max(0.0, float(outside_var[taught_by.index]))))
+        if least + 2.0 * spread >= nominal[taught_by.index]:
+            # not clearly below the capacity: what the model puts outside the allocator is itself
+            # uncertain, and a capacity lowered by that error would turn fitting configs away
+            return nominal, 0.0
+        usable = np.minimum(nominal, least)
+        sd = np.full(self.n, spread)
+        return self._less_for_more_buffers(usable, sd, taught_by.index)
+
+    def _memory_evidence(
+        self, obs: list[Observation]
+    ) -> tuple[list[int], list[float], list[float], list[int], list[str]]:
+        """Rows, target peaks, relative noise, what each target is (0 a measured peak, +1 a lower
+        bound: an OOM, it needed at least this; -1 an upper bound: it fitted, at most this) and
+        what it counts (``PEAK_LEAVES_OUT``: an OOM's and a bound's are the device's)."""
+        rows, targets, noise, bound, counts = [], [], [], [], []
+        usable, _ = self.usable_limit(obs)
+        for o in obs:
+            cap = usable[o.index]
+            if o.status == "oom" and math.isfinite(cap):
+                # censored: it needed more than what is usable; the allocator's byte counts say how much
+                needed = o.oom_needed_gib if o.oom_needed_gib and o.oom_needed_gib > cap * 1.02 else cap * 1.02
+                rows.append(o.index)
+                targets.append(needed)
+                noise.append(0.03)
+                bound.append(1)
+                counts.append("device")
+            elif o.peak_memory_gib and o.peak_memory_gib > 0 and o.status in ("ok", "pruned"):
+                rows.append(o.index)
+                targets.append(float(o.peak_memory_gib))
+                noise.append(self.settings.peak_noise)
+                bound.append(0)
+                counts.append(o.peak_counts if o.peak_counts in PEAK_LEAVES_OUT else "device")
+            elif o.profile_peak_gib and o.profile_peak_gib > 0 and o.status != "oom":
+                # the memory profile's extrapolation: a measurement of this config's peak, as noisy
+                # as the profile's fit (a full probe's own peak, where it ran, is the better one)
+                rows.append(o.index)
+                targets.append(float(o.profile_peak_gib))
+                noise.append(max(self.settings.peak_noise, float(o.profile_sd_gib or 0.0) / o.profile_peak_gib))
+                bound.append(0)
+                counts.append(o.peak_counts if o.peak_counts in PEAK_LEAVES_OUT else "device")
+            elif o.status in ("ok", "pruned") and math.isfinite(cap) and self.peak[o.index] > cap:
+                rows.append(o.index)  # fit although predicted over: at most the capacity
+                targets.append(cap * 0.97)
+                noise.append(0.05)
+                bound.append(-1)
+                counts.append("device")
+        return rows, targets, noise, bound, counts
+
+    def _informative_bounds(
+        self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, bound: np.ndarray, counts: np.ndarray
+    ) -> np.ndarray:
+        """Which evidence rows to fit: every measured peak, and a bound only where the model
+        without it violates it (a censored observation, as in a Tobit fit). An OOM at 41 GiB of
+        a config predicted at 60 says nothing new; fitted as a point it would pull the
+        prediction down to 41 and make the config that failed look likely to fit."""
+        active = bound == 0
+        for _ in range(4):
+            post = (
+                self._memory_fit(idx[active], targets[active], noise[active], counts[active])
+                if active.any()
+                else self._memory_prior()
+            )
+            predicted = self._mem_design(idx, counts) @ post.mean
+            violated = ((bound > 0) & (predicted < targets)) | ((bound < 0) & (predicted > targets))
+            grown = active | violated
+            if (grown == active).all():
+                break
+            active = grown
+        return active
+
+    def _memory_discrepancy(
+        self, idx: np.ndarray, targets: np.ndarray, noise: np.ndarray, post: _Posterior, counts: np.ndarray
+    ) -> float:
+        """Relative error of the memory model on configs it was not fitted to (leave-one-out),
+        beyond what the model itself expected there: 0 while its errors stay within its own
+        predictive uncertainty and the measurement noise.
+
+        The discrepancy is the error no measurement of another config removes, so it is what the
+        leave-one-out errors show *in excess* of the left-out row's predictive variance and its
+        noise (``mean(e² - v - n²)``). Counting the whole error counted twice what the posterior
+        already carries for every config that shares the left-out row's unmeasured values: the
+        one config of a ZeRO stage measured 7 % above its prediction (a value effect's prior is
+        8 %) widened every config by 1.9 % of its peak, those the other measurements pin down
+        included (benchmarks/README.md, "The model's error beyond its own uncertainty")."""
+        n = len(idx)
+        if n < 2:
+            # one measurement: its error against the prior prediction is all there is to go on
+            # (nothing is left out yet, so nothing to compare with an expected error)
+            raw = float(self._mem_design(idx, counts)[0] @ self._memory_prior().mean)
+            err = abs(targets[0] / max(raw, 1e-9) - 1.0)
+            return float(max(0.0, err - noise[0]))
+        excess = []
+        for i in range(n):
+            keep = np.arange(n) != i
+            loo = self._memory_fit(idx[keep], targets[keep], noise[keep], counts[keep])
+            z = self._mem_design(idx[i : i + 1], counts[i : i + 1])[0]
+            predicted = max(float(z @ loo.mean), 1e-9)
+            err = targets[i] / predicted - 1.0
+            excess.append(err * err - float(z @ loo.cov @ z) / predicted**2 - noise[i] ** 2)
+        return float(math.sqrt(max(0.0, float(np.mean(excess)))))
+
+    def fit_probability(
+        self, obs: list[Observation], mem_mean: np.ndarray, mem_sd: np.ndarray, belief: "_MemoryBelief | None" = None
+    ) -> np.ndarray:
+        """P(fits in memory) of every config. After an OOM (or a memory profile that predicted one),
+        a config the model gives less headroom than the one that failed is at most as likely to
+        fit as the model now says the failed one is: whatever made it fail (a term the model
+        lacks) is there at least as much."""
+        usable, usable_sd = self.usable_limit(obs, belief)
+        z = (usable - mem_mean) / np.maximum(np.sqrt(mem_sd**2 + usable_sd**2), 1e-9)
+        p_fit = _norm_cdf(z) ** self.fit_correction(obs)
+        relative = (usable - mem_mean) / np.maximum(usable, 1e-9)  # headroom as a share of what is usable
+        for o in obs:
+            if o.status in ("oom", "oom_predicted"):  # measured over, or profiled over, the limit
+                tighter = relative <= relative[o.index]
+                cap = p_fit[o.index]
+                if o.status == "oom_predicted" and o.profile_p_fit is not None:
+                    # the profile's own verdict, where the model still thinks it likelier: a profile
+                    # measured this layout against what its allocator could use, which the model's
+                    # capacity may not know (70B act-extra world 2 of benchmarks/search_efficiency.py:
+                    # 34 of 38 trials were profiles of siblings the model kept at P(fits) 0.4-0.6,
+                    # and their profiles said no)
+                    cap = min(cap, o.profile_p_fit)
+                p_fit = np.where(tighter, np.minimum(p_fit, cap), p_fit)
+        return np.where(self.same_wall(obs), 0.0, p_fit)
+
+    def _after_wall(self, obs: list[Observation], index: int, mem_mean: np.ndarray, belief: "_MemoryBelief") -> str:
+        """Where the chosen config is a near sibling (two knobs or fewer apart) of one that ran out of
+        memory: what it changes, the saving the model predicts, and the shortfall it must cover."""
+        configs = self.ranking.enumeration.configs
+        chosen = configs[index]
+        usable, _ = self.usable_limit(obs, belief)
+        for o in obs:
+            if o.status != "oom":
+                continue
+            failed = configs[o.index]
+            changed = sorted(k for k in set(chosen) | set(failed) if chosen.get(k) != failed.get(k))
+            if not changed or len([k for k in changed if k not in ("dp", "grad_accum")]) > 2:
+                continue
+            needed = o.oom_needed_gib or float(mem_mean[o.index])
+            shortfall = max(needed - float(usable[o.index]), 0.0)
+            saving = float(mem_mean[o.index] - mem_mean[index])
+            return (
+                f"after trial {o.number} ran out of memory: {', '.join(f'{k} {chosen.get(k)}' for k in changed)} "
+                f"predicted to save {saving:.1f} GiB against a shortfall of {shortfall:.1f} GiB (usable "
+                f"{float(usable[o.index]):.1f} GiB)"
+            )
+        return ""
+
+    def same_wall(self, obs: list[Observation]) -> np.ndarray:
+        """The configs that differ from one that ran out of memory only in knobs that cannot save
+        memory (:data:`SAME_WALL_FLAGS`, bf16 for fp16, an HCCL setting other than a smaller
+        ``HCCL_BUFFSIZE``): they run into the same wall, and are not probed. (The config that ran
+        out keeps the model's P(fits), which caps its less roomy neighbours'.)"""
+        out = np.zeros(self.n, dtype=bool)
+        configs = self.ranking.enumeration.configs
+        for o in obs:
+            if o.status != "oom":
+                continue
+            buffer = _buffer_of(configs[o.index])
+            for i in self.walls[self.wall_of[o.index]]:
+                if i != o.index and not (buffer is not None and (_buffer_of(configs[i]) or buffer) < buffer):
+                    out[i] = True
+        return out
+
+    def fit_correction(self, obs: list[Observation]) -> float:
+        """The exponent that corrects P(fits) where it over-promised (1: it did not). Among the full
+        probes run at a stated P(fits) of 0.5 or more, fewer fitted than the sum of those P(fits)
+        promised, beyond one binomial sd: the exponent ``g`` (P(fits) ** g) that makes the promise
+        match what happened, from 1 up to 8."""
+        stated = [
+            (o.stated_p_fit, o.status != "oom") for o in obs if o.stated_p_fit is not None and o.stated_p_fit >= 0.5
+        ]
+        stated = [(p, fit) for p, fit in stated if p < 1.0]
+        if len(stated) < 3:
+            return 1.0
+        p = np.array([x for x, _ in stated])
+        fits = sum(1 for _, fit in stated if fit)
+        if fits >= p.sum() - math.sqrt(float(np.sum(p * (1.0 - p)))):
+            return 1.0
+        low, high = 1.0, 8.0
+        for _ in range(30):
+            mid = 0.5 * (low + high)
+            if np.sum(p**mid) > fits:
+                low = mid
+            else:
+                high = mid
+        return high
+
+    # ---- decisions -----------------------------------------------------------------------------------
+    def close_call(
+        self,
+        obs: list[Observation],
+        exclude: Iterable[int] = (),
+        allowed: np.ndarray | None = None,
+        estimate: np.ndarray | None = None,
+    ) -> Proposal | None:
+        """A second measurement of one of the two best measured configs, when they are closer
+        than the noise can tell apart and one was measured only once.
+
+        "Best" is what the study reports: the guide's estimate (``estimate``, the objective
+        model's mean; the mean of the measurements without one). The runner-up is the best
+        config that differs from the first in more than environment settings: configs that
+        differ only in an env knob share every other value, so their estimates move together and
+        a re-measurement of one cannot tell them apart, while one of another layout can (7B/32 GB
+        mindspeed world 2 of benchmarks/search_efficiency.py re-measured two ZeRO-3 configs that
+        differed in HCCL_BUFFSIZE and reported them over a pipelined ZeRO-2 2 % faster)."""
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        values: dict[int, list[float]] = {}
+        for o in obs:
+            if o.status == "ok" and o.objective is not None and math.isfinite(o.objective):
+                values.setdefault(o.index, []).append(o.objective)
+        if len(values) < 2:
+            return None
+
+        def judged(i: int) -> float:
+            return float(estimate[i]) if estimate is not None else float(np.mean(values[i]))
+
+        ranked = sorted(values, key=lambda i: sign * judged(i), reverse=True)
+        first = ranked[0]
+        configs = self.ranking.enumeration.configs
+        layout = _beyond_environment(configs[first])
+        second = next((i for i in ranked[1:] if _beyond_environment(configs[i]) != layout), None)
+        if second is None:
+            return None
+        a, b = judged(first), judged(second)
+        if abs(a - b) > self.settings.remeasure_within * abs(a):
+            return None
+        busy = set(exclude)
+        for index in sorted((first, second), key=lambda i: len(values[i])):
+            if len(values[index]) < 2 and index not in busy and (allowed is None or allowed[index]):
+                numbers = {o.index: o.number for o in obs}
+                return Proposal(
+                    index,
+                    configs[index],
+                    (
+                        f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
+                        f"{numbers.get(second)} ({b:.4g}), {abs(a - b) / abs(a):.1%} apart: within the noise"
+                    ),
+                    remeasure=True,
+                )
+        return None
+
+    def scout_value(
+        self,
+        obs: list[Observation],
+        belief: "_MemoryBelief",
+        sure: np.ndarray,
+        unsure: np.ndarray,
+        gain: np.ndarray,
+        p_fit: np.ndarray,
+        top: int = 64,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """What probing each sure config is worth for the configs it would make sure.
+
+        A promising config near the limit whose memory is uncertain only because nothing like it
+        was measured (a ZeRO stage, a micro-batch size no probe used) should not be risked, nor
+        left alone: a config that surely fits and shares what is uncertain about it (the same
+        stage with a smaller micro-batch, more recompute) is probed first, as an engineer would.
+        From the memory posterior's covariance, measuring config j's peak leaves config i with
+        variance ``sd_i² − r_ij`` (``r_ij = cov_ij² / (var_j + noise_j²)``) and moves its mean
+        by N(0, r_ij); the chance that i is then ``fit_confidence`` sure follows in closed form.
+        The value of j is the best expected improvement of an unsure config times that chance
+        (the ``top`` unsure configs by expected improvement are considered); returned with that
+        config's row (-1 where there is none)."""
+        out = np.zeros(self.n)
+        target = np.full(self.n, -1)
+        if not sure.any() or not unsure.any():
+            return out, target
+        usable, usable_sd = self.usable_limit(obs, belief)
+        # a config whose P(fits) an OOM's rule capped (fit_probability) is not made sure by any
+        # measurement of another config: only those the Gaussian belief alone leaves unsure
+        total_sd = np.sqrt(belief.sd**2 + usable_sd**2)
+        gaussian = _norm_cdf((usable - belief.mean) / np.maximum(total_sd, 1e-9))
+        unsure_idx = np.flatnonzero(unsure & (gain > 0) & (p_fit >= gaussian - 1e-3))
+        if not len(unsure_idx):
+            return out, target
+        unsure_idx = unsure_idx[np.argsort(-gain[unsure_idx])[:top]]
+        sure_idx = np.flatnonzero(sure)
+        cov = belief.post.cov
+        # what a probe of j would measure: its peak as the probes of this study count it
+        kinds = [o.peak_counts for o in obs if o.peak_memory_gib and o.status in ("ok", "pruned")]
+        zi = belief.design[unsure_idx]
+        zj = self._mem_design(sure_idx, [kinds[-1]] * len(sure_idx)) if kinds else belief.design[sure_idx]
+        c = (zi @ cov) @ zj.T
+        var_j = np.einsum("ij,jk,ik->i", zj, cov, zj)
+        noise_j = (self.settings.peak_noise**2 + belief.discrepancy**2) * (zj @ belief.post.mean) ** 2
+        r = c**2 / np.maximum(var_j + noise_j, 1e-12)[None, :]
+        total = (belief.sd[unsure_idx] ** 2 + np.broadcast_to(usable_sd, belief.sd.shape)[unsure_idx] ** 2)[:, None]
+        sd_after = np.sqrt(np.maximum(total - r, 1e-12))
+        margin = (
+            usable[unsure_idx][:, None]
+            - _norm_ppf(self.settings.fit_confidence) * sd_after
+            - belief.mean[unsure_idx][:, None]
+        )
+        made_sure = _norm_cdf(margin / np.sqrt(np.maximum(r, 1e-12)))
+        worth = gain[unsure_idx][:, None] * made_sure
+        out[sure_idx] = worth.max(axis=0)
+        target[sure_idx] = unsure_idx[np.argmax(worth, axis=0)]
+        return out, target
+
+    def fit_after_profile(
+        self,
+        obs: list[Observation],
+        index: int,
+        peak_gib: float,
+        sd_gib: float,
+        counts: str = "device",
+        usable_gib: float | None = None,
+    ) -> tuple[float, float, float]:
+        """(P(fits), the device's peak, the usable memory) of config ``index`` from its memory
+        profile: the profile's peak (what the probe counts, ``counts``) plus what that count leaves
+        out as the memory model now prices it for this config, against the usable memory the
+        study has learnt. Not the model's belief about the config: the profile measured this very
+        config, so the model's error on other configs (its discrepancy) does not apply. ``usable_gib``:
+        what the profile reported its allocator could use, if it did."""
+        belief = self._memory_belief(obs)
+        if usable_gib:
+            obs = [*obs, Observation(index=index, status="profile", usable_gib=float(usable_gib))]
+        usable, usable_sd = self.usable_limit(obs, belief)
+        full = self._mem_design(np.array([index]))
+        counted = self._mem_design(np.array([index]), [counts])
+        left_out = max(0.0, float((full - counted)[0] @ belief.post.mean))
+        device = float(peak_gib) + left_out
+        u = float(usable[index])
+        u_sd = float(np.broadcast_to(usable_sd, usable.shape)[index])
+        z = (u - device) / max(math.hypot(float(sd_gib), u_sd), 1e-9)
+        return float(_norm_cdf(np.array([z]))[0]), device, u
+
+    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
+        """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
+        budget (the probes so far plus those left), at least one; never without the setting. On a
+        cluster where a failed launch costs minutes or wedges a device, a team caps them; past the
+        cap a config must be ``fit_confidence`` likely to fit (benchmarks/README.md: the cap
+        trades OOM probes for a near-limit optimum found later)."""
+        share = self.settings.max_oom_share
+        if not share:
+            return False
+        total = probes + (budget_left if budget_left is not None else max(probes, 20))
+        return ooms >= max(1, math.floor(share * total + 1e-9))
+
+    def model_doubt(self, obs: list[Observation]) -> tuple[float, str]:
+        """How far the simulator has been shown wrong in one direction for one family
+        (tp/pp/cp/zero/recompute) against the rest: over each measured family with two
+        measurements or more that all sit above, or all below, the other families' median ratio
+        of measured to raw prediction (the raw prediction itself while no other family is
+        measured), the smallest of those log ratios (consistently off by at least that much); the
+        largest such figure over the families, if it reaches ``doubt_threshold``, and its words.
+        A simulator off by the same factor everywhere is a scale the refit learns, not a reason
+        to doubt the families not measured: in a world 13 % slower than predicted throughout, an
+        absolute test kept every unmeasured family widened for the whole study, which then spent
+        its probes on new families instead of the best ones (benchmarks/README.md, issue #35)."""
+        by_family: dict[tuple, list[float]] = {}
+        for o in obs:
+            raw = self.objective_raw[o.index]
+            if o.status == "ok" and o.objective is not None and o.objective > 0 and raw > 0 and math.isfinite(raw):
+                by_family.setdefault(self.families[o.index], []).append(math.log(o.objective / raw))
+        worst, why = 0.0, ""
+        for fam, logs in by_family.items():
+            others = [v for f, vs in by_family.items() if f != fam for v in vs]
+            ref = statistics.median(others) if others else 0.0
+            off = [v - ref for v in logs]
+            if len(off) < 2 or not (all(v > 0 for v in off) or all(v < 0 for v in off)):
+                continue
+            least = min(abs(v) for v in off)
+            if least >= self.settings.doubt_threshold and least > worst:
+                ratio = math.exp(sum(logs) / len(logs))
+                where = "above" if off[0] > 0 else "below"
+                worst = least
+                against = f"the other families' x{math.exp(ref):.2f}" if others else "no other family measured"
+                why = (
+                    f"measured {_family_words(fam)} configs ran x{ratio:.2f} of their predictions "
+                    f"({len(logs)} of {len(logs)} {where}; {against})"
+                )
+        return worst, why
+
+    def _doubt_probes(self, obs: list[Observation]) -> int:
+        """Probes already spent on a family not measured before, while the model was in doubt
+        (derived from the trials in order: nothing stored)."""
+        ordered = sorted(obs, key=lambda o: o.number)
+        spent = 0
+        for k, o in enumerate(ordered):
+            before = ordered[:k]
+            if self.families[o.index] not in {self.families[b.index] for b in before} and self.model_doubt(before)[0]:
+                spent += 1
+        return spent
+
+    def propose(
+        self,
+        obs: Iterable[Observation],
+        exclude: Iterable[int] = (),
+        best: float | None = None,
+        budget_left: int | None = None,
+        allowed: np.ndarray | None = None,
+    ) -> tuple[Proposal | None, str]:
+        """The next config to probe, or None with the reason to stop. Near the end of the budget
+        (and before stopping early) a close call between the two best is measured again.
+        ``allowed`` (a mask over the ranking) narrows the choice, e.g. to configs matching
+        parameters a user fixed for this trial.
+
+        In the order a decision is made: what the models say now (:meth:`_picture`); a close call
+        near the end; whether to stop, or to stretch to a riskier config with budget left
+        (:meth:`_stop_or_stretch`); which configs may be probed (:meth:`_pool`); the best of them
+        by the acquisition (:meth:`_choose`); and the words of why (:meth:`_reason`)."""
+        view = self._picture(list(obs), set(exclude), best, budget_left, allowed)
+        if budget_left is not None and budget_left <= 2:
+            again = self.close_call(view.obs, view.exclude, allowed, view.mean)
+            if again is not None:
+                return view.with_prediction(again, widened=False), ""
+        if not view.candidates.any():
+            return None, (
+                "every valid config of the space has been probed"
+                if allowed is None
+                else "every valid config with the fixed parameters has been probed"
+            )
+        floor, stretch, stop = self._stop_or_stretch(view, allowed)
+        if stop is not None:
+            return stop
+        pool, safest, why_not = self._pool(view, floor)
+        if why_not:
+            return None, why_not
+        index, doubted, scout_for = self._choose(view, pool, safest)
+        reason = self._reason(view, index, pool, doubted, scout_for, safest, stretch)
+        config = self.ranking.enumeration.configs[index]
+        return view.with_prediction(Proposal(index, config, reason, scout_for=scout_for)), ""
+
+    def _picture(
+        self,
+        obs: list[Observation],
+        exclude: set[int],
+        best: float | None,
+        budget_left: int | None,
+        allowed: np.ndarray | None,
+    ) -> "_Picture":
+        """What the models say of every config now: the objective's mean and sd (widened for the
+        families not measured while the model is in doubt), the memory belief and P(fits), which
+        configs are left, and the study's OOM count against its allowance."""
+        s = self.settings
+        mean, sd = self._objective_model(obs)
+        belief = self._memory_belief(obs)
+        p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
+        candidates = self.valid.copy() if allowed is None else self.valid & allowed
+        probed = {o.index for o in obs} | exclude
+        if probed:
+            candidates[list(probed)] = False
+        seen = {self.families[o.index] for o in obs}
+        doubt, doubt_why = self.model_doubt(obs) if best is not None else (0.0, "")
+        unmeasured = np.array([f not in seen for f in self.families]) if doubt else None
+        model_sd = sd
+        if doubt:
+            # the families not measured may be as wrong as the one shown wrong: widen them
+            sd = np.where(unmeasured, np.hypot(sd, math.expm1(doubt) * np.abs(mean)), sd)
+        ooms = sum(1 for o in obs if o.status == "oom")
+        # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
+        # a profile's verdict sends a config to its full probe (autotune.study.profiling), not here
+        spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(exclude), budget_left)
+        return _Picture(
+            obs=obs,
+            exclude=exclude,
+            best=best,
+            budget_left=budget_left,
+            metric=self.metric,
+            sign=1.0 if self.direction == "maximize" else -1.0,
+            mean=mean,
+            sd=sd,
+            model_sd=model_sd,
+            belief=belief,
+            p_fit=p_fit,
+            candidates=candidates,
+            seen_families=seen,
+            doubt=doubt,
+            doubt_why=doubt_why,
+            unmeasured=unmeasured,
+            n_measured=sum(1 for o in obs if o.objective is not None),
+            ooms=ooms,
+            spent=spent,
+        )
+
+    def _stop_or_stretch(
+        self, view: "_Picture", allowed: np.ndarray | None
+    ) -> tuple[float, str, tuple[Proposal | None, str] | None]:
+        """(the least P(fits) a config needs to be probed, why it was stretched, or what to return
+        instead of a new config: a close call's re-measurement, or None and the reason to stop).
+
+        The floor is ``min_fit_probability``; with memory profiles ``give_up_probability`` (an unlikely
+        fit costs its profile, not an OOM; the score weighs it). The stopping rule: every config that
+        may fit (the floor) has its optimistic bound (``stop_kappa`` sd) below the best measured. Then
+        the configs that could still win but are less likely to fit than the floor: while the study
+        has budget left and may still risk an OOM, one of them is worth its risk (7B 32 GB world 17 of
+        benchmarks/search_efficiency.py stopped after 11 of 20 probes at 0.937 of the optimum, a
+        config at 98.7 % of the memory it gave P(fits) 0.3)."""
+        s = self.settings
+        floor = s.give_up_probability if s.memory_profiles else s.min_fit_probability
+        best = view.best
+        if not (s.stop_early and best is not None and view.n_measured >= s.min_probes_before_stop):
+            return floor, "", None
+        bound = view.sign * view.mean + s.stop_kappa * view.sd
+        maybe = view.candidates & (view.p_fit >= floor)
+        top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
+        target = view.sign * best + abs(best) * s.stop_margin
+        if top >= target:
+            return floor, "", None
+        risky = view.candidates & (view.p_fit >= s.give_up_probability) & (view.p_fit < floor) & (bound > target)
+        if risky.any() and not view.spent and (view.budget_left is None or view.budget_left > 1):
+            stretch = (
+                f"every config at least {floor:.0%} likely to fit is below the best measured by the model's "
+                f"bound; with budget left and the OOM allowance unspent, one that may fit and could win"
+            )
+            return s.give_up_probability, stretch, None
+        again = self.close_call(view.obs, view.exclude, allowed, view.mean)
+        if again is not None:
+            return floor, "", (view.with_prediction(again), "")
+        return (
+            floor,
+            "",
+            (
+                None,
+                f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
+                f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win",
+            ),
+        )
+
+    def _pool(self, view: "_Picture", floor: float) -> tuple[np.ndarray, str, str]:
+        """(the configs that may be probed, the words when only the safest are left, the reason to
+        stop when none may). Nothing measured yet: the configs that surely fit, to learn from (an
+        OOM teaches less than a measured peak, and a study that fails its first probes has nothing
+        to go on); the OOM allowance spent: from now on, configs that surely fit; else those at
+        least ``floor`` likely to fit. Where none qualifies, the likeliest to fit, to learn where the
+        limit is (a study that stops after its first OOM finds nothing)."""
+        s = self.settings
+        candidates, p_fit = view.candidates, view.p_fit
+        safest = ""
+        if view.best is None or view.spent:
+            pool = candidates & (p_fit >= s.fit_confidence)
+            if not pool.any() and view.spent and view.best is not None:
+                top = float(np.max(np.where(candidates, p_fit, 0.0)))
+                if top < s.min_fit_probability:
+                    ooms = view.ooms
+                    return (
+                        pool,
+                        "",
+                        (
+                            f"the study's OOM allowance is spent ({ooms} OOM probe{'s' if ooms != 1 else ''}, "
+                            f"search.max_oom_share {s.max_oom_share:g}) and no remaining config is even "
+                            f"{s.min_fit_probability:.0%} likely to fit (the likeliest: {top:.2f})"
+                        ),
+                    )
+                pool = candidates & (p_fit >= 0.9 * top)
+                safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
+        else:
+            pool = candidates & (p_fit >= floor)
+        if not pool.any():
+            top = float(np.max(np.where(candidates, p_fit, 0.0)))
+            if top < s.give_up_probability:
+                return (
+                    pool,
+                    "",
+                    (
+                        f"no remaining config is likely to fit in memory (the likeliest: P(fits) {top:.2f}, "
+                        "learned from the OOMs so far)"
+                    ),
+                )
+            pool = candidates & (p_fit >= 0.9 * top)
+            safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
+        return pool, safest, ""
+
+    def _choose(self, view: "_Picture", pool: np.ndarray, safest: str) -> tuple[int, int | None, int | None]:
+        """(the config to probe, the same where it is a doubt probe, the promising config it scouts
+        for). While the model is in doubt and has probes of doubt left: the best of a family not
+        measured, if its widened bound could beat the best measured and it surely fits. Nothing
+        measured yet, or only the safest left: the highest optimistic bound. Else the expected
+        improvement over the best, weighted by the probability of fitting (a config near the memory
+        limit is tried when what it could gain is worth the risk), plus what a sure config's
+        measurement would make sure of the unsure ones (scouting)."""
+        s = self.settings
+        sign, mean, sd, p_fit, best = view.sign, view.mean, view.sd, view.p_fit, view.best
+        ucb = sign * mean + s.explore_kappa * sd
+        scouted = scouting = None
+        doubted = None
+        if view.doubt and not safest and self._doubt_probes(view.obs) < s.max_doubt_probes:
+            others = pool & view.unmeasured & (p_fit >= s.fit_confidence) & (ucb > sign * best)
+            if others.any():
+                doubted = int(np.argmax(np.where(others, ucb, -np.inf)))
+        if doubted is not None:
+            return doubted, doubted, None
+        if best is None or safest:
+            score = np.where(pool, ucb, -np.inf)
+        else:
+            gain = _expected_improvement(sign * mean, sd, sign * best)
+            if s.memory_profiles:
+                # a config not sure to fit is profiled first: it costs the profile, and its full probe
+                # only when the profile says it fits (about P(fits) of the time): the gain per
+                # full-probe equivalent spent, not the gain discounted by the risk of an OOM
+                cost = np.where(p_fit >= s.fit_confidence, 1.0, s.profile_cost + p_fit)
+                score = np.where(pool, gain * p_fit / cost, -np.inf)
+            else:
+                score = np.where(pool, gain * p_fit**s.fit_power, -np.inf)
+            if s.scout and not s.memory_profiles:
+                sure = pool & (p_fit >= s.fit_confidence)
+                unsure = view.candidates & (p_fit < s.fit_confidence) & (p_fit >= s.give_up_probability)
+                scouting, scouted = self.scout_value(view.obs, view.belief, sure, unsure, gain, p_fit)
+                score = np.where(sure, score + scouting, score)
+        index = int(np.argmax(score))
+        scout_for = None
+        if scouted is not None and scouted[index] >= 0 and scouting[index] > score[index] - scouting[index]:
+            scout_for = int(scouted[index])
+        return index, None, scout_for
+
+    def _reason(
+        self,
+        view: "_Picture",
+        index: int,
+        pool: np.ndarray,
+        doubted: int | None,
+        scout_for: int | None,
+        safest: str,
+        stretch: str,
+    ) -> str:
+        """Why this config: doubt, a new family, the safest left, a stretch, a scout, a sibling of
+        a config that ran out of memory, a profile first; its rank by the model's mean among the
+        configs that may be probed, and its prediction."""
+        s = self.settings
+        mean, sd, p_fit = view.mean, view.sd, view.p_fit
+        mem_mean, mem_sd = view.belief.mean, view.belief.sd
+        by_mean = np.where(pool, view.sign * mean, -np.inf)
+        rank = int(np.sum(by_mean > by_mean[index])) + 1
+        parts = []
+        if doubted is not None:
+            parts.append(
+                f"doubt: {view.doubt_why}; the model's uncertainty is widened by ±{math.expm1(view.doubt):.0%} for "
+                "the families not measured, so the best of one is probed before exploiting further"
+            )
+        elif view.doubt:
+            parts.append(f"doubt: {view.doubt_why} (unmeasured families widened by ±{math.expm1(view.doubt):.0%})")
+        if view.obs and self.families[index] not in view.seen_families:
+            parts.append(f"exploration: new tp/pp/zero/recompute family ({_family_words(self.families[index])})")
+        if safest:
+            parts.append(safest)
+        if stretch:
+            parts.append(stretch)
+        if scout_for is not None:
+            parts.append(
+                f"scout for {_short(self.ranking.enumeration.configs[scout_for])} (peak "
+                f"{mem_mean[scout_for]:.1f} ± {mem_sd[scout_for]:.1f} GiB, P(fits) {p_fit[scout_for]:.2f}): "
+                "this one surely fits and tells its memory, so it need not be risked"
+            )
+        wall = self._after_wall(view.obs, index, mem_mean, view.belief)
+        if wall:
+            parts.append(wall)
+        if s.memory_profiles and p_fit[index] < s.fit_confidence:
+            parts.append(
+                f"not sure to fit (P(fits) {p_fit[index]:.2f}): memory profile first, full probe only if it fits"
+            )
+        n = view.n_measured
+        parts.append(f"rank {rank} by model" + (f" refit after {n} measured" if n else ""))
+        parts.append(f"predicted {mean[index]:.4g} ± {sd[index]:.2g}, P(fits) {p_fit[index]:.2f}")
+        return "; ".join(parts)
+
+
+@dataclass
+class _Picture:
+    """What one proposal is decided from (``Guide._picture``): the models' view of every config."""
+
+    obs: list[Observation]
+    exclude: set[int]
+    best: float | None
+    budget_left: int | None
+    metric: str
+    sign: float  # +1 to maximise, -1 to minimise
+    mean: np.ndarray  # the objective's mean ...
+    sd: np.ndarray  # ... and sd, widened for unmeasured families while in doubt
+    model_sd: np.ndarray  # the sd before that widening
+    belief: _MemoryBelief
+    p_fit: np.ndarray
+    candidates: np.ndarray  # valid, allowed, not probed nor in flight
+    seen_families: set[tuple]
+    doubt: float
+    doubt_why: str
+    unmeasured: np.ndarray | None  # the configs of families not measured (while in doubt)
+    n_measured: int
+    ooms: int
+    spent: bool  # the OOM allowance
+
+    def with_prediction(self, proposal: Proposal, widened: bool = True) -> Proposal:
+        """The proposal with what the guide predicts of it (trial attributes, the report's band);
+        ``widened``: its sd as the doubt widened it (a close call near the end is decided before)."""
+        i = proposal.index
+        sd = self.sd if widened else self.model_sd
+        proposal.predicted = {
+            f"guided_{self.metric}": float(self.mean[i]),
+            f"guided_{self.metric}_sd": float(sd[i]),
+            "guided_peak_memory_gib": float(self.belief.mean[i]),
+            "guided_p_fit": float(self.p_fit[i]),
+        }
+        return proposal
+
+
+def _wall_of(config: dict[str, Any]) -> tuple:
+    """A config less the knobs that cannot save memory (:data:`SAME_WALL_FLAGS`, a half precision,
+    the HCCL settings): two configs of one wall hold the same tensors."""
+    out = []
+    for k, v in sorted(config.items()):
+        if k in SAME_WALL_FLAGS or k.startswith("env.HCCL_"):
+            continue
+        out.append((k, "half" if k == "precision" and v in SAME_WALL_PRECISIONS else v))
+    return tuple(out)
+
+
+def _buffer_of(config: dict[str, Any]) -> float | None:
+    """The config's ``HCCL_BUFFSIZE`` (MB), where it sets a number."""
+    try:
+        return float(config[HCCL_BUFFER])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _beyond_environment(config: dict[str, Any]) -> tuple:
+    """A config without its environment settings (``env.*``): what a re-measurement can tell apart."""
+    return tuple(sorted((k, repr(v)) for k, v in config.items() if not k.startswith("env.")))
+
+
+def _family_words(family: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(FAMILY_PARAMS, family) if v is not None)
+
+
+def _short(config: dict[str, Any]) -> str:
+    """A config's family and micro-batch in a few words, for a proposal's reason."""
+    keys = (*FAMILY_PARAMS, "micro_batch_size")
+    return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) is not None)
+
+
+def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """E[max(0, Y - best)] for Y ~ N(mean, sd²) (all to be maximised)."""
+    sd = np.maximum(sd, 1e-12 * np.abs(mean) + 1e-300)
+    z = (mean - best) / sd
+    pdf = np.exp(-0.5 * np.clip(z, -30, 30) ** 2) / np.sqrt(2 * np.pi)
+    return sd * pdf + (mean - best) * _norm_cdf(z)
+
+
+def _truncated_normal(mean: float, sd: float, lower: float, upper: float) -> tuple[float, float]:
+    """The mean and sd of N(mean, sd²) truncated to [lower, upper] (lower < upper)."""
+    a, b = (lower - mean) / sd, (upper - mean) / sd
+    mass = float(_norm_cdf(np.array([b]))[0] - _norm_cdf(np.array([a]))[0])
+    if mass < 1e-12:  # the whole prior beyond one end: the interval's end nearest to it
+        end = upper if b < 0 else lower
+        return end, min(sd, (upper - lower) / math.sqrt(12.0))
+    pdf_a, pdf_b = (math.exp(-0.5 * min(z * z, 900.0)) / math.sqrt(2 * math.pi) for z in (a, b))
+    shift = (pdf_a - pdf_b) / mass
+    var = 1.0 + (a * pdf_a - b * pdf_b) / mass - shift * shift
+    return min(upper, max(lower, mean + sd * shift)), sd * math.sqrt(max(var, 0.0))
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    """Φ(z) by Abramowitz and Stegun 7.1.26 (absolute error below 1e-7), vectorised: the
+    scouting values are a matrix of tens of thousands of entries at every proposal."""
+    x = np.abs(np.asarray(z, dtype=float)) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
+def _norm_ppf(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)

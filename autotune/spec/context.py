@@ -1,0 +1,56 @@
+"""What a probe receives with every trial: the resolved model, workload and cluster, and the
+request builder's settings.
+
+A probe knows only its trial file (docs/ARCHITECTURE.md), so the model, workload and cluster go with each
+trial as plain mappings, the hardware profile resolved (overrides applied) inside ``cluster``.
+Built once per study from the spec (:func:`autotune.spec.resolve.probe_context`) and shared by
+the simulator ranking and the trial requests, so the two can never describe different hardware.
+:class:`RequestSettings` is what the request builder (:mod:`autotune.study.trial_run`,
+:mod:`autotune.study.trial_resolve`) is given instead of the spec (issue 43: narrow settings).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.workers.protocol import TrialRequest
+
+__all__ = ["ProbeContext", "RequestSettings"]
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    model: dict[str, Any]
+    workload: dict[str, Any]
+    cluster: dict[str, Any]
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return self.cluster["hardware"]
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What a trial file needs beside the config, made once from the spec by the assembly."""
+
+    study: str  # the study's name: every trial file and cache entry names the study it came from
+    context: ProbeContext  # the model, workload and cluster (hardware resolved) every probe is told
+    backend: dict[str, Any]  # the spec's backend section, secret env values masked: the probe's settings, the cache key
+    workload_kind: str  # train, infer or serve: a config's devices (parameters.trial_devices)
+    secrets: tuple[str, ...] = ()  # every secret value the spec holds: scrubbed from what a probe printed
+
+    def request(self, config: dict[str, Any], number: int) -> TrialRequest:
+        """What the probe of trial ``number`` is told: the config, the model, workload and cluster,
+        the backend (masked)."""
+        c = self.context
+        return TrialRequest(
+            params=config,
+            model=c.model,
+            workload=c.workload,
+            cluster=c.cluster,
+            study=self.study,
+            number=number,
+            backend=copy.deepcopy(self.backend),
+        )

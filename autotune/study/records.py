@@ -1,0 +1,308 @@
+"""A study's trials as reports, exports, MLflow and the search see them: :class:`TrialRecord`, read
+from the trial attributes autotune writes (:mod:`autotune.trial_attrs`), and the rules every reader shares:
+which trials are the best (:func:`best_records`) and which become MLflow child runs
+(:func:`is_tracked`). Pure functions over an Optuna study; nothing here writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import optuna
+from optuna.trial import TrialState
+
+from ..sanity import is_finite_number as _finite
+from ..spec.space import config_key
+from ..trial_attrs import A
+
+__all__ = [
+    "TrialRecord",
+    "trial_records",
+    "trial_record",
+    "frozen_trial",
+    "guide_estimates",
+    "best_records",
+    "beyond_noise",
+    "measurement_noise",
+    "is_tracked",
+]
+
+
+@dataclass
+class TrialRecord:
+    """A trial as reports and exports see it."""
+
+    number: int
+    state: str
+    config: dict[str, Any]
+    status: str
+    source: str
+    metrics: dict[str, float]
+    predicted: dict[str, float]
+    reason: str
+    probed: bool
+    baseline: bool
+    chosen_because: str
+    values: list[float] | None
+    feasible: bool
+    info: dict[str, Any] = field(default_factory=dict)  # what the probe said about itself (software, device)
+    wall_s: float = 0.0  # how long the probe ran (OOM probes cost a launch: the summary adds them up)
+    memory_profile: dict[str, Any] = field(
+        default_factory=dict
+    )  # its memory profile (autotune.study.profiling), if any
+
+    def budget_attrs(self) -> dict[str, Any]:
+        """The user attributes its cost against the budget is read from (status, wall, memory
+        profile: :func:`autotune.guide.memory_profile.cost_of_trials`), for callers that hold records."""
+        return {A.STATUS: self.status, A.WALL: self.wall_s, A.MEMORY_PROFILE: self.memory_profile}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "state": self.state,
+            "status": self.status,
+            "params": self.config,
+            "metrics": self.metrics,
+            "predicted": self.predicted,
+            "source": self.source,
+            "failure": self.reason if self.status not in ("ok",) else None,
+            "probed": self.probed,
+            "baseline": self.baseline,
+            "chosen_because": self.chosen_because,
+            **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
+        }
+
+
+def trial_records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of the study as a record."""
+    return [_record(t) for t in study.get_trials(deepcopy=False)]
+
+
+def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
+    ua = t.user_attrs
+    feasible = all(v <= 0 for v in t.constraints.values()) if t.constraints else True
+    return TrialRecord(
+        number=t.number,
+        state=t.state.name,
+        config=ua.get(A.CONFIG, dict(t.params)),
+        status=ua.get(A.STATUS, "running" if t.state == TrialState.RUNNING else t.state.name.lower()),
+        source=ua.get(A.SOURCE, ""),
+        metrics=ua.get(A.METRICS, {}),
+        predicted=ua.get(A.PREDICTED, {}),
+        reason=ua.get(A.REASON, ""),
+        probed=bool(ua.get(A.PROBED, False)),
+        baseline=bool(ua.get(A.BASELINE, False)),
+        chosen_because=ua.get(A.CHOSEN, ""),
+        values=list(t.values) if t.values else None,
+        feasible=feasible,
+        info=ua.get(A.INFO) or {},
+        wall_s=float(ua.get(A.WALL) or 0.0),
+        memory_profile=dict(ua.get(A.MEMORY_PROFILE) or {}),
+    )
+
+
+def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] | None:
+    """The guide's estimates of the measured configs (``GuidedSampler.estimates``, kept on the
+    study after every probe), or None in a study the guide did not steer."""
+    raw = study.user_attrs.get(A.GUIDE_ESTIMATES)
+    if not isinstance(raw, dict):
+        return None
+    return {
+        k: (float(v[0]), float(v[1]), int(v[2]))
+        for k, v in raw.items()
+        if isinstance(v, (list, tuple)) and len(v) == 3 and all(_finite(x) for x in v)
+    }
+
+
+def best_records(
+    records: list[TrialRecord],
+    objectives: list[tuple[str, str]],
+    estimates: dict[str, tuple[float, float, int]] | None = None,
+) -> list[TrialRecord]:
+    """The best probed trials: the single best for one objective, the Pareto front for several
+    (best first by the first objective). Rule rejections and repeats are never "best". A config
+    measured more than once (a close call, measured again) is judged on the mean of its
+    measurements; the record returned is its latest, with those means as its metrics.
+
+    With ``estimates`` (a guided study, one objective) the best is the measured config with the
+    best estimate, not the best single reading: with 2-3 % noise between runs, the highest
+    reading among twenty is often a slower config measured high (the winner's curse), while
+    the guide's estimate pools every measurement. But between measured configs the measurements
+    decide (issue 44): the estimate chooses only among the configs whose readings the noise cannot
+    tell from the best reading (:func:`beyond_noise`); a model that ranks a config far above what
+    it measured does not make it the best. The record returned then carries
+    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
+    ok = [
+        r
+        for r in records
+        if r.status == "ok"
+        and r.state == "COMPLETE"
+        and r.probed
+        and all(_finite(r.metrics.get(m)) for m, _ in objectives)
+    ]
+    if not ok:
+        return []
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in ok:
+        groups.setdefault(config_key(r.config), []).append(r)
+    merged = []
+    for rs in groups.values():
+        latest = max(rs, key=lambda r: r.number)
+        if len(rs) > 1:
+            metrics = dict(latest.metrics)
+            for name in {k for r in rs for k in r.metrics}:
+                values = [r.metrics[name] for r in rs if _finite(r.metrics.get(name))]
+                if values:
+                    metrics[name] = statistics.fmean(values)
+            metrics["measurements"] = len(rs)
+            latest = dataclasses.replace(latest, metrics=metrics)
+        merged.append(latest)
+    ok = merged
+    m, d = objectives[0]
+    ok.sort(key=lambda r: r.metrics[m], reverse=(d == "maximize"))
+    if len(objectives) == 1:
+        if estimates:
+
+            def estimate(r: TrialRecord) -> float:
+                e = estimates.get(config_key(r.config))
+                return e[0] if e is not None else float(r.metrics[m])
+
+            noise = measurement_noise(groups.values(), m)
+            contenders = [r for r in ok if not beyond_noise(ok[0], r, m, noise)]
+            if not all(_agrees(estimates.get(config_key(r.config)), r, m, noise) for r in contenders):
+                return ok[:1]  # the guide's model does not describe what was measured: the readings decide
+            top = max(contenders, key=estimate) if d == "maximize" else min(contenders, key=estimate)
+            e = estimates.get(config_key(top.config))
+            if e is not None:
+                top = dataclasses.replace(
+                    top, predicted={**top.predicted, f"estimated_{m}": e[0], f"estimated_{m}_sd": e[1]}
+                )
+            return [top]
+        return ok[:1]
+    import numpy as np
+
+    from ..guide.ranking import pareto_order
+
+    values = np.array([[r.metrics[m] * (1 if d == "maximize" else -1) for m, d in objectives] for r in ok])
+    fronts = pareto_order(values)
+    return [r for r, f in zip(ok, fronts) if f == 0]
+
+
+# a measurement's relative noise between runs where the study has no repeat to measure it by: the
+# guide's own assumption (autotune.guide.guided.GuideSettings.noise), a floor under what repeats show
+DEFAULT_NOISE = 0.03
+SEPARATED_Z = 2.0  # two readings' means further apart than this many standard errors are ordered
+ESTIMATE_Z = 3.0  # a guide's estimate further than this from a config's readings does not describe them
+
+
+def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
+    """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
+    configs measured more than once (each reading over its config's mean), never below
+    :data:`DEFAULT_NOISE` (a pair of readings says little)."""
+    squares, dof = 0.0, 0
+    for rs in groups:
+        values = [float(r.metrics[metric]) for r in rs if _finite(r.metrics.get(metric))]
+        if len(values) < 2 or not statistics.fmean(values):
+            continue
+        mean = statistics.fmean(values)
+        squares += sum((v / mean - 1.0) ** 2 for v in values)
+        dof += len(values) - 1
+    return max(DEFAULT_NOISE, (squares / dof) ** 0.5 if dof else 0.0)
+
+
+def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: float) -> bool:
+    """Whether ``other``'s mean reading is further from ``lead``'s than the noise explains:
+    more than :data:`SEPARATED_Z` standard errors of the difference of two means of
+    ``measurements`` readings each, at ``noise`` relative per reading."""
+    a, b = float(lead.metrics[metric]), float(other.metrics[metric])
+    na, nb = int(lead.metrics.get("measurements", 1)), int(other.metrics.get("measurements", 1))
+    if not a:
+        return False
+    return abs(a - b) / abs(a) > SEPARATED_Z * noise * (1.0 / na + 1.0 / nb) ** 0.5
+
+
+def _agrees(estimate: tuple[float, float, int] | None, record: TrialRecord, metric: str, noise: float) -> bool:
+    """Whether the guide's estimate of a measured config is one its readings allow: within
+    ``ESTIMATE_Z`` standard errors of their mean (a pooled estimate moves a reading by about the
+    noise; a model off by a scale the refit has not caught moves it by far more)."""
+    if estimate is None:
+        return True
+    mean, n = float(record.metrics[metric]), int(record.metrics.get("measurements", 1))
+    return not mean or abs(estimate[0] - mean) / abs(mean) <= ESTIMATE_Z * noise / n**0.5
+
+
+def is_tracked(record: TrialRecord) -> bool:
+    """The one rule for what becomes an MLflow child run, on a first run and on every resume: a
+    config that was probed, simulated or answered from the cache. Rule rejections and repeats are
+    answered without a probe (they are counted on the parent run and listed by ``autotune
+    report``), and an interrupted probe measured nothing (its config is probed again)."""
+    return bool(record.probed) and record.status not in ("duplicate", "interrupted")
+
+
+def frozen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial | None:
+    """One trial by number through Optuna's public API, without deep-copying the study's trials
+    (a study's trials are numbered 0, 1, ... in the order ``get_trials`` returns them)."""
+    trials = study.get_trials(deepcopy=False)
+    if 0 <= number < len(trials) and trials[number].number == number:
+        return trials[number]
+    return next((t for t in trials if t.number == number), None)
+
+
+def trial_record(study: optuna.Study, number: int) -> TrialRecord:
+    """The record of one trial."""
+    return _record(frozen_trial(study, number))
+
+
+def measured_configs(study: optuna.Study) -> dict[str, int]:
+    """Canonical config -> the first trial that measured it. A config whose probe was interrupted, or
+    failed under it on the infrastructure, is not measured: its re-queued trial must run, not be
+    called a duplicate."""
+    seen: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get(A.KEY)
+        if key and t.user_attrs.get(A.PROBED) and t.user_attrs.get(A.STATUS) not in ("interrupted", "infra"):
+            seen.setdefault(key, t.number)
+    return seen
+
+
+def save_trial_files(run_dir: Path, number: int, result: Any) -> None:
+    """``trials/NNNN/result.json`` and ``log_tail.txt``: what the probe returned, kept beside the study
+    (the MLflow child run's artifacts, and the evidence a resumed study checks its journal against)."""
+    folder = run_dir / "trials" / f"{number:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    copy_requests_file(result, folder)
+    (folder / "result.json").write_text(json.dumps(jsonable(result.to_json()), indent=1))
+    if result.log_tail:
+        (folder / "log_tail.txt").write_text(result.log_tail)
+
+
+REQUESTS_FILE = "requests.jsonl"
+
+
+def copy_requests_file(result: Any, folder: Path) -> None:
+    """A serving probe's per-request records (``info["serving"]["requests_file"]``, written in the
+    probe's own folder) kept as ``trials/NNNN/requests.jsonl``: the evidence every SLO verdict and
+    percentile is recomputed from. The worker carries the text back in the result
+    (``requests_jsonl``, :func:`autotune.workers.protocol.attach_requests_file`); it is written
+    here and dropped from the result, whose ``requests_file`` then names the copy."""
+    serving = (getattr(result, "info", None) or {}).get("serving") or {}
+    text = serving.pop("requests_jsonl", None)  # carried back by the worker (protocol.attach_requests_file)
+    if isinstance(text, str):
+        (folder / REQUESTS_FILE).write_text(text)
+        serving["requests_file"] = REQUESTS_FILE
+        return
+    source = serving.get("requests_file")
+    if source and Path(source).is_file():
+        shutil.copyfile(source, folder / REQUESTS_FILE)
+        serving["requests_file"] = REQUESTS_FILE
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values (numpy scalars as numbers, anything else as its text)."""
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))

@@ -1,0 +1,228 @@
+"""One trial, top to bottom: ask -> resolve -> [memory profile -> verdict] -> dispatch -> interpret
+-> tell -> notify.
+
+Why a module of its own: the loop (:mod:`autotune.study.search`) decides only when to start a trial and
+when to stop; what a trial does, and what it costs the budget, reads here in the order it happens.
+Like Optuna's ``_run_trial`` (ask -> run -> tell -> callbacks), except that a probe runs elsewhere
+and several trials are in flight at once, so the sequence pauses where it waits on the dispatcher:
+:meth:`TrialRunner.start` runs a trial up to its first submit, and :meth:`TrialRunner.returned`
+takes each result the loop collects and carries the trial on from there.
+
+The budget (:attr:`LoopState.started <autotune.study.stop_conditions.LoopState.started>`, full-probe
+equivalents) is counted in :func:`_count` only: a trial counts one full probe when it starts; a
+memory profile adds its share when it has run (:func:`autotune.guide.memory_profile.profile_cost_fpe`),
+and the full probe is taken back when the profile ends the trial without one; a trial the
+infrastructure failed (not the config) gives its full probe back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.workers.protocol import ProbeResult, TrialRequest
+
+from autotune.workers.parameters import trial_devices
+from ..spec.context import RequestSettings
+from .interpret import interpret, settle_pruned
+from .listeners import SearchObserver, TrialListener
+from ..guide.memory_profile import layers_per_stage, median_full_wall, profile_cost_fpe
+from .profiling import MemoryProfiler, ProfileRun
+from .pruning import LoserPruner
+from .records import TrialRecord, best_records, guide_estimates, jsonable, save_trial_files, trial_record, trial_records
+from .requeue import requeue_after_lost_capacity, retry_after_infra
+from ..spec.secret_env import scrub_result
+from ..settings import Objectives
+from ..spec.space import Space, config_key
+from .stop_conditions import LoopState
+from ..trial_attrs import A
+from .trial_resolve import TrialResolver, tell
+
+__all__ = ["TrialRunner"]
+
+
+class TrialRunner:
+    """Runs the trials of one study, each from ask to the listeners.
+
+    Given what a trial uses, built once the study is open: the ``request`` settings (what a trial
+    file needs, :class:`autotune.spec.context.RequestSettings`), the study's resolved ``objectives``, the
+    ``resolver`` (:mod:`autotune.study.trial_resolve`),
+    the memory ``profiler`` (None: no profiles), the ``dispatcher`` and ``launcher``, the
+    ``listeners`` in the order they are told, the ``pruner`` (what streamed from a trial, why it was
+    stopped) and the ``observer``; ``on_profile_cost`` hears what each memory profile cost in
+    full-probe equivalents (the guide weighs the next one by it). It reads no sampler's settings."""
+
+    def __init__(
+        self,
+        space: Space,
+        request: RequestSettings,
+        objectives: Objectives,
+        run_dir: Any,
+        *,
+        resolver: TrialResolver,
+        profiler: MemoryProfiler | None,
+        dispatcher: Any,
+        launcher: Callable[[TrialRequest], Any],
+        listeners: list[TrialListener],
+        pruner: LoserPruner,
+        observer: SearchObserver,
+        on_profile_cost: Callable[[float], None] | None = None,
+    ):
+        self.space, self.request, self.context, self.run_dir = space, request, request.context, run_dir
+        self.objectives = objectives
+        self.resolver, self.profiler = resolver, profiler
+        self.dispatcher, self.launcher = dispatcher, launcher
+        self.listeners, self.pruner, self.observer = listeners, pruner, observer
+        self.on_profile_cost = on_profile_cost
+        self._profiling: dict[Any, ProfileRun] = {}  # pending handles that are a trial's memory profile runs
+        self._secrets = list(request.secrets)  # scrubbed from what a probe printed
+
+    # ---- ask -> resolve -> (the cache, or) [memory profile first, or] dispatch ------------------
+    def start(self, study: optuna.Study, loop: LoopState) -> None:
+        """Ask for a trial and run it up to its first submit (or to its end, when no probe is needed)."""
+        trial = study.ask(self.space.distributions())
+        handled = self.resolver.resolve(study, trial, loop.seen)
+        if handled is None:  # a rule rejection or a repeat: told already, no probe
+            loop.misses += 1
+            return
+        loop.misses = 0
+        config, why = handled
+        cached = None if A.REMEASURE_OF in trial.user_attrs else self.resolver.from_cache(config)
+        trial.set_user_attr(A.PROBED, True)
+        loop.seen[config_key(config)] = trial.number
+        _count(loop, 1)  # one full probe, until its profile or the infrastructure says otherwise
+        if cached is not None:  # measured before, in this or another study: no probe
+            result, origin = cached
+            trial.set_user_attr(
+                A.CHOSEN, f"{why}; answered from the result cache (study {origin['study']}, trial {origin['trial']})"
+            )
+            record = self._interpret_and_tell(study, loop, trial, config, result)
+            self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
+            return
+        request = self._request(trial, config)
+        run = self.profiler.plan(trial, config, request, why) if self.profiler is not None else None
+        if run is not None:  # not sure to fit: its memory profile first (autotune.study.profiling)
+            self.observer.on_trial_started(trial.number, config, f"{why}; memory profile first")
+            self._submit_profile(loop, run)
+            return
+        launch = self.launcher(request)
+        self.observer.on_trial_started(trial.number, config, why)
+        loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
+
+    def _request(self, trial: optuna.Trial, config: dict[str, Any]) -> TrialRequest:
+        """What the probe is told: the config, the model, workload and cluster, the backend (masked)."""
+        return self.request.request(config, trial.number)
+
+    def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
+        """Submit the profile's next run (the layers per stage it has not run yet)."""
+        request = self.profiler.next_request(run)
+        handle = self.dispatcher.submit(request, self.launcher(request))
+        loop.pending[handle] = (run.trial, run.config)
+        self._profiling[handle] = run
+
+    # ---- a submitted run came back -------------------------------------------------------------
+    def returned(self, study: optuna.Study, loop: LoopState, handle: Any, result: ProbeResult) -> None:
+        """A run the loop collected: one of a trial's memory profile runs, or its full probe."""
+        trial, config = loop.pending.pop(handle)
+        run = self._profiling.pop(handle, None)
+        if run is not None:
+            self._profiled(study, loop, run, result)
+        else:
+            self._end(study, loop, trial, config, result)
+
+    def full_probes(self, loop: LoopState) -> dict[Any, tuple[optuna.Trial, dict[str, Any]]]:
+        """The pending runs that are full probes (a memory profile is not pruned)."""
+        return {h: v for h, v in loop.pending.items() if h not in self._profiling}
+
+    # ---- [memory profile -> verdict] -----------------------------------------------------------
+    def _profiled(self, study: optuna.Study, loop: LoopState, run: ProfileRun, result: ProbeResult) -> None:
+        """A profile run came back: the next one, the full probe, or the trial's end (its verdict)."""
+        scrub_result(result, self._secrets)
+        action, final = self.profiler.take(study, run, result)
+        if action == "again":
+            self._submit_profile(loop, run)
+            return
+        median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
+        per_stage = layers_per_stage(run.request.model, run.config)
+        cost = profile_cost_fpe(run.walls_s, run.layers[: run.done], per_stage, median)
+        _count(loop, cost)
+        if self.on_profile_cost is not None:
+            self.on_profile_cost(cost)
+        if action == "probe":
+            self.pruner.live_steps.pop(run.trial.number, None)  # the profile's steps are not the probe's
+            loop.pending[self.dispatcher.submit(run.request, self.launcher(run.request))] = (run.trial, run.config)
+            return
+        _count(loop, -1)  # the profile ended the trial: no full probe
+        self._end(study, loop, run.trial, run.config, final)
+
+    # ---- the trial's end -----------------------------------------------------------------------
+    def _end(
+        self, study: optuna.Study, loop: LoopState, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
+    ) -> None:
+        """The trial's own result (its full probe's, or its profile's verdict): told, then shown."""
+        record = self._interpret_and_tell(study, loop, trial, config, result)
+        if record.status == "infra":  # the machine failed, not the config: no budget spent,
+            _count(loop, -1)  # and its retry (queued by _interpret_and_tell) is no repeat
+            loop.infra_in_a_row += 1
+            if loop.seen.get(config_key(config)) == trial.number:
+                del loop.seen[config_key(config)]
+        else:
+            loop.infra_in_a_row = 0
+        self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
+
+    def _interpret_and_tell(
+        self, study: optuna.Study, loop: LoopState, trial: optuna.Trial, config: dict[str, Any], result: ProbeResult
+    ) -> TrialRecord:
+        """interpret -> record -> tell -> notify the listeners, for one finished trial."""
+        scrub_result(result, self._secrets)  # a probe that printed its environment: no token stored anywhere
+        settle_pruned(result, *self.pruner.settle(trial.number))
+        for listener in self.listeners:
+            listener.probe_returned(trial.number, config, result)
+        meaning = interpret(
+            config, result, self.context, self.objectives, trial_devices(self.request.workload_kind, config)
+        )
+        result.status, result.reason = meaning.probe_status, meaning.probe_reason
+        for name, value in (
+            (A.STATUS, result.status),
+            (A.SOURCE, result.source),
+            (A.METRICS, meaning.metrics),
+            (A.WALL, round(result.wall_s, 3)),
+        ):
+            trial.set_user_attr(name, value)
+        if result.reason:
+            trial.set_user_attr(A.REASON, result.reason[:2000])
+        if result.info:
+            trial.set_user_attr(A.INFO, jsonable(result.info))
+        save_trial_files(self.run_dir, trial.number, result)
+        if meaning.status != result.status:
+            trial.set_user_attr(A.STATUS, meaning.status)
+            trial.set_user_attr(A.REASON, meaning.reason)
+        if meaning.retry == "capacity_lost":  # capacity that was there is gone: stop, leave the config for the re-run
+            why = requeue_after_lost_capacity(study, trial, config, self.space, meaning.capacity_lost)
+            if not loop.infra_failure:
+                loop.infra_failure = why
+                self.observer.on_message(why)
+        elif meaning.retry == "infra":
+            retry_after_infra(study, trial, config, self.space, self.observer.on_message)
+        if meaning.tell in ("values", "infeasible"):
+            trial.set_constraint("feasible", 0.0 if meaning.tell == "values" else 1.0)
+            tell(study, trial, meaning.values)
+        else:
+            tell(study, trial, state=TrialState.PRUNED if meaning.tell == "pruned" else TrialState.FAIL)
+        record = trial_record(study, trial.number)
+        for listener in self.listeners:
+            listener.trial_finished(study, record, result)
+        return record
+
+    def best(self, study: optuna.Study) -> TrialRecord | None:
+        """The best trial so far (what the progress shows and the pruner measures against)."""
+        best = best_records(trial_records(study), self.objectives, guide_estimates(study))
+        return best[0] if best else None
+
+
+def _count(loop: LoopState, fpe: float) -> None:
+    """The budget, counted here and nowhere else: ``fpe`` full-probe equivalents more (less, when a
+    trial turns out to cost less than it was counted at: see the module docstring)."""
+    loop.started += fpe

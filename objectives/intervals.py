@@ -1,0 +1,103 @@
+"""How sure a measured figure is: the interval of a mean, of a percentile, and of a throughput
+derived from step times (issue 44, "every figure with its interval and its count").
+
+Installed as ``autotune.objectives.intervals``. Pure definitions over plain numbers, like the rest
+of :mod:`autotune.objectives`:
+
+- a mean of ``n`` readings: Student's t interval (the readings' own spread; ``n >= 2``);
+- a percentile of ``n`` samples (a serving p99): the distribution-free order-statistic interval,
+  the ranks the binomial distribution of "samples below the true percentile" allows at the
+  confidence; with too few samples its upper end is beyond the largest sample and is reported as
+  unbounded (``inf``): 50 requests cannot bound a p99 from above;
+- a throughput ``k / step_time`` (tokens/s, samples/s, MFU): the mean step time's interval,
+  mapped through ``1 / x`` (a monotone map keeps the coverage).
+
+A probe's few measured steps give the spread *within* one run; repeats of a config give the noise
+*between* runs, which is usually larger: a figure says which it rests on (``n_steps``,
+``measurements``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+__all__ = ["CONFIDENCE", "mean_interval", "quantile_interval", "throughput_interval", "ci_keys", "verdict"]
+
+CONFIDENCE = 0.95  # the confidence of every interval autotune reports unless the spec says otherwise
+
+
+def ci_keys(metric: str) -> tuple[str, str]:
+    """The names an interval of ``metric`` is kept under (metrics, MLflow, ``--json``)."""
+    return f"{metric}_ci_low", f"{metric}_ci_high"
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def mean_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Student's t interval of the mean of ``values``; None with fewer than two."""
+    from scipy import stats
+
+    data = _finite(values)
+    n = len(data)
+    if n < 2:
+        return None
+    mean = math.fsum(data) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in data) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def quantile_interval(
+    values: Iterable[float | None], q: float, confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """The order-statistic interval of the ``q``-th percentile (0-100) of the population ``values``
+    were drawn from: sample ranks ``l < u`` with P(X(l) <= true percentile <= X(u)) >= ``confidence``
+    (the count of samples below it is Binomial(n, q/100)). An end the samples cannot reach is
+    ``-inf`` / ``inf``. None without samples."""
+    from scipy import stats
+
+    data = sorted(_finite(values))
+    n = len(data)
+    if n == 0:
+        return None
+    p = q / 100.0
+    tail = (1.0 - confidence) / 2.0
+    # the number of samples below the true percentile is Binomial(n, p): the lower bound is the
+    # l-th smallest sample with P(B < l) <= tail, the upper the u-th with P(B >= u) <= tail
+    lower = int(stats.binom.ppf(tail, n, p))  # rank (1-based) of the lower bound; 0: none
+    upper = int(stats.binom.isf(tail, n, p)) + 1  # rank of the upper bound; > n: none
+    low = data[lower - 1] if lower >= 1 else -math.inf
+    high = data[upper - 1] if upper <= n else math.inf
+    return low, high
+
+
+def throughput_interval(
+    value: float, step_time_s: float, step_times: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """The interval of a figure inversely proportional to the step time (``value`` measured at the
+    probe's ``step_time_s``), from the interval of the mean of the measured ``step_times``. None
+    with fewer than two steps or an interval reaching zero."""
+    interval = mean_interval(step_times, confidence)
+    if interval is None or not step_time_s or not math.isfinite(value):
+        return None
+    low, high = interval
+    if low <= 0:
+        return None
+    return value * step_time_s / high, value * step_time_s / low
+
+
+def verdict(interval: tuple[float, float] | None, target: float) -> str:
+    """Whether a latency percentile meets ``target`` at the interval's confidence: ``met`` (its
+    upper end is within the target), ``missed`` (its lower end is beyond it) or ``undecided`` (the
+    target lies inside the interval: more requests would decide)."""
+    if interval is None:
+        return "undecided"
+    low, high = interval
+    if high <= target:
+        return "met"
+    if low > target:
+        return "missed"
+    return "undecided"

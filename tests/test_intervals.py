@@ -1,0 +1,103 @@
+"""Intervals of measured figures (autotune.objectives.intervals, issue 44): right on synthetic
+samples with known distributions (coverage over many seeded draws), honest about too few samples,
+and attached to a training trial's metrics from its measured steps (autotune.study.interpret)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autotune.objectives.intervals import ci_keys, mean_interval, quantile_interval, throughput_interval, verdict
+
+
+def test_the_mean_interval_covers_the_true_mean_at_its_confidence():
+    rng = np.random.default_rng(7)
+    draws = rng.normal(10.0, 1.0, size=(4000, 3))  # three measured steps, as a probe takes
+    covered = sum(lo <= 10.0 <= hi for lo, hi in (mean_interval(row) for row in draws))
+    assert 0.93 <= covered / len(draws) <= 0.97
+    assert mean_interval([1.0]) is None and mean_interval([]) is None
+    lo, hi = mean_interval([1.0, 1.0, None, float("nan"), 1.0])  # missing readings are left out
+    assert lo == hi == 1.0
+
+
+def test_a_p99_interval_covers_the_true_p99_and_is_unbounded_with_too_few_requests():
+    rng = np.random.default_rng(11)
+    true_p99 = -math.log(0.01)  # of Exp(1): a latency's long tail
+    hits = 0
+    for _ in range(1000):
+        lo, hi = quantile_interval(rng.exponential(1.0, 600), 99)
+        hits += lo <= true_p99 <= hi
+    assert hits / 1000 >= 0.95  # order statistics are conservative, never optimistic
+    lo, hi = quantile_interval(rng.exponential(1.0, 50), 99)
+    assert math.isfinite(lo) and hi == math.inf  # 50 requests cannot bound a p99 from above
+    assert quantile_interval([], 99) is None
+
+
+def test_a_throughput_interval_maps_the_step_times_through_their_inverse():
+    lo, hi = throughput_interval(1000.0, 1.0, [0.98, 1.0, 1.02])
+    step_lo, step_hi = mean_interval([0.98, 1.0, 1.02])
+    assert lo == pytest.approx(1000.0 / step_hi) and hi == pytest.approx(1000.0 / step_lo)
+    assert lo < 1000.0 < hi
+    assert throughput_interval(1000.0, 1.0, [1.0]) is None  # one step: no spread to read
+    assert throughput_interval(1000.0, 1.0, [0.01, 5.0]) is None  # an interval reaching 0 s
+
+
+def test_a_verdict_is_undecided_while_the_target_lies_inside_the_interval():
+    assert verdict((80.0, 95.0), 100.0) == "met"
+    assert verdict((105.0, 120.0), 100.0) == "missed"
+    assert verdict((90.0, math.inf), 100.0) == "undecided"
+    assert verdict(None, 100.0) == "undecided"
+    assert ci_keys("ttft_p99_ms") == ("ttft_p99_ms_ci_low", "ttft_p99_ms_ci_high")
+
+
+def test_a_training_trial_carries_its_within_run_intervals_and_step_count():
+    from autotune.study.interpret import step_intervals
+
+    steps = [
+        {"event": "step", "phase": "warmup", "step_time_s": 5.0},  # burn-in is not measured
+        *({"event": "step", "phase": "measure", "step_time_s": t} for t in (0.98, 1.0, 1.02)),
+    ]
+    metrics = {"step_time_s": 1.0, "tokens_per_s_per_device": 1000.0, "mfu": 0.4}
+    out = step_intervals(metrics, steps)
+    assert out["n_steps"] == 3
+    low, high = out["tokens_per_s_per_device_ci_low"], out["tokens_per_s_per_device_ci_high"]
+    assert 900 < low < 1000 < high < 1100
+    assert out["mfu_ci_low"] == pytest.approx(0.4 * low / 1000.0)
+    assert out["step_time_s_ci_low"] < 1.0 < out["step_time_s_ci_high"]
+    assert step_intervals(metrics, steps[:2]) == {}  # one measured step: no interval, no claim
+
+
+def _requests(ttfts, output_tokens=8):
+    return [
+        {
+            "ok": True,
+            "sent_s": i * 0.01,
+            "output_tokens": output_tokens,
+            "ttft_ms": t,
+            "itl_ms": [5.0] * 7,
+            "e2e_ms": t + 35.0,
+        }
+        for i, t in enumerate(ttfts)
+    ]
+
+
+def test_a_rates_slo_verdict_is_undecided_until_enough_requests_bound_its_p99():
+    from autotune.objectives.serving import serving_metrics, summarize_rate
+
+    slo = {"ttft_p99_ms": 200.0}
+    rng = np.random.default_rng(3)
+    few = summarize_rate(_requests(rng.uniform(50, 150, 50)), slo, 2.0, 1.0)
+    assert few["slo_met"] and few["slo_verdict"] == "undecided"  # 50 requests cannot bound a p99
+    assert few["ttft_p99_ms_ci_high"] is None and few["ttft_p99_ms_ci_low"] <= few["ttft_p99_ms"]
+    many = summarize_rate(_requests(rng.uniform(50, 150, 2000)), slo, 2.0, 20.0)
+    assert many["slo_met"] and many["slo_verdict"] == "met"
+    assert many["ttft_p99_ms_ci_low"] <= many["ttft_p99_ms"] <= many["ttft_p99_ms_ci_high"] <= 200.0
+    slow = summarize_rate(_requests(rng.uniform(250, 350, 2000)), slo, 4.0, 20.0)
+    assert not slow["slo_met"] and slow["slo_verdict"] == "missed"
+    # the trial's metrics carry the operating point's interval, and whether its verdict was sure
+    metrics = serving_metrics([few], devices=1)
+    assert metrics["slo_undecided"] == 1.0 and "ttft_p99_ms_ci_high" not in metrics
+    metrics = serving_metrics([many, slow], devices=1)
+    assert metrics["slo_undecided"] == 0.0 and metrics["ttft_p99_ms_ci_high"] <= 200.0
