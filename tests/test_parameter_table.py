@@ -134,6 +134,15 @@ def test_the_vllm_launch_says_the_tables_defaults_under_vllms_flags(accelerator)
     assert {name: forms[name] for name in pinned} == pinned
 
 
+def test_mindies_environment_says_the_tables_memory_share():
+    """MindIE reads the memory share from NPU_MEMORY_FRACTION: a config without one launches the
+    study's default (it once wrote MindIE's own 0.8 while the simulator priced 0.9)."""
+    from autotune.export._mindie import mindie_env
+
+    assert mindie_env({})["NPU_MEMORY_FRACTION"] == f"{serving_default('memory_utilization'):g}"
+    assert mindie_env({"memory_utilization": 0.85})["NPU_MEMORY_FRACTION"] == "0.85"
+
+
 def test_mindies_config_says_the_tables_defaults_under_its_keys():
     settings = mindie_settings({})
     schedule = settings["BackendConfig"]["ScheduleConfig"]

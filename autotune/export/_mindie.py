@@ -319,11 +319,10 @@ def mindie_settings(
 
 def mindie_env(config: dict[str, Any]) -> dict[str, str]:
     """The environment MindIE reads the trial's settings from: the NPU memory share
-    (``NPU_MEMORY_FRACTION``, with ``npuMemSize: -1``) and the Prometheus ``/metrics`` switch."""
-    return {
-        "NPU_MEMORY_FRACTION": f"{float(config.get('memory_utilization', 0.8)):g}",
-        "MIES_SERVICE_MONITOR_MODE": "1",
-    }
+    (``NPU_MEMORY_FRACTION``, with ``npuMemSize: -1``) and the Prometheus ``/metrics`` switch. A
+    config without a share gets the study's default (the parameter table's, what the simulator
+    priced), not MindIE's own 0.8."""
+    return {"NPU_MEMORY_FRACTION": f"{float(param(config, 'memory_utilization')):g}", "MIES_SERVICE_MONITOR_MODE": "1"}
 
 
 def merge_config(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
