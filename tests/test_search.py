@@ -243,3 +243,49 @@ def test_a_grid_study_ends_when_its_grid_is_exhausted(write_spec, tmp_path):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["probes"] < 80 and "every valid config" in payload["stopped_because"]
+
+
+def test_every_listener_hears_the_study_through_one_contract(write_spec, tmp_path):
+    """Issue 43 (one listener contract): a listener handed to the loop is told the study started,
+    each trial finished and each refit, as MLflow's is, and the finish stage tells it once that the
+    study ended, with the result and the files it wrote: no listener is reached into."""
+    from autotune.finish.study_end import finish_study
+    from autotune.study.listeners import StudyEnded, TrialListener
+
+    class Recorder(TrialListener):
+        def __init__(self):
+            self.heard: list[str] = []
+            self.ended: list[StudyEnded] = []
+
+        def study_started(self, study, ranking=None):
+            self.heard.append("study_started")
+
+        def trial_finished(self, study, record, result):
+            self.heard.append(f"trial_finished {record.number}")
+
+        def study_finished(self, ended):
+            self.ended.append(ended)
+
+    calls: list = []
+    spec = _spec(write_spec, n_trials=4, sampler="random")
+    recorder = Recorder()
+    runner = study_runner(
+        spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(fake_probe(calls)), tracking=recorder
+    )
+    outcome = runner.run()
+    runner.close()
+    assert recorder in runner.listeners and recorder.heard[0] == "study_started"
+    assert recorder.heard[1:] == [f"trial_finished {r.number}" for r in outcome.records if r.probed]
+    finished = finish_study(
+        spec,
+        tmp_path / "run",
+        outcome.study,
+        outcome.result,
+        probes_run=outcome.probes_run,
+        stopped_because=outcome.stopped_because,
+        listeners=runner.listeners,
+    )
+    (ended,) = recorder.ended
+    assert ended.result is outcome.result and ended.stopped_because == outcome.stopped_because
+    assert ended.files == finished.files and all(path.exists() for path in ended.files)
+    assert ended.exports == finished.exports
