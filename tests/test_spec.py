@@ -244,3 +244,21 @@ def test_deep_nesting_and_alias_bombs_are_errors_not_crashes(write_spec):
     # aliases as such are fine: a value written once and used twice
     shared = TINY_TRAIN.replace("tp: [1, 2]", "tp: &two [1, 2]").replace("pp: [1, 2]", "pp: *two")
     assert load_spec(write_spec(shared, "shared.yaml")).space.choices()["pp"] == [1, 2]
+
+
+@pytest.mark.parametrize("field, bad", [("tie_tolerance", 0), ("tie_tolerance", 1.5), ("max_readings", 1)])
+def test_the_race_settings_are_checked_and_reach_the_guide(write_spec, field, bad):
+    """Issue 44's search.tie_tolerance and search.max_readings: a value outside its range is an
+    error naming the field; a valid one is what the guide races with."""
+    from autotune.guide.spec_settings import guide_settings
+
+    with pytest.raises(SpecError) as err:
+        load_spec(write_spec(TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", f"search: {{{field}: {bad}}}")))
+    assert f"search.{field}" in str(err.value)
+    spec = load_spec(
+        write_spec(
+            TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {tie_tolerance: 0.05, max_readings: 4}")
+        )
+    )
+    settings = guide_settings(spec)
+    assert (settings.tie_tolerance, settings.max_readings) == (0.05, 4)

@@ -104,6 +104,8 @@ class GuideSettings:
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
     fit_power: float = 3.0  # weight of P(fits) against the expected improvement
     remeasure_within: float = 0.03  # the two best measured this close: measure again before the end
+    max_readings: int = 3  # readings of one config a close call may take (a race of the two best)
+    tie_tolerance: float = 0.02  # two configs whose difference is surely within this share are tied
     scout: bool = True  # value a sure config for the unsure ones its measurement would make sure
     max_oom_share: float | None = (
         0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
@@ -765,8 +767,14 @@ class Guide:
         allowed: np.ndarray | None = None,
         estimate: np.ndarray | None = None,
     ) -> Proposal | None:
-        """A second measurement of one of the two best measured configs, when they are closer
-        than the noise can tell apart and one was measured only once.
+        """Another measurement of one of the two best measured configs, while the noise cannot
+        tell them apart: a race (issue 44). The less-measured of the pair is measured again (so
+        the readings interleave, A, B, A, B, and a drift of the machine hits both) until their
+        means are apart by more than two standard errors, their difference is surely within
+        ``tie_tolerance`` (a tie: the report decides by headroom), or each has ``max_readings``.
+        The noise is the study's: the spread of the configs it measured more than once, never
+        below ``noise``. The first re-measurement of a pair is asked for within
+        ``remeasure_within`` as before; later ones by the noise alone.
 
         "Best" is what the study reports: the guide's estimate (``estimate``, the objective
         model's mean; the mean of the measurements without one). The runner-up is the best
@@ -794,11 +802,18 @@ class Guide:
         if second is None:
             return None
         a, b = judged(first), judged(second)
-        if abs(a - b) > self.settings.remeasure_within * abs(a):
+        once = len(values[first]) < 2 or len(values[second]) < 2
+        if once and abs(a - b) > self.settings.remeasure_within * abs(a):
+            return None
+        if not once and _separated_or_tied(values[first], values[second], self._noise(values), self.settings):
             return None
         busy = set(exclude)
         for index in sorted((first, second), key=lambda i: len(values[i])):
-            if len(values[index]) < 2 and index not in busy and (allowed is None or allowed[index]):
+            if (
+                len(values[index]) < self.settings.max_readings
+                and index not in busy
+                and (allowed is None or allowed[index])
+            ):
                 numbers = {o.index: o.number for o in obs}
                 return Proposal(
                     index,
@@ -810,6 +825,18 @@ class Guide:
                     remeasure=True,
                 )
         return None
+
+    def _noise(self, values: dict[int, list[float]]) -> float:
+        """The relative noise of one reading: the pooled spread of the configs measured more than
+        once (each reading over its config's mean), never below ``settings.noise``."""
+        squares, dof = 0.0, 0
+        for readings in values.values():
+            if len(readings) > 1:
+                mean = float(np.mean(readings))
+                if mean:
+                    squares += float(np.sum((np.asarray(readings) / mean - 1.0) ** 2))
+                    dof += len(readings) - 1
+        return max(self.settings.noise, math.sqrt(squares / dof) if dof else 0.0)
 
     def scout_value(
         self,
@@ -1282,6 +1309,18 @@ def _buffer_of(config: dict[str, Any]) -> float | None:
         return float(config[HCCL_BUFFER])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _separated_or_tied(a: list[float], b: list[float], noise: float, s: GuideSettings) -> bool:
+    """Whether two configs' readings settle their order: their means more than two standard errors
+    apart (at ``noise`` relative per reading), or the difference's 95 % interval within
+    ``tie_tolerance`` of the first's mean (a tie: neither is worth another reading)."""
+    ma, mb = float(np.mean(a)), float(np.mean(b))
+    if not ma:
+        return True
+    se = noise * math.sqrt(1.0 / len(a) + 1.0 / len(b))
+    gap = abs(ma - mb) / abs(ma)
+    return gap > 2.0 * se or gap + 2.0 * se <= s.tie_tolerance
 
 
 def _beyond_environment(config: dict[str, Any]) -> tuple:

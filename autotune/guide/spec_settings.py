@@ -27,5 +27,7 @@ def guide_settings(spec: Spec, context: ProbeContext | None = None) -> GuideSett
         min_fit_probability=sp.min_fit_probability,
         max_oom_share=sp.max_oom_share,
         max_doubt_probes=sp.max_doubt_probes,
+        tie_tolerance=sp.tie_tolerance,
+        max_readings=sp.max_readings,
         device_usable_gib=hardware.get("usable_memory_gib"),
     )

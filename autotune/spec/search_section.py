@@ -80,6 +80,17 @@ class SearchSpec(Strict):
         description="sampler auto: probes the guide may spend on families (tp/pp/cp/zero/recompute) not yet "
         "measured once a measured family has run consistently off its predictions (the model in doubt); 0: never",
     )
+    tie_tolerance: float = Field(
+        0.02,
+        gt=0,
+        lt=1,
+        description="sampler auto: two configs whose difference is surely within this share of the best are "
+        "tied: the race of the two best (each measured in turn while the noise cannot order them) stops there, "
+        "and the recommendation decides between them by memory headroom (docs/GUIDE.md)",
+    )
+    max_readings: int = Field(
+        3, ge=2, le=10, description="sampler auto: the most readings the race of the two best takes of one config"
+    )
     memory_profiles: bool = Field(
         True,
         description="sampler auto: before a full probe of a config not sure to fit, run its layout with 1 and "
