@@ -64,9 +64,21 @@ def test_a_second_driver_is_refused_and_a_killed_drivers_lock_is_taken_over(writ
             os.killpg(first.pid, signal.SIGKILL)
     starts = [e for e in probe_log(tmp_path) if e["event"] == "start"]
     ends = [e for e in probe_log(tmp_path) if e["event"] == "end"]
-    # every completed probe is a different config: none measured twice (the killed one is re-probed)
+    # every completed probe is a different config (the killed one is re-probed), but for the one the
+    # kill may land on between its probe's end and the driver recording it: a reading nobody kept is
+    # measured again, never two recorded ones (a loaded CI run hit that window once)
     finished = [json.dumps(s["params"], sort_keys=True) for s in starts if any(e["pid"] == s["pid"] for e in ends)]
-    assert len(finished) == len(set(finished)) == 4
+    assert len(set(finished)) == 4 and len(finished) - len(set(finished)) <= 1, finished
+    # and what the study recorded: four probed configs, each once
+    report = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "report", str(spec), "--run-dir", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    trials = json.loads(report.stdout)["trials"]
+    recorded = [json.dumps(t["params"], sort_keys=True) for t in trials if t["probed"] and t["status"] != "interrupted"]
+    assert len(recorded) == len(set(recorded)) == 4, recorded
 
 
 def test_the_lock_is_free_again_once_released(tmp_path):
