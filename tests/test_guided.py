@@ -503,30 +503,37 @@ def test_a_reserved_peak_leaves_out_only_what_is_outside_the_allocator(world):
             assert np.allclose(design[:, k], expected), (counts, name)
 
 
+def _measured_record(number, config, metrics):
+    """A measured, completed trial as the records read it back."""
+    from autotune.study.records import TrialRecord
+
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        config=config,
+        status="ok",
+        source="measured",
+        metrics=metrics,
+        predicted={},
+        reason="",
+        probed=True,
+        baseline=False,
+        chosen_because="",
+        values=None,
+        feasible=True,
+    )
+
+
 def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckiest_reading():
     """With 2-3 % noise between runs, the highest of twenty readings is often a slower config read
     high. A guided study reports the measured config with the guide's best estimate (pooled over
     every measurement); its metrics stay what was measured, and the report says why."""
     from autotune.finish.report import best_by_estimate
-    from autotune.study.records import TrialRecord, best_records
+    from autotune.study.records import best_records
     from autotune.spec.space import config_key
 
     def record(number, tp, metrics):
-        return TrialRecord(
-            number=number,
-            state="COMPLETE",
-            config={"tp": tp},
-            status="ok",
-            source="measured",
-            metrics=metrics,
-            predicted={},
-            reason="",
-            probed=True,
-            baseline=False,
-            chosen_because="",
-            values=None,
-            feasible=True,
-        )
+        return _measured_record(number, {"tp": tp}, metrics)
 
     metric = "tokens_per_s_per_device"
     lucky, steady, slow = (
@@ -558,26 +565,12 @@ def test_between_measured_configs_the_measurements_decide_not_the_models_prior()
     the third at 180 +/- 6 and the report chose it. A reading the noise cannot explain (27.0 is 36 %
     below 42.0, beyond two standard errors at 3 % noise) is never outranked by the model: only
     configs within the noise of the best reading are chosen between by the estimate."""
-    from autotune.study.records import TrialRecord, beyond_noise, best_records, measurement_noise
+    from autotune.study.records import beyond_noise, best_records, measurement_noise
     from autotune.spec.space import config_key
 
     def record(number, mbs, value, n=1):
         metrics = {"tokens_per_s_per_device": value, **({"measurements": n} if n > 1 else {})}
-        return TrialRecord(
-            number=number,
-            state="COMPLETE",
-            config={"micro_batch_size": mbs},
-            status="ok",
-            source="measured",
-            metrics=metrics,
-            predicted={},
-            reason="",
-            probed=True,
-            baseline=False,
-            chosen_because="",
-            values=None,
-            feasible=True,
-        )
+        return _measured_record(number, {"micro_batch_size": mbs}, metrics)
 
     metric = "tokens_per_s_per_device"
     objective = [(metric, "maximize")]
