@@ -22,9 +22,20 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
-__all__ = ["CONFIDENCE", "mean_interval", "quantile_interval", "throughput_interval", "ci_keys", "verdict"]
+__all__ = [
+    "CONFIDENCE",
+    "SEPARATED_Z",
+    "mean_interval",
+    "quantile_interval",
+    "throughput_interval",
+    "ci_keys",
+    "verdict",
+    "repeat_noise",
+    "relative_gap",
+]
 
 CONFIDENCE = 0.95  # the confidence of every interval autotune reports unless the spec says otherwise
+SEPARATED_Z = 2.0  # two means further apart than this many standard errors of their difference are ordered
 
 
 def ci_keys(metric: str) -> tuple[str, str]:
@@ -101,3 +112,29 @@ def verdict(interval: tuple[float, float] | None, target: float) -> str:
     if low > target:
         return "missed"
     return "undecided"
+
+
+def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
+    """The relative noise of one reading between runs: the pooled spread of the groups (a config's
+    readings) with more than one reading, each reading over its group's mean; never below
+    ``floor`` (a pair of readings says little). The report's best (``autotune.study.records``) and
+    the guide's race of the two best read the study's noise through this one definition."""
+    squares, dof = 0.0, 0
+    for group in groups:
+        values = _finite(group)
+        if len(values) < 2:
+            continue
+        mean = math.fsum(values) / len(values)
+        if not mean:
+            continue
+        squares += math.fsum((v / mean - 1.0) ** 2 for v in values)
+        dof += len(values) - 1
+    return max(floor, math.sqrt(squares / dof) if dof else 0.0)
+
+
+def relative_gap(a: float, na: int, b: float, nb: int, noise: float) -> tuple[float, float] | None:
+    """(the gap between two means of ``na`` and ``nb`` readings, as a share of ``a``; the standard
+    error of that gap at ``noise`` relative per reading); None when ``a`` is 0 (no share of it)."""
+    if not a:
+        return None
+    return abs(a - b) / abs(a), noise * math.sqrt(1.0 / na + 1.0 / nb)

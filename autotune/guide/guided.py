@@ -58,6 +58,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+
 from .ranking import Ranking
 from .refit import COMPONENTS
 from ..spec.space_section import DERIVED_PARAMS
@@ -829,14 +831,7 @@ class Guide:
     def _noise(self, values: dict[int, list[float]]) -> float:
         """The relative noise of one reading: the pooled spread of the configs measured more than
         once (each reading over its config's mean), never below ``settings.noise``."""
-        squares, dof = 0.0, 0
-        for readings in values.values():
-            if len(readings) > 1:
-                mean = float(np.mean(readings))
-                if mean:
-                    squares += float(np.sum((np.asarray(readings) / mean - 1.0) ** 2))
-                    dof += len(readings) - 1
-        return max(self.settings.noise, math.sqrt(squares / dof) if dof else 0.0)
+        return repeat_noise(values.values(), self.settings.noise)
 
     def scout_value(
         self,
@@ -1315,12 +1310,11 @@ def _separated_or_tied(a: list[float], b: list[float], noise: float, s: GuideSet
     """Whether two configs' readings settle their order: their means more than two standard errors
     apart (at ``noise`` relative per reading), or the difference's 95 % interval within
     ``tie_tolerance`` of the first's mean (a tie: neither is worth another reading)."""
-    ma, mb = float(np.mean(a)), float(np.mean(b))
-    if not ma:
+    gap = relative_gap(float(np.mean(a)), len(a), float(np.mean(b)), len(b), noise)
+    if gap is None:
         return True
-    se = noise * math.sqrt(1.0 / len(a) + 1.0 / len(b))
-    gap = abs(ma - mb) / abs(ma)
-    return gap > 2.0 * se or gap + 2.0 * se <= s.tie_tolerance
+    share, se = gap
+    return share > SEPARATED_Z * se or share + SEPARATED_Z * se <= s.tie_tolerance
 
 
 def _beyond_environment(config: dict[str, Any]) -> tuple:

@@ -17,6 +17,9 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
+from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+
+from ..guide.guided import GuideSettings
 from ..sanity import is_finite_number as _finite
 from ..spec.space import config_key
 from ..trial_attrs import A
@@ -195,9 +198,8 @@ def best_records(
 
 
 # a measurement's relative noise between runs where the study has no repeat to measure it by: the
-# guide's own assumption (autotune.guide.guided.GuideSettings.noise), a floor under what repeats show
-DEFAULT_NOISE = 0.03
-SEPARATED_Z = 2.0  # two readings' means further apart than this many standard errors are ordered
+# guide's own assumption, a floor under what repeats show
+DEFAULT_NOISE = GuideSettings.noise
 ESTIMATE_Z = 3.0  # a guide's estimate further than this from a config's readings does not describe them
 
 
@@ -205,15 +207,7 @@ def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float
     """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
     configs measured more than once (each reading over its config's mean), never below
     :data:`DEFAULT_NOISE` (a pair of readings says little)."""
-    squares, dof = 0.0, 0
-    for rs in groups:
-        values = [float(r.metrics[metric]) for r in rs if _finite(r.metrics.get(metric))]
-        if len(values) < 2 or not statistics.fmean(values):
-            continue
-        mean = statistics.fmean(values)
-        squares += sum((v / mean - 1.0) ** 2 for v in values)
-        dof += len(values) - 1
-    return max(DEFAULT_NOISE, (squares / dof) ** 0.5 if dof else 0.0)
+    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), DEFAULT_NOISE)
 
 
 def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: float) -> bool:
@@ -222,9 +216,8 @@ def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: floa
     ``measurements`` readings each, at ``noise`` relative per reading."""
     a, b = float(lead.metrics[metric]), float(other.metrics[metric])
     na, nb = int(lead.metrics.get("measurements", 1)), int(other.metrics.get("measurements", 1))
-    if not a:
-        return False
-    return abs(a - b) / abs(a) > SEPARATED_Z * noise * (1.0 / na + 1.0 / nb) ** 0.5
+    gap = relative_gap(a, na, b, nb, noise)
+    return gap is not None and gap[0] > SEPARATED_Z * gap[1]
 
 
 def _agrees(estimate: tuple[float, float, int] | None, record: TrialRecord, metric: str, noise: float) -> bool:
