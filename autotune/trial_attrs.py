@@ -57,3 +57,5 @@ class A:
     # study-level: the guide's estimate of every measured config's objective ({key: [mean, sd, n]}),
     # from which the best is reported (records.best_records)
     GUIDE_ESTIMATES = "autotune.guide_estimates"
+    # the guide's P(no config it has not measured beats its leader by more than search.tie_tolerance)
+    GUIDE_UNMEASURED = "autotune.guide_unmeasured"

@@ -111,6 +111,11 @@ VALUE_EFFECTS = {"micro_batch_size": (0.92, 1.08), "env.PYTORCH_NPU_ALLOC_CONF":
 STEP_NOISE_ENV = "AUTOTUNE_BENCH_STEP_NOISE"  # the launcher's copy of search_efficiency.py --step-noise
 # relative sd of a measured step time (a median of steps, not one step)
 NOISE = float(os.environ.get(STEP_NOISE_ENV) or 0.02)
+# the heavy-tailed family (issue 44): a share of probes runs 20 % slow (a straggler, a busy link, a
+# neighbour's job), on top of the normal noise
+OUTLIERS_ENV = "AUTOTUNE_BENCH_OUTLIERS"  # the launcher's copy of search_efficiency.py --outliers
+OUTLIER_SHARE = float(os.environ.get(OUTLIERS_ENV) or 0.0)
+OUTLIER_SLOWDOWN = 1.2
 
 # Memory that behaves unlike the simulator's structure, not only with other coefficients (issue #12):
 # each family adds a term the analytical model does not have, with a strength drawn per world.
@@ -736,6 +741,8 @@ class World:
         key = json.dumps(config, sort_keys=True, default=str)
         rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run])
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
+        if OUTLIER_SHARE and rng.random() < OUTLIER_SHARE:
+            noise *= OUTLIER_SLOWDOWN
         step = float(t["step_time_s"][0]) * noise
         tps_dev = float(t["tokens_per_s_per_device"][0]) / noise
         peak = float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))

@@ -147,7 +147,13 @@ def _serving_metrics() -> list[Metric]:
             "goodput_rps divided by the devices the layout occupies (replicas x tp x pp): the fair comparison "
             "across layouts",
         ),
-        Metric("max_rate_rps", "requests/s", "maximize", "serve", "the highest offered rate tried that met the SLO"),
+        Metric(
+            "max_rate_rps",
+            "requests/s",
+            "maximize",
+            "serve",
+            "the highest offered rate the rate search found meeting the SLO (to workload.rate_tolerance)",
+        ),
         Metric("slo_attainment", "fraction", "maximize", "serve", "share of requests meeting every SLO target"),
         Metric("request_throughput_rps", "requests/s", "maximize", "serve", "completed requests per second"),
         Metric("output_tokens_per_s", "tokens/s", "maximize", "serve", "generated tokens per second, all replicas"),

@@ -43,6 +43,13 @@ goodput can always be checked against the requests it came from. Why each defini
   that highest sustainable rate. When no rate met the SLO the lowest rate tried is reported with
   goodput 0 and ``max_rate_rps`` 0: a measurement (this config cannot meet the SLO at any rate
   tried), not a failure.
+- **The serving probe's operating point** (issue 44, ``workers/serve_probe/rates.py``) is its rate
+  search's answer rather than the highest ``slo_met`` of the runs: the ladder seeds a bracket
+  bisected to ``workload.rate_tolerance``, a rate counts as met only when its ``slo_verdict`` is
+  ``met`` (an undecided one is run again with more requests, and still undecided counts as not
+  met), and the highest rate met is repeated to confirm it. :func:`metrics_at` reads the metrics
+  at the run the search chose; :func:`goodput_interval` gives the goodput there an interval (the
+  good share's Clopper-Pearson interval, carried up to the lowest rate missed).
 - **Cost per million output tokens** = cost per device-hour x devices / million output tokens an
   hour at the operating point: what serving this traffic on this layout costs, comparable across
   layouts of different sizes.
@@ -58,7 +65,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .intervals import ci_keys, quantile_interval, verdict
+from .intervals import CONFIDENCE, ci_keys, quantile_interval, verdict
 
 __all__ = [
     "SLO_KEYS",
@@ -71,6 +78,11 @@ __all__ = [
     "summarize_rate",
     "operating_point",
     "serving_metrics",
+    "metrics_at",
+    "requests_to_bound",
+    "undecided_why",
+    "share_interval",
+    "goodput_interval",
     "batch_summary",
     "cost_per_million_output_tokens",
 ]
@@ -214,6 +226,16 @@ def serving_metrics(summaries: Sequence[Mapping[str, Any]], devices: int) -> dic
     devices of the layout (replicas x tp x pp). Latency percentiles that could not be measured
     are left out, never reported as 0."""
     point, met = operating_point(summaries)
+    return metrics_at(point, met, summaries, devices)
+
+
+def metrics_at(
+    point: Mapping[str, Any] | None, met: bool, summaries: Sequence[Mapping[str, Any]], devices: int
+) -> dict[str, float]:
+    """:func:`serving_metrics` at a given operating point: ``point`` the summary of the run it is
+    read from, ``met`` whether that rate met the SLO, ``summaries`` every run (their failed requests
+    count). The serving probe's rate search picks the point itself (the highest rate it counted as
+    met and confirmed, not merely the highest whose p99s were under target)."""
     if point is None:
         return {}
     devices = max(int(devices), 1)
@@ -240,6 +262,83 @@ def serving_metrics(summaries: Sequence[Mapping[str, Any]], devices: int) -> dic
     if met:  # 1: the requests sent at the operating rate were too few to be sure it meets the SLO
         out["slo_undecided"] = float(point.get("slo_verdict") == "undecided")
     return out
+
+
+def requests_to_bound(q: float = 99, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples whose order-statistic interval of the ``q``-th percentile has an upper end
+    (:func:`autotune.objectives.intervals.quantile_interval`): the largest sample bounds it once
+    P(all n below the percentile) = (q/100)^n is within the upper tail. 368 for a p99 at 95 %: a
+    rate with fewer completed requests can miss its SLO but never be sure it meets it."""
+    tail = (1.0 - confidence) / 2.0
+    return int(math.ceil(math.log(tail) / math.log(q / 100.0) - 1e-12))
+
+
+def undecided_why(summary: Mapping[str, Any], slo: Mapping[str, Any]) -> str:
+    """Why a rate's ``slo_verdict`` is ``undecided``, in words: each p99 whose interval holds its
+    target, and, when an interval has no upper end, how many requests a p99 needs. "" when the
+    verdict is decided."""
+    if summary.get("slo_verdict") != "undecided":
+        return ""
+    parts = []
+    for key in SLO_KEYS:
+        target, measured = _target(slo, key), summary.get(key)
+        if target is None or measured is None:
+            continue
+        low, high = (summary.get(k) for k in ci_keys(key))
+        interval = (low if low is not None else -math.inf, high if high is not None else math.inf)
+        if verdict(interval, target) != "undecided":
+            continue
+        name = key.replace("_p99_ms", "").upper()
+        end = "no upper end" if high is None else f"up to {high:g} ms"
+        parts.append(f"{name} p99 {measured:g} ms, its 95 % interval ({end}) holds the target {target:g} ms")
+    if any(summary.get(ci_keys(k)[1]) is None for k in SLO_KEYS if _target(slo, k) is not None):
+        parts.append(
+            f"{summary.get('completed', 0)} completed requests cannot bound a p99 from above "
+            f"(it takes at least {requests_to_bound()})"
+        )
+    return "; ".join(parts) or "the p99 intervals hold their targets"
+
+
+def share_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Clopper-Pearson interval of a share ``k`` of ``n`` (exact binomial, never outside [0, 1]);
+    None for ``n`` = 0."""
+    from scipy import stats
+
+    if n <= 0:
+        return None
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if k <= 0 else float(stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k >= n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    return low, high
+
+
+def goodput_interval(
+    point: Mapping[str, Any], rate_above: float | None = None, confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """An interval of the goodput at the highest rate a config sustains, from the run measured at
+    the operating rate ``point`` (the highest rate the search counted as met) and ``rate_above``
+    (the lowest rate counted as missed; None when the top of the ladder met).
+
+    Goodput = (requests / window) x (good / requests). Two things are unsure: the share of good
+    requests, a binomial share given its Clopper-Pearson interval; and where between the operating
+    rate and ``rate_above`` the sustainable maximum lies. The share of good requests does not grow
+    with load, so the low end is the measured traffic x the share's low end, and the high end
+    scales the traffic up to ``rate_above`` (the maximum is below it) x the share's high end.
+    None when the run sent nothing."""
+    n, good = int(point.get("requests") or 0), int(point.get("good") or 0)
+    window, rate = float(point.get("window_s") or 0.0), float(point.get("rate") or 0.0)
+    share = share_interval(good, n, confidence)
+    if share is None or window <= 0 or rate <= 0:
+        return None
+    # requests per second sent: from the goodput itself where it has good requests, so that the
+    # interval holds the reported goodput exactly (window_s is rounded in the summary)
+    goodput = float(point.get("goodput_rps") or 0.0)
+    per_s = goodput * n / good if good > 0 and goodput > 0 else n / window
+    scale = max(float(rate_above) / rate, 1.0) if rate_above else 1.0
+    low, high = per_s * share[0], per_s * scale * share[1]
+    if goodput > 0:
+        low, high = min(low, goodput), max(high, goodput)
+    return _r(low), _r(high)
 
 
 def batch_summary(records: Sequence[Mapping[str, Any]], batch: int) -> dict[str, Any]:

@@ -185,3 +185,72 @@ def grandchild_probe(
             time.sleep(0.01)
     """
     return script(tmp_path, textwrap.dedent(spawn) + textwrap.dedent(then), "grandchild_probe.py") + [str(pid_file)]
+
+
+def measured_record(number: int, config: dict, metrics: dict, source: str = "measured", **fields):
+    """A probed, completed trial as the records read it back (``autotune.study.records``): status
+    ok unless ``fields`` say otherwise (``status``, ``predicted``, ``memory_profile`` ...)."""
+    from autotune.study.records import TrialRecord
+
+    values = dict(
+        number=number,
+        state="COMPLETE",
+        config=config,
+        status="ok",
+        source=source,
+        metrics=metrics,
+        predicted={},
+        reason="",
+        probed=True,
+        baseline=False,
+        chosen_because="",
+        values=None,
+        feasible=True,
+    )
+    return TrialRecord(**{**values, **fields})
+
+
+def flat_guide(n: int, **settings):
+    """A guide over ``n`` configs (micro-batch 1..n) that the model predicts alike (1000 tokens/s,
+    10 GiB of 64): what it decides then rests on the readings (the race, the drift checks)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from autotune.guide.guided import Guide, GuideSettings
+
+    configs = [{"micro_batch_size": i + 1} for i in range(n)]
+    ranking = SimpleNamespace(
+        predictions={
+            "tokens_per_s_per_device": np.full(n, 1000.0),
+            "peak_memory_gib": np.full(n, 10.0),
+            "memory_limit_gib": np.full(n, 64.0),
+            "valid": np.ones(n, bool),
+        },
+        enumeration=SimpleNamespace(configs=configs, params=["micro_batch_size"]),
+        objectives=[("tokens_per_s_per_device", "maximize")],
+    )
+    return Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(**settings))
+
+
+def launcher_study(write_spec, probe: Path, space: str, search: str, name: str) -> Path:
+    """A one-device tiny-Llama training spec through the command backend, the launcher ``probe``
+    (a script that reads ``--trial FILE`` and prints the metrics line)."""
+    return write_spec(
+        f"""
+name: {name}
+model: tiny-llama
+workload: {{kind: train, seq_len: 128, global_batch_size: 8}}
+cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 1, overrides: {{device_memory_gib: 16}}}}
+backend:
+  kind: command
+  argv: [{sys.executable}, {probe}, --trial, "{{trial_file}}"]
+  timeout_s: 60
+  resources: {{num_cpus: 1}}
+space:
+{textwrap.indent(space.strip(), "  ")}
+objectives: [tokens_per_s_per_device]
+search: {search}
+ray: {{enabled: false}}
+"""
+    )

@@ -22,7 +22,7 @@ import search_efficiency as se  # noqa: E402
 import true_world as tw  # noqa: E402
 
 from autotune.spec.resolve import probe_context  # noqa: E402
-from autotune.study.records import TrialRecord  # noqa: E402
+from support import measured_record  # noqa: E402
 from autotune.spec.space import Space  # noqa: E402
 from autotune.workers.protocol import USABLE_KEY, classify_failure, oom_evidence  # noqa: E402
 
@@ -169,22 +169,8 @@ def test_launcher_prints_the_format_on_every_node(tmp_path, scenario):
 
 
 def _record(number: int, config: dict, status: str, p_fit: float | None = None, profile: dict | None = None):
-    return TrialRecord(
-        number=number,
-        state="COMPLETE",
-        config=config,
-        status=status,
-        source="measured",
-        metrics={},
-        predicted={} if p_fit is None else {"guided_p_fit": p_fit},
-        reason="",
-        probed=True,
-        baseline=False,
-        chosen_because="",
-        values=None,
-        feasible=True,
-        memory_profile=profile or {},
-    )
+    predicted = {} if p_fit is None else {"guided_p_fit": p_fit}
+    return measured_record(number, config, {}, status=status, predicted=predicted, memory_profile=profile or {})
 
 
 def test_repeat_check_counts_a_layout_probed_again_after_an_oom():

@@ -179,6 +179,13 @@ SLOW = [
         timeout_s=900,
         name="rank_fidelity-probes",
     ),
+    Case(  # every config of its space once, then one study of 2 probes: the acceptance's smallest run
+        "certified_cpu_study.py",
+        ("--rounds", "1", "--runs", "1", "--n-trials", "2", "--json", "{tmp}/certified.json"),
+        (r"^reference: 12 configs x 1 readings; best", r"^\| run \| recommended", r"^\| 0 \| [\d.]+% \|"),
+        writes=("certified.json",),
+        timeout_s=900,
+    ),
     Case(
         "simulator_vs_cpu_probe.py",
         ("--trials", "3", "--keep", "{tmp}/run"),

@@ -15,6 +15,7 @@ from autotune.spec.space import Space
 from autotune.spec.schema import Spec
 from autotune.workers.simulate import TRAIN_MEM_COMPONENTS, TRAIN_TIME_COMPONENTS, columns_from_params, simulate_configs
 from support import GUIDED_SPEC
+from support import flat_guide, measured_record
 
 SPEC = dict(GUIDED_SPEC, backend="command_placeholder")
 
@@ -66,7 +67,7 @@ def test_finds_the_perturbed_optimum_in_a_few_probes_without_repeats(world):
         reasons.append(proposal.reason)
         obs.append(_measure(world, proposal.index))
     indices = [o.index for o in obs]
-    remeasured = [r for r in reasons if r.startswith("re-measure: close call")]
+    remeasured = [r for r in reasons if r.startswith("re-measure (race)")]
     assert len(set(indices)) == len(indices) - len(remeasured)  # repeats are only deliberate re-measurements
     found = max(value[i] for i in indices)
     assert found >= 0.98 * value.max()
@@ -107,7 +108,7 @@ def test_a_config_that_fits_although_predicted_over_lowers_the_estimate(world):
 
 def test_stops_when_no_remaining_config_can_win(world):
     ranking, step, mem, fits, value = world
-    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(remeasure_within=0.0))
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(confirm_readings=0))
     obs = [_measure(world, int(i)) for i in np.flatnonzero(fits)[:5]]
     proposal, why = guide.propose(obs, best=10 * float(value.max()))
     assert proposal is None and "no probe left can win" in why
@@ -123,80 +124,63 @@ def test_a_close_call_between_the_two_best_is_measured_again(world):
     obs = [Observation(a, "ok", 1000.0, 1.0, number=3), Observation(b, "ok", 1010.0, 1.0, number=5)]
     proposal, _ = guide.propose(obs, best=1010.0, budget_left=1)
     assert proposal is not None and proposal.remeasure and proposal.index in (a, b)
-    assert "close call between trial 5" in proposal.reason
+    assert "re-measure (race)" in proposal.reason and "trial 5 leads" in proposal.reason
     far = [Observation(a, "ok", 1000.0, 1.0), Observation(b, "ok", 1500.0, 1.0)]
     assert guide.close_call(far) is None
 
 
-def test_a_close_call_is_a_race_until_the_noise_tells_the_two_best_apart(world):
-    """Issue 44: the two best are measured in turn (the less-measured first, so the readings
-    interleave) while the noise cannot order them, up to ``max_readings`` each; a pair whose means
-    are apart by more than two standard errors is settled, and so is a pair surely within
-    ``tie_tolerance`` (a tie)."""
-    ranking, step, mem, fits, value = world
-    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
-    a, b = (int(i) for i in np.flatnonzero(fits)[:2])
-
-    def readings(values_a, values_b):
-        return [Observation(a, "ok", v, 1.0, number=k) for k, v in enumerate(values_a)] + [
-            Observation(b, "ok", v, 1.0, number=10 + k) for k, v in enumerate(values_b)
-        ]
-
-    # two readings each, 2 % apart at 3 % noise: not settled; the next reading goes to either
-    again = guide.close_call(readings([1000.0, 1004.0], [1020.0, 1016.0]))
-    assert again is not None and again.remeasure and again.index in (a, b)
-    # the less-measured of the pair is measured next: A, B, A, B
-    again = guide.close_call(readings([1000.0, 1004.0, 998.0], [1020.0, 1016.0]))
-    assert again is not None and again.index == b
-    # max_readings each: the race ends, the report decides between them
-    assert guide.close_call(readings([1000.0, 1004.0, 998.0], [1020.0, 1016.0, 1018.0])) is None
-    # apart beyond the noise after two readings each (8 %, two standard errors are 6 %): settled
-    assert guide.close_call(readings([1000.0, 1002.0], [1080.0, 1082.0])) is None
-    # a tie: surely within 2 % when the noise is small (the study measured it at 0.2 %)
-    tight = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(noise=0.002))
-    assert tight.close_call(readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is None
-    assert guide.close_call(readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is not None
+def _readings(*groups):
+    """Observations of configs 0, 1, ... with the given readings each (numbered by config)."""
+    return [Observation(i, "ok", v, 1.0, number=10 * i + k) for i, vs in enumerate(groups) for k, v in enumerate(vs)]
 
 
-def test_a_close_call_is_between_the_best_estimates_of_two_layouts_not_two_env_settings():
-    """Two configs that differ only in an env knob share every other value: their estimates move
-    together and a re-measurement cannot tell them apart. The close call is the best estimate
-    against the best config of another layout, ranked as the study reports them (by estimate)."""
-    from types import SimpleNamespace
+_race_guide = flat_guide
 
-    configs = [
-        {"zero_stage": 3, "env.HCCL_BUFFSIZE": "120"},
-        {"zero_stage": 3, "env.HCCL_BUFFSIZE": "200"},
-        {"zero_stage": 2, "env.HCCL_BUFFSIZE": "120"},
-        {"zero_stage": 1, "env.HCCL_BUFFSIZE": "120"},
-    ]
-    n = len(configs)
-    ranking = SimpleNamespace(
-        predictions={
-            "tokens_per_s_per_device": np.full(n, 1000.0),
-            "peak_memory_gib": np.full(n, 10.0),
-            "memory_limit_gib": np.full(n, 64.0),
-            "valid": np.ones(n, bool),
-        },
-        enumeration=SimpleNamespace(configs=configs, params=["zero_stage", "env.HCCL_BUFFSIZE"]),
-        objectives=[("tokens_per_s_per_device", "maximize")],
-    )
-    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
-    obs = [
-        Observation(0, "ok", 1030.0, number=0),
-        Observation(1, "ok", 1025.0, number=1),
-        Observation(2, "ok", 1010.0, number=2),
-        Observation(3, "ok", 900.0, number=3),
-    ]
-    estimate = np.array([1030.0, 1025.0, 1010.0, 900.0])
-    again = guide.close_call(obs, estimate=estimate)
-    assert again is not None and again.index in (0, 2)  # not trial 1, the same layout as trial 0
-    assert "between trial 0 (1030) and trial 2 (1010)" in again.reason
-    # ranked by the estimate, not the readings: trial 2 estimated best, trial 0 the runner-up
-    again = guide.close_call(obs, estimate=np.array([1000.0, 995.0, 1010.0, 900.0]))
-    assert again is not None and "between trial 2 (1010) and trial 0 (1000)" in again.reason
-    # no other layout within the noise: nothing to re-measure
-    assert guide.close_call(obs, estimate=np.array([1030.0, 1025.0, 960.0, 900.0])) is None
+
+def test_the_race_measures_the_leader_and_its_threat_in_turn_until_certified():
+    """Issue 44: while the leader is not certified (P(within tie_tolerance of the best measured)
+    below ``confidence``), the config that threatens it most and the leader are measured in turn
+    (the less-measured first: A, B, A, B), up to ``max_readings`` each; a leader apart beyond the
+    noise is certified and the race stops."""
+    guide = _race_guide(2)
+    # two readings each, 2 % apart at 3 % noise: not certified; the next reading goes to either
+    again = guide.close_call(_readings([1000.0, 1004.0], [1020.0, 1016.0]))
+    assert again is not None and again.remeasure and again.index in (0, 1)
+    # the less-measured of the pair is measured next
+    again = guide.close_call(_readings([1000.0, 1004.0, 998.0], [1020.0, 1016.0]))
+    assert again is not None and again.index == 1
+    # max_readings each: the race ends (the certificate says how sure the report is)
+    assert guide.close_call(_readings([1000.0, 1004.0, 998.0], [1020.0, 1016.0, 1018.0])) is None
+    # apart beyond the noise after two readings each (8 %): certified
+    assert guide.close_call(_readings([1000.0, 1002.0], [1080.0, 1082.0])) is None
+    # within the tolerance when the noise is small (the study measured it at 0.2 %): a tie, certified
+    tight = _race_guide(2, noise=0.002)
+    assert tight.close_call(_readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is None
+    assert guide.close_call(_readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is not None
+
+
+def test_the_race_takes_on_the_worst_threat_first_and_stops_at_its_budget():
+    """Several contenders: the one likeliest to beat the leader by more than the tolerance is raced
+    first; once ``confirm_readings`` re-measurements are spent the race stops whatever it knows."""
+    guide = _race_guide(4, confirm_readings=2)
+    obs = _readings([1000.0], [1040.0], [1030.0], [900.0])
+    again = guide.close_call(obs)
+    assert again is not None and again.index == 1  # the leader (1040, trial 10) has one reading: it goes first
+    again = guide.close_call(obs + [Observation(1, "ok", 1038.0, 1.0, number=50)])
+    assert again is not None and again.index == 2  # its worst threat is now trial 20 (1030), then trial 0
+    spent = obs + [Observation(1, "ok", 1038.0, 1.0, number=50), Observation(2, "ok", 1031.0, 1.0, number=51)]
+    assert guide.race_spent(spent) == 2 and guide.close_call(spent) is None
+
+
+def test_the_race_leader_is_the_reported_best_the_estimate_choosing_within_the_noise():
+    """The leader is the config the report names: among those whose mean reading the noise cannot
+    tell from the best, the best estimate; a model that ranks a config far above what it read does
+    not make it the leader."""
+    guide = _race_guide(3)
+    values = {0: [1000.0], 1: [1010.0], 2: [700.0]}
+    assert guide.race_leader(values, 0.03, None) == 1
+    assert guide.race_leader(values, 0.03, np.array([1050.0, 1000.0, 5000.0])) == 0
+    assert guide.race_leader(values, 0.001, np.array([1050.0, 1000.0, 5000.0])) == 1
 
 
 # ---- the guide inside a study ------------------------------------------------------------------
@@ -288,7 +272,7 @@ def test_study_trials_say_why_and_carry_the_guides_prediction(tmp_path, world):
     repeats = [t for t in probed if A.REMEASURE_OF in t.user_attrs]
     assert len(set(keys)) == len(keys) - len(repeats)  # only deliberate re-measurements repeat a config
     for t in repeats:
-        assert "re-measure: close call" in t.user_attrs[A.CHOSEN]
+        assert "re-measure (race)" in t.user_attrs[A.CHOSEN]
     best = best_records(outcome.records, runner.objectives)[0]
     same = [
         r for r in outcome.records if r.probed and r.status == "ok" and config_key(r.config) == config_key(best.config)
@@ -503,25 +487,7 @@ def test_a_reserved_peak_leaves_out_only_what_is_outside_the_allocator(world):
             assert np.allclose(design[:, k], expected), (counts, name)
 
 
-def _measured_record(number, config, metrics):
-    """A measured, completed trial as the records read it back."""
-    from autotune.study.records import TrialRecord
-
-    return TrialRecord(
-        number=number,
-        state="COMPLETE",
-        config=config,
-        status="ok",
-        source="measured",
-        metrics=metrics,
-        predicted={},
-        reason="",
-        probed=True,
-        baseline=False,
-        chosen_because="",
-        values=None,
-        feasible=True,
-    )
+_measured_record = measured_record
 
 
 def test_the_best_is_the_measured_config_the_evidence_puts_first_not_the_luckiest_reading():
@@ -612,6 +578,8 @@ def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_pat
     ok = [r for r in outcome.records if r.probed and r.status == "ok"]
     assert {config_key(r.config) for r in ok} == set(estimates)  # every measured config, nothing else
     assert all(sd > 0 and n >= 1 for _, sd, n in estimates.values())
+    # the band is never narrower than the noise its readings carry (3 % at the least, issue 44)
+    assert all(sd >= 0.03 * abs(mean) / n**0.5 * (1 - 1e-5) for mean, sd, n in estimates.values()), estimates
     best = outcome.best[0]
     assert best.number == best_records(outcome.records, runner.objectives, estimates)[0].number
     top = max(estimates.values(), key=lambda e: e[0])
@@ -749,3 +717,18 @@ def test_doubt_is_a_family_off_against_the_others_not_a_simulator_off_everywhere
     one_family = measured({a1: 0.7, a2: 0.7, b1: 0.9, b2: 0.9})
     doubt, why = guide.model_doubt(one_family)
     assert doubt == pytest.approx(np.log(0.9 / 0.7)) and "the other families' x0.90" in why
+
+
+def test_the_claim_over_the_configs_not_measured_follows_the_model(world):
+    """Issue 44's certificate beyond the readings: P(no config the study has not measured beats
+    the leader by more than the tie tolerance), by the objective model and P(fits). A leader far
+    above everything the model predicts is sure; one far below is not."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    some = [int(i) for i in np.flatnonzero(fits)[:4]]
+    high = [Observation(i, "ok", 100.0 * float(value.max()), 1.0, number=k) for k, i in enumerate(some)]
+    low = [Observation(i, "ok", 0.01 * float(value.max()), 1.0, number=k) for k, i in enumerate(some)]
+    claims = guide.unmeasured_claims(high)
+    assert set(claims) == set(some) and min(claims.values()) > 0.99
+    assert max(guide.unmeasured_claims(low).values()) < 0.01
+    assert guide.unmeasured_claims([]) == {}

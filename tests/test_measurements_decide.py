@@ -7,12 +7,12 @@ whose reading the noise cannot tell from the best reading, never micro-batch 4 o
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
+from support import launcher_study
 
 # a team's launcher: micro-batch -> tokens/s, 3 % noise that differs per trial (seeded by it)
 PROBE = r"""
@@ -28,24 +28,12 @@ print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0
 def test_a_study_never_reports_the_config_the_model_favours_over_what_was_measured(write_spec, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    spec = write_spec(
-        f"""
-name: contradicted
-model: tiny-llama
-workload: {{kind: train, seq_len: 128, global_batch_size: 8}}
-cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 1, overrides: {{device_memory_gib: 16}}}}
-backend:
-  kind: command
-  argv: [{sys.executable}, {probe}, --trial, "{{trial_file}}"]
-  timeout_s: 60
-  resources: {{num_cpus: 1}}
-space:
-  micro_batch_size: [1, 2, 4]
-  precision: [fp32]
-objectives: [tokens_per_s_per_device]
-search: {{n_trials: 3, seed: 1, prune: false}}
-ray: {{enabled: false}}
-"""
+    spec = launcher_study(
+        write_spec,
+        probe,
+        "micro_batch_size: [1, 2, 4]\nprecision: [fp32]",
+        "{n_trials: 3, seed: 1, prune: false}",
+        "contradicted",
     )
     runner = CliRunner()
     plan = json.loads(runner.invoke(app, ["plan", str(spec), "--json"]).stdout)

@@ -18,7 +18,7 @@ from autotune.objectives import serving
 from autotune.workers.command import run_probe_process
 from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.serve_probe import prom, traffic
-from autotune.workers.serve_probe.rates import Bisection
+from autotune.workers.serve_probe.rates import RateSearch
 
 pytest.importorskip("prometheus_client")
 
@@ -52,6 +52,9 @@ def _trial(
     batch_sweep: tuple = (),
     warmup: int = 1,
     startup_timeout_s: float = 20.0,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    **workload_fields,
 ) -> Path:
     """A trial folder: the trial file and an engine.json starting the fake engine."""
     folder = tmp_path / "trial"
@@ -82,8 +85,8 @@ def _trial(
         "kind": "serve",
         "traffic": {
             "rates": list(rates),
-            "arrival": "poisson",
-            "burstiness": 1.0,
+            "arrival": arrival,
+            "burstiness": burstiness,
             "prompt_len": prompt_len,
             "output_len": output_len,
             "length_pairs": None,
@@ -97,6 +100,7 @@ def _trial(
         "max_model_len": 512,
         "startup_timeout_s": startup_timeout_s,
         "timeout_s": 120.0,
+        **workload_fields,
     }
     request = TrialRequest(
         params={"tp": 1, "pp": 1, "replicas": replicas, "max_num_seqs": 8},
@@ -134,12 +138,14 @@ def _load_steps(result) -> list[dict]:
 
 # ---------------------------------------------------------------------- whole runs
 def test_healthy_run_reports_metrics_and_the_verdict_recomputes_from_the_records(tmp_path, caplog):
+    # 429 and 912 requests: enough for every p99 to have an upper end (368), so "met" is decided
     log = tmp_path / "requests_seen.jsonl"
     trial = _trial(
         tmp_path,
         args=("--grandchild", str(tmp_path / "grandchild.pid"), "--request-log", str(log)),
         replicas=2,
-        rates=(2.0, 4.0, 8.0),
+        rates=(100.0, 200.0),
+        duration_s=4.5,
         batch_sweep=(1, 2),
         warmup=2,
         output_len={"low": 3, "high": 6},
@@ -169,26 +175,37 @@ def test_healthy_run_reports_metrics_and_the_verdict_recomputes_from_the_records
         "batch2_output_tokens_per_s",
     ):
         assert name in m, name
-    assert m["goodput_rps"] > 0 and m["max_rate_rps"] == 8.0 and m["requests_failed"] == 0
+    assert m["goodput_rps"] > 0 and m["max_rate_rps"] == 200.0 and m["requests_failed"] == 0
     assert m["goodput_rps_per_device"] == pytest.approx(m["goodput_rps"] / 2)
     assert 0 <= m["kv_cache_usage"] <= 1  # sampled: short requests may all fall between two samples
+    # the top rung met: the maximum is at least 200 req/s (not searched beyond the ladder), no upper end
+    assert m["max_rate_rps_ci_low"] == 200.0 and "max_rate_rps_ci_high" not in m
+    assert m["goodput_rps_ci_low"] <= m["goodput_rps"] <= m["goodput_rps_ci_high"]
 
     serving_info = result.info["serving"]
-    assert serving_info["engine"] == "fake 0.1" and serving_info["operating_rate"] == 8.0
-    assert [s["rate"] for s in _load_steps(result)] == [s["rate"] for s in serving_info["rates"]] == [4.0, 8.0]
+    assert serving_info["engine"] == "fake 0.1" and serving_info["operating_rate"] == 200.0
+    tried = [(s["rate"], s["purpose"], s["slo_verdict"]) for s in serving_info["rates"]]
+    assert [s["rate"] for s in _load_steps(result)] == [s["rate"] for s in serving_info["rates"]]
+    assert tried == [(100.0, "ladder", "met"), (200.0, "ladder", "met"), (200.0, "confirm", "met")]
+    search = serving_info["search"]
+    assert search["at_least"] and search["confirmed"] and search["bracket"] == [200.0, None]
     assert {s["phase"] for s in result.steps} >= {"warmup", "load", "batch"}
 
-    # the verdict, recomputed from the stored records alone
+    # the verdict, recomputed from the stored records alone (each run's own: the repeat drew its own arrivals)
     records = _records(trial)
     load = [r for r in records if r["phase"] == "load"]
     assert {r["replica"] for r in load} == {0, 1}  # the balancer used both replicas
     recomputed = []
-    for reported in serving_info["rates"]:
-        mine = [r for r in load if r["rate"] == reported["rate"]]
-        again = serving.summarize_rate(mine, serving_info["slo"], reported["rate"], serving_info["duration_s"])
+    for run, reported in enumerate(serving_info["rates"]):
+        mine = [r for r in load if r["run"] == run]
+        assert {r["rate"] for r in mine} == {reported["rate"]}
+        again = serving.summarize_rate(mine, serving_info["slo"], reported["rate"], reported["duration_s"])
         assert {k: reported[k] for k in again} == again
         recomputed.append(again)
-    expected = serving.serving_metrics(recomputed, devices=2)
+    arrivals = {run: [r["scheduled_s"] for r in load if r["run"] == run] for run in (1, 2)}
+    assert arrivals[1] != arrivals[2]  # the repeat at 200 req/s is fresh traffic, not a replay
+    # the metrics are the confirming run's (the last at the operating rate)
+    expected = serving.metrics_at(recomputed[-1], True, recomputed, devices=2)
     assert {k: m[k] for k in expected} == expected
     assert {r["batch"] for r in records if r["phase"] == "batch"} == {1, 2}
 
@@ -205,7 +222,13 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
     trial = _trial(tmp_path, args=("--token-ms", "100"), rates=(10.0,), output_len=10, slo={"ttft_p99_ms": 5000.0})
     result = _run(trial, caplog)
     assert result.status == "ok", (result.reason, result.log_tail)
-    load = sorted((r for r in _records(trial) if r["phase"] == "load"), key=lambda r: r["id"])
+    # 10 requests cannot decide a p99, nor could 4x as many: no longer run; counted by its measured p99s
+    # (under target), the rate is confirmed by a repeat (run 1)
+    assert [(s["run"], s["purpose"], s["scale"]) for s in result.info["serving"]["rates"]] == [
+        (0, "ladder", 1),
+        (1, "confirm", 1),
+    ]
+    load = sorted((r for r in _records(trial) if r["phase"] == "load" and r["run"] == 0), key=lambda r: r["id"])
     planned = traffic.plan_rate(json.loads(trial.read_text())["workload"]["traffic"], 10.0, 512)
     assert [r["scheduled_s"] for r in load] == [round(p.at_s, 6) for p in planned]
     assert all(abs(r["sent_s"] - r["scheduled_s"]) < 0.25 for r in load), [
@@ -214,25 +237,6 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
     assert result.info["serving"]["rates"][0]["send_lag_p99_ms"] < 250
     in_flight = max(sum(1 for o in load if o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["e2e_ms"] / 1000) for r in load)
     assert len(load) >= 5 and in_flight >= 4
-    _nothing_left(tmp_path, caplog)
-
-
-def test_bisection_finds_the_highest_rate_meeting_the_slo(tmp_path, caplog):
-    # one request decodes at a time, ~90 ms each: 4 req/s keeps up, 32 req/s queues for seconds
-    trial = _trial(
-        tmp_path,
-        args=("--capacity", "1", "--ttft-ms", "60", "--token-ms", "10"),
-        rates=(1.0, 2.0, 4.0, 32.0, 64.0),
-        slo={"ttft_p99_ms": 1000.0, "tpot_p99_ms": 200.0},
-    )
-    result = _run(trial, caplog)
-    assert result.status == "ok", (result.reason, result.log_tail)
-    tried = [(s["step"], s["rate"], s["slo_met"]) for s in _load_steps(result)]
-    assert tried == [(0, 4.0, True), (1, 32.0, False)]
-    assert result.metrics["max_rate_rps"] == 4.0 and result.metrics["goodput_rps"] > 0
-    assert result.info["serving"]["operating_rate"] == 4.0
-    assert result.metrics["preemptions"] > 0  # the fake counts requests that had to wait
-    assert 0 < result.metrics["kv_cache_usage"] <= 1  # seconds of queueing: sampled under load
     _nothing_left(tmp_path, caplog)
 
 
@@ -340,14 +344,16 @@ def test_prometheus_names_are_read_from_vllms_own_page():
     assert renamed == {"kv_cache_usage": 0.5}
 
 
-def test_bisection_tries_the_middle_then_goes_up_or_down():
-    b = Bisection([1, 2, 4, 8, 16, 32, 64])
+def test_the_ladder_is_bisected_first_then_the_bracket_between_its_rungs():
+    b = RateSearch([1, 2, 4, 8, 16, 32, 64])
     verdicts = {1: True, 2: True, 4: True, 8: True, 16: False, 32: False, 64: False}
-    while (rate := b.next()) is not None:
-        b.report(verdicts[rate])
-    assert [r for r, _ in b.tried] == [8, 32, 16] and b.best_rate == 8
-    with pytest.raises(ValueError):
-        Bisection([2, 1])
+    while (load := b.next()) is not None:
+        b.report("met" if load.rate <= 8 else "missed")
+    assert [t.rate for t in b.tried][:3] == [8, 32, 16] and all(verdicts[t.rate] == t.counted for t in b.tried[:3])
+    assert b.max_rate == 8 and b.bracket[1] < 16 and b.width <= 0.05 and b.confirmed
+    assert [t.purpose for t in b.tried][:3] == ["ladder"] * 3 and b.tried[-1].purpose == "confirm"
+    with pytest.raises(ValueError, match="strictly ascending"):
+        RateSearch([2, 1])
 
 
 def test_arrivals_have_the_asked_rate_and_burstiness_and_are_seeded():

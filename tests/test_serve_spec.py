@@ -49,6 +49,15 @@ def test_serve_spec_loads_with_resolved_context_and_default_objective(write_spec
     assert "serve prompt ~128 output ~32 at 1/2/4 req/s" in spec_summary(spec)
 
 
+def test_the_rate_tolerance_defaults_to_5_percent_and_reaches_the_probe(write_spec):
+    from autotune.spec.resolve import probe_context
+
+    assert load_spec(write_spec(SERVE)).workload.rate_tolerance == 0.05
+    spec = load_spec(write_spec(SERVE.replace("kind: serve\n", "kind: serve\n  rate_tolerance: 0.02\n")))
+    assert spec.workload.rate_tolerance == 0.02
+    assert probe_context(spec).workload["rate_tolerance"] == 0.02  # what the trial file tells the probe
+
+
 def test_one_rate_is_a_ladder_of_one(write_spec):
     spec = load_spec(write_spec(SERVE.replace("rates: [1, 2, 4]", "rates: 3")))
     assert spec.workload.traffic.rates == [3.0]
@@ -62,6 +71,23 @@ def test_one_rate_is_a_ladder_of_one(write_spec):
         (("    output_len: 32\n", ""), "output_len"),
         (("kind: serve\n", "kind: serve\n  max_model_len: 100\n"), "max_model_len (100) is below"),
         (("  max_num_seqs: [16, 64]", "  micro_batch_size: [1, 2]"), "micro_batch_size is not a serving parameter"),
+        (
+            ("kind: serve\n", "kind: serve\n  rate_tolerance: 0\n"),
+            "workload.rate_tolerance: Input should be greater than 0",
+        ),
+        (
+            ("kind: serve\n", "kind: serve\n  rate_tolerance: -0.1\n"),
+            "workload.rate_tolerance: Input should be greater",
+        ),
+        (
+            ("kind: serve\n", "kind: serve\n  rate_tolerance: 1\n"),
+            "workload.rate_tolerance: Input should be less than 1",
+        ),
+        (
+            ("kind: serve\n", "kind: serve\n  rate_tolerance: 1.5\n"),
+            "workload.rate_tolerance: Input should be less than 1",
+        ),
+        (("kind: serve\n", "kind: serve\n  rate_tolerance: .nan\n"), "workload.rate_tolerance"),
     ],
 )
 def test_bad_serving_input_names_the_field(write_spec, change, words):

@@ -246,10 +246,22 @@ def test_deep_nesting_and_alias_bombs_are_errors_not_crashes(write_spec):
     assert load_spec(write_spec(shared, "shared.yaml")).space.choices()["pp"] == [1, 2]
 
 
-@pytest.mark.parametrize("field, bad", [("tie_tolerance", 0), ("tie_tolerance", 1.5), ("max_readings", 1)])
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("tie_tolerance", 0),
+        ("tie_tolerance", 1.5),
+        ("max_readings", 1),
+        ("confidence", 0),
+        ("confidence", 1),
+        ("confirm_budget", 0),
+        ("confirm_budget", 2.5),  # a share is below 1, a count whole
+        ("confirm_budget", 21),  # above the budget (n_trials 20)
+    ],
+)
 def test_the_race_settings_are_checked_and_reach_the_guide(write_spec, field, bad):
-    """Issue 44's search.tie_tolerance and search.max_readings: a value outside its range is an
-    error naming the field; a valid one is what the guide races with."""
+    """Issue 44's search.tie_tolerance, confidence, confirm_budget and max_readings: a value outside
+    its range is an error naming the field; a valid one is what the guide races with."""
     from autotune.guide.spec_settings import guide_settings
 
     with pytest.raises(SpecError) as err:
@@ -257,8 +269,12 @@ def test_the_race_settings_are_checked_and_reach_the_guide(write_spec, field, ba
     assert f"search.{field}" in str(err.value)
     spec = load_spec(
         write_spec(
-            TINY_TRAIN.replace("search: {n_trials: 6, seed: 1}", "search: {tie_tolerance: 0.05, max_readings: 4}")
+            TINY_TRAIN.replace(
+                "search: {n_trials: 6, seed: 1}",
+                "search: {tie_tolerance: 0.05, max_readings: 4, confidence: 0.9, confirm_budget: 0.3, n_trials: 10}",
+            )
         )
     )
     settings = guide_settings(spec)
-    assert (settings.tie_tolerance, settings.max_readings) == (0.05, 4)
+    assert (settings.tie_tolerance, settings.max_readings, settings.confidence) == (0.05, 4, 0.9)
+    assert settings.confirm_readings == 3  # 0.3 of 10

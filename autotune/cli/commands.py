@@ -449,7 +449,9 @@ def report(
     result = StudyResult.load(spec, study, objectives)
     records, best, baseline = result.records, result.best, result.baseline
     line = improvement_line(best[0] if best else None, baseline, *objectives[0])
-    summary = study_summary(study, records, objectives, best, baseline, result.recommendation)
+    summary = study_summary(
+        study, records, objectives, best, baseline, result.recommendation, result.certificate, result.drift
+    )
     from .output import print_report
 
     print_report(spec, records, best, baseline, line, summary, top, as_json)

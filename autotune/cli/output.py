@@ -166,6 +166,8 @@ def print_run_end(spec: Spec, choice: Any, outcome: Any, finished: Any, advice: 
             result.recommendation,
             workload=spec.workload.model_dump(),
             cost_per_device_hour=spec.cluster.cost_per_device_hour,
+            certificate=result.certificate,
+            drift=result.drift,
         )
     if not advice.succeeded:
         warn("no trial succeeded: see `autotune report` for the failure reasons")

@@ -182,6 +182,8 @@ def study_summary(
     best: list[TrialRecord],
     baseline: TrialRecord | None,
     recommendation: Any = None,
+    certificate: dict[str, Any] | None = None,
+    drift: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The before/after view of a finished study (what ``report`` prints and the parent run keeps):
     baseline vs best per metric with the gain, the Pareto front (several objectives), parameter
@@ -217,6 +219,10 @@ def study_summary(
     out["before_after"] = rows
     out["best_trial"] = top.number if top else None
     out["best_by_estimate"] = best_by_estimate(records, objectives, top)
+    if certificate is not None:  # how sure of the best (issue 44): StudyResult.certificate
+        out["certificate"] = certificate
+    if drift is not None:  # the control config's readings over the study (issue 44): StudyResult.drift
+        out["drift"] = drift
     if recommendation is not None:
         out["recommendation"] = {
             "trial": recommendation.chosen.number,
@@ -369,6 +375,9 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
             lines.append(f"  {r['metric']:<26} {_fmt(r['best']):>12}{_sureness(r)}")
     if summary.get("best_by_estimate"):
         lines.append(summary["best_by_estimate"])
+    for part in ("certificate", "drift"):
+        if (summary.get(part) or {}).get("sentence"):
+            lines.append(summary[part]["sentence"])
     rec = summary.get("recommendation") or {}
     if rec.get("why"):
         lines.append(rec["why"])
@@ -479,4 +488,11 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
             out[f"importance_{metric}_{k}".replace(".", "_")] = float(v)
     for k, v in (summary.get("probes") or {}).items():
         out[k] = float(v)
+    cert = summary.get("certificate") or {}
+    if _finite(cert.get("p_within_tolerance")):  # how sure of the best (issue 44)
+        out["best_p_within_tolerance"] = float(cert["p_within_tolerance"])
+        out["race_remeasured"] = float(cert.get("remeasured", 0))
+    drift = summary.get("drift") or {}
+    if _finite(drift.get("change")):
+        out["drift_pct"] = 100.0 * float(drift["change"])
     return out

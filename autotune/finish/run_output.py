@@ -322,6 +322,15 @@ def _interval(record: Any, metric: str) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _rate_bracket(m: dict[str, Any]) -> str:
+    """`` (bracket 5.56-5.70 req/s)``: where the rate search left the highest rate meeting the SLO
+    (issue 44); "" without one."""
+    low, high = m.get("max_rate_rps_ci_low"), m.get("max_rate_rps_ci_high")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high > low:
+        return f" (between {low:,.4g} and {high:,.4g} req/s)"
+    return ""
+
+
 def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: float | None = None) -> list[str]:
     """What a serving or inference decision reads of a config, each figure said with what it is:
     serving's goodput, the rate it holds, SLO attainment and the p99s against their targets, the cost;
@@ -336,8 +345,8 @@ def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: 
         lines = [
             f"{_instances(record.config) or 'layout'}: goodput {num('goodput_rps_per_device')} req/s/device "
             f"({num('goodput_rps')} req/s that met every SLO target) at {num('max_rate_rps')} req/s offered, the "
-            f"highest rate tried whose p99s met the SLO; SLO attainment {num('slo_attainment')} of the requests at "
-            "that rate"
+            f"highest rate the rate search found meeting the SLO{_rate_bracket(m)}; SLO attainment "
+            f"{num('slo_attainment')} of the requests at that rate"
         ]
         slo = workload.get("slo") or {}
         p99 = [
@@ -396,6 +405,8 @@ def print_best(
     recommendation: Any,
     workload: dict[str, Any] | None = None,
     cost_per_device_hour: float | None = None,
+    certificate: dict[str, Any] | None = None,
+    drift: dict[str, Any] | None = None,
 ) -> None:
     """The study's answer: the best trial (one objective), or every Pareto-optimal trial (several:
     no single best exists; each is the best at its trade-off), then the recommendation; for serving
@@ -430,6 +441,10 @@ def print_best(
             console.print(text, markup=False)
     if improvement:
         console.print(f"  {escape_text(improvement)}", markup=False)
+    for said in (certificate, drift):  # how sure, and whether the machine drifted (issue 44): StudyResult
+        if said and said.get("sentence"):
+            for text in wrap_line(f"  {escape_text(said['sentence'])}", WIDTH, indent=4):
+                console.print(text, markup=False)
     if recommendation is not None and recommendation.sentence:
         if recommendation.changed:
             console.print(Text(escape_text(recommendation.sentence), style="bold"))

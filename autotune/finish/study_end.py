@@ -103,7 +103,16 @@ def finish_study(
             else:
                 log.info("not exported as %s: %s", name, ", ".join(reasons))
         finished.exports = write_exports(context, directory / "export", [f for f in EXPORTERS if f not in refused])
-    summary = study_summary(study, result.records, objectives, result.best, result.baseline, result.recommendation)
+    summary = study_summary(
+        study,
+        result.records,
+        objectives,
+        result.best,
+        result.baseline,
+        result.recommendation,
+        result.certificate,
+        result.drift,
+    )
     finished.summary = summary
     finished.plots = write_plots(study, directory / "plots", objectives, summary.get("importances"))
     summary_json = directory / "summary.json"
@@ -208,6 +217,8 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
         "run_dir": str(directory),
         "recommended": best_payload(chosen) if chosen is not None else None,
         "recommendation": recommendation.sentence if recommendation else "",
+        "certificate": result.certificate,
+        "drift": result.drift,
         "exports": {k: str(v) for k, v in exports.items()},
         "mlflow_parent_run_id": outcome.parent_run_id,
     }

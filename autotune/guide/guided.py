@@ -59,6 +59,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+from autotune.objectives.race import certificate
 
 from .ranking import Ranking
 from .refit import COMPONENTS
@@ -105,9 +106,11 @@ class GuideSettings:
     min_fit_probability: float = 0.5  # probe a config less likely than this to fit only when none is likelier
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
     fit_power: float = 3.0  # weight of P(fits) against the expected improvement
-    remeasure_within: float = 0.03  # the two best measured this close: measure again before the end
-    max_readings: int = 3  # readings of one config a close call may take (a race of the two best)
-    tie_tolerance: float = 0.02  # two configs whose difference is surely within this share are tied
+    max_readings: int = 3  # readings of one config the race of the contenders may take
+    tie_tolerance: float = 0.02  # the leader is certified when within this share of the best measured ...
+    confidence: float = 0.95  # ... with this probability (autotune.objectives.race)
+    confirm_readings: int = 5  # re-measurements the race may spend in a study; held back for it at the end
+    drift_every: int = 0  # re-measure the control config (the first measured) after this many probes; 0: never
     scout: bool = True  # value a sure config for the unsure ones its measurement would make sure
     max_oom_share: float | None = (
         0.05  # OOM probes the study may risk (share of its budget, at least one); then only sure fits
@@ -156,7 +159,7 @@ class Proposal:
     config: dict[str, Any]
     reason: str
     predicted: dict[str, float] = field(default_factory=dict)
-    remeasure: bool = False  # the same config again: a close call between the two best
+    remeasure: bool = False  # the same config again: the race of the contenders
     scout_for: int | None = None  # probed to learn the memory of this row, a promising config not yet sure to fit
 
 
@@ -769,64 +772,153 @@ class Guide:
         allowed: np.ndarray | None = None,
         estimate: np.ndarray | None = None,
     ) -> Proposal | None:
-        """Another measurement of one of the two best measured configs, while the noise cannot
-        tell them apart: a race (issue 44). The less-measured of the pair is measured again (so
-        the readings interleave, A, B, A, B, and a drift of the machine hits both) until their
-        means are apart by more than two standard errors, their difference is surely within
-        ``tie_tolerance`` (a tie: the report decides by headroom), or each has ``max_readings``.
-        The noise is the study's: the spread of the configs it measured more than once, never
-        below ``noise``. The first re-measurement of a pair is asked for within
-        ``remeasure_within`` as before; later ones by the noise alone.
+        """Another measurement in the race of the contenders (issue 44), or None when the race is
+        settled or may not go on.
 
-        "Best" is what the study reports: the guide's estimate (``estimate``, the objective
-        model's mean; the mean of the measurements without one). The runner-up is the best
-        config that differs from the first in more than environment settings: configs that
-        differ only in an env knob share every other value, so their estimates move together and
-        a re-measurement of one cannot tell them apart, while one of another layout can (7B/32 GB
-        mindspeed world 2 of benchmarks/search_efficiency.py re-measured two ZeRO-3 configs that
-        differed in HCCL_BUFFSIZE and reported them over a pipelined ZeRO-2 2 % faster)."""
-        sign = 1.0 if self.direction == "maximize" else -1.0
+        The leader is what the study reports: among the measured configs whose mean reading the
+        noise cannot tell from the best mean reading, the one with the best estimate
+        (``estimate``, the objective model's mean; the mean reading without one), as
+        :func:`autotune.study.records.best_records` chooses. Its certificate
+        (:func:`autotune.objectives.race.certificate`) says how likely it is within
+        ``tie_tolerance`` of the best measured config; below ``confidence`` the config that
+        threatens it most is raced against it: the less-measured of the two is measured again
+        (A, B, A, B: a drift of the machine hits both). A config already has ``max_readings``,
+        is running, or is not ``allowed``: the next threat. The race spends at most
+        ``confirm_readings`` re-measurements in the study. The noise is the study's: the spread of
+        the configs it measured more than once, never below ``noise``."""
+        s = self.settings
+        maximize = self.direction == "maximize"
         values: dict[int, list[float]] = {}
         for o in obs:
             if o.status == "ok" and o.objective is not None and math.isfinite(o.objective):
                 values.setdefault(o.index, []).append(o.objective)
-        if len(values) < 2:
+        if len(values) < 2 or self.race_spent(obs) >= s.confirm_readings:
             return None
-
-        def judged(i: int) -> float:
-            return float(estimate[i]) if estimate is not None else float(np.mean(values[i]))
-
-        ranked = sorted(values, key=lambda i: sign * judged(i), reverse=True)
-        first = ranked[0]
-        configs = self.ranking.enumeration.configs
-        layout = _beyond_environment(configs[first])
-        second = next((i for i in ranked[1:] if _beyond_environment(configs[i]) != layout), None)
-        if second is None:
-            return None
-        a, b = judged(first), judged(second)
-        once = len(values[first]) < 2 or len(values[second]) < 2
-        if once and abs(a - b) > self.settings.remeasure_within * abs(a):
-            return None
-        if not once and _separated_or_tied(values[first], values[second], self._noise(values), self.settings):
+        control = self._control(obs) if s.drift_every > 0 else None
+        noise = self._noise({i: v for i, v in values.items() if i != control})  # the control spans any drift
+        leader = self.race_leader(values, noise, estimate)
+        cert = certificate(values, leader, noise, s.tie_tolerance, s.confidence, maximize)
+        if cert.certified:
             return None
         busy = set(exclude)
-        for index in sorted((first, second), key=lambda i: len(values[i])):
-            if (
-                len(values[index]) < self.settings.max_readings
-                and index not in busy
-                and (allowed is None or allowed[index])
-            ):
-                numbers = {o.index: o.number for o in obs}
-                return Proposal(
-                    index,
-                    configs[index],
-                    (
-                        f"re-measure: close call between trial {numbers.get(first)} ({a:.4g}) and trial "
-                        f"{numbers.get(second)} ({b:.4g}), {abs(a - b) / abs(a):.1%} apart: within the noise"
-                    ),
-                    remeasure=True,
-                )
+        numbers = {o.index: o.number for o in obs}
+        configs = self.ranking.enumeration.configs
+        for threat, p in cert.threats:
+            if p >= s.confidence:
+                break
+            for index in sorted((threat, leader), key=lambda i: (len(values[i]), i != leader)):
+                if len(values[index]) < s.max_readings and index not in busy and (allowed is None or allowed[index]):
+                    a, b = float(np.mean(values[leader])), float(np.mean(values[threat]))
+                    return Proposal(
+                        index,
+                        configs[index],
+                        (
+                            f"re-measure (race): trial {numbers.get(leader)} leads ({a:.4g}, {len(values[leader])} "
+                            f"reading(s)) but trial {numbers.get(threat)} ({b:.4g}, {len(values[threat])}) may beat "
+                            f"it by more than {s.tie_tolerance:.0%} (P {1 - p:.0%}); the leader is within "
+                            f"{s.tie_tolerance:.0%} of the best measured with P {cert.p:.0%}, "
+                            f"short of {s.confidence:.0%}"
+                        ),
+                        remeasure=True,
+                    )
         return None
+
+    def unmeasured_claims(self, obs: list[Observation]) -> dict[int, float]:
+        """For every measured config: P(no config the study has not measured beats its mean reading
+        by more than ``tie_tolerance``), by the objective model and P(fits): the part of "within the
+        tolerance of the best" the readings cannot speak for (the report takes the one of the config
+        it names). Each config not measured (nor run out of memory) beats it by more than the
+        tolerance with the model's normal probability, and only if it fits: P = prod (1 - P(fits)
+        P(beats)), independent as the stopping rule treats them. The ``CLAIMED_CONFIGS`` best mean
+        readings only (the report names one of them); {} with nothing measured."""
+        values: dict[int, list[float]] = {}
+        for o in obs:
+            if o.status == "ok" and o.objective is not None and math.isfinite(o.objective):
+                values.setdefault(o.index, []).append(o.objective)
+        if not values:
+            return {}
+        s = self.settings
+        rest = self.valid.copy()
+        rest[[o.index for o in obs]] = False
+        if not rest.any():
+            return {i: 1.0 for i in values}
+        mean, sd = self._objective_model(obs)
+        belief = self._memory_belief(obs)
+        p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
+        m, d, f = mean[rest], np.maximum(sd[rest], 1e-12), np.clip(p_fit[rest], 0.0, 1.0)
+        out = {}
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        top = sorted(values, key=lambda i: -sign * float(np.mean(values[i])))[:CLAIMED_CONFIGS]
+        for i in top:
+            lead = float(np.mean(values[i]))
+            if self.direction == "maximize":
+                z = (m - lead / (1.0 - s.tie_tolerance)) / d  # P(beats) = P(mu_j > lead / (1 - tol))
+            else:
+                z = (lead / (1.0 + s.tie_tolerance) - m) / d  # P(beats) = P(mu_j < lead / (1 + tol))
+            beats = 0.5 * _erfc_array(-z / math.sqrt(2.0))
+            ok = np.isfinite(beats)
+            out[i] = float(np.exp(np.sum(np.log1p(-np.clip(f[ok] * beats[ok], 0.0, 1.0 - 1e-15)))))
+        return out
+
+    def race_leader(self, values: dict[int, list[float]], noise: float, estimate: np.ndarray | None) -> int:
+        """The config the study reports among the measured ones (``values``: index -> readings):
+        of those whose mean reading is within the noise of the best mean, the best estimate."""
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        means = {i: float(np.mean(v)) for i, v in values.items()}
+        top = max(means, key=lambda i: sign * means[i])
+        near = [
+            i
+            for i in means
+            if i == top
+            or not (
+                (gap := relative_gap(means[top], len(values[top]), means[i], len(values[i]), noise)) is not None
+                and gap[0] > SEPARATED_Z * gap[1]
+            )
+        ]
+        if estimate is None:
+            return top
+        return max(near, key=lambda i: (sign * float(estimate[i]), sign * means[i]))
+
+    def race_spent(self, obs: list[Observation]) -> int:
+        """Re-measurements the race has spent: every reading of a config past its first, less the
+        drift checks' readings of the control (:meth:`drift_check`)."""
+        seen: dict[int, int] = {}
+        for o in obs:
+            if o.status == "ok" and o.objective is not None:
+                seen[o.index] = seen.get(o.index, 0) + 1
+        control = self._control(obs) if self.settings.drift_every > 0 else None
+        return sum(n - 1 for i, n in seen.items() if i != control)
+
+    @staticmethod
+    def _control(obs: list[Observation]) -> int | None:
+        """The drift checks' control: the first config measured (the baseline, where the spec has one:
+        it is the study's first trial)."""
+        ok = [o for o in obs if o.status == "ok" and o.objective is not None]
+        return min(ok, key=lambda o: o.number).index if ok else None
+
+    def drift_check(
+        self, obs: list[Observation], exclude: Iterable[int] = (), allowed: np.ndarray | None = None
+    ) -> Proposal | None:
+        """The control config measured again once ``drift_every`` probes have run since its last
+        reading (issue 44, "drift"): a machine that slows down (thermal, a neighbour's job, a driver
+        reset) moves every later reading, and only a config measured before and after shows it. The
+        report compares its readings (:func:`autotune.objectives.race.control_drift`)."""
+        every = self.settings.drift_every
+        control = self._control(obs) if every > 0 else None
+        if control is None or control in set(exclude) or (allowed is not None and not allowed[control]):
+            return None
+        readings = [o.number for o in obs if o.index == control and o.status == "ok"]
+        since = sum(1 for o in obs if o.number > max(readings))
+        if since < every:
+            return None
+        first = min(readings)
+        return Proposal(
+            control,
+            self.ranking.enumeration.configs[control],
+            f"drift check: the control config (trial {first}, the first measured) again after {since} probes: "
+            "a change beyond the noise means the machine drifted",
+            remeasure=True,
+        )
 
     def _noise(self, values: dict[int, list[float]]) -> float:
         """The relative noise of one reading: the pooled spread of the configs measured more than
@@ -985,21 +1077,31 @@ class Guide:
         budget_left: int | None = None,
         allowed: np.ndarray | None = None,
     ) -> tuple[Proposal | None, str]:
-        """The next config to probe, or None with the reason to stop. Near the end of the budget
-        (and before stopping early) a close call between the two best is measured again.
+        """The next config to probe, or None with the reason to stop. In the budget held back for
+        the race (``confirm_readings``) and before stopping early, the contenders are raced.
         ``allowed`` (a mask over the ranking) narrows the choice, e.g. to configs matching
         parameters a user fixed for this trial.
 
-        In the order a decision is made: what the models say now (:meth:`_picture`); a close call
-        near the end; whether to stop, or to stretch to a riskier config with budget left
+        In the order a decision is made: what the models say now (:meth:`_picture`); the race in the
+        budget held back for it; whether to stop, or to stretch to a riskier config with budget left
         (:meth:`_stop_or_stretch`); which configs may be probed (:meth:`_pool`); the best of them
         by the acquisition (:meth:`_choose`); and the words of why (:meth:`_reason`)."""
         view = self._picture(list(obs), set(exclude), best, budget_left, allowed)
-        if budget_left is not None and budget_left <= 2:
+        if budget_left is None or budget_left > 1:
+            check = self.drift_check(view.obs, view.exclude, allowed)
+            if check is not None:
+                return view.with_prediction(check, widened=False), ""
+        if budget_left is not None and budget_left <= max(
+            1, self.settings.confirm_readings - self.race_spent(view.obs)
+        ):
+            # the budget held back for the race: the contenders are raced before anything new is probed
             again = self.close_call(view.obs, view.exclude, allowed, view.mean)
             if again is not None:
                 return view.with_prediction(again, widened=False), ""
         if not view.candidates.any():
+            again = self.close_call(view.obs, view.exclude, allowed, view.mean)  # nothing new: the race may go on
+            if again is not None:
+                return view.with_prediction(again, widened=False), ""
             return None, (
                 "every valid config of the space has been probed"
                 if allowed is None
@@ -1306,20 +1408,14 @@ def _buffer_of(config: dict[str, Any]) -> float | None:
         return None
 
 
-def _separated_or_tied(a: list[float], b: list[float], noise: float, s: GuideSettings) -> bool:
-    """Whether two configs' readings settle their order: their means more than two standard errors
-    apart (at ``noise`` relative per reading), or the difference's 95 % interval within
-    ``tie_tolerance`` of the first's mean (a tie: neither is worth another reading)."""
-    gap = relative_gap(float(np.mean(a)), len(a), float(np.mean(b)), len(b), noise)
-    if gap is None:
-        return True
-    share, se = gap
-    return share > SEPARATED_Z * se or share + SEPARATED_Z * se <= s.tie_tolerance
+CLAIMED_CONFIGS = 8  # measured configs the model's claim over the unmeasured is kept for (the best readings)
 
 
-def _beyond_environment(config: dict[str, Any]) -> tuple:
-    """A config without its environment settings (``env.*``): what a re-measurement can tell apart."""
-    return tuple(sorted((k, repr(v)) for k, v in config.items() if not k.startswith("env.")))
+def _erfc_array(x: np.ndarray) -> np.ndarray:
+    """The complementary error function elementwise (scipy's, a declared dependency)."""
+    from scipy.special import erfc
+
+    return erfc(x)
 
 
 def _family_words(family: tuple) -> str:

@@ -71,8 +71,8 @@ class GuidedSampler(BaseSampler):
 
     ``ranking`` is the simulator's ranking of ``space`` (:func:`autotune.guide.ranking.rank_space`);
     ``objective`` the metric the study's first value is, and its direction; ``n_trials`` the
-    study's budget, when known, so that a close call between the two best is measured again
-    before the end."""
+    study's budget, when known, so that the budget the race of the contenders may spend is held
+    back for it at the end."""
 
     def __init__(
         self,
@@ -285,21 +285,35 @@ class GuidedSampler(BaseSampler):
         (mean, sd, measurements)}``. It pools every measurement of the study (configs that share
         parameter values inform each other), so a config measured once and high by the noise
         does not outrank one the evidence as a whole says is faster: the best a study reports
-        (``records.best_records``) is the measured config with the best estimate."""
+        (``records.best_records``) is the measured config with the best estimate. Its sd is never
+        below the standard error of the config's own readings at the study's noise: the model's band
+        is about the mean it predicts, and a figure measured n times is not surer than n readings."""
         obs = self.observations(trials)
-        counts: dict[int, int] = {}
+        values: dict[int, list[float]] = {}
         for o in obs:
             if o.status == "ok" and o.objective is not None:
-                counts[o.index] = counts.get(o.index, 0) + 1
-        if not counts:
+                values.setdefault(o.index, []).append(float(o.objective))
+        if not values:
             return {}
         mean, sd = self.guide._objective_model(obs)
+        # never narrower than the noise its readings carry (issue 44): the standard error of their mean
+        noise = self.guide._noise(values)
         configs = self.ranking.enumeration.configs
         return {
-            config_key(configs[i]): (float(mean[i]), float(sd[i]), n)
-            for i, n in counts.items()
+            config_key(configs[i]): (
+                float(mean[i]),
+                max(float(sd[i]), noise * abs(float(mean[i])) / len(v) ** 0.5),
+                len(v),
+            )
+            for i, v in values.items()
             if _finite(float(mean[i])) and _finite(float(sd[i]))
         }
+
+    def unmeasured_claims(self, trials: list[FrozenTrial]) -> dict[str, float]:
+        """Config key -> P(no unmeasured config beats it by more than the tie tolerance), for every
+        measured config: :meth:`Guide.unmeasured_claims` over the study's trials."""
+        configs = self.ranking.enumeration.configs
+        return {config_key(configs[i]): p for i, p in self.guide.unmeasured_claims(self.observations(trials)).items()}
 
     def _propose(self, study: Study, current: int | None, allowed: np.ndarray | None) -> tuple[Proposal | None, str]:
         trials = study.get_trials(deepcopy=False)

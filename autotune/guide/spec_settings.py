@@ -29,5 +29,8 @@ def guide_settings(spec: Spec, context: ProbeContext | None = None) -> GuideSett
         max_doubt_probes=sp.max_doubt_probes,
         tie_tolerance=sp.tie_tolerance,
         max_readings=sp.max_readings,
+        confidence=sp.confidence,
+        confirm_readings=sp.confirm_readings(),
+        drift_every=sp.drift_checks_every(),
         device_usable_gib=hardware.get("usable_memory_gib"),
     )

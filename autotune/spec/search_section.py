@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+import math
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from .fields import Strict
 
 __all__ = ["RaySpec", "RecommendSpec", "SearchSpec", "TrackingSpec"]
+
+DRIFT_EVERY_AUTO = 10  # search.drift_every null: a drift check every this many probes ...
+DRIFT_AUTO_FROM = 30  # ... in a study of at least this many trials (a long study), else none
 
 
 class SearchSpec(Strict):
@@ -84,12 +89,33 @@ class SearchSpec(Strict):
         0.02,
         gt=0,
         lt=1,
-        description="sampler auto: two configs whose difference is surely within this share of the best are "
-        "tied: the race of the two best (each measured in turn while the noise cannot order them) stops there, "
-        "and the recommendation decides between them by memory headroom (docs/GUIDE.md)",
+        description="sampler auto: the recommendation is certified when it is within this share of the best "
+        "measured config with probability `confidence`; configs the readings cannot order are then tied, and "
+        "the recommendation chooses between them by memory headroom (docs/GUIDE.md, the race of the contenders)",
+    )
+    confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="sampler auto: the probability the race of the contenders aims for that the recommendation "
+        "is within `tie_tolerance` of the best measured config (a lower bound over the measured configs)",
+    )
+    confirm_budget: float = Field(
+        0.25,
+        gt=0,
+        description="sampler auto: the re-measurements the race of the contenders may spend, a share of "
+        "n_trials (below 1) or a count (a whole number, at most n_trials); held back at the end of the budget "
+        "while the recommendation is not certified, spent on new configs when it is",
     )
     max_readings: int = Field(
-        3, ge=2, le=10, description="sampler auto: the most readings the race of the two best takes of one config"
+        3, ge=2, le=10, description="sampler auto: the most readings the race of the contenders takes of one config"
+    )
+    drift_every: int | None = Field(
+        None,
+        ge=0,
+        description="sampler auto: re-measure the control config (the baseline, else the first measured) after "
+        "this many probes, and report a change beyond the noise as drift; 0: never; null: every "
+        f"{DRIFT_EVERY_AUTO} probes in a study of at least {DRIFT_AUTO_FROM} trials, else never",
     )
     memory_profiles: bool = Field(
         True,
@@ -105,6 +131,35 @@ class SearchSpec(Strict):
         description="sampler auto: the probability of fitting, after its memory profile, that a config needs "
         "for its full probe; below it the trial ends as oom_predicted (no full probe)",
     )
+
+    @field_validator("confirm_budget")
+    @classmethod
+    def _confirm_within_budget(cls, v: float, info: ValidationInfo) -> float:
+        n = info.data.get("n_trials")
+        if v >= 1 and v != int(v):
+            raise ValueError(f"a share of n_trials is below 1, a count is a whole number; got {v:g}")
+        if n is not None and v > n:
+            raise ValueError(f"{v:g} re-measurements is above the budget (n_trials {n}): give at most {n} or a share")
+        return v
+
+    @field_validator("drift_every")
+    @classmethod
+    def _drift_every(cls, v: int | None) -> int | None:
+        if v == 1:
+            raise ValueError("1 would re-measure the control after every probe: give 0 (never) or at least 2")
+        return v
+
+    def drift_checks_every(self) -> int:
+        """``drift_every`` resolved: probes between drift checks, 0 for none."""
+        if self.drift_every is not None:
+            return self.drift_every
+        return DRIFT_EVERY_AUTO if self.n_trials >= DRIFT_AUTO_FROM else 0
+
+    def confirm_readings(self) -> int:
+        """``confirm_budget`` as a count of re-measurements (a share of ``n_trials``, at least one)."""
+        if self.confirm_budget >= 1:
+            return int(self.confirm_budget)
+        return max(1, math.floor(self.confirm_budget * self.n_trials + 1e-9))
 
 
 class RecommendSpec(Strict):

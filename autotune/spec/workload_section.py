@@ -87,10 +87,14 @@ Length = Union[int, LengthRange]
 class TrafficSpec(Strict):
     """The request load a serving probe offers: open loop (arrivals never wait for completions).
 
-    ``rates`` is the ladder the probe bisects for the largest rate that meets the SLO (one rate:
-    goodput at that rate only)."""
+    ``rates`` is the ladder that seeds the probe's search for the largest rate that meets the SLO:
+    its rungs are bisected to a bracket (the highest met, the lowest missed), which is bisected on
+    to the workload's ``rate_tolerance`` (one rate: goodput at that rate only)."""
 
-    rates: list[float] = Field(min_length=1, description="requests/s offered to the whole deployment, ascending")
+    rates: list[float] = Field(
+        min_length=1,
+        description="requests/s offered to the whole deployment, ascending: the range the rate search stays in",
+    )
     arrival: Literal["poisson", "gamma"] = Field("poisson", description="inter-arrival distribution")
     burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 is Poisson, below 1 burstier")
     prompt_len: Length | None = Field(None, description="prompt tokens: a number or {low, high}")
@@ -242,6 +246,13 @@ class ServeWorkload(Strict):
     max_model_len: int | None = Field(None, gt=0, description="the engine's context; default: longest prompt + output")
     startup_timeout_s: float = Field(600.0, gt=0, description="an engine not healthy by then is recorded as timeout")
     timeout_s: float = Field(3600.0, gt=0, description="a probe running longer is killed and recorded as timeout")
+    rate_tolerance: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="the rate search stops when (lowest rate missed - highest met) / highest met is at most this; "
+        "each halving costs one more rate of duration_s",
+    )
 
     @field_validator("batch_sweep")
     @classmethod

@@ -176,3 +176,6 @@ class GuideEstimatesListener(TrialListener):
             study.set_user_attr(
                 A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()}
             )
+            claims = self.guide.unmeasured_claims(study.get_trials(deepcopy=False))
+            if claims:  # the part of the certificate the readings cannot speak for (issue 44)
+                study.set_user_attr(A.GUIDE_UNMEASURED, {k: round(p, 6) for k, p in claims.items()})

@@ -17,6 +17,11 @@ A serving engine takes its ``memory_utilization`` share of the device on purpose
 KV cache, so its peak says nothing about room: its headroom is what its setting leaves outside the
 engine, ``device memory x (1 - memory_utilization)``.
 
+Configs tied with the best (its certificate, :mod:`autotune.objectives.race`: the readings cannot
+order them and each is within the tie tolerance of the best measured at the study's confidence)
+are equal on the evidence: the one that leaves the most memory free is recommended when it leaves
+at least ``TIE_ROOM_GIB`` more than the best.
+
 Several objectives are a Pareto front, which already is the trade-off: the rule applies to
 single-objective studies.
 """
@@ -76,14 +81,29 @@ def recommend(
     min_headroom_gib: float | None,
     tolerance: float | None,
     simulated: bool,
+    ties: Sequence[Any] = (),
 ) -> Recommendation | None:
-    """The recommendation among ``records`` (``best``: the study's best, as ``best_records``)."""
+    """The recommendation among ``records`` (``best``: the study's best, as ``best_records``;
+    ``ties``: the configs its certificate declares tied with it, :mod:`autotune.objectives.race`)."""
     if not best:
         return None
     top = best[0]
     tol = float(tolerance) if tolerance is not None else (SIMULATOR_MAPE if simulated else MEASUREMENT_NOISE)
     top_room = _headroom(top, capacity_gib)
     plain = Recommendation(top, top, top_room, top_room, tol, "")
+    tied = _roomiest_tie(top, top_room, ties, capacity_gib)
+    if tied is not None:
+        chosen, room = tied
+        return Recommendation(
+            chosen,
+            top,
+            room,
+            top_room,
+            tol,
+            f"recommended trial {chosen.number}: tied with the best, trial {top.number} (the readings cannot order "
+            f"them and each is certified within the tie tolerance of the best measured), and it leaves "
+            f"{room:.1f} GiB free against {top_room:.1f}: the roomier of the tied configs",
+        )
     if len(objectives) != 1 or min_headroom_gib is None or top_room is None or top_room >= min_headroom_gib:
         return plain
     metric, direction = objectives[0]
@@ -139,8 +159,30 @@ def recommend(
     return Recommendation(chosen, top, room, top_room, tol, sentence)
 
 
+TIE_ROOM_GIB = 0.5  # a tied config is recommended for its headroom when it leaves at least this much more
+
+
+def _roomiest_tie(
+    top: Any, top_room: float | None, ties: Sequence[Any], capacity_gib: float | None
+) -> tuple[Any, float] | None:
+    """Among configs tied with the best, the one that leaves the most memory free, when it leaves
+    :data:`TIE_ROOM_GIB` more than the best (memory is what the readings cannot see)."""
+    if top_room is None or not ties:
+        return None
+    rooms = [(r, _headroom(r, capacity_gib)) for r in ties]
+    rooms = [(r, room) for r, room in rooms if room is not None]
+    if not rooms:
+        return None
+    chosen, room = max(rooms, key=lambda c: c[1])
+    return (chosen, room) if room >= top_room + TIE_ROOM_GIB else None
+
+
 def study_recommendation(
-    spec: Any, records: list[Any], best: list[Any], objectives: Sequence[tuple[str, str]] | None = None
+    spec: Any,
+    records: list[Any],
+    best: list[Any],
+    objectives: Sequence[tuple[str, str]] | None = None,
+    ties: Sequence[Any] = (),
 ) -> Recommendation | None:
     """The recommendation of a study under its spec's ``recommend:`` settings (capacity: the
     device memory of the spec's hardware profile; predictions or measurements from the best's
@@ -158,4 +200,5 @@ def study_recommendation(
         spec.recommend.min_headroom_gib,
         spec.recommend.tolerance,
         best[0].source == "simulated",
+        ties,
     )

@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
 from ..guide.guided import GuideSettings
 from ..sanity import is_finite_number as _finite
@@ -33,6 +34,12 @@ __all__ = [
     "best_records",
     "beyond_noise",
     "measurement_noise",
+    "best_certificate",
+    "certificate_sentence",
+    "StudyReadings",
+    "study_readings",
+    "race_readings",
+    "drift_sentence",
     "is_tracked",
 ]
 
@@ -218,6 +225,138 @@ def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: floa
     na, nb = int(lead.metrics.get("measurements", 1)), int(other.metrics.get("measurements", 1))
     gap = relative_gap(a, na, b, nb, noise)
     return gap is not None and gap[0] > SEPARATED_Z * gap[1]
+
+
+@dataclass
+class StudyReadings:
+    """Every measured config's readings of the objective as the certificate and the drift check
+    read them (:func:`study_readings`)."""
+
+    groups: dict[str, list[float]]  # config key -> readings in trial order (normalised under drift)
+    numbers: dict[str, int]  # config key -> its latest trial
+    noise: float  # relative, per reading, between runs
+    control: str | None  # the control config's key (the baseline, else the first measured)
+    drift: dict[str, Any] | None  # control_drift of the control's readings; None without a repeat of it
+    normalised: bool  # readings divided by the control's drift (a drift beyond the noise was found)
+
+
+def study_readings(records: list[TrialRecord], metric: str) -> StudyReadings:
+    """The study's readings of ``metric``, its noise and its drift (issue 44).
+
+    The control config (the baseline, else the first measured: what the guide's drift checks
+    measure again) is left out of the noise: its readings span the study by design. The noise is
+    pooled over the other configs' readings normalised to the control (each divided by the control's
+    latest reading at or before it over the control's first), so that a machine that slowed down
+    does not pass for noise and hide its own drift. When the control moved beyond that noise
+    (:func:`autotune.objectives.race.control_drift`) the readings are compared normalised (the
+    control keeps its first reading); otherwise as measured, with the noise of the raw readings."""
+    ok = sorted(
+        (
+            r
+            for r in records
+            if r.status == "ok" and r.state == "COMPLETE" and r.probed and _finite(r.metrics.get(metric))
+        ),
+        key=lambda r: r.number,
+    )
+    control_record = next((r for r in ok if r.baseline), ok[0] if ok else None)
+    control = config_key(control_record.config) if control_record is not None else None
+    checks = [(r.number, float(r.metrics[metric])) for r in ok if config_key(r.config) == control]
+    raw: dict[str, list[float]] = {}
+    scaled: dict[str, list[float]] = {}
+    numbers: dict[str, int] = {}
+    for r in ok:
+        key, value = config_key(r.config), float(r.metrics[metric])
+        raw.setdefault(key, []).append(value)
+        numbers[key] = r.number
+        seen = [v for n, v in checks if n <= r.number]
+        factor = seen[-1] / checks[0][1] if seen and checks[0][1] else 1.0
+        scaled.setdefault(key, []).append(value / factor if factor else value)
+    others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
+    noise = repeat_noise(others(scaled), DEFAULT_NOISE)
+    drift = control_drift(checks, noise)
+    if drift is not None and drift["beyond_noise"]:
+        scaled[control] = [checks[0][1]]  # the control: its first reading (the scale the rest is brought to)
+        return StudyReadings(scaled, numbers, noise, control, drift, True)
+    return StudyReadings(raw, numbers, repeat_noise(others(raw), DEFAULT_NOISE), control, drift, False)
+
+
+def best_certificate(
+    records: list[TrialRecord],
+    best: list[TrialRecord],
+    objectives: list[tuple[str, str]],
+    tolerance: float,
+    confidence: float,
+) -> tuple[Certificate, StudyReadings] | None:
+    """How sure the study is of its measured best (issue 44): its certificate among every measured
+    config (:func:`autotune.objectives.race.certificate` over :func:`study_readings`), with the
+    readings it rests on. None for several objectives, a predicted best, or a best without a
+    reading."""
+    if len(objectives) != 1 or not best or best[0].source == "simulated":
+        return None
+    metric, direction = objectives[0]
+    readings = study_readings(records, metric)
+    leader = config_key(best[0].config)
+    if leader not in readings.groups:
+        return None
+    cert = certificate(readings.groups, leader, readings.noise, tolerance, confidence, direction == "maximize")
+    return cert, readings
+
+
+def race_readings(readings: StudyReadings) -> int:
+    """Re-measurements past each config's first reading, the control's drift checks apart (what
+    ``search.confirm_budget`` counts)."""
+    return sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
+
+
+def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None) -> str:
+    """The certificate in words, for the summary and the run's output."""
+    lead = numbers.get(cert.leader)
+    rest = f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading)"
+    race = f"; the race re-measured {remeasured}" + (
+        f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
+    )
+    unmeasured = (
+        ""
+        if cert.p_unmeasured is None
+        else f", and by the guide's model no config it did not measure beats it by more than {cert.tolerance:.0%} "
+        f"with P {cert.p_unmeasured:.2f}: P {cert.p_overall:.2f} in all"
+    )
+    if cert.configs < 2 and cert.p_unmeasured is None:
+        return f"how sure: trial {lead} is the only config measured ({cert.readings} readings): nothing to compare"
+    claim = f"trial {lead} is within {cert.tolerance:.0%} of the best of {rest} with P {cert.p:.2f}{unmeasured}"
+    if cert.certified:
+        tied = ", ".join(f"trial {numbers.get(k)}" for k in cert.ties)
+        ties = f"; tied with {tied} (the readings cannot order them; each is certified)" if tied else ""
+        return f"how sure: {claim} (certified at {cert.confidence:.0%}){ties}{race}"
+    words = f"how sure: NOT certified at {cert.confidence:.0%}: {claim}"
+    if cert.threats and cert.threats[0][1] < cert.confidence:
+        worst, pj = cert.threats[0]
+        need = readings_to_tell(cert.noise, cert.tolerance, cert.confidence)
+        words += (
+            f"; trial {numbers.get(worst)} may beat it by more than {cert.tolerance:.0%} (P {1 - pj:.2f}){race}; at "
+            f"this noise two equally fast configs need about {need} readings each to be told within "
+            f"{cert.tolerance:.0%} (search.tie_tolerance, search.confirm_budget)"
+        )
+    else:
+        words += f"{race}; the configs not measured are what it is unsure of: a larger search.n_trials"
+    return words
+
+
+def drift_sentence(found: dict[str, Any], metric: str) -> str:
+    """The drift check's finding in words (:func:`StudyReadings.drift <study_readings>`)."""
+    change, at = found["change"], found["at_trial"]
+    if found["beyond_noise"]:
+        return (
+            f"drift: the control config (trial {found['control_trial']}) read {found['first']:.4g} {metric} first and "
+            f"{found['value']:.4g} at trial {at} ({change:+.1%}, beyond the {found['limit']:.1%} the noise explains "
+            f"over {found['readings']} readings): the machine changed during the study; the certificate compares "
+            f"readings normalised to the control, and figures measured before and after trial {at} are not "
+            "comparable as they stand: re-measure the contenders together"
+        )
+    return (
+        f"no drift: the control config (trial {found['control_trial']}) measured {found['readings']} times, "
+        f"at most {change:+.1%} from its first reading (the noise allows {found['limit']:.1%})"
+    )
 
 
 def _agrees(estimate: tuple[float, float, int] | None, record: TrialRecord, metric: str, noise: float) -> bool:

@@ -9,12 +9,25 @@ with the guide's pooled estimates where it steered), its recommendation another
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 import optuna
 
 from ..guide.ranking import Ranking
 from .recommend import Recommendation, study_recommendation
-from .records import TrialRecord, best_records, guide_estimates, trial_records
+from .records import (
+    TrialRecord,
+    best_certificate,
+    best_records,
+    certificate_sentence,
+    drift_sentence,
+    guide_estimates,
+    race_readings,
+    study_readings,
+    trial_records,
+)
+from ..sanity import is_finite_number as _finite
 from ..settings import Objectives
+from ..trial_attrs import A
 from ..spec.schema import Spec
 
 __all__ = ["StudyResult", "StudyOutcome"]
@@ -28,6 +41,11 @@ class StudyResult:
     best: list[TrialRecord]
     baseline: TrialRecord | None
     recommendation: Recommendation | None
+    # how sure the study is of its measured best (issue 44): the certificate's figures, the trials it
+    # names, its sentence; None for a predicted best or several objectives
+    certificate: dict[str, Any] | None = None
+    # the control config's readings over the study (records.study_drift), where it was measured again
+    drift: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, spec: Spec, study: optuna.Study, objectives: Objectives | None = None) -> "StudyResult":
@@ -38,7 +56,35 @@ class StudyResult:
         records = trial_records(study)
         best = best_records(records, objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
-        return cls(records, best, baseline, study_recommendation(spec, records, best, objectives))
+        certified = best_certificate(records, best, objectives, spec.search.tie_tolerance, spec.search.confidence)
+        ties: list[TrialRecord] = []
+        summary = None
+        if certified is not None:
+            cert, readings = certified
+            claim = (study.user_attrs.get(A.GUIDE_UNMEASURED) or {}).get(cert.leader)
+            if _finite(claim):
+                cert.with_unmeasured(float(claim))  # the guide's word on the configs not measured
+            numbers = readings.numbers
+            ties = [r for r in records if any(r.number == numbers[k] for k in cert.ties)]
+            remeasured = race_readings(readings)
+            summary = {
+                **cert.to_json(),
+                "best_trial": numbers[cert.leader],
+                "ties": [numbers[k] for k in cert.ties],
+                "threats": [{"trial": numbers[k], "p_within": round(p, 4)} for k, p in cert.threats[:3]],
+                "remeasured": remeasured,
+                "confirm_readings": spec.search.confirm_readings(),
+                "normalised_to_control": readings.normalised,
+                "sentence": certificate_sentence(cert, numbers, remeasured, spec.search.confirm_readings()),
+            }
+        recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
+        measured = bool(best) and best[0].source != "simulated"
+        drift = None
+        if measured:
+            found = study_readings(records, objectives[0][0]).drift
+            if found is not None:
+                drift = {**found, "sentence": drift_sentence(found, objectives[0][0])}
+        return cls(records, best, baseline, recommendation, summary, drift)
 
     @property
     def chosen(self) -> TrialRecord | None:

@@ -142,7 +142,8 @@ class StudyRunner:
         # checked, in order, before each proposal: the first that answers stops asking
         self.stop_checks: list[Callable[[optuna.Study, LoopState], str | None]] = [
             deadline_reached,
-            space_exhausted,
+            # with the guide, a space probed whole may still race its contenders: the guide says when done
+            lambda study, loop: None if self.guided is not None else space_exhausted(study, loop),
             sampler_stuck,
             lambda study, loop: guide_says_stop(self.guided, study),
         ]

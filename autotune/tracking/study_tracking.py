@@ -373,7 +373,11 @@ def serving_params(spec: Spec) -> dict[str, Any]:
 
 def serving_tags(serving: dict[str, Any]) -> dict[str, str]:
     """A serving trial's rates tried (in the order tried, with the verdict) and its operating rate."""
-    tried = " ".join(f"{r.get('rate'):g}:{'met' if r.get('slo_met') else 'missed'}" for r in serving["rates"])
+    # what the rate search counted each run as (counted_as_met; the measured p99s where a probe predates it)
+    tried = " ".join(
+        f"{r.get('rate'):g}:{'met' if r.get('counted_as_met', r.get('slo_met')) else 'missed'}"
+        for r in serving["rates"]
+    )
     tags = {"autotune.serving.rates_tried": tried}
     if serving.get("operating_rate") is not None:
         tags["autotune.serving.operating_rate"] = f"{serving['operating_rate']:g}"

@@ -1,4 +1,4 @@
-"""The serving probe: engine up, warm-up, open-loop load at the rates the bisection picks, the
+"""The serving probe: engine up, warm-up, open-loop load at the rates the rate search picks, the
 closed-loop batch sweep, engine down; the protocol's lines on stdout and ``requests.jsonl``.
 
 Order of a run (docs/ARCHITECTURE.md, "The probe protocol"):
@@ -9,13 +9,19 @@ Order of a run (docs/ARCHITECTURE.md, "The probe protocol"):
    every 5 s so the driver sees it alive;
 3. warm up: ``warmup_requests`` one at a time, round-robin over replicas (at least one each), not
    recorded: first requests pay for lazy initialisation, which is no property of the config;
-4. for each rate the bisection picks: the rate's planned arrivals sent open-loop, the engine's
-   ``/metrics`` sampled meanwhile, a step event with the rate's summary; requests that failed
-   end the probe as ``crash`` (the engine's answer quoted) unless the engine itself died
-   (``crash`` with its exit and its own last error);
+4. for each run the rate search asks for (workers/serve_probe/rates.py: the ladder seeds a
+   bracket, bisected to ``workload.rate_tolerance``; an undecided rate run again with 4x the
+   requests; the operating rate repeated): the run's planned arrivals sent open-loop, the
+   engine's ``/metrics`` sampled meanwhile, a step event with the run's summary; requests that
+   failed end the probe as ``crash`` (the engine's answer quoted) unless the engine itself died
+   (``crash`` with its exit and its own last error). The search stops early, with what it found,
+   when the next run would end past ``TIME_SHARE`` of ``workload.timeout_s`` (the rest is the
+   batch sweep's and the shutdown's: the driver kills a probe at ``timeout_s`` and would lose every
+   rate measured);
 5. the closed-loop batches of ``batch_sweep``;
 6. one ``{"metrics": ..., "info": {"serving": ...}}`` line: the operating point's metrics
-   (objectives/serving.py), the rates tried, the per-request records file.
+   (objectives/serving.py) with the maximum rate's bracket and the goodput's interval, every run
+   made (``rates``, in order) and the search's account (``search``), the per-request records file.
 
 Whatever happens (a failure, SIGTERM from the driver's deadline or pruning, Ctrl-C), ``finally``
 stops every replica and every process they started before the probe exits. Workers import
@@ -37,6 +43,7 @@ from typing import Any, Mapping
 import aiohttp
 
 from autotune.objectives import serving
+from autotune.objectives.intervals import ci_keys
 
 from ..parameters import trial_devices
 from ..protocol import TRIAL_FILE_ENV, TrialRequest, read_trial_file
@@ -45,7 +52,7 @@ from .client import Endpoint, LeastOutstanding, closed_batch, new_session, open_
 from .engine import Engines, fit
 from .failure import ProbeFailure, Terminated
 from .prom import MetricsSampler
-from .rates import Bisection
+from .rates import TOLERANCE, Load, RateSearch, Tried, check_tolerance
 
 __all__ = ["main", "ENGINE_FILE", "REQUESTS_FILE"]
 
@@ -54,6 +61,7 @@ REQUESTS_FILE = "requests.jsonl"
 HEARTBEAT_S = 5.0
 STOP_GRACE_S = 10.0  # a normal end: time for the engine to shut down cleanly
 TERM_GRACE_S = 1.5  # after SIGTERM: the driver SIGKILLs the probe 3 s after it (workers/command.py)
+TIME_SHARE = 0.8  # of workload.timeout_s the rate search may use: no run starts that would end past it
 
 
 def emit(obj: Mapping[str, Any]) -> None:
@@ -70,7 +78,14 @@ def log(text: str) -> None:
 class Run:
     """One trial's serving measurement (everything but the engines' lifetime)."""
 
-    def __init__(self, request: TrialRequest, spec: Mapping[str, Any], engines: Engines, trial_dir: Path) -> None:
+    def __init__(
+        self,
+        request: TrialRequest,
+        spec: Mapping[str, Any],
+        engines: Engines,
+        trial_dir: Path,
+        started: float | None = None,
+    ) -> None:
         self.request = request
         self.spec = spec
         self.engines = engines
@@ -87,6 +102,11 @@ class Run:
         self.duration_s = float(self.traffic.get("duration_s", 30.0))
         # an unanswered request is given up this long after the rate's last planned arrival
         self.grace_s = float(self.workload.get("request_timeout_s") or max(30.0, 2.0 * self.duration_s))
+        self.tolerance = check_tolerance(_tolerance(self.workload))
+        # the clock (time.monotonic) the probe started on: the search's runs end by TIME_SHARE of timeout_s
+        start = time.monotonic() if started is None else float(started)
+        self.search_deadline = start + TIME_SHARE * float(self.workload.get("timeout_s") or 3600.0)
+        self.search: RateSearch | None = None
 
     # ------------------------------------------------------------------ helpers
     def _write(self, records: list[dict[str, Any]]) -> None:
@@ -112,7 +132,7 @@ class Run:
         deadline are a measurement (an overloaded server), not a failure; so are, under open-loop
         load (``overload``), connections an engine that is alive and answering the other requests
         dropped (vLLM 0.32's CPU server at 16 req/s with 17 requests waiting closed 5 of 129): the
-        rate's SLO is missed (a failed request is never good), and the bisection goes lower."""
+        rate's SLO is missed (a failed request is never good), and the rate search goes lower."""
         broken = [r for r in records if not r["ok"] and r.get("error_kind") != "timeout"]
         if not broken:
             return
@@ -182,19 +202,37 @@ class Run:
     async def _rates(
         self, session: Any, balancer: LeastOutstanding, sampler: MetricsSampler
     ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        bisection = Bisection(self.traffic.get("rates") or [])
+        self.search = search = RateSearch(self.traffic.get("rates") or [], self.tolerance)
         summaries: list[dict[str, Any]] = []
         peak_kv: float | None = None
         preemptions = 0.0
-        while (rate := bisection.next()) is not None:
-            plan = traffic_mod.plan_rate(self.traffic, rate, self.vocab, self.prompt_mode)
+        runs_at: dict[float, int] = {}  # a rate's runs so far: each later one draws its own arrivals
+        while (load := search.next()) is not None:
+            rate, duration = load.rate, self.duration_s * load.scale
+            if time.monotonic() + duration > self.search_deadline:
+                search.stop(
+                    f"no time for {duration:g} s more at {rate:g} req/s ({load.purpose}): the rate search ends by "
+                    f"{TIME_SHARE:.0%} of workload.timeout_s"
+                )
+                log(f"{search.stopped}; the answer is what the runs before found")
+                if not summaries:
+                    raise ProbeFailure(
+                        "timeout",
+                        f"workload.timeout_s leaves no time for one rate of traffic.duration_s ({self.duration_s:g} s) "
+                        "after the engine started: raise timeout_s or shorten duration_s",
+                    )
+                break
+            plan = traffic_mod.plan_rate(
+                self.traffic, rate, self.vocab, self.prompt_mode, salt=runs_at.get(rate, 0), duration_s=duration
+            )
+            runs_at[rate] = runs_at.get(rate, 0) + 1
             records, seen = await self._load(session, balancer, sampler, plan, rate)
             for r in records:
-                r.update(rate=rate, phase="load", batch=None)
+                r.update(rate=rate, run=len(summaries), phase="load", batch=None)
             records = [_ordered(r) for r in sorted(records, key=lambda r: r["id"])]
             self._write(records)
             self._fail_on_errors(records, f"the load at {rate:g} req/s", overload=True)
-            summary = serving.summarize_rate(records, self.slo, rate, self.duration_s)
+            summary = serving.summarize_rate(records, self.slo, rate, duration)
             # how late the client sent against the plan: an open loop that could not keep up says so
             lag = serving.percentile([(r["sent_s"] - r["scheduled_s"]) * 1000.0 for r in records], 99)
             summary["send_lag_p99_ms"] = None if lag is None else round(lag, 3)
@@ -207,9 +245,18 @@ class Run:
             for key in ("running", "waiting"):
                 if key in seen:
                     summary[f"max_{key}"] = seen[key]
-            summaries.append(summary)
-            bisection.report(summary["slo_met"])
+            search.report(
+                summary["slo_verdict"],
+                serving.undecided_why(summary, self.slo),
+                measured_met=bool(summary.get("slo_met")),
+                # a longer run decides only if it completes the requests a p99 needs to be bounded
+                extendable=(summary.get("completed") or 0) * search.longer / load.scale >= serving.requests_to_bound(),
+            )
+            summaries.append(_with_search(summary, len(summaries), load, duration, search.tried[-1]))
+            log(_run_line(summaries[-1]))
             self._step(step=len(summaries) - 1, phase="load", **{k: summary.get(k) for k in _STEP_FIELDS})
+        for summary, tried in zip(summaries, search.tried):  # a stop may have settled the last run's count
+            summary.update(counted_as_met=tried.counted, why=tried.why)
         view: dict[str, float] = {}
         if peak_kv is not None:
             view["kv_cache_usage"] = peak_kv
@@ -285,18 +332,22 @@ class Run:
     ) -> dict[str, Any]:
         p = self.request.params
         devices = int(p.get("world_size") or trial_devices("serve", p))
-        metrics = serving.serving_metrics(summaries, devices)
+        point, met = _operating_point(summaries, self.search)
+        metrics = serving.metrics_at(point, met, summaries, devices)
         metrics.update(engine_view)
         for b, s in closed.items():
             for key in ("ttft_ms", "time_for_100_tokens_s", "output_tokens_per_s"):
                 if s.get(key) is not None:
                     metrics[f"batch{b}_{key}"] = float(s[key])
-        point, met = serving.operating_point(summaries)
+        if self.search is not None:
+            metrics.update(_search_metrics(self.search, point if met else None, devices))
         info = {
             "serving": {
                 "slo": self.slo,
                 "duration_s": self.duration_s,
+                "rate_tolerance": self.tolerance,
                 "rates": summaries,
+                "search": None if self.search is None else self.search.summary(),
                 "operating_rate": None if point is None else point["rate"],
                 "slo_met": met,
                 "requests_file": str(self.records_path),
@@ -316,7 +367,11 @@ class Run:
 
 _STEP_FIELDS = (
     "rate",
+    "purpose",
+    "scale",
     "slo_met",
+    "slo_verdict",
+    "counted_as_met",
     "goodput_rps",
     "slo_attainment",
     "requests",
@@ -331,6 +386,7 @@ _STEP_FIELDS = (
 )
 _RECORD_ORDER = (
     "rate",
+    "run",
     "phase",
     "batch",
     "id",
@@ -347,6 +403,70 @@ _RECORD_ORDER = (
     "error",
     "error_kind",
 )
+
+
+def _with_search(summary: dict[str, Any], run: int, load: Load, duration_s: float, tried: Tried) -> dict[str, Any]:
+    """A run's summary with what the search made of it: its place in the order of runs (``run``, as
+    its requests in ``requests.jsonl`` carry it), why it was made (``purpose``), its length
+    (``scale`` x ``duration_s``), whether the search counted the rate as met (``counted_as_met``;
+    None: a longer run decides) and why, when it was undecided or overturned."""
+    summary.update(
+        run=run,
+        purpose=load.purpose,
+        scale=load.scale,
+        duration_s=duration_s,
+        counted_as_met=tried.counted,
+        why=tried.why,
+    )
+    return summary
+
+
+def _run_line(summary: Mapping[str, Any]) -> str:
+    counted = {True: "counted as met", False: "counted as not met", None: "a longer run decides"}
+    why = f" ({summary['why']})" if summary.get("why") else ""
+    return (
+        f"{summary['rate']:g} req/s, {summary['purpose']}, {summary['requests']} requests: "
+        f"{summary['slo_verdict']}, {counted[summary.get('counted_as_met')]}{why}"
+    )
+
+
+def _operating_point(summaries: list[dict[str, Any]], search: RateSearch | None) -> tuple[dict[str, Any] | None, bool]:
+    """(the run the trial's metrics are read from, whether its rate met the SLO): the last run at
+    the search's maximum rate that counted as met (the repeat that confirmed it), else, as
+    :func:`autotune.objectives.serving.operating_point` says, the lowest rate tried (its last run)."""
+    if not summaries:
+        return None, False
+    best = None if search is None else search.max_rate
+    if best is not None:
+        runs = [s for s in summaries if s["rate"] == best and s.get("counted_as_met")]
+        if runs:
+            return runs[-1], True
+    lowest = min(float(s["rate"]) for s in summaries)
+    return [s for s in summaries if float(s["rate"]) == lowest][-1], False
+
+
+def _search_metrics(search: RateSearch, point: Mapping[str, Any] | None, devices: int) -> dict[str, float]:
+    """The search's figures: the maximum rate's bracket as its interval (``max_rate_rps_ci_low`` the
+    highest rate met, ``_ci_high`` the lowest missed; none above when the top rung met, 0 below when
+    none met), the relative width reached, and the goodput's interval
+    (:func:`autotune.objectives.serving.goodput_interval`: the good share's Clopper-Pearson interval
+    at the operating rate, its high end carried up to the lowest rate missed), per device too."""
+    low, high = search.bracket
+    out: dict[str, float] = {}
+    ci_low, ci_high = ci_keys("max_rate_rps")
+    out[ci_low] = float(low) if low is not None else 0.0
+    if high is not None:
+        out[ci_high] = float(high)
+    if search.width is not None:
+        out["rate_tolerance_reached"] = float(search.width)
+    if point is not None:
+        interval = serving.goodput_interval(point, high)
+        if interval is not None:
+            devices = max(int(devices), 1)
+            for name, scale in (("goodput_rps", 1.0), ("goodput_rps_per_device", 1.0 / devices)):
+                keys = ci_keys(name)
+                out[keys[0]], out[keys[1]] = interval[0] * scale, interval[1] * scale
+    return out
 
 
 def _ordered(record: dict[str, Any]) -> dict[str, Any]:
@@ -393,12 +513,19 @@ def _load_engine_spec(trial_dir: Path) -> dict[str, Any]:
     return spec
 
 
+def _tolerance(workload: Mapping[str, Any]) -> Any:
+    """``workload.rate_tolerance``, the default where a trial file (written before the field
+    existed) has none; checked by :func:`autotune.workers.serve_probe.rates.check_tolerance`."""
+    value = workload.get("rate_tolerance")
+    return TOLERANCE if value is None else value
+
+
 def _check_workload(request: TrialRequest) -> None:
     """A workload the probe cannot drive fails as ``invalid`` before any engine starts."""
     traffic = dict(request.workload.get("traffic") or {})
     try:
-        ladder = Bisection(traffic.get("rates") or [])
-        traffic_mod.plan_rate({**traffic, "duration_s": 0.0}, ladder.ladder[0], 1000)
+        search = RateSearch(traffic.get("rates") or [], _tolerance(request.workload))
+        traffic_mod.plan_rate(traffic, search.ladder[0], 1000, duration_s=0.0)
         traffic_mod.mean_lengths(traffic)
         for b in request.workload.get("batch_sweep") or []:
             if int(b) < 1:
@@ -439,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         emit({"event": "failure", "status": "invalid", "reason": f"no trial file: pass it or set {TRIAL_FILE_ENV}"})
         return 2
     trial_file = Path(path)
+    started = time.monotonic()  # the driver's timeout_s counts from about here: the search's runs end before it
     engines: Engines | None = None
     terminated: Terminated | None = None
     code = 1
@@ -458,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
 
         startup_s = engines.wait_healthy(timeout, beat)
         log(f"engines healthy after {startup_s:.1f} s")
-        result = asyncio.run(Run(request, spec, engines, trial_dir).run())
+        result = asyncio.run(Run(request, spec, engines, trial_dir, started).run())
         result["info"]["serving"]["startup_s"] = round(startup_s, 3)
         emit(result)
         code = 0

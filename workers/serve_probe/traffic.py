@@ -9,9 +9,11 @@ SLO is about). Gaps are gamma-distributed with shape = burstiness and mean 1/rat
 Lengths are fixed, uniform over an inclusive range, or drawn (with replacement) from the
 workload's length pairs. A shared prefix is the first ``shared_prefix`` share of every prompt,
 the same tokens in every request, so prefix caching has something to reuse. Everything is drawn
-from a generator seeded by (seed, rate): a rate's requests are the same whichever order the
-bisection tries it in, and the same in every trial of a study, so configs are compared on
-identical traffic.
+from a generator seeded by (seed, rate, run): a rate's requests are the same whichever order the
+rate search tries it in, and the same in every trial of a study, so configs are compared on
+identical traffic. A rate's later runs (the longer run of an undecided rate, the repeat that
+confirms the operating rate) draw their own arrivals (``salt``): a repeat of the same requests would
+only confirm the engine's determinism, not that the rate holds under the traffic's randomness.
 """
 
 from __future__ import annotations
@@ -152,10 +154,20 @@ def burstiness_of(traffic: Mapping[str, Any]) -> float:
     return 1.0
 
 
-def plan_rate(traffic: Mapping[str, Any], rate: float, vocab_size: int, mode: str = "token_ids") -> list[Planned]:
-    """Every request of one offered rate, in send order."""
-    rng = rng_for(int(traffic.get("seed", 0)), rate)
-    times = arrival_times(rate, float(traffic.get("duration_s", 30.0)), burstiness_of(traffic), rng)
+def plan_rate(
+    traffic: Mapping[str, Any],
+    rate: float,
+    vocab_size: int,
+    mode: str = "token_ids",
+    salt: int = 0,
+    duration_s: float | None = None,
+) -> list[Planned]:
+    """Every request of one run at an offered rate, in send order: ``salt`` numbers the rate's runs
+    (0: its first, the same traffic in every trial), ``duration_s`` replaces the traffic's
+    (a longer run sends more requests)."""
+    rng = rng_for(int(traffic.get("seed", 0)), rate, salt)
+    duration = float(traffic.get("duration_s", 30.0) if duration_s is None else duration_s)
+    times = arrival_times(rate, duration, burstiness_of(traffic), rng)
     lengths = draw_lengths(traffic, len(times), rng)
     prompts = _prompt_source(traffic, vocab_size, mode)
     return [Planned(i, t, prompts.make(p), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))]
