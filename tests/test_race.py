@@ -88,6 +88,8 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
     assert "NOT certified" in certificate_sentence(cert, numbers, 0, 5) and "trial 1 may beat it" in (
         certificate_sentence(cert, numbers, 0, 5)
     )
+    # a noise no repeat measured is the assumed floor, and the words say so
+    assert "(assumed: no config was measured twice)" in certificate_sentence(cert, numbers, 0, 5, False)
     # a predicted best, or several objectives: no certificate
     assert best_certificate(close, [_record(0, 1, 1000.0, 50.0, "simulated")], objective, 0.02, 0.95) is None
     assert best_certificate(close, [close[0]], objective + [("peak_memory_gib", "minimize")], 0.02, 0.95) is None

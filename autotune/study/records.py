@@ -308,10 +308,14 @@ def race_readings(readings: StudyReadings) -> int:
     return sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
 
 
-def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None) -> str:
-    """The certificate in words, for the summary and the run's output."""
+def certificate_sentence(
+    cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None, noise_measured: bool = True
+) -> str:
+    """The certificate in words, for the summary and the run's output. ``noise_measured``: whether
+    any config was measured twice (else the noise is the assumed floor, and the words say so)."""
     lead = numbers.get(cert.leader)
-    rest = f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading)"
+    assumed = "" if noise_measured else " (assumed: no config was measured twice)"
+    rest = f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading{assumed})"
     race = f"; the race re-measured {remeasured}" + (
         f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
     )
