@@ -32,6 +32,7 @@ __all__ = [
     "verdict",
     "repeat_noise",
     "relative_gap",
+    "separated",
 ]
 
 CONFIDENCE = 0.95  # the confidence of every interval autotune reports unless the spec says otherwise
@@ -138,3 +139,10 @@ def relative_gap(a: float, na: int, b: float, nb: int, noise: float) -> tuple[fl
     if not a:
         return None
     return abs(a - b) / abs(a), noise * math.sqrt(1.0 / na + 1.0 / nb)
+
+
+def separated(a: float, na: int, b: float, nb: int, noise: float) -> bool:
+    """Whether two means of ``na`` and ``nb`` readings are further apart than :data:`SEPARATED_Z`
+    standard errors of their difference (:func:`relative_gap`); a mean ``a`` of 0 is apart from any."""
+    gap = relative_gap(a, na, b, nb, noise)
+    return gap is None or gap[0] > SEPARATED_Z * gap[1]

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping, Sequence
 
-from .intervals import SEPARATED_Z
+from .intervals import SEPARATED_Z, separated
 
 __all__ = ["Certificate", "p_within", "certificate", "readings_to_tell", "control_drift"]
 
@@ -69,14 +69,6 @@ def readings_to_tell(noise: float, tolerance: float, confidence: float) -> int:
 
     z = NormalDist().inv_cdf(confidence)
     return max(1, math.ceil(2.0 * (z * noise / tolerance) ** 2))
-
-
-def _separated(lead: float, n_lead: int, other: float, n_other: int, noise: float) -> bool:
-    """Whether two means are further apart than SEPARATED_Z standard errors of their difference."""
-    if not lead:
-        return True
-    se = noise * math.sqrt(1.0 / n_lead + 1.0 / n_other)
-    return abs(lead - other) / abs(lead) > SEPARATED_Z * se
 
 
 @dataclass
@@ -160,7 +152,7 @@ def certificate(
             key
             for key, values in groups.items()
             if key != leader
-            and not _separated(m_lead, n_lead, _mean(values), len(values), noise)
+            and not separated(m_lead, n_lead, _mean(values), len(values), noise)
             and _claim(groups, key, noise, tolerance, maximize)[0] >= confidence
         ]
     return cert

@@ -58,7 +58,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+from autotune.objectives.intervals import repeat_noise, separated
 from autotune.objectives.race import certificate
 
 from .ranking import Ranking
@@ -869,11 +869,7 @@ class Guide:
         near = [
             i
             for i in means
-            if i == top
-            or not (
-                (gap := relative_gap(means[top], len(values[top]), means[i], len(values[i]), noise)) is not None
-                and gap[0] > SEPARATED_Z * gap[1]
-            )
+            if i == top or not (means[top] and separated(means[top], len(values[top]), means[i], len(values[i]), noise))
         ]
         if estimate is None:
             return top

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.objectives.intervals import SEPARATED_Z, relative_gap, repeat_noise
+from autotune.objectives.intervals import repeat_noise, separated
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
 from ..guide.guided import GuideSettings
@@ -223,8 +223,7 @@ def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: floa
     ``measurements`` readings each, at ``noise`` relative per reading."""
     a, b = float(lead.metrics[metric]), float(other.metrics[metric])
     na, nb = int(lead.metrics.get("measurements", 1)), int(other.metrics.get("measurements", 1))
-    gap = relative_gap(a, na, b, nb, noise)
-    return gap is not None and gap[0] > SEPARATED_Z * gap[1]
+    return bool(a) and separated(a, na, b, nb, noise)
 
 
 @dataclass
