@@ -94,6 +94,11 @@ FAST = [
     Case("simulator_speed.py", ("1000",), (r"^1000 configs: conversion", r"configs/s including conversion")),
     Case("simulator_fidelity.py", (), (r"^row\s+metric\s+predicted\s+measured", r"^MAPE over \d+ rows")),
     Case(
+        "scaling_fidelity.py",
+        (),
+        (r"^group\s+devices\s+ratio\s+measured\s+projected", r"^projection: median abs error"),
+    ),
+    Case(
         "serving_fidelity.py",
         ("--markdown", "{tmp}/serving.md"),
         (r"^## Serving model fidelity", r"^\| row \| configuration \| metric \|", r"clean rows: mean absolute error"),

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autotune.cli.commands import app
 
 runner = CliRunner()
-COMMANDS = ["doctor", "validate", "plan", "calibrate", "run", "report", "export", "ui"]
+COMMANDS = ["doctor", "validate", "plan", "calibrate", "run", "report", "export", "ui", "scale"]
 
 
 def _help(*args: str) -> str:

@@ -328,3 +328,17 @@ def test_nonstop_output_does_not_starve_the_deadline(tmp_path, trial_file):
     result = run_probe_process(argv, {}, trial_file, 1.0, log_tail_lines=5)
     assert result.status == "timeout"
     assert result.log_tail.splitlines()[-1].startswith("a line of log")
+
+
+def test_a_one_node_trial_fills_the_node_placeholders_with_one_nodes_values():
+    """Issue 45: the launcher argv a multi-node trial gets its rendezvous in runs at one node too
+    (a scaling study's smallest size): 1 node, rank 0, this host, a free port."""
+    from autotune.workers.command import single_node_values
+
+    argv = single_node_values(
+        ["run", "--nnodes={nnodes}", "{node_rank}", "{master_addr}:{master_port}", "{rdzv_endpoint}", "x"]
+    )
+    assert argv[:3] == ["run", "--nnodes=1", "0"]
+    host, port = argv[3].split(":")
+    assert host == "127.0.0.1" and 1024 <= int(port) < 65536 and argv[4] == argv[3] and argv[5] == "x"
+    assert single_node_values(["a", "{trial_file}"]) == ["a", "{trial_file}"]  # nothing else touched

@@ -250,6 +250,7 @@ LAYERS = (
     ("autotune.guide",),  # the model-guided search: ranking, guide, refit, memory profiles
     ("autotune.dispatch",),  # which probe, and running it (local or Ray)
     ("autotune.study",),  # the loop, one trial, its records, result and set-up
+    ("autotune.scaling",),  # a config measured at several sizes, and projected between them
     ("autotune.tracking", "autotune.finish"),  # MLflow and progress; the files and advice at the end
     ("autotune.cli",),  # the commands and the assembly that wires a study
 )

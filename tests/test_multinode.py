@@ -390,3 +390,72 @@ def test_a_trial_that_cannot_be_placed_in_time_is_an_infrastructure_failure(writ
         ray.kill(holder)
     finally:
         ray.shutdown()
+
+
+def test_scale_refuses_a_size_the_cluster_cannot_place_before_any_probe(write_spec, tmp_path, cluster):
+    """Issue 45: `autotune scale --nodes 1,3` on a cluster of two NPU nodes: exit 3 naming the size
+    and what the cluster holds, and no probe run (not even at the size that fits)."""
+    script = tmp_path / "record.py"
+    script.write_text(RECORDER)
+    argv = f'[{sys.executable}, {script}, --trial, "{{trial_file}}", --rank, "{{node_rank}}"]'
+    spec = _spec(write_spec, tmp_path, 1, argv, n_trials=1, name="one.yaml")
+    run = tmp_path / "run"
+    args = ["--ray-address", cluster.address]
+    done = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run), "--no-tracking", *args])
+    assert done.exit_code == 0, done.output
+    before = (tmp_path / "record.jsonl").read_text().splitlines()
+    result = CliRunner().invoke(app, ["scale", str(run), "--nodes", "1,3", "--no-tracking", *args])
+    assert result.exit_code == 3, result.output
+    said = " ".join(result.stderr.split())
+    assert "size 3x1 (3 node(s) x 1 npu device(s)) cannot be placed" in said and "only 2 node(s)" in said
+    assert (tmp_path / "record.jsonl").read_text().splitlines() == before
+    ok = CliRunner().invoke(app, ["scale", str(run), "--nodes", "1,2", "--no-tracking", "--json", *args])
+    assert ok.exit_code == 0, ok.output
+    points = json.loads(ok.stdout)["points"]
+    assert [(p["nodes"], p["readings"], p["source"]) for p in points] == [(1, 1, "measured"), (2, 1, "measured")]
+    records = [json.loads(x) for x in (tmp_path / "record.jsonl").read_text().splitlines()[len(before) :]]
+    assert sorted(r["argv"]["--rank"] for r in records) == ["0", "0", "1"]  # 1 node, then 2 nodes
+
+
+SCALE_SPEC = """
+name: scale-tiny
+model: tiny-llama
+workload: {kind: train, seq_len: 64, global_batch_size: 8, warmup_steps: 1, measured_steps: 2, timeout_s: 300}
+cluster: {accelerator: cpu, nodes: 1, devices_per_node: 1, threads_per_rank: 1}
+backend: {kind: torch, launcher: torchrun}
+target: none
+space: {tp: [1], pp: [1], micro_batch_size: [2, 4], zero_stage: [0], recompute: [none], precision: [fp32]}
+objectives: [tokens_per_s_per_device]
+search: {n_trials: 2, seed: 0, sampler: random}
+"""
+
+
+@pytest.mark.slow
+def test_scale_on_a_local_four_node_cluster_with_the_torch_probe(write_spec, tmp_path):
+    """Issue 45's acceptance: `autotune scale` on the local 4-node Ray cluster with the tiny Llama
+    torch probe prints the efficiency and the communication share per size (a profiled step at
+    each) and writes the plot."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from local_ray_cluster import local_cluster
+
+    spec = write_spec(SCALE_SPEC + "ray: {enabled: false}\n")
+    run = tmp_path / "run"
+    done = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run), "--json", "--no-tracking"])
+    assert done.exit_code == 0, done.output
+    with local_cluster(4, 1) as address:
+        result = CliRunner().invoke(
+            app,
+            ["scale", str(run), "--nodes", "1,2,4", "--ray-address", address, "--no-tracking"],
+            env={"COLUMNS": "160"},
+        )
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^ *\d+ +weak +4x1 +[\d,.]+ n=1 +\d+\.\d % +\d+\.\d %", result.stdout, re.M), result.stdout
+    data = json.loads((run / "scaling" / "scaling.json").read_text())
+    points = {p["nodes"]: p for p in data["points"]}
+    assert data["source"] == "measured" and set(points) == {1, 2, 4}
+    assert points[1]["scaling_efficiency"] == pytest.approx(1.0)
+    for n in (2, 4):
+        assert 0.0 < points[n]["scaling_efficiency"] < 1.5
+        assert 0.0 < points[n]["comm_fraction"] < 1.0  # gloo's all-reduce between the nodes, profiled
+        assert points[n]["projected_tokens_per_s_per_device"] > 0
+    assert (run / "scaling" / "scaling.png").stat().st_size > 5_000

@@ -84,6 +84,27 @@ class _Unterminated(str):
     it is a line cut in half by the kill and is dropped; otherwise it is kept as a normal line."""
 
 
+_SINGLE_NODE = ("{nnodes}", "{node_rank}", "{master_addr}", "{master_port}", "{rdzv_endpoint}")
+
+
+def single_node_values(argv: list[str]) -> list[str]:
+    """A trial on one node: the node placeholders a multi-node trial's dispatch fills
+    (``autotune.dispatch.ray_tasks``) take one node's values here (1 node, rank 0, this host and a
+    free port), so one launcher argv runs at every size of a scaling study."""
+    if not any(p in a for a in argv for p in _SINGLE_NODE):
+        return argv
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    values = {"nnodes": "1", "node_rank": "0", "master_addr": "127.0.0.1", "master_port": port}
+    values["rdzv_endpoint"] = f"127.0.0.1:{port}"
+    for key, value in values.items():
+        argv = [a.replace("{" + key + "}", value) for a in argv]
+    return argv
+
+
 def run_probe_process(
     argv: list[str],
     env: dict[str, str],
@@ -128,7 +149,7 @@ def run_probe_process(
     trial_file = str(trial_file)
     if isinstance(argv, (str, bytes)) or not argv:
         return ProbeResult("invalid", reason=f"probe command must be a non-empty argv list, got {argv!r}")
-    argv = [str(a).replace("{trial_file}", trial_file) for a in argv]
+    argv = single_node_values([str(a).replace("{trial_file}", trial_file) for a in argv])
 
     try:
         patterns = _compile_patterns(metric_patterns)

@@ -13,7 +13,7 @@ scripts a stable object, and the exit codes are documented:
 130   interrupted (Ctrl-C); the study resumes with the same command
 ====  ==========================================================================
 
-(Why one module of over 500 lines: it holds the eight commands, their options and help, and
+(Why one module of over 500 lines: it holds the nine commands, their options and help, and
 their exit paths, nothing else. Each command parses, calls the stage that does the work
 (:mod:`autotune.cli.assembly` builds a study, :mod:`autotune.study.search` runs it, :mod:`autotune.finish.study_end`
 writes its files and decides what to advise, :mod:`autotune.cli.doctor` asks the cluster, ...) and
@@ -420,6 +420,39 @@ def _finish_run(spec: Spec, directory: Path, choice: Any, outcome: Any, runner: 
         raise typer.Exit(EXIT_INFRA)
     if not advice.succeeded:
         raise typer.Exit(EXIT_NO_RESULT)
+
+
+# ---------------------------------------------------------------------------------------- scale
+@app.command(cls=_Command)
+def scale(
+    run_path: Path = typer.Argument(..., help="run directory of `autotune run` (or its spec)", show_default=False),
+    nodes: Optional[str] = typer.Option(
+        None, "--nodes", help="node counts, e.g. 1,2,4 (each with the spec's devices per node; needs Ray)"
+    ),
+    devices: Optional[str] = typer.Option(None, "--devices", help="device counts within one node, e.g. 1,2,4,8"),
+    mode: str = typer.Option(
+        "weak", "--mode", help="weak (each rank's work fixed) | strong (global batch fixed) | both"
+    ),
+    top: int = typer.Option(1, "--top", help="configs scaled: the recommended one, then the next best"),
+    repeats: int = typer.Option(1, "--repeats", help="readings per config and size (2 or more give intervals)"),
+    backend: Optional[str] = typer.Option(
+        None, help=f"{' | '.join(_backend_kinds())} (overrides the spec's backend:)", show_default=False
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="connect to a Ray cluster ('auto', ray://...)"
+    ),
+    no_tracking: bool = _flag("--no-tracking", help="log nothing to the study's MLflow parent run"),
+    as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Measure the study's best config at several sizes: scaling efficiency against linear, the
+    communication share and the peak memory per size, the model's projection from the smallest
+    size beside each measurement; a table, scaling/scaling.json, scaling/scaling.png and the
+    study's MLflow parent run. Readings are kept as they come: the same command resumes."""
+    _setup_logging(verbose)
+    from .scale_command import scale_study
+
+    scale_study(run_path, nodes, devices, mode, top, repeats, backend, ray_address, no_tracking, as_json)
 
 
 # --------------------------------------------------------------------------------------- report
