@@ -3,7 +3,7 @@
 For every group of benchmarks/data/training_scaling_published.csv (one model and parallel layout
 at several device counts, each row with its published source), the group's smallest row with a
 published throughput is the "measured" reference; its step time is projected to each larger row
-of the group by ``autotune.scaling.projection.projected_step`` (the measured step split into
+of the group by ``autotune.guide.projection.projected_step`` (the measured step split into
 compute and communication by the model's share at the reference, each part scaled by the model's
 own ratio between the two sizes), and the projected tokens/s/device is compared with the one
 published for that row. Two naive baselines are printed for contrast: ideal data-parallel scaling
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulator_fidelity import row_inputs  # noqa: E402
 
-from autotune.scaling.projection import ModelPoint, point_of_result, projected_step  # noqa: E402
+from autotune.guide.projection import ModelPoint, point_of_result, projected_step  # noqa: E402
 from autotune.workers.protocol import TrialRequest  # noqa: E402
 from autotune.workers.simulate import simulate_trial  # noqa: E402
 

@@ -191,6 +191,18 @@ SLOW = [
         writes=("certified.json",),
         timeout_s=900,
     ),
+    Case(  # two configs at 1 and 2 nodes of the local Ray cluster, one reading each
+        "scaling_cpu_cluster.py",
+        ("--configs", "2", "--repeats", "1", "--steps", "2", "--nodes", "2", "--run-dir", "{tmp}/scale"),
+        (r"^trial\s+1 node\(s\)\s+2 node\(s\)\s+from 1", r"^from 1 node\(s\) to 2: median abs error [\d.]+ %"),
+        timeout_s=900,
+    ),
+    Case(  # a 2-probe study at full size and on a 1-node slice of a 2-node target
+        "slice_study_cpu_cluster.py",
+        ("--trials", "2", "--repeats", "1", "--steps", "2", "--nodes", "2", "--run-dir", "{tmp}/slice"),
+        (r"^ full: trial \d+ ", r"^slice: trial \d+ ", r"^slice pick / full-size pick at 2 nodes: [\d.]+; device"),
+        timeout_s=900,
+    ),
     Case(
         "simulator_vs_cpu_probe.py",
         ("--trials", "3", "--keep", "{tmp}/run"),

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autotune.cli.commands import app
 from autotune.objectives.scaling import efficiency_interval, scaling_efficiency
 from autotune.scaling.measure import Reading, ReadingLog
-from autotune.scaling.projection import ModelPoint, projected_step
+from autotune.guide.projection import ModelPoint, projected_step
 from autotune.scaling.sizes import ScalingInputError, Size, config_at, default_sizes, parse_sizes
 from autotune.scaling.summary import summarise
 from autotune.spec.load import load_spec

@@ -317,6 +317,18 @@ def assemble_study(
 
     spec = measured_profile(spec, choice, voice)
     spec, usable_memory = with_usable_memory(spec, choice.simulated, voice.note)
+    if spec.cluster.probe_slice:
+        if choice.simulated:  # the model predicts the target size directly: no slice to project from
+            voice.note(
+                f"cluster.probe_nodes {spec.cluster.probe_nodes}: the simulator predicts the target's "
+                f"{spec.cluster.nodes} nodes directly"
+            )
+            spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"probe_nodes": None})})
+        else:
+            voice.note(
+                f"probes run on {spec.cluster.probe_nodes} of the target's {spec.cluster.nodes} nodes "
+                "(cluster.probe_nodes); each measurement is projected to the target by the calibrated model"
+            )
     try:
         # a real backend's dispatcher starts (or joins) Ray: seconds; the simulator's is in-process
         with voice.phase("starting the trials' dispatcher") if not choice.simulated else contextlib.nullcontext():

@@ -41,7 +41,7 @@ def scale_study(
 ) -> None:
     from ..scaling.measure import Unplaceable
     from ..scaling.sizes import MODES, ScalingInputError, default_sizes, parse_sizes
-    from ..scaling.study import SCALING_DIR, ScalingPlan, chosen_configs, run_scaling
+    from ..scaling.study import SCALING_DIR, ScalingPlan, chosen_configs, run_scaling, shared_host_cores
 
     spec, run_dir = load_run_or_spec(run_path, None)
     if ray_address:
@@ -84,7 +84,8 @@ def scale_study(
 
     try:
         with dispatcher_for(spec, choice, directory / SCALING_DIR) as dispatcher, phase(err, "measuring") as step:
-            summary = run_scaling(spec, directory, plan, choice, dispatcher, progress=step.update)
+            cores = shared_host_cores(dispatcher)
+            summary = run_scaling(spec, directory, plan, choice, dispatcher, step.update, cores)
     except ScalingInputError as exc:
         error(f"{escape_text(str(directory))}: {exc}")
         raise typer.Exit(EXIT_INPUT) from None

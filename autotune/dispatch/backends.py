@@ -126,7 +126,8 @@ def node_bundle(accelerator: str, devices_per_node: int) -> dict[str, float]:
 def least_trial_devices(spec: Spec) -> int:
     """The fewest devices any trial of the spec's space occupies (what a cluster must offer at all)."""
     if spec.workload.kind == "train":
-        return spec.cluster.world_size
+        probe = spec.cluster.probe_slice  # tuned on a slice: its probes run there
+        return probe * spec.cluster.devices_per_node if probe else spec.cluster.world_size
     choices = spec.space.choices()
     tp = min(int(v) for v in (choices.get("tp") or [1]))
     if spec.workload.kind == "serve":
@@ -138,10 +139,12 @@ def least_trial_devices(spec: Spec) -> int:
 
 def trial_placement(spec: Spec, devices: int) -> dict:
     """What a trial of ``devices`` asks the cluster for: its Ray ``resources`` (one task), and for a
-    trial over the whole world of a multi-node cluster, ``nodes`` with one ``bundle`` each."""
+    trial over several whole nodes (the world of a multi-node cluster, or its probe slice),
+    ``nodes`` with one ``bundle`` each."""
     from .dispatcher import resources_for
 
-    nodes = spec.cluster.nodes if devices == spec.cluster.world_size and spec.cluster.nodes > 1 else 1
+    per_node = spec.cluster.devices_per_node
+    nodes = devices // per_node if devices > per_node and devices % per_node == 0 else 1  # whole nodes each
     return {
         "resources": resources_for(spec.cluster.accelerator, devices, spec.backend.resources),
         "nodes": nodes,

@@ -331,6 +331,29 @@ def _rate_bracket(m: dict[str, Any]) -> str:
     return ""
 
 
+def source_label(record: Any, source: str) -> str:
+    """How a figure was obtained: ``source``, or, for a config measured on the probe slice, that."""
+    where = (getattr(record, "info", None) or {}).get("projected_from")
+    if not where or where.get("step_ratio") is None:
+        return source
+    return f"measured on {where['nodes']} node(s), projected to {where['target_nodes']}"
+
+
+def projection_line(record: Any) -> str | None:
+    """What a figure projected from the probe slice rests on (``cluster.probe_nodes``); None otherwise."""
+    where = (getattr(record, "info", None) or {}).get("projected_from")
+    if not where or where.get("step_ratio") is None:
+        return None
+    measured = where.get("measured") or {}
+    step = measured.get("step_time_s")
+    said = f" (step {step:.4g} s there)" if isinstance(step, (int, float)) else ""
+    return (
+        f"projected to the target's {where['target_nodes']} node(s) ({where['target_devices']} devices) from a "
+        f"probe on {where['nodes']} node(s) ({where['devices']} devices){said} by the calibrated model; its band "
+        f"+/-{100 * where.get('band', 0):.1f} % (the projection's median error on published multi-node rows)"
+    )
+
+
 def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: float | None = None) -> list[str]:
     """What a serving or inference decision reads of a config, each figure said with what it is:
     serving's goodput, the rate it holds, SLO attainment and the p99s against their targets, the cost;
@@ -340,6 +363,10 @@ def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: 
 
     def num(name: str) -> str:
         return fmt_metric(m.get(name), name)
+
+    projected = projection_line(record)
+    if projected:
+        return [projected]
 
     if kind == "serve" and isinstance(m.get("goodput_rps"), (int, float)):
         lines = [
@@ -424,14 +451,16 @@ def print_best(
         )
         for r in best:
             console.print(Text.assemble(("  trial ", ""), (str(r.number), "bold"), f": {short(r.config)}"))
-            console.print(escape_text(f"      {_metric_line(r, objectives)}  ({source})"), markup=False)
+            console.print(
+                escape_text(f"      {_metric_line(r, objectives)}  ({source_label(r, source)})"), markup=False
+            )
         for line in decision_lines(best[0], workload, cost_per_device_hour):
             for text in wrap_line(f"  front's first, {escape_text(line)}", WIDTH, indent=6):
                 console.print(text, markup=False)
     else:
         top = best[0]
         console.print(Text.assemble(("best", "bold"), f" trial {top.number}: {short(top.config)}"))
-        console.print(escape_text(f"  {_metric_line(top, objectives)}  ({source})"), markup=False)
+        console.print(escape_text(f"  {_metric_line(top, objectives)}  ({source_label(top, source)})"), markup=False)
         for line in decision_lines(top, workload, cost_per_device_hour):
             for text in wrap_line(f"  {escape_text(line)}", WIDTH, indent=6):
                 console.print(text, markup=False)

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..dispatch.backends import BackendChoice, launch_for, trial_placement
+from ..guide.projection import simulated_comm
 from ..spec.resolve import objectives_of, probe_context, request_settings
 from ..study.interpret import interpret
 from autotune.workers.parameters import trial_devices
 
 from .sizes import Size, SizedConfig
 
-__all__ = ["COMM_TERMS", "Reading", "ReadingLog", "Unplaceable", "measure", "simulated_comm"]
+__all__ = ["Reading", "ReadingLog", "Unplaceable", "measure"]
 
 READINGS = "readings.jsonl"
 INFRA_RETRIES = 1  # a probe the infrastructure failed is run once more, then the study stops
@@ -191,18 +192,3 @@ def _probe(trial: int, sized: SizedConfig, repeat: int, number: int, choice: Bac
         metrics.update(simulated_comm(result.info, metrics.get("step_time_s")))
     status = "infra" if meaning.retry else meaning.status
     return Reading(trial, sized.mode, sized.size, repeat, status, result.source, metrics, meaning.reason, result.wall_s)
-
-
-# the simulator's step-time terms that are communication (autotune.workers.simulate._timing)
-COMM_TERMS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
-
-
-def simulated_comm(info: dict[str, Any], step_time_s: float | None = None) -> dict[str, float]:
-    """The simulator's communication share of the step: its exposed communication terms (``info``'s
-    step-time breakdown) over the step (``step_time_s``, else the breakdown's sum)."""
-    times = info.get("time_s") or {}
-    step = float(step_time_s or sum(float(v) for v in times.values()))
-    if step <= 0:
-        return {}
-    comm = sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
-    return {"comm_fraction": comm / step, "comm_time_s": comm}

@@ -10,10 +10,12 @@ cannot run (its devices not a multiple of tp*pp*cp, a batch that does not divide
 that config, with the rule that forbids it.
 
 Apart from the measurement (:mod:`autotune.scaling.measure`) because what a size *is* must be
-the same for the probe, the model's projection (:mod:`autotune.scaling.projection`) and the table.
+the same for the probe, the model's projection (:mod:`autotune.guide.projection`) and the table.
 """
 
 from __future__ import annotations
+
+from autotune.workers.parameters import value
 
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -120,7 +122,9 @@ def _without_derived(config: dict[str, Any]) -> dict[str, Any]:
 def spec_at(spec: Spec, size: Size, global_batch_size: int, profile_step: bool) -> Spec:
     """``spec`` with the cluster of ``size`` and the global batch given (``profile_step``: a
     profiled step for the communication share, where the backend can give one)."""
-    cluster = spec.cluster.model_copy(update={"nodes": size.nodes, "devices_per_node": size.devices_per_node})
+    cluster = spec.cluster.model_copy(  # measured at the size itself, never on a probe slice
+        update={"nodes": size.nodes, "devices_per_node": size.devices_per_node, "probe_nodes": None}
+    )
     workload = spec.workload.model_copy(
         update={"global_batch_size": global_batch_size, "profile_step": profile_step or spec.workload.profile_step}
     )
@@ -131,13 +135,13 @@ def config_at(spec: Spec, config: dict[str, Any], size: Size, mode: str, profile
     """``config`` (as the study resolved it at the spec's size) at ``size`` in ``mode``."""
     if mode not in MODES:
         raise ScalingInputError("--mode", f"expected one of {', '.join(MODES)} (or both), got {mode!r}")
-    layout = int(config.get("tp", 1)) * int(config.get("pp", 1)) * int(config.get("cp", 1))
+    layout = int(value(config, "tp")) * int(value(config, "pp")) * int(value(config, "cp"))
     if size.devices % layout:
         return SizedConfig(size, mode, None, None, f"tp*pp*cp = {layout} does not divide {size.devices} devices")
     dp = size.devices // layout
     gbs = spec.workload.global_batch_size
     if mode == "weak":  # each rank's work as at the study's size: micro-batch and grad-accum kept
-        gbs = int(config["micro_batch_size"]) * dp * int(config.get("grad_accum", 1))
+        gbs = int(config["micro_batch_size"]) * dp * int(config["grad_accum"])
     sized = spec_at(spec, size, gbs, profile_step)
     resolved = Space(sized).resolve(_without_derived(config))
     if not resolved.valid:

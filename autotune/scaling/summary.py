@@ -17,7 +17,7 @@ from autotune.objectives.intervals import mean_interval
 from autotune.objectives.scaling import efficiency_interval, scaling_efficiency
 
 from .measure import Reading
-from .projection import ModelPoint, projected_step
+from ..guide.projection import ModelPoint, projected_step
 from .sizes import Size
 
 __all__ = ["Point", "ScalingSummary", "summarise"]
@@ -42,8 +42,7 @@ class Point:
     efficiency: float | None = None
     efficiency_interval: tuple[float, float] | None = None
     projected_tokens_per_s_per_device: float | None = None  # from the smallest size, by the model
-    model_comm_fraction: float | None = None
-    tokens_per_step: float = 0.0
+    model: ModelPoint | None = None  # the calibrated model's step at this size
 
     @property
     def projection_error(self) -> float | None:
@@ -68,7 +67,7 @@ class Point:
             "scaling_efficiency_ci": list(self.efficiency_interval) if self.efficiency_interval else None,
             "projected_tokens_per_s_per_device": self.projected_tokens_per_s_per_device,
             "projection_error": self.projection_error,
-            "model_comm_fraction": self.model_comm_fraction,
+            "model": self.model.to_json() if self.model is not None else None,
             "failed": self.failed or None,
             "skipped": self.skipped or None,
         }
@@ -118,9 +117,7 @@ def summarise(
         mine = [r for r in readings if (r.trial, r.mode, r.size) == (trial, mode, size)]
         ok = [r for r in mine if r.status == "ok" and r.metrics.get("tokens_per_s_per_device")]
         model = models.get((trial, mode, size.label))
-        if model is not None:
-            point.model_comm_fraction = model.comm_fraction
-            point.tokens_per_step = model.tokens_per_step
+        point.model = model
         if ok:
             values = [r.metrics["tokens_per_s_per_device"] for r in ok]
             point.readings, point.source = len(ok), ok[0].source

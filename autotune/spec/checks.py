@@ -132,6 +132,14 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
                 )
             )
     problems += _serving_stack_problems(spec)
+    if cluster.probe_slice and kind != "train":
+        problems.append(
+            SpecProblem(
+                ("cluster", "probe_nodes"),
+                f"a probe slice projects training steps to the target size; the workload is {kind} "
+                "(remove probe_nodes)",
+            )
+        )
     world = cluster.world_size if kind != "serve" else cluster.devices_per_node  # a serving layout is one node
     for name in ("tp", "pp", "cp"):
         values = choices.get(name, [])

@@ -11,6 +11,8 @@ the simulator ranking and the trial requests, so the two can never describe diff
 
 from __future__ import annotations
 
+from autotune.workers.parameters import value
+
 import copy
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +45,12 @@ class RequestSettings:
 
     def request(self, config: dict[str, Any], number: int) -> TrialRequest:
         """What the probe of trial ``number`` is told: the config, the model, workload and cluster,
-        the backend (masked)."""
+        the backend (masked); on the probe slice when the cluster has one (:meth:`slice_request`)."""
+        target = self.target_request(config, number)
+        return self.slice_request(target) if self.context.cluster.get("probe_nodes") else target
+
+    def target_request(self, config: dict[str, Any], number: int) -> TrialRequest:
+        """The trial at the cluster the study tunes for (what the model predicts and the study ranks)."""
         c = self.context
         return TrialRequest(
             params=config,
@@ -53,4 +60,32 @@ class RequestSettings:
             study=self.study,
             number=number,
             backend=copy.deepcopy(self.backend),
+        )
+
+    @staticmethod
+    def slice_request(target: TrialRequest) -> TrialRequest:
+        """``target`` as it runs on the probe slice (``cluster.probe_nodes`` nodes): the same tp, pp, cp,
+        micro-batch and grad-accum, the data-parallel size the slice's devices give, and the global
+        batch that makes (each rank does the target's work: weak scaling). A layout the slice cannot
+        hold never gets here (a rule of the space, :mod:`autotune.spec.space`)."""
+        cluster, params = target.cluster, target.params
+        nodes = int(cluster["probe_nodes"])
+        devices = nodes * int(cluster["devices_per_node"])
+        layout = int(value(params, "tp")) * int(value(params, "pp")) * int(value(params, "cp"))
+        dp = max(1, devices // layout)
+        gbs = int(params["micro_batch_size"]) * dp * int(params["grad_accum"])
+        return TrialRequest(
+            params={**params, "dp": dp},
+            model=target.model,
+            workload={**target.workload, "global_batch_size": gbs},
+            cluster={
+                **cluster,
+                "nodes": nodes,
+                "world_size": devices,
+                "probe_nodes": None,
+                "target_nodes": cluster["nodes"],
+            },
+            study=target.study,
+            number=target.number,
+            backend=target.backend,
         )

@@ -36,6 +36,7 @@ def probe_context(spec: Spec) -> ProbeContext:
         "nodes": spec.cluster.nodes,
         "devices_per_node": spec.cluster.devices_per_node,
         "world_size": spec.cluster.world_size,
+        "probe_nodes": spec.cluster.probe_slice,
         "threads_per_rank": spec.cluster.threads_per_rank,
         "cost_per_device_hour": spec.cluster.cost_per_device_hour,
         "hardware": hardware,

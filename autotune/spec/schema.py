@@ -105,6 +105,13 @@ class ClusterSpec(Strict):
     )
     nodes: int = Field(1, gt=0)
     devices_per_node: int = Field(8, gt=0)
+    probe_nodes: int | None = Field(
+        None,
+        gt=0,
+        description="tune on a slice: probes run on this many nodes (the same tp, pp, cp and micro-batch, "
+        "a smaller dp, grad-accum kept so each rank does the target's work) and every measurement is "
+        "projected to the cluster's `nodes` by the calibrated model; training only. Default: probe at full size",
+    )
     overrides: dict[str, Any] = Field(default_factory=dict)
     threads_per_rank: int | None = Field(
         None, gt=0, description="CPU threads per probe process (default: cores / ranks)"
@@ -126,6 +133,20 @@ class ClusterSpec(Strict):
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def probe_slice(self) -> int | None:
+        """The nodes a probe runs on when smaller than the target (``probe_nodes``), else None."""
+        return self.probe_nodes if self.probe_nodes is not None and self.probe_nodes < self.nodes else None
+
+    @model_validator(mode="after")
+    def _probe_slice_within_the_target(self) -> "ClusterSpec":
+        if self.probe_nodes is not None and self.probe_nodes > self.nodes:
+            raise ValueError(
+                f"probe_nodes ({self.probe_nodes}) is more than the target's nodes ({self.nodes}): a probe slice "
+                "is a part of the cluster the study tunes for; give probe_nodes <= nodes"
+            )
+        return self
 
     @field_validator("profile")
     @classmethod

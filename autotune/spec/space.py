@@ -455,6 +455,12 @@ class Space:
             mbs = out["micro_batch_size"].astype(int)
             model_par = tp * pp * cp
             reasons[f"tp*pp*cp does not divide the world size ({self.world})"] = self.world % model_par != 0
+            probe = self.spec.cluster.probe_slice
+            if probe:  # tuned on a slice: the layout must run there too
+                slice_devices = probe * self.spec.cluster.devices_per_node
+                reasons[
+                    f"tp*pp*cp does not divide the probe slice's {slice_devices} devices (cluster.probe_nodes {probe})"
+                ] = slice_devices % model_par != 0
             dp = np.maximum(data_parallel(self.world, tp, pp, cp).astype(int), 1)
             gbs = self.constants["global_batch_size"]
             reasons[f"global_batch_size ({gbs}) not divisible by micro_batch_size*dp"] = gbs % (mbs * dp) != 0

@@ -86,6 +86,8 @@ class TrialRecord:
             "baseline": self.baseline,
             "chosen_because": self.chosen_because,
             **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
+            # measured on the probe slice (cluster.probe_nodes): where, what it read, the projection
+            **({"projected_from": self.info["projected_from"]} if self.info.get("projected_from") else {}),
         }
 
 

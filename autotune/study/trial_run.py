@@ -29,6 +29,7 @@ from ..spec.context import RequestSettings
 from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
 from ..guide.memory_profile import layers_per_stage, median_full_wall, profile_cost_fpe
+from ..guide.projection import project_result
 from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
 from .records import TrialRecord, best_records, guide_estimates, jsonable, save_trial_files, trial_record, trial_records
@@ -180,6 +181,9 @@ class TrialRunner:
         settle_pruned(result, *self.pruner.settle(trial.number))
         for listener in self.listeners:
             listener.probe_returned(trial.number, config, result)
+        if self.context.cluster.get("probe_nodes") and result.source == "measured":
+            target = self.request.target_request(config, trial.number)  # measured on the slice: read at the target
+            result = project_result(result, self.request.slice_request(target), target)
         meaning = interpret(
             config, result, self.context, self.objectives, trial_devices(self.request.workload_kind, config)
         )

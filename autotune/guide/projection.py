@@ -1,0 +1,203 @@
+"""A measured config projected to another size by the calibrated model (issue 45).
+
+In the guide because it is the model's job: :mod:`autotune.scaling` projects a scaling study's
+smallest size to the larger ones with it, and a study that probes on a slice of its target
+cluster (``cluster.probe_nodes``) ranks every measured config at the target size with it.
+
+The projection anchors on a measurement and lets the model say only how the step changes with
+size: the step measured at the reference size is split into compute and communication (the
+profiled step's communication share where the probe gave one, else the model's share at the
+reference), and each part is scaled by the model's own ratio between the two sizes:
+
+    step(target) = compute(ref) * model_compute(target) / model_compute(ref)
+                 + comm(ref)    * model_comm(target)    / model_comm(ref)
+
+A part the model puts at zero at the reference (no data-parallel gradient reduction on one
+device) has no ratio: it takes the model's absolute figure at the target, whose bandwidths and
+latencies are the host's measured ones (``autotune calibrate``), scaled by the measured step's
+ratio to the model's at the reference. Anchoring cancels what the model gets wrong uniformly at
+both sizes (a kernel's speed on this host); what it cannot cancel is an effect present at one
+size only (a link shared at the target, a straggler), which the validation measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "COMM_TERMS",
+    "PROJECTION_BAND",
+    "ModelPoint",
+    "host_load",
+    "point_of_result",
+    "project_result",
+    "projected_step",
+    "simulated_comm",
+]
+
+# the simulator's step-time terms that are communication (autotune.workers.simulate._timing)
+COMM_TERMS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
+
+
+@dataclass(frozen=True)
+class ModelPoint:
+    """The model's step at one size: its compute and exposed communication (seconds), the
+    tokens one step processes and the devices it uses."""
+
+    compute_s: float
+    comm_s: float
+    tokens_per_step: float
+    devices: int
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def comm_fraction(self) -> float:
+        return self.comm_s / self.step_s if self.step_s > 0 else 0.0
+
+    def tokens_per_s_per_device(self, step_s: float | None = None) -> float:
+        step = self.step_s if step_s is None else step_s
+        return self.tokens_per_step / step / self.devices if step > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "tokens_per_step": self.tokens_per_step,
+            "devices": self.devices,
+            "step_time_s": self.step_s,
+            "comm_fraction": self.comm_fraction,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ModelPoint":
+        return cls(
+            float(data["compute_s"]), float(data["comm_s"]), float(data["tokens_per_step"]), int(data["devices"])
+        )
+
+
+def host_load(ranks_on_host: int, threads_per_rank: int | None, ranks_per_node: int, host_cores: int) -> float:
+    """How much slower each rank computes when ``ranks_on_host`` ranks of ``threads_per_rank``
+    threads each (default: the host's cores over the node's ranks, as the torch probe sets them)
+    share ``host_cores`` cores: the threads over the cores, at least 1. A CPU device is its cores:
+    several nodes of a test cluster on one host divide them, which no link model prices."""
+    threads = threads_per_rank or max(1, host_cores // max(1, ranks_per_node))
+    return max(1.0, ranks_on_host * threads / max(1, host_cores))
+
+
+def point_of_result(result: Any, tokens_per_step: float, devices: int) -> ModelPoint | None:
+    """The :class:`ModelPoint` of a simulator result (:func:`autotune.workers.simulate.simulate_trial`:
+    its step-time breakdown in ``info["time_s"]``); None when it has none (an invalid config)."""
+    times = (result.info or {}).get("time_s") or {}
+    if not times:
+        return None
+    comm = sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
+    step = float(result.metrics.get("step_time_s") or sum(float(v) for v in times.values()))
+    return ModelPoint(max(step - comm, 0.0), comm, tokens_per_step, devices)
+
+
+def projected_step(
+    measured_step_s: float, measured_comm_fraction: float | None, reference: ModelPoint, target: ModelPoint
+) -> float:
+    """The step time at ``target`` projected from the one measured at ``reference`` (see the module
+    docstring); ``measured_comm_fraction`` from the reference's profiled step, None without one."""
+    share = reference.comm_fraction if measured_comm_fraction is None else min(max(measured_comm_fraction, 0.0), 1.0)
+    compute, comm = measured_step_s * (1.0 - share), measured_step_s * share
+    anchor = measured_step_s / reference.step_s if reference.step_s > 0 else 1.0
+    compute_t = (
+        compute * target.compute_s / reference.compute_s if reference.compute_s > 0 else target.compute_s * anchor
+    )
+    comm_t = comm * target.comm_s / reference.comm_s if reference.comm_s > 0 and comm > 0 else target.comm_s * anchor
+    return compute_t + comm_t
+
+
+def simulated_comm(info: dict[str, Any], step_time_s: float | None = None) -> dict[str, float]:
+    """The simulator's communication share of the step: its exposed communication terms (``info``'s
+    step-time breakdown) over the step (``step_time_s``, else the breakdown's sum)."""
+    times = info.get("time_s") or {}
+    step = float(step_time_s or sum(float(v) for v in times.values()))
+    if step <= 0:
+        return {}
+    comm = sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
+    return {"comm_fraction": comm / step, "comm_time_s": comm}
+
+
+# the throughputs a training probe reports: derived again from the projected step at the target size
+_THROUGHPUTS = ("tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu")
+# what the band of a projection is, until a study measures its own: the median absolute error of
+# the projection on published multi-node rows at 4-16x the reference size (benchmarks/scaling_fidelity.py)
+PROJECTION_BAND = 0.056
+
+
+def project_result(result: Any, measured_on: Any, target: Any) -> Any:
+    """A probe's result on the probe slice (``measured_on``, a :class:`TrialRequest`) as the study
+    reads it at ``target`` (the same config at the cluster it tunes for): the step projected
+    (:func:`projected_step`), the throughputs dropped so that they are derived again at the target's
+    batch and devices, each step's time scaled alike, the peak memory moved by the model's
+    difference between the two sizes (ZeRO shards over a smaller dp on the slice). What was
+    measured is kept in ``info["projected_from"]``. A failed probe is returned as it ran, its
+    ``info`` saying where it ran."""
+    import dataclasses
+
+    from autotune.workers.parameters import trial_devices
+    from autotune.workers.simulate import simulate_trial
+
+    where = {
+        "nodes": int(measured_on.cluster["nodes"]),
+        "devices": trial_devices("train", measured_on.params),
+        "target_nodes": int(target.cluster["nodes"]),
+        "target_devices": trial_devices("train", target.params),
+    }
+    if not result.ok:
+        return dataclasses.replace(result, info={**result.info, "projected_from": where})
+    sims = simulate_trial(measured_on), simulate_trial(target)
+    points = [
+        point_of_result(sim, float(r.workload["global_batch_size"]) * float(r.workload["seq_len"]), where[key])
+        for sim, r, key in zip(sims, (measured_on, target), ("devices", "target_devices"))
+    ]
+    measured = dict(result.metrics)
+    step = measured.get("step_time_s")
+    if not step and measured.get("tokens_per_s"):
+        step = points[0].tokens_per_step / float(measured["tokens_per_s"]) if points[0] else None
+    if not step or points[0] is None or points[1] is None:
+        return dataclasses.replace(
+            result,
+            status="crash",
+            reason="measured on the probe slice, but the step cannot be projected to the target "
+            "(no step time from the probe, or a config the model cannot price)",
+            info={**result.info, "projected_from": where},
+        )
+    step = float(step)
+    projected = projected_step(step, measured.get("comm_fraction"), points[0], points[1])
+    ratio = projected / step
+    metrics = {k: v for k, v in measured.items() if k not in _THROUGHPUTS}
+    metrics["step_time_s"] = projected
+    shift = _peak(sims[1]) - _peak(sims[0]) if _peak(sims[0]) and _peak(sims[1]) else 0.0
+    if metrics.get("peak_memory_gib") is not None:
+        metrics["peak_memory_gib"] = max(0.0, float(metrics["peak_memory_gib"]) + shift)
+    if "comm_fraction" in metrics:
+        metrics["comm_fraction"] = min(1.0, points[1].comm_s * (projected / points[1].step_s) / projected)
+    steps = [_scaled_step(e, ratio, shift) for e in result.steps]
+    info = {
+        **result.info,
+        "projected_from": {**where, "measured": measured, "step_ratio": ratio, "band": PROJECTION_BAND},
+    }
+    return dataclasses.replace(result, metrics=metrics, steps=steps, info=info)
+
+
+def _peak(sim: Any) -> float:
+    return float(sim.metrics.get("peak_memory_gib") or (sim.info or {}).get("predicted_peak_memory_gib") or 0.0)
+
+
+def _scaled_step(event: dict[str, Any], ratio: float, shift: float) -> dict[str, Any]:
+    out = dict(event)
+    if isinstance(out.get("step_time_s"), (int, float)):
+        out["step_time_s"] = float(out["step_time_s"]) * ratio
+    for key in ("memory_gib", "peak_memory_gib"):
+        if isinstance(out.get(key), (int, float)):
+            out[key] = max(0.0, float(out[key]) + shift)
+    return out

@@ -1,0 +1,126 @@
+"""Tuning on a slice, checked on the local multi-node Ray cluster (issue 45): the same study of the
+tiny Llama for a 4-node target (CPU "nodes", gloo over loopback TCP), once probing at full size
+and once on a 1-node slice (``cluster.probe_nodes: 1``, every measurement projected to 4 nodes by
+the calibrated model). Then each study's recommended config is measured again at 4 nodes with
+``autotune scale`` (the same procedure for both, ``--repeats`` readings), and the device-hours
+each study's probes took are added up (wall time x devices).
+
+Printed: each study's pick and its throughput measured at 4 nodes, the slice pick's shortfall
+against the full-size pick, and the device-hours ratio.
+
+    python benchmarks/slice_study_cpu_cluster.py [--trials 8] [--repeats 3] [--run-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SPEC = """
+name: slice-{name}
+model: tiny-llama
+workload: {{kind: train, seq_len: 128, global_batch_size: 16, warmup_steps: 2, measured_steps: {steps}, timeout_s: 600}}
+cluster: {{accelerator: cpu, nodes: {nodes}, devices_per_node: 1, threads_per_rank: 1{probe}}}
+backend: {{kind: torch, launcher: torchrun}}
+target: none
+space:
+  micro_batch_size: [1, 2, 4]
+  recompute: [none, full]
+  precision: [fp32, bf16]
+  tp: [1]
+  pp: [1]
+  zero_stage: [0]
+objectives: [tokens_per_s_per_device]
+search: {{n_trials: {trials}, seed: 0, sampler: auto}}
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--run-dir", type=Path, default=None)
+    args = ap.parse_args()
+    from typer.testing import CliRunner
+
+    from autotune.cli.commands import app
+    from local_ray_cluster import local_cluster
+
+    base = args.run_dir or Path(tempfile.mkdtemp(prefix="slice-cpu-"))
+    base.mkdir(parents=True, exist_ok=True)
+    out: dict[str, dict] = {}
+    with local_cluster(args.nodes, 1) as address:
+        for name, probe in (("full", ""), ("slice", ", probe_nodes: 1")):
+            spec = base / f"{name}.yaml"
+            spec.write_text(SPEC.format(name=name, nodes=args.nodes, probe=probe, trials=args.trials, steps=args.steps))
+            run = base / name
+            t0 = time.monotonic()
+            result = CliRunner().invoke(
+                app, ["run", str(spec), "--run-dir", str(run), "--json", "--no-tracking", "--ray-address", address]
+            )
+            if result.exit_code != 0:
+                print(result.output, file=sys.stderr)
+                return 1
+            payload = json.loads(result.stdout)
+            report = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
+            devices = {"full": args.nodes, "slice": 1}[name]
+            probes = report["summary"]["probes"]
+            device_s = float(probes["probe_seconds"]) * devices
+            chosen = payload["best"][0]
+            scale = CliRunner().invoke(
+                app,
+                [
+                    "scale",
+                    str(run),
+                    "--nodes",
+                    f"1,{args.nodes}",
+                    "--repeats",
+                    str(args.repeats),
+                    "--no-tracking",
+                    "--json",
+                    "--ray-address",
+                    address,
+                ],
+            )
+            if scale.exit_code != 0:
+                print(scale.output, file=sys.stderr)
+                return 1
+            at_target = next(p for p in json.loads(scale.stdout)["points"] if p["nodes"] == args.nodes)
+            out[name] = {
+                "trial": chosen["number"],
+                "config": {k: chosen["params"][k] for k in ("micro_batch_size", "recompute", "precision")},
+                "reported": chosen["metrics"]["tokens_per_s_per_device"],
+                "measured_at_target": at_target["tokens_per_s_per_device"],
+                "ci": at_target["tokens_per_s_per_device_ci"],
+                "device_hours": device_s / 3600.0,
+                "probes": probes["probes"],
+                "wall_s": time.monotonic() - t0,
+            }
+    for name, row in out.items():
+        ci = row["ci"]
+        print(
+            f"{name:>5}: trial {row['trial']} {row['config']}; reported {row['reported']:.0f} tokens/s/device, "
+            f"measured at {args.nodes} nodes {row['measured_at_target']:.0f}"
+            + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else "")
+            + f" (n={args.repeats}); {row['probes']} probes, {row['device_hours'] * 3600:.0f} device-s"
+        )
+    full, part = out["full"], out["slice"]
+    ratio = part["measured_at_target"] / full["measured_at_target"]
+    print(
+        f"slice pick / full-size pick at {args.nodes} nodes: {ratio:.3f}; "
+        f"device-hours: {part['device_hours'] / full['device_hours']:.2f} of the full-size study's"
+    )
+    print(f"run directories: {base}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
