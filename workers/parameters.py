@@ -414,6 +414,15 @@ def grad_accum(global_batch_size: Any, micro_batch_size: Any, dp: Any) -> Any:
     return global_batch_size / _at_least(micro_batch_size * dp, 1e-9)
 
 
+def weak_scaled(config: Mapping[str, Any], devices: int) -> tuple[int, int]:
+    """``(dp, global_batch_size)`` of a resolved training ``config`` moved to ``devices``, each rank
+    doing the work it did (tp, pp, cp, micro-batch and grad-accum kept): a probe slice
+    (``cluster.probe_nodes``) and a scaling study's weak mode (``autotune scale``) size it alike."""
+    layout = int(value(config, "tp")) * int(value(config, "pp")) * int(value(config, "cp"))
+    dp = max(1, devices // layout)
+    return dp, int(config["micro_batch_size"]) * dp * int(config["grad_accum"])
+
+
 def sequence_parallel_on(sequence_parallel: Any, tp: Any) -> Any:
     """:data:`SEQUENCE_PARALLEL_RULE`: whether sequence parallelism is on."""
     return sequence_parallel & (tp > 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
@@ -23,6 +23,10 @@ from .console import err, error, out, say, voice
 from .exit_status import EXIT_INFRA, EXIT_INPUT, EXIT_NO_RESULT
 from .input import load_run_or_spec, open_existing, run_dir_of
 from ..spec.errors import escape_text
+
+if TYPE_CHECKING:
+    from ..scaling.summary import ScalingSummary
+    from ..spec.schema import Spec
 
 __all__ = ["scale_study"]
 
@@ -39,7 +43,7 @@ def scale_study(
     no_tracking: bool,
     as_json: bool,
 ) -> None:
-    from ..scaling.measure import Unplaceable
+    from ..study.plan import Unplaceable
     from ..scaling.sizes import MODES, ScalingInputError, default_sizes, parse_sizes
     from ..scaling.study import SCALING_DIR, ScalingPlan, chosen_configs, run_scaling, shared_host_cores
 
@@ -114,13 +118,13 @@ def scale_study(
         raise typer.Exit(EXIT_NO_RESULT)
 
 
-def _print_table(summary: object, files: list[Path]) -> None:
+def _print_table(summary: "ScalingSummary", files: list[Path]) -> None:
     from ..finish.scaling_output import scaling_rows
 
-    rows, notes = scaling_rows(summary)  # type: ignore[arg-type]
+    rows, notes = scaling_rows(summary)
     if not rows:
         return
-    source = "simulated: the analytical model's predictions" if summary.simulated else "measured"  # type: ignore[attr-defined]
+    source = "simulated: the analytical model's predictions" if summary.simulated else "measured"
     table = Table(
         title=f"scaling, {source} (efficiency: tokens/s/device against the smallest size measured; "
         "projected: from that size by the calibrated model, its error against the measurement)",
@@ -134,7 +138,7 @@ def _print_table(summary: object, files: list[Path]) -> None:
     out.print(table)
     for note in notes:
         say(out, note)
-    projection = summary.to_json()["projection"]  # type: ignore[attr-defined]
+    projection = summary.to_json()["projection"]
     if projection["compared"]:
         say(
             out,
@@ -145,16 +149,16 @@ def _print_table(summary: object, files: list[Path]) -> None:
         say(err, f"wrote {f}", style="dim")
 
 
-def _log_to_mlflow(spec: object, directory: Path, parent: str, summary: object, files: list[Path]) -> None:
+def _log_to_mlflow(spec: "Spec", directory: Path, parent: str, summary: "ScalingSummary", files: list[Path]) -> None:
     """The figures and files on the study's parent run; a store that cannot be written is said, not fatal."""
     from .assembly import AssemblyFailed, open_tracker
     from ..finish.scaling_output import log_scaling
 
     try:
-        tracker = open_tracker(spec, directory, voice())  # type: ignore[arg-type]
+        tracker = open_tracker(spec, directory, voice())
     except AssemblyFailed:
         return
-    log_scaling(tracker, parent, summary, files)  # type: ignore[arg-type]
+    log_scaling(tracker, parent, summary, files)
     left = tracker.flush(timeout=60, retry_now=True)
     if left:
         say(err, f"MLflow: {left} write(s) left undone; the files are in {directory / 'scaling'}", style="yellow")

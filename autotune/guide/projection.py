@@ -95,9 +95,14 @@ def point_of_result(result: Any, tokens_per_step: float, devices: int) -> ModelP
     times = (result.info or {}).get("time_s") or {}
     if not times:
         return None
-    comm = sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
+    comm = _exposed_comm_s(times)
     step = float(result.metrics.get("step_time_s") or sum(float(v) for v in times.values()))
     return ModelPoint(max(step - comm, 0.0), comm, tokens_per_step, devices)
+
+
+def _exposed_comm_s(times: dict[str, Any]) -> float:
+    """The communication terms of the simulator's step-time breakdown (:data:`COMM_TERMS`), summed."""
+    return sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
 
 
 def projected_step(
@@ -122,7 +127,7 @@ def simulated_comm(info: dict[str, Any], step_time_s: float | None = None) -> di
     step = float(step_time_s or sum(float(v) for v in times.values()))
     if step <= 0:
         return {}
-    comm = sum(float(times.get(k, 0.0)) for k in COMM_TERMS)
+    comm = _exposed_comm_s(times)
     return {"comm_fraction": comm / step, "comm_time_s": comm}
 
 
@@ -179,8 +184,8 @@ def project_result(result: Any, measured_on: Any, target: Any) -> Any:
     shift = _peak(sims[1]) - _peak(sims[0]) if _peak(sims[0]) and _peak(sims[1]) else 0.0
     if metrics.get("peak_memory_gib") is not None:
         metrics["peak_memory_gib"] = max(0.0, float(metrics["peak_memory_gib"]) + shift)
-    if "comm_fraction" in metrics:
-        metrics["comm_fraction"] = min(1.0, points[1].comm_s * (projected / points[1].step_s) / projected)
+    if "comm_fraction" in metrics:  # the share at the target is the model's there
+        metrics["comm_fraction"] = points[1].comm_fraction
     steps = [_scaled_step(e, ratio, shift) for e in result.steps]
     info = {
         **result.info,

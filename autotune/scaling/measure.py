@@ -22,18 +22,15 @@ from ..dispatch.backends import BackendChoice, launch_for, trial_placement
 from ..guide.projection import simulated_comm
 from ..spec.resolve import objectives_of, probe_context, request_settings
 from ..study.interpret import interpret
+from ..study.plan import Unplaceable  # a size the cluster cannot place is refused as a study is (exit 3)
 from autotune.workers.parameters import trial_devices
 
 from .sizes import Size, SizedConfig
 
-__all__ = ["Reading", "ReadingLog", "Unplaceable", "measure"]
+__all__ = ["Reading", "ReadingLog", "measure"]
 
 READINGS = "readings.jsonl"
 INFRA_RETRIES = 1  # a probe the infrastructure failed is run once more, then the study stops
-
-
-class Unplaceable(RuntimeError):
-    """A size the cluster cannot place (exit 3): its message names the size and what is missing."""
 
 
 @dataclass
@@ -94,7 +91,7 @@ class ReadingLog:
         if not self.path.exists():
             return []
         out = []
-        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+        for line in self.path.read_text().splitlines():
             if not line.strip():
                 continue
             try:

@@ -15,10 +15,10 @@ the same for the probe, the model's projection (:mod:`autotune.guide.projection`
 
 from __future__ import annotations
 
-from autotune.workers.parameters import value
-
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from autotune.workers.parameters import value, weak_scaled
 
 from ..spec.schema import Spec
 from ..spec.space import Space
@@ -104,7 +104,8 @@ def default_sizes(spec: Spec, nodes: Sequence[int] | None, devices: Sequence[int
                 "--nodes", "sizes of more than one node run on a Ray cluster: set ray.enabled (and --ray-address)"
             )
         return [Size(n, per_node) for n in nodes]
-    top, counts = (spec.cluster.nodes, []) if spec.cluster.nodes > 1 else (per_node, [])
+    top = spec.cluster.nodes if spec.cluster.nodes > 1 else per_node
+    counts: list[int] = []
     k = 1
     while k < top:
         counts.append(k)
@@ -138,10 +139,9 @@ def config_at(spec: Spec, config: dict[str, Any], size: Size, mode: str, profile
     layout = int(value(config, "tp")) * int(value(config, "pp")) * int(value(config, "cp"))
     if size.devices % layout:
         return SizedConfig(size, mode, None, None, f"tp*pp*cp = {layout} does not divide {size.devices} devices")
-    dp = size.devices // layout
     gbs = spec.workload.global_batch_size
     if mode == "weak":  # each rank's work as at the study's size: micro-batch and grad-accum kept
-        gbs = int(config["micro_batch_size"]) * dp * int(config["grad_accum"])
+        gbs = weak_scaled(config, size.devices)[1]
     sized = spec_at(spec, size, gbs, profile_step)
     resolved = Space(sized).resolve(_without_derived(config))
     if not resolved.valid:

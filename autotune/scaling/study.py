@@ -2,17 +2,18 @@
 
 Takes the configs a study found (its recommendation first, then its next best measured configs),
 plans each at every size and mode (:mod:`.sizes`), probes what is not measured yet (:mod:`.measure`),
-prices each point with the calibrated model and projects from the smallest size (:mod:`.projection`),
+prices each point with the calibrated model and projects from the smallest size
+(:mod:`autotune.guide.projection`),
 and summarises (:mod:`.summary`). The files, the plot and MLflow are :mod:`autotune.finish.scaling_output`'s.
 """
 
 from __future__ import annotations
 
-from autotune.workers.parameters import value
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from autotune.workers.parameters import value
 
 from ..spec.schema import Spec
 from .measure import ReadingLog, measure
@@ -125,7 +126,7 @@ def run_scaling(
 ) -> ScalingSummary:
     """Measure what ``plan`` asks that the run directory does not hold yet, then summarise
     (``shared_host_cores``: the cores of the one host all the cluster's nodes run on, if they do:
-    :func:`.projection.host_load`)."""
+    :func:`autotune.guide.projection.host_load`)."""
     profile_step = choice.kind == "torch"  # the backend that profiles a step for the communication share
     points = plan_points(spec, plan, profile_step)
     log = ReadingLog(run_dir / SCALING_DIR)

@@ -11,12 +11,11 @@ the simulator ranking and the trial requests, so the two can never describe diff
 
 from __future__ import annotations
 
-from autotune.workers.parameters import value
-
 import copy
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.workers.parameters import weak_scaled
 from autotune.workers.protocol import TrialRequest
 
 __all__ = ["ProbeContext", "RequestSettings"]
@@ -71,9 +70,7 @@ class RequestSettings:
         cluster, params = target.cluster, target.params
         nodes = int(cluster["probe_nodes"])
         devices = nodes * int(cluster["devices_per_node"])
-        layout = int(value(params, "tp")) * int(value(params, "pp")) * int(value(params, "cp"))
-        dp = max(1, devices // layout)
-        gbs = int(params["micro_batch_size"]) * dp * int(params["grad_accum"])
+        dp, gbs = weak_scaled(params, devices)
         return TrialRequest(
             params={**params, "dp": dp},
             model=target.model,
