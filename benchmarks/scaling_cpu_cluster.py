@@ -14,7 +14,11 @@ ranking at 4 nodes.
 On this machine the 4 "nodes" share the host's cores (2 here), which the projection prices
 (:func:`autotune.guide.projection.host_load`); a real cluster's nodes are hosts of their own.
 
-    python benchmarks/scaling_cpu_cluster.py [--configs 6] [--repeats 2] [--run-dir DIR] [--nodes 4]
+With ``--links``, the host and the links across 2, ..., ``--nodes`` nodes are measured first
+(``autotune calibrate --nodes ... --ray-address``) and the spec uses that profile: the projection
+then pays the link measured at each node count instead of the data-sheet one.
+
+    python benchmarks/scaling_cpu_cluster.py [--configs 6] [--repeats 2] [--run-dir DIR] [--nodes 4] [--links]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ SPEC = """
 name: scale-cpu-cluster
 model: tiny-llama
 workload: {{kind: train, seq_len: 128, global_batch_size: 8, warmup_steps: 2, measured_steps: {steps}, timeout_s: 600}}
-cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 1, threads_per_rank: 1}}
+cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 1, threads_per_rank: 1{profile}}}
 backend: {{kind: torch, launcher: torchrun}}
 target: none
 space:
@@ -56,6 +60,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="measured steps per probe")
     ap.add_argument("--nodes", type=int, default=4, help="the largest size (node counts 1, 2, ..., this)")
     ap.add_argument("--run-dir", type=Path, default=None, help="keep the study here (default: a temporary one)")
+    ap.add_argument("--links", action="store_true", help="measure the links per node count first (calibrate --nodes)")
     args = ap.parse_args()
     from typer.testing import CliRunner
 
@@ -65,18 +70,31 @@ def main() -> int:
     base = args.run_dir or Path(tempfile.mkdtemp(prefix="scale-cpu-"))
     base.mkdir(parents=True, exist_ok=True)
     spec = base / "spec.yaml"
-    spec.write_text(SPEC.format(configs=args.configs, steps=args.steps))
     run = base / "run"
     t0 = time.monotonic()
-    study = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run), "--json", "--no-tracking"])
-    if study.exit_code != 0:
-        print(study.output, file=sys.stderr)
-        return 1
     sizes = [1]
     while sizes[-1] * 2 < args.nodes:
         sizes.append(sizes[-1] * 2)
     sizes.append(args.nodes)
     with local_cluster(args.nodes, 1) as address:
+        profile = ""
+        if args.links:
+            path = base / "profile.yaml"
+            calibrated = CliRunner().invoke(
+                app,
+                ["calibrate", "--ranks", "1", "--threads", "1", "--out", str(path), "--ray-address", address]
+                + ["--nodes", ",".join(str(n) for n in sizes if n > 1)],
+            )
+            if calibrated.exit_code != 0:
+                print(calibrated.output, file=sys.stderr)
+                return 1
+            print(calibrated.stdout.strip())
+            profile = f", profile: {path}"
+        spec.write_text(SPEC.format(configs=args.configs, steps=args.steps, profile=profile))
+        study = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run), "--json", "--no-tracking"])
+        if study.exit_code != 0:
+            print(study.output, file=sys.stderr)
+            return 1
         result = CliRunner().invoke(
             app,
             [

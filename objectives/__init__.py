@@ -84,6 +84,24 @@ _ALL = [
         "device memory left at the peak: device_memory_gib - peak_memory_gib",
     ),
     Metric(
+        "comm_fraction",
+        "fraction",
+        "minimize",
+        "train",
+        "share of the step's wall time in communication that compute did not hide: the torch probe's profiled "
+        "step (workload.profile_step) at full size, else the calibrated model's share at the cluster",
+    ),
+    Metric(
+        "scaling_efficiency",
+        "fraction",
+        "maximize",
+        "train",
+        "tokens/s/device at the cluster over tokens/s/device at the reference size, each rank doing the same "
+        "work (weak scaling): one node's worth of data parallelism when the config spans nodes, else one "
+        "replica (dp 1); 1.0 is linear. A measured config's is its measurement read at the reference size by "
+        "the calibrated model (autotune scale measures it at each size)",
+    ),
+    Metric(
         "ttft_ms",
         "ms",
         "minimize",

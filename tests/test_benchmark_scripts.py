@@ -191,10 +191,14 @@ SLOW = [
         writes=("certified.json",),
         timeout_s=900,
     ),
-    Case(  # two configs at 1 and 2 nodes of the local Ray cluster, one reading each
+    Case(  # two configs at 1 and 2 nodes of the local Ray cluster, one reading each, the 2-node link measured
         "scaling_cpu_cluster.py",
-        ("--configs", "2", "--repeats", "1", "--steps", "2", "--nodes", "2", "--run-dir", "{tmp}/scale"),
-        (r"^trial\s+1 node\(s\)\s+2 node\(s\)\s+from 1", r"^from 1 node\(s\) to 2: median abs error [\d.]+ %"),
+        ("--configs", "2", "--repeats", "1", "--steps", "2", "--nodes", "2", "--run-dir", "{tmp}/scale", "--links"),
+        (
+            r"across 2 nodes [\d.e+-]+ GB/s per rank",
+            r"^trial\s+1 node\(s\)\s+2 node\(s\)\s+from 1",
+            r"^from 1 node\(s\) to 2: median abs error [\d.]+ %",
+        ),
         timeout_s=900,
     ),
     Case(  # a 2-probe study at full size and on a 1-node slice of a 2-node target

@@ -459,3 +459,45 @@ def test_scale_on_a_local_four_node_cluster_with_the_torch_probe(write_spec, tmp
         assert 0.0 < points[n]["comm_fraction"] < 1.0  # gloo's all-reduce between the nodes, profiled
         assert points[n]["projected_tokens_per_s_per_device"] > 0
     assert (run / "scaling" / "scaling.png").stat().st_size > 5_000
+
+
+def test_collectives_are_measured_across_each_node_count_of_the_cluster(cluster):
+    """Issue 45, item 4: `autotune calibrate --nodes`'s measurement, one probe per node of a
+    placement group, every rank in one gloo group: all-reduce seconds per size at 1 and 2 nodes,
+    fitted into the links the simulator pays; a count the cluster cannot place is refused first."""
+    from autotune.dispatch.node_collectives import NodesUnavailable, measure_node_counts
+    from autotune.dispatch.ray_dispatch import RayDispatcher
+    from autotune.workers.calibrate_nodes import fit_inter_node_links
+
+    dispatcher = RayDispatcher(address=cluster.address)
+    try:
+        with pytest.raises(NodesUnavailable, match="4 node"):  # head + 2 workers hold one CPU each
+            measure_node_counts(dispatcher, "cpu", 1, [2, 4], (4, 64), 2)
+        said: list[str] = []
+        seconds = measure_node_counts(dispatcher, "cpu", 1, [1, 2], (4, 64, 1024), 2, progress=said.append)
+    finally:
+        dispatcher.shutdown()
+    assert set(seconds) == {1, 2} and len(said) == 2
+    assert set(seconds[2]["allreduce"]) == {4 * 1024, 64 * 1024, 1024 * 1024}
+    assert all(t > 0 for t in seconds[2]["allreduce"].values())
+    links = fit_inter_node_links(seconds, 1)
+    assert set(links) == {2} and links[2]["bandwidth_gbps"] > 0
+
+
+@pytest.mark.slow
+def test_calibrate_writes_the_links_measured_across_nodes(tmp_path, cluster):
+    """`autotune calibrate --nodes 2 --ray-address ...`: the host's profile with the link measured
+    across two nodes of the cluster, which a spec then uses as any profile file."""
+    import yaml
+
+    from autotune.workers.hardware import load_profile
+
+    out = tmp_path / "profile.yaml"
+    args = ["calibrate", "--quick", "--ranks", "1", "--nodes", "2", "--ray-address", cluster.address, "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "across 2 nodes" in result.stdout
+    profile = load_profile(str(out))
+    assert set(profile["inter_node_links"]) == {2} and profile["inter_node_links"][2]["bandwidth_gbps"] > 0
+    assert "# across nodes (1 rank(s) per node" in out.read_text()
+    assert yaml.safe_load(out.read_text())["inter_node_links"]  # plain YAML: int keys

@@ -128,6 +128,26 @@ def test_trial_killed_while_being_proposed_is_closed_not_requeued(write_spec, tm
     assert sum(1 for r in outcome.records if r.probed and r.status == "ok") == 5
 
 
+def test_trial_killed_after_its_rule_rejection_is_closed_not_requeued(write_spec, tmp_path):
+    """SIGKILL can land between a rule rejection's attributes and Optuna's tell: the trial holds a
+    config, no probe; queued again, that config would skip the rules and reach a worker."""
+    calls: list = []
+    spec = _spec(write_spec, n_trials=3, sampler="random")
+    _runner(spec, tmp_path, calls).run()
+    study = open_study(spec, tmp_path / "run")
+    rejected = study.ask({})
+    bad = {"tp": 2, "pp": 2, "cp": 1, "micro_batch_size": 2, "dp": 1, "grad_accum": 4}
+    rejected.set_user_attr(A.CONFIG, bad)
+    rejected.set_user_attr(A.STATUS, "invalid")
+    rejected.set_user_attr(A.REASON, "rejected by rules: tp*pp*cp does not divide the world size (2)")
+    rejected.set_user_attr(A.SOURCE, "rules")
+    outcome = _runner(_spec(write_spec, n_trials=4, sampler="random"), tmp_path, calls).run()
+    closed = [r for r in outcome.records if r.number == rejected.number][0]
+    assert closed.status == "invalid" and "rejected by rules" in closed.reason and not closed.probed
+    assert not [t for t in outcome.study.trials if t.user_attrs.get(A.REQUEUED_FROM) == rejected.number]
+    assert bad not in calls
+
+
 def test_small_space_exhausts_without_reprobing(write_spec, tmp_path):
     text = (
         TINY_TRAIN.replace("  tp: [1, 2]\n  pp: [1, 2]\n", "  tp: [1]\n  pp: [1]\n")

@@ -406,6 +406,11 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
             else "not measured"
         ),
     ]
+    if m.get("inter_node_seconds"):  # autotune calibrate --nodes: the fit is the profile's inter_node_links
+        lines.append(
+            f"# across nodes ({m.get('inter_node_ranks_per_node')} rank(s) per node; seconds per message size in "
+            "bytes): " + json.dumps(m["inter_node_seconds"])
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(result["profile"], sort_keys=False))
     return path

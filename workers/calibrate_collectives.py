@@ -22,7 +22,7 @@ import numpy as np
 from .calibrate_layer import measure_tp_layer
 from .torch_probe._device import ACCELERATORS, device_module, setup_device
 
-__all__ = ["calibration_device", "measure_collectives", "fit_latency_bandwidth"]
+__all__ = ["calibration_device", "measure_collectives", "fit_latency_bandwidth", "time_collectives"]
 
 
 def calibration_device(accelerator: str, local_rank: int = 0) -> tuple[Any, Any, Callable[[], None]]:
@@ -56,56 +56,74 @@ def _collective_worker(
         ACCELERATORS[accelerator].backend, init_method=f"file://{store_path}", rank=rank, world_size=world
     )
     try:
-        # all_gather_single replaces all_gather_into_tensor from torch 2.13; NPU stacks run older torch
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        peer = rank ^ 1 if (rank ^ 1) < world else rank
-
-        def exchange(buf: Any, recv: Any) -> None:
-            if peer == rank:
-                return
-            if rank % 2 == 0:  # rank 0 sends, rank 1 receives, then back: one hop each way
-                dist.send(buf, peer)
-                dist.recv(recv, peer)
-            else:
-                dist.recv(recv, peer)
-                dist.send(buf, peer)
-
-        result: dict[str, dict[int, float]] = {"allreduce": {}, "allgather": {}, "p2p": {}}
-        for kib in sizes_kib:
-            n = max(world, kib * 1024 // 4)
-            x = torch.ones(n, dtype=torch.float32, device=device)
-            gathered = torch.empty((n // world) * world, dtype=torch.float32, device=device)
-            shard = torch.ones(n // world, dtype=torch.float32, device=device)
-            recv = torch.empty_like(x)
-            ops = {
-                "allreduce": lambda: dist.all_reduce(x),
-                "allgather": lambda: gather(gathered, shard),
-                "p2p": lambda: exchange(x, recv),
-            }
-            # Batches of back-to-back calls after a barrier, as nccl-tests times: one call's sample
-            # absorbs whichever rank the scheduler ran late (a 4 KiB all-reduce read 4 ms on two
-            # busy cores, longer than 1 MiB), a batch spreads that skew over its calls. Every rank
-            # derives the same count from the size, so the collectives pair up.
-            calls = max(4, min(32, (4 << 20) // (n * 4)))
-            for name, op in ops.items():
-                op()
-                op()
-                sync()
-                samples = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        op()
-                    sync()
-                    samples.append((time.perf_counter() - t0) / calls)
-                seconds = statistics.median(samples)
-                result[name][n * 4] = seconds / (2.0 if name == "p2p" else 1.0)  # p2p: one hop
+        result = time_collectives(torch, dist, device, sync, rank, world, sizes_kib, repeats)
         tp_layer = measure_tp_layer(accelerator, device, sync, world, repeats, quick=quick)
         if rank == 0:
             Path(result_path).write_text(json.dumps({**result, "tp_layer": tp_layer}))
     finally:
         dist.destroy_process_group()
+
+
+def time_collectives(
+    torch: Any,
+    dist: Any,
+    device: Any,
+    sync: Callable[[], None],
+    rank: int,
+    world: int,
+    sizes_kib: list[int],
+    repeats: int,
+) -> dict[str, dict[int, float]]:
+    """Seconds of one all-reduce, all-gather (of the full, gathered buffer) and point-to-point hop
+    per message size in bytes, on an initialised process group of ``world`` ranks (this one is
+    ``rank``); every rank runs it. Used by the host's calibration and by the measurement across
+    nodes (:mod:`.calibrate_nodes`)."""
+    # all_gather_single replaces all_gather_into_tensor from torch 2.13; NPU stacks run older torch
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    peer = rank ^ 1 if (rank ^ 1) < world else rank
+
+    def exchange(buf: Any, recv: Any) -> None:
+        if peer == rank:
+            return
+        if rank % 2 == 0:  # rank 0 sends, rank 1 receives, then back: one hop each way
+            dist.send(buf, peer)
+            dist.recv(recv, peer)
+        else:
+            dist.recv(recv, peer)
+            dist.send(buf, peer)
+
+    result: dict[str, dict[int, float]] = {"allreduce": {}, "allgather": {}, "p2p": {}}
+    for kib in sizes_kib:
+        n = max(world, kib * 1024 // 4)
+        x = torch.ones(n, dtype=torch.float32, device=device)
+        gathered = torch.empty((n // world) * world, dtype=torch.float32, device=device)
+        shard = torch.ones(n // world, dtype=torch.float32, device=device)
+        recv = torch.empty_like(x)
+        ops = {
+            "allreduce": lambda: dist.all_reduce(x),
+            "allgather": lambda: gather(gathered, shard),
+            "p2p": lambda: exchange(x, recv),
+        }
+        # Batches of back-to-back calls after a barrier, as nccl-tests times: one call's sample
+        # absorbs whichever rank the scheduler ran late (a 4 KiB all-reduce read 4 ms on two
+        # busy cores, longer than 1 MiB), a batch spreads that skew over its calls. Every rank
+        # derives the same count from the size, so the collectives pair up.
+        calls = max(4, min(32, (4 << 20) // (n * 4)))
+        for name, op in ops.items():
+            op()
+            op()
+            sync()
+            samples = []
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                sync()
+                samples.append((time.perf_counter() - t0) / calls)
+            seconds = statistics.median(samples)
+            result[name][n * 4] = seconds / (2.0 if name == "p2p" else 1.0)  # p2p: one hop
+    return result
 
 
 def measure_collectives(

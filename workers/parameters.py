@@ -394,7 +394,11 @@ DP_RULE = "dp = world_size / (tp*pp*cp)"
 GRAD_ACCUM_RULE = "grad_accum = global_batch_size / (micro_batch_size*dp)"
 SEQUENCE_PARALLEL_RULE = "sequence_parallel only with tp > 1 (Megatron turns it off at tp = 1)"
 VPP_RULE = "vpp only with pp > 1 (one stage has no interleaving: vpp is 1)"
-RULES = (DP_RULE, GRAD_ACCUM_RULE, SEQUENCE_PARALLEL_RULE, VPP_RULE)
+REFERENCE_DP_RULE = (
+    "scaling_efficiency's reference: each rank's work kept, one node's worth of data parallelism "
+    "(devices_per_node // (tp*pp*cp), at least 1) when the config spans nodes, else dp 1"
+)
+RULES = (DP_RULE, GRAD_ACCUM_RULE, SEQUENCE_PARALLEL_RULE, VPP_RULE, REFERENCE_DP_RULE)
 
 
 def _at_least(x: Any, low: float) -> Any:
@@ -412,6 +416,16 @@ def data_parallel(world: Any, tp: Any, pp: Any, cp: Any) -> Any:
 def grad_accum(global_batch_size: Any, micro_batch_size: Any, dp: Any) -> Any:
     """:data:`GRAD_ACCUM_RULE`: a float where micro_batch_size*dp does not divide the global batch."""
     return global_batch_size / _at_least(micro_batch_size * dp, 1e-9)
+
+
+def reference_dp(tp: Any, pp: Any, cp: Any, dp: Any, devices_per_node: Any) -> Any:
+    """:data:`REFERENCE_DP_RULE`: the data-parallel size a config's scaling efficiency reads against
+    (the simulator's columns, a measured trial's projection)."""
+    layout = _at_least(tp * pp * cp, 1.0)
+    per_node = _at_least((devices_per_node // layout) * 1.0, 1.0)
+    spans = layout * dp > devices_per_node
+    wanted = per_node * spans + 1.0 * (1 - spans)
+    return wanted * (wanted <= dp) + dp * (wanted > dp)
 
 
 def weak_scaled(config: Mapping[str, Any], devices: int) -> tuple[int, int]:

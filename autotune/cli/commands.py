@@ -203,17 +203,29 @@ def calibrate(
     ranks: int = typer.Option(2, help="processes for the collective measurement (1: skip it)"),
     threads: Optional[int] = typer.Option(None, help="CPU: threads per device (default cores / ranks)"),
     quick: bool = _flag("--quick", help="small sizes, few repeats (seconds, rough figures)"),
+    nodes: Optional[str] = typer.Option(
+        None,
+        "--nodes",
+        help="node counts of the Ray cluster to measure the collectives across, e.g. 2,4 (each count: --ranks "
+        "processes per node, all in one group); needs --ray-address",
+    ),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="the Ray cluster of --nodes ('auto', ...)"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Measure this host's device (linear layers per precision at the shapes models run, memory
     bandwidth, collectives' latency and bandwidth) and write a hardware profile; use it with
-    `cluster.profile: <file>` in a spec."""
+    `cluster.profile: <file>` in a spec. With --nodes, the collectives are measured across each
+    node count of a Ray cluster too (`inter_node_links`: what a study pays across that many nodes)."""
     _setup_logging(False)
     if accelerator not in ("cpu", "cuda", "npu"):
         _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")
         raise typer.Exit(EXIT_INPUT)
     if ranks < 1:
         _error(f"--ranks: expected >= 1, got {ranks}")
+        raise typer.Exit(EXIT_INPUT)
+    node_counts = _node_counts(nodes) if nodes is not None else []
+    if node_counts and not ray_address:
+        _error("--nodes measures across the nodes of a Ray cluster: give its --ray-address (e.g. auto)")
         raise typer.Exit(EXIT_INPUT)
     try:
         from autotune.workers.calibrate import calibrate as measure, write_profile
@@ -230,10 +242,65 @@ def calibrate(
     except (ImportError, RuntimeError, ValueError, ProbeFailure) as exc:  # no device, no torch_npu, a degenerate fit
         _error(f"cannot measure {accelerator}: {exc}")
         raise typer.Exit(EXIT_INFRA) from None
+    if node_counts:
+        _measure_links(result, accelerator, ranks, node_counts, ray_address, quick)
     path = write_profile(result, out_path)
     from .output import print_calibration
 
     print_calibration(path, result, as_json)
+
+
+def _node_counts(text: str) -> list[int]:
+    """``--nodes 2,4``: the node counts, each a whole number >= 1, or exit 2 naming the value."""
+    counts = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            _error(f"--nodes: expected node counts >= 1 separated by commas (e.g. 2,4), got {text!r}")
+            raise typer.Exit(EXIT_INPUT)
+        counts.append(int(part))
+    return sorted(set(counts))
+
+
+def _measure_links(
+    result: dict, accelerator: str, ranks: int, node_counts: list[int], ray_address: str | None, quick: bool
+) -> None:
+    """The collectives across each node count (:mod:`autotune.dispatch.node_collectives`), fitted into
+    the profile's ``inter_node_links``; exit 3 when the cluster cannot place a count or a
+    measurement fails."""
+    from autotune.workers.calibrate import COLLECTIVE_KIB, QUICK_COLLECTIVE_KIB
+    from autotune.workers.calibrate_nodes import fit_inter_node_links
+
+    from ..dispatch.node_collectives import NodesUnavailable, measure_node_counts
+    from ..dispatch.ray_dispatch import RayDispatcher, RayUnreachable
+    from ..tracking.progress import phase
+
+    sizes = (QUICK_COLLECTIVE_KIB if quick else COLLECTIVE_KIB)[accelerator]
+    try:
+        dispatcher = RayDispatcher(address=ray_address)
+    except RayUnreachable as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    try:
+        with phase(err, f"collectives across {', '.join(map(str, node_counts))} node(s)") as step:
+            seconds = measure_node_counts(
+                dispatcher, accelerator, ranks, node_counts, sizes, 3 if quick else 5, progress=step.update
+            )
+    except NodesUnavailable as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_INFRA) from None
+    except RuntimeError as exc:
+        _error(f"cannot measure across nodes: {exc}")
+        raise typer.Exit(EXIT_INFRA) from None
+    finally:
+        dispatcher.shutdown()
+    links = fit_inter_node_links(seconds, ranks)
+    if links:
+        result["profile"]["inter_node_links"] = links
+    result["measured"]["inter_node_seconds"] = {
+        str(n): {op: {str(b): t for b, t in times.items()} for op, times in ops.items()} for n, ops in seconds.items()
+    }
+    result["measured"]["inter_node_ranks_per_node"] = ranks
 
 
 # ------------------------------------------------------------------------------------------ run

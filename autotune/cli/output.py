@@ -75,6 +75,10 @@ def print_calibration(path: Any, result: dict[str, Any], as_json: bool) -> None:
         f"wrote {escape(str(path))}: peak TFLOPS {peaks}; memory {profile['memory_bandwidth_gbps']:.1f} GB/s; "
         f"collectives {profile['intra_node_bandwidth_gbps']:.3g} GB/s, "
         f"{profile['collective_latency_us']:.0f} us latency"
+        + "".join(
+            f"; across {n} nodes {link['bandwidth_gbps']:.3g} GB/s per rank, {link['latency_us']:.0f} us"
+            for n, link in sorted((profile.get("inter_node_links") or {}).items())
+        )
     )
     err.print(f"\n[bold]next steps[/bold]\n  use it in a spec:  cluster: {{profile: {escape(str(path))}}}")
 
@@ -125,6 +129,11 @@ def print_plan(
     )
     for reason, count in sorted(enumeration.invalid_reasons.items(), key=lambda kv: -kv[1]):
         say(out, f"  {count:,} rejected: {reason}", style="dim")
+    if "meets_constraints" in ranking.predictions:  # the spec's constraints on metrics, judged on predictions
+        p = ranking.predictions
+        missed = sum(1 for meets, fits in zip(p["meets_constraints"], p["fits_memory"]) if fits and not meets)
+        judged = ", ".join(e.source for e in space.outcome_constraints)
+        say(out, f"  {missed:,} that fit predicted to miss {judged} (left out of the fitting ones)", style="dim")
     if not best:
         return False
     from ..guide.ranking import Layout

@@ -98,12 +98,19 @@ def scale_study(
         raise typer.Exit(EXIT_INFRA) from None
     from ..finish.scaling_output import write_scaling_files
 
+    from autotune.workers.hardware import links_note
+
+    from ..spec.resolve import probe_context
+
+    hardware = probe_context(spec).hardware
     context = {
         "study": spec.name,
         "backend": choice.kind,
         "modes": modes,
         "sizes": [s.to_json() for s in sizes],
         "repeats": repeats,
+        # what the projection's link across each node count rests on (autotune calibrate --nodes)
+        "links": [note for n in sorted({s.nodes for s in sizes}) if (note := links_note(hardware, n))],
     }
     files = write_scaling_files(summary, directory / SCALING_DIR, context)
     parent = study.user_attrs.get("autotune.parent_run_id")
@@ -112,13 +119,13 @@ def scale_study(
     if as_json:
         out.print_json(json.dumps({**context, **summary.to_json(), "files": [str(f) for f in files]}))
     else:
-        _print_table(summary, files)
+        _print_table(summary, files, context["links"])
     if not any(p.tokens_per_s_per_device for p in summary.points):
         error("no size was measured: see the notes for why each failed")
         raise typer.Exit(EXIT_NO_RESULT)
 
 
-def _print_table(summary: "ScalingSummary", files: list[Path]) -> None:
+def _print_table(summary: "ScalingSummary", files: list[Path], links: list[str]) -> None:
     from ..finish.scaling_output import scaling_rows
 
     rows, notes = scaling_rows(summary)
@@ -145,6 +152,8 @@ def _print_table(summary: "ScalingSummary", files: list[Path]) -> None:
             f"the model's projection from the smallest size, against what was measured: median error "
             f"{100 * projection['median_abs_error']:.1f} % over {projection['compared']} point(s)",
         )
+        for note in links:
+            say(out, f"  {note}", style="dim")
     for f in files:
         say(err, f"wrote {f}", style="dim")
 

@@ -88,7 +88,7 @@ def results_rows(
             row.setdefault(m, r.metrics.get(m))
         row["peak_memory_gib"] = r.metrics.get("peak_memory_gib")
         row.update(r.config)
-        row["reason"] = r.reason if r.status != "ok" else ""
+        row["reason"] = r.reason if r.status != "ok" or not r.feasible else ""  # ok, but misses a constraint
         rows.append(row)
     m, d = objectives[0]
     sign = -1 if d == "maximize" else 1

@@ -351,6 +351,7 @@ def projection_line(record: Any) -> str | None:
         f"projected to the target's {where['target_nodes']} node(s) ({where['target_devices']} devices) from a "
         f"probe on {where['nodes']} node(s) ({where['devices']} devices){said} by the calibrated model; its band "
         f"+/-{100 * where.get('band', 0):.1f} % (the projection's median error on published multi-node rows)"
+        + (f"; {where['links']}" if where.get("links") else "")
     )
 
 

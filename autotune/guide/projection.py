@@ -25,6 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.workers.hardware import links_note
+from autotune.workers.simulate import COMM_TERMS
+
 __all__ = [
     "COMM_TERMS",
     "PROJECTION_BAND",
@@ -33,11 +36,10 @@ __all__ = [
     "point_of_result",
     "project_result",
     "projected_step",
+    "reference_devices",
+    "scaling_figures",
     "simulated_comm",
 ]
-
-# the simulator's step-time terms that are communication (autotune.workers.simulate._timing)
-COMM_TERMS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
 
 
 @dataclass(frozen=True)
@@ -187,9 +189,16 @@ def project_result(result: Any, measured_on: Any, target: Any) -> Any:
     if "comm_fraction" in metrics:  # the share at the target is the model's there
         metrics["comm_fraction"] = points[1].comm_fraction
     steps = [_scaled_step(e, ratio, shift) for e in result.steps]
+    links = links_note(target.cluster.get("hardware") or {}, where["target_nodes"])
     info = {
         **result.info,
-        "projected_from": {**where, "measured": measured, "step_ratio": ratio, "band": PROJECTION_BAND},
+        "projected_from": {
+            **where,
+            "measured": measured,
+            "step_ratio": ratio,
+            "band": PROJECTION_BAND,
+            **({"links": links} if links else {}),
+        },
     }
     return dataclasses.replace(result, metrics=metrics, steps=steps, info=info)
 
@@ -205,4 +214,51 @@ def _scaled_step(event: dict[str, Any], ratio: float, shift: float) -> dict[str,
     for key in ("memory_gib", "peak_memory_gib"):
         if isinstance(out.get(key), (int, float)):
             out[key] = max(0.0, float(out[key]) + shift)
+    return out
+
+
+def reference_devices(params: dict[str, Any], cluster: dict[str, Any]) -> int:
+    """The devices a training config's scaling efficiency is read against (the simulator's rule,
+    :data:`autotune.workers.parameters.REFERENCE_DP_RULE`)."""
+    from autotune.workers.parameters import reference_dp, value
+
+    tp, pp, cp, dp = (int(value(params, k)) for k in ("tp", "pp", "cp", "dp"))
+    return tp * pp * cp * int(reference_dp(tp, pp, cp, dp, int(cluster["devices_per_node"])))
+
+
+def scaling_figures(measured: dict[str, Any], measured_on: Any, target: Any) -> dict[str, float]:
+    """``scaling_efficiency`` and ``comm_fraction`` of a config measured at ``measured_on`` (its
+    metrics ``measured``: the step time, the profiled step's communication share where the probe
+    gave one), read at ``target`` (a :class:`TrialRequest`; the same request when the probe ran at
+    full size). The efficiency is the step at the reference size (:func:`reference_devices`) over
+    the step at the target, each rank doing the same work: the measured step where the probe ran
+    at that size, else the calibrated model's projection from it (:func:`projected_step`). The
+    share is the measured one at full size, else the model's at the target. Empty when the model
+    cannot price the config or the probe gave no step time."""
+    from autotune.spec.context import weak_request
+    from autotune.workers.parameters import trial_devices
+    from autotune.workers.simulate import simulate_trial
+
+    step = measured.get("step_time_s")
+    devices = trial_devices("train", measured_on.params)
+    if not step or float(step) <= 0:
+        return {}
+    sizes = {"target": target, "reference": weak_request(target, reference_devices(target.params, target.cluster))}
+    points = {}
+    for name, request in {"measured": measured_on, **sizes}.items():
+        tokens = float(request.workload["global_batch_size"]) * float(request.workload["seq_len"])
+        points[name] = point_of_result(simulate_trial(request), tokens, trial_devices("train", request.params))
+    if any(p is None for p in points.values()):
+        return {}
+    share = measured.get("comm_fraction")
+
+    def step_at(name: str) -> float:
+        request = sizes[name]
+        if trial_devices("train", request.params) == devices:  # measured at this size
+            return float(step)
+        return projected_step(float(step), share, points["measured"], points[name])
+
+    out = {"scaling_efficiency": step_at("reference") / step_at("target")}
+    at_full_size = trial_devices("train", target.params) == devices
+    out["comm_fraction"] = float(share) if share is not None and at_full_size else points["target"].comm_fraction
     return out

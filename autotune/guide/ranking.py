@@ -442,6 +442,11 @@ def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list
     unique["fits"] = np.asarray(unique["fits"], dtype=bool)
     if "valid" in unique:
         unique["fits"] &= np.asarray(unique["valid"], dtype=bool)
+    meets = enumeration.outcome(unique) if enumeration.outcome is not None else None
+    if meets is not None:  # the spec's constraints on metrics (scaling_efficiency >= 0.8): predicted to miss is out
+        unique["meets_constraints"] = meets
+        unique["fits_memory"] = unique["fits"].copy()
+        unique["fits"] &= meets
     predictions = Predictions(unique, inverse)
     fits = predictions["fits"]
     signed = np.stack(

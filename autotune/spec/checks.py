@@ -152,13 +152,24 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
                 )
             )
 
-    names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices)
-    names |= {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
-    names |= {"output_len", "max_model_len"}
+    constants = {"seq_len", "global_batch_size", "prompt_len", "gen_len", "nodes", "devices_per_node"}
+    constants |= {"output_len", "max_model_len"}
+    names = set(CANONICAL_PARAMS) | set(DERIVED_PARAMS) | set(MODEL_ALIASES) | set(choices) | constants
+    from .space import outcome_names
+
+    outcome = outcome_names(spec.workload.kind)
     for i, source in enumerate(spec.constraints):
         try:
-            expression = compile_expression(source, names)
-            expression.evaluate(_sample_env(choices, expression.names))  # types: a string in arithmetic
+            expression = compile_expression(source, names | outcome)
+            config_names = expression.names - outcome - constants
+            if expression.names & outcome and config_names:
+                raise ExpressionError(
+                    f"{source!r} names metrics ({', '.join(sorted(expression.names & outcome))}) and config "
+                    f"parameters ({', '.join(sorted(config_names))}): a constraint judges either the config before "
+                    "its probe or the result after it; split it in two"
+                )
+            sample = {n: 1.0 for n in expression.names & outcome}
+            expression.evaluate({**_sample_env(choices, expression.names - outcome), **sample})  # types
         except ExpressionError as exc:
             problems.append(SpecProblem(("constraints", i), str(exc)))
 

@@ -18,7 +18,7 @@ from typing import Any
 from autotune.workers.parameters import weak_scaled
 from autotune.workers.protocol import TrialRequest
 
-__all__ = ["ProbeContext", "RequestSettings"]
+__all__ = ["ProbeContext", "RequestSettings", "weak_request"]
 
 
 @dataclass(frozen=True)
@@ -67,22 +67,30 @@ class RequestSettings:
         micro-batch and grad-accum, the data-parallel size the slice's devices give, and the global
         batch that makes (each rank does the target's work: weak scaling). A layout the slice cannot
         hold never gets here (a rule of the space, :mod:`autotune.spec.space`)."""
-        cluster, params = target.cluster, target.params
-        nodes = int(cluster["probe_nodes"])
-        devices = nodes * int(cluster["devices_per_node"])
-        dp, gbs = weak_scaled(params, devices)
-        return TrialRequest(
-            params={**params, "dp": dp},
-            model=target.model,
-            workload={**target.workload, "global_batch_size": gbs},
-            cluster={
-                **cluster,
-                "nodes": nodes,
-                "world_size": devices,
-                "probe_nodes": None,
-                "target_nodes": cluster["nodes"],
-            },
-            study=target.study,
-            number=target.number,
-            backend=target.backend,
+        nodes = int(target.cluster["probe_nodes"])
+        return weak_request(
+            target, nodes * int(target.cluster["devices_per_node"]), target_nodes=target.cluster["nodes"]
         )
+
+
+def weak_request(target: TrialRequest, devices: int, **cluster: Any) -> TrialRequest:
+    """``target`` on ``devices`` devices (whole nodes when more than one node's worth, else within
+    one), each rank doing the work it does at ``target`` (:func:`weak_scaled`); ``cluster``: more
+    entries of the cluster it runs on."""
+    per_node = int(target.cluster["devices_per_node"])
+    dp, gbs = weak_scaled(target.params, devices)
+    return TrialRequest(
+        params={**target.params, "dp": dp},
+        model=target.model,
+        workload={**target.workload, "global_batch_size": gbs},
+        cluster={
+            **target.cluster,
+            "nodes": max(1, -(-devices // per_node)),
+            "world_size": devices,
+            "probe_nodes": None,
+            **cluster,
+        },
+        study=target.study,
+        number=target.number,
+        backend=target.backend,
+    )

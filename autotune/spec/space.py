@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sanity import is_finite_number as _finite
 from .safe_expr import Expression, compile_expression
 from .space_enumeration import ConfigRows, Enumeration, _Codes, _scalar, _unique_rows, config_key
 from .schema import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
@@ -205,7 +206,11 @@ class Space:
             self.constants.update(prompt_len=prompt, output_len=output, max_model_len=w.max_model_len)
         else:
             self.constants.update(prompt_len=w.prompt_len, gen_len=w.gen_len)
-        self.user_constraints: list[Expression] = [compile_expression(c) for c in spec.constraints]
+        compiled = [compile_expression(c) for c in spec.constraints]
+        outcome = outcome_names(spec.workload.kind)
+        # a constraint on the config is a rule of the space; one on a metric judges each result
+        self.user_constraints: list[Expression] = [e for e in compiled if not e.names & outcome]
+        self.outcome_constraints: list[Expression] = [e for e in compiled if e.names & outcome]
         target = target_of(spec)
         self.target: str | None = target if (self.training or self.serving) and target != "none" else None
         # what a stack's rules know of the study besides the config (autotune.stacks.fact_columns)
@@ -248,6 +253,36 @@ class Space:
         config = {k: v for k, v in config.items() if v is not None}
         violations = [msg for msg, bad in reasons.items() if bad[0]]
         return Resolved(config, violations)
+
+    def outcome_misses(self, metrics: dict[str, Any]) -> list[str]:
+        """The outcome constraints (those naming a metric) that a result's ``metrics`` miss, each
+        with the values it read; one whose metric the result lacks is missed, saying so."""
+        misses = []
+        for e in self.outcome_constraints:
+            absent = sorted(n for n in e.names - set(self.constants) if not _finite(metrics.get(n)))
+            if absent:
+                misses.append(f"{e.source!r}: no value of {', '.join(absent)}")
+            elif not bool(e.evaluate({**self.constants, **metrics})):
+                read = ", ".join(f"{n} {float(metrics[n]):.4g}" for n in sorted(e.names - set(self.constants)))
+                misses.append(f"{e.source!r} ({read})")
+        return misses
+
+    def outcome_mask(self, predictions: Any) -> np.ndarray | None:
+        """Which predicted rows (``predictions``: metric columns) meet every outcome constraint; a
+        metric the model does not predict is not judged (its rows pass). None without any."""
+        if not self.outcome_constraints:
+            return None
+        mask: np.ndarray | None = None
+        for e in self.outcome_constraints:
+            if any(n not in predictions for n in e.names - set(self.constants)):
+                continue
+            env = {
+                **self.constants,
+                **{n: np.asarray(predictions[n], dtype=float) for n in e.names if n in predictions},
+            }
+            ok = np.asarray(e.evaluate(env), dtype=bool)
+            mask = ok if mask is None else mask & ok
+        return mask
 
     def violated_constraints(self, config: dict[str, Any]) -> list[str]:
         return self.resolve({k: v for k, v in config.items() if k not in DERIVED_PARAMS}).violations
@@ -410,7 +445,7 @@ class Space:
             del order
             for k, name in enumerate(free):
                 codes[:, names.index(name)] = luts[name][free_digits[k][combo]]
-        return Enumeration(
+        enumeration = Enumeration(
             self.size,
             names,
             codes,
@@ -421,6 +456,8 @@ class Space:
             invalid,
             sole,
         )
+        enumeration.outcome = self.outcome_mask
+        return enumeration
 
     def _why_empty(self, free: list[str]) -> str | None:
         m, _, _ = self._free_product(free)
@@ -572,3 +609,11 @@ def _array(values: list[Any]) -> np.ndarray:
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return np.asarray(values, dtype=int)
     return np.asarray(values, dtype=object)
+
+
+def outcome_names(kind: str) -> set[str]:
+    """The metrics a constraint of a ``kind`` study may name (an outcome constraint): the
+    workload's own metrics and the memory ones every workload reports."""
+    from autotune.objectives import METRICS
+
+    return {n for n, m in METRICS.items() if m.workload == kind} | {"peak_memory_gib", "memory_headroom_gib"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,8 @@ class Enumeration:
         self._params: dict[str, np.ndarray] | None = None
         self._lookup: tuple[Any, ...] | None = None
         self._fast: dict[str, dict[tuple[type, Any], int]] | None = None
+        # which predicted rows meet the spec's outcome constraints (Space.outcome_mask); the ranking applies it
+        self.outcome: Callable[[Any], np.ndarray | None] | None = None
 
     @classmethod
     def empty(cls, space_size: int, invalid_reasons: dict[str, int], sole_reasons: dict[str, int]) -> Enumeration:

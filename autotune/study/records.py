@@ -88,6 +88,10 @@ class TrialRecord:
             **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
             # measured on the probe slice (cluster.probe_nodes): where, what it read, the projection
             **({"projected_from": self.info["projected_from"]} if self.info.get("projected_from") else {}),
+            # measured, but missing the spec's constraints on metrics: why it is not the best
+            **({"misses": self.reason} if self.status == "ok" and not self.feasible else {}),
+            # scaling_efficiency / comm_fraction read by the model from the measurement
+            **({"scaling_figures": self.info["scaling_figures"]} if self.info.get("scaling_figures") else {}),
         }
 
 
@@ -156,6 +160,7 @@ def best_records(
         if r.status == "ok"
         and r.state == "COMPLETE"
         and r.probed
+        and r.feasible  # a result that misses the spec's constraints on metrics is never the best
         and all(_finite(r.metrics.get(m)) for m, _ in objectives)
     ]
     if not ok:

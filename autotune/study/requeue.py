@@ -22,10 +22,15 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
 
     A trial is re-queued when its whole config is known (it was resolved, or queued from the
     plan); one killed while Optuna was still writing its proposal, param by param, has only
-    some params and no probe behind it: it is closed and the sampler proposes afresh."""
+    some params and no probe behind it: it is closed and the sampler proposes afresh. One
+    already answered without a probe (rejected by the rules, or a repeat) but killed before it
+    was told is closed with that answer: queued again, its config would skip the rules."""
     requeued = 0
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get(A.STATUS) in _ANSWERED_WITHOUT_PROBE:
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            continue
         config = t.user_attrs.get(A.CONFIG)
         storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")
         storage.set_trial_user_attr(
@@ -82,6 +87,7 @@ def requeue_after_lost_capacity(
     )
 
 
+_ANSWERED_WITHOUT_PROBE = ("invalid", "duplicate")
 _CARRIED = (A.CONFIG, A.KEY, A.CHOSEN, A.BASELINE, A.PREDICTED)
 
 

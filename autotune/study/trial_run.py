@@ -17,6 +17,7 @@ infrastructure failed (not the config) gives its full probe back.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import optuna
@@ -29,7 +30,7 @@ from ..spec.context import RequestSettings
 from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
 from ..guide.memory_profile import layers_per_stage, median_full_wall, profile_cost_fpe
-from ..guide.projection import project_result
+from ..guide.projection import project_result, reference_devices, scaling_figures
 from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
 from .records import TrialRecord, best_records, guide_estimates, jsonable, save_trial_files, trial_record, trial_records
@@ -79,6 +80,8 @@ class TrialRunner:
         self.on_profile_cost = on_profile_cost
         self._profiling: dict[Any, ProfileRun] = {}  # pending handles that are a trial's memory profile runs
         self._secrets = list(request.secrets)  # scrubbed from what a probe printed
+        named = {m for m, _ in objectives} | {n for e in space.outcome_constraints for n in e.names}
+        self._scaling_named = named & {"scaling_efficiency", "comm_fraction"}  # read by the model where not measured
 
     # ---- ask -> resolve -> (the cache, or) [memory profile first, or] dispatch ------------------
     def start(self, study: optuna.Study, loop: LoopState) -> None:
@@ -181,13 +184,15 @@ class TrialRunner:
         settle_pruned(result, *self.pruner.settle(trial.number))
         for listener in self.listeners:
             listener.probe_returned(trial.number, config, result)
-        if self.context.cluster.get("probe_nodes") and result.source == "measured":
-            target = self.request.target_request(config, trial.number)  # measured on the slice: read at the target
-            result = project_result(result, self.request.slice_request(target), target)
+        if result.source == "measured" and self.request.workload_kind == "train":
+            result = self._at_target(config, trial.number, result)
         meaning = interpret(
             config, result, self.context, self.objectives, trial_devices(self.request.workload_kind, config)
         )
         result.status, result.reason = meaning.probe_status, meaning.probe_reason
+        misses = self.space.outcome_misses(meaning.metrics) if meaning.tell == "values" else []
+        if misses:  # measured, but not what the spec accepts (scaling_efficiency >= 0.8): never the best
+            meaning.reason = f"misses the spec's constraint(s): {'; '.join(misses)}"
         for name, value in (
             (A.STATUS, result.status),
             (A.SOURCE, result.source),
@@ -200,9 +205,9 @@ class TrialRunner:
         if result.info:
             trial.set_user_attr(A.INFO, jsonable(result.info))
         save_trial_files(self.run_dir, trial.number, result)
-        if meaning.status != result.status:
+        if meaning.status != result.status or misses:
             trial.set_user_attr(A.STATUS, meaning.status)
-            trial.set_user_attr(A.REASON, meaning.reason)
+            trial.set_user_attr(A.REASON, meaning.reason[:2000])
         if meaning.retry == "capacity_lost":  # capacity that was there is gone: stop, leave the config for the re-run
             why = requeue_after_lost_capacity(study, trial, config, self.space, meaning.capacity_lost)
             if not loop.infra_failure:
@@ -211,7 +216,7 @@ class TrialRunner:
         elif meaning.retry == "infra":
             retry_after_infra(study, trial, config, self.space, self.observer.on_message)
         if meaning.tell in ("values", "infeasible"):
-            trial.set_constraint("feasible", 0.0 if meaning.tell == "values" else 1.0)
+            trial.set_constraint("feasible", float(len(misses)) if meaning.tell == "values" else 1.0)
             tell(study, trial, meaning.values)
         else:
             tell(study, trial, state=TrialState.PRUNED if meaning.tell == "pruned" else TrialState.FAIL)
@@ -219,6 +224,32 @@ class TrialRunner:
         for listener in self.listeners:
             listener.trial_finished(study, record, result)
         return record
+
+    def _at_target(self, config: dict[str, Any], number: int, result: ProbeResult) -> ProbeResult:
+        """A measured training result as the study reads it at its cluster: projected there when it
+        ran on the probe slice; with ``scaling_efficiency`` (and ``comm_fraction`` where the probe
+        gave none) when the spec names them, read by the calibrated model from the measurement
+        (:func:`autotune.guide.projection.scaling_figures`, said in ``info["scaling_figures"]``)."""
+        target = self.request.target_request(config, number)
+        on_slice = bool(self.context.cluster.get("probe_nodes"))
+        measured_on = self.request.slice_request(target) if on_slice else target
+        measured = dict(result.metrics)
+        if on_slice:
+            result = project_result(result, measured_on, target)
+        if not result.ok or not self._scaling_named:
+            return result
+        figures = {k: v for k, v in scaling_figures(measured, measured_on, target).items() if k in self._scaling_named}
+        added = {k: v for k, v in figures.items() if k not in result.metrics}
+        if not added:
+            return result
+        how = {
+            "reference_devices": reference_devices(target.params, target.cluster),
+            "from": "the calibrated model's projection of the measurement",
+            "metrics": sorted(added),
+        }
+        return dataclasses.replace(
+            result, metrics={**result.metrics, **added}, info={**result.info, "scaling_figures": how}
+        )
 
     def best(self, study: optuna.Study) -> TrialRecord | None:
         """The best trial so far (what the progress shows and the pruner measures against)."""

@@ -24,6 +24,8 @@ __all__ = [
     "available_profiles",
     "load_profile",
     "is_profile_file",
+    "links_at",
+    "links_note",
 ]
 
 _DIR = Path(__file__).parent
@@ -60,6 +62,7 @@ _SCHEMA: dict[str, str] = {
     "comm_buffer_mib_per_comm": "float",
     "fragmentation_default": "float",
     "fragmentation_expandable": "float",
+    "inter_node_links": "links",
 }
 PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
 # Keys a profile may leave out. ``calibrated_at`` (ISO time) says a profile was measured and when;
@@ -69,8 +72,17 @@ PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
 # ``optimizer_us_per_tensor`` (an optimizer step's host cost per parameter tensor) is 0 there.
 # ``usable_memory_gib`` is the device check's (autotune.study.usable_memory): what a probe's allocator can
 # use on one device after the runtime started; absent, the guide starts from device_memory_gib.
+# ``inter_node_links`` is ``autotune calibrate --nodes``'s: the link across nodes measured per node count
+# ({nodes: {bandwidth_gbps, latency_us}}); absent, every count pays inter_node_bandwidth_gbps.
 OPTIONAL_KEYS = frozenset(
-    {"description", "calibrated_at", "tp_collective_latency_us", "optimizer_us_per_tensor", "usable_memory_gib"}
+    {
+        "description",
+        "calibrated_at",
+        "tp_collective_latency_us",
+        "optimizer_us_per_tensor",
+        "usable_memory_gib",
+        "inter_node_links",
+    }
 )
 
 
@@ -192,7 +204,61 @@ def _coerce(key: str, value: Any, kind: str, where: str) -> Any:
         if any(v == 0 for v in peaks.values()):
             raise ValueError(f"{where}: peak_tflops values must be > 0")
         return peaks
+    if kind == "links":
+        return _links(value, where)
     number = _number(key, value, where)
     if kind == "fraction" and not 0 < number <= 1:
         raise ValueError(f"{where}: {key} must be in (0, 1], got {value!r}")
     return number
+
+
+def _links(value: Any, where: str) -> dict[int, dict[str, float]]:
+    """``inter_node_links`` checked: node counts (>= 2; a YAML or JSON key, int or digits) to
+    ``{bandwidth_gbps: > 0, latency_us: >= 0}``."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{where}: inter_node_links must be a mapping of node count to its link, got {value!r}")
+    out: dict[int, dict[str, float]] = {}
+    for nodes, link in value.items():
+        count = int(nodes) if isinstance(nodes, int) or (isinstance(nodes, str) and nodes.isdigit()) else None
+        if count is None or count < 2:
+            raise ValueError(f"{where}: inter_node_links keys are node counts >= 2, got {nodes!r}")
+        if not isinstance(link, dict) or set(link) != {"bandwidth_gbps", "latency_us"}:
+            raise ValueError(f"{where}: inter_node_links.{nodes} must be {{bandwidth_gbps, latency_us}}, got {link!r}")
+        bandwidth = _number(f"inter_node_links.{nodes}.bandwidth_gbps", link["bandwidth_gbps"], where)
+        if bandwidth == 0:
+            raise ValueError(f"{where}: inter_node_links.{nodes}.bandwidth_gbps must be > 0")
+        latency = _number(f"inter_node_links.{nodes}.latency_us", link["latency_us"], where)
+        out[count] = {"bandwidth_gbps": bandwidth, "latency_us": latency}
+    return out
+
+
+def links_at(profile: dict[str, Any], nodes: int) -> tuple[int, dict[str, float]] | None:
+    """The measured link a trial over ``nodes`` nodes pays (``inter_node_links``): that count's own,
+    else the nearest measured count below it (beyond the largest: the largest's), else the
+    smallest above; None on one node or without per-count measurements."""
+    links = profile.get("inter_node_links")
+    if not links or nodes < 2:
+        return None
+    table = {int(k): v for k, v in links.items()}
+    below = [n for n in table if n <= nodes]
+    at = max(below) if below else min(table)
+    return at, table[at]
+
+
+def links_note(profile: dict[str, Any], nodes: int) -> str | None:
+    """What the link figure at ``nodes`` nodes rests on, said where the model projects across
+    nodes: measured at that count, or read from another count (an extrapolation); None on one
+    node. Without per-count measurements: the profile's single inter-node figure."""
+    if nodes < 2:
+        return None
+    found = links_at(profile, nodes)
+    if found is None:
+        return f"links across {nodes} nodes: the profile's inter-node figure (not measured per node count)"
+    at, _ = found
+    measured = ", ".join(str(n) for n in sorted(int(k) for k in profile["inter_node_links"]))
+    if at == nodes:
+        return f"links across {nodes} nodes: measured there (autotune calibrate --nodes: {measured})"
+    return (
+        f"links across {nodes} nodes: extrapolated from the {at}-node measurement (measured at {measured} nodes; "
+        f"run autotune calibrate --nodes {nodes} on the cluster to measure it)"
+    )

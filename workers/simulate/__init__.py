@@ -51,7 +51,7 @@ from ._common import GIB, HW, Shape
 from ._infer import infer_points
 from ._memory import train_memory
 from ._serve import SERVE_MEM_COMPONENTS, SLO_METRICS, Traffic, serve
-from ._timing import train_time
+from ._timing import COMM_TERMS, reference_columns, train_time
 
 __all__ = [
     "simulate_configs",
@@ -60,6 +60,7 @@ __all__ = [
     "resolve_hardware",
     "TRAIN_MEM_COMPONENTS",
     "TRAIN_TIME_COMPONENTS",
+    "COMM_TERMS",
     "SERVE_MEM_COMPONENTS",
     "SERVE_METRICS",
 ]
@@ -111,6 +112,16 @@ _SERVE_EXTRA = (
     "max_concurrency",
     "kv_cache_tokens",
 )
+# the training figures a simulated trial reports (besides its memory)
+TRAIN_SIM_METRICS = (
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "samples_per_s",
+    "mfu",
+    "comm_fraction",
+    "scaling_efficiency",
+)
 # the inference figures a trial reports (headline and per batch: objectives.INFER_POINT_METRICS)
 INFER_METRIC_PREFIXES = ("ttft_ms", "decode_tokens_per_s", "time_for_100_tokens_s")
 _DEFAULT_PROFILE = {"npu": "ascend-910b", "cuda": "a100-sxm-80gb", "gpu": "a100-sxm-80gb", "cpu": "cpu"}
@@ -144,7 +155,7 @@ def _simulate(
         for k in ("zero_stage", "recompute", "precision"):
             c[k] = np.where(valid, c[k], 0.0)
         out = _train(s, hw, c, workload, model)
-        metrics = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu")
+        metrics = TRAIN_SIM_METRICS
     n = valid.size
     limit = np.full(n, hw.mem_bytes / GIB)
     out["memory_limit_gib"] = limit
@@ -197,7 +208,8 @@ def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mappin
     for k in TRAIN_MEM_COMPONENTS:
         out[f"mem_{k}"] = np.where(use_last, mem_last[k], mem_first[k]) / GIB
     out["peak_memory_gib"] = np.maximum(peak_first, peak_last) / GIB
-    times = train_time(s, hw, c, workload, np.maximum(params_first, params_last))
+    params = np.maximum(params_first, params_last)
+    times = train_time(s, hw, c, workload, params)
     step = sum(times[k] for k in TRAIN_TIME_COMPONENTS)
     for k in TRAIN_TIME_COMPONENTS:
         out[f"time_{k}"] = times[k]
@@ -209,6 +221,10 @@ def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mappin
     out["tokens_per_s_per_device"] = out["tokens_per_s"] / world
     out["samples_per_s"] = gbs / step
     out["mfu"] = flops_per_token(model, int(seq), True) * out["tokens_per_s_per_device"] / hw.peak_of(c["precision"])
+    out["comm_fraction"] = sum(times[k] for k in COMM_TERMS) / step
+    # each rank does the same work at the reference size: tokens/s/device's ratio is the steps'
+    reference = train_time(s, hw, reference_columns(c, hw), workload, params)
+    out["scaling_efficiency"] = sum(reference[k] for k in TRAIN_TIME_COMPONENTS) / step
     return out
 
 
@@ -279,15 +295,7 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
     if workload.get("kind", "train") == "infer":
         keys = (*(k for k in row if k.startswith(INFER_METRIC_PREFIXES)), "peak_memory_gib", "memory_headroom_gib")
     else:
-        keys = (
-            "step_time_s",
-            "tokens_per_s",
-            "tokens_per_s_per_device",
-            "samples_per_s",
-            "mfu",
-            "peak_memory_gib",
-            "memory_headroom_gib",
-        )
+        keys = (*TRAIN_SIM_METRICS, "peak_memory_gib", "memory_headroom_gib")
     return ProbeResult(status="ok", source="simulated", metrics={k: row[k] for k in keys}, wall_s=wall, info=info)
 
 

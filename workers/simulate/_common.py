@@ -102,7 +102,17 @@ class HW:
 
     @classmethod
     def of(cls, hw: Mapping[str, Any], cluster: Mapping[str, Any]) -> "HW":
+        """The figures a trial on ``cluster`` pays; across nodes, the link measured at its node count
+        where ``autotune calibrate --nodes`` measured one (:func:`~autotune.workers.hardware.links_at`)."""
+        from ..hardware import links_at
+
         peaks = {k: float(v) * 1e12 for k, v in hw["peak_tflops"].items()}
+        inter = float(hw["inter_node_bandwidth_gbps"]) * 1e9 * float(hw["inter_node_efficiency"])
+        alpha = float(hw["collective_latency_us"]) * 1e-6
+        link = links_at(dict(hw), int(cluster.get("nodes") or 1))
+        if link is not None:  # measured end to end: the link's efficiency is in the figure
+            inter = float(link[1]["bandwidth_gbps"]) * 1e9
+            alpha = max(alpha, float(link[1]["latency_us"]) * 1e-6)
         return cls(
             accelerator=str(hw.get("accelerator", cluster.get("accelerator", "cuda"))),
             mem_bytes=float(hw["device_memory_gib"]) * GIB,
@@ -111,9 +121,9 @@ class HW:
             intra=float(hw["intra_node_bandwidth_gbps"]) * 1e9,
             ar_eff=float(hw["allreduce_efficiency"]),
             ag_eff=float(hw["allgather_efficiency"]),
-            inter=float(hw["inter_node_bandwidth_gbps"]) * 1e9 * float(hw["inter_node_efficiency"]),
+            inter=inter,
             dpn=int(cluster.get("devices_per_node") or hw["devices_per_node"]),
-            alpha=float(hw["collective_latency_us"]) * 1e-6,
+            alpha=alpha,
             tp_alpha=float(hw.get("tp_collective_latency_us", hw["collective_latency_us"])) * 1e-6,
             launch=float(hw["kernel_launch_us"]) * 1e-6,
             optimizer_tensor=float(hw.get("optimizer_us_per_tensor", 0.0)) * 1e-6,

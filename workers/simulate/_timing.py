@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._common import HW, Shape, allgather, allreduce, gemm_time, group_bandwidth
+from ..parameters import reference_dp
 from ._memory import has_dropout, state_bytes_per_param
 
 # Fraction of a collective that hides behind compute when the framework overlaps them (bucketed
@@ -27,6 +28,8 @@ OVERLAP = 0.85
 # backward launches about twice as many. Launches overlap device work, so they cost time only
 # where the host issues them slower than the device runs them (small layers, eager NPU dispatch).
 FWD_KERNELS = 15
+# the step-time terms that are communication (exposed: what overlap did not hide)
+COMM_TERMS = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_comm")
 
 
 def _elementwise_scale(c: dict) -> np.ndarray:
@@ -214,3 +217,11 @@ def train_time(
     out = {k: m * x for k, x in stage.items()}
     out.update(pp_bubble=bubble, pp_p2p=p2p, dp_comm=dp_exposed, zero3_comm=z3, optimizer=opt)
     return out
+
+
+def reference_columns(c: dict, hw: HW) -> dict:
+    """The configs ``c`` at the size their scaling efficiency is read against, each rank doing
+    the same work (weak scaling: tp, pp, cp, micro-batch and grad-accum kept):
+    :data:`~autotune.workers.parameters.REFERENCE_DP_RULE`."""
+    dp = reference_dp(c["tp"], c["pp"], c["cp"], c["dp"], float(hw.dpn))
+    return {**c, "dp": dp, "world": c["tp"] * c["pp"] * c["cp"] * dp}
