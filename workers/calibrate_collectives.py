@@ -73,11 +73,12 @@ def time_collectives(
     world: int,
     sizes_kib: list[int],
     repeats: int,
+    names: tuple[str, ...] = ("allreduce", "allgather", "p2p"),
 ) -> dict[str, dict[int, float]]:
     """Seconds of one all-reduce, all-gather (of the full, gathered buffer) and point-to-point hop
-    per message size in bytes, on an initialised process group of ``world`` ranks (this one is
-    ``rank``); every rank runs it. Used by the host's calibration and by the measurement across
-    nodes (:mod:`.calibrate_nodes`)."""
+    (those of ``names``) per message size in bytes, on an initialised process group of ``world``
+    ranks (this one is ``rank``); every rank runs it. Used by the host's calibration and by the
+    measurement across nodes (:mod:`.calibrate_nodes`)."""
     # all_gather_single replaces all_gather_into_tensor from torch 2.13; NPU stacks run older torch
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     peer = rank ^ 1 if (rank ^ 1) < world else rank
@@ -92,7 +93,7 @@ def time_collectives(
             dist.recv(recv, peer)
             dist.send(buf, peer)
 
-    result: dict[str, dict[int, float]] = {"allreduce": {}, "allgather": {}, "p2p": {}}
+    result: dict[str, dict[int, float]] = {name: {} for name in names}
     for kib in sizes_kib:
         n = max(world, kib * 1024 // 4)
         x = torch.ones(n, dtype=torch.float32, device=device)
@@ -109,7 +110,8 @@ def time_collectives(
         # busy cores, longer than 1 MiB), a batch spreads that skew over its calls. Every rank
         # derives the same count from the size, so the collectives pair up.
         calls = max(4, min(32, (4 << 20) // (n * 4)))
-        for name, op in ops.items():
+        for name in names:
+            op = ops[name]
             op()
             op()
             sync()

@@ -8,7 +8,7 @@ all-reduce and an all-gather over the whole group at each message size
 (:func:`.calibrate_collectives.time_collectives`, as the host's calibration times them within a
 node). Node 0 prints the seconds per size in the probe protocol (``{"metrics": {...}}``:
 ``allreduce_s_<bytes>``, ``allgather_s_<bytes>``); ``autotune calibrate --nodes`` fits latency and
-bandwidth per node count from them (:func:`autotune.workers.hardware.inter_node_links`).
+bandwidth per node count from them (:func:`fit_inter_node_links`).
 
 Run on worker nodes: torch where it runs, nothing of autotune's driver side.
 """
@@ -93,7 +93,7 @@ def _rank_worker(
     rank, world = node_rank * ranks_per_node + local_rank, nnodes * ranks_per_node
     dist.init_process_group(ACCELERATORS[accelerator].backend, init_method=init_method, rank=rank, world_size=world)
     try:
-        timed = time_collectives(torch, dist, device, sync, rank, world, sizes_kib, repeats)
+        timed = time_collectives(torch, dist, device, sync, rank, world, sizes_kib, repeats, OPS)
         if rank == 0:
             metrics = {metric_name(op, n): s for op in OPS for n, s in timed[op].items()}
             Path(result_path).write_text(json.dumps(metrics))

@@ -236,6 +236,15 @@ class Dispatcher(ABC):
         """Block until at least one submitted trial has finished (or ``timeout`` seconds passed)
         and return all finished ones, each exactly once; ``[]`` on timeout or with none pending."""
 
+    def result_of(self, handle: Handle) -> ProbeResult:
+        """Block until ``handle``'s probe has finished and return its result: for a caller that runs
+        one probe at a time (a scaling study, the collectives across nodes), so no other result can
+        come back meanwhile."""
+        while True:
+            for done, result in self.wait_any(timeout=1.0):
+                if done == handle:
+                    return result
+
     @abstractmethod
     def cancel(self, handle: Handle) -> None:
         """Stop the trial (kill its probe's process group); it comes back from ``wait_any`` as

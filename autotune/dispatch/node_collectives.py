@@ -15,10 +15,9 @@ not measured (:func:`autotune.workers.hardware.links_note`).
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, Callable
 
-from autotune.workers.protocol import ProbeResult, TrialRequest
+from autotune.workers.protocol import TrialRequest
 
 from .backends import node_bundle
 from .dispatcher import ProbeLaunch, resources_for
@@ -96,16 +95,8 @@ def measure_node_counts(
             study="calibrate-nodes",
             number=i,
         )
-        result = _wait(dispatcher, dispatcher.submit(request, launch))
+        result = dispatcher.result_of(dispatcher.submit(request, launch))
         if not result.ok:
             raise RuntimeError(f"the measurement over {n} node(s) failed ({result.status}): {result.reason}")
         out[n] = parse_metrics(result.metrics)
     return out
-
-
-def _wait(dispatcher: Any, handle: Any) -> ProbeResult:
-    while True:
-        for done, result in dispatcher.wait_any(timeout=1.0):
-            if done == handle:
-                return result
-        time.sleep(0.01)

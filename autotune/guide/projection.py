@@ -151,7 +151,6 @@ def project_result(result: Any, measured_on: Any, target: Any) -> Any:
     import dataclasses
 
     from autotune.workers.parameters import trial_devices
-    from autotune.workers.simulate import simulate_trial
 
     where = {
         "nodes": int(measured_on.cluster["nodes"]),
@@ -161,11 +160,8 @@ def project_result(result: Any, measured_on: Any, target: Any) -> Any:
     }
     if not result.ok:
         return dataclasses.replace(result, info={**result.info, "projected_from": where})
-    sims = simulate_trial(measured_on), simulate_trial(target)
-    points = [
-        point_of_result(sim, float(r.workload["global_batch_size"]) * float(r.workload["seq_len"]), where[key])
-        for sim, r, key in zip(sims, (measured_on, target), ("devices", "target_devices"))
-    ]
+    (sim_on, point_on), (sim_target, point_target) = _priced(measured_on), _priced(target)
+    sims, points = (sim_on, sim_target), [point_on, point_target]
     measured = dict(result.metrics)
     step = measured.get("step_time_s")
     if not step and measured.get("tokens_per_s"):
@@ -203,6 +199,17 @@ def project_result(result: Any, measured_on: Any, target: Any) -> Any:
     return dataclasses.replace(result, metrics=metrics, steps=steps, info=info)
 
 
+def _priced(request: Any) -> tuple[Any, ModelPoint | None]:
+    """The simulator's result for a training ``request`` and its :class:`ModelPoint` (the tokens
+    of one step, the devices of the config)."""
+    from autotune.workers.parameters import trial_devices
+    from autotune.workers.simulate import simulate_trial
+
+    sim = simulate_trial(request)
+    tokens = float(request.workload["global_batch_size"]) * float(request.workload["seq_len"])
+    return sim, point_of_result(sim, tokens, trial_devices("train", request.params))
+
+
 def _peak(sim: Any) -> float:
     return float(sim.metrics.get("peak_memory_gib") or (sim.info or {}).get("predicted_peak_memory_gib") or 0.0)
 
@@ -237,17 +244,14 @@ def scaling_figures(measured: dict[str, Any], measured_on: Any, target: Any) -> 
     cannot price the config or the probe gave no step time."""
     from autotune.spec.context import weak_request
     from autotune.workers.parameters import trial_devices
-    from autotune.workers.simulate import simulate_trial
 
     step = measured.get("step_time_s")
     devices = trial_devices("train", measured_on.params)
     if not step or float(step) <= 0:
         return {}
     sizes = {"target": target, "reference": weak_request(target, reference_devices(target.params, target.cluster))}
-    points = {}
-    for name, request in {"measured": measured_on, **sizes}.items():
-        tokens = float(request.workload["global_batch_size"]) * float(request.workload["seq_len"])
-        points[name] = point_of_result(simulate_trial(request), tokens, trial_devices("train", request.params))
+    points = {name: _priced(request)[1] for name, request in sizes.items()}
+    points["measured"] = points["target"] if measured_on is target else _priced(measured_on)[1]
     if any(p is None for p in points.values()):
         return {}
     share = measured.get("comm_fraction")

@@ -13,7 +13,6 @@ study killed half-way keeps what it measured and the same command measures only 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -173,14 +172,7 @@ def _probe(trial: int, sized: SizedConfig, repeat: int, number: int, choice: Bac
     context = probe_context(spec)
     request = request_settings(spec, context).request(config, number)
     launch = None if choice.simulated else launch_for(spec, choice, request)
-    handle = dispatcher.submit(request, launch)
-    result = None
-    while result is None:
-        for done, got in dispatcher.wait_any(timeout=1.0):
-            if done == handle:
-                result = got
-        if result is None:
-            time.sleep(0.01)
+    result = dispatcher.result_of(dispatcher.submit(request, launch))
     meaning = interpret(config, result, context, objectives_of(spec), trial_devices("train", config))
     metrics = {
         k: float(v) for k, v in meaning.metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -230,8 +230,10 @@ class TrialRunner:
         ran on the probe slice; with ``scaling_efficiency`` (and ``comm_fraction`` where the probe
         gave none) when the spec names them, read by the calibrated model from the measurement
         (:func:`autotune.guide.projection.scaling_figures`, said in ``info["scaling_figures"]``)."""
-        target = self.request.target_request(config, number)
         on_slice = bool(self.context.cluster.get("probe_nodes"))
+        if not on_slice and not self._scaling_named:  # measured at full size, nothing to read: as it is
+            return result
+        target = self.request.target_request(config, number)
         measured_on = self.request.slice_request(target) if on_slice else target
         measured = dict(result.metrics)
         if on_slice:
