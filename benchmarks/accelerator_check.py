@@ -50,11 +50,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _project_importable() -> None:
-    """The project's code from this checkout, installed or not. Installed, ``autotune.workers``
-    and ``autotune.objectives`` are the repo's ``workers/`` and ``objectives/`` (pyproject's
-    package-dir); a bare copy of the tree (a device machine where nothing was installed) gets the
-    same layout from a folder of symlinks, put on ``PYTHONPATH`` so the probes it starts see it too."""
+def _project_importable() -> Path:
+    """The project's code from this checkout, installed or not; returns the folder the child
+    processes (probes, calibration) start in. Installed, ``autotune.workers`` and
+    ``autotune.objectives`` are the repo's ``workers/`` and ``objectives/`` (pyproject's
+    package-dir), and the children start in the checkout. A bare copy of the tree (a device machine
+    where nothing was installed) gets the same layout from a folder of symlinks, put on
+    ``PYTHONPATH`` so the probes it starts see it too, and the children start in that folder: a
+    ``python -m`` child puts its working folder first on its path, and in the checkout that is the
+    bare ``autotune/`` without ``workers`` (the first GPU run of this check failed so)."""
     import importlib
     import os
 
@@ -63,7 +67,7 @@ def _project_importable() -> None:
     try:
         importlib.import_module("autotune.workers.torch_probe.launch")
         importlib.import_module("autotune.objectives")
-        return
+        return REPO
     except ImportError:
         pass
     import atexit
@@ -82,9 +86,10 @@ def _project_importable() -> None:
         del sys.modules[name]
     sys.path.insert(0, str(shim))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
+    return shim
 
 
-_project_importable()
+CHILD_CWD = _project_importable()
 
 from autotune.guide.memory_profile import (  # noqa: E402
     extrapolate_peak,
@@ -246,7 +251,7 @@ def run_probe(request: TrialRequest, work: Path, timeout_s: float) -> dict[str, 
     trial = write_trial_file(request, work / f"trial-{request.number:03d}.json")
     argv = probe_argv(request, sys.executable, str(trial))
     began = time.monotonic()
-    result = run_probe_process(argv, request.env(), trial, timeout_s)
+    result = run_probe_process(argv, request.env(), trial, timeout_s, cwd=CHILD_CWD)
     return {
         "status": result.status,
         "reason": (result.reason or "")[-600:],
@@ -329,7 +334,7 @@ def step_calibrate(args: argparse.Namespace, device: str, clock: Clock, work: Pa
     argv += ["--quick", "--ranks", "1"]
     began = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=left, cwd=str(REPO))
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=left, cwd=str(CHILD_CWD))
     except subprocess.TimeoutExpired:
         out["steps"]["calibrate"] = {
             "status": "failed",
@@ -531,6 +536,84 @@ def compare(profile: dict[str, Any], full: dict[str, Any], sweep: dict[str, Any]
     return out
 
 
+# ------------------------------------------------------------------------------------ simulator
+# the data-sheet profile the simulator would use for a device it has no calibration of
+DATA_SHEET = (("H100", "h100-sxm-80gb"), ("H200", "h100-sxm-80gb"), ("A100", "a100-sxm-80gb"))
+DEFAULT_SHEET = {"cuda": "a100-sxm-80gb", "npu": "ascend-910b", "cpu": "cpu"}
+
+
+def data_sheet_profile(device: str, name: str) -> str:
+    """The bundled profile of the device's model (an H200 is priced as the H100 it shares its
+    chip with), else the accelerator's default."""
+    return next((profile for key, profile in DATA_SHEET if key in name), DEFAULT_SHEET.get(device, "cpu"))
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float | None:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            out[i] = float(rank)
+        return out
+
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return round(cov / var, 3) if var else None
+
+
+def simulator_reading(report: dict[str, Any], calibrated: Path | None) -> dict[str, Any]:
+    """The analytical model against the sweep: each measured config's step time and peak predicted
+    by the simulator with the calibrated profile and with the data-sheet one, the error of each
+    (median absolute, tokens/s and peak) and the Spearman rank of tokens/s. A reading of what
+    was measured, not a step: it needs no device and runs again on a saved report
+    (``--resimulate``)."""
+    from autotune.workers.hardware import load_profile
+    from autotune.workers.simulate import simulate_trial
+
+    device = report["device"].get("resolved") or "cpu"
+    sheet = data_sheet_profile(device, str(report["device"].get("name") or ""))
+    profiles: dict[str, Any] = {"data_sheet": sheet}
+    if calibrated is not None and calibrated.exists():
+        profiles["calibrated"] = load_profile(str(calibrated))
+    rows, measured = [], [r for r in (report["steps"].get("sweep") or {}).get("configs", []) if r["status"] == "ok"]
+    for n, row in enumerate(measured):
+        out = {"name": row["name"], "measured_tokens_per_s": row["tokens_per_s_per_device"]}
+        out["measured_peak_gib"] = row["peak_memory_gib"]
+        for label, hardware in profiles.items():
+            request = make_request(report["size"], device, {"params": row["params"], "env": row["env"]}, 300 + n)
+            request.cluster["hardware"] = hardware
+            result = simulate_trial(request)
+            metrics = result.metrics or {}
+            out[label] = {
+                "status": result.status,
+                "tokens_per_s": _round(metrics.get("tokens_per_s_per_device")),
+                "peak_gib": _round(
+                    metrics.get("peak_memory_gib") or (result.info or {}).get("predicted_peak_memory_gib")
+                ),
+            }
+        rows.append(out)
+    summary: dict[str, Any] = {"data_sheet_profile": sheet, "configs": rows}
+    for label in profiles:
+        pairs = [(r["measured_tokens_per_s"], r[label]["tokens_per_s"]) for r in rows if r[label]["tokens_per_s"]]
+        peaks = [(r["measured_peak_gib"], r[label]["peak_gib"]) for r in rows if r[label]["peak_gib"]]
+        errors = sorted(abs(p / m - 1.0) for m, p in pairs if m)
+        peak_errors = sorted(abs(p / m - 1.0) for m, p in peaks if m)
+        summary[label] = {
+            "median_abs_error_tokens_per_s": round(errors[len(errors) // 2], 4) if errors else None,
+            "median_ratio_predicted_over_measured": (
+                round(sorted(p / m for m, p in pairs if m)[len(pairs) // 2], 3) if pairs else None
+            ),
+            "median_abs_error_peak": round(peak_errors[len(peak_errors) // 2], 4) if peak_errors else None,
+            "spearman_tokens_per_s": _spearman([m for m, _ in pairs], [p for _, p in pairs]),
+            "configs": len(pairs),
+        }
+    return summary
+
+
 # --------------------------------------------------------------------------------------- reports
 def markdown(report: dict[str, Any]) -> str:
     d, steps = report["device"], report["steps"]
@@ -583,6 +666,28 @@ def markdown(report: dict[str, Any]) -> str:
         if "p_fits" in mp:
             reserved, usable = mp["predicted_reserved_gib"], mp["usable_gib"]
             lines.append(f"- reserved {reserved} GiB against {usable} usable: P(fits) {mp['p_fits']}")
+    sim = report.get("simulator") or {}
+    if sim.get("configs"):
+        labels = [k for k in ("calibrated", "data_sheet") if k in sim]
+        lines += ["", "## The simulator against the sweep", ""]
+        for label in labels:
+            f = sim[label]
+            name = "calibrated profile" if label == "calibrated" else f"data-sheet profile {sim['data_sheet_profile']}"
+            lines.append(
+                f"- {name}: tokens/s predicted/measured {f['median_ratio_predicted_over_measured']} (median), "
+                f"median error {f['median_abs_error_tokens_per_s']}, Spearman {f['spearman_tokens_per_s']}; "
+                f"peak median error {f['median_abs_error_peak']} ({f['configs']} configs)"
+            )
+        lines += [
+            "",
+            "| config | measured tokens/s | " + " | ".join(f"{k} tokens/s | {k} peak GiB" for k in labels) + " |",
+            "|---|---|" + "---|---|" * len(labels),
+        ]
+        for r in sim["configs"]:
+            cells = " | ".join(f"{r[k]['tokens_per_s']} | {r[k]['peak_gib']}" for k in labels)
+            lines.append(f"| {r['name']} | {r['measured_tokens_per_s']} | {cells} |")
+    if sim.get("error"):
+        lines += ["", f"The simulator's reading failed: {sim['error']}"]
     comparison = steps.get("comparison") or {}
     if comparison.get("status") == "ok":
         lines.append(f"- **{comparison['message']}**")
@@ -611,7 +716,15 @@ def main(argv: list[str] | None = None) -> int:
         "--configs", type=int, default=None, help="run only the first N configs of the sweep (the reference first)"
     )
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="no probes: read --out's accelerator_check.json and calibrated_profile.yaml, and write the "
+        "simulator's reading of that sweep into them again (after a change to the model, say)",
+    )
     args = ap.parse_args(argv)
+    if args.resimulate:
+        return resimulate(args.out)
     clock = Clock(args.budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
     size = SIZES[args.size]
@@ -652,6 +765,8 @@ def main(argv: list[str] | None = None) -> int:
                 cal["profile_path"] = str(kept)
     for name in STEP_NAMES:
         report["steps"].setdefault(name, {"status": "skipped", "message": "not reached"})
+    if device is not None:
+        report["simulator"] = _simulator_or_error(report, args.out / "calibrated_profile.yaml")
     comparison = report["steps"]["comparison"]
     ran = device is not None and all(report["steps"][n]["status"] == "ok" for n in STEP_NAMES)
     report["ok"] = bool(ran and comparison.get("in_band"))
@@ -672,6 +787,24 @@ def main(argv: list[str] | None = None) -> int:
     _say(args, f"wrote {args.out / 'accelerator_check.json'} and .md: {'ok' if report['ok'] else 'not ok'}")
     print(markdown(report))
     return report["exit_code"]
+
+
+def _simulator_or_error(report: dict[str, Any], calibrated: Path) -> dict[str, Any]:
+    try:
+        return simulator_reading(report, calibrated)
+    except Exception as exc:  # noqa: BLE001 - a reading of the results, never a reason to lose them
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def resimulate(out: Path) -> int:
+    """The simulator's reading of a saved report, written back into its JSON and markdown."""
+    path = out / "accelerator_check.json"
+    report = json.loads(path.read_text())
+    report["simulator"] = _simulator_or_error(report, out / "calibrated_profile.yaml")
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "accelerator_check.md").write_text(markdown(report))
+    print(markdown(report))
+    return 1 if "error" in report["simulator"] else 0
 
 
 if __name__ == "__main__":

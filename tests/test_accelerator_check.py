@@ -64,6 +64,11 @@ def test_the_tiny_check_on_the_cpu_writes_its_json_and_markdown(tmp_path):
         assert row["step_time_s"] > 0 and row["tokens_per_s_per_device"] > 0 and row["peak_memory_gib"] > 0
         assert 0 < row["mfu_calibrated"] < 1  # against the calibrated fp32 plateau
     assert set(steps["calibrate"]["figures"]["peak_tflops"]) >= {"bf16", "fp16", "fp32"}
+    # the simulator's reading of the sweep, with the calibrated profile and the data sheet's
+    sim = report["simulator"]
+    assert sim["data_sheet_profile"] == "cpu" and [r["name"] for r in sim["configs"]] == [c["name"] for c in configs]
+    for label in ("calibrated", "data_sheet"):
+        assert sim[label]["configs"] == 2 and sim[label]["median_ratio_predicted_over_measured"] > 0, sim
     assert (out / "calibrated_profile.yaml").exists()
 
     profile = steps["memory_profile"]
@@ -134,13 +139,45 @@ for name in [m for m in sys.modules if m.startswith("autotune")]:
 spec = importlib.util.spec_from_file_location("accelerator_check", {str(SCRIPT)!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-import autotune.workers.command, autotune.objectives
+import autotune.workers.command, autotune.objectives, subprocess
 from pathlib import Path
 where = autotune.workers.command.__file__
-print(where, Path(where).resolve(), os.environ.get("PYTHONPATH", ""))
+# a child as a probe starts (no site-packages, so no editable install: only PYTHONPATH and its
+# working folder), in the folder the check starts its children in and, for contrast, in the checkout
+child = [sys.executable, "-S", "-c", "import autotune.workers.protocol"]
+rcs = [subprocess.run(child, cwd=cwd, capture_output=True).returncode for cwd in (module.CHILD_CWD, module.REPO)]
+print(where, Path(where).resolve(), os.environ.get("PYTHONPATH", ""), *rcs)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    where, resolved, pythonpath = proc.stdout.split()
+    where, resolved, pythonpath, in_child_cwd, in_checkout = proc.stdout.split()
+    # the first GPU run failed so: every probe started in the checkout, whose bare autotune/ has no workers
+    assert (in_child_cwd, in_checkout) == ("0", "1")
     assert where.endswith("autotune/workers/command.py") and Path(resolved) == REPO / "workers" / "command.py"
     assert where.startswith(pythonpath.split(os.pathsep)[0])
+
+
+H200_RUN = REPO / "benchmarks" / "data" / "accelerator_check_h200"
+
+
+def test_the_h200_run_is_read_again_by_the_simulator(tmp_path):
+    """The check's run on one NVIDIA H200 (2026-11-28; the files as the device wrote them): the
+    calibrated plateau lies below the data sheet's dense bf16 peak (the first run's fit put it at
+    2,734 TFLOP/s, see test_calibrate), and the simulator with that profile reads the sweep's
+    tokens/s within 20 % (median) and ranks it (the data-sheet H100 profile, 20 % optimistic)."""
+    import shutil
+
+    import yaml
+
+    out = tmp_path / "h200"
+    shutil.copytree(H200_RUN, out)
+    profile = yaml.safe_load((out / "calibrated_profile.yaml").read_text())
+    assert 600 < profile["peak_tflops"]["bf16"] < 990 and 40 < profile["peak_tflops"]["fp32"] < 67
+    assert "not fitted, host-bound" in (out / "calibrated_profile.yaml").read_text()
+    assert _module().resimulate(out) == 0
+    sim = json.loads((out / "accelerator_check.json").read_text())["simulator"]
+    assert sim["data_sheet_profile"] == "h100-sxm-80gb" and len(sim["configs"]) == 6
+    calibrated, sheet = sim["calibrated"], sim["data_sheet"]
+    assert calibrated["median_abs_error_tokens_per_s"] < 0.2 and calibrated["spearman_tokens_per_s"] >= 0.8
+    assert calibrated["median_abs_error_tokens_per_s"] < sheet["median_abs_error_tokens_per_s"]
+    assert "## The simulator against the sweep" in (out / "accelerator_check.md").read_text()

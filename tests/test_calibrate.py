@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -11,9 +12,18 @@ from typer.testing import CliRunner
 from autotune.cli.commands import app
 from autotune.spec.errors import SpecError
 from autotune.spec.load import load_spec
-from autotune.workers.calibrate import fit_gemm_curve, fit_half_dim, fit_latency_bandwidth
+from autotune.workers.calibrate import (
+    OVERHEAD_SHAPE,
+    PLATEAU_HEADROOM,
+    device_bound,
+    fit_gemm_curve,
+    fit_half_dim,
+    fit_latency_bandwidth,
+    gemm_seconds,
+)
 from autotune.workers.calibrate_layer import COLLECTIVES_PER_LAYER, fit_tp_latency
 from autotune.workers.hardware import PROFILE_KEYS, load_profile
+from autotune.workers.torch_probe._device import driver_version
 from support import TINY_TRAIN
 
 pytest.importorskip("torch")
@@ -21,7 +31,8 @@ pytest.importorskip("torch")
 
 @pytest.mark.parametrize("half", [0.0, 32.0, 300.0])
 def test_fit_half_dim_recovers_the_curve(half):
-    rates = {d: 5.0 * (d / (d + half)) ** 3 for d in (64, 128, 256, 512, 1024, 2048)}
+    # measured up to where the curve flattens (the fit extrapolates no further than PLATEAU_HEADROOM)
+    rates = {d: 5.0 * (d / (d + half)) ** 3 for d in (64, 128, 256, 512, 1024, 2048, 4096, 8192)}
     assert fit_half_dim(rates) == pytest.approx(half, rel=0.1, abs=1.0)
 
 
@@ -33,6 +44,58 @@ def test_fit_gemm_curve_shares_half_and_keeps_a_plateau_per_precision():
     )
     assert half == pytest.approx(48.0, rel=0.1)
     assert plateaus["fp32"] == pytest.approx(0.2, rel=0.05) and plateaus["bf16"] == pytest.approx(0.014, rel=0.05)
+
+
+# bf16 TFLOP/s of a linear layer's forward and backward as the quick calibration read them on one
+# NVIDIA H200 (torch 2.11.0+cu130), 2026-11-28: the first run of benchmarks/accelerator_check.py on a GPU
+H200_BF16 = {
+    (512, 512, 512): 4.689,
+    (1024, 1024, 1024): 39.74,
+    (2048, 2048, 2048): 320.4,
+    (2048, 4096, 4096): 728.8,
+    (2048, 4096, 8192): 695.8,
+    (2048, 4096, 22016): 707.3,
+    (2048, 11008, 4096): 641.0,
+}
+H200_OVERHEAD_S = 160e-6  # what the 512^3 and 1024^3 steps took: the host's share of every step
+
+
+def test_host_bound_gemms_are_left_out_of_the_plateau_fit():
+    """Fitted with the launch-bound small squares, the plateau went to 2,734 TFLOP/s on an H200
+    (dense bf16 is ~990 on its data sheet); without them it lies at what the large shapes sustain."""
+    kept, left = device_bound({"bf16": H200_BF16}, {"bf16": H200_OVERHEAD_S})
+    assert {(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048)} <= set(left["bf16"])
+    assert len(kept["bf16"]) >= 2 and all(shape[2] >= 4096 for shape in kept["bf16"])
+    half, plateaus = fit_gemm_curve(kept)
+    assert 700 < plateaus["bf16"] <= PLATEAU_HEADROOM * max(kept["bf16"].values())
+    at_7b_mlp = plateaus["bf16"] * math.prod(d / (d + half) for d in (4096, 4096, 11008))
+    assert 600 < at_7b_mlp < 900  # the large shapes ran at 641-729
+
+
+def test_a_precision_with_no_long_step_keeps_its_two_longest():
+    """A curve needs two points: where every step is host-bound, the two longest are fitted."""
+    rates = {(64, 64, 64): 0.01, (128, 128, 128): 0.05, (256, 256, 256): 0.2}
+    kept, left = device_bound({"fp32": rates}, {"fp32": 1.0})
+    assert sorted(kept["fp32"]) == [(128, 128, 128), (256, 256, 256)] and left["fp32"] == [(64, 64, 64)]
+    assert gemm_seconds(OVERHEAD_SHAPE, 1e-6) == pytest.approx(6 * 8**3 / 1e6)
+
+
+@pytest.mark.parametrize(
+    "line, version",
+    [
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024", "550.54.15"),
+        # the open kernel module, as an H200 machine's /proc/driver/nvidia/version reads (2026-11-28)
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)",
+            "580.159.04",
+        ),
+        ("Version=24.1.rc2\n", "24.1.rc2"),
+    ],
+)
+def test_driver_version_reads_each_driver_file(tmp_path, line, version):
+    path = tmp_path / "version"
+    path.write_text(line + "\n")
+    assert driver_version("cuda", str(path)) == version
 
 
 @pytest.mark.parametrize("latency, bw", [(300e-6, 2e9), (20e-6, 40e9), (0.0, 5e9)])
@@ -122,9 +185,11 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     # GEMMs at squares and at transformer-layer shapes; the plateau is the fitted curve's
     shapes = [tuple(map(int, k.split("x"))) for k in measured["gemm_tflops"]["fp32"]]
     assert any(m != k or k != n for m, k, n in shapes) and any(m == k == n for m, k, n in shapes)
+    host_bound = measured["gemm_host_bound"]  # the steps no longer than the host's share of one
+    assert set(measured["gemm_host_overhead_us"]) == {"fp32", "bf16", "fp16"}
     half, plateaus = fit_gemm_curve(
         {
-            p: {tuple(map(int, k.split("x"))): v for k, v in table.items()}
+            p: {tuple(map(int, k.split("x"))): v for k, v in table.items() if k not in host_bound.get(p, ())}
             for p, table in measured["gemm_tflops"].items()
         }
     )

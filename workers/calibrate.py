@@ -154,6 +154,43 @@ def measure_gemm(
     return out
 
 
+# A GEMM timed at under this many times its step's host overhead (the same linear forward and
+# backward on an 8x8x8 problem: Python, autograd and kernel launches, no arithmetic to speak of)
+# measures the host, not the device, and is left out of the fit. On an H200 the step's overhead is
+# ~160 us: 512^3, 1024^3 and 2048^3 each took 160-172 us (4.7, 40 and 320 TFLOP/s); fitted with
+# the rest, the curve's plateau went to 2,734 TFLOP/s bf16 (the large shapes ran at 641-729; the
+# data sheet's dense peak is ~990): the first run of the accelerator check on a GPU, 2026-11-28.
+# Where the host and the device add up (a CPU), a step at 3x the overhead reads up to a third low.
+HOST_BOUND_FACTOR = 3.0
+OVERHEAD_SHAPE: Shape = (8, 8, 8)
+
+
+def gemm_seconds(shape: Shape, tflops: float) -> float:
+    """Seconds of one timed step (forward and backward of a linear layer, 6mkn FLOPs) at ``tflops``."""
+    m, k, n = shape
+    return 6.0 * m * k * n / (tflops * 1e12)
+
+
+def device_bound(
+    gemm: dict[str, dict[Shape, float]], overhead_s: dict[str, float], factor: float = HOST_BOUND_FACTOR
+) -> tuple[dict[str, dict[Shape, float]], dict[str, list[Shape]]]:
+    """The GEMM rates to fit (each precision's shapes whose step took at least ``factor`` times its
+    host overhead) and the shapes left out per precision. A precision with fewer than two shapes
+    that long keeps its two longest: a curve needs two points, and the longest are the least
+    host-bound there are (the header says which were fitted)."""
+    kept: dict[str, dict[Shape, float]] = {}
+    left: dict[str, list[Shape]] = {}
+    for precision, table in gemm.items():
+        floor = factor * overhead_s.get(precision, 0.0)
+        timed_s = {shape: gemm_seconds(shape, rate) for shape, rate in table.items() if rate > 0}
+        long_enough = [shape for shape, t in timed_s.items() if t >= floor]
+        if len(long_enough) < 2:
+            long_enough = sorted(timed_s, key=timed_s.__getitem__)[-2:]
+        kept[precision] = {shape: table[shape] for shape in long_enough}
+        left[precision] = sorted(shape for shape in table if shape not in kept[precision])
+    return kept, left
+
+
 def measure_memory_bandwidth(accelerator: str, mib: int, min_time_s: float, repeats: int) -> float:
     """GB/s of a device copy (bytes read + bytes written)."""
     torch, device, sync = calibration_device(accelerator)
@@ -173,22 +210,33 @@ def _efficiency(shape: Shape, half: float) -> float:
     return math.prod(d / (d + half) for d in shape)
 
 
+# The plateau is at most this many times the fastest GEMM measured in its precision: the largest
+# shapes measured run at >= 75 % of it. Past a device's knee (a GPU's large GEMMs all near one
+# rate), the measurements do not fix ``half``, and a free fit explains the kernels' ~10 % spread
+# with a huge ``half`` and a plateau to match (half 2,435, 2,737 TFLOP/s bf16 on an H200 whose large
+# GEMMs ran at 641-707).
+PLATEAU_HEADROOM = 1.0 / 0.75
+
+
 def fit_gemm_curve(rates: dict[str, dict[Any, float]]) -> tuple[float, dict[str, float]]:
     """(``half``, plateau TFLOPS per precision) of ``rate(m, k, n) = plateau * prod(d / (d + half))``,
     the simulator's GEMM efficiency curve: one ``half`` shared by every precision (the simulator
     has one), a plateau per precision; least squares in log space over a grid of ``half``, the
-    plateaus in closed form (the mean log residual). Keys are (m, k, n) or a square's d."""
+    plateaus in closed form (the mean log residual), no plateau beyond ``PLATEAU_HEADROOM`` times
+    the fastest rate measured (``half`` 0, the flat curve, always qualifies). Keys are (m, k, n)
+    or a square's d."""
     best, best_err, best_plateaus = 0.0, math.inf, {}
     for half in [0.0] + [2 ** (k / 8) for k in range(0, 8 * 14)]:  # 1 .. 16k
-        err, plateaus = 0.0, {}
+        err, plateaus, extrapolates = 0.0, {}, False
         for precision, table in rates.items():
             logs = [math.log(r) - math.log(_efficiency(_shape(key), half)) for key, r in table.items() if r > 0]
             if not logs:
                 continue
             mean = sum(logs) / len(logs)
             plateaus[precision] = math.exp(mean)
+            extrapolates |= half > 0 and plateaus[precision] > PLATEAU_HEADROOM * max(table.values())
             err += sum((x - mean) ** 2 for x in logs)
-        if err < best_err:
+        if err < best_err and not extrapolates:
             best, best_err, best_plateaus = half, err, plateaus
     return round(best, 2), best_plateaus
 
@@ -230,6 +278,11 @@ def calibrate(
     min_time, repeats = (0.02, 3) if quick else (0.2, 5)
     progress(f"GEMM {', '.join(DTYPES)} at {len(shapes)} shapes (squares and transformer-layer shapes)")
     gemm = measure_gemm(accelerator, shapes, min_time, repeats, progress)
+    overhead = {
+        k: gemm_seconds(OVERHEAD_SHAPE, rates[OVERHEAD_SHAPE])
+        for k, rates in measure_gemm(accelerator, [OVERHEAD_SHAPE], min_time, repeats).items()
+    }
+    fitted_gemm, host_bound = device_bound(gemm, overhead)
     progress("memory bandwidth (device copy)")
     bandwidth = measure_memory_bandwidth(accelerator, 64 if quick else 512, min_time, repeats)
     progress("attention (causal SDPA), a layer's elementwise chain, a kernel's host dispatch, an optimizer step")
@@ -254,7 +307,7 @@ def calibrate(
     memory_gib = device_memory_gib(accelerator)
 
     profile = load_profile(base or BASE_PROFILE[accelerator])
-    half, plateaus = fit_gemm_curve(gemm)
+    half, plateaus = fit_gemm_curve(fitted_gemm)
     profile["name"] = f"calibrated-{platform.node() or accelerator}"
     name = device_name(accelerator, device_module(accelerator))  # the device measure_gemm bound
     profile["description"] = f"calibrated on {platform.node()} ({name}) {_dt.date.today().isoformat()}" + (
@@ -295,6 +348,8 @@ def calibrate(
     validate_profile(profile, "the measured profile")  # a degenerate measurement fails here, not in a study
     measured = {
         "gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
+        "gemm_host_overhead_us": {k: v * 1e6 for k, v in overhead.items()},
+        "gemm_host_bound": {k: ["x".join(map(str, shape)) for shape in v] for k, v in host_bound.items() if v},
         "memory_bandwidth_gbps": bandwidth,
         "attention": attention,
         "elementwise": elementwise,
@@ -355,6 +410,20 @@ def _significant(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _host_bound_line(m: dict[str, Any]) -> str:
+    """The header line that says which GEMMs the plateau was not fitted to, and why."""
+    overhead = m.get("gemm_host_overhead_us") or {}
+    left = m.get("gemm_host_bound") or {}
+    if not left:
+        return f"# every GEMM above fitted (each step >= {HOST_BOUND_FACTOR:g}x its host overhead)"
+    return (
+        f"# not fitted, host-bound (step < {HOST_BOUND_FACTOR:g}x the host overhead of a linear step, us: "
+        + ", ".join(f"{k} {v:.3g}" for k, v in overhead.items())
+        + "): "
+        + "; ".join(f"{k} {', '.join(shapes)}" for k, shapes in left.items())
+    )
+
+
 def write_profile(result: dict[str, Any], path: Path) -> Path:
     """The profile as YAML with the raw measurements in its header comments."""
     m = result["measured"]
@@ -367,6 +436,7 @@ def write_profile(result: dict[str, Any], path: Path) -> Path:
         + "; ".join(
             f"{k} " + ", ".join(f"{d}:{v:.4g}" for d, v in rates.items()) for k, rates in m["gemm_tflops"].items()
         ),
+        _host_bound_line(m),
         (
             f"# attention (causal SDPA fwd+bwd, {m['attention']['dtype']}): {m['attention']['tflops']:.4g} TFLOPS; "
             f"elementwise chain fwd+bwd: {m['elementwise']['gbps']:.3g} GB/s; dispatch: {m['dispatch_us']:.3g} us; "

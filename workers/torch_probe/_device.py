@@ -10,6 +10,8 @@ allocator starts and must be in ``os.environ`` before torch is imported. The tor
 
 from __future__ import annotations
 
+import re
+
 import importlib
 import os
 from dataclasses import dataclass
@@ -236,9 +238,11 @@ def driver_version(kind: str, path: str | None = None) -> str | None:
     for line in text.splitlines():
         if line.startswith("Version="):
             return line.split("=", 1)[1].strip()
-        if "Kernel Module" in line:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..."
-            words = line.split("Kernel Module", 1)[1].split()
-            return words[0] if words else None
+        if "Kernel Module" in line:
+            # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  ..." or, the open module,
+            # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+            found = re.search(r"\b\d+\.\d+(?:\.\d+)*\b", line.split("Kernel Module", 1)[1])
+            return found.group(0) if found else None
     return None
 
 
