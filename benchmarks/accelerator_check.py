@@ -101,7 +101,13 @@ from autotune.guide.memory_profile import (  # noqa: E402
 )
 from autotune.study.profiling import BAND_SD  # noqa: E402
 from autotune.workers.command import run_probe_process  # noqa: E402
-from autotune.workers.protocol import PEAK_COUNTS_KEY, USABLE_KEY, TrialRequest, write_trial_file  # noqa: E402
+from autotune.workers.protocol import (  # noqa: E402
+    PEAK_COUNTS_KEY,
+    PEAK_LEAVES_OUT,
+    USABLE_KEY,
+    TrialRequest,
+    write_trial_file,
+)
 from autotune.workers.torch_probe.launch import probe_argv  # noqa: E402
 
 SCHEMA = 1
@@ -586,14 +592,17 @@ def simulator_reading(report: dict[str, Any], calibrated: Path | None) -> dict[s
         for label, hardware in profiles.items():
             request = make_request(report["size"], device, {"params": row["params"], "env": row["env"]}, 300 + n)
             request.cluster["hardware"] = hardware
+            request.workload["memory_rule"] = "torch-probe"  # the probe's memory, as a study of it prices it
             result = simulate_trial(request)
             metrics = result.metrics or {}
+            # the peak as the probe counted it (allocated: no fragmentation, runtime or buffers)
+            left_out = PEAK_LEAVES_OUT.get(str(row.get("peak_memory_counts") or "device"), ())
+            memory = (result.info or {}).get("memory_gib") or {}
+            counted = sum(v for k, v in memory.items() if k not in left_out) if memory else None
             out[label] = {
                 "status": result.status,
                 "tokens_per_s": _round(metrics.get("tokens_per_s_per_device")),
-                "peak_gib": _round(
-                    metrics.get("peak_memory_gib") or (result.info or {}).get("predicted_peak_memory_gib")
-                ),
+                "peak_gib": _round(counted),
             }
         rows.append(out)
     summary: dict[str, Any] = {"data_sheet_profile": sheet, "configs": rows}

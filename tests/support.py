@@ -254,3 +254,9 @@ search: {search}
 ray: {{enabled: false}}
 """
     )
+
+
+def calibration_in_child(accelerator, ranks, threads, base, progress=lambda _: None):
+    """A stand-in for the calibration that says where it ran (importable by a spawned child)."""
+    progress(f"measuring {accelerator}")
+    return {"pid": os.getpid(), "accelerator": accelerator, "ranks": ranks}

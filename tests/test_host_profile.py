@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autotune.study import host_profile
 from autotune.cli.commands import app
 from autotune.spec.load import load_spec
-from support import command_spec
+from support import calibration_in_child, command_spec
 
 
 @pytest.fixture
@@ -187,3 +187,15 @@ def test_trials_on_a_ray_cluster_calibrate_on_one_of_its_nodes(write_spec, tmp_p
         assert "calibration failed (RuntimeError: no node of the Ray cluster has 4 CPU)" in said[-1]
     finally:
         cluster.shutdown()
+
+
+def test_a_device_is_calibrated_in_a_process_that_ends_with_it():
+    """On a device, the calibration runs in a child process, so its runtime context and cached
+    blocks leave with it instead of staying in the study's process for every probe to do without;
+    its progress still reaches the user."""
+    import os
+
+    seen: list[str] = []
+    found = host_profile._calibration_apart("cuda", 2, None, "h100-sxm-80gb", seen.append, task=calibration_in_child)
+    assert found["accelerator"] == "cuda" and found["ranks"] == 2
+    assert found["pid"] != os.getpid() and seen == ["measuring cuda"]

@@ -134,7 +134,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
     from ..guide.spec_settings import guide_settings
     from ..spec.resolve import objectives_of, probe_context, request_settings
 
-    context = context if context is not None else probe_context(spec)
+    context = context if context is not None else probe_context(spec, backend.kind)
     sp = spec.search
     return LoopSettings(
         objectives=objectives_of(spec),
@@ -159,7 +159,7 @@ def study_runner(spec: Spec, run_dir: Path, backend: BackendChoice, **kwargs: An
     from ..study.plan import StudyPlan
     from ..spec.resolve import probe_context
 
-    context = probe_context(spec)
+    context = probe_context(spec, backend.kind)
     settings = loop_settings(spec, backend, context)
     plan = StudyPlan(spec, Space(spec), context, settings.objectives)
     return StudyRunner(settings, plan, run_dir, **kwargs)
@@ -353,7 +353,7 @@ def assemble_study(
             cache = ResultCache()
         except Exception as exc:  # an unwritable home: run without the cache, and say so
             voice.warn(f"result cache unavailable ({exc}); set AUTOTUNE_CACHE to a writable file")
-    context = probe_context(spec)  # the spec on its measured profile and usable memory: made once, here
+    context = probe_context(spec, choice.kind)  # the spec on its measured profile and usable memory: made once, here
     settings = loop_settings(spec, choice, context)
     runner = StudyRunner(
         settings,

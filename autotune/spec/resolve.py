@@ -24,9 +24,12 @@ def objectives_of(spec: Spec) -> Objectives:
     return resolve_objectives(spec.objectives, spec.workload.kind)
 
 
-def probe_context(spec: Spec) -> ProbeContext:
+def probe_context(spec: Spec, backend_kind: str | None = None) -> ProbeContext:
     """The model, workload and cluster a probe is told, the hardware profile resolved (overrides
-    applied) and, for training, how the target stack holds its model states."""
+    applied) and, for training, how the target stack holds its model states. ``backend_kind``: the
+    backend the study runs (``backend: auto`` resolved); the memory rule follows it, since the
+    torch probe holds memory its own way (a 3B study on one H200 with ``auto`` priced its first
+    probe by Megatron's rule and ran it out of memory)."""
     from autotune.workers.hardware import load_profile
 
     hardware = load_profile(spec.cluster.profile_name, spec.cluster.overrides)
@@ -45,7 +48,7 @@ def probe_context(spec: Spec) -> ProbeContext:
 
     workload = spec.workload.model_dump()
     if spec.is_training:  # how the stack that runs the config holds its model states
-        workload["memory_rule"] = memory_rule(target_of(spec), spec.backend.kind)
+        workload["memory_rule"] = memory_rule(target_of(spec), backend_kind or spec.backend.kind)
     return ProbeContext(spec.model.model_dump(), workload, cluster)
 
 

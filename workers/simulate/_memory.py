@@ -104,6 +104,8 @@ def layer_activation_bytes(s: Shape, c: dict, seq: float, flash: bool, workload:
     tok = seq / c["cp"] * c["micro_batch_size"]  # tokens of one micro-batch on this device
     rep = np.where(sp, tok / t, tok)  # replicated width unless sequence parallel
     kvw = 2.0 * s.kv_heads * s.head_dim
+    if s.arch == "llama" and memory_rule_of(workload) == "torch-probe":
+        return _torch_probe_layer_bytes(s, prec, tok, rep, t, kvw)
     dropout = has_dropout(s, workload)
     if s.arch == "llama":
         rep_b = 4.0 * s.h * rep * e
@@ -123,6 +125,32 @@ def layer_activation_bytes(s: Shape, c: dict, seq: float, flash: bool, workload:
     full = rep_b + shard_b + lse + s2
     ckpt = s.h * rep * e  # full recompute keeps only the layer input
     return full, ckpt, s2
+
+
+def _torch_probe_layer_bytes(s: Shape, prec: np.ndarray, tok, rep, t, kvw: float):
+    """``layer_activation_bytes`` of autotune's own torch probe (``workers/torch_probe/model.py``),
+    counted, not derived: autograd's saved tensors of one Llama layer under autocast (each storage
+    once, ``torch.autograd.graph.saved_tensors_hooks``) at eight shapes, per token, fit exactly by
+
+    - bf16 / fp16: 34 h + 8 f + 8 head_dim + 4 heads bytes; selective recompute 30 h + 2 kvw + 8 f
+      + 8 head_dim;
+    - fp32: 40 h + 16 f + 8 head_dim + 4 heads; selective 32 h + 4 kvw + 16 f + 8 head_dim.
+
+    Twice Korthikanti's Megatron count, because the probe's residual stream and RMSNorm run in fp32
+    (each norm keeps its fp32 input and output and the linear its low-precision cast: 10 h), its
+    SwiGLU keeps both branches and their product apart (8 f), and GQA's K and V are expanded to
+    every head for attention. Checked on one NVIDIA H200 (benchmarks/README.md, "Accelerator
+    check"): the allocated peak per extra sample of a 1B and a 3B Llama within 1 %, with the
+    logits' 12 bytes (``_torch_probe_logits_bytes``). The two norms (20 h, 24 h in fp32) are the
+    replicated part under tensor parallelism; the rest is sharded by tp."""
+    fp32 = prec == 2
+    norms = np.where(fp32, 24.0, 20.0) * s.h
+    rest = np.where(fp32, 16.0 * s.h + 16.0 * s.ffn, 14.0 * s.h + 8.0 * s.ffn) + 4.0 * s.heads
+    full = norms * rep + rest * tok / t + 8.0 * s.head_dim * tok
+    # what selective recompute (RoPE and attention redone) does not keep, per token
+    dropped = (np.where(fp32, 8.0, 4.0) * s.h - np.where(fp32, 4.0, 2.0) * kvw + 4.0 * s.heads) * tok / t
+    ckpt = 4.0 * s.h * rep  # full recompute keeps the layer's input: the fp32 residual stream
+    return full, ckpt, dropped
 
 
 def has_dropout(s: Shape, workload: Mapping[str, Any]) -> bool:
@@ -184,7 +212,10 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     # First stage: GPT's embedding dropout mask for each micro-batch in flight. Last stage: the
     # output layer of the one micro-batch whose loss is being computed.
     boundary = has_first * (1.0 if has_dropout(s, workload) else 0.0) * s.h * rep * inflight(c, True)
-    logits = has_last * _logits_bytes(s, tok, t, e, rep)
+    if memory_rule_of(workload) == "torch-probe":
+        logits = has_last * _torch_probe_logits_bytes(s, tok, t, rep)
+    else:
+        logits = has_last * _logits_bytes(s, tok, t, e, rep)
     # The loss (logits peak) and the first layer's backward working set do not coexist: the
     # larger of the two is counted.
     loss_peak = logits > transient
@@ -219,9 +250,18 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
 
     dynamic = held + transient + boundary + logits + gather
     frag = dynamic * fragmentation_fraction(hw, c)
+    grads = params * g_b
+    if rule == "torch-probe":
+        # The probe sets its gradients to None after each step. With one micro-batch on one stage
+        # and no data parallelism they are made during backward as the activations go, so the peak
+        # holds the larger of the two, not both (one H200: a 1B Llama's allocated peak 23.30 GiB,
+        # 27.8 with its 4.6 GiB of gradients counted); with accumulation they live through the
+        # next micro-batch's forward (a 3B at 8 micro-batches: every byte of them in the peak).
+        one_pass = (c["grad_accum"] <= 1) & (p == 1) & (d == 1)
+        grads = np.where(one_pass, np.maximum(0.0, grads - (held + transient + boundary + logits)), grads)
     return params, {
         "weights": params * w_b,
-        "grads": params * g_b,
+        "grads": grads,
         "optimizer": params * o_b,
         "activations": held + transient + boundary,
         "logits": logits,
@@ -238,6 +278,15 @@ def _logits_bytes(s: Shape, tok, t, e, rep):
     plus the final-norm and output-layer inputs. Unfused losses that keep a separate fp32
     log-softmax need 4 B more per logit; fused ones (flash-attn's) less."""
     return tok * s.vocab / t * (e + 4.0) + 2.0 * s.h * rep * e
+
+
+def _torch_probe_logits_bytes(s: Shape, tok, t, rep):
+    """The torch probe's loss peak: 12 bytes per logit whatever the precision (bf16: the logits, their
+    fp32 copy, the log-softmax kept for backward and its gradient; fp32 likewise without the cast),
+    read off one NVIDIA H200's allocated peaks (1B and 3B Llamas, vocabulary 128,256: 12.0 and
+    12.1 bytes per logit once the layers are counted), plus the final norm's fp32 input and
+    output."""
+    return 12.0 * tok * s.vocab / t + 8.0 * s.h * rep
 
 
 def fragmentation_fraction(hw: HW, c: dict) -> np.ndarray:
