@@ -48,6 +48,8 @@ class A:
     DUPLICATE_OF = "autotune.duplicate_of"
     REQUEUED_FROM = "autotune.requeued_from"
     REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
+    # a slice study's config measured again at the target's full size (cluster.confirm_top)
+    AT_TARGET = "autotune.at_target"
     INFRA_RETRY_OF = "autotune.infra_retry_of"  # the config again, after the infrastructure failed under it
     WALL = "autotune.wall_s"
     # the trial's memory profile (autotune.guide.memory_profile.ProfileRecord): the layers per stage run,

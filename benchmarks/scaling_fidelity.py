@@ -80,14 +80,23 @@ def simulate_row(row: dict[str, str]) -> tuple[ModelPoint | None, str]:
     return point, "; ".join(notes)
 
 
+def quantile_abs(errors: list[float], q: float) -> str:
+    """The ``q`` quantile of the absolute errors (inclusive, as ``statistics.quantiles``), in percent."""
+    return f"{band_quantile(errors, q) * 100:.1f} %"
+
+
+def band_quantile(errors: list[float], q: float) -> float:
+    cuts = statistics.quantiles(sorted(abs(e) for e in errors), n=100, method="inclusive")
+    return cuts[round(q * 100) - 1]
+
+
 def median_abs(errors: list[float]) -> str:
     return f"{statistics.median(abs(e) for e in errors) * 100:.1f} %" if errors else "n/a"
 
 
-def main() -> int:
-    if not DATA.exists():
-        print(f"published scaling data not found at {DATA}; nothing to compare")
-        return 0
+def compare_rows(say=print) -> tuple[list[tuple[float, float, float, float]], list[str], int]:
+    """(ratio, projection error, ideal error, model-alone error) per compared row, the rows skipped
+    and the number of groups; ``say`` gets one line per row."""
     groups: dict[str, list[dict[str, str]]] = defaultdict(list)
     for row in csv.DictReader(DATA.open()):
         groups[row["group"]].append(row)
@@ -98,8 +107,8 @@ def main() -> int:
         f"{'group':<26} {'devices':>11} {'ratio':>6} {'measured':>9} {'projected':>9} "
         f"{'error %':>8} {'ideal %':>8} {'model %':>8}  note"
     )
-    print("tokens/s/device: published vs projected from the group's smallest measured row")
-    print(header)
+    say("tokens/s/device: published vs projected from the group's smallest measured row")
+    say(header)
     for name, rows in groups.items():
         rows = sorted(rows, key=lambda r: int(r["devices"]))
         points = {r["id"]: simulate_row(r) for r in rows}
@@ -132,10 +141,18 @@ def main() -> int:
             compared.append((ratio, err, ideal, alone))
             ref_said = "ref: same" if ref_note == note else f"ref: {ref_note}"
             notes = "; ".join(n for n in (note, ref_said if ref_note else "") if n)
-            print(
+            say(
                 f"{name:<26} {ref['devices']:>4} -> {devices:<4} {ratio:>5.1f}x {measured:>9.1f} {projected:>9.1f} "
                 f"{err * 100:>+8.1f} {ideal * 100:>+8.1f} {alone * 100:>+8.1f}  {notes}"
             )
+    return compared, skipped, len(groups)
+
+
+def main() -> int:
+    if not DATA.exists():
+        print(f"published scaling data not found at {DATA}; nothing to compare")
+        return 0
+    compared, skipped, n_groups = compare_rows()
     if skipped:
         print("\nskipped:")
         for line in skipped:
@@ -148,7 +165,9 @@ def main() -> int:
             f"{label}: median abs error {median_abs([c[i] for c in band])} over {len(band)} rows at {lo}-{hi}x "
             f"({len(compared)} rows in all: {median_abs([c[i] for c in compared])})"
         )
-    print(f"groups: {len(groups)}; rows compared: {len(compared)}; skipped: {len(skipped)}")
+    if band:
+        print(f"projection: 80 % of the rows at {lo}-{hi}x within +/-{quantile_abs([c[1] for c in band], 0.8)}")
+    print(f"groups: {n_groups}; rows compared: {len(compared)}; skipped: {len(skipped)}")
     return 0
 
 

@@ -6,9 +6,11 @@ the calibrated model). Then each study's recommended config is measured again at
 each study's probes took are added up (wall time x devices).
 
 Printed: each study's pick and its throughput measured at 4 nodes, the slice pick's shortfall
-against the full-size pick, and the device-hours ratio.
+against the full-size pick, and the device-hours ratio. With ``--confirm-top K`` the slice study
+measures its K best configs by projection again at 4 nodes before it recommends
+(``cluster.confirm_top``); those full-size probes count in its device-hours.
 
-    python benchmarks/slice_study_cpu_cluster.py [--trials 8] [--repeats 3] [--run-dir DIR]
+    python benchmarks/slice_study_cpu_cluster.py [--trials 8] [--repeats 3] [--run-dir DIR] [--confirm-top K]
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ search: {{n_trials: {trials}, seed: 0, sampler: auto}}
 """
 
 
+def confirmation_seconds(run: Path) -> float:
+    """The walls of a slice study's confirmations at full size (``cluster.confirm_top``), from its
+    Optuna journal (the report's summary adds every probe's wall on one figure)."""
+    from autotune.cli.input import load_run_or_spec
+    from autotune.study.records import CONFIRMED_AT_TARGET, trial_records
+    from autotune.study.storage import open_study
+
+    spec, run_dir = load_run_or_spec(run, None)
+    study = open_study(spec, run_dir or run, create=False)
+    return sum(r.wall_s for r in trial_records(study) if r.info.get(CONFIRMED_AT_TARGET))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=8)
@@ -48,6 +62,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--run-dir", type=Path, default=None)
+    ap.add_argument("--confirm-top", type=int, default=0, help="the slice study's confirmations at full size")
     args = ap.parse_args()
     from typer.testing import CliRunner
 
@@ -58,7 +73,8 @@ def main() -> int:
     base.mkdir(parents=True, exist_ok=True)
     out: dict[str, dict] = {}
     with local_cluster(args.nodes, 1) as address:
-        for name, probe in (("full", ""), ("slice", ", probe_nodes: 1")):
+        confirm = f", confirm_top: {args.confirm_top}" if args.confirm_top else ""
+        for name, probe in (("full", ""), ("slice", f", probe_nodes: 1{confirm}")):
             spec = base / f"{name}.yaml"
             spec.write_text(SPEC.format(name=name, nodes=args.nodes, probe=probe, trials=args.trials, steps=args.steps))
             run = base / name
@@ -71,9 +87,10 @@ def main() -> int:
                 return 1
             payload = json.loads(result.stdout)
             report = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
-            devices = {"full": args.nodes, "slice": 1}[name]
             probes = report["summary"]["probes"]
-            device_s = float(probes["probe_seconds"]) * devices
+            # the probes' walls on the devices they ran on: the slice's on 1 node, its confirmations on all
+            device_s = float(probes["probe_seconds"]) * (args.nodes if name == "full" else 1)
+            device_s += confirmation_seconds(run) * (args.nodes - 1) if name == "slice" else 0.0
             chosen = payload["best"][0]
             scale = CliRunner().invoke(
                 app,

@@ -96,7 +96,16 @@ FAST = [
     Case(
         "scaling_fidelity.py",
         (),
-        (r"^group\s+devices\s+ratio\s+measured\s+projected", r"^projection: median abs error"),
+        (
+            r"^group\s+devices\s+ratio\s+measured\s+projected",
+            r"^projection: median abs error",
+            r"^projection: 80 % of the rows at 4-16x within",
+        ),
+    ),
+    Case(
+        "scaling_unpriced_worlds.py",
+        ("--worlds", "2"),
+        (r"^projection from 1 node\(s\) of 8 devices, \d+ configs", r"^overlap_break\s+16 n\s+[\d.]+%"),
     ),
     Case(
         "serving_fidelity.py",

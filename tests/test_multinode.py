@@ -105,6 +105,55 @@ def test_a_command_probe_runs_once_per_node_with_the_rendezvous(write_spec, tmp_
         assert all(r["env"]["ASCEND_RT_VISIBLE_DEVICES"] == "0" for r in trial)
 
 
+# A launcher whose full-size runs carry what the model does not price: on the 1-node slice the
+# largest micro-batch is fastest; across the target's 2 nodes its communication stops overlapping
+BREAKS_AT_TARGET = r"""
+import json, os, sys
+req = json.load(open(sys.argv[1]))
+nodes, mbs = req["cluster"]["nodes"], req["params"]["micro_batch_size"]
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({"nodes": nodes, "mbs": mbs, "rank": os.environ.get("NODE_RANK", "0")}) + "\n")
+step = 0.9 - 0.1 * mbs
+if nodes == 2:
+    step *= 3.0 if mbs == 4 else 1.3
+print(json.dumps({"metrics": {"step_time_s": step, "peak_memory_gib": 1.0}}))
+"""
+
+
+def test_a_slice_studys_best_are_measured_again_at_full_size(write_spec, tmp_path, cluster):
+    """``cluster.confirm_top`` (issue 45): once a 1-node slice study's budget is spent, its two best
+    configs by projection run once more across the target's 2 nodes, and the recommendation is the
+    best of those measurements: the projection's favourite breaks at full size, and the study
+    recommends the one that holds. Run again, it queues nothing twice."""
+    script = tmp_path / "breaks.py"
+    script.write_text(BREAKS_AT_TARGET)
+    spec = _spec(write_spec, tmp_path, 2, f'[{sys.executable}, {script}, "{{trial_file}}"]', n_trials=3)
+    text = spec.read_text()
+    text = text.replace(
+        "nodes: 2, devices_per_node: 1}", "nodes: 2, devices_per_node: 1, probe_nodes: 1, confirm_top: 2}"
+    )
+    text = text.replace("sampler: random", "sampler: grid").replace("global_batch_size: 12", "global_batch_size: 16")
+    for knob in ("zero_stage: [0, 1, 3]", "recompute: [none, full]"):
+        text = text.replace(knob, knob.split(":")[0] + ": [" + knob.split("[")[1].split(",")[0] + "]")
+    spec.write_text(text)
+    argv = ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--json", "--no-tracking"]
+    result = CliRunner().invoke(app, [*argv, "--ray-address", cluster.address])
+    assert result.exit_code == 0, result.output
+    assert "measuring the best 2 config(s) by projection again at the target's full size (2 nodes)" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert sorted(r["mbs"] for r in records if r["nodes"] == 1) == [1, 2, 4]
+    full = [r for r in records if r["nodes"] == 2]
+    assert sorted(r["mbs"] for r in full) == [2, 2, 4, 4]  # the two best by projection, on both nodes
+    out = json.loads(result.stdout)
+    assert "cluster.confirm_top" in out["stopped_because"]
+    best = out["best"][0]
+    assert best["params"]["micro_batch_size"] == 2 and best["confirmed_at_target"]["nodes"] == 2
+    assert "projected_from" not in best  # a measurement at full size, not a projection
+    again = CliRunner().invoke(app, [*argv, "--ray-address", cluster.address])
+    assert again.exit_code == 0, again.output
+    assert len((tmp_path / "record.jsonl").read_text().splitlines()) == len(records)
+
+
 def test_a_study_the_cluster_can_never_place_is_refused_before_its_first_trial(write_spec, tmp_path, cluster):
     """Issue #30: a 4-node study on a smaller cluster recorded every trial as `invalid` and spent
     its budget; it is refused before the first trial (exit 3) with what a trial needs and what the

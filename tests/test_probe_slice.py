@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
-from autotune.guide.projection import PROJECTION_BAND, project_result
+from autotune.guide.projection import PROJECTION_BAND, PROJECTION_BAND_80, project_result
 from autotune.spec.context import RequestSettings
 from autotune.spec.load import load_spec
 from autotune.spec.resolve import request_settings
@@ -148,6 +148,7 @@ def test_a_projected_result_moves_the_step_the_throughputs_and_the_peak(write_sp
     projected = project_result(measured, on_slice, target)
     where = projected.info["projected_from"]
     assert where["measured"]["tokens_per_s"] == 1234.0 and where["band"] == PROJECTION_BAND
+    assert where["band_80"] == PROJECTION_BAND_80
     assert "tokens_per_s" not in projected.metrics  # derived again at the target's batch and devices
     assert projected.metrics["step_time_s"] == pytest.approx(0.4 * where["step_ratio"])
     assert [e["step_time_s"] for e in projected.steps] == pytest.approx([0.4 * where["step_ratio"]] * 3)
@@ -162,3 +163,58 @@ def test_a_projected_result_moves_the_step_the_throughputs_and_the_peak(write_sp
     )
     blind = project_result(ProbeResult("ok", {"loss": 1.0}), on_slice, target)
     assert blind.status == "crash" and "cannot be projected" in blind.reason
+
+
+def test_the_projection_band_is_what_the_published_rows_say():
+    """The band a projected figure is given is recomputed here from the published multi-node rows
+    (benchmarks/scaling_fidelity.py, 4-16x the probed size): the median error and the error 80 % of
+    the rows stay within. A change to the model or the data that moves them fails here."""
+    from support import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import scaling_fidelity as fidelity
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    compared, _, _ = fidelity.compare_rows(say=lambda *_: None)
+    errors = [error for ratio, error, *_ in compared if fidelity.BAND[0] <= ratio <= fidelity.BAND[1]]
+    assert len(errors) >= 15
+    assert fidelity.band_quantile(errors, 0.5) == pytest.approx(PROJECTION_BAND, abs=0.001)
+    assert fidelity.band_quantile(errors, 0.8) == pytest.approx(PROJECTION_BAND_80, abs=0.001)
+
+
+def test_confirm_top_without_a_slice_is_refused(write_spec, tmp_path):
+    spec = _spec(write_spec, tmp_path, text=SPEC.replace("probe_nodes: {probe}}}", "confirm_top: 2}}"))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert "confirm_top (2) measures the best configs of a slice study again at full size" in " ".join(
+        result.output.split()
+    )
+
+
+def test_once_configs_are_measured_at_full_size_only_those_compete():
+    """A projection from the slice never outranks a measurement at the target: the recommendation of
+    a confirmed slice study is the best of its full-size readings, even where a config that was not
+    confirmed projects higher."""
+    from support import measured_record
+
+    from autotune.study.confirm import projected_ranking
+    from autotune.study.records import CONFIRMED_AT_TARGET, best_records
+
+    objectives = [("tokens_per_s_per_device", "maximize")]
+    projected = [
+        measured_record(0, {"micro_batch_size": 1}, {"tokens_per_s_per_device": 900.0}),
+        measured_record(1, {"micro_batch_size": 2}, {"tokens_per_s_per_device": 1000.0}),
+        measured_record(2, {"micro_batch_size": 4}, {"tokens_per_s_per_device": 1200.0}),
+        measured_record(3, {"micro_batch_size": 8}, {"tokens_per_s_per_device": 1.0}, feasible=False),
+    ]
+    ranking = projected_ranking(projected, objectives)
+    assert [r.config["micro_batch_size"] for r, _ in ranking] == [4, 2, 1]  # the infeasible one left out
+    assert best_records(projected, objectives)[0].config["micro_batch_size"] == 4
+    at_target = {CONFIRMED_AT_TARGET: {"nodes": 4, "confirms_trial": 2}}
+    confirmed = [
+        measured_record(4, {"micro_batch_size": 4}, {"tokens_per_s_per_device": 500.0}, info=at_target),
+        measured_record(5, {"micro_batch_size": 2}, {"tokens_per_s_per_device": 800.0}, info=at_target),
+    ]
+    best = best_records(projected + confirmed, objectives)
+    assert [r.number for r in best] == [5]  # 800 at full size, not the unconfirmed 900 projected

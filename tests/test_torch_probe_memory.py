@@ -19,26 +19,9 @@ from autotune.workers.simulate._memory import _torch_probe_layer_bytes
 torch = pytest.importorskip("torch")
 
 DATA = REPO / "benchmarks" / "data"
-LLAMA_1B = dict(
-    hidden_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=8192,
-    vocab_size=128256,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
-LLAMA_3B = dict(
-    hidden_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=24,
-    num_key_value_heads=8,
-    intermediate_size=8192,
-    vocab_size=128256,
-    max_position_embeddings=8192,
-    tie_word_embeddings=True,
-)
+CHECK = DATA / "accelerator_check_h200" / "accelerator_check.json"  # its model: the Llama-3.2-1B shape
+STUDY = DATA / "h200_llama32_3b_study.json"
+SPEC_3B = REPO / "search_spaces" / "llama32_3b_1gpu.yaml"  # the study's spec: its model
 
 
 def _saved_bytes(h: int, heads: int, kv: int, ffn: int, seq: int, precision: str, selective: bool) -> int:
@@ -121,17 +104,24 @@ def _allocated(result) -> float:
 
 def _h200_points() -> list[tuple[str, TrialRequest, float]]:
     points = []
-    check = json.loads((DATA / "accelerator_check_h200" / "accelerator_check.json").read_text())
+    check = json.loads(CHECK.read_text())
+    model_1b = {k: v for k, v in check["model"].items() if k != "seq_len"}
     for row in check["steps"]["sweep"]["configs"]:
         mbs = row["params"]["micro_batch_size"]
         params = {**row["params"], "grad_accum": 1}
-        points.append((f"1b {row['name']}", _request(LLAMA_1B, params, 2048, mbs), row["peak_memory_gib"]))
-    study = json.loads((DATA / "h200_llama32_3b_study.json").read_text())
-    for t in study["trials"]:
+        request = _request(model_1b, params, check["model"]["seq_len"], mbs)
+        points.append((f"1b {row['name']}", request, row["peak_memory_gib"]))
+    for t in json.loads(STUDY.read_text())["trials"]:
         if t["status"] == "ok":
             params = {k: t[k] for k in ("micro_batch_size", "recompute", "precision", "grad_accum")}
-            points.append((f"3b #{t['number']}", _request(LLAMA_3B, params, 4096, 8), t["peak_memory_gib"]))
+            points.append((f"3b #{t['number']}", _request(_model_3b(), params, 4096, 8), t["peak_memory_gib"]))
     return points
+
+
+def _model_3b() -> dict:
+    import yaml
+
+    return yaml.safe_load(SPEC_3B.read_text())["model"]
 
 
 def test_the_rule_reads_the_h200_peaks_of_the_probe():
@@ -151,10 +141,10 @@ def test_the_rule_reads_the_h200_peaks_of_the_probe():
 def test_the_config_that_ran_out_of_memory_on_the_h200_is_predicted_to():
     """The 3B study's first probe (micro-batch 4, no recompute) ran out of memory on the 139.8 GiB
     device; priced by the probe's rule it needs more than the device has."""
-    study = json.loads((DATA / "h200_llama32_3b_study.json").read_text())
+    study = json.loads(STUDY.read_text())
     oom = next(t for t in study["trials"] if t["status"] == "oom")
     params = {k: oom[k] for k in ("micro_batch_size", "recompute", "precision", "grad_accum")}
-    assert _allocated(simulate_trial(_request(LLAMA_3B, params, 4096, 8))) > study["device_memory_gib"]
+    assert _allocated(simulate_trial(_request(_model_3b(), params, 4096, 8))) > study["device_memory_gib"]
 
 
 def test_backend_auto_resolved_to_the_torch_probe_prices_memory_by_its_rule():
@@ -163,7 +153,7 @@ def test_backend_auto_resolved_to_the_torch_probe_prices_memory_by_its_rule():
     from autotune.spec.load import load_spec
     from autotune.spec.resolve import probe_context
 
-    spec = load_spec(REPO / "search_spaces" / "llama32_3b_1gpu.yaml")
+    spec = load_spec(SPEC_3B)
     assert spec.backend.kind == "auto"
     assert probe_context(spec).workload["memory_rule"] == "megatron"  # the target's, for plan
     assert probe_context(spec, "torch").workload["memory_rule"] == "torch-probe"

@@ -148,6 +148,8 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
         guide=guide_settings(spec, context),
         prune=PruneSettings(prune=sp.prune, prune_margin=sp.prune_margin, prune_min_steps=sp.prune_min_steps),
         request=request_settings(spec, context),
+        # a simulated study predicts the target directly (it has no slice): nothing to confirm
+        confirm_top=0 if backend.simulated or not spec.cluster.probe_slice else spec.cluster.confirm_top,
     )
 
 

@@ -333,7 +333,11 @@ def _rate_bracket(m: dict[str, Any]) -> str:
 
 def source_label(record: Any, source: str) -> str:
     """How a figure was obtained: ``source``, or, for a config measured on the probe slice, that."""
-    where = (getattr(record, "info", None) or {}).get("projected_from")
+    info = getattr(record, "info", None) or {}
+    confirmed = info.get("confirmed_at_target")
+    if confirmed:
+        return f"measured at the target's {confirmed['nodes']} node(s), confirming trial {confirmed['confirms_trial']}"
+    where = info.get("projected_from")
     if not where or where.get("step_ratio") is None:
         return source
     return f"measured on {where['nodes']} node(s), projected to {where['target_nodes']}"
@@ -350,7 +354,9 @@ def projection_line(record: Any) -> str | None:
     return (
         f"projected to the target's {where['target_nodes']} node(s) ({where['target_devices']} devices) from a "
         f"probe on {where['nodes']} node(s) ({where['devices']} devices){said} by the calibrated model; its band "
-        f"+/-{100 * where.get('band', 0):.1f} % (the projection's median error on published multi-node rows)"
+        f"+/-{100 * where.get('band', 0):.1f} % (the projection's median error on published multi-node rows"
+        + (f"; 80 % of them within +/-{100 * where['band_80']:.1f} %" if where.get("band_80") else "")
+        + ")"
         + (f"; {where['links']}" if where.get("links") else "")
     )
 

@@ -112,6 +112,13 @@ class ClusterSpec(Strict):
         "a smaller dp, grad-accum kept so each rank does the target's work) and every measurement is "
         "projected to the cluster's `nodes` by the calibrated model; training only. Default: probe at full size",
     )
+    confirm_top: int = Field(
+        0,
+        ge=0,
+        description="with probe_nodes: once the budget is spent, measure this many of the best configs "
+        "(by their projection) again at the full `nodes`; the recommendation is then the best of those "
+        "full-size measurements, not a projection. Each costs a probe at full size. Default 0: none",
+    )
     overrides: dict[str, Any] = Field(default_factory=dict)
     threads_per_rank: int | None = Field(
         None, gt=0, description="CPU threads per probe process (default: cores / ranks)"
@@ -145,6 +152,11 @@ class ClusterSpec(Strict):
             raise ValueError(
                 f"probe_nodes ({self.probe_nodes}) is more than the target's nodes ({self.nodes}): a probe slice "
                 "is a part of the cluster the study tunes for; give probe_nodes <= nodes"
+            )
+        if self.confirm_top and self.probe_slice is None:
+            raise ValueError(
+                f"confirm_top ({self.confirm_top}) measures the best configs of a slice study again at full "
+                "size, and this cluster has no probe slice: give probe_nodes < nodes, or drop confirm_top"
             )
         return self
 

@@ -32,6 +32,8 @@ __all__ = [
     "frozen_trial",
     "guide_estimates",
     "best_records",
+    "CONFIRMED_AT_TARGET",
+    "measured_at_target_first",
     "beyond_noise",
     "measurement_noise",
     "best_certificate",
@@ -88,6 +90,8 @@ class TrialRecord:
             **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
             # measured on the probe slice (cluster.probe_nodes): where, what it read, the projection
             **({"projected_from": self.info["projected_from"]} if self.info.get("projected_from") else {}),
+            # a slice study's config measured again at full size (cluster.confirm_top)
+            **({CONFIRMED_AT_TARGET: self.info[CONFIRMED_AT_TARGET]} if self.info.get(CONFIRMED_AT_TARGET) else {}),
             # measured, but missing the spec's constraints on metrics: why it is not the best
             **({"misses": self.reason} if self.status == "ok" and not self.feasible else {}),
             # scaling_efficiency / comm_fraction read by the model from the measurement
@@ -136,6 +140,19 @@ def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] 
     }
 
 
+# ``info`` key of a slice study's config measured again at the target's full size (cluster.confirm_top)
+CONFIRMED_AT_TARGET = "confirmed_at_target"
+
+
+def measured_at_target_first(records: list[TrialRecord]) -> list[TrialRecord]:
+    """A slice study's records as the recommendation weighs them: once some configs were measured
+    again at full size (``cluster.confirm_top``), only those full-size measurements; a projection
+    from the slice competes with no measurement at the target (in worlds whose scaling the model
+    does not price, every true figure there can be below its projection)."""
+    confirmed = [r for r in records if r.info.get(CONFIRMED_AT_TARGET)]
+    return confirmed or records
+
+
 def best_records(
     records: list[TrialRecord],
     objectives: list[tuple[str, str]],
@@ -165,6 +182,7 @@ def best_records(
     ]
     if not ok:
         return []
+    ok = measured_at_target_first(ok)
     groups: dict[str, list[TrialRecord]] = {}
     for r in ok:
         groups.setdefault(config_key(r.config), []).append(r)
@@ -257,10 +275,12 @@ def study_readings(records: list[TrialRecord], metric: str) -> StudyReadings:
     (:func:`autotune.objectives.race.control_drift`) the readings are compared normalised (the
     control keeps its first reading); otherwise as measured, with the noise of the raw readings."""
     ok = sorted(
-        (
-            r
-            for r in records
-            if r.status == "ok" and r.state == "COMPLETE" and r.probed and _finite(r.metrics.get(metric))
+        measured_at_target_first(
+            [
+                r
+                for r in records
+                if r.status == "ok" and r.state == "COMPLETE" and r.probed and _finite(r.metrics.get(metric))
+            ]
         ),
         key=lambda r: r.number,
     )

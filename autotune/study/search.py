@@ -55,6 +55,7 @@ from .definition import record_definition
 from .usable_memory import USABLE_ATTR
 from .plan import StudyPlan
 from .result import StudyOutcome
+from .confirm import queue_confirmations
 from .stop_conditions import (
     MAX_INFRA_IN_A_ROW,
     LoopState,
@@ -87,6 +88,7 @@ class LoopSettings:
     guide: GuideSettings  # the guide's knobs, for sampler auto on real probes
     prune: PruneSettings  # when a running probe is stopped as one that cannot win
     request: RequestSettings  # what each trial file says beside its config: the probe context, the study, the backend
+    confirm_top: int = 0  # cluster.confirm_top: a slice study's best configs measured again at full size at the end
 
 
 class StudyRunner:
@@ -159,29 +161,15 @@ class StudyRunner:
         and says so (:data:`autotune.study.stop_conditions.ALREADY_COMPLETE`)."""
         study, loop = self._open()
         try:
-            while True:
-                if self.stop_requested():
-                    raise KeyboardInterrupt
-                if not loop.pending and (why := infrastructure_stop(loop)):
-                    loop.stopped = why
-                    break
-                while self._may_start(loop):
-                    why = next((w for check in self.stop_checks if (w := check(study, loop))), None)
-                    if why:
-                        loop.stopped = why
-                        break
-                    self.trials.start(study, loop)
-                if not loop.pending:
-                    if loop.started >= loop.budget:
-                        loop.stopped = budget_stop(loop)
-                    break
-                for handle, result in self.dispatcher.wait_any(timeout=0.25):
-                    self.trials.returned(study, loop, handle, result)
-                    if self.stop_requested():
-                        raise KeyboardInterrupt
-                d = self.dispatcher
-                full = self.trials.full_probes(loop)  # a memory profile is not pruned
-                self.pruner.prune(d.step_events(), full, lambda: self.trials.best(study), d.cancel)
+            self._probe(study, loop)
+            if self._confirm(study, loop):  # a slice study's best, measured again at full size
+                first_stop = loop.stopped
+                self._probe(study, loop)
+                if not loop.infra_failure:
+                    loop.stopped = (
+                        f"{first_stop}; then its best {self.settings.confirm_top} by projection measured again at "
+                        f"the target's full size (cluster.confirm_top)"
+                    )
         except KeyboardInterrupt:
             loop.stopped = "interrupted by the user"
             for handle in list(loop.pending):
@@ -193,6 +181,50 @@ class StudyRunner:
         parent = getattr(self.tracking, "parent_run_id", None)
         result = self.plan.result(study)
         return StudyOutcome(study, result, self.ranking, loop.started, loop.stopped, parent, loop.infra_failure)
+
+    def _probe(self, study: optuna.Study, loop: LoopState) -> None:
+        """Ask, run and tell trials until a stop condition holds (the stop checks do not apply while
+        a slice study's confirmations run: they are the study's last word, not its search)."""
+        while True:
+            if self.stop_requested():
+                raise KeyboardInterrupt
+            if not loop.pending and (why := infrastructure_stop(loop)):
+                loop.stopped = why
+                break
+            while self._may_start(loop):
+                checks = () if loop.confirming else self.stop_checks
+                why = next((w for check in checks if (w := check(study, loop))), None)
+                if why:
+                    loop.stopped = why
+                    break
+                self.trials.start(study, loop)
+            if not loop.pending:
+                if loop.started >= loop.budget:
+                    loop.stopped = budget_stop(loop)
+                break
+            for handle, result in self.dispatcher.wait_any(timeout=0.25):
+                self.trials.returned(study, loop, handle, result)
+                if self.stop_requested():
+                    raise KeyboardInterrupt
+            d = self.dispatcher
+            full = self.trials.full_probes(loop)  # a memory profile is not pruned
+            self.pruner.prune(d.step_events(), full, lambda: self.trials.best(study), d.cancel)
+
+    def _confirm(self, study: optuna.Study, loop: LoopState) -> bool:
+        """Queue a slice study's confirmations (:mod:`autotune.study.confirm`) once its search ended
+        on its own (not on the infrastructure, a timeout or a stuck sampler); True when some were."""
+        if not self.settings.confirm_top or loop.infra_failure or loop.stopped == "search timeout reached":
+            return False
+        nodes = int(self.context.cluster["nodes"])
+        queued = queue_confirmations(study, self.space, self.objectives, self.settings.confirm_top, nodes)
+        if not queued:
+            return False
+        self.observer.on_message(
+            f"measuring the best {queued} config(s) by projection again at the target's full size ({nodes} nodes)"
+        )
+        loop.confirming = True
+        loop.budget = loop.started + queued
+        return True
 
     def _open(self) -> tuple[optuna.Study, LoopState]:
         """Rank the space, open (or resume) the study, recover and plan; start the listeners."""

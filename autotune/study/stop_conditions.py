@@ -52,6 +52,7 @@ class LoopState:
     stopped: str = "budget reached"
     done_before: float = 0.0  # full-probe equivalents earlier runs of the study spent (a resumed study)
     infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
+    confirming: bool = False  # running a slice study's confirmations at full size: no stop check applies
 
 
 def deadline_reached(study: optuna.Study, loop: LoopState) -> str | None:

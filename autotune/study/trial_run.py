@@ -33,7 +33,16 @@ from ..guide.memory_profile import layers_per_stage, median_full_wall, profile_c
 from ..guide.projection import project_result, reference_devices, scaling_figures
 from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
-from .records import TrialRecord, best_records, guide_estimates, jsonable, save_trial_files, trial_record, trial_records
+from .records import (
+    CONFIRMED_AT_TARGET,
+    TrialRecord,
+    best_records,
+    guide_estimates,
+    jsonable,
+    save_trial_files,
+    trial_record,
+    trial_records,
+)
 from .requeue import requeue_after_lost_capacity, retry_after_infra
 from ..spec.secret_env import scrub_result
 from ..settings import Objectives
@@ -116,7 +125,10 @@ class TrialRunner:
         loop.pending[self.dispatcher.submit(request, launch)] = (trial, config)
 
     def _request(self, trial: optuna.Trial, config: dict[str, Any]) -> TrialRequest:
-        """What the probe is told: the config, the model, workload and cluster, the backend (masked)."""
+        """What the probe is told: the config, the model, workload and cluster, the backend (masked);
+        at the target's full size for a slice study's confirmation (``cluster.confirm_top``)."""
+        if trial.user_attrs.get(A.AT_TARGET):
+            return self.request.target_request(config, trial.number)
         return self.request.request(config, trial.number)
 
     def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
@@ -185,7 +197,8 @@ class TrialRunner:
         for listener in self.listeners:
             listener.probe_returned(trial.number, config, result)
         if result.source == "measured" and self.request.workload_kind == "train":
-            result = self._at_target(config, trial.number, result)
+            confirms = trial.user_attrs.get(A.REMEASURE_OF, -1) if trial.user_attrs.get(A.AT_TARGET) else None
+            result = self._at_target(config, trial.number, result, confirms)
         meaning = interpret(
             config, result, self.context, self.objectives, trial_devices(self.request.workload_kind, config)
         )
@@ -225,12 +238,20 @@ class TrialRunner:
             listener.trial_finished(study, record, result)
         return record
 
-    def _at_target(self, config: dict[str, Any], number: int, result: ProbeResult) -> ProbeResult:
+    def _at_target(
+        self, config: dict[str, Any], number: int, result: ProbeResult, confirms: int | None = None
+    ) -> ProbeResult:
         """A measured training result as the study reads it at its cluster: projected there when it
         ran on the probe slice; with ``scaling_efficiency`` (and ``comm_fraction`` where the probe
         gave none) when the spec names them, read by the calibrated model from the measurement
-        (:func:`autotune.guide.projection.scaling_figures`, said in ``info["scaling_figures"]``)."""
-        on_slice = bool(self.context.cluster.get("probe_nodes"))
+        (:func:`autotune.guide.projection.scaling_figures`, said in ``info["scaling_figures"]``).
+        ``confirms``: the slice trial whose config this one measured again at full size
+        (``cluster.confirm_top``): read as it ran, and marked so (``info["confirmed_at_target"]``)."""
+        confirming = confirms is not None
+        on_slice = bool(self.context.cluster.get("probe_nodes")) and not confirming
+        if confirming:
+            where = {"nodes": int(self.context.cluster["nodes"]), "confirms_trial": confirms}
+            result = dataclasses.replace(result, info={**result.info, CONFIRMED_AT_TARGET: where})
         if not on_slice and not self._scaling_named:  # measured at full size, nothing to read: as it is
             return result
         target = self.request.target_request(config, number)
