@@ -111,9 +111,16 @@ def test_a_cancelled_probe_and_its_process_group_stop(dispatching, tmp_path):
     handle = d.submit(_request(7), _launch(grandchild_probe(tmp_path, pid_file), extra))
     pid = read_pid(pid_file, within_s=60)
     d.cancel(handle)
+    cancelled_at = time.monotonic()
     result = _drain(d)[7]
     assert result.status == "pruned", result
     assert wait_dead(pid, within_s=30), "the probe's grandchild outlived the cancel"
+    if extra.get("nodes", 1) > 1:  # the nodes the trial reserved are free again, and soon
+        import ray
+
+        while ray.available_resources().get("NPU", 0) < 2 and time.monotonic() - cancelled_at < 20:
+            time.sleep(0.2)
+        assert ray.available_resources().get("NPU", 0) >= 2, "a cancelled trial kept its nodes reserved"
 
 
 def test_wait_any_honours_its_timeout_and_placement_is_said(dispatching, tmp_path):

@@ -43,6 +43,7 @@ from .ray_tasks import (
     _holds,
     _node_name,
     _ray_multinode_task,
+    trial_group_name,
     _ray_probe_task,
     _requirements,
     _unfinished,
@@ -205,6 +206,7 @@ class RayDispatcher(Dispatcher):
         self._refs: dict[Any, Handle] = {}  # ObjectRef -> Handle
         self._ready: list[tuple[Handle, ProbeResult]] = []  # answered without running (infeasible)
         self._cancelled: dict[Handle, float] = {}  # handle -> when the polite cancel was sent
+        self._groups: dict[Handle, str] = {}  # a pending multi-node trial -> its placement group's name
         self._nodes: tuple[float, list[dict[str, float]]] | None = None
         self._seen_nodes: dict[str, dict[str, Any]] = {}  # node id -> resources and address, once seen alive
         self._dead_nodes: set[str] = set()
@@ -368,10 +370,26 @@ class RayDispatcher(Dispatcher):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(self._ray.get_runtime_context().get_node_id(), soft=True)
-        ref = self._multinode.options(scheduling_strategy=here).remote(request.to_json(), launch.to_json(), self._sink)
+        data = request.to_json()
+        ref = self._multinode.options(scheduling_strategy=here).remote(data, launch.to_json(), self._sink)
         handle = Handle(request.number, ref)
         self._refs[ref] = handle
+        self._groups[handle] = trial_group_name(data)
         return handle
+
+    def _remove_group(self, handle: Handle) -> None:
+        """Remove a multi-node trial's placement group if it is still there (its coordinator removes
+        it however the trial ends, unless the coordinator itself was killed)."""
+        name = self._groups.pop(handle, None)
+        if name is None:
+            return
+        try:
+            from ray.util import get_placement_group, remove_placement_group
+
+            remove_placement_group(get_placement_group(name))
+            log.warning("removed the placement group %s that trial %d's coordinator left", name, handle.number)
+        except Exception as exc:  # gone already: the usual case
+            log.debug("placement group %s: %s", name, exc)
 
     def _unplaced(self, request: TrialRequest, problem: tuple[str, str]) -> Handle:
         """A trial answered without running: ``invalid`` when the cluster never had what it needs;
@@ -412,6 +430,9 @@ class RayDispatcher(Dispatcher):
         for ref in ready:
             handle = self._refs.pop(ref)
             cancelled = self._cancelled.pop(handle, None) is not None
+            if cancelled:
+                self._remove_group(handle)
+            self._groups.pop(handle, None)
             try:
                 result = ProbeResult.from_json(ray.get(ref))
             except Exception as exc:
@@ -468,6 +489,7 @@ class RayDispatcher(Dispatcher):
                 self._ray.cancel(ref, force=True)
             except Exception as exc:  # pragma: no cover
                 log.debug("force cancel failed: %s", exc)
+            self._remove_group(handle)  # a killed coordinator leaves its nodes reserved
             self._cancelled[handle] = -1.0  # escalated
 
     def cancel(self, handle: Handle) -> None:
@@ -496,6 +518,7 @@ class RayDispatcher(Dispatcher):
         self._refs.clear()
         self._ready.clear()
         self._cancelled.clear()
+        self._groups.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 

@@ -258,6 +258,31 @@ def _bundle_options(bundle: dict[str, float]) -> dict[str, Any]:
     }
 
 
+# how long one wait of the coordinator blocks: short, so that a polite cancel (a KeyboardInterrupt,
+# delivered only while Python runs) reaches it within a second and its ``finally`` frees the nodes.
+# Blocked in one long ray.wait, a pruned trial's coordinator heard the cancel only when its probes
+# ended on their own, was force-killed first, and its placement group stayed reserved: the next
+# 4-node trials of the study found one CPU free and failed as infrastructure (2026-11-28)
+_COORDINATOR_WAIT_S = 0.5
+
+
+def trial_group_name(request_data: dict[str, Any]) -> str:
+    """The placement group of a multi-node trial, named so that the driver can remove it if its
+    coordinator was killed before it could."""
+    study = "".join(c if c.isalnum() or c in "-_." else "-" for c in str(request_data.get("study") or "study"))
+    return f"autotune-{study}-trial-{request_data.get('number')}"
+
+
+def _wait_one(ray: Any, refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+    """``ray.wait`` for one of ``refs`` (up to ``timeout_s``, None: until one is ready) in short waits."""
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        step = _COORDINATOR_WAIT_S if end is None else max(0.0, min(_COORDINATOR_WAIT_S, end - time.monotonic()))
+        done, _ = ray.wait(refs, num_returns=1, timeout=step)
+        if done or (end is not None and time.monotonic() >= end):
+            return done
+
+
 def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any], sink: Any = None) -> dict[str, Any]:
     """One trial over ``launch.nodes`` nodes: a placement group of one bundle per node
     (``STRICT_SPREAD``: each on its own node) reserves every node's devices at once; node 0's
@@ -272,12 +297,11 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
     launch = ProbeLaunch(**launch_data)
     n, bundle = int(launch.nodes), dict(launch.bundle)
     pg = placement_group(
-        [dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD", name=f"autotune-trial-{request_data.get('number')}"
+        [dict(bundle) for _ in range(n)], strategy="STRICT_SPREAD", name=trial_group_name(request_data)
     )
     refs: list[Any] = []
     try:
-        ready, _ = ray.wait([pg.ready()], timeout=launch.placement_timeout_s)
-        if not ready:
+        if not _wait_one(ray, [pg.ready()], launch.placement_timeout_s):
             free = ray.available_resources()
             return ProbeResult(
                 "infra",
@@ -305,7 +329,7 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
         results: dict[int, ProbeResult] = {}
         while len(results) < n:
             left = [r for i, r in enumerate(refs) if i not in results]
-            done, _ = ray.wait(left, num_returns=1)
+            done = _wait_one(ray, left)
             rank = refs.index(done[0])
             try:
                 result = ProbeResult.from_json(ray.get(done[0]))
