@@ -108,7 +108,7 @@ def test_a_command_probe_runs_once_per_node_with_the_rendezvous(write_spec, tmp_
 # A launcher whose full-size runs carry what the model does not price: on the 1-node slice the
 # largest micro-batch is fastest; across the target's 2 nodes its communication stops overlapping
 BREAKS_AT_TARGET = r"""
-import json, os, sys
+import json, os, sys, time
 req = json.load(open(sys.argv[1]))
 nodes, mbs = req["cluster"]["nodes"], req["params"]["micro_batch_size"]
 with open(os.environ["RECORD"], "a") as f:
@@ -116,6 +116,9 @@ with open(os.environ["RECORD"], "a") as f:
 step = 0.9 - 0.1 * mbs
 if nodes == 2:
     step *= 3.0 if mbs == 4 else 1.3
+for i in range(4):  # steps the pruner sees while the probe runs: a confirmation is never pruned
+    print(json.dumps({"event": "step", "step": i, "step_time_s": step}), flush=True)
+    time.sleep(0.5)
 print(json.dumps({"metrics": {"step_time_s": step, "peak_memory_gib": 1.0}}))
 """
 
@@ -145,6 +148,7 @@ def test_a_slice_studys_best_are_measured_again_at_full_size(write_spec, tmp_pat
     full = [r for r in records if r["nodes"] == 2]
     assert sorted(r["mbs"] for r in full) == [2, 2, 4, 4]  # the two best by projection, on both nodes
     out = json.loads(result.stdout)
+    assert out["statuses"].get("pruned", 0) == 0, out["statuses"]
     assert "cluster.confirm_top" in out["stopped_because"]
     best = out["best"][0]
     assert best["params"]["micro_batch_size"] == 2 and best["confirmed_at_target"]["nodes"] == 2

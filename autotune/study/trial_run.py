@@ -149,8 +149,12 @@ class TrialRunner:
             self._end(study, loop, trial, config, result)
 
     def full_probes(self, loop: LoopState) -> dict[Any, tuple[optuna.Trial, dict[str, Any]]]:
-        """The pending runs that are full probes (a memory profile is not pruned)."""
-        return {h: v for h, v in loop.pending.items() if h not in self._profiling}
+        """The pending runs the pruner may stop: full probes, not a memory profile, nor a slice
+        study's confirmation at full size (its steps are the target's, slower than the slice's
+        projected best by design: the first run of the slice benchmark pruned both of its own)."""
+        return {
+            h: v for h, v in loop.pending.items() if h not in self._profiling and not v[0].user_attrs.get(A.AT_TARGET)
+        }
 
     # ---- [memory profile -> verdict] -----------------------------------------------------------
     def _profiled(self, study: optuna.Study, loop: LoopState, run: ProfileRun, result: ProbeResult) -> None:
