@@ -24,13 +24,9 @@ STUDY = DATA / "h200_llama32_3b_study.json"
 SPEC_3B = REPO / "search_spaces" / "llama32_3b_1gpu.yaml"  # the study's spec: its model
 
 
-def _saved_bytes(h: int, heads: int, kv: int, ffn: int, seq: int, precision: str, selective: bool) -> int:
-    """Every storage autograd saves in one forward of the probe's layer (each once), under the
-    autocast the probe trains with."""
-    from autotune.workers.torch_probe.model import TransformerBlock, rope_tables
-    from autotune.workers.torch_probe.plan import ModelConfig
-
-    cfg = ModelConfig(
+def _one_layer(h: int, heads: int, kv: int, ffn: int) -> dict:
+    """One Llama layer of these widths, in the model fields both the probe and the simulator read."""
+    return dict(
         hidden_size=h,
         num_hidden_layers=1,
         num_attention_heads=heads,
@@ -38,6 +34,15 @@ def _saved_bytes(h: int, heads: int, kv: int, ffn: int, seq: int, precision: str
         intermediate_size=ffn,
         vocab_size=256,
     )
+
+
+def _saved_bytes(h: int, heads: int, kv: int, ffn: int, seq: int, precision: str, selective: bool) -> int:
+    """Every storage autograd saves in one forward of the probe's layer (each once), under the
+    autocast the probe trains with."""
+    from autotune.workers.torch_probe.model import TransformerBlock, rope_tables
+    from autotune.workers.torch_probe.plan import ModelConfig
+
+    cfg = ModelConfig.from_dict(_one_layer(h, heads, kv, ffn))
     torch.manual_seed(0)
     block = TransformerBlock(cfg)
     block.attention.recompute_core = selective
@@ -67,16 +72,7 @@ def test_the_rule_counts_what_the_probe_layer_saves(h, heads, kv, ffn, precision
         _saved_bytes(h, heads, kv, ffn, 128, precision, selective)
         - _saved_bytes(h, heads, kv, ffn, 64, precision, selective)
     ) / 64
-    shape = Shape.of(
-        dict(
-            hidden_size=h,
-            num_hidden_layers=1,
-            num_attention_heads=heads,
-            num_key_value_heads=kv,
-            intermediate_size=ffn,
-            vocab_size=256,
-        )
-    )
+    shape = Shape.of(_one_layer(h, heads, kv, ffn))
     one = np.ones(1)
     prec = np.full(1, 2 if precision == "fp32" else 0)
     full, _, dropped = _torch_probe_layer_bytes(shape, prec, one, one, one, 2.0 * kv * h / heads)

@@ -16,7 +16,7 @@ from autotune.objectives.intervals import ci_keys
 
 from ..sanity import is_finite_number as _finite
 from ..guide.memory_profile import cost_of_trials, ran_full_probe
-from ..study.records import CONFIRMED_AT_TARGET, TrialRecord, best_records, is_tracked
+from ..study.records import TrialRecord, best_records, is_tracked
 from ..spec.errors import escape_text
 
 __all__ = [
@@ -130,14 +130,13 @@ def write_results_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 def best_payload(record: TrialRecord) -> dict[str, Any]:
     """A best trial for ``--json``; a slice study's says where its figure stands: projected from the
     slice (``projected_from``) or measured again at full size (``confirmed_at_target``)."""
-    where = {k: record.info[k] for k in ("projected_from", CONFIRMED_AT_TARGET) if record.info.get(k)}
     return {
         "number": record.number,
         "params": record.config,
         "metrics": record.metrics,
         "source": record.source,
         "predicted": record.predicted,
-        **where,
+        **record.measured_where(),
     }
 
 

@@ -22,6 +22,7 @@ from autotune.workers.parameters import value
 
 from .report import WIDTH, wrap_line
 from ..spec.errors import escape_text
+from ..study.records import CONFIRMED_AT_TARGET
 
 __all__ = [
     "wrap_line",
@@ -334,7 +335,7 @@ def _rate_bracket(m: dict[str, Any]) -> str:
 def source_label(record: Any, source: str) -> str:
     """How a figure was obtained: ``source``, or, for a config measured on the probe slice, that."""
     info = getattr(record, "info", None) or {}
-    confirmed = info.get("confirmed_at_target")
+    confirmed = info.get(CONFIRMED_AT_TARGET)
     if confirmed:
         return f"measured at the target's {confirmed['nodes']} node(s), confirming trial {confirmed['confirms_trial']}"
     where = info.get("projected_from")

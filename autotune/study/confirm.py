@@ -21,7 +21,7 @@ from ..settings import Objectives
 from ..spec.space import Space, config_key
 from ..trial_attrs import A
 from .plan import params_for
-from .records import TrialRecord, trial_records
+from .records import TrialRecord, rankable, trial_records
 
 __all__ = ["confirmed_before", "queue_confirmations", "projected_ranking"]
 
@@ -37,10 +37,8 @@ def projected_ranking(records: list[TrialRecord], objectives: Objectives) -> lis
     missed) and failed probes are left out."""
     metric, direction = objectives[0]
     groups: dict[str, list[TrialRecord]] = {}
-    for r in records:
-        value = r.metrics.get(metric)
-        if r.status == "ok" and r.state == "COMPLETE" and r.probed and r.feasible and isinstance(value, (int, float)):
-            groups.setdefault(config_key(r.config), []).append(r)
+    for r in rankable(records, objectives[:1]):
+        groups.setdefault(config_key(r.config), []).append(r)
     ranked = [
         (max(rs, key=lambda r: r.number), statistics.fmean(float(r.metrics[metric]) for r in rs))
         for rs in groups.values()

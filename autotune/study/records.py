@@ -32,6 +32,7 @@ __all__ = [
     "frozen_trial",
     "guide_estimates",
     "best_records",
+    "rankable",
     "CONFIRMED_AT_TARGET",
     "measured_at_target_first",
     "beyond_noise",
@@ -44,6 +45,10 @@ __all__ = [
     "drift_sentence",
     "is_tracked",
 ]
+
+
+# ``info`` key of a slice study's config measured again at the target's full size (cluster.confirm_top)
+CONFIRMED_AT_TARGET = "confirmed_at_target"
 
 
 @dataclass
@@ -74,6 +79,12 @@ class TrialRecord:
         profile: :func:`autotune.guide.memory_profile.cost_of_trials`), for callers that hold records."""
         return {A.STATUS: self.status, A.WALL: self.wall_s, A.MEMORY_PROFILE: self.memory_profile}
 
+    def measured_where(self) -> dict[str, Any]:
+        """Where a slice study's figure stands: measured on the probe slice and projected
+        (``projected_from``: where, what it read, the projection), or measured again at the
+        target's full size (``confirmed_at_target``); empty for any other trial."""
+        return {k: self.info[k] for k in ("projected_from", CONFIRMED_AT_TARGET) if self.info.get(k)}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "number": self.number,
@@ -88,10 +99,7 @@ class TrialRecord:
             "baseline": self.baseline,
             "chosen_because": self.chosen_because,
             **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
-            # measured on the probe slice (cluster.probe_nodes): where, what it read, the projection
-            **({"projected_from": self.info["projected_from"]} if self.info.get("projected_from") else {}),
-            # a slice study's config measured again at full size (cluster.confirm_top)
-            **({CONFIRMED_AT_TARGET: self.info[CONFIRMED_AT_TARGET]} if self.info.get(CONFIRMED_AT_TARGET) else {}),
+            **self.measured_where(),
             # measured, but missing the spec's constraints on metrics: why it is not the best
             **({"misses": self.reason} if self.status == "ok" and not self.feasible else {}),
             # scaling_efficiency / comm_fraction read by the model from the measurement
@@ -140,10 +148,6 @@ def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] 
     }
 
 
-# ``info`` key of a slice study's config measured again at the target's full size (cluster.confirm_top)
-CONFIRMED_AT_TARGET = "confirmed_at_target"
-
-
 def measured_at_target_first(records: list[TrialRecord]) -> list[TrialRecord]:
     """A slice study's records as the recommendation weighs them: once some configs were measured
     again at full size (``cluster.confirm_top``), only those full-size measurements; a projection
@@ -151,6 +155,20 @@ def measured_at_target_first(records: list[TrialRecord]) -> list[TrialRecord]:
     does not price, every true figure there can be below its projection)."""
     confirmed = [r for r in records if r.info.get(CONFIRMED_AT_TARGET)]
     return confirmed or records
+
+
+def rankable(records: list[TrialRecord], objectives: list[tuple[str, str]]) -> list[TrialRecord]:
+    """The trials that may be the best: probed and completed, ok, feasible (a result that misses
+    the spec's constraints on metrics never is) and a finite reading of every objective."""
+    return [
+        r
+        for r in records
+        if r.status == "ok"
+        and r.state == "COMPLETE"
+        and r.probed
+        and r.feasible
+        and all(_finite(r.metrics.get(m)) for m, _ in objectives)
+    ]
 
 
 def best_records(
@@ -171,18 +189,9 @@ def best_records(
     tell from the best reading (:func:`beyond_noise`); a model that ranks a config far above what
     it measured does not make it the best. The record returned then carries
     ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
-    ok = [
-        r
-        for r in records
-        if r.status == "ok"
-        and r.state == "COMPLETE"
-        and r.probed
-        and r.feasible  # a result that misses the spec's constraints on metrics is never the best
-        and all(_finite(r.metrics.get(m)) for m, _ in objectives)
-    ]
+    ok = measured_at_target_first(rankable(records, objectives))
     if not ok:
         return []
-    ok = measured_at_target_first(ok)
     groups: dict[str, list[TrialRecord]] = {}
     for r in ok:
         groups.setdefault(config_key(r.config), []).append(r)

@@ -57,6 +57,7 @@ from .plan import StudyPlan
 from .result import StudyOutcome
 from .confirm import queue_confirmations
 from .stop_conditions import (
+    DEADLINE_REACHED,
     MAX_INFRA_IN_A_ROW,
     LoopState,
     budget_stop,
@@ -212,8 +213,8 @@ class StudyRunner:
 
     def _confirm(self, study: optuna.Study, loop: LoopState) -> bool:
         """Queue a slice study's confirmations (:mod:`autotune.study.confirm`) once its search ended
-        on its own (not on the infrastructure, a timeout or a stuck sampler); True when some were."""
-        if not self.settings.confirm_top or loop.infra_failure or loop.stopped == "search timeout reached":
+        on its own (not on the infrastructure or ``search.timeout_s``); True when some were."""
+        if not self.settings.confirm_top or loop.infra_failure or loop.stopped == DEADLINE_REACHED:
             return False
         nodes = int(self.context.cluster["nodes"])
         queued = queue_confirmations(study, self.space, self.objectives, self.settings.confirm_top, nodes)

@@ -55,9 +55,12 @@ class LoopState:
     confirming: bool = False  # running a slice study's confirmations at full size: no stop check applies
 
 
+DEADLINE_REACHED = "search timeout reached"
+
+
 def deadline_reached(study: optuna.Study, loop: LoopState) -> str | None:
     """``search.timeout_s`` has passed."""
-    return "search timeout reached" if loop.deadline and time.monotonic() > loop.deadline else None
+    return DEADLINE_REACHED if loop.deadline and time.monotonic() > loop.deadline else None
 
 
 def space_exhausted(study: optuna.Study, loop: LoopState) -> str | None:

@@ -212,7 +212,8 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     # First stage: GPT's embedding dropout mask for each micro-batch in flight. Last stage: the
     # output layer of the one micro-batch whose loss is being computed.
     boundary = has_first * (1.0 if has_dropout(s, workload) else 0.0) * s.h * rep * inflight(c, True)
-    if memory_rule_of(workload) == "torch-probe":
+    rule = memory_rule_of(workload)
+    if rule == "torch-probe":
         logits = has_last * _torch_probe_logits_bytes(s, tok, t, rep)
     else:
         logits = has_last * _logits_bytes(s, tok, t, e, rep)
@@ -226,7 +227,6 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     # the root unit (embedding / output layer) that FSDP keeps gathered through the step.
     root = embed * (1.0 if s.tied else 2.0)
     gather = np.where(zero >= 3, per_layer * (2.0 * w_full + g_full) + root * w_full, 0.0)
-    rule = memory_rule_of(workload)
     if rule in ("fsdp2", "torch-probe"):
         # FSDP2 without resharding after forward (ZeRO-2) keeps the whole stage's compute copy
         gather = np.where(zero == 2, params * w_full, gather)
