@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -260,3 +261,60 @@ def calibration_in_child(accelerator, ranks, threads, base, progress=lambda _: N
     """A stand-in for the calibration that says where it ran (importable by a spawned child)."""
     progress(f"measuring {accelerator}")
     return {"pid": os.getpid(), "accelerator": accelerator, "ranks": ranks}
+
+
+# ---- vLLM's own parser and stand-ins for its servers (the vllm exports' tests)
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SERVER_VARIABLES = (
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "HCCL_BUFFSIZE",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST",
+)
+
+
+def vllm_stand_ins(tmp_path: Path) -> Path:
+    """``vllm`` and ``python`` stand-ins recording argv and the variables a server reads
+    (:data:`SERVER_VARIABLES`), one file per process in ``$RECORD_DIR``; the folder to put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    recorder = (
+        f"#!{sys.executable}\n"
+        "import json, os, sys, uuid\n"
+        f"keep = {SERVER_VARIABLES!r}\n"
+        "record = {'argv': sys.argv, 'env': {k: os.environ[k] for k in keep if k in os.environ}}\n"
+        "path = os.path.join(os.environ['RECORD_DIR'], uuid.uuid4().hex + '.json')\n"
+        "open(path, 'w').write(json.dumps(record))\n"
+    )
+    for name in ("vllm", "python"):
+        (bin_dir / name).write_text(recorder)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def server_words(record: dict) -> list[str]:
+    """The words vLLM's serve parser sees: after ``vllm serve``, or after ``-m MODULE`` on CPU."""
+    argv = record["argv"]
+    if Path(argv[0]).name == "vllm":
+        assert argv[1] == "serve"
+        return argv[2:]
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    return argv[3:]
+
+
+def vllm_parse(cases: list[list[str]]) -> list[dict]:
+    """vLLM's own parse of each command line (one interpreter start for all:
+    tests/fixtures/vllm/parse_serve_args.py)."""
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "fixtures" / "vllm" / "parse_serve_args.py")],
+        input=json.dumps([{"argv": argv} for argv in cases]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    payload = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert payload["vllm"].startswith("0.")
+    return payload["results"]

@@ -410,7 +410,13 @@ print(json.dumps({"metrics": {"step_time_s": step_time, "tokens_per_s_per_device
 """
 
 
-@pytest.mark.parametrize("ray", ["ray: {num_cpus: 2}", "ray: {enabled: false}"])
+@pytest.mark.parametrize(
+    "ray",
+    [
+        pytest.param("ray: {num_cpus: 2}", marks=pytest.mark.slow),  # ~35 s: the same pruning through Ray
+        "ray: {enabled: false}",
+    ],
+)
 def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
     script = tmp_path / "probe.py"
     script.write_text(SLOW_TP2_PROBE)

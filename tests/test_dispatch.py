@@ -261,6 +261,7 @@ def test_ray_probe_failure_and_timeout(ray_dispatcher, tmp_path):
     assert results[21].status == "timeout"
 
 
+@pytest.mark.slow  # ~20 s; Ray cancel of a probe group stays in CI
 def test_stop_tasks_cancels_only_unfinished_and_forces_only_ignored_cancels(ray_dispatcher):
     """Stopping a study's tasks never cancels a finished task (a cancel racing a task's reply can
     kill the driver inside Ray), and forces only a task still running after the grace period."""

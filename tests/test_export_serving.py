@@ -39,10 +39,10 @@ from autotune.stacks import STACKS
 from autotune.stacks.mindie import METRICS_NAMES as MINDIE_METRICS, STARTUP_FAILURES as MINDIE_FAILURES
 from autotune.stacks.vllm import METRICS_NAMES as VLLM_METRICS, STARTUP_FAILURES as VLLM_FAILURES, user_arg_conflicts
 from autotune.workers.protocol import TrialRequest
+from support import VLLM_PYTHON, server_words, vllm_parse, vllm_stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 LLAMA2_7B = {"name": "llama2-7b", "arch": "llama", **MODELS["llama2-7b"]}
 WORKLOAD = {
     "kind": "serve",
@@ -165,31 +165,13 @@ def readback(engine: dict[str, Any]) -> dict[str, Any]:
     return {k: engine[k] for k in expected_engine(serve(), "cuda")}
 
 
-def _fake_bin(tmp_path: Path) -> Path:
-    """``vllm`` and ``python`` stand-ins recording argv and the device variables, one file per server."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    recorder = (
-        f"#!{sys.executable}\n"
-        "import json, os, sys, uuid\n"
-        "keep = ('ASCEND_RT_VISIBLE_DEVICES', 'CUDA_VISIBLE_DEVICES', 'VLLM_CPU_OMP_THREADS_BIND', 'HCCL_BUFFSIZE')\n"
-        "record = {'argv': sys.argv, 'env': {k: os.environ[k] for k in keep if k in os.environ}}\n"
-        "path = os.path.join(os.environ['RECORD_DIR'], uuid.uuid4().hex + '.json')\n"
-        "open(path, 'w').write(json.dumps(record))\n"
-    )
-    for name in ("vllm", "python"):
-        (bin_dir / name).write_text(recorder)
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
-
-
 def run_script(script: Path, tmp_path: Path, *extra: str) -> list[dict[str, Any]]:
     """Run an exported serve_vllm.sh with the stand-ins; each server's record, by port."""
     records = tmp_path / "records"
     records.mkdir(exist_ok=True)
     env = {
         **os.environ,
-        "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}",
+        "PATH": f"{vllm_stand_ins(tmp_path)}:{os.environ['PATH']}",
         "RECORD_DIR": str(records),
         "MODEL": "/ckpt/llama2-7b",
         "PORT": "9100",
@@ -198,31 +180,6 @@ def run_script(script: Path, tmp_path: Path, *extra: str) -> list[dict[str, Any]
     subprocess.run(["bash", str(script), *extra], env=env, check=True, timeout=60, cwd=tmp_path)
     out = [json.loads(p.read_text()) for p in records.glob("*.json")]
     return sorted(out, key=lambda r: int(r["argv"][r["argv"].index("--port") + 1]))
-
-
-def server_words(record: dict[str, Any]) -> list[str]:
-    """The words vLLM's serve parser sees: after ``vllm serve``, or after ``-m MODULE`` on CPU."""
-    argv = record["argv"]
-    if Path(argv[0]).name == "vllm":
-        assert argv[1] == "serve"
-        return argv[2:]
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    return argv[3:]
-
-
-def vllm_parse(cases: list[list[str]]) -> list[dict[str, Any]]:
-    """vLLM's own parse of each command line (one interpreter start for all)."""
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(FIXTURES / "vllm" / "parse_serve_args.py")],
-        input=json.dumps([{"argv": argv} for argv in cases]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    payload = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert payload["vllm"].startswith("0.")
-    return payload["results"]
 
 
 needs_vllm = pytest.mark.skipif(

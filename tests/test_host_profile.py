@@ -159,6 +159,7 @@ def test_a_real_study_calibrates_once_and_plan_says_which_profile(write_spec, tm
     assert "this host's cached calibration" in text.stdout and " ago)" in text.stdout
 
 
+@pytest.mark.slow  # ~20 s; calibrating once per host stays in CI
 def test_trials_on_a_ray_cluster_calibrate_on_one_of_its_nodes(write_spec, tmp_path, auto_calibration):
     """A local two-node cluster (ray.cluster_utils): the calibration runs as a Ray task reserving
     a node's devices, not in the driver; a cluster without such a node is said, not waited for."""

@@ -306,6 +306,7 @@ def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec
         c.shutdown()
 
 
+@pytest.mark.slow  # ~60 s; a node killed mid-trial (retried) stays in CI
 def test_a_node_lost_for_good_stops_the_study_with_exit_3_and_its_configs_resume(write_spec, tmp_path):
     """Issue #30: one node of a 2-node trial is killed and does not come back. The trial is an
     infrastructure failure; the next trials are not `invalid` (fed to the search as infeasible)

@@ -156,6 +156,7 @@ def _mean_sd(guide, obs):
     return belief.mean, belief.sd
 
 
+@pytest.mark.slow  # ~70 s; tests/test_memory_profile.py checks profiles against full probes on this CPU in CI
 # ------------------------------------------------------------------ the acceptance, on real probes
 # fp32: this machine's CPUs have no bf16 instructions (no AVX512-BF16/AMX), so torch emulates bf16
 # matmuls and the same study in bf16 took 636 s (a pp=2 full probe alone 192 s); in fp32, 61 s. The

@@ -54,15 +54,21 @@ def _trial(
     startup_timeout_s: float = 20.0,
     arrival: str = "poisson",
     burstiness: float = 1.0,
+    roles: tuple = (),
     **workload_fields,
 ) -> Path:
-    """A trial folder: the trial file and an engine.json starting the fake engine."""
+    """A trial folder: the trial file and an engine.json starting the fake engine (``roles``: each
+    replica's role in a disaggregated deployment, "prefill" or "decode"; its own request log)."""
     folder = tmp_path / "trial"
     launches = []
     for k in range(replicas):
         argv = [sys.executable, str(FAKE), "--port", "{port}", "--mode", mode, *args]
         argv += ["--pid-file", str(tmp_path / f"engine{k}.pid")]
-        launches.append({"argv": argv, "env": {"FAKE_REPLICA": "{replica}"}, "devices": [], "files": {}})
+        launch = {"argv": argv, "env": {"FAKE_REPLICA": "{replica}"}, "devices": [], "files": {}}
+        if roles:
+            launch["role"] = roles[k]
+            argv += ["--request-log", str(tmp_path / f"requests{k}.jsonl")]
+        launches.append(launch)
     engine = {
         "engine": "fake",
         "replicas": launches,
@@ -137,6 +143,28 @@ def _load_steps(result) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- whole runs
+def test_a_disaggregated_deployment_sends_each_request_to_a_prefill_server_first(tmp_path, caplog):
+    """1 prefill + 1 decode server (issue 46): each request visits the prefill server (one token,
+    not streamed, a remote decode asked for), then streams from the decode server with the
+    kv_transfer_params the prefill answered; its TTFT holds the prefill's time; nothing is left."""
+    trial = _trial(
+        tmp_path, replicas=2, roles=("prefill", "decode"), args=("--ttft-ms", "40"), rates=(4.0,), duration_s=1.0
+    )
+    result = _run(trial, caplog)
+    assert result.status == "ok", result.reason
+    records = [r for r in _records(trial) if r["ok"]]
+    assert records and all(r["prefill_replica"] == 0 and r["replica"] == 1 for r in records)
+    assert all(r["prefill_ms"] >= 40 and r["ttft_ms"] >= r["prefill_ms"] + 40 for r in records)
+    prefill = [json.loads(x) for x in (tmp_path / "requests0.jsonl").read_text().splitlines()]
+    decode = [json.loads(x) for x in (tmp_path / "requests1.jsonl").read_text().splitlines()]
+    assert len(prefill) == len(decode) >= len(records)
+    assert all(e["stream"] is False and e["max_tokens"] == 1 for e in prefill)
+    assert all(e["kv_transfer_params"]["do_remote_decode"] is True for e in prefill)
+    port = prefill[0]["port"]
+    assert all(e["stream"] is True and e["kv_transfer_params"]["remote_engine_id"] == f"fake-{port}" for e in decode)
+    _nothing_left(tmp_path, caplog)
+
+
 def test_healthy_run_reports_metrics_and_the_verdict_recomputes_from_the_records(tmp_path, caplog):
     # 429 and 912 requests: enough for every p99 to have an upper end (368), so "met" is decided
     log = tmp_path / "requests_seen.jsonl"

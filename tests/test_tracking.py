@@ -195,6 +195,7 @@ def test_an_unreachable_tracking_server_at_start_is_named_and_a_clear_exit(write
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow  # ~22 s; a tracking server killed mid-study stays in CI
 def test_a_study_outlives_its_tracking_server_and_a_rerun_logs_what_it_missed(mlflow_server, write_spec, tmp_path):
     """The command backend's probes run while the server is killed: the study finishes (exit 0,
     one warning), and re-running it after the server is back logs the missing trials: Optuna and

@@ -73,7 +73,9 @@ STARTUP_FAILURES = [
 ]
 
 
-def _trial(tmp_path: Path, tag: str, kv_bytes: int) -> Path:
+def _trial(tmp_path: Path, tag: str, kv_bytes: int, disaggregated: bool = False) -> Path:
+    """A trial of one vLLM server, or (``disaggregated``) a prefill and a decode server joined by
+    vLLM's shared-storage example connector (ExampleConnector) in the trial's folder."""
     folder = tmp_path / "trial"
     argv = [
         str(VLLM_PYTHON),
@@ -101,9 +103,20 @@ def _trial(tmp_path: Path, tag: str, kv_bytes: int) -> Path:
         "autotune-model",
     ]
     env = {TAG: tag, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    replicas = [{"argv": argv, "env": env, "devices": [], "files": {}}]
+    if disaggregated:
+        replicas = []
+        for role in ("kv_producer", "kv_consumer"):
+            kv = {
+                "kv_connector": "ExampleConnector",
+                "kv_role": role,
+                "kv_connector_extra_config": {"shared_storage_path": "{trial_dir}/kv_cache"},
+            }
+            launch = {"argv": [*argv, "--kv-transfer-config", json.dumps(kv)], "env": env, "devices": [], "files": {}}
+            replicas.append({**launch, "role": "prefill" if role == "kv_producer" else "decode"})
     engine = {
         "engine": "vllm",
-        "replicas": [{"argv": argv, "env": env, "devices": [], "files": {}}],
+        "replicas": replicas,
         "files": {"model/config.json": json.dumps(MODEL)},
         "api": {
             "completions": "/v1/completions",
@@ -128,7 +141,7 @@ def _trial(tmp_path: Path, tag: str, kv_bytes: int) -> Path:
             "rates": [2.0],
             "arrival": "poisson",
             "burstiness": 1.0,
-            "prompt_len": 32,
+            "prompt_len": 200 if disaggregated else 32,  # a whole 128-token block to send
             "output_len": 16,
             "length_pairs": None,
             "shared_prefix": 0.0,
@@ -168,10 +181,10 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
-def _run(tmp_path: Path, caplog, kv_bytes: int):
+def _run(tmp_path: Path, caplog, kv_bytes: int, disaggregated: bool = False):
     caplog.set_level(logging.WARNING, logger="autotune.workers.command")
     tag = uuid.uuid4().hex
-    trial = _trial(tmp_path, tag, kv_bytes)
+    trial = _trial(tmp_path, tag, kv_bytes, disaggregated)
     result = run_probe_process(PROBE, {}, trial, 300.0)
     assert _tagged(tag) == [], "vLLM processes left behind"
     swept = [r.getMessage() for r in caplog.records if "outside its process group" in r.getMessage()]
@@ -193,6 +206,20 @@ def test_vllm_serves_a_tiny_llama_through_the_probe(tmp_path, caplog):
     records = [json.loads(line) for line in (trial.parent / "requests.jsonl").read_text().splitlines()]
     assert records and all(r["ok"] and r["output_tokens"] == 16 for r in records)
     assert "Starting vLLM server" in (trial.parent / "replica0" / "engine.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_disaggregated_vllm_deployment_sends_the_kv_cache_from_prefill_to_decode(tmp_path, caplog):
+    """1 prefill + 1 decode vLLM CPU server (issue 46): every request visits the prefill server, then
+    streams from the decode server, which loads the prompt's KV cache the prefill server stored."""
+    trial, result = _run(tmp_path, caplog, 64 * 2**20, disaggregated=True)
+    assert result.status == "ok", (result.reason, result.log_tail[-3000:])
+    records = [json.loads(line) for line in (trial.parent / "requests.jsonl").read_text().splitlines()]
+    assert records and all(r["ok"] and r["prefill_replica"] == 0 and r["replica"] == 1 for r in records)
+    assert all(r["ttft_ms"] > r["prefill_ms"] > 0 for r in records)
+    decode_log = (trial.parent / "replica1" / "engine.log").read_text()
+    assert "External Cache Hit!" in decode_log and "Inject KV cache of 128 tokens" in decode_log
+    assert any((trial.parent / "kv_cache").iterdir())  # what the prefill server stored
 
 
 @pytest.mark.slow

@@ -158,8 +158,75 @@ SERVING: dict[str, Parameter] = {
             type=str,
             allowed=("none", "int8", "w8a8", "int4"),
         ),
+        # Disaggregated prefill/decode (issue 46): the same engine in two pools, the KV cache of each prompt
+        # sent from a prefill instance to a decode instance by a KV connector, a proxy in front (vLLM's
+        # --kv-transfer-config, vLLM-Ascend's connectors, MindIE's PD separation). No engine flag of their
+        # own: the export launches prefill_replicas servers of prefill_tp x pp devices and replicas servers of
+        # tp x pp, and the proxy (autotune/export/_vllm.py).
+        Parameter(
+            "prefill_replicas",
+            0,
+            "prefill-only instances of a disaggregated deployment (0: aggregated, every replica runs both "
+            "phases; from 1: these prefill, the replicas decode)",
+            None,
+            type=int,
+        ),
+        Parameter(
+            "prefill_tp",
+            0,
+            "tensor-parallel size of each prefill instance (0: the decode instances' tp)",
+            None,
+            type=int,
+        ),
+        Parameter(
+            "kv_connector",
+            "auto",
+            "the KV connector a disaggregated deployment sends the KV cache with (auto: the accelerator's, "
+            "KV_CONNECTOR_AUTO)",
+            # vLLM's KVTransferConfig.kv_connector (vllm/config/kv_transfer.py), a name its KVConnectorFactory
+            # registers (vllm/distributed/kv_transfer/kv_connector/factory.py, vLLM 0.32: NixlConnector,
+            # MooncakeConnector, LMCacheConnectorV1, ExampleConnector: the shared-storage example, formerly
+            # SharedStorageConnector); vLLM-Ascend registers MooncakeConnectorV1 (its LLMDataDist connector was
+            # removed in a77045f3): the export spells each, the stacks' rules say where each runs. No flag of
+            # its own: each server's --kv-transfer-config JSON names it with the server's role
+            None,
+            type=str,
+            allowed=("auto", "nixl", "mooncake", "lmcache", "shared_storage"),
+        ),
     )
 }
+
+
+# the KV connector ``kv_connector: auto`` stands for on each accelerator: NIXL on CUDA (vLLM's
+# docs/features/nixl_connector_usage.md), Mooncake on Ascend (vLLM-Ascend's
+# pd_disaggregation_mooncake_single_node tutorial), and on a CPU the shared-storage example connector,
+# the one vLLM's CPU build can run without RDMA libraries (torch and safetensors only)
+KV_CONNECTOR_AUTO = {"cuda": "nixl", "npu": "mooncake", "cpu": "shared_storage"}
+
+
+# where each KV connector runs: vLLM 0.32 registers NIXL, Mooncake and LMCache for CUDA devices (their
+# transfer libraries: UCX/NIXL, Mooncake's transfer engine, LMCache's CUDA kernels); vLLM-Ascend 0.x
+# registers Mooncake (MooncakeConnectorV1) on Ascend; the shared-storage example connector moves tensors
+# through torch and safetensors only, so vLLM's CPU build runs it too
+KV_CONNECTOR_ACCELERATORS = {
+    "nixl": ("cuda",),
+    "mooncake": ("cuda", "npu"),
+    "lmcache": ("cuda",),
+    "shared_storage": ("cuda", "cpu"),
+}
+# vLLM-Ascend's Mooncake connector (vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py):
+# the prefill instances' tp must be at least the decode instances', and decode runs without pp
+MOONCAKE_ASCEND_RULE = "vLLM-Ascend's Mooncake connector needs prefill_tp >= tp and pp = 1"
+
+
+def kv_connector_on(connector: str, accelerator: str) -> str:
+    """The KV connector ``connector`` names on ``accelerator`` (``auto`` resolved)."""
+    return KV_CONNECTOR_AUTO.get(accelerator, "nixl") if connector == "auto" else connector
+
+
+def serving_parameter(name: str) -> Parameter:
+    """The table's row of a serving parameter; KeyError for a name it does not hold."""
+    return SERVING[name]
 
 
 def serving_default(name: str, accelerator: str | None = None) -> Any:
@@ -450,7 +517,8 @@ def effective_vpp(vpp: Any, pp: Any) -> Any:
 # ---- the devices a config occupies (the dispatcher reserves them, the metrics divide by them)
 DEVICES_RULE = (
     "a trial's devices: tp*pp*cp*dp for training (the world), replicas*tp*pp for serving (replicas of one "
-    "tp*pp instance), tp for offline inference (one instance)"
+    "tp*pp instance; a disaggregated deployment adds prefill_replicas*prefill_tp*pp), tp for offline "
+    "inference (one instance)"
 )
 
 
@@ -459,11 +527,21 @@ def instance_devices(config: Mapping[str, Any]) -> int:
     return value(config, "tp") * value(config, "pp")
 
 
+def prefill_tensor_parallel(config: Mapping[str, Any]) -> int:
+    """A disaggregated deployment's prefill instance's tensor-parallel size (``prefill_tp`` 0: ``tp``)."""
+    return value(config, "prefill_tp") or value(config, "tp")
+
+
+def prefill_devices(config: Mapping[str, Any]) -> int:
+    """The devices of a serving config's prefill pool: prefill_replicas*prefill_tp*pp (0 aggregated)."""
+    return value(config, "prefill_replicas") * prefill_tensor_parallel(config) * value(config, "pp")
+
+
 def trial_devices(workload_kind: str, config: Mapping[str, Any]) -> int:
     """:data:`DEVICES_RULE`: the devices one trial of a ``workload_kind`` workload occupies; a probe's
     reported ``world_size`` is not read here (the caller prefers it where the probe knows it)."""
     if workload_kind == "train":
         return instance_devices(config) * value(config, "cp") * value(config, "dp")
     if workload_kind == "serve":
-        return value(config, "replicas") * instance_devices(config)
+        return value(config, "replicas") * instance_devices(config) + prefill_devices(config)
     return value(config, "tp")

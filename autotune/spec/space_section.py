@@ -96,6 +96,9 @@ def env_value(value: Any) -> str:
 # the engine settings only a serve workload has (fields of SpaceSpec)
 SERVE_PARAMS = (
     "replicas",
+    "prefill_replicas",
+    "prefill_tp",
+    "kv_connector",
     "max_num_seqs",
     "max_num_batched_tokens",
     "block_size",
@@ -128,6 +131,17 @@ class SpaceSpec(Strict):
     kv_cache_dtype: list[Literal["auto", "bf16", "fp16", "fp8", "int8"]] | None = None
     quantization: list[Literal["none", "int8", "w8a8", "int4"]] | None = None
     replicas: IntChoice | None = Field(None, description="serving: engine instances on the node, one load balancer")
+    prefill_replicas: IntChoice | None = Field(
+        None,
+        description="serving: prefill-only instances of a disaggregated deployment (0: aggregated; from 1 the "
+        "replicas decode, the KV cache sent by kv_connector)",
+    )
+    prefill_tp: IntChoice | None = Field(
+        None, description="serving: tensor-parallel size of each prefill instance (0: the decode instances' tp)"
+    )
+    kv_connector: list[Literal["auto", "nixl", "mooncake", "lmcache", "shared_storage"]] | None = Field(
+        None, description="serving: the KV connector of a disaggregated deployment (auto: the accelerator's own)"
+    )
     max_num_seqs: IntChoice | None = Field(None, description="serving: sequences the engine batches at once")
     max_num_batched_tokens: IntChoice | None = Field(None, description="serving: tokens one engine step processes")
     block_size: list[Literal[16, 32, 64, 128]] | None = Field(None, description="serving: KV-cache block, tokens")
@@ -172,6 +186,14 @@ class SpaceSpec(Strict):
                 raise ValueError("needs at least one value")
             if len(set(map(repr, v))) != len(v):
                 raise ValueError(f"values repeat: {v}")
+        return v
+
+    @field_validator("prefill_replicas", "prefill_tp")
+    @classmethod
+    def _non_negative(cls, v: Any) -> Any:
+        low = v.low if isinstance(v, IntRange) else min(v) if isinstance(v, list) else 0
+        if low < 0:
+            raise ValueError(f"values must be integers >= 0 (0: aggregated / the decode tp), got {v}")
         return v
 
     @field_validator("memory_utilization")

@@ -121,6 +121,12 @@ def mindie_rules(n: int) -> list[Rule]:
 
     return [
         (
+            "MindIE's PD separation (ServerConfig inferMode dmi) is deployed through its cluster manager "
+            "(ms_coordinator, deploy_mode pd_separate), which autotune does not export: a disaggregated config "
+            "(prefill_replicas >= 1) is exported for vLLM-Ascend (serve_vllm.sh)",
+            lambda c: col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0,
+        ),
+        (
             "MindIE Service runs on Ascend NPUs only",
             lambda c: np.isin(fact(c, "accelerator", n).astype(str), ["cuda", "cpu"]),
         ),

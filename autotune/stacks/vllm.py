@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 
 from autotune.export._vllm import VLLM_SET_BY_AUTOTUNE, VllmExporter, replica_devices, vllm_dtype, vllm_engine_args
-from autotune.workers.parameters import BATCHED_COVERS_SEQS, batched_below_seqs, serving_default
+from autotune.export._vllm_disagg import NIXL_SIDE_CHANNEL_BASE, kv_transfer_config, placement
+from autotune.workers.parameters import (
+    BATCHED_COVERS_SEQS,
+    batched_below_seqs,
+    prefill_tensor_parallel,
+    serving_default,
+    value,
+)
 
 from ._base import (
     ENGINE_FILE,
@@ -270,6 +277,31 @@ def _device_env(accelerator: str, per_replica: int) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": "{devices}"} if per_replica == 1 else {}
 
 
+def _disaggregated_replicas(
+    argv: list[str], run: PresetRun, accelerator: str, max_model_len: int | None
+) -> list[dict[str, Any]]:
+    """A disaggregated deployment's servers for the serving probe (issue 46): the prefill servers
+    (their pool's tp) and the decode servers, each with its ``--kv-transfer-config`` and role, on
+    consecutive devices as the export places them on one node; the shared-storage connector's files
+    in the trial's folder. The probe's client plays the proxy (workers/serve_probe/client.py)."""
+    config = run.config
+    engine_args = vllm_engine_args(config, accelerator, max_model_len)
+    start = argv.index(engine_args[0])  # the trial's engine arguments: the prefill pool's differ in tp
+    servers = []
+    for k, (pool, index, _, devices) in enumerate(placement(config, 1 << 30)):
+        pool_args = engine_args
+        if pool == "prefill":
+            pool_args = vllm_engine_args({**config, "tp": prefill_tensor_parallel(config)}, accelerator, max_model_len)
+        kv = kv_transfer_config(config, accelerator, pool, index, storage="{trial_dir}/kv_cache")
+        words = [*argv[:start], *pool_args, *argv[start + len(engine_args) :]]
+        words += ["--kv-transfer-config", json.dumps(kv, sort_keys=True, separators=(",", ":"))]
+        env = _device_env(accelerator, len(devices))
+        if kv["kv_connector"] == "NixlConnector":  # its side channel: one port per server on the host
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_BASE + k)
+        servers.append({"argv": words, "env": env, "devices": devices, "files": {}, "role": pool})
+    return servers
+
+
 def vllm_launch(run: PresetRun) -> PresetLaunch:
     """``engine.json`` for the serving probe: one server per replica, the trial's engine arguments."""
     config, model, workload = run.config, run.model, run.workload
@@ -305,9 +337,12 @@ def vllm_launch(run: PresetRun) -> PresetLaunch:
         *vllm_engine_args(config, accelerator, max_model_len),
         *run.user,
     ]
-    devices = replica_devices(config)
-    env = _device_env(accelerator, len(devices[0]))
-    replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {}} for d in devices]
+    if value(config, "prefill_replicas") > 0:
+        replicas = _disaggregated_replicas(argv, run, accelerator, max_model_len)
+    else:
+        devices = replica_devices(config)
+        env = _device_env(accelerator, len(devices[0]))
+        replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {}} for d in devices]
     return serving_engine_launch(
         "vllm", replicas, files, ("port", "port"), METRICS_NAMES, STARTUP_FAILURES, workload, _engine_version(python)
     )

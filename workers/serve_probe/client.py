@@ -15,6 +15,15 @@ tokenizer anywhere: ``--skip-tokenizer-init``), else as text.
 Replicas sit behind a least-outstanding-requests balancer (what a production router in front of
 several instances does; round-robin would pile requests onto a replica that fell behind), and
 the open loop sends each request at its planned time whatever is in flight.
+
+A disaggregated deployment (issue 46) has a prefill pool in front of its decode servers: the client
+then does what vLLM's proxy (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``) does
+for each request: the prompt to a prefill server with ``max_tokens`` 1 and ``kv_transfer_params``
+asking for a remote decode, then the streamed request to a decode server with the
+``kv_transfer_params`` the prefill answered (where to fetch the KV cache; a connector that finds it
+by the prompt, the shared-storage one, answers none). The request's clock starts before the
+prefill, so TTFT holds the prefill, the KV transfer and the first decode step, as a client of the
+proxy sees them (less the proxy's own local HTTP hop).
 """
 
 from __future__ import annotations
@@ -41,13 +50,15 @@ class Endpoint:
 
 
 class LeastOutstanding:
-    """Picks the replica with the fewest requests in flight (the lowest index on a tie)."""
+    """Picks the replica with the fewest requests in flight (the lowest index on a tie); with
+    ``prefill``, a disaggregated deployment's prefill servers, which a request visits first."""
 
-    def __init__(self, endpoints: Sequence[Endpoint]) -> None:
+    def __init__(self, endpoints: Sequence[Endpoint], prefill: "LeastOutstanding | None" = None) -> None:
         if not endpoints:
             raise ValueError("no replica to send requests to")
         self.endpoints = list(endpoints)
         self.outstanding = {e.index: 0 for e in self.endpoints}
+        self.prefill = prefill
 
     def acquire(self) -> Endpoint:
         endpoint = min(self.endpoints, key=lambda e: (self.outstanding[e.index], e.index))
@@ -119,7 +130,7 @@ async def send_request(
     stream = _Stream(start)
     try:
         limit = None if deadline is None else max(deadline - start, 0.001)
-        await asyncio.wait_for(_exchange(session, endpoint.url, _body(planned, model), record, stream), limit)
+        await asyncio.wait_for(_visit(session, balancer, endpoint, planned, model, record, stream), limit)
     except asyncio.TimeoutError:
         record.update(error=f"no complete answer within {limit:.1f} s of sending", error_kind="timeout")
         return _finish(record, start, time.perf_counter())
@@ -133,6 +144,71 @@ async def send_request(
     record["output_tokens"] = int(stream.usage_tokens) if stream.usage_tokens is not None else stream.chunks
     record["ok"] = True
     return _finish(record, start, stream.last)
+
+
+# what vLLM's proxy asks of a prefill server (toy_proxy_server.py, vLLM commit 030ea52e): compute the
+# prompt's KV cache for a decode server elsewhere
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+async def _visit(
+    session: aiohttp.ClientSession,
+    balancer: LeastOutstanding,
+    endpoint: Endpoint,
+    planned: Planned,
+    model: str,
+    record: dict[str, Any],
+    stream: "_Stream",
+) -> None:
+    """The request's path: its prefill server first where the deployment has a prefill pool, then
+    ``endpoint``'s stream."""
+    body = _body(planned, model)
+    if balancer.prefill is not None:
+        params = await _prefill(session, balancer.prefill, planned, model, record)
+        if record["error"] is not None:
+            return
+        if params is not None:
+            body["kv_transfer_params"] = params
+    await _exchange(session, endpoint.url, body, record, stream)
+
+
+async def _prefill(
+    session: aiohttp.ClientSession, pool: LeastOutstanding, planned: Planned, model: str, record: dict[str, Any]
+) -> Any:
+    """The prompt to the least busy prefill server, one token asked (not streamed); the
+    ``kv_transfer_params`` its answer carries for the decode server (None where it has none)."""
+    endpoint = pool.acquire()
+    record["prefill_replica"] = endpoint.index
+    body = {**_body(planned, model), "max_tokens": 1, "min_tokens": 1, "stream": False}
+    body.pop("stream_options")
+    body["kv_transfer_params"] = dict(REMOTE_DECODE)
+    start = time.perf_counter()
+    try:
+        async with session.post(endpoint.url, json=body) as resp:
+            text = await resp.text()
+    finally:
+        pool.release(endpoint)
+    record["prefill_ms"] = round((time.perf_counter() - start) * 1000.0, 4)
+    if resp.status >= 400:
+        record.update(
+            error=f"prefill server {endpoint.index}: HTTP {resp.status}: {_error_text(text)}",
+            error_kind="http",
+            http_status=resp.status,
+        )
+        return None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        record.update(error=f"prefill server {endpoint.index} answered no JSON: {text[:200]!r}", error_kind="http")
+        return None
+    return answer.get("kv_transfer_params") if isinstance(answer, dict) else None
 
 
 class _Stream:

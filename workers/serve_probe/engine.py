@@ -145,6 +145,7 @@ class Replica:
     folder: Path
     ports: dict[str, int]
     files: dict[str, str] = field(default_factory=dict)
+    role: str = ""  # a disaggregated deployment's "prefill" or "decode" server; "" for an aggregated replica
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
 
@@ -261,6 +262,7 @@ class Engines:
                     folder,
                     mine,
                     {str(n): fill(str(t), values) for n, t in (launch.get("files") or {}).items()},
+                    str(launch.get("role") or ""),
                 )
             )
         self.common = common

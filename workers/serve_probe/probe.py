@@ -152,11 +152,16 @@ class Run:
 
     # ------------------------------------------------------------------ phases
     async def run(self) -> dict[str, Any]:
-        endpoints = [Endpoint(r.index, self.engines.url(r, "completions")) for r in self.engines.replicas]
+        endpoints = [
+            Endpoint(r.index, self.engines.url(r, "completions")) for r in self.engines.replicas if r.role != "prefill"
+        ]
+        prefill = [
+            Endpoint(r.index, self.engines.url(r, "completions")) for r in self.engines.replicas if r.role == "prefill"
+        ]
         metrics_urls = [self.engines.url(r, "metrics") for r in self.engines.replicas]
         names = dict(self.spec.get("metrics_names") or {})
         async with new_session() as session:
-            balancer = LeastOutstanding(endpoints)
+            balancer = LeastOutstanding(endpoints, LeastOutstanding(prefill) if prefill else None)
             sampler = MetricsSampler(session, metrics_urls, names)
             version = await self._version(session)
             await self._warmup(session, balancer)
@@ -184,7 +189,10 @@ class Run:
         plan = traffic_mod.plan_batch(self.traffic, n, self.vocab, self.prompt_mode, salt=99)
         records = []
         for i, p in enumerate(plan):  # one at a time, round-robin: every replica is warm
-            pinned = LeastOutstanding([balancer.endpoints[i % len(balancer.endpoints)]])
+            first = balancer.prefill
+            if first is not None:  # a disaggregated deployment: every prefill server is warmed too
+                first = LeastOutstanding([first.endpoints[i % len(first.endpoints)]])
+            pinned = LeastOutstanding([balancer.endpoints[i % len(balancer.endpoints)]], first)
             start = time.perf_counter()
             records.append(await send_request(session, pinned, p, self.model_name, start, start + self.grace_s))
         failed = [r for r in records if not r["ok"]]

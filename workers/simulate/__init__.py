@@ -43,14 +43,15 @@ from autotune.objectives import flops_per_token
 from autotune.objectives.serving import cost_per_million
 
 from ..hardware import load_profile
-from ..parameters import serving_default
+from ..parameters import prefill_tensor_parallel, serving_default, value
 from ..protocol import ProbeResult, TrialRequest
 from ._checks import max_model_len, prepare, row_reason, sanitize
 from ._columns import columns_from_params
 from ._common import GIB, HW, Shape
 from ._infer import infer_points
 from ._memory import train_memory
-from ._serve import SERVE_MEM_COMPONENTS, SLO_METRICS, Traffic, serve
+from ._serve import SERVE_MEM_COMPONENTS, SLO_METRICS, Traffic
+from ._serving import LIMITS, serve
 from ._timing import COMM_TERMS, reference_columns, train_time
 
 __all__ = [
@@ -177,11 +178,12 @@ def _serve_columns(
     sanitize(c, valid, ("tp", "pp", "replicas", "max_num_seqs", "max_num_batched_tokens"))
     c["memory_utilization"] = np.where(valid, c["memory_utilization"], serving_default("memory_utilization"))
     c["block_size"] = np.where(valid, c["block_size"], 0.0)
-    for k in ("graph_mode", "kv_cache_dtype", "quantization", "precision"):
+    for k in ("graph_mode", "kv_cache_dtype", "quantization", "precision", "kv_connector", "prefill_tp"):
         c[k] = np.where(valid, c[k], 0.0)
+    c["prefill_replicas"] = np.where(valid, c["prefill_replicas"], 0.0)
     out, per_rate = serve(s, hw, c, workload)
     if cost_per_device_hour is not None:
-        devices = c["replicas"] * c["tp"] * c["pp"]
+        devices = out["devices"]
         tokens = out["output_tokens_per_s"]
         with np.errstate(divide="ignore", invalid="ignore"):
             cost = cost_per_million(float(cost_per_device_hour), devices, tokens)
@@ -278,7 +280,7 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
             info={"hardware": info["hardware"]},
         )
     if workload.get("kind") == "serve":
-        return _serve_result(workload, row, per_rate, info, wall)
+        return _serve_result(workload, row, per_rate, info, wall, request.params)
     peak, limit = row["peak_memory_gib"], row["memory_limit_gib"]
     if not row["fits"]:
         top = sorted(info["memory_gib"].items(), key=lambda kv: -kv[1])[:3]
@@ -299,8 +301,29 @@ def simulate_trial(request: TrialRequest) -> ProbeResult:
     return ProbeResult(status="ok", source="simulated", metrics={k: row[k] for k in keys}, wall_s=wall, info=info)
 
 
+def deployment(params: Mapping[str, Any], devices: int) -> dict[str, Any]:
+    """What a serving config deploys: aggregated instances, or a disaggregated deployment's pools
+    and its KV connector (``auto`` as written: the export resolves it on the accelerator)."""
+    pp = value(params, "pp")
+    decode = {"instances": value(params, "replicas"), "tp": value(params, "tp"), "pp": pp}
+    if value(params, "prefill_replicas") <= 0:
+        return {"kind": "aggregated", "instances": decode, "devices": devices}
+    return {
+        "kind": "disaggregated",
+        "prefill": {"instances": value(params, "prefill_replicas"), "tp": prefill_tensor_parallel(params), "pp": pp},
+        "decode": decode,
+        "kv_connector": value(params, "kv_connector"),
+        "devices": devices,
+    }
+
+
 def _serve_result(
-    workload: Mapping[str, Any], row: dict[str, Any], per_rate: dict[str, Any], info: dict[str, Any], wall: float
+    workload: Mapping[str, Any],
+    row: dict[str, Any],
+    per_rate: dict[str, Any],
+    info: dict[str, Any],
+    wall: float,
+    params: Mapping[str, Any],
 ) -> ProbeResult:
     """A serving trial: 'oom' in the engine's words when it would refuse to start, else the
     probe's metrics at the operating point and, in ``info['serving']``, the per-rate predictions
@@ -355,6 +378,9 @@ def _serve_result(
         },
         "capacity_rps": row["capacity_rps"],
         "max_rate_rps_model": row["max_rate_rps_model"],
+        # what stops the rate growing (capacity, or the SLO metric missed first), and the deployment
+        "limited_by": LIMITS[int(row["slo_limit"])],
+        "deployment": deployment(params, int(row["devices"])),
         "max_concurrency": row["max_concurrency"],
         "kv_cache_tokens": row["kv_cache_tokens"],
     }

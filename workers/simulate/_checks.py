@@ -9,8 +9,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..parameters import data_parallel, grad_accum, sequence_parallel_on
-from ._columns import fill_defaults
+from ..parameters import (
+    KV_CONNECTOR_ACCELERATORS,
+    MOONCAKE_ASCEND_RULE,
+    data_parallel,
+    grad_accum,
+    kv_connector_on,
+    sequence_parallel_on,
+)
+from ._columns import KV_CONNECTOR_CODES, fill_defaults
 from ._common import Shape
 
 
@@ -123,9 +130,13 @@ def serve_checks(
     layers over pp as the search space requires (vLLM itself tolerates an uneven split), and a
     trial's replicas*tp*pp devices sit on one node behind one load balancer."""
     t, p, r = c["tp"], c["pp"], c["replicas"]
+    pr = c["prefill_replicas"]
+    disagg = pr > 0
+    tpp = np.maximum(np.where(c["prefill_tp"] > 0, c["prefill_tp"], t), 1)  # the prefill instances' tp
     mns, mbt, bs = c["max_num_seqs"], c["max_num_batched_tokens"], c["block_size"]
     mml = max_model_len(workload)
     dpn = int(cluster.get("devices_per_node") or cluster.get("world_size") or 1)
+    world = world_size(cluster)
     accel = str(cluster.get("accelerator", "cuda"))
     bad_int = np.zeros(t.shape, bool)
     for x in (t, p, r, mns, mbt):
@@ -139,7 +150,32 @@ def serve_checks(
             "block_size={block_size})",
             bad_int,
         ),
-        (f"replicas*tp*pp = {{rtp}} devices exceed the {dpn} devices of a node", r * t * p > dpn),
+        (
+            "prefill_replicas and prefill_tp must be integers >= 0 (prefill_replicas={prefill_replicas}, "
+            "prefill_tp={prefill_tp})",
+            ~_is_int(pr) | (pr < 0) | ~_is_int(c["prefill_tp"]) | (c["prefill_tp"] < 0),
+        ),
+        (f"replicas*tp*pp = {{rtp}} devices exceed the {dpn} devices of a node", ~disagg & (r * t * p > dpn)),
+        (
+            f"a disaggregated deployment's replicas*tp*pp + prefill_replicas*prefill_tp*pp = {{rtp}} devices exceed "
+            f"the cluster's {world}",
+            disagg & (c["world"] > world),
+        ),
+        (
+            f"an instance spans more than a node: tp*pp or prefill_tp*pp above the {dpn} devices of a node "
+            "(tp={tp}, prefill_tp={prefill_tp}, pp={pp})",
+            disagg & (np.maximum(t, tpp) * p > dpn),
+        ),
+        (f"num_attention_heads {s.heads} is not divisible by prefill_tp={{prefill_tp}}", disagg & (s.heads % tpp != 0)),
+        (
+            f"num_key_value_heads {s.kv_heads} and prefill_tp={{prefill_tp}}: neither divides the other",
+            disagg & (s.kv_heads % tpp != 0) & (tpp % s.kv_heads != 0),
+        ),
+        (
+            "kv_connector code {kv_connector} unknown",
+            (c["kv_connector"] < 0) | (c["kv_connector"] >= len(KV_CONNECTOR_CODES)),
+        ),
+        *connector_checks(c["kv_connector"], disagg, accel, t, tpp, p),
         (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
         (
             f"num_key_value_heads {s.kv_heads} and tp={{tp}}: neither divides the other",
@@ -174,6 +210,30 @@ def serve_checks(
     return checks
 
 
+def connector_checks(
+    codes: np.ndarray, disagg: np.ndarray, accel: str, tp: np.ndarray, prefill_tp: np.ndarray, pp: np.ndarray
+) -> list[tuple[str, np.ndarray]]:
+    """A disaggregated deployment's KV connector must run on the accelerator
+    (:data:`~autotune.workers.parameters.KV_CONNECTOR_ACCELERATORS`), with its own rules there."""
+    checks = []
+    for name, code in KV_CONNECTOR_CODES.items():
+        resolved = kv_connector_on(name, accel)
+        where = KV_CONNECTOR_ACCELERATORS.get(resolved, ())
+        if accel not in where:
+            runs = ", ".join(where) or "nowhere"
+            checks.append(
+                (f"kv_connector {resolved} runs on {runs}; the accelerator here is {accel}", disagg & (codes == code))
+            )
+        if resolved == "mooncake" and accel == "npu":
+            checks.append(
+                (
+                    f"{MOONCAKE_ASCEND_RULE} (prefill_tp={{prefill_tp}}, tp={{tp}}, pp={{pp}})",
+                    disagg & (codes == code) & ((prefill_tp < tp) | (pp > 1)),
+                )
+            )
+    return checks
+
+
 def sanitize(c: dict, valid: np.ndarray, names: tuple[str, ...]) -> None:
     """Replace the sizes of invalid configs by 1 so the formulas stay finite (their outputs are
     masked afterwards)."""
@@ -190,8 +250,9 @@ def prepare(
     world = world_size(cluster)
     c["world"] = np.full(n, float(world))
     kind = str(workload.get("kind", "train"))
-    if kind == "serve":  # a serving trial occupies its own replicas*tp*pp devices
-        c["world"] = c["replicas"] * c["tp"] * c["pp"]
+    if kind == "serve":  # a serving trial occupies its own replicas*tp*pp (+ its prefill pool's) devices
+        prefill_tp = np.where(c["prefill_tp"] > 0, c["prefill_tp"], c["tp"])
+        c["world"] = (c["replicas"] * c["tp"] + c["prefill_replicas"] * prefill_tp) * c["pp"]
         return s, c, world, serve_checks(s, model, workload, c, cluster)
     if kind == "infer":
         return s, c, world, infer_checks(s, c, world)
@@ -215,7 +276,7 @@ def row_reason(checks: list[tuple[str, np.ndarray]], c: dict) -> str:
         ppv=_fmt(c["pp"][0] * c["vpp"][0]),
         cp2=_fmt(2 * c["cp"][0]),
         tp_pp=_fmt(c["tp"][0] * c["pp"][0]),
-        rtp=_fmt(c["replicas"][0] * c["tp"][0] * c["pp"][0]),
+        rtp=_fmt(c["world"][0]),  # a serving trial's devices (prepare)
         tpc=_fmt(c["tp"][0] * c["pp"][0] * c.get("cp", np.ones(1))[0]),
         bd=_fmt(c["micro_batch_size"][0] * c.get("dp", np.ones(1))[0]),
     )

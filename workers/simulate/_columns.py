@@ -12,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..alloc_conf import parse_alloc_conf, truthy as _truthy
-from ..parameters import default as table_default, serving_default
+from ..parameters import default as table_default, serving_default, serving_parameter
 
 __all__ = [
     "RECOMPUTE_CODES",
@@ -21,6 +21,7 @@ __all__ = [
     "COMPILE_CODES",
     "GRAPH_MODE_CODES",
     "KV_DTYPE_CODES",
+    "KV_CONNECTOR_CODES",
     "columns_from_params",
     "fill_defaults",
 ]
@@ -34,6 +35,8 @@ KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "auto": 2.0, "fp8": 1.0, "int8": 1.0}
 # aclgraph), vLLM-Ascend's torchair graph. kv_cache_dtype 'auto' (code 0) = the compute dtype.
 GRAPH_MODE_CODES = {"eager": 0, "graph": 1, "torchair": 2}
 KV_DTYPE_CODES = {"auto": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
+# disaggregated serving's KV connector, in the parameter table's order (auto: the accelerator's own)
+KV_CONNECTOR_CODES = {name: i for i, name in enumerate(serving_parameter("kv_connector").allowed)}
 
 # column -> default: the parameter table's (autotune.workers.parameters; the study's, accelerator None),
 # categorical ones as their codes (dp and grad_accum: -1 = derive from the cluster and the workload;
@@ -69,6 +72,10 @@ DEFAULTS: dict[str, Any] = {
     "memory_utilization": serving_default("memory_utilization"),
     "graph_mode": GRAPH_MODE_CODES[serving_default("graph_mode")],
     "kv_cache_dtype": KV_DTYPE_CODES[serving_default("kv_cache_dtype")],
+    # disaggregated serving (issue 46): prefill_replicas 0 = aggregated; prefill_tp 0 = the decode tp
+    "prefill_replicas": serving_default("prefill_replicas"),
+    "prefill_tp": serving_default("prefill_tp"),
+    "kv_connector": KV_CONNECTOR_CODES[serving_default("kv_connector")],
 }
 _BOOL = {
     "sequence_parallel",
@@ -85,6 +92,7 @@ _CODES = {
     "compile": COMPILE_CODES,
     "graph_mode": GRAPH_MODE_CODES,
     "kv_cache_dtype": KV_DTYPE_CODES,
+    "kv_connector": KV_CONNECTOR_CODES,
 }
 _PLAIN = (
     "tp",
@@ -101,6 +109,8 @@ _PLAIN = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "block_size",
+    "prefill_replicas",
+    "prefill_tp",
 )
 
 

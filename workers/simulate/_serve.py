@@ -461,20 +461,27 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     def concurrency_at(self, lam: np.ndarray, grid_B: np.ndarray, grid_lam: np.ndarray) -> np.ndarray:
-        """Running concurrency at offered rates lam (N, K), by log-log interpolation of the grid's
-        lambda(B) (monotone); B_cap at and beyond capacity."""
-        lg = np.maximum.accumulate(grid_lam, axis=1)
-        idx = (lg[:, None, :] <= lam[:, :, None]).sum(axis=2)  # (N, K): grid points below
-        G = lg.shape[1]
-        lo = np.clip(idx - 1, 0, G - 2)
-        hi = lo + 1
-        take = lambda a, i: np.take_along_axis(a, i, axis=1)  # noqa: E731
-        l0, l1, b0, b1 = take(lg, lo), take(lg, hi), take(grid_B, lo), take(grid_B, hi)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            w = np.clip(np.log(np.maximum(lam, 1e-300) / l0) / np.log(np.maximum(l1 / l0, 1.0 + 1e-12)), 0.0, 1.0)
-            B = np.exp(np.log(b0) + w * (np.log(b1) - np.log(b0)))
-        B = np.where(lam < lg[:, :1], grid_B[:, :1] * lam / lg[:, :1], B)
-        return np.where(lam >= self.mu, self.B_cap, np.minimum(B, self.B_cap))
+        """Running concurrency at offered rates lam (N, K) per replica: :func:`concurrency_at`."""
+        return concurrency_at(lam, grid_B, grid_lam, self.mu, self.B_cap)
+
+
+def concurrency_at(
+    lam: np.ndarray, grid_B: np.ndarray, grid_lam: np.ndarray, mu: np.ndarray, B_cap: np.ndarray
+) -> np.ndarray:
+    """Running concurrency at offered rates lam (N, K), by log-log interpolation of the grid's
+    lambda(B) (monotone); B_cap at and beyond the capacity mu."""
+    lg = np.maximum.accumulate(grid_lam, axis=1)
+    idx = (lg[:, None, :] <= lam[:, :, None]).sum(axis=2)  # (N, K): grid points below
+    G = lg.shape[1]
+    lo = np.clip(idx - 1, 0, G - 2)
+    hi = lo + 1
+    take = lambda a, i: np.take_along_axis(a, i, axis=1)  # noqa: E731
+    l0, l1, b0, b1 = take(lg, lo), take(lg, hi), take(grid_B, lo), take(grid_B, hi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.clip(np.log(np.maximum(lam, 1e-300) / l0) / np.log(np.maximum(l1 / l0, 1.0 + 1e-12)), 0.0, 1.0)
+        B = np.exp(np.log(b0) + w * (np.log(b1) - np.log(b0)))
+    B = np.where(lam < lg[:, :1], grid_B[:, :1] * lam / lg[:, :1], B)
+    return np.where(lam >= mu, B_cap, np.minimum(B, B_cap))
 
 
 def _attainment(qs: dict[str, np.ndarray], metric: str, target: float) -> np.ndarray:
@@ -510,97 +517,29 @@ def _verdict(qs: dict[str, np.ndarray], tr: Traffic) -> tuple[np.ndarray, np.nda
     return met, att, margin
 
 
-def serve(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(columns of N: metrics at the operating point, memory, capacity; per-rate predictions as
-    (N, R) arrays with the rates)."""
-    tr = Traffic.of(workload)
+def priced_aggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, Any]:
+    """An aggregated deployment (``replicas`` engines each running both phases) priced: the SLO
+    curve on the concurrency grid, the quantiles at the traffic's rates, capacity, memory, devices
+    and the closed-loop batches, every rate a system rate (all replicas together)."""
     eng = Engine(s, hw, c, tr)
     mem = eng.memory()
     eng.caps(mem["kv_tokens"])
     eng.capacity()
-    n = eng.n
     R = eng.r
-    devices = R * eng.t * eng.p
-
-    # --- the concurrency grid: lambda(B) and the SLO margin, for the continuous max rate --------
     grid_B = eng.B_cap * GRID[None, :]
-    g_state = eng.state(grid_B)
-    grid_lam = g_state["lam"]
-    g = eng.evaluate(grid_B, grid_lam)
-    _, _, margin = _verdict(g, tr)
-    bad = margin > 1.0
-    first = np.where(bad.any(axis=1), bad.argmax(axis=1), grid_B.shape[1])
-    j = np.clip(first, 1, grid_B.shape[1] - 1)[:, None]
-    take = lambda a, i: np.take_along_axis(a, i, axis=1)[:, 0]  # noqa: E731
-    m0, m1 = take(margin, j - 1), take(margin, j)
-    l0, l1 = take(grid_lam, j - 1), take(grid_lam, j)
-    w = np.clip((1.0 - m0) / np.maximum(m1 - m0, 1e-12), 0.0, 1.0)
-    lam_max = np.where(first == 0, 0.0, np.where(first >= grid_B.shape[1], eng.mu[:, 0], l0 + w * (l1 - l0)))
-    max_rate_model = lam_max * R[:, 0]
-
-    # --- the traffic's ladder --------------------------------------------------------------------
-    rates = np.broadcast_to(tr.rates[None, :], (n, tr.rates.size))
+    grid_lam = eng.state(grid_B)["lam"]
+    rates = np.broadcast_to(tr.rates[None, :], (eng.n, tr.rates.size))
     lam = rates / R
-    B = eng.concurrency_at(lam, grid_B, grid_lam)
-    qs = eng.evaluate(B, lam)
-    met, att, _ = _verdict(qs, tr)
-    window = tr.duration + qs["e2e_0.99"]  # vLLM's benchmark window: first send to last response
-    served = rates * tr.duration / window
-    goodput = served * att
-    tokens = served * eng.O
-    # --- the operating point: the highest rate met, else the lowest --------------------------------
-    any_met = met.any(axis=1)
-    op = np.where(any_met, met.shape[1] - 1 - np.argmax(met[:, ::-1], axis=1), 0)[:, None]
-    at = lambda a: np.take_along_axis(np.broadcast_to(a, met.shape), op, axis=1)[:, 0]  # noqa: E731
-    dev = devices[:, 0]
-    out: dict[str, np.ndarray] = {
-        "goodput_rps": np.where(any_met, at(goodput), 0.0),
-        "max_rate_rps": np.where(any_met, at(rates), 0.0),
-        "slo_attainment": at(att),
-        "request_throughput_rps": at(served),
-        "output_tokens_per_s": at(tokens),
-        "kv_cache_usage": at(qs["kv_cache_usage"]),
-        "preemptions": at(qs["preempted_per_request"] * rates * tr.duration),
-        "requests_failed": np.zeros(n),
-        "max_rate_rps_model": max_rate_model,
-        "capacity_rps": eng.mu[:, 0] * R[:, 0],
-        "operating_rate_rps": at(rates),
+    return {
+        "grid_rate": grid_lam * R,
+        "grid": eng.evaluate(grid_B, grid_lam),
+        "at_rates": eng.evaluate(eng.concurrency_at(lam, grid_B, grid_lam), lam),
+        "capacity": (eng.mu * R)[:, 0],
+        "devices": (R * eng.t * eng.p)[:, 0],
         "max_concurrency": eng.B_cap[:, 0],
-        "kv_cache_tokens": mem["kv_tokens"][:, 0],
+        "mem": mem,
+        "closed_loop": _closed_loop(eng, tr),
     }
-    out["goodput_rps_per_device"] = out["goodput_rps"] / dev
-    out["max_rate_rps_model_per_device"] = max_rate_model / dev
-    out["output_tokens_per_s_per_device"] = out["output_tokens_per_s"] / dev
-    for m in SLO_METRICS:
-        for q in (0.5, 0.9, 0.99):
-            out[f"{m}_p{round(q * 100)}_ms"] = at(qs[f"{m}_{q:g}"]) * 1e3
-    out.update(_closed_loop(eng, tr))
-    # --- memory --------------------------------------------------------------------------------
-    for k in SERVE_MEM_COMPONENTS:
-        out[f"mem_{k}"] = mem[k][:, 0] / GIB
-    out["peak_memory_gib"] = sum(mem[k] for k in SERVE_MEM_COMPONENTS)[:, 0] / GIB
-    out["memory_limit_gib"] = np.full(n, hw.mem_bytes / GIB)
-    out["fits"] = mem["starts"][:, 0]
-    out["weights_oom"] = mem["weights_oom"][:, 0]
-    out["kv_oom"] = mem["kv_oom"][:, 0]
-    out["kv_need_one_gib"] = mem["kv_need_one"][:, 0] / GIB
-    out["kv_available_gib"] = mem["kv_available"][:, 0] / GIB
-    out["memory_budget_gib"] = mem["budget"][:, 0] / GIB
-    per_rate = {
-        "rate": rates,
-        "slo_met": met,
-        "goodput_rps": goodput,
-        "slo_attainment": att,
-        "requests": np.round(rates * tr.duration),
-        "output_tokens_per_s": tokens,
-        "request_throughput_rps": served,
-        "kv_cache_usage": qs["kv_cache_usage"],
-        "preemptions": qs["preempted_per_request"] * rates * tr.duration,
-    }
-    for m in SLO_METRICS:
-        for q in (0.5, 0.99):
-            per_rate[f"{m}_p{round(q * 100)}_ms"] = qs[f"{m}_{q:g}"] * 1e3
-    return out, per_rate
 
 
 def _closed_loop(eng: Engine, tr: Traffic) -> dict[str, np.ndarray]:

@@ -1,0 +1,409 @@
+"""Disaggregated prefill/decode serving (issue 46): the space's rules and canonical form, the
+simulator's pricing of the two pools and the KV transfer beside aggregated engines, and the vllm
+export's servers, KV transfer configs and proxy, read back by vLLM's own parser (``.venv-vllm``)
+and by the proxies' options (tests/fixtures/vllm/disagg_proxies.py, from their sources)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from autotune.export import ExportContext
+from autotune.export._vllm_disagg import placement
+from autotune.finish.exports import EXPORTERS, write_exports
+from autotune.finish.run_output import short
+from autotune.spec.models import PRESETS
+from autotune.spec.space import Space
+from autotune.workers.parameters import trial_devices
+from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
+from autotune.workers.protocol import TrialRequest
+from support import VLLM_PYTHON, server_words, vllm_parse, vllm_stand_ins
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures" / "vllm"))
+from disagg_proxies import parser as proxy_parser  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA2_70B = {"name": "llama2-70b", "arch": "llama", **PRESETS["llama2-70b"]}
+CHAT = {
+    "kind": "serve",
+    "traffic": {
+        "rates": [0.5, 1, 2, 3, 4, 6, 8],
+        "prompt_len": {"low": 512, "high": 2048},
+        "output_len": {"low": 128, "high": 512},
+        "duration_s": 60,
+    },
+    "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 60},
+    "max_model_len": 2560,
+}
+TWO_NODES_NPU = {"accelerator": "npu", "nodes": 2, "devices_per_node": 8}
+
+
+def _simulate(configs: dict[str, list], workload: dict = CHAT, cluster: dict = TWO_NODES_NPU) -> dict:
+    cols = {k: np.asarray(v) for k, v in configs.items()}
+    return simulate_configs(LLAMA2_70B, workload, resolve_hardware(cluster), cluster, cols)
+
+
+# ---------------------------------------------------------------------------------- the simulator
+def test_a_decode_pool_has_no_prefill_interference_where_an_aggregated_engine_does():
+    """Same decode instance (tp8, 256 sequences), same traffic: aggregated, its steps carry prompt
+    chunks and its TPOT/ITL tails grow with the rate; disaggregated, its decode steps carry none."""
+    out = _simulate({"tp": [8, 8], "replicas": [1, 1], "prefill_replicas": [0, 1], "prefill_tp": [0, 8]})
+    assert out["valid"].all() and out["fits"].all()
+    agg, dis = 0, 1
+    assert out["itl_p99_ms"][dis] < 0.5 * out["itl_p99_ms"][agg]  # a prompt chunk's step is the aggregated ITL tail
+    assert out["devices"].tolist() == [8, 16]
+    # the aggregated one is stopped by TPOT, the disaggregated one by TTFT (its prefill pool's queue)
+    assert out["slo_limit"][agg] == 2 and out["slo_limit"][dis] == 1
+    assert out["max_rate_rps_model"][dis] > 2 * out["max_rate_rps_model"][agg]
+
+
+def test_the_kv_transfer_is_priced_by_its_path():
+    """The same deployment's TTFT: the KV cache through a file system is slower than over the links,
+    and over the inter-node NICs than within a node (both pools on one node when they fit)."""
+    cuda_one = {"accelerator": "cuda", "nodes": 1, "devices_per_node": 8}
+    base = {"tp": [4, 4], "replicas": [1, 1], "prefill_replicas": [1, 1], "prefill_tp": [4, 4]}
+    out = _simulate({**base, "kv_connector": ["nixl", "shared_storage"]}, cluster=cuda_one)
+    assert out["fits"].all()
+    assert out["ttft_p50_ms"][1] > out["ttft_p50_ms"][0] + 50  # ~0.5 GB per prompt at 2 GB/s
+    cuda_two = {"accelerator": "cuda", "nodes": 2, "devices_per_node": 4}
+    across = _simulate({**base, "kv_connector": ["nixl", "nixl"]}, cluster=cuda_two)
+    assert across["ttft_p50_ms"][0] > out["ttft_p50_ms"][0]
+
+
+def test_an_aggregated_config_is_priced_as_before_a_prefill_pool_existed():
+    plain = _simulate({"tp": [4, 8], "replicas": [2, 1]})
+    named = _simulate({"tp": [4, 8], "replicas": [2, 1], "prefill_replicas": [0, 0], "prefill_tp": [4, 8]})
+    for key in ("goodput_rps", "ttft_p99_ms", "tpot_p99_ms", "max_rate_rps_model", "peak_memory_gib"):
+        assert np.allclose(plain[key], named[key], equal_nan=True), key
+
+
+def test_a_simulated_disaggregated_trial_says_its_pools_and_what_limits_it():
+    config = {"tp": 8, "replicas": 1, "prefill_replicas": 1, "prefill_tp": 8, "kv_connector": "mooncake"}
+    result = simulate_trial(TrialRequest(params=config, model=LLAMA2_70B, workload=CHAT, cluster=TWO_NODES_NPU))
+    assert result.status == "ok", result.reason
+    serving = result.info["serving"]
+    assert serving["limited_by"] == "ttft"
+    assert serving["deployment"] == {
+        "kind": "disaggregated",
+        "prefill": {"instances": 1, "tp": 8, "pp": 1},
+        "decode": {"instances": 1, "tp": 8, "pp": 1},
+        "kv_connector": "mooncake",
+        "devices": 16,
+    }
+    assert trial_devices("serve", config) == 16
+
+
+@pytest.mark.parametrize(
+    "config, cluster, words",
+    [
+        ({"tp": 8, "prefill_replicas": 1, "kv_connector": "nixl"}, TWO_NODES_NPU, "kv_connector nixl runs on cuda"),
+        (
+            {"tp": 8, "prefill_replicas": 1, "prefill_tp": 4, "kv_connector": "mooncake"},
+            TWO_NODES_NPU,
+            "prefill_tp >= tp and pp = 1",
+        ),
+        ({"tp": 8, "replicas": 2, "prefill_replicas": 1}, TWO_NODES_NPU, "exceed the cluster's 16"),
+        (
+            {"tp": 4, "prefill_replicas": 1, "prefill_tp": 16, "kv_connector": "mooncake"},
+            {"accelerator": "npu", "nodes": 4, "devices_per_node": 8},
+            "an instance spans more than a node",
+        ),
+        ({"tp": 1, "prefill_replicas": -1}, TWO_NODES_NPU, "prefill_replicas and prefill_tp must be integers >= 0"),
+    ],
+)
+def test_a_disaggregated_layout_the_engines_cannot_launch_is_invalid_with_the_reason(config, cluster, words):
+    result = simulate_trial(TrialRequest(params=config, model=LLAMA2_70B, workload=CHAT, cluster=cluster))
+    assert result.status == "invalid"
+    assert words in result.reason, result.reason
+
+
+# ---------------------------------------------------------------------------------- the space
+def _spec(space: dict, cluster: dict | None = None, target: str | None = None):
+    from autotune.spec.load import parse_spec
+
+    data = {
+        "name": "disagg",
+        "model": "llama2-70b",
+        "workload": {k: v for k, v in CHAT.items() if k != "max_model_len"},
+        "cluster": cluster or {"accelerator": "npu", "nodes": 2, "devices_per_node": 8},
+        "space": space,
+        "objectives": [{"metric": "goodput_rps_per_device", "direction": "maximize"}],
+        "backend": "simulate",
+    }
+    if target:
+        data["target"] = target
+    return parse_spec(data)
+
+
+def test_the_space_writes_a_disaggregated_config_whole_and_an_aggregated_one_without_a_pool():
+    space = Space(_spec({"tp": [4, 8], "prefill_replicas": [0, 1], "prefill_tp": [0, 8]}))
+    configs = space.enumerate().configs
+    aggregated = [c for c in configs if c["prefill_replicas"] == 0]
+    disaggregated = [c for c in configs if c["prefill_replicas"] == 1]
+    # aggregated: no pool of its own (prefill_tp 0, connector auto) whatever the spec listed: one config per tp
+    assert sorted(c["tp"] for c in aggregated) == [4, 8]
+    assert {(c["prefill_tp"], c["kv_connector"]) for c in aggregated} == {(0, "auto")}
+    # disaggregated: prefill_tp 0 resolved to tp, auto to the accelerator's connector; Mooncake on Ascend
+    # needs prefill_tp >= tp (tp 8 with prefill_tp 4 is not in the space)
+    assert sorted((c["tp"], c["prefill_tp"], c["kv_connector"]) for c in disaggregated) == [
+        (4, 4, "mooncake"),
+        (4, 8, "mooncake"),
+        (8, 8, "mooncake"),
+    ]
+    assert {c["world_size"] for c in disaggregated} == {8, 12, 16}
+
+
+def test_a_spec_without_a_prefill_pool_writes_its_configs_as_before():
+    space = Space(_spec({"tp": [4, 8]}))
+    assert all("prefill_replicas" not in c and "kv_connector" not in c for c in space.enumerate().configs)
+
+
+def test_a_negative_prefill_pool_is_a_spec_error_naming_the_field():
+    with pytest.raises(Exception) as err:
+        _spec({"prefill_replicas": [-1, 1]})
+    assert "prefill_replicas" in str(err.value) and ">= 0" in str(err.value)
+
+
+def test_mindie_refuses_a_disaggregated_config_and_says_which_export_launches_it():
+    space = Space(_spec({"prefill_replicas": [0, 1], "tp": [8]}, target="mindie"))
+    enumeration = space.enumerate()
+    assert all(c["prefill_replicas"] == 0 for c in enumeration.configs)
+    assert any("PD separation" in reason for reason in enumeration.invalid_reasons)
+
+
+def test_the_layout_line_names_both_pools_and_the_connector():
+    line = short({"tp": 4, "pp": 1, "replicas": 2, "prefill_replicas": 1, "prefill_tp": 8, "kv_connector": "mooncake"})
+    assert line.startswith("prefill 1 x tp8 + decode 2 x tp4, KV by mooncake")
+
+
+# ---------------------------------------------------------------------------------- the export
+def _context(config: dict[str, Any], accelerator: str, nodes: int, per_node: int) -> ExportContext:
+    return ExportContext(
+        study="disagg",
+        trial=3,
+        config=dict(config),
+        metrics={"goodput_rps_per_device": 0.13},
+        source="simulated",
+        model={"name": "llama2-70b", "arch": "llama", **PRESETS["llama2-70b"]},
+        workload={**CHAT, "max_model_len": 2560},
+        cluster={"accelerator": accelerator, "nodes": nodes, "devices_per_node": per_node},
+        target="vllm",
+    )
+
+
+def _serving(**changes: Any) -> dict[str, Any]:
+    config = {
+        "tp": 4,
+        "pp": 1,
+        "replicas": 2,
+        "prefill_replicas": 1,
+        "prefill_tp": 4,
+        "kv_connector": "nixl",
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 4096,
+        "block_size": 16,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "memory_utilization": 0.9,
+        "graph_mode": "graph",
+        "kv_cache_dtype": "auto",
+        "quantization": "none",
+        "precision": "bf16",
+        **changes,
+    }
+    config["world_size"] = trial_devices("serve", config)
+    return config
+
+
+def _run(script: Path, tmp_path: Path, node: int, nodes: str) -> list[dict[str, Any]]:
+    records = tmp_path / f"records{node}"
+    records.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{vllm_stand_ins(tmp_path)}:{os.environ['PATH']}",
+        "RECORD_DIR": str(records),
+        "MODEL": "/ckpt/llama2-70b",
+        "PORT": "9000",
+        "NODE": str(node),
+        "NODES": nodes,
+        "PROXY": "/opt/proxy.py",
+        "ASCEND_HOME": str(tmp_path / "no-ascend"),
+    }
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60, cwd=tmp_path)
+    return [json.loads(p.read_text()) for p in records.glob("*.json")]
+
+
+def _servers_and_proxy(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    proxy = [r for r in records if "/opt/proxy.py" in r["argv"]]
+    servers = [r for r in records if "/opt/proxy.py" not in r["argv"]]
+    return sorted(servers, key=lambda r: int(r["argv"][r["argv"].index("--port") + 1])), proxy
+
+
+def test_servers_are_placed_first_fit_prefill_first_each_on_one_node():
+    assert placement(_serving(), 8) == [
+        ("prefill", 0, 0, [0, 1, 2, 3]),
+        ("decode", 0, 0, [4, 5, 6, 7]),
+        ("decode", 1, 1, [0, 1, 2, 3]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory) -> dict[str, Any]:
+    """Three exported deployments run as their nodes would run them: 1 prefill + 2 decode NIXL
+    servers on two 8-GPU nodes (both nodes), a Mooncake one on two Ascend nodes (node 0), a
+    shared-storage 1P1D on one CPU node; with vLLM, its parse of every server's command line (one
+    interpreter start for all)."""
+    tmp = tmp_path_factory.mktemp("deployments")
+    out: dict[str, Any] = {}
+    ctx = _context(_serving(), "cuda", 2, 8)
+    assert EXPORTERS["vllm"].unsupported(ctx) == []
+    script = write_exports(ctx, tmp / "nixl", ["vllm"])["vllm"]
+    out["nixl"] = [_servers_and_proxy(_run(script, tmp / "nixl", node, "gpu-a gpu-b")) for node in (0, 1)]
+    ascend = _serving(tp=4, prefill_tp=8, replicas=1, kv_connector="auto", block_size=128)
+    script = write_exports(_context(ascend, "npu", 2, 8), tmp / "npu", ["vllm"])["vllm"]
+    out["npu"] = _servers_and_proxy(_run(script, tmp / "npu", 0, "npu-a npu-b"))
+    cpu = _serving(tp=1, prefill_tp=1, replicas=1, kv_connector="shared_storage", block_size=128)
+    script = write_exports(_context(cpu, "cpu", 1, 2), tmp / "cpu", ["vllm"])["vllm"]
+    out["cpu"] = _servers_and_proxy(_run(script, tmp / "cpu", 0, "localhost"))
+    servers = {"nixl": out["nixl"][0][0] + out["nixl"][1][0], "npu": out["npu"][0], "cpu": out["cpu"][0]}
+    out["parsed"] = {}
+    if VLLM_PYTHON.exists():
+        cases = [(name, server_words(r)) for name, records in servers.items() for r in records]
+        parsed = vllm_parse([words for _, words in cases])
+        for (name, _), result in zip(cases, parsed, strict=True):
+            out["parsed"].setdefault(name, []).append(result)
+    return out
+
+
+def test_each_node_starts_the_servers_placed_on_it_and_node_0_the_proxy(deployments):
+    (servers0, proxy0), (servers1, proxy1) = deployments["nixl"]
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in servers0] == ["0,1,2,3", "4,5,6,7"]
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in servers1] == ["0,1,2,3"]
+    ports = [int(r["argv"][r["argv"].index("--port") + 1]) for r in servers0 + servers1]
+    assert ports == [9100, 9200, 9201]
+    # NIXL's side channel: unique per server, on the host the server runs on
+    assert [r["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] for r in servers0 + servers1] == ["gpu-a", "gpu-a", "gpu-b"]
+    assert len({r["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for r in servers0 + servers1}) == 3
+    assert len(proxy0) == 1 and proxy1 == []
+    args = proxy_parser("toy").parse_args(proxy0[0]["argv"][2:])
+    assert (args.port, args.prefiller_hosts, args.prefiller_ports) == (9000, ["gpu-a"], [9100])
+    assert (args.decoder_hosts, args.decoder_ports) == (["gpu-a", "gpu-b"], [9200, 9201])
+
+
+def test_the_ascend_and_cpu_deployments_start_their_servers_and_proxies(deployments):
+    servers, proxy = deployments["npu"]
+    assert [r["env"]["ASCEND_RT_VISIBLE_DEVICES"] for r in servers] == ["0,1,2,3,4,5,6,7"]  # prefill tp8 on node 0
+    ascend_proxy = proxy_parser("ascend").parse_args(proxy[0]["argv"][2:])
+    assert (ascend_proxy.prefiller_hosts, ascend_proxy.decoder_hosts) == (["npu-a"], ["npu-b"])
+    cpu_servers, cpu_proxy = deployments["cpu"]
+    assert [r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in cpu_servers] == ["0", "1"]
+    demo = proxy_parser("demo").parse_args(cpu_proxy[0]["argv"][2:])
+    assert (demo.model, demo.prefill, demo.decode) == ("/ckpt/llama2-70b", ["localhost:9100"], ["localhost:9200"])
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"vLLM is not installed at {VLLM_PYTHON}")
+def test_vllms_parser_reads_each_servers_pool_and_kv_transfer_config(deployments):
+    parsed = deployments["parsed"]
+    assert all(p["ok"] for results in parsed.values() for p in results), parsed
+    engines = [p["engine"] for p in parsed["nixl"]]
+    assert [e["tensor_parallel_size"] for e in engines] == [4, 4, 4]
+    assert [e["kv_transfer_config"]["kv_role"] for e in engines] == ["kv_producer", "kv_consumer", "kv_consumer"]
+    assert {e["kv_transfer_config"]["kv_connector"] for e in engines} == {"NixlConnector"}
+    assert all(e["kv_transfer_config"]["registered"] for e in engines)
+    assert {(e["max_num_seqs"], e["max_num_batched_tokens"], e["max_model_len"]) for e in engines} == {
+        (128, 4096, 2560)
+    }
+    npu_kv = parsed["npu"][0]["engine"]["kv_transfer_config"]
+    assert npu_kv["kv_connector"] == "MooncakeConnectorV1" and npu_kv["kv_role"] == "kv_producer"
+    assert parsed["npu"][0]["engine"]["tensor_parallel_size"] == 8
+    assert npu_kv["kv_connector_extra_config"] == {
+        "prefill": {"dp_size": 1, "tp_size": 8},
+        "decode": {"dp_size": 1, "tp_size": 4},
+    }
+    cpu_kv = [p["engine"]["kv_transfer_config"] for p in parsed["cpu"]]
+    assert [(k["kv_connector"], k["kv_role"], k["registered"]) for k in cpu_kv] == [
+        ("ExampleConnector", "kv_producer", True),
+        ("ExampleConnector", "kv_consumer", True),
+    ]
+
+
+def test_the_script_asks_for_every_node_of_the_deployment(tmp_path):
+    script = write_exports(_context(_serving(), "cuda", 2, 8), tmp_path / "export", ["vllm"])["vllm"]
+    env = {**os.environ, "MODEL": "/m", "PROXY": "/opt/proxy.py", "NODES": "only-one"}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "NODES lists 1 host(s); the deployment spans 2 nodes" in proc.stderr
+
+
+def test_the_script_asks_for_the_proxy_it_cannot_know(tmp_path):
+    script = write_exports(_context(_serving(), "cuda", 2, 8), tmp_path / "export", ["vllm"])["vllm"]
+    env = {
+        **os.environ,
+        "PATH": f"{vllm_stand_ins(tmp_path)}:{os.environ['PATH']}",
+        "MODEL": "/m",
+        "RECORD_DIR": "/nonexistent",
+    }
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "toy_proxy_server.py" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------- the shipped spec
+def test_the_70b_chat_plan_ranks_both_kinds_and_says_what_limits_each():
+    """The shipped 2 x 8 910B chat spec: the simulator's top 10 holds disaggregated and aggregated
+    layouts, each row with what stops its rate; at the spec's tight TPOT a disaggregated one leads."""
+    from typer.testing import CliRunner
+
+    from autotune.cli.commands import app
+
+    spec = REPO / "search_spaces" / "llama2_70b_chat_2x8npu_disagg.yaml"
+    result = CliRunner().invoke(app, ["plan", str(spec), "--json", "--top", "10"])
+    assert result.exit_code == 0, result.output
+    top = json.loads(result.stdout)["top"]
+    kinds = [r["params"].get("prefill_replicas", 0) > 0 for r in top]
+    assert any(kinds) and not all(kinds)
+    assert kinds[0], "the tight TPOT target favours the disaggregated deployment"
+    assert all(r["metrics"].get("slo_limit") in (0, 1, 2, 3, 4) for r in top)
+    table = CliRunner().invoke(app, ["plan", str(spec), "--top", "10"])
+    assert "limited by" in table.stdout and "prefill 1 x tp8 + decode 1 x tp8, KV by mooncake" in table.stdout
+
+
+# ---------------------------------------------------------------------------------- the probe's launch
+def test_the_vllm_preset_starts_both_pools_with_their_roles_and_kv_configs():
+    """engine.json of a disaggregated trial: the prefill servers (their pool's tp) then the decode
+    servers, each with its role, --kv-transfer-config and consecutive devices; the user's args last;
+    the shared-storage connector's files in the trial's folder."""
+    from types import SimpleNamespace
+
+    from autotune.dispatch.stack_presets import preset_launch
+
+    config = _serving(tp=1, prefill_tp=2, replicas=2, kv_connector="shared_storage", block_size=128)
+    request = TrialRequest(
+        params=config,
+        model=dict(LLAMA2_70B),
+        workload={**CHAT, "max_model_len": 2560},
+        cluster={"accelerator": "cpu", "nodes": 1, "devices_per_node": 4},
+    )
+    user = ["--load-format", "dummy"]
+    launch = preset_launch("vllm", SimpleNamespace(entry=None, args=user), request, 0, 0, python="py")
+    servers = json.loads(launch["files"]["engine.json"])["replicas"]
+    assert [s["role"] for s in servers] == ["prefill", "decode", "decode"]
+    assert [s["devices"] for s in servers] == [[0, 1], [2], [3]]
+    for server in servers:
+        argv = server["argv"]
+        assert argv[-4:-2] == user and argv[-2] == "--kv-transfer-config"
+        kv = json.loads(argv[-1])
+        assert kv["kv_connector"] == "ExampleConnector"
+        assert kv["kv_role"] == ("kv_producer" if server["role"] == "prefill" else "kv_consumer")
+        assert kv["kv_connector_extra_config"] == {"shared_storage_path": "{trial_dir}/kv_cache"}
+        tp = argv[argv.index("--tensor-parallel-size") + 1]
+        assert tp == ("2" if server["role"] == "prefill" else "1")
+    # one-rank decode servers are bound to their core; the two-rank prefill server binds itself
+    assert [s["env"].get("VLLM_CPU_OMP_THREADS_BIND") for s in servers] == [None, "{devices}", "{devices}"]
