@@ -371,6 +371,7 @@ def test_the_70b_chat_plan_ranks_both_kinds_and_says_what_limits_each():
     assert any(kinds) and not all(kinds)
     assert kinds[0], "the tight TPOT target favours the disaggregated deployment"
     assert all(r["metrics"].get("slo_limit") in (0, 1, 2, 3, 4) for r in top)
+    assert top[0]["limited_by"] == "TTFT p99" and any(r["limited_by"] == "TPOT p99" for r in top)
     table = CliRunner().invoke(app, ["plan", str(spec), "--top", "10"])
     assert "limited by" in table.stdout and "prefill 1 x tp8 + decode 1 x tp8, KV by mooncake" in table.stdout
 

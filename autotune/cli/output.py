@@ -95,6 +95,7 @@ def print_plan(
 ) -> bool:
     """``plan``: the space, what the rules rejected, the predicted top layouts, the knobs' prices
     and the best one's memory; False (its tables not printed) when no config is predicted to fit."""
+    from ..finish.run_output import rate_limit_text
     from ..trial_attrs import ROOMIEST, UNDISTINGUISHED
 
     objectives = objectives_of(spec)
@@ -112,6 +113,7 @@ def print_plan(
                     "metrics": public_metrics(m),
                     "undistinguished": lay.undistinguished,
                     "roomiest": lay.roomiest,
+                    **({"limited_by": rate_limit_text(m)} if rate_limit_text(m) else {}),
                 }
                 for (c, m), lay in zip(best, layouts)
             ],

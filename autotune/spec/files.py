@@ -8,7 +8,7 @@ the problem it met, keyed by the field and the name; the schema's validator of t
 is reported with the spec's other errors, as when the schema read the file itself. The schema
 (:mod:`autotune.spec.schema`) reads no file.
 
-A lengths file is read cell by cell (:func:`_read_length_pairs`): integers only, never a boolean, a
+A lengths file is read cell by cell (:func:`_read_lengths`): integers only, never a boolean, a
 repeated column or a quoted line of the file; an error never quotes the file's lines (the path may
 lead anywhere), only a short, escaped excerpt of the offending cell. A config.json is read with the
 spec's own bounds (a regular file of at most ``MAX_SPEC_BYTES``, UTF-8).
@@ -55,7 +55,7 @@ def read_spec_files(data: Any, base_dir: Path) -> dict[tuple[str, str], Any]:
     traffic = workload.get("traffic") if isinstance(workload, dict) and workload.get("kind") == "serve" else None
     name = _text(traffic.get("lengths_file")) if isinstance(traffic, dict) else None
     if name is not None:
-        files["lengths_file", name] = _attempt(_read_length_pairs, base_dir, name)
+        files["lengths_file", name] = _attempt(_read_lengths, base_dir, name)
     cluster = data.get("cluster")
     profile = _text(cluster.get("profile")) if isinstance(cluster, dict) else None
     if profile is not None and is_profile_file(profile):
@@ -144,6 +144,12 @@ def _excerpt(value: Any, limit: int = 40) -> str:
 
 
 _LENGTH_COLUMNS = ("prompt_len", "output_len")
+# a public trace's own names beside ours: Mooncake's trace format (kvcache-ai/Mooncake, FAST'25 traces,
+# mooncake_trace.jsonl at d21da178: "timestamp" in milliseconds since the first request, "input_length",
+# "output_length", "hash_ids" (its prefix blocks, not read)); an arrival time in seconds is "arrival_s"
+_ALIASES = {"prompt_len": "input_length", "output_len": "output_length"}
+_TIME_COLUMNS = {"arrival_s": 1.0, "timestamp": 1e-3}  # the column and its unit in seconds
+_READ_ONCE = (*_LENGTH_COLUMNS, *_ALIASES.values(), *_TIME_COLUMNS)
 _EXPECTED_LENGTHS = (
     f"expected prompt_len and output_len, positive integers (token counts) of at most 2**53 - 1 ({MAX_SPEC_INT:,})"
 )
@@ -211,7 +217,7 @@ def _json_records(text: str, where: str) -> Any:
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
-            if key in out and key in _LENGTH_COLUMNS:
+            if key in out and key in _READ_ONCE:
                 raise _Repeated(key)
             out[key] = value
         return out
@@ -259,7 +265,7 @@ def _csv_records(text: str, where: str) -> Any:
                             f"(columns {seen[name]} and {column}); name each column once"
                         )
                     seen.setdefault(name, column)
-                missing = [name for name in _LENGTH_COLUMNS if name not in seen]
+                missing = [name for name in _LENGTH_COLUMNS if name not in seen and _ALIASES[name] not in seen]
                 if missing:
                     raise ValueError(
                         f"{where} line {reader.line_num}: the header has no {' or '.join(missing)} column; a CSV of "
@@ -277,11 +283,29 @@ def _csv_records(text: str, where: str) -> Any:
         raise ValueError(f"{where} line {reader.line_num}: not CSV ({exc})") from None
 
 
-def _read_length_pairs(base: Path, name: str) -> list[tuple[int, int]]:
-    """``[(prompt_len, output_len), ...]`` of a JSON-lines or CSV file; a ValueError naming the
-    file, the line and what was expected otherwise. An error never quotes the file's lines (the
-    path may lead anywhere: a symlink to /etc/passwd): it names the line, the column and the kind
-    of problem, with at most a short, escaped excerpt of the offending cell."""
+def _time_value(value: Any) -> tuple[float | None, str]:
+    """A trace's arrival time cell as a number of its unit, or (None, why not)."""
+    if isinstance(value, bool):
+        return None, "a boolean, not a time"
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None, "not a number"
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None, "not a finite number"
+    if value < 0:
+        return None, "below 0"
+    return float(value), ""
+
+
+def _read_lengths(base: Path, name: str) -> dict[str, Any]:
+    """``{"pairs": [(prompt_len, output_len), ...], "arrival_s": [seconds, ...] or None}`` of a
+    JSON-lines or CSV file (our column names or Mooncake's trace format: :data:`_ALIASES`,
+    :data:`_TIME_COLUMNS`); a ValueError naming the file, the line and what was expected otherwise.
+    An error never quotes the file's lines (the path may lead anywhere: a symlink to /etc/passwd):
+    it names the line, the column and the kind of problem, with at most a short, escaped excerpt of
+    the offending cell. Arrival times, where the rows have them, are in every row, in arrival order."""
     problem = path_problem(name)
     if problem:
         raise ValueError(f"lengths_file: {problem}")
@@ -292,24 +316,45 @@ def _read_length_pairs(base: Path, name: str) -> list[tuple[int, int]]:
     text = _open_lengths_file(path, where)
     is_csv = path.suffix.lower() == ".csv"
     records = _csv_records(text, where) if is_csv else _json_records(text, where)
-    pairs = []
+    pairs: list[tuple[int, int]] = []
+    times: list[float] | None = None
+    time_column: str | None = None
     for record, (line, row) in enumerate(records, 1):
         at = f"{where} line {line}, record {record}"
-        missing = [column for column in _LENGTH_COLUMNS if column not in row]
+        columns = [c if c in row else _ALIASES[c] for c in _LENGTH_COLUMNS]
+        missing = [c for c, found in zip(_LENGTH_COLUMNS, columns) if found not in row]
         if missing:
             raise ValueError(
                 f"{at}: expected prompt_len and output_len, positive integers; the "
                 f"{'row' if is_csv else 'object'} has no {' or '.join(missing)}"
             )
         pair = []
-        for column in _LENGTH_COLUMNS:
+        for column in columns:
             value, why = _length_value(row[column])
             if value is None:
                 raise ValueError(f"{at}: {column} is {_excerpt(row[column])}, {why}; {_EXPECTED_LENGTHS}")
             pair.append(value)
         pairs.append((pair[0], pair[1]))
+        named = [c for c in _TIME_COLUMNS if c in row]
+        if record == 1 and named:
+            time_column, times = named[0], []
+        if time_column is not None and times is not None:
+            if time_column not in row:
+                raise ValueError(f"{at}: no {time_column}, which the first record gives; a trace times every request")
+            when, why = _time_value(row[time_column])
+            if when is None:
+                raise ValueError(
+                    f"{at}: {time_column} is {_excerpt(row[time_column])}, {why}; expected the arrival time"
+                )
+            when *= _TIME_COLUMNS[time_column]
+            if times and when < times[-1]:
+                raise ValueError(
+                    f"{at}: {time_column} goes back in time ({when:g} s after {times[-1]:g} s); a trace lists its "
+                    "requests in arrival order"
+                )
+            times.append(when)
         if len(pairs) > MAX_LENGTH_PAIRS:
             raise ValueError(f"{where} holds more than {MAX_LENGTH_PAIRS:,} pairs; at most {MAX_LENGTH_PAIRS:,}")
     if not pairs:
         raise ValueError(f"{where} holds no length pairs")
-    return pairs
+    return {"pairs": pairs, "arrival_s": times}

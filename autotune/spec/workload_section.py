@@ -95,7 +95,11 @@ class TrafficSpec(Strict):
         min_length=1,
         description="requests/s offered to the whole deployment, ascending: the range the rate search stays in",
     )
-    arrival: Literal["poisson", "gamma"] = Field("poisson", description="inter-arrival distribution")
+    arrival: Literal["poisson", "gamma", "trace"] = Field(
+        "poisson",
+        description="inter-arrival distribution; trace: the arrival times of lengths_file, replayed at each rate "
+        "(its gaps scaled so their mean is 1/rate: its bursts kept)",
+    )
     burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 is Poisson, below 1 burstier")
     prompt_len: Length | None = Field(None, description="prompt tokens: a number or {low, high}")
     output_len: Length | None = Field(None, description="output tokens: a number or {low, high}")
@@ -104,6 +108,9 @@ class TrafficSpec(Strict):
     )
     length_pairs: list[tuple[int, int]] | None = Field(
         None, description="set from lengths_file when the spec loads (never written in a spec)"
+    )
+    arrival_times: list[float] | None = Field(
+        None, description="set from lengths_file's arrival times when the spec loads (never written in a spec)"
     )
     shared_prefix: float = Field(0.0, ge=0, lt=1, description="share of each prompt that all requests share")
     duration_s: float = Field(30.0, gt=0, description="load per rate tried, seconds (at most a day)")
@@ -118,6 +125,16 @@ class TrafficSpec(Strict):
                 "length_pairs is not a spec field: autotune fills it from lengths_file when the spec loads; "
                 "write the pairs into a lengths file (JSON lines of {prompt_len, output_len}, or a CSV with "
                 "those columns) and name it in lengths_file"
+            )
+        return v
+
+    @field_validator("arrival_times", mode="before")
+    @classmethod
+    def _times_filled_by_the_loader(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError(
+                "arrival_times is not a spec field: autotune fills it from lengths_file when the spec loads (a "
+                "column arrival_s in seconds, or the timestamp in milliseconds of Mooncake's trace format)"
             )
         return v
 
@@ -172,14 +189,24 @@ class TrafficSpec(Strict):
             if self.prompt_len is not None or self.output_len is not None:
                 raise ValueError("give either lengths_file or prompt_len and output_len, not both")
             if self.length_pairs is None:
-                self.length_pairs = read_by_the_loader(info, "lengths_file", self.lengths_file)
-                if self.length_pairs is None:
+                read = read_by_the_loader(info, "lengths_file", self.lengths_file)
+                if read is None:
                     raise ValueError(
                         "lengths_file is read when the spec loads (autotune.spec.load.load_spec or parse_spec); "
                         "the schema alone reads no file"
                     )
+                self.length_pairs, self.arrival_times = read["pairs"], read["arrival_s"]
         elif self.length_pairs is None and (self.prompt_len is None or self.output_len is None):
             raise ValueError("the traffic needs prompt_len and output_len (a number or {low, high}), or lengths_file")
+        if self.arrival == "trace":
+            times = self.arrival_times or []
+            if self.lengths_file is None or len(times) < 2 or times[-1] <= times[0]:
+                raise ValueError(
+                    "arrival trace replays the arrival times of lengths_file: it needs a lengths_file whose rows "
+                    "give them (arrival_s in seconds, or Mooncake's timestamp in milliseconds), at least two, "
+                    "spanning more than 0 s; "
+                    + ("no lengths_file" if self.lengths_file is None else f"{len(times)} given")
+                )
         return self
 
     def longest(self) -> tuple[int, int]:

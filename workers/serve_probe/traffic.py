@@ -4,7 +4,8 @@ Arrival times are drawn up front (an open loop): a request's send time never dep
 earlier ones completed, so a server that falls behind sees its queue grow, as it would in
 production, instead of a client that politely waits (a closed loop hides the overload that the
 SLO is about). Gaps are gamma-distributed with shape = burstiness and mean 1/rate, vLLM's
-``benchmarks/serve.py`` rule: shape 1 is a Poisson process, below 1 burstier, above 1 more even.
+``benchmarks/serve.py`` rule: shape 1 is a Poisson process, below 1 burstier, above 1 more even. A
+trace (``arrival: trace``) is replayed instead: its own gaps, scaled to the rate, with its own lengths.
 
 Lengths are fixed, uniform over an inclusive range, or drawn (with replacement) from the
 workload's length pairs. A shared prefix is the first ``shared_prefix`` share of every prompt,
@@ -26,6 +27,7 @@ import numpy as np
 __all__ = [
     "Planned",
     "arrival_times",
+    "trace_requests",
     "draw_lengths",
     "plan_rate",
     "plan_batch",
@@ -154,6 +156,31 @@ def burstiness_of(traffic: Mapping[str, Any]) -> float:
     return 1.0
 
 
+def trace_requests(
+    traffic: Mapping[str, Any], rate: float, duration_s: float, rng: np.random.Generator
+) -> list[tuple[float, tuple[int, int]]]:
+    """A trace replayed at ``rate`` (``arrival: trace``): its requests in order from a row the
+    generator draws (a rate's later runs start elsewhere), each with its own lengths, the gaps
+    between them scaled by the trace's mean gap over 1/rate, so its bursts and quiet spells stay
+    and their mean is the rate offered; the trace wraps around when the window outlasts it."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be positive, got {rate}")
+    times = np.asarray(traffic["arrival_times"], dtype=float)
+    pairs = traffic["length_pairs"]
+    gaps = np.diff(times)
+    mean_gap = float(gaps.mean()) if gaps.size else 0.0
+    if mean_gap <= 0:
+        raise ValueError("the trace's arrival times span 0 s: no rate to scale")
+    scale = 1.0 / (rate * mean_gap)
+    i = int(rng.integers(0, len(pairs)))
+    t, out = 0.0, []
+    while t < duration_s:
+        out.append((t, (int(pairs[i][0]), int(pairs[i][1]))))
+        t += float(gaps[i % gaps.size]) * scale
+        i = (i + 1) % len(pairs)
+    return out
+
+
 def plan_rate(
     traffic: Mapping[str, Any],
     rate: float,
@@ -167,8 +194,12 @@ def plan_rate(
     (a longer run sends more requests)."""
     rng = rng_for(int(traffic.get("seed", 0)), rate, salt)
     duration = float(traffic.get("duration_s", 30.0) if duration_s is None else duration_s)
-    times = arrival_times(rate, duration, burstiness_of(traffic), rng)
-    lengths = draw_lengths(traffic, len(times), rng)
+    if str(traffic.get("arrival", "poisson")) == "trace":
+        replay = trace_requests(traffic, rate, duration, rng)
+        times, lengths = [t for t, _ in replay], [pair for _, pair in replay]
+    else:
+        times = arrival_times(rate, duration, burstiness_of(traffic), rng)
+        lengths = draw_lengths(traffic, len(times), rng)
     prompts = _prompt_source(traffic, vocab_size, mode)
     return [Planned(i, t, prompts.make(p), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))]
 

@@ -55,9 +55,10 @@ limit gives the preemptions, each re-computing its prompt and half its output.
 - waiting for a running slot: the replica as a G/G/c queue with c = B_cap slots, each held for
   S = TTFT + (O-1) t(B_cap); Sakasegawa's (1977) mean wait W = v rho^(sqrt(2(c+1)) - 1) S /
   (c (1 - rho)) with the Allen-Cunneen / Kingman variability factor v = (ca^2 + cs^2)/2 (ca^2 =
-  1/burstiness for gamma arrivals, 1 for Poisson; cs^2 the squared coefficient of variation of
-  the output length); a request waits with probability P_w = (rho^(sqrt(2(c+1)) - 1))^(2/(1+ca^2))
-  (the Poisson value, raised for burstier arrivals) and then an exponential time of mean W / P_w,
+  1/burstiness for gamma arrivals, 1 for Poisson, a replayed trace's own gaps'; cs^2 the squared
+  coefficient of variation of the output length); a request waits with probability
+  P_w = (rho^(sqrt(2(c+1)) - 1))^(2/(1+ca^2)) (the Poisson value, raised for burstier arrivals)
+  and then an exponential time of mean W / P_w,
   so the q-quantile of the wait is max(0, ln(P_w / (1 - q))) W / P_w;
 - waiting for prompt budget: the prompt stage as a G/G/1 with utilisation rho_p = k P_eff / c_max
   and one prompt's service T(B, c_busy) P_eff / c_busy (Kingman's mean, P_w = rho_p^(2/(1+ca^2)),
@@ -172,7 +173,11 @@ class Traffic:
         if not rates:
             raise ValueError("serve workload: traffic.rates is empty")
         pairs = tr.get("length_pairs")
-        shape = 1.0 if str(tr.get("arrival", "poisson")) == "poisson" else float(tr.get("burstiness", 1.0) or 1.0)
+        arrival = str(tr.get("arrival", "poisson"))
+        shape = 1.0 if arrival == "poisson" else float(tr.get("burstiness", 1.0) or 1.0)
+        if arrival == "trace":  # the trace's own burstiness: its gaps' squared coefficient of variation
+            gaps = np.diff(np.asarray(tr.get("arrival_times") or [0.0, 1.0], dtype=float))
+            shape = 1.0 / max(float(gaps.var() / max(gaps.mean(), 1e-12) ** 2), 0.05) if gaps.size > 1 else 1.0
         if shape <= 0:
             raise ValueError(f"serve workload: burstiness must be positive, got {shape}")
         slo = dict(workload.get("slo") or {})
