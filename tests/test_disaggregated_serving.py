@@ -165,6 +165,14 @@ def test_a_spec_without_a_prefill_pool_writes_its_configs_as_before():
     assert all("prefill_replicas" not in c and "kv_connector" not in c for c in space.enumerate().configs)
 
 
+def test_a_connector_listed_without_a_prefill_pool_makes_no_configs_that_differ_by_it_alone():
+    configs = Space(_spec({"tp": [4, 8], "kv_connector": ["auto", "mooncake"]})).enumerate().configs
+    assert sorted((c["tp"], c["prefill_replicas"], c["kv_connector"]) for c in configs) == [
+        (4, 0, "auto"),
+        (8, 0, "auto"),
+    ]
+
+
 def test_a_negative_prefill_pool_is_a_spec_error_naming_the_field():
     with pytest.raises(Exception) as err:
         _spec({"prefill_replicas": [-1, 1]})
@@ -408,3 +416,16 @@ def test_the_vllm_preset_starts_both_pools_with_their_roles_and_kv_configs():
         assert tp == ("2" if server["role"] == "prefill" else "1")
     # one-rank decode servers are bound to their core; the two-rank prefill server binds itself
     assert [s["env"].get("VLLM_CPU_OMP_THREADS_BIND") for s in servers] == [None, "{devices}", "{devices}"]
+
+
+def test_the_vllm_preset_refuses_a_deployment_wider_than_a_node_saying_why():
+    from types import SimpleNamespace
+
+    from autotune.dispatch.stack_presets import preset_launch
+
+    config = _serving(tp=4, prefill_tp=4, replicas=2)  # 12 devices on 8-device nodes
+    request = TrialRequest(
+        params=config, model=dict(LLAMA2_70B), workload={**CHAT, "max_model_len": 2560}, cluster=TWO_NODES_NPU
+    )
+    with pytest.raises(ValueError, match="takes 12 devices, more than a node's 8"):
+        preset_launch("vllm", SimpleNamespace(entry=None, args=[]), request, 0, 0, python="py")

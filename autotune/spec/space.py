@@ -610,7 +610,7 @@ class Space:
         kv = out["kv_cache_dtype"].astype(object)
         kv = np.where(kv == out["precision"].astype(object), "auto", kv).astype(object)
         derived = {"tp": tp, "pp": pp, "replicas": replicas, "world_size": devices, "kv_cache_dtype": kv}
-        if "prefill_replicas" in out:  # searched: the pools' canonical form
+        if any(name in out for name in DISAGGREGATION_PARAMS):  # named by the spec: the pools' canonical form
             derived.update(prefill_replicas=prefill, prefill_tp=prefill_tp, kv_connector=connector)
         return derived
 

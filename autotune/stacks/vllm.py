@@ -40,6 +40,7 @@ from autotune.workers.parameters import (
     batched_below_seqs,
     prefill_tensor_parallel,
     serving_default,
+    trial_devices,
     value,
 )
 
@@ -285,6 +286,14 @@ def _disaggregated_replicas(
     consecutive devices as the export places them on one node; the shared-storage connector's files
     in the trial's folder. The probe's client plays the proxy (workers/serve_probe/client.py)."""
     config = run.config
+    devices = trial_devices("serve", config)
+    per_node = int(run.cluster.get("devices_per_node") or devices)
+    if devices > per_node:
+        raise ValueError(
+            f"this disaggregated deployment takes {devices} devices, more than a node's {per_node}: the serving "
+            "probe measures a deployment on one node (instances across nodes are not probed yet); the simulator "
+            "prices it and serve_vllm.sh exports it per node"
+        )
     engine_args = vllm_engine_args(config, accelerator, max_model_len)
     start = argv.index(engine_args[0])  # the trial's engine arguments: the prefill pool's differ in tp
     servers = []
