@@ -403,17 +403,10 @@ class Engine:
         # (exponent 2 / (1 + ca^2)); the mean wait stays Sakasegawa's / Kingman's, so the
         # conditional (exponential) wait is the mean over that probability.
         burst = 2.0 / (1.0 + tr.ca2)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sak = np.where(rc > 0, rc ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 0.0)
-            pw_slot = sak**burst
-            scale_slot = np.where(sak > 0, v * sak / np.maximum(pw_slot, 1e-300), 0.0) * self.S_cap / (c * (1.0 - rc))
+        pw_slot, scale_slot = slot_wait(rc, c, self.S_cap, v, burst)
         backlog = np.maximum(0.0, 1.0 - 1.0 / np.maximum(rho, 1e-12)) * tr.duration
-        rp_raw = np.minimum(st["rho_p"], RHO_MAX)
-        rp = rp_raw**burst
         vp = (tr.ca2 + tr.prompt.cv2) / 2.0
-        s_p = st["T1"] * st["Pw"] / st["cbusy"]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scale_pf = np.where(rp > 0, vp * rp_raw / np.maximum(rp, 1e-300), 0.0) * s_p / (1.0 - rp_raw)
+        rp, scale_pf = queue_wait(st["rho_p"], vp, st["T1"] * st["Pw"] / st["cbusy"], burst)
         base_svc = self.prompt_time(st, self.P_eff)
         # an arrival lands uniformly in a running step, the longer steps more often (size-biased)
         landed = (st["f"] * st["T1"] ** 2 + (1.0 - st["f"]) * st["T0"] ** 2) / st["t"]
@@ -424,9 +417,8 @@ class Engine:
         t_min = self.iteration(np.zeros_like(B), np.zeros_like(B))
         for q in LEVELS:
             z = _Z[q]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                w_slot = np.maximum(0.0, np.log(np.maximum(pw_slot, 1e-300) / (1.0 - q))) * scale_slot + q * backlog
-                w_pf = np.maximum(0.0, np.log(np.maximum(rp, 1e-300) / (1.0 - q))) * scale_pf
+            w_slot = wait_quantile(pw_slot, scale_slot, q) + q * backlog
+            w_pf = wait_quantile(rp, scale_pf, q)
             cached_q = np.where(self.caching, np.minimum(self.cached, tr.prompt.q(q)), 0.0)
             P_q = np.maximum(tr.prompt.q(q) - cached_q, 1.0)
             svc_q = self.prompt_time(st, P_q)
@@ -443,31 +435,75 @@ class Engine:
             tpot = np.maximum(sq["t"] + z * sd_it / np.sqrt(n_eff), t_min)
             mix = np.clip((q - 1.0 + sq["f"]) / np.maximum(sq["f"], 1e-12), 0.0, 1.0)
             itl = sq["T0"] + (sq["T1"] - sq["T0"]) * mix
-            O_q = tr.output.q(q)
-            e2e_mid = out["ttft_mean"] + self.O_dec * st["t"]
-            e2e = e2e_mid + np.sign(z) * np.sqrt(
-                (ttft - out["ttft_mean"]) ** 2
-                + ((max(O_q - 1.0, 0.0) - self.O_dec) * st["t"]) ** 2
-                + (self.O_dec * (tpot - st["t"])) ** 2
-            )
             tag = f"{q:g}"
             out[f"ttft_{tag}"], out[f"tpot_{tag}"], out[f"itl_{tag}"] = ttft, tpot, itl
-            out[f"e2e_{tag}"] = np.maximum(e2e, ttft)
+            out[f"e2e_{tag}"] = self.e2e_quantile(ttft, out["ttft_mean"], tpot, st["t"], q)
         out["tpot_mean"] = st["t"]
         out["e2e_mean"] = out["ttft_mean"] + self.O_dec * st["t"]
-        # KV use at the run's high-water mark (concurrency mean + 3 sd, up to the admission ceiling)
-        hi = np.where(over, self.B_adm, np.minimum(self.B_adm, B + 3.0 * np.sqrt(np.maximum(B, 0.0) * var_B)))
-        shared_tok = np.where(self.caching, self.cached, 0.0)
-        out["kv_cache_usage"] = np.clip((hi * self.tok_seq + shared_tok) / np.maximum(self.kv_tokens, 1.0), 0.0, 1.0)
+        out["kv_cache_usage"] = self.kv_cache_usage(B, over)
         out["preempted_per_request"] = st["pre"]
         out["rho"] = rho
         out["B"] = B
         return out
 
     # ------------------------------------------------------------------------------------------
+    def e2e_quantile(self, ttft: np.ndarray, ttft_mean: np.ndarray, tpot: np.ndarray, t: np.ndarray, q: float):
+        """E2E at quantile q: TTFT + (O-1) TPOT around the mean, the tails of TTFT, of the output
+        length and of TPOT added as a root sum of squares; never below the TTFT."""
+        mid = ttft_mean + self.O_dec * t
+        e2e = mid + np.sign(_Z[q]) * np.sqrt(
+            (ttft - ttft_mean) ** 2
+            + ((max(self.tr.output.q(q) - 1.0, 0.0) - self.O_dec) * t) ** 2
+            + (self.O_dec * (tpot - t)) ** 2
+        )
+        return np.maximum(e2e, ttft)
+
+    def kv_cache_usage(self, B: np.ndarray, overloaded: Any) -> np.ndarray:
+        """The KV cache's use at the run's high-water mark: the running concurrency's mean + 3 sd
+        (variance B (1 + ca^2)/2), up to the admission ceiling (at it, overloaded)."""
+        var_B = (1.0 + self.tr.ca2) / 2.0
+        hi = np.where(overloaded, self.B_adm, np.minimum(self.B_adm, B + 3.0 * np.sqrt(np.maximum(B, 0.0) * var_B)))
+        shared_tok = np.where(self.caching, self.cached, 0.0)
+        return np.clip((hi * self.tok_seq + shared_tok) / np.maximum(self.kv_tokens, 1.0), 0.0, 1.0)
+
     def concurrency_at(self, lam: np.ndarray, grid_B: np.ndarray, grid_lam: np.ndarray) -> np.ndarray:
         """Running concurrency at offered rates lam (N, K) per replica: :func:`concurrency_at`."""
         return concurrency_at(lam, grid_B, grid_lam, self.mu, self.B_cap)
+
+
+def slot_wait(rho: np.ndarray, c: np.ndarray, S: np.ndarray, v: float, burst: float):
+    """The wait for one of c running slots each held S (G/G/c): (P_w, the conditional wait's mean).
+    Sakasegawa's mean wait v rho^(sqrt(2(c+1)) - 1) S / (c (1 - rho)); a request waits with that
+    power of rho raised to ``burst`` (2 / (1 + ca^2): rho for Poisson arrivals, PASTA; higher for
+    burstier ones), and then an exponential time of the mean over that probability."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sak = np.where(rho > 0, rho ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 0.0)
+        pw = sak**burst
+        return pw, np.where(sak > 0, v * sak / np.maximum(pw, 1e-300), 0.0) * S / (c * (1.0 - rho))
+
+
+def queue_wait(rho: np.ndarray, v: float, service: np.ndarray, burst: float):
+    """The wait of a G/G/1 stage at utilisation rho (held at :data:`RHO_MAX`), one job's service
+    ``service``: (P_w = rho^burst, the conditional wait's mean), Kingman's mean wait v rho / (1 - rho)
+    times the service."""
+    r = np.minimum(rho, RHO_MAX)
+    pw = r**burst
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return pw, np.where(pw > 0, v * r / np.maximum(pw, 1e-300), 0.0) * service / (1.0 - r)
+
+
+def wait_quantile(pw: np.ndarray, scale: np.ndarray, q: float) -> np.ndarray:
+    """The q-quantile of a wait that happens with probability pw, exponential of mean scale then."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(0.0, np.log(np.maximum(pw, 1e-300) / (1.0 - q))) * scale
+
+
+def batch_figures(out: dict, b: int, ttft: np.ndarray, t100: np.ndarray, t_all: np.ndarray, eng: "Engine") -> None:
+    """A closed-loop batch of b requests, its TTFT (s) and the decode steps it then runs (one with
+    100 more tokens of context, one at the mean): the probe's batch figures, into ``out``."""
+    out[f"batch{b}_ttft_ms"] = (ttft * 1e3)[:, 0]
+    out[f"batch{b}_time_for_100_tokens_s"] = (ttft + 99.0 * t100)[:, 0]
+    out[f"batch{b}_output_tokens_per_s"] = (b * eng.O / (ttft + eng.O_dec * t_all))[:, 0]
 
 
 def concurrency_at(
@@ -559,8 +595,5 @@ def _closed_loop(eng: Engine, tr: Traffic) -> dict[str, np.ndarray]:
         c1 = np.minimum(chunk, tokens)
         ttft = API_OVERHEAD_S + eng.iteration(np.zeros_like(br), c1) * np.maximum(1.0, tokens / chunk)
         t100 = eng.iteration(br, np.zeros_like(br), eng.P + 50.0)
-        t_all = eng.iteration(br, np.zeros_like(br))
-        out[f"batch{b}_ttft_ms"] = (ttft * 1e3)[:, 0]
-        out[f"batch{b}_time_for_100_tokens_s"] = (ttft + 99.0 * t100)[:, 0]
-        out[f"batch{b}_output_tokens_per_s"] = (b * eng.O / (ttft + eng.O_dec * t_all))[:, 0]
+        batch_figures(out, b, ttft, t100, eng.iteration(br, np.zeros_like(br)), eng)
     return out

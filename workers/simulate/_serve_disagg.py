@@ -61,7 +61,11 @@ from ._serve import (
     Engine,
     Traffic,
     _col,
+    batch_figures,
     concurrency_at,
+    queue_wait,
+    slot_wait,
+    wait_quantile,
 )
 
 # A connector's transport: (path, efficiency on it, handshake latency in s). "link": the devices'
@@ -89,12 +93,6 @@ def _pool_columns(c: dict, tp: np.ndarray, replicas: np.ndarray) -> dict:
 def _kv_bytes_per_token(s: Shape, eng: Engine) -> np.ndarray:
     """The whole model's KV cache of one token (every layer, every K/V head), in the cache's dtype."""
     return s.layers * 2.0 * s.kv_heads * s.head_dim * eng.kvb
-
-
-def _wait_quantile(pw: np.ndarray, scale: np.ndarray, q: float) -> np.ndarray:
-    """The q-quantile of a wait that happens with probability pw, exponential of mean scale then."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.maximum(0.0, np.log(np.maximum(pw, 1e-300) / (1.0 - q))) * scale
 
 
 def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, Any]:
@@ -161,27 +159,17 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         over_d = lam_d >= mu_d
         # the prefill stage
         rho_p = lam_p / mu_p
-        rp = np.minimum(rho_p, RHO_MAX)
         light = np.minimum(cmax, P_eff * np.ones_like(lam))
         cbusy = light + np.clip(rho_p, 0.0, 1.0) * (cmax - light)
         T_busy = pre.iteration(np.zeros_like(cbusy), cbusy)
-        s_p = T_busy * P_eff / cbusy
-        pw_p = rp**burst
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scale_p = np.where(pw_p > 0, v_pf * rp / np.maximum(pw_p, 1e-300), 0.0) * s_p / (1.0 - rp)
+        pw_p, scale_p = queue_wait(rho_p, v_pf, T_busy * P_eff / cbusy, burst)
 
         def prefill_time(P_tokens: Any) -> np.ndarray:
             chunk = np.maximum(cbusy + (P_tokens - P_eff), 1e-3)
             return pre.iteration(np.zeros_like(chunk), chunk) * np.maximum(1.0, P_tokens / cmax)
 
         # the decode pool's running slots
-        rho_d = lam_d / mu_d
-        rc = np.minimum(rho_d, RHO_MAX)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sak = np.where(rc > 0, rc ** (np.sqrt(2.0 * (B_cap + 1.0)) - 1.0), 0.0)
-            pw_slot = sak**burst
-            scale_slot = np.where(sak > 0, v_slot * sak / np.maximum(pw_slot, 1e-300), 0.0) * S_slot
-            scale_slot = scale_slot / (B_cap * (1.0 - rc))
+        pw_slot, scale_slot = slot_wait(np.minimum(lam_d / mu_d, RHO_MAX), B_cap, S_slot, v_slot, burst)
         rho_sys = lam / np.maximum(capacity, 1e-12)
         backlog = np.maximum(0.0, 1.0 - 1.0 / np.maximum(rho_sys, 1e-12)) * tr.duration
         t_mean, pre_mean = decode_step(B, over_d)
@@ -194,8 +182,8 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
             z = _Z[q]
             P_q = np.maximum(tr.prompt.q(q) - np.where(pre.caching, np.minimum(pre.cached, tr.prompt.q(q)), 0.0), 1.0)
             svc_q, kv_q = prefill_time(P_q), transfer(tr.prompt.q(q))
-            w_p = _wait_quantile(pw_p, scale_p, q)
-            w_slot = _wait_quantile(pw_slot, scale_slot, q) + q * backlog
+            w_p = wait_quantile(pw_p, scale_p, q)
+            w_slot = wait_quantile(pw_slot, scale_slot, q) + q * backlog
             fixed_q = API_OVERHEAD_S + q * t_mean
             ttft = (
                 fixed_q
@@ -208,21 +196,12 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
             Bq = np.clip(B + z * np.sqrt(np.maximum(B, 0.0) * var_B), 0.0, B_cap)
             Bq = np.where(over_d, B_cap, Bq)
             tpot = np.maximum(decode_step(Bq, over_d)[0] if z != 0.0 else t_mean, t_min)
-            O_q = tr.output.q(q)
-            e2e_mid = out["ttft_mean"] + dec.O_dec * t_mean
-            e2e = e2e_mid + np.sign(z) * np.sqrt(
-                (ttft - out["ttft_mean"]) ** 2
-                + ((max(O_q - 1.0, 0.0) - dec.O_dec) * t_mean) ** 2
-                + (dec.O_dec * (tpot - t_mean)) ** 2
-            )
             tag = f"{q:g}"
             out[f"ttft_{tag}"], out[f"tpot_{tag}"], out[f"itl_{tag}"] = ttft, tpot, tpot
-            out[f"e2e_{tag}"] = np.maximum(e2e, ttft)
+            out[f"e2e_{tag}"] = dec.e2e_quantile(ttft, out["ttft_mean"], tpot, t_mean, q)
         out["tpot_mean"] = t_mean
         out["e2e_mean"] = out["ttft_mean"] + dec.O_dec * t_mean
-        hi = np.where(over_d, dec.B_adm, np.minimum(dec.B_adm, B + 3.0 * np.sqrt(np.maximum(B, 0.0) * var_B)))
-        shared = np.where(dec.caching, dec.cached, 0.0)
-        out["kv_cache_usage"] = np.clip((hi * dec.tok_seq + shared) / np.maximum(dec.kv_tokens, 1.0), 0.0, 1.0)
+        out["kv_cache_usage"] = dec.kv_cache_usage(B, over_d)
         out["preempted_per_request"] = pre_mean
         out["rho"] = rho_sys
         out["B"] = B
@@ -273,8 +252,5 @@ def _closed_loop(pre: Engine, dec: Engine, Rp: np.ndarray, cmax: np.ndarray, tra
         br = np.minimum(np.ceil(b / dec.r), dec.mns)
         ttft = ttft + dec.iteration(br, np.zeros_like(br))
         t100 = dec.iteration(br, np.zeros_like(br), dec.P + 50.0)
-        t_all = dec.iteration(br, np.zeros_like(br))
-        out[f"batch{b}_ttft_ms"] = (ttft * 1e3)[:, 0]
-        out[f"batch{b}_time_for_100_tokens_s"] = (ttft + 99.0 * t100)[:, 0]
-        out[f"batch{b}_output_tokens_per_s"] = (b * dec.O / (ttft + dec.O_dec * t_all))[:, 0]
+        batch_figures(out, b, ttft, t100, dec.iteration(br, np.zeros_like(br)), dec)
     return out
