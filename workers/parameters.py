@@ -224,6 +224,30 @@ def kv_connector_on(connector: str, accelerator: str) -> str:
     return KV_CONNECTOR_AUTO.get(accelerator, "nixl") if connector == "auto" else connector
 
 
+def kv_connector_rules(connector: str, accelerator: str) -> tuple[str | None, str | None]:
+    """(why ``connector`` cannot run on ``accelerator``, else None; the rule its pools' sizes must
+    keep there, else None: :data:`MOONCAKE_ASCEND_RULE`, broken where :func:`mooncake_ascend_broken`)."""
+    name = kv_connector_on(connector, accelerator)
+    where = KV_CONNECTOR_ACCELERATORS.get(name, ())
+    if accelerator not in where:
+        return (
+            f"kv_connector {name} runs on {', '.join(where) or 'nowhere'}; the accelerator here is {accelerator}",
+            None,
+        )
+    return None, MOONCAKE_ASCEND_RULE if name == "mooncake" and accelerator == "npu" else None
+
+
+def mooncake_ascend_broken(prefill_tp: Any, tp: Any, pp: Any) -> Any:
+    """Where :data:`MOONCAKE_ASCEND_RULE` is broken (scalars or numpy arrays, element-wise)."""
+    return (prefill_tp < tp) | (pp > 1)
+
+
+def prefill_tp_or_tp(prefill_tp: Any, tp: Any) -> Any:
+    """The prefill instances' tensor-parallel size: ``prefill_tp``, 0 meaning the decode instances'
+    ``tp`` (scalars or numpy arrays, element-wise)."""
+    return (prefill_tp > 0) * prefill_tp + (prefill_tp <= 0) * tp
+
+
 def serving_parameter(name: str) -> Parameter:
     """The table's row of a serving parameter; KeyError for a name it does not hold."""
     return SERVING[name]
@@ -529,7 +553,7 @@ def instance_devices(config: Mapping[str, Any]) -> int:
 
 def prefill_tensor_parallel(config: Mapping[str, Any]) -> int:
     """A disaggregated deployment's prefill instance's tensor-parallel size (``prefill_tp`` 0: ``tp``)."""
-    return value(config, "prefill_tp") or value(config, "tp")
+    return prefill_tp_or_tp(value(config, "prefill_tp"), value(config, "tp"))
 
 
 def prefill_devices(config: Mapping[str, Any]) -> int:

@@ -228,8 +228,7 @@ class VllmExporter(Exporter):
         per = len(devices[0]) if devices else 1
         max_model_len = ctx.workload.get("max_model_len")
         args = vllm_engine_args(config, accelerator, max_model_len)
-        engine_flags = {n: _flag(n[len("engine.") :]) for n in config if n.startswith("engine.")}
-        written = {**env_written(ctx), **args_written(args, {**VLLM_FLAGS, **engine_flags})}
+        written = self._written(ctx, args)
         written["replicas"] = f"{len(devices)} server(s) in REPLICA_DEVICES"
         what = (
             f"{len(devices)} server(s), one per replica, {per} device(s) each (tp {param(config, 'tp')} x pp "
@@ -268,6 +267,13 @@ class VllmExporter(Exporter):
             )
         lines += ['    pids+=("$!")', "done", 'wait "${pids[@]}"']
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _written(ctx: ExportContext, args: list[str]) -> dict[str, str]:
+        """How the script writes each setting (the header names one the evidence did not choose):
+        the environment's, and each vLLM flag in ``args`` (the engine.* ones by their own flags)."""
+        engine_flags = {n: _flag(n[len("engine.") :]) for n in ctx.config if n.startswith("engine.")}
+        return {**env_written(ctx), **args_written(args, {**VLLM_FLAGS, **engine_flags})}
 
     def _preamble(self, ctx: ExportContext, accelerator: str, written: dict[str, str], what: str) -> list[str]:
         """The script's start: header, what it runs, environment, CANN on Ascend, the quantized checkpoint's
@@ -325,8 +331,7 @@ class VllmExporter(Exporter):
         prefill_tp = prefill_tensor_parallel(config)
         decode_args = vllm_engine_args(config, accelerator, max_model_len)
         prefill_args = vllm_engine_args({**config, "tp": prefill_tp}, accelerator, max_model_len)
-        engine_flags = {n: _flag(n[len("engine.") :]) for n in config if n.startswith("engine.")}
-        written = {**env_written(ctx), **args_written(decode_args, {**VLLM_FLAGS, **engine_flags})}
+        written = self._written(ctx, decode_args)
         connector = connector_class(config, accelerator)
         written.update(
             replicas=f"{param(config, 'replicas')} decode server(s) in SERVER_POOL",

@@ -33,10 +33,11 @@ from .space_enumeration import ConfigRows, Enumeration, _Codes, _scalar, _unique
 from .schema import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
 from ..stacks import target_of, target_violations
 from ..workers.parameters import (
-    KV_CONNECTOR_ACCELERATORS,
-    MOONCAKE_ASCEND_RULE,
     batched_below_seqs,
     kv_connector_on,
+    kv_connector_rules,
+    mooncake_ascend_broken,
+    prefill_tp_or_tp,
     data_parallel,
     default,
     effective_vpp,
@@ -575,7 +576,7 @@ class Space:
         col = lambda name: np.broadcast_to(np.asarray(out.get(name, serving_default(name))), (n,))  # noqa: E731
         prefill = col("prefill_replicas").astype(int)
         disagg = prefill > 0
-        prefill_tp = np.where(disagg, np.where(col("prefill_tp").astype(int) > 0, col("prefill_tp").astype(int), tp), 0)
+        prefill_tp = np.where(disagg, prefill_tp_or_tp(col("prefill_tp").astype(int), tp), 0)
         accel = str(self.facts["accelerator"])
         connector = np.array([kv_connector_on(str(k), accel) for k in col("kv_connector")], dtype=object)
         connector = np.where(disagg, connector, serving_default("kv_connector")).astype(object)
@@ -587,14 +588,14 @@ class Space:
         reasons[f"a prefill or decode instance spans more than a node ({node} devices)"] = disagg & (
             np.maximum(tp, prefill_tp) * pp > node
         )
-        heads = int(self.constants.get("num_attention_heads") or self.spec.model.num_attention_heads)
+        heads = self.constants["heads"]
         reasons["num_attention_heads not divisible by prefill_tp"] = disagg & (heads % np.maximum(prefill_tp, 1) != 0)
         for name in sorted(set(connector[disagg].tolist())):
-            where = KV_CONNECTOR_ACCELERATORS.get(name, ())
-            if accel not in where:
-                reasons[f"kv_connector {name} runs on {', '.join(where)}, not {accel}"] = disagg & (connector == name)
-            elif name == "mooncake" and accel == "npu":
-                reasons[MOONCAKE_ASCEND_RULE] = disagg & (connector == name) & ((prefill_tp < tp) | (pp > 1))
+            refusal, rule = kv_connector_rules(name, accel)
+            if refusal:
+                reasons[refusal] = disagg & (connector == name)
+            elif rule:
+                reasons[rule] = disagg & (connector == name) & mooncake_ascend_broken(prefill_tp, tp, pp)
         reasons[f"num layers ({self.layers}) not divisible by pp"] = self.layers % pp != 0
         if self.target is None:  # no engine in mind: vLLM's scheduler checks, the engines' common ground
             seqs = out["max_num_seqs"].astype(int)

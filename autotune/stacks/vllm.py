@@ -279,12 +279,14 @@ def _device_env(accelerator: str, per_replica: int) -> dict[str, str]:
 
 
 def _disaggregated_replicas(
-    argv: list[str], run: PresetRun, accelerator: str, max_model_len: int | None
+    head: list[str], run: PresetRun, accelerator: str, max_model_len: int | None
 ) -> list[dict[str, Any]]:
-    """A disaggregated deployment's servers for the serving probe (issue 46): the prefill servers
-    (their pool's tp) and the decode servers, each with its ``--kv-transfer-config`` and role, on
-    consecutive devices as the export places them on one node; the shared-storage connector's files
-    in the trial's folder. The probe's client plays the proxy (workers/serve_probe/client.py)."""
+    """A disaggregated deployment's servers for the serving probe (issue 46): ``head`` (the engine's
+    interpreter, entry, model, host and port), then the prefill servers' (their pool's tp) or the
+    decode servers' engine arguments, the user's args and each server's ``--kv-transfer-config``;
+    each with its role, on consecutive devices as the export places them on one node; the
+    shared-storage connector's files in the trial's folder. The probe's client plays the proxy
+    (workers/serve_probe/client.py)."""
     config = run.config
     devices = trial_devices("serve", config)
     per_node = int(run.cluster.get("devices_per_node") or devices)
@@ -294,15 +296,14 @@ def _disaggregated_replicas(
             "probe measures a deployment on one node (instances across nodes are not probed yet); the simulator "
             "prices it and serve_vllm.sh exports it per node"
         )
-    engine_args = vllm_engine_args(config, accelerator, max_model_len)
-    start = argv.index(engine_args[0])  # the trial's engine arguments: the prefill pool's differ in tp
+    pool_args = {
+        "prefill": vllm_engine_args({**config, "tp": prefill_tensor_parallel(config)}, accelerator, max_model_len),
+        "decode": vllm_engine_args(config, accelerator, max_model_len),
+    }
     servers = []
     for k, (pool, index, _, devices) in enumerate(placement(config, 1 << 30)):
-        pool_args = engine_args
-        if pool == "prefill":
-            pool_args = vllm_engine_args({**config, "tp": prefill_tensor_parallel(config)}, accelerator, max_model_len)
         kv = kv_transfer_config(config, accelerator, pool, index, storage="{trial_dir}/kv_cache")
-        words = [*argv[:start], *pool_args, *argv[start + len(engine_args) :]]
+        words = [*head, *pool_args[pool], *run.user]
         words += ["--kv-transfer-config", json.dumps(kv, sort_keys=True, separators=(",", ":"))]
         env = _device_env(accelerator, len(devices))
         if kv["kv_connector"] == "NixlConnector":  # its side channel: one port per server on the host
@@ -333,7 +334,7 @@ def vllm_launch(run: PresetRun) -> PresetLaunch:
         files["model/config.json"] = json.dumps(hf_config(model, config), indent=1)
         model_arg = ["--model", "{trial_dir}/model"]
     max_model_len = int(workload.get("max_model_len") or 0) or None
-    argv = [
+    head = [
         python,
         *entry,
         *model_arg,
@@ -343,12 +344,11 @@ def vllm_launch(run: PresetRun) -> PresetLaunch:
         "127.0.0.1",
         "--port",
         "{port}",
-        *vllm_engine_args(config, accelerator, max_model_len),
-        *run.user,
     ]
     if value(config, "prefill_replicas") > 0:
-        replicas = _disaggregated_replicas(argv, run, accelerator, max_model_len)
+        replicas = _disaggregated_replicas(head, run, accelerator, max_model_len)
     else:
+        argv = [*head, *vllm_engine_args(config, accelerator, max_model_len), *run.user]
         devices = replica_devices(config)
         env = _device_env(accelerator, len(devices[0]))
         replicas = [{"argv": list(argv), "env": dict(env), "devices": d, "files": {}} for d in devices]

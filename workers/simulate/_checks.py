@@ -10,11 +10,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..parameters import (
-    KV_CONNECTOR_ACCELERATORS,
-    MOONCAKE_ASCEND_RULE,
     data_parallel,
     grad_accum,
-    kv_connector_on,
+    kv_connector_rules,
+    mooncake_ascend_broken,
+    prefill_tp_or_tp,
     sequence_parallel_on,
 )
 from ._columns import KV_CONNECTOR_CODES, fill_defaults
@@ -132,7 +132,7 @@ def serve_checks(
     t, p, r = c["tp"], c["pp"], c["replicas"]
     pr = c["prefill_replicas"]
     disagg = pr > 0
-    tpp = np.maximum(np.where(c["prefill_tp"] > 0, c["prefill_tp"], t), 1)  # the prefill instances' tp
+    tpp = np.maximum(prefill_tp_or_tp(c["prefill_tp"], t), 1)  # the prefill instances' tp
     mns, mbt, bs = c["max_num_seqs"], c["max_num_batched_tokens"], c["block_size"]
     mml = max_model_len(workload)
     dpn = int(cluster.get("devices_per_node") or cluster.get("world_size") or 1)
@@ -213,22 +213,18 @@ def serve_checks(
 def connector_checks(
     codes: np.ndarray, disagg: np.ndarray, accel: str, tp: np.ndarray, prefill_tp: np.ndarray, pp: np.ndarray
 ) -> list[tuple[str, np.ndarray]]:
-    """A disaggregated deployment's KV connector must run on the accelerator
-    (:data:`~autotune.workers.parameters.KV_CONNECTOR_ACCELERATORS`), with its own rules there."""
+    """A disaggregated deployment's KV connector must run on the accelerator, with its own rules
+    there (:func:`~autotune.workers.parameters.kv_connector_rules`)."""
     checks = []
     for name, code in KV_CONNECTOR_CODES.items():
-        resolved = kv_connector_on(name, accel)
-        where = KV_CONNECTOR_ACCELERATORS.get(resolved, ())
-        if accel not in where:
-            runs = ", ".join(where) or "nowhere"
-            checks.append(
-                (f"kv_connector {resolved} runs on {runs}; the accelerator here is {accel}", disagg & (codes == code))
-            )
-        if resolved == "mooncake" and accel == "npu":
+        refusal, rule = kv_connector_rules(name, accel)
+        if refusal:
+            checks.append((refusal, disagg & (codes == code)))
+        elif rule:
             checks.append(
                 (
-                    f"{MOONCAKE_ASCEND_RULE} (prefill_tp={{prefill_tp}}, tp={{tp}}, pp={{pp}})",
-                    disagg & (codes == code) & ((prefill_tp < tp) | (pp > 1)),
+                    f"{rule} (prefill_tp={{prefill_tp}}, tp={{tp}}, pp={{pp}})",
+                    disagg & (codes == code) & mooncake_ascend_broken(prefill_tp, tp, pp),
                 )
             )
     return checks
@@ -251,7 +247,7 @@ def prepare(
     c["world"] = np.full(n, float(world))
     kind = str(workload.get("kind", "train"))
     if kind == "serve":  # a serving trial occupies its own replicas*tp*pp (+ its prefill pool's) devices
-        prefill_tp = np.where(c["prefill_tp"] > 0, c["prefill_tp"], c["tp"])
+        prefill_tp = prefill_tp_or_tp(c["prefill_tp"], c["tp"])
         c["world"] = (c["replicas"] * c["tp"] + c["prefill_replicas"] * prefill_tp) * c["pp"]
         return s, c, world, serve_checks(s, model, workload, c, cluster)
     if kind == "infer":

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..parameters import kv_connector_on, serving_parameter
+from ..parameters import kv_connector_on, prefill_tp_or_tp, serving_parameter
 from ._common import HW, Shape
 from ._serve import (
     API_OVERHEAD_S,
@@ -100,7 +100,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
     (rows that are not disaggregated are priced with one prefill instance and masked by the caller)."""
     n = c["tp"].size
     R_p = np.maximum(np.asarray(c["prefill_replicas"], dtype=float), 1.0)
-    tp_p = np.where(np.asarray(c["prefill_tp"]) > 0, c["prefill_tp"], c["tp"]).astype(float)
+    tp_p = prefill_tp_or_tp(np.asarray(c["prefill_tp"]), c["tp"]).astype(float)
     pre = Engine(s, hw, _pool_columns(c, tp_p, R_p), tr)
     dec = Engine(s, hw, c, tr)
     mem_p, mem_d = pre.memory(), dec.memory()
