@@ -113,12 +113,9 @@ def _instances(config: dict[str, Any]) -> str:
     return instances
 
 
-# what stops a serving config's rate from growing, as the simulator says it (its ``slo_limit`` code:
-# workers/simulate/_serve.py LIMITS): its capacity with every SLO target met, or the target missed first
-RATE_LIMITS = ("capacity", "TTFT p99", "TPOT p99", "ITL p99", "E2E p99")
-
-
-# the same, as the simulated trial's info names it (info["serving"]["limited_by"]), in words
+# what stops a serving config's rate from growing, in words, by the simulator's names for it
+# (workers/simulate/_serving.py LIMITS: its capacity with every SLO target met, or the target missed
+# first), as a simulated trial's info names it (info["serving"]["limited_by"])
 LIMIT_WORDS = {
     "capacity": "its capacity, every SLO target met at it",
     "ttft": "TTFT p99 (prompts wait for prefill)",
@@ -129,11 +126,15 @@ LIMIT_WORDS = {
 
 
 def rate_limit_text(metrics: dict[str, Any]) -> str:
-    """What a predicted serving row's rate is limited by ("" where the row has no such figure)."""
+    """What a predicted serving row's rate is limited by, from its ``slo_limit`` code (an index
+    into the simulator's LIMITS): "capacity" or "TTFT p99"...; "" where the row has no such figure."""
+    from autotune.workers.simulate import LIMITS
+
     code = metrics.get("slo_limit")
-    if not isinstance(code, (int, float)) or code != code or not 0 <= int(code) < len(RATE_LIMITS):
+    if not isinstance(code, (int, float)) or code != code or not 0 <= int(code) < len(LIMITS):
         return ""
-    return RATE_LIMITS[int(code)]
+    name = LIMITS[int(code)]
+    return name if name == "capacity" else f"{name.upper()} p99"
 
 
 def fmt_metric(v: Any, name: str = "") -> str:
