@@ -198,6 +198,8 @@ class Truth:
         # optimum at 0.99 is found only by a search that risks configs it cannot be sure of
         best = int(np.argmax(np.where(t["fits"], t["tokens_per_s_per_device"], -np.inf)))
         self.optimum_memory_share = float(t["peak_memory_gib"][best] / t["limit"][best])
+        self.optimum_key = config_key(configs[best])
+        self.optimum_peak, self.optimum_limit = float(t["peak_memory_gib"][best]), float(t["limit"][best])
 
     def measure(self, config: dict[str, Any], run: int) -> dict[str, Any]:
         c = self.ctx
@@ -389,7 +391,33 @@ def run_autotune(
         oom = r.status == "oom" or not truth.fits.get(config_key(r.config), True)
         probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))
     certificate = getattr(outcome.result, "certificate", None)  # how sure the study said it was (issue 44)
+    if guided is not None:
+        truth.seen_at_end = optimum_as_seen(guided, trials, truth)
     return probes, outcome.stopped_because, calibration_pairs(records), records, certificate
+
+
+def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> str:
+    """``--trace``: what the guide believed of the world's optimum when the study ended (its peak and
+    the usable memory against the truth, P(fits), the predicted objective): why a missed optimum
+    was never probed."""
+    guide = guided.guide
+    keys = [config_key(c) for c in guide.ranking.enumeration.configs]
+    if truth.optimum_key not in keys:
+        return "the optimum is not in the guide's ranking"
+    i = keys.index(truth.optimum_key)
+    obs = guided.observations(trials)
+    belief = guide._memory_belief(obs)
+    usable, usable_sd = guide.usable_limit(obs, belief)
+    p_fit = guide.fit_probability(obs, belief.mean, belief.sd, belief)
+    mean, sd = guide._objective_model(obs)
+    u = float(np.broadcast_to(usable, (guide.n,))[i])
+    u_sd = float(np.broadcast_to(usable_sd, (guide.n,))[i])
+    return (
+        f"optimum at the end: peak {belief.mean[i]:.2f} +/- {belief.sd[i]:.2f} GiB (true {truth.optimum_peak:.2f}), "
+        f"usable {u:.2f} +/- {u_sd:.2f} (true {truth.optimum_limit:.2f}), P(fits) {p_fit[i]:.2f}, "
+        f"predicted {mean[i] / truth.optimum:.3f} +/- {sd[i] / truth.optimum:.3f} of the optimum, "
+        f"probed {'yes' if any(o.index == i for o in obs) else 'no'}"
+    )
 
 
 def print_trace(records: list, truth: Truth) -> None:
@@ -405,6 +433,8 @@ def print_trace(records: list, truth: Truth) -> None:
             f"{'profile ' if r.memory_profile else ''}{key}\n       {r.chosen_because[:300]}",
             file=sys.stderr,
         )
+    if getattr(truth, "seen_at_end", ""):
+        print(f"  {truth.seen_at_end}", file=sys.stderr)
 
 
 def budgeted(records: list) -> list:

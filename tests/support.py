@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -304,12 +305,13 @@ def server_words(record: dict) -> list[str]:
     return argv[3:]
 
 
-def vllm_parse(cases: list[list[str]]) -> list[dict]:
+def vllm_parse(cases: list[list[str]], engine_config: bool = False) -> list[dict]:
     """vLLM's own parse of each command line (one interpreter start for all:
-    tests/fixtures/vllm/parse_serve_args.py)."""
+    tests/fixtures/vllm/parse_serve_args.py); ``engine_config``: also the engine config vLLM builds
+    from it (the model a folder with a config.json)."""
     proc = subprocess.run(
         [str(VLLM_PYTHON), str(REPO / "tests" / "fixtures" / "vllm" / "parse_serve_args.py")],
-        input=json.dumps([{"argv": argv} for argv in cases]),
+        input=json.dumps([{"argv": argv, "engine_config": engine_config} for argv in cases]),
         capture_output=True,
         text=True,
         timeout=600,
@@ -318,3 +320,47 @@ def vllm_parse(cases: list[list[str]]) -> list[dict]:
     payload = json.loads(proc.stdout.strip().splitlines()[-1])
     assert payload["vllm"].startswith("0.")
     return payload["results"]
+
+
+SERVING_CONFIG = {  # a serving config's settings beside its layout (tests build the layout they test)
+    "max_num_seqs": 128,
+    "max_num_batched_tokens": 4096,
+    "block_size": 16,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "memory_utilization": 0.9,
+    "graph_mode": "graph",
+    "kv_cache_dtype": "auto",
+    "quantization": "none",
+    "precision": "bf16",
+}
+
+
+def serving_config(**layout) -> dict:
+    """:data:`SERVING_CONFIG` with ``layout`` (tp, pp, replicas, a prefill pool...) and the devices it takes."""
+    from autotune.workers.parameters import trial_devices
+
+    config = {**SERVING_CONFIG, **layout}
+    config["world_size"] = trial_devices("serve", config)
+    return config
+
+
+@contextlib.contextmanager
+def local_npu_cluster(workers: int = 2):
+    """A local Ray cluster on this machine: a head (1 CPU, no NPU) and ``workers`` raylets declaring
+    NPU: 1 each, as separate "nodes" for multi-node trials."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    for _ in range(workers):
+        c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()

@@ -24,7 +24,7 @@ from autotune.spec.space import Space
 from autotune.workers.parameters import trial_devices
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
 from autotune.workers.protocol import TrialRequest
-from support import VLLM_PYTHON, server_words, vllm_parse, vllm_stand_ins
+from support import VLLM_PYTHON, server_words, serving_config, vllm_parse, vllm_stand_ins
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures" / "vllm"))
 from disagg_proxies import parser as proxy_parser  # noqa: E402
@@ -207,27 +207,8 @@ def _context(config: dict[str, Any], accelerator: str, nodes: int, per_node: int
 
 
 def _serving(**changes: Any) -> dict[str, Any]:
-    config = {
-        "tp": 4,
-        "pp": 1,
-        "replicas": 2,
-        "prefill_replicas": 1,
-        "prefill_tp": 4,
-        "kv_connector": "nixl",
-        "max_num_seqs": 128,
-        "max_num_batched_tokens": 4096,
-        "block_size": 16,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": True,
-        "memory_utilization": 0.9,
-        "graph_mode": "graph",
-        "kv_cache_dtype": "auto",
-        "quantization": "none",
-        "precision": "bf16",
-        **changes,
-    }
-    config["world_size"] = trial_devices("serve", config)
-    return config
+    layout = {"tp": 4, "pp": 1, "replicas": 2, "prefill_replicas": 1, "prefill_tp": 4, "kv_connector": "nixl"}
+    return serving_config(**{**layout, **changes})
 
 
 def _run(script: Path, tmp_path: Path, node: int, nodes: str) -> list[dict[str, Any]]:

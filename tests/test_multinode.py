@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
-from support import TINY_TRAIN
+from support import TINY_TRAIN, local_npu_cluster
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -36,19 +36,8 @@ if args["--rank"] == "0":
 @pytest.fixture(scope="module")
 def cluster():
     """A head (1 CPU, no NPU) and two worker raylets declaring NPU: 1 each, on this machine."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    for _ in range(2):
-        c.add_node(num_cpus=1, resources={"NPU": 1}, object_store_memory=80 * 2**20)
-    c.wait_for_nodes()
-    yield c
-    if ray.is_initialized():
-        ray.shutdown()
-    c.shutdown()
+    with local_npu_cluster(2) as c:
+        yield c
 
 
 def _spec(write_spec, tmp_path, nodes: int, argv: str, n_trials: int = 2, name: str = "mn.yaml"):

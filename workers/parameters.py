@@ -551,6 +551,27 @@ def instance_devices(config: Mapping[str, Any]) -> int:
     return value(config, "tp") * value(config, "pp")
 
 
+INSTANCE_NODES_RULE = (
+    "an engine instance wider than a node takes whole nodes (tp*pp a multiple of devices_per_node), "
+    "as vLLM's multi-node launch (--nnodes) splits its ranks evenly over the nodes"
+)
+
+
+def instance_nodes(size: Any, devices_per_node: Any) -> Any:
+    """The nodes one serving instance of ``size`` (tp*pp) devices spans: 1 within a node, else
+    ``size / devices_per_node`` rounded up (:data:`INSTANCE_NODES_RULE`; scalars or numpy arrays,
+    element-wise)."""
+    per = _at_least(devices_per_node, 1)
+    return (size > per) * (-(-size // per)) + (size <= per) * 1
+
+
+def instance_splits_a_node(size: Any, devices_per_node: Any) -> Any:
+    """Where :data:`INSTANCE_NODES_RULE` is broken: an instance wider than a node that leaves part of
+    one (scalars or numpy arrays, element-wise)."""
+    per = _at_least(devices_per_node, 1)
+    return (size > per) & (size % per != 0)
+
+
 def prefill_tensor_parallel(config: Mapping[str, Any]) -> int:
     """A disaggregated deployment's prefill instance's tensor-parallel size (``prefill_tp`` 0: ``tp``)."""
     return prefill_tp_or_tp(value(config, "prefill_tp"), value(config, "tp"))

@@ -231,6 +231,8 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         if python and os.sep in python and not os.path.isabs(python) and spec.source_path is not None:
             python = str(spec.source_path.resolve().parent / python)  # an interpreter path is relative to the spec
         launch = preset_launch(stack.name, entry_backend, request, iterations, warmup, python, nodes=nodes)
+        if stack.serving and nodes > 1:  # an instance across nodes: node 0's probe measures it
+            spread["ends_with_node_0"] = True
         return ProbeLaunch(
             argv=launch["argv"],
             env={**launch["env"], **env},

@@ -104,6 +104,9 @@ class ProbeLaunch:
     nodes: int = 1  # > 1: one process per node, each on its own placement-group bundle (``bundle``)
     bundle: dict[str, float] = field(default_factory=dict)  # one node's share, e.g. {"NPU": 8, "CPU": 1}
     placement_timeout_s: float = 120.0  # how long a multi-node trial waits for its nodes
+    # the trial's result is node 0's as soon as it has one: the other nodes only serve it (a serving
+    # instance across nodes, whose headless workers run until they are stopped)
+    ends_with_node_0: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -289,7 +289,9 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
     address and a free port there become the rendezvous; one probe task per bundle runs the
     launch with ``{nnodes} {node_rank} {master_addr} {master_port}`` filled in. The first node to
     fail ends the trial on every node (its reason names the node); the group is removed however
-    the trial ends. The result is node 0's, with every node's address in ``info.nodes``."""
+    the trial ends. The result is node 0's, with every node's address in ``info.nodes``; with
+    ``launch.ends_with_node_0`` (a serving instance across nodes) node 0's success ends the trial at
+    once, and the nodes still serving it are stopped."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -341,6 +343,8 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
             if rank > 0 and result.status == "crash" and result.info.get("returncode") == 0 and not result.metrics:
                 result = ProbeResult("ok", steps=result.steps, info=result.info)  # only node 0 reports metrics
             results[rank] = result
+            if rank == 0 and launch.ends_with_node_0 and result.ok:
+                break  # the other nodes served node 0's probe: the finally below stops them
             if not result.ok and result.status != "pruned":
                 host = result.info.get("host") or _bundle_node(pg, rank)
                 failed = ProbeResult(
@@ -356,14 +360,14 @@ def _ray_multinode_task(request_data: dict[str, Any], launch_data: dict[str, Any
         first.info["nodes"] = [
             {
                 "node_rank": r,
-                "host": results[r].info.get("host"),
+                "host": results[r].info.get("host") if r in results else _bundle_node(pg, r),
                 **{
                     k: results[r].info[k]
                     for k in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-                    if k in results[r].info
+                    if r in results and k in results[r].info
                 },
             }
-            for r in sorted(results)
+            for r in range(n)
         ]
         return first.to_json()
     finally:  # a failed or cancelled trial: the other nodes' probes end within seconds

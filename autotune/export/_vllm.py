@@ -32,11 +32,12 @@ import re
 import shlex
 from typing import Any
 
-from ..workers.parameters import prefill_tensor_parallel, serving_default, value as param
+from ..workers.parameters import instance_devices, prefill_tensor_parallel, serving_default, value as param
 
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
 from ._vllm_disagg import SHARED_STORAGE_PATH, connector_class, disaggregated_lines
+from ._vllm_multinode import MULTINODE_CPU_REFUSAL, multinode_lines, spans_nodes
 
 __all__ = [
     "VllmExporter",
@@ -217,13 +218,22 @@ class VllmExporter(Exporter):
             additional_config(ctx.config)
         except ValueError as exc:  # not a JSON object, or NaN in it: vLLM would not start
             reasons.append(one_line(exc))
+        accelerator = str(ctx.cluster.get("accelerator", "") or "cuda")
+        if accelerator == "cpu" and spans_nodes(ctx.config, self._per_node(ctx)):
+            reasons.append(MULTINODE_CPU_REFUSAL)
         return reasons
+
+    @staticmethod
+    def _per_node(ctx: ExportContext) -> int:
+        return int(ctx.cluster.get("devices_per_node") or ctx.world_size or 1)
 
     def render(self, ctx: ExportContext) -> str:
         config = ctx.config
         accelerator = str(ctx.cluster.get("accelerator", "") or "cuda")
         if param(config, "prefill_replicas") > 0:
             return self._render_disaggregated(ctx, accelerator)
+        if spans_nodes(config, self._per_node(ctx)):
+            return self._render_multinode(ctx, accelerator)
         devices = replica_devices(config)
         per = len(devices[0]) if devices else 1
         max_model_len = ctx.workload.get("max_model_len")
@@ -266,6 +276,25 @@ class VllmExporter(Exporter):
                 '        vllm serve "$MODEL" --host "$HOST" --port $((PORT + k)) "${VLLM_ARGS[@]}" "$@" &'
             )
         lines += ['    pids+=("$!")', "done", 'wait "${pids[@]}"']
+        return "\n".join(lines) + "\n"
+
+    def _render_multinode(self, ctx: ExportContext, accelerator: str) -> str:
+        """Instances wider than a node (:mod:`._vllm_multinode`): this node's rank of its instance."""
+        config = ctx.config
+        args = vllm_engine_args(config, accelerator, ctx.workload.get("max_model_len"))
+        written = self._written(ctx, args)
+        per_node = self._per_node(ctx)
+        nodes = instance_devices(config) // per_node
+        written["replicas"] = f"{param(config, 'replicas')} instance(s) of {nodes} node(s), NODE / {nodes}"
+        what = (
+            f"{param(config, 'replicas')} instance(s) of tp {param(config, 'tp')} x pp {param(config, 'pp')}, each "
+            f"over {nodes} whole nodes of {per_node} devices; run this script on every node with NODE set; each "
+            "instance serves on PORT of its first node: put your load balancer in front of them."
+        )
+        lines = self._preamble(ctx, accelerator, written, what)
+        lines += multinode_lines(
+            config, accelerator, per_node, args, DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES"), bash_array
+        )
         return "\n".join(lines) + "\n"
 
     @staticmethod

@@ -140,7 +140,7 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
                 "(remove probe_nodes)",
             )
         )
-    world = cluster.world_size if kind != "serve" else cluster.devices_per_node  # a serving layout is one node
+    world = cluster.world_size  # a serving instance may span whole nodes (INSTANCE_NODES_RULE)
     for name in ("tp", "pp", "cp"):
         values = choices.get(name, [])
         if values and not any(world % v == 0 for v in values):

@@ -33,7 +33,9 @@ from .space_enumeration import ConfigRows, Enumeration, _Codes, _scalar, _unique
 from .schema import DERIVED_PARAMS, ServeWorkload, Spec, TrainWorkload
 from ..stacks import target_of, target_violations
 from ..workers.parameters import (
+    INSTANCE_NODES_RULE,
     batched_below_seqs,
+    instance_splits_a_node,
     kv_connector_on,
     kv_connector_rules,
     mooncake_ascend_broken,
@@ -564,7 +566,8 @@ class Space:
     def _derive_serving(
         self, out: dict[str, np.ndarray], tp: np.ndarray, reasons: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node; or, with a
+        """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node, or an engine
+        wider than a node on whole nodes (``INSTANCE_NODES_RULE``), its replicas on the cluster's; or, with a
         prefill pool (``prefill_replicas`` >= 1), ``replicas`` decode instances and ``prefill_replicas``
         prefill instances of ``prefill_tp*pp`` devices, each instance on one node, the pools anywhere in
         the cluster, the KV connector one that runs on the accelerator; and the engine's own refusals
@@ -581,7 +584,14 @@ class Space:
         connector = np.array([kv_connector_on(str(k), accel) for k in col("kv_connector")], dtype=object)
         connector = np.where(disagg, connector, serving_default("kv_connector")).astype(object)
         devices = (replicas * tp + prefill * prefill_tp) * pp
-        reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = ~disagg & (devices > node)
+        # an aggregated instance within a node: its replicas share that node (the probe measures one
+        # node's deployment); one wider than a node takes whole nodes, its replicas the cluster's
+        spans = tp * pp > node
+        reasons[f"replicas*tp*pp exceeds the devices of a node ({node})"] = ~disagg & ~spans & (devices > node)
+        reasons[INSTANCE_NODES_RULE] = ~disagg & instance_splits_a_node(tp * pp, node)
+        reasons[f"replicas*tp*pp exceeds the cluster's devices ({self.world})"] = (
+            ~disagg & spans & (devices > self.world)
+        )
         reasons[f"a disaggregated deployment's devices exceed the cluster's ({self.world})"] = disagg & (
             devices > self.world
         )

@@ -35,6 +35,7 @@ import numpy as np
 
 from autotune.export._vllm import VLLM_SET_BY_AUTOTUNE, VllmExporter, replica_devices, vllm_dtype, vllm_engine_args
 from autotune.export._vllm_disagg import NIXL_SIDE_CHANNEL_BASE, kv_transfer_config, placement
+from autotune.export._vllm_multinode import MULTINODE_CPU_REFUSAL, multinode_words, spans_nodes
 from autotune.workers.parameters import (
     BATCHED_COVERS_SEQS,
     batched_below_seqs,
@@ -312,6 +313,61 @@ def _disaggregated_replicas(
     return servers
 
 
+def _server_head(run: PresetRun, entry: list[str], model_arg: list[str]) -> list[str]:
+    """A server's command up to its engine arguments: the engine's interpreter, the entry, the model,
+    the served name, and the loopback address with the port the probe picks (``{port}``)."""
+    python = run.launcher[0] if run.launcher else sys.executable
+    return [
+        python,
+        *entry,
+        *model_arg,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ]
+
+
+# ``--headless`` is ``vllm serve``'s (vllm/entrypoints/cli/serve.py), not the api_server module's
+SERVE_ENTRY = ["-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def _multinode_replica(
+    run: PresetRun, entry: list[str], model_arg: list[str], accelerator: str, max_model_len: int | None
+) -> dict[str, Any]:
+    """One instance over whole nodes (issue 46, part 4): the same server on every node of the trial,
+    vLLM's multi-node launch options filled by the probe from the node it runs on (the dispatcher
+    starts one probe per node, ``{nnodes} {node_rank} {master_addr} {master_port}``), node 0 serving
+    the API, the others ``--headless`` (``follower_words``); each node's devices all of its own."""
+    config = run.config
+    per_node = int(run.cluster.get("devices_per_node") or 1)
+    if value(config, "replicas") > 1:
+        raise ValueError(
+            f"{value(config, 'replicas')} replicas of an instance across nodes: the serving probe measures one "
+            "instance across nodes (its replicas serve alike behind the balancer); the simulator prices the "
+            "deployment and serve_vllm.sh exports it"
+        )
+    if accelerator == "cpu" and entry == DEFAULT_ENTRY.split():
+        raise ValueError(MULTINODE_CPU_REFUSAL)
+    if entry == DEFAULT_ENTRY.split():
+        entry = list(SERVE_ENTRY)
+    argv = [
+        *_server_head(run, entry, model_arg),
+        *vllm_engine_args(config, accelerator, max_model_len),
+        *multinode_words("{nnodes}", "{node_rank}", "{master_addr}", "{master_port}"),
+        *run.user,
+    ]
+    return {
+        "argv": argv,
+        "env": _device_env(accelerator, per_node),
+        "devices": list(range(per_node)),
+        "files": {},
+        "follower_words": ["--headless"],
+    }
+
+
 def vllm_launch(run: PresetRun) -> PresetLaunch:
     """``engine.json`` for the serving probe: one server per replica, the trial's engine arguments."""
     config, model, workload = run.config, run.model, run.workload
@@ -334,19 +390,11 @@ def vllm_launch(run: PresetRun) -> PresetLaunch:
         files["model/config.json"] = json.dumps(hf_config(model, config), indent=1)
         model_arg = ["--model", "{trial_dir}/model"]
     max_model_len = int(workload.get("max_model_len") or 0) or None
-    head = [
-        python,
-        *entry,
-        *model_arg,
-        "--served-model-name",
-        SERVED_MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-    ]
+    head = _server_head(run, entry, model_arg)
     if value(config, "prefill_replicas") > 0:
         replicas = _disaggregated_replicas(head, run, accelerator, max_model_len)
+    elif spans_nodes(config, int(run.cluster.get("devices_per_node") or trial_devices("serve", config))):
+        replicas = [_multinode_replica(run, entry, model_arg, accelerator, max_model_len)]
     else:
         argv = [*head, *vllm_engine_args(config, accelerator, max_model_len), *run.user]
         devices = replica_devices(config)

@@ -215,13 +215,39 @@ def _write_inside(root: Path, name: str, text: str) -> Path:
     return path
 
 
+NODE_VARIABLES = {
+    "nnodes": "NNODES",
+    "node_rank": "NODE_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
+
+
+def node_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """This node's place in a multi-node trial, as the dispatcher tells each node
+    (``autotune.dispatch.dispatcher.node_env``): ``{nnodes}``, ``{node_rank}``, ``{master_addr}``,
+    ``{master_port}`` for engine.json's argv; {} on one node."""
+    if not environ.get("NNODES") or int(environ["NNODES"]) <= 1:
+        return {}
+    return {name: str(environ.get(var, "")) for name, var in NODE_VARIABLES.items()}
+
+
 class Engines:
-    """Every replica of one trial's ``engine.json``."""
+    """Every replica of one trial's ``engine.json``. On a node after the first of a multi-node trial
+    (``node``: :func:`node_values`, ``node_rank`` > 0) each replica runs with its ``follower_words``
+    (vLLM's ``--headless``): the engine's workers for node 0's instance, no API of its own."""
 
     def __init__(
-        self, spec: Mapping[str, Any], trial_dir: Path, cluster: Mapping[str, Any], trial_env: Mapping[str, str]
+        self,
+        spec: Mapping[str, Any],
+        trial_dir: Path,
+        cluster: Mapping[str, Any],
+        trial_env: Mapping[str, str],
+        node: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        self.node = dict(node or {})
+        self.follower = int(self.node.get("node_rank") or 0) > 0
         self.trial_dir = Path(trial_dir)
         self.api = dict(spec.get("api") or {})
         self.rules = list(spec.get("startup_failures") or [])
@@ -254,6 +280,16 @@ class Engines:
             argv = launch.get("argv")
             if not isinstance(argv, list) or not argv:
                 raise ProbeFailure("invalid", f"engine.json replica {k} has no argv list")
+            asked = sorted(n for n in NODE_VARIABLES if any("{" + n + "}" in str(a) for a in argv))
+            if asked and not self.node:
+                raise ProbeFailure(
+                    "invalid",
+                    f"engine.json replica {k} spans nodes ({', '.join('{' + n + '}' for n in asked)}) but the probe "
+                    "runs on one node: the dispatcher starts it on each node of a multi-node trial",
+                )
+            values.update(self.node)
+            if self.follower:
+                argv = [*argv, *(launch.get("follower_words") or [])]
             self.replicas.append(
                 Replica(
                     k,
@@ -335,6 +371,15 @@ class Engines:
                 next_beat = now + 5.0
             time.sleep(0.25)
         return time.monotonic() - t0
+
+    def serve_node_0(self, poll_s: float = 0.5) -> Replica:
+        """On a follower node: wait while its replicas serve node 0's instance; the first that exits
+        (the dispatcher ends the trial by stopping this probe once node 0 has its result)."""
+        while True:
+            gone = self.dead()
+            if gone is not None:
+                return gone
+            time.sleep(poll_s)
 
     def dead(self) -> Replica | None:
         """The first replica whose process has exited, if any."""

@@ -49,7 +49,7 @@ from ..parameters import trial_devices
 from ..protocol import TRIAL_FILE_ENV, TrialRequest, read_trial_file
 from . import traffic as traffic_mod
 from .client import Endpoint, LeastOutstanding, closed_batch, new_session, open_loop, send_request
-from .engine import Engines, fit
+from .engine import Engines, fit, node_values
 from .failure import ProbeFailure, Terminated
 from .prom import MetricsSampler
 from .rates import TOLERANCE, Load, RateSearch, Tried, check_tolerance
@@ -584,9 +584,16 @@ def main(argv: list[str] | None = None) -> int:
         trial_dir = engine_file.resolve().parent if engine_file else trial_file.resolve().parent
         spec = _load_engine_spec(trial_dir)
         _check_workload(request)
-        engines = Engines(spec, trial_dir, request.cluster, request.env())
+        engines = Engines(spec, trial_dir, request.cluster, request.env(), node_values(os.environ))
         timeout = float(spec.get("startup_timeout_s") or request.workload.get("startup_timeout_s") or 600.0)
         engines.start()
+        if engines.follower:  # node 0 runs the API and the load; this node's workers serve it
+            log(f"node {engines.node['node_rank']} of {engines.node['nnodes']}: serving node 0's instance")
+            gone = engines.serve_node_0()
+            if gone.returncode() != 0:
+                status, reason = gone.exit_reason("while node 0's instance served", spec.get("startup_failures") or ())
+                raise ProbeFailure(status, reason)
+            return 0
         log(f"started {len(engines.replicas)} engine replica(s); logs in {trial_dir}/replica*/engine.log")
 
         def beat(elapsed: float, waiting: list[int]) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from ..parameters import (
     data_parallel,
     grad_accum,
+    instance_splits_a_node,
     kv_connector_rules,
     mooncake_ascend_broken,
     prefill_tp_or_tp,
@@ -128,7 +129,8 @@ def serve_checks(
     in ``vllm/config/scheduler.py`` raises both. Heads must split evenly over tp (vLLM's
     ``ModelConfig.verify_with_parallel_config``; K/V heads are replicated when tp exceeds them),
     layers over pp as the search space requires (vLLM itself tolerates an uneven split), and a
-    trial's replicas*tp*pp devices sit on one node behind one load balancer."""
+    trial's replicas*tp*pp devices sit on one node behind one load balancer, or, for an instance wider
+    than a node, on whole nodes of the cluster (``INSTANCE_NODES_RULE``)."""
     t, p, r = c["tp"], c["pp"], c["replicas"]
     pr = c["prefill_replicas"]
     disagg = pr > 0
@@ -155,7 +157,19 @@ def serve_checks(
             "prefill_tp={prefill_tp})",
             ~_is_int(pr) | (pr < 0) | ~_is_int(c["prefill_tp"]) | (c["prefill_tp"] < 0),
         ),
-        (f"replicas*tp*pp = {{rtp}} devices exceed the {dpn} devices of a node", ~disagg & (r * t * p > dpn)),
+        (
+            f"replicas*tp*pp = {{rtp}} devices exceed the {dpn} devices of a node",
+            ~disagg & (t * p <= dpn) & (r * t * p > dpn),
+        ),
+        (
+            f"an instance wider than a node takes whole nodes: tp*pp = {{tp}}*{{pp}} is not a multiple of the {dpn} "
+            "devices of a node",
+            ~disagg & instance_splits_a_node(t * p, dpn),
+        ),
+        (
+            f"replicas*tp*pp = {{rtp}} devices exceed the cluster's {world}",
+            ~disagg & (t * p > dpn) & (r * t * p > world),
+        ),
         (
             f"a disaggregated deployment's replicas*tp*pp + prefill_replicas*prefill_tp*pp = {{rtp}} devices exceed "
             f"the cluster's {world}",

@@ -27,7 +27,9 @@ tokens up to ``max_num_batched_tokens``) with B decoding sequences and c prompt 
 
 GEMMs through ``_common.gemm_time`` (a roofline: decode rows stream the weights, memory-bound;
 prompt rows are compute-bound), decode attention streams B x context x KV bytes, prompt attention
-is causal flash attention at its FLOP rate, the tensor-parallel all-reduces as ``_infer``. With
+is causal flash attention at its FLOP rate, the tensor-parallel all-reduces as ``_infer`` (when tp
+spans nodes, in two levels: the node's ring, then each device's share over its NIC; an instance
+wider than a node sends its cross-node stage hops over the NICs too). With
 pp > 1 vLLM keeps pp micro-batches in flight, so a token of each sequence takes pp stage times of
 B/pp rows: pipeline parallelism adds memory, not speed, for a token. Graph capture
 (``graph``/``torchair``) cuts the host launches of captured shapes to a quarter, as ``_infer``
@@ -250,8 +252,16 @@ class Engine:
         self.kv_layer = 2.0 * kv_dev * s.head_dim * self.kvb  # bytes per token per layer per device
         self.kv_tok = self.layers * self.kv_layer
         self.shapes = ((s.h, s.qkv_out / t), (s.h / t, s.h), (s.h, s.mlp_in_out / t), (s.ffn / t, s.h))
-        self.bw_ar = group_bandwidth(hw, t, np.ones_like(t), hw.ar_eff)
+        # tp within a node: one ring; tp across whole nodes: HCCL's and NCCL's two levels, the ring of a
+        # node's devices, then each device's share over its NIC between the nodes (alpha, the NICs' latency)
+        self.tp_local = np.minimum(t, float(hw.dpn))
+        self.tp_nodes = np.maximum(t / hw.dpn, 1.0)
+        self.bw_ar = group_bandwidth(hw, self.tp_local, np.ones_like(t), hw.ar_eff)
         self.p2p_bw = hw.intra * hw.ag_eff
+        # an instance wider than a node (whole nodes, INSTANCE_NODES_RULE): its stage boundaries that
+        # cross a node go over the NICs (every boundary when one stage's tp spans nodes itself)
+        nodes = np.where(t * p > hw.dpn, np.ceil(t * p / hw.dpn), 1.0)
+        self.p2p_across = np.where(t >= hw.dpn, p - 1.0, np.minimum(nodes - 1.0, p - 1.0))
 
         # --- lengths (means per request; prefix caching skips the shared prefix's whole blocks) ---
         P, out_len = tr.prompt.mean, tr.output.mean
@@ -313,7 +323,10 @@ class Engine:
         g = sum(gemm_time(hw, self.peak, m, k, n_, e, self.wq) for k, n_ in self.shapes)
         attn = Bm * ctx * self.kv_layer / hw.bw + 4.0 * cm * self.ctx_pre * s.h / t / (self.peak_prec * hw.fa_eff)
         ew = (12.0 * s.h + 3.0 * s.ffn / t) * m * e / hw.bw
-        tp = 2.0 * allreduce(m * s.h * e, t, self.bw_ar, hw.tp_alpha)
+        tp = 2.0 * (
+            allreduce(m * s.h * e, self.tp_local, self.bw_ar, hw.tp_alpha)
+            + allreduce(m * s.h * e / self.tp_local, self.tp_nodes, hw.inter, hw.alpha)
+        )
         capture = np.minimum(2.0 * self.mns, 512.0)
         captured = np.where(self.gm == 2, TORCHAIR_HOST_SCALE, GRAPH_HOST_SCALE)
         scale = np.where(
@@ -323,7 +336,10 @@ class Engine:
         layer = np.maximum(g + attn + ew, host) + tp
         prompts = cm / self.P_eff  # prompts finishing in this step sample a token too
         head = gemm_time(hw, self.peak_prec, np.maximum(Bm + np.minimum(prompts, cm), 1e-3), s.h, s.vocab / t, e)
-        p2p = (p - 1.0) * (m * s.h * e / self.p2p_bw + hw.alpha)
+        hop = m * s.h * e
+        p2p = (p - 1.0 - self.p2p_across) * (hop / self.p2p_bw + hw.alpha) + self.p2p_across * (
+            hop / hw.inter + hw.alpha
+        )
         overhead = hw.launch * (STEP_LAUNCHES + SEQ_LAUNCHES * (B + c / self.P_eff))
         return s.layers * layer + p * head + p2p + overhead
 
