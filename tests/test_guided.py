@@ -122,11 +122,26 @@ def test_a_close_call_between_the_two_best_is_measured_again(world):
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
     a, b = (int(i) for i in np.flatnonzero(fits)[:2])
     obs = [Observation(a, "ok", 1000.0, 1.0, number=3), Observation(b, "ok", 1010.0, 1.0, number=5)]
-    proposal, _ = guide.propose(obs, best=1010.0, budget_left=1)
+    both = np.zeros(len(fits), bool)
+    both[[a, b]] = True  # nothing else worth probing (see the next test)
+    proposal, _ = guide.propose(obs, best=1010.0, budget_left=1, allowed=both)
     assert proposal is not None and proposal.remeasure and proposal.index in (a, b)
     assert "re-measure (race)" in proposal.reason and "trial 5 leads" in proposal.reason
     far = [Observation(a, "ok", 1000.0, 1.0), Observation(b, "ok", 1500.0, 1.0)]
     assert guide.close_call(far) is None
+
+
+def test_a_close_call_gives_way_to_a_new_config_worth_more_than_its_stake():
+    """In the budget held back for the race, a re-measurement is worth the loss it may avoid (the
+    expected shortfall of reporting the leader when its threat is better); an unmeasured config whose
+    expected improvement over the best, times P(fits), is worth more is probed instead. Two configs
+    the model cannot tell apart, one reading each: raced; with a third the model knows nothing of
+    (its 25 % prior), the third is probed."""
+    obs = _readings([1000.0], [1010.0])
+    raced, _ = flat_guide(2).propose(obs, best=1010.0, budget_left=1)
+    assert raced is not None and raced.remeasure and 0.0 < raced.stake < 0.05
+    explored, _ = flat_guide(3).propose(obs, best=1010.0, budget_left=1)
+    assert explored is not None and not explored.remeasure and explored.index == 2
 
 
 def _readings(*groups):

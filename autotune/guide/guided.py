@@ -160,6 +160,7 @@ class Proposal:
     reason: str
     predicted: dict[str, float] = field(default_factory=dict)
     remeasure: bool = False  # the same config again: the race of the contenders
+    stake: float = 0.0  # a race re-measurement's: the expected relative loss of reporting the leader over the threat
     scout_for: int | None = None  # probed to learn the memory of this row, a promising config not yet sure to fit
 
 
@@ -809,6 +810,13 @@ class Guide:
             for index in sorted((threat, leader), key=lambda i: (len(values[i]), i != leader)):
                 if len(values[index]) < s.max_readings and index not in busy and (allowed is None or allowed[index]):
                     a, b = float(np.mean(values[leader])), float(np.mean(values[threat]))
+                    sign = 1.0 if maximize else -1.0
+                    spread = noise * math.sqrt(1.0 / len(values[leader]) + 1.0 / len(values[threat]))
+                    stake = (
+                        float(_expected_improvement(np.array([sign * (b - a) / abs(a)]), np.array([spread]), 0.0)[0])
+                        if a
+                        else 0.0
+                    )
                     return Proposal(
                         index,
                         configs[index],
@@ -820,6 +828,7 @@ class Guide:
                             f"short of {s.confidence:.0%}"
                         ),
                         remeasure=True,
+                        stake=stake,
                     )
         return None
 
@@ -1092,7 +1101,7 @@ class Guide:
         ):
             # the budget held back for the race: the contenders are raced before anything new is probed
             again = self.close_call(view.obs, view.exclude, allowed, view.mean)
-            if again is not None:
+            if again is not None and again.stake >= self._exploration_value(view):
                 return view.with_prediction(again, widened=False), ""
         if not view.candidates.any():
             again = self.close_call(view.obs, view.exclude, allowed, view.mean)  # nothing new: the race may go on
@@ -1113,6 +1122,21 @@ class Guide:
         reason = self._reason(view, index, pool, doubted, scout_for, safest, stretch)
         config = self.ranking.enumeration.configs[index]
         return view.with_prediction(Proposal(index, config, reason, scout_for=scout_for)), ""
+
+    def _exploration_value(self, view: "_Picture") -> float:
+        """What probing a new config is worth, in the race's units: the largest expected improvement
+        over the best measured, relative to it, times P(fits), among the configs that may fit
+        (``min_fit_probability``). A race re-measurement whose stake (the expected loss of reporting
+        its leader over its threat) is below it gives way to exploration: re-measuring a leader the
+        readings already favour was worth less than one probe of a config the model put within its
+        noise of the best (7B 8x32 worlds 3 and 6 of benchmarks/search_efficiency.py)."""
+        if view.best is None or not view.best or not view.candidates.any():
+            return 0.0
+        pool = view.candidates & (view.p_fit >= self.settings.min_fit_probability)
+        if not pool.any():
+            return 0.0
+        gain = _expected_improvement(view.sign * view.mean, view.sd, view.sign * view.best) / abs(view.best)
+        return float(np.max(np.where(pool, gain * view.p_fit, 0.0)))
 
     def _picture(
         self,
