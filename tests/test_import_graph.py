@@ -179,6 +179,7 @@ SPEC_SCHEMA_MAY_IMPORT = {
     "autotune.spec.models",  # ModelSpec and the model presets
     "autotune.workers.protocol",  # ENV_NAME, the probe protocol's environment variable name
     "autotune.workers.alloc_conf",  # an allocator config, parsed as the simulator parses it
+    "autotune.workers.trace_prefix",  # a trace's block size (Mooncake's hash_ids), as the probe and simulator read it
     *(f"autotune.{m}" for m in SPEC_SCHEMA),
 }
 # what needs a catalogue above the schema is resolved there, never by the schema: the default target

@@ -118,3 +118,107 @@ def test_the_simulator_prices_the_traces_bursts():
         workload = {"kind": "serve", "traffic": {**traffic, "arrival": arrival}, "slo": {"ttft_p99_ms": 2000}}
         out[arrival] = simulate_configs(model, workload, resolve_hardware(cluster), cluster, {"tp": np.array([1])})
     assert out["trace"]["ttft_p99_ms"][0] > out["poisson"]["ttft_p99_ms"][0]
+
+
+# ---------------------------------------------------------------------------------- shared prefixes (hash_ids)
+MULTITURN = REPO / "search_spaces" / "traces" / "synthetic_multiturn_trace.jsonl"
+
+
+def test_a_requests_reuse_is_the_leading_run_of_its_blocks_sent_before():
+    from autotune.workers.trace_prefix import reuse_share, reused_tokens
+
+    blocks = [[0, 1], [0, 2, 3], [0, 2, 4, 5], [6], [0, 7, 2]]
+    prompts = [1000, 1500, 1800, 300, 1400]
+    # the 2nd reuses block 0; the 3rd blocks 0 and 2; the 4th nothing; the 5th only 0 (7 breaks the run)
+    assert reused_tokens(blocks, prompts, 512) == [0, 512, 1024, 0, 512]
+    assert reused_tokens([[0, 1], [0, 1]], [600, 600], 512) == [0, 600]  # never more than the prompt
+    assert reuse_share(blocks, prompts, 512) == pytest.approx(2048 / 6000)
+
+
+def test_the_shipped_multiturn_trace_loads_its_prompts_blocks():
+    traffic = _traffic(_spec({"lengths_file": str(MULTITURN), "arrival": "trace"}, REPO))
+    rows = [json.loads(line) for line in MULTITURN.read_text().splitlines()]
+    assert traffic["prefix_blocks"] == [r["hash_ids"] for r in rows]
+    assert traffic["block_tokens"] == 512
+    # a conversation's later turn names its earlier turn's complete blocks first
+    later = next(i for i, r in enumerate(rows) if r["hash_ids"][0] in {b for s in rows[:i] for b in s["hash_ids"]})
+    assert later > 0
+
+
+@pytest.mark.parametrize(
+    "lines, words",
+    [
+        (
+            [
+                '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}',
+                '{"timestamp": 1, "input_length": 10, "output_length": 2}',
+            ],
+            "line 2, record 2: no hash_ids, which the first record gives",
+        ),
+        (
+            ['{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0, true]}'],
+            "hash_ids holds true, not an integer block id",
+        ),
+        (
+            ['{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [-3]}'],
+            "hash_ids holds -3, not a block id from 0",
+        ),
+        (['{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": "0,1"}'], "not a list of block ids"),
+    ],
+)
+def test_bad_block_ids_are_refused_naming_the_line(tmp_path, lines, words):
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as err:
+        _spec({"lengths_file": "trace.jsonl"}, tmp_path)
+    assert words in str(err.value), str(err.value)
+
+
+def test_block_ids_in_a_csv_or_in_the_spec_are_refused(tmp_path):
+    (tmp_path / "trace.csv").write_text('prompt_len,output_len,hash_ids\n10,2,"[0]"\n')
+    with pytest.raises(SpecError) as err:
+        _spec({"lengths_file": "trace.csv"}, tmp_path)
+    assert "a CSV cell cannot hold" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        _spec({"prompt_len": 10, "output_len": 2, "prefix_blocks": [[0]]}, tmp_path)
+    assert "prefix_blocks is not a spec field" in str(err.value)
+
+
+def test_the_probe_builds_each_prompt_from_its_blocks_so_turns_share_their_history():
+    traffic = _traffic(_spec({"lengths_file": str(MULTITURN), "arrival": "trace", "duration_s": 600}, REPO))
+    blocks, pairs = traffic["prefix_blocks"], traffic["length_pairs"]
+    plan = plan_rate(traffic, 2.0, vocab_size=32000)
+    by_row = {}
+    for p in plan:
+        row = pairs.index((p.prompt_len, p.output_len))
+        by_row.setdefault(row, p.prompt)
+    rows = sorted(by_row)
+    shared = [(a, b) for a in rows for b in rows if a < b and blocks[a][0] == blocks[b][0]]
+    assert shared  # two turns of one conversation in the plan
+    for a, b in shared:
+        run = 0
+        while run < min(len(blocks[a]), len(blocks[b])) and blocks[a][run] == blocks[b][run]:
+            run += 1
+        n = min(run * 512, len(by_row[a]), len(by_row[b]))
+        assert by_row[a][:n] == by_row[b][:n]  # their common blocks, token for token
+        if run * 512 < min(len(by_row[a]), len(by_row[b])):
+            assert by_row[a][run * 512 : run * 512 + 8] != by_row[b][run * 512 : run * 512 + 8]
+    # the same traffic plans the same prompts in every trial (the block tokens from the seed and the id)
+    assert [p.prompt for p in plan_rate(traffic, 2.0, vocab_size=32000)] == [p.prompt for p in plan]
+
+
+def test_the_simulator_prices_the_reuse_a_prefix_cache_gets_from_the_traces_blocks():
+    spec = _spec({"lengths_file": str(MULTITURN), "arrival": "trace", "rates": [2, 4, 8]}, REPO)
+    workload = spec.workload.model_dump()  # its max_model_len holds the trace's longest prompt and output
+    cluster = {"accelerator": "npu", "nodes": 1, "devices_per_node": 8}
+    model = {"name": "llama2-7b", "arch": "llama", **PRESETS["llama2-7b"]}
+    configs = {"tp": np.array([1, 1]), "enable_prefix_caching": np.array([True, False])}
+    out = {}
+    traffic = workload["traffic"]
+    for name, t in (("blocks", traffic), ("no blocks", {**traffic, "prefix_blocks": None})):
+        out[name] = simulate_configs(model, {**workload, "traffic": t}, resolve_hardware(cluster), cluster, configs)
+        assert out[name]["valid"].all() and out[name]["fits"].all()
+    cached, uncached = 0, 1
+    # with the blocks, the cache skips the turns' history: a faster prefill than without them
+    assert out["blocks"]["ttft_p50_ms"][cached] < 0.8 * out["no blocks"]["ttft_p50_ms"][cached]
+    # without prefix caching the blocks change nothing
+    assert out["blocks"]["ttft_p50_ms"][uncached] == pytest.approx(out["no blocks"]["ttft_p50_ms"][uncached])

@@ -146,10 +146,13 @@ def _excerpt(value: Any, limit: int = 40) -> str:
 _LENGTH_COLUMNS = ("prompt_len", "output_len")
 # a public trace's own names beside ours: Mooncake's trace format (kvcache-ai/Mooncake, FAST'25 traces,
 # mooncake_trace.jsonl at d21da178: "timestamp" in milliseconds since the first request, "input_length",
-# "output_length", "hash_ids" (its prefix blocks, not read)); an arrival time in seconds is "arrival_s"
+# "output_length", "hash_ids" (its prompt's blocks: shared ids, a shared prefix; workers/trace_prefix.py));
+# an arrival time in seconds is "arrival_s"
 _ALIASES = {"prompt_len": "input_length", "output_len": "output_length"}
 _TIME_COLUMNS = {"arrival_s": 1.0, "timestamp": 1e-3}  # the column and its unit in seconds
-_READ_ONCE = (*_LENGTH_COLUMNS, *_ALIASES.values(), *_TIME_COLUMNS)
+_BLOCKS_COLUMN = "hash_ids"
+_READ_ONCE = (*_LENGTH_COLUMNS, *_ALIASES.values(), *_TIME_COLUMNS, _BLOCKS_COLUMN)
+MAX_TRACE_BLOCKS = 2_000_000  # block ids in a whole trace (Mooncake's 23,608 requests hold about 300,000)
 _EXPECTED_LENGTHS = (
     f"expected prompt_len and output_len, positive integers (token counts) of at most 2**53 - 1 ({MAX_SPEC_INT:,})"
 )
@@ -299,13 +302,31 @@ def _time_value(value: Any) -> tuple[float | None, str]:
     return float(value), ""
 
 
+def _block_ids(value: Any) -> tuple[list[int] | None, str]:
+    """A trace row's ``hash_ids`` as a list of block ids, or (None, why not): a JSON list of integers
+    from 0 to 2**53 - 1 (never booleans)."""
+    if not isinstance(value, list):
+        return None, "not a list of block ids"
+    out = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            return None, f"holds {_excerpt(item)}, not an integer block id"
+        if not 0 <= item <= MAX_SPEC_INT:
+            return None, f"holds {item}, not a block id from 0 to 2**53 - 1"
+        out.append(item)
+    return out, ""
+
+
 def _read_lengths(base: Path, name: str) -> dict[str, Any]:
-    """``{"pairs": [(prompt_len, output_len), ...], "arrival_s": [seconds, ...] or None}`` of a
+    """``{"pairs": [(prompt_len, output_len), ...], "arrival_s": [seconds, ...] or None, "blocks":
+    [[block id, ...], ...] or None}`` of a
     JSON-lines or CSV file (our column names or Mooncake's trace format: :data:`_ALIASES`,
     :data:`_TIME_COLUMNS`); a ValueError naming the file, the line and what was expected otherwise.
     An error never quotes the file's lines (the path may lead anywhere: a symlink to /etc/passwd):
     it names the line, the column and the kind of problem, with at most a short, escaped excerpt of
-    the offending cell. Arrival times, where the rows have them, are in every row, in arrival order."""
+    the offending cell. Arrival times, where the rows have them, are in every row, in arrival order;
+    so are the prompts' block ids (Mooncake's ``hash_ids``, JSON lines only), where the first row has
+    them."""
     problem = path_problem(name)
     if problem:
         raise ValueError(f"lengths_file: {problem}")
@@ -319,6 +340,8 @@ def _read_lengths(base: Path, name: str) -> dict[str, Any]:
     pairs: list[tuple[int, int]] = []
     times: list[float] | None = None
     time_column: str | None = None
+    blocks: list[list[int]] | None = None
+    block_count = 0
     for record, (line, row) in enumerate(records, 1):
         at = f"{where} line {line}, record {record}"
         columns = [c if c in row else _ALIASES[c] for c in _LENGTH_COLUMNS]
@@ -353,8 +376,26 @@ def _read_lengths(base: Path, name: str) -> dict[str, Any]:
                     "requests in arrival order"
                 )
             times.append(when)
+        if record == 1 and _BLOCKS_COLUMN in row:
+            if is_csv:
+                raise ValueError(
+                    f"{at}: hash_ids is a list, which a CSV cell cannot hold; give the trace as JSON lines"
+                )
+            blocks = []
+        if blocks is not None:
+            if _BLOCKS_COLUMN not in row:
+                raise ValueError(
+                    f"{at}: no hash_ids, which the first record gives; a trace names every prompt's blocks"
+                )
+            ids, why = _block_ids(row[_BLOCKS_COLUMN])
+            if ids is None:
+                raise ValueError(f"{at}: hash_ids {why}; expected the ids of the prompt's blocks (Mooncake's trace)")
+            block_count += len(ids)
+            if block_count > MAX_TRACE_BLOCKS:
+                raise ValueError(f"{where} names more than {MAX_TRACE_BLOCKS:,} block ids in hash_ids; at most that")
+            blocks.append(ids)
         if len(pairs) > MAX_LENGTH_PAIRS:
             raise ValueError(f"{where} holds more than {MAX_LENGTH_PAIRS:,} pairs; at most {MAX_LENGTH_PAIRS:,}")
     if not pairs:
         raise ValueError(f"{where} holds no length pairs")
-    return {"pairs": pairs, "arrival_s": times}
+    return {"pairs": pairs, "arrival_s": times, "blocks": blocks}

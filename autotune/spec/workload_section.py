@@ -15,6 +15,7 @@ from typing import Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from ..workers.trace_prefix import MOONCAKE_BLOCK_TOKENS
 from .fields import Strict, read_by_the_loader
 
 __all__ = ["InferWorkload", "LengthRange", "SLOSpec", "ServeWorkload", "TrafficSpec", "TrainWorkload", "Workload"]
@@ -112,6 +113,15 @@ class TrafficSpec(Strict):
     arrival_times: list[float] | None = Field(
         None, description="set from lengths_file's arrival times when the spec loads (never written in a spec)"
     )
+    prefix_blocks: list[list[int]] | None = Field(
+        None, description="set from lengths_file's hash_ids when the spec loads (never written in a spec)"
+    )
+    block_tokens: int = Field(
+        MOONCAKE_BLOCK_TOKENS,
+        ge=1,
+        le=1 << 20,
+        description="tokens per block id of lengths_file's hash_ids (Mooncake's traces: 512)",
+    )
     shared_prefix: float = Field(0.0, ge=0, lt=1, description="share of each prompt that all requests share")
     duration_s: float = Field(30.0, gt=0, description="load per rate tried, seconds (at most a day)")
     warmup_requests: int = Field(4, ge=0, description="requests sent before any measurement, not recorded as load")
@@ -135,6 +145,16 @@ class TrafficSpec(Strict):
             raise ValueError(
                 "arrival_times is not a spec field: autotune fills it from lengths_file when the spec loads (a "
                 "column arrival_s in seconds, or the timestamp in milliseconds of Mooncake's trace format)"
+            )
+        return v
+
+    @field_validator("prefix_blocks", mode="before")
+    @classmethod
+    def _blocks_filled_by_the_loader(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError(
+                "prefix_blocks is not a spec field: autotune fills it from lengths_file when the spec loads (the "
+                "hash_ids of Mooncake's trace format, each the id of a block_tokens-token block of the prompt)"
             )
         return v
 
@@ -196,6 +216,7 @@ class TrafficSpec(Strict):
                         "the schema alone reads no file"
                     )
                 self.length_pairs, self.arrival_times = read["pairs"], read["arrival_s"]
+                self.prefix_blocks = read.get("blocks")
         elif self.length_pairs is None and (self.prompt_len is None or self.output_len is None):
             raise ValueError("the traffic needs prompt_len and output_len (a number or {low, high}), or lengths_file")
         if self.arrival == "trace":

@@ -9,7 +9,9 @@ trace (``arrival: trace``) is replayed instead: its own gaps, scaled to the rate
 
 Lengths are fixed, uniform over an inclusive range, or drawn (with replacement) from the
 workload's length pairs. A shared prefix is the first ``shared_prefix`` share of every prompt,
-the same tokens in every request, so prefix caching has something to reuse. Everything is drawn
+the same tokens in every request, so prefix caching has something to reuse; a trace with block ids
+(Mooncake's ``hash_ids``) builds each prompt from its blocks' tokens instead, the same block id the
+same tokens, so a conversation's later turns share their history as they did in production. Everything is drawn
 from a generator seeded by (seed, rate, run): a rate's requests are the same whichever order the
 rate search tries it in, and the same in every trial of a study, so configs are compared on
 identical traffic. A rate's later runs (the longer run of an undecided rate, the repeat that
@@ -20,7 +22,7 @@ only confirm the engine's determinism, not that the rate holds under the traffic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +31,7 @@ __all__ = [
     "arrival_times",
     "trace_requests",
     "draw_lengths",
+    "draw_rows",
     "plan_rate",
     "plan_batch",
     "mean_lengths",
@@ -93,13 +96,21 @@ def _length(spec: Any, n: int, rng: np.random.Generator, what: str) -> np.ndarra
 def draw_lengths(traffic: Mapping[str, Any], n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """``n`` (prompt_len, output_len) pairs: from ``length_pairs`` when given, else from
     ``prompt_len`` and ``output_len`` (ints or ``{low, high}`` inclusive ranges)."""
+    return draw_rows(traffic, n, rng)[0]
+
+
+def draw_rows(
+    traffic: Mapping[str, Any], n: int, rng: np.random.Generator
+) -> tuple[list[tuple[int, int]], list[int | None]]:
+    """:func:`draw_lengths`, and the row of ``length_pairs`` each pair came from (None for drawn
+    lengths): a trace's row also names its prompt's blocks."""
     pairs = traffic.get("length_pairs")
     if pairs:
         idx = rng.integers(0, len(pairs), size=n)
-        return [(int(pairs[i][0]), int(pairs[i][1])) for i in idx]
+        return [(int(pairs[i][0]), int(pairs[i][1])) for i in idx], [int(i) for i in idx]
     prompts = _length(traffic.get("prompt_len", 128), n, rng, "prompt_len")
     outputs = _length(traffic.get("output_len", 128), n, rng, "output_len")
-    return [(int(p), int(o)) for p, o in zip(prompts, outputs)]
+    return [(int(p), int(o)) for p, o in zip(prompts, outputs)], [None] * n
 
 
 def mean_lengths(traffic: Mapping[str, Any]) -> tuple[int, int]:
@@ -122,30 +133,53 @@ def mean_lengths(traffic: Mapping[str, Any]) -> tuple[int, int]:
 class _Prompts:
     """Builds prompts of a given length whose first ``share`` is common to all requests."""
 
-    def __init__(self, share: float, vocab_size: int, mode: str, rng: np.random.Generator) -> None:
+    def __init__(
+        self, share: float, vocab_size: int, mode: str, rng: np.random.Generator, seed: int = 0, block_tokens: int = 512
+    ) -> None:
         self.share = min(max(float(share or 0.0), 0.0), 1.0)
         self.high = max(int(vocab_size) - 1, _FIRST_ID + 1)
         self.mode = mode
         self.rng = rng
         self.prefix: list[int] = []
+        self.seed, self.block_tokens = int(seed), max(int(block_tokens), 1)
+        self.blocks: dict[int, list[int]] = {}  # a trace's block id -> its tokens
 
     def _ids(self, n: int) -> list[int]:
         return [int(x) for x in self.rng.integers(_FIRST_ID, self.high, size=n)]
 
-    def make(self, length: int) -> list[int] | str:
-        shared = int(round(self.share * length))
-        if len(self.prefix) < shared:
-            self.prefix += self._ids(shared - len(self.prefix))
-        ids = self.prefix[:shared] + self._ids(length - shared)
+    def make(self, length: int, blocks: Sequence[int] | None = None) -> list[int] | str:
+        """A prompt of ``length`` tokens: the traffic's shared prefix then fresh tokens; or, with a
+        trace's block ids, each block's tokens (the same for the same id: its prefix shared with every
+        request that names it), then fresh tokens where the blocks end first."""
+        if blocks is not None:
+            ids = [t for block in blocks for t in self._block(int(block))][:length]
+            ids += self._ids(length - len(ids))
+        else:
+            shared = int(round(self.share * length))
+            if len(self.prefix) < shared:
+                self.prefix += self._ids(shared - len(self.prefix))
+            ids = self.prefix[:shared] + self._ids(length - shared)
         if self.mode == "text":
             return " ".join(_WORDS[i % len(_WORDS)] for i in ids)
         return ids
 
+    def _block(self, block: int) -> list[int]:
+        if block not in self.blocks:
+            rng = np.random.default_rng([self.seed, 11, block])
+            self.blocks[block] = [int(x) for x in rng.integers(_FIRST_ID, self.high, size=self.block_tokens)]
+        return self.blocks[block]
+
 
 def _prompt_source(traffic: Mapping[str, Any], vocab_size: int, mode: str) -> _Prompts:
     # the shared prefix is the same for every rate of the study: drawn from the seed alone
+    seed = int(traffic.get("seed", 0))
     return _Prompts(
-        traffic.get("shared_prefix", 0.0), vocab_size, mode, rng_for(int(traffic.get("seed", 0)), None, salt=7)
+        traffic.get("shared_prefix", 0.0),
+        vocab_size,
+        mode,
+        rng_for(seed, None, salt=7),
+        seed,
+        int(traffic.get("block_tokens") or 512),
     )
 
 
@@ -158,11 +192,12 @@ def burstiness_of(traffic: Mapping[str, Any]) -> float:
 
 def trace_requests(
     traffic: Mapping[str, Any], rate: float, duration_s: float, rng: np.random.Generator
-) -> list[tuple[float, tuple[int, int]]]:
+) -> list[tuple[float, tuple[int, int], int]]:
     """A trace replayed at ``rate`` (``arrival: trace``): its requests in order from a row the
-    generator draws (a rate's later runs start elsewhere), each with its own lengths, the gaps
-    between them scaled by the trace's mean gap over 1/rate, so its bursts and quiet spells stay
-    and their mean is the rate offered; the trace wraps around when the window outlasts it."""
+    generator draws (a rate's later runs start elsewhere), each with its own lengths (and its row,
+    whose block ids make its prompt), the gaps between them scaled by the trace's mean gap over
+    1/rate, so its bursts and quiet spells stay and their mean is the rate offered; the trace wraps
+    around when the window outlasts it."""
     if rate <= 0:
         raise ValueError(f"request rate must be positive, got {rate}")
     times = np.asarray(traffic["arrival_times"], dtype=float)
@@ -175,7 +210,7 @@ def trace_requests(
     i = int(rng.integers(0, len(pairs)))
     t, out = 0.0, []
     while t < duration_s:
-        out.append((t, (int(pairs[i][0]), int(pairs[i][1]))))
+        out.append((t, (int(pairs[i][0]), int(pairs[i][1])), i))
         t += float(gaps[i % gaps.size]) * scale
         i = (i + 1) % len(pairs)
     return out
@@ -194,14 +229,18 @@ def plan_rate(
     (a longer run sends more requests)."""
     rng = rng_for(int(traffic.get("seed", 0)), rate, salt)
     duration = float(traffic.get("duration_s", 30.0) if duration_s is None else duration_s)
+    table = traffic.get("prefix_blocks")
     if str(traffic.get("arrival", "poisson")) == "trace":
         replay = trace_requests(traffic, rate, duration, rng)
-        times, lengths = [t for t, _ in replay], [pair for _, pair in replay]
+        times, lengths, rows = [t for t, _, _ in replay], [pair for _, pair, _ in replay], [r for _, _, r in replay]
     else:
         times = arrival_times(rate, duration, burstiness_of(traffic), rng)
-        lengths = draw_lengths(traffic, len(times), rng)
+        lengths, rows = draw_rows(traffic, len(times), rng)
     prompts = _prompt_source(traffic, vocab_size, mode)
-    return [Planned(i, t, prompts.make(p), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))]
+    return [
+        Planned(i, t, prompts.make(p, table[r] if table and r is not None else None), p, o)
+        for i, (t, (p, o), r) in enumerate(zip(times, lengths, rows))
+    ]
 
 
 def plan_batch(

@@ -103,6 +103,7 @@ import numpy as np
 
 from ._checks import max_model_len
 from ..parameters import serving_default
+from ..trace_prefix import MOONCAKE_BLOCK_TOKENS, reuse_share
 from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth, quant_peak, quant_weight_bytes
 from ._infer import DECODE_OPS
 
@@ -188,7 +189,7 @@ class Traffic:
             ca2=1.0 / shape,
             prompt=Lengths.of(tr.get("prompt_len", 512), pairs, 0),
             output=Lengths.of(tr.get("output_len", 128), pairs, 1),
-            shared=float(tr.get("shared_prefix", 0.0) or 0.0),
+            shared=_shared_share(tr, pairs),
             duration=float(tr.get("duration_s", 60.0) or 60.0),
             slo={
                 f"{m}_p99_ms": (None if slo.get(f"{m}_p99_ms") is None else float(slo[f"{m}_p99_ms"]))
@@ -197,6 +198,18 @@ class Traffic:
             batch_sweep=tuple(int(b) for b in (workload.get("batch_sweep") or ())),
             max_model_len=max_model_len(workload),
         )
+
+
+def _shared_share(tr: Mapping[str, Any], pairs: Any) -> float:
+    """The share of each prompt a prefix cache may reuse: ``shared_prefix``, or with a trace's block
+    ids (``prefix_blocks``, Mooncake's ``hash_ids``) the share its repeated prefixes would save an
+    unbounded cache (workers/trace_prefix.py), whichever is larger."""
+    share = float(tr.get("shared_prefix", 0.0) or 0.0)
+    blocks = tr.get("prefix_blocks")
+    if blocks and pairs:
+        prompts = [int(p) for p, _ in pairs]
+        share = max(share, reuse_share(blocks, prompts, int(tr.get("block_tokens") or MOONCAKE_BLOCK_TOKENS)))
+    return share
 
 
 def _col(x: np.ndarray) -> np.ndarray:
