@@ -183,6 +183,14 @@ def _serving_metrics() -> list[Metric]:
             "output_tokens_per_s divided by the devices the layout occupies",
         ),
         Metric("kv_cache_usage", "fraction", "minimize", "serve", "highest KV-cache use the engine reported"),
+        Metric(
+            "prefix_cache_hit_rate",
+            "fraction",
+            "maximize",
+            "serve",
+            "share of prompt tokens the engine's prefix cache served during the load (vLLM's prefix_cache_hits "
+            "over prefix_cache_queries)",
+        ),
         Metric("preemptions", "count", "minimize", "serve", "sequences the engine preempted during the load"),
         Metric("requests_failed", "count", "minimize", "serve", "requests that ended in an error"),
         Metric(

@@ -15,6 +15,7 @@ import pytest
 from support import REPO, read_pid, wait_dead
 
 from autotune.objectives import serving
+from autotune.stacks.vllm import METRICS_NAMES
 from autotune.workers.command import run_probe_process
 from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.serve_probe import prom, traffic
@@ -30,12 +31,7 @@ KV_RULE = [
     "oom",
     "not enough memory for the KV cache",
 ]
-VLLM_NAMES = {
-    "kv_cache_usage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
-    "preemptions": ["vllm:num_preemptions_total"],
-    "running": ["vllm:num_requests_running"],
-    "waiting": ["vllm:num_requests_waiting"],
-}
+VLLM_NAMES = METRICS_NAMES  # what the vllm preset writes into engine.json
 
 
 def _trial(
@@ -362,7 +358,14 @@ def test_metrics_replayed_from_a_real_vllm_page(tmp_path, caplog):
 # ---------------------------------------------------------------------- the pieces
 def test_prometheus_names_are_read_from_vllms_own_page():
     values = prom.parse_metrics(GOLDEN_METRICS.read_text(), VLLM_NAMES)
-    assert values == {"kv_cache_usage": 0.2698412698412699, "preemptions": 0.0, "running": 8.0, "waiting": 4.0}
+    assert values == {
+        "kv_cache_usage": 0.2698412698412699,
+        "preemptions": 0.0,
+        "running": 8.0,
+        "waiting": 4.0,
+        "prefix_cache_queries": 1520.0,  # prompt tokens looked up in the prefix cache
+        "prefix_cache_hits": 896.0,  # of them, served from it
+    }
     # a renamed metric falls back to the next name; an unknown one is simply absent
     renamed = prom.parse_metrics(
         '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.25\n'

@@ -133,6 +133,10 @@ def test_a_requests_reuse_is_the_leading_run_of_its_blocks_sent_before():
     assert reused_tokens(blocks, prompts, 512) == [0, 512, 1024, 0, 512]
     assert reused_tokens([[0, 1], [0, 1]], [600, 600], 512) == [0, 600]  # never more than the prompt
     assert reuse_share(blocks, prompts, 512) == pytest.approx(2048 / 6000)
+    # runs of one request reuse nothing; runs as long as the trace, what the trace does
+    assert reuse_share(blocks, prompts, 512, window=1) == 0.0
+    assert reuse_share(blocks, prompts, 512, window=5) == pytest.approx(2048 / 6000)
+    assert 0.0 < reuse_share(blocks, prompts, 512, window=3) < 2048 / 6000
 
 
 def test_the_shipped_multiturn_trace_loads_its_prompts_blocks():
@@ -222,3 +226,52 @@ def test_the_simulator_prices_the_reuse_a_prefix_cache_gets_from_the_traces_bloc
     assert out["blocks"]["ttft_p50_ms"][cached] < 0.8 * out["no blocks"]["ttft_p50_ms"][cached]
     # without prefix caching the blocks change nothing
     assert out["blocks"]["ttft_p50_ms"][uncached] == pytest.approx(out["no blocks"]["ttft_p50_ms"][uncached])
+
+
+def test_the_probe_reports_the_prefix_cache_hits_the_engine_counted(tmp_path):
+    """The serving probe reads vLLM's prefix-cache counters (here the fake engine's, counted as vLLM
+    counts them: full 16-token blocks, chained) over each rate's load: replaying the multi-turn
+    trace, a large share of the prompt tokens is served from the cache; random prompts, none."""
+    import sys
+
+    from autotune.stacks.vllm import METRICS_NAMES
+    from autotune.workers.trace_prefix import reuse_share
+    from autotune.workers.command import run_probe_process
+    from autotune.workers.protocol import TrialRequest, write_trial_file
+
+    fake = REPO / "tests" / "fixtures" / "fake_engine" / "server.py"
+    spec = _spec({"lengths_file": str(MULTITURN), "arrival": "trace", "rates": [8], "duration_s": 4}, REPO)
+    rates = {}
+    for name, extra in (("trace", {}), ("random", {"prefix_blocks": None})):
+        folder = tmp_path / name
+        folder.mkdir()
+        argv = [sys.executable, str(fake), "--port", "{port}", "--ttft-ms", "2", "--token-ms", "0.2"]
+        engine = {
+            "engine": "fake",
+            "replicas": [{"argv": argv, "env": {}, "devices": [], "files": {}}],
+            "api": {"metrics_port": "port", "health_port": "port", "model": "autotune-model"},
+            "metrics_names": METRICS_NAMES,
+            "prompt": "token_ids",
+            "startup_timeout_s": 20,
+        }
+        (folder / "engine.json").write_text(json.dumps(engine))
+        workload = spec.workload.model_dump()
+        workload["traffic"] = {**workload["traffic"], "warmup_requests": 1, **extra}
+        workload.update(timeout_s=120.0, batch_sweep=[])
+        request = TrialRequest(
+            params={"tp": 1, "replicas": 1, "max_num_seqs": 64},
+            model={"vocab_size": 2048, "hidden_size": 128},
+            workload=workload,
+            cluster={"accelerator": "cpu", "nodes": 1, "devices_per_node": 1},
+        )
+        trial = write_trial_file(request, folder / "trial.json")
+        result = run_probe_process([sys.executable, "-m", "autotune.workers.serve_probe", str(trial)], {}, trial, 120.0)
+        assert result.status == "ok", (result.reason, result.log_tail)
+        rates[name] = result.metrics.get("prefix_cache_hit_rate")
+    assert rates["random"] is not None and rates["random"] < 0.02, rates
+    # a run of 8 req/s x 4 s replays 32 consecutive requests: the turns of a conversation inside it
+    # share their history, the conversations begun before it do not (the model's window share)
+    traffic = spec.workload.model_dump()["traffic"]
+    window = reuse_share(traffic["prefix_blocks"], [p for p, _ in traffic["length_pairs"]], 512, window=32)
+    assert rates["trace"] is not None and rates["trace"] > 0.05, rates
+    assert abs(rates["trace"] - window) < 0.1, (rates, window)

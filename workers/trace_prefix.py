@@ -6,8 +6,9 @@ each request the ids of its prompt's blocks, ``block_tokens`` tokens each (512 i
 two requests whose ``hash_ids`` start alike share that prompt prefix (a multi-turn conversation's
 history, a system prompt). Each id hashes its block and all before it, so a request reuses the
 leading run of its ids that earlier requests already sent. The serving probe builds every block's
-tokens from its id (the same id, the same tokens, in every request and every trial); the simulator
-prices the share of prompt tokens an unbounded prefix cache would skip.
+tokens from its id and its run (within a run the same id, the same tokens; a later run replays other
+conversations), and the simulator prices the share of prompt tokens an unbounded prefix cache would
+skip in a run of the probe's length.
 """
 
 from __future__ import annotations
@@ -35,7 +36,26 @@ def reused_tokens(blocks: Iterable[Sequence[int]], prompt_lens: Iterable[int], b
     return out
 
 
-def reuse_share(blocks: Sequence[Sequence[int]], prompt_lens: Sequence[int], block_tokens: int) -> float:
-    """The share of all prompt tokens a prefix cache that keeps everything would reuse (0 to 1)."""
-    total = sum(int(p) for p in prompt_lens)
-    return sum(reused_tokens(blocks, prompt_lens, block_tokens)) / total if total else 0.0
+def reuse_share(
+    blocks: Sequence[Sequence[int]], prompt_lens: Sequence[int], block_tokens: int, window: int | None = None
+) -> float:
+    """The share of prompt tokens a prefix cache that keeps everything would reuse (0 to 1): over the
+    whole trace, or, with ``window``, over runs of that many consecutive requests (the probe replays
+    a run from a row it draws, wrapping around; its cache sees only that run's history: a run much
+    shorter than a conversation's turns are apart reuses little), averaged over up to 64 evenly
+    spaced starting rows."""
+    n = len(prompt_lens)
+    if not n:
+        return 0.0
+    if window is None or window >= n:
+        total = sum(int(p) for p in prompt_lens)
+        return sum(reused_tokens(blocks, prompt_lens, block_tokens)) / total if total else 0.0
+    size = max(int(window), 1)
+    shares = []
+    for start in sorted({int(k * n / 64) for k in range(64)}):
+        rows = [(start + i) % n for i in range(size)]
+        lens = [prompt_lens[r] for r in rows]
+        total = sum(int(p) for p in lens)
+        if total:
+            shares.append(sum(reused_tokens([blocks[r] for r in rows], lens, block_tokens)) / total)
+    return sum(shares) / len(shares) if shares else 0.0

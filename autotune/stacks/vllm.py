@@ -80,6 +80,8 @@ METRICS_NAMES = {
     "preemptions": ["vllm:num_preemptions_total"],
     "running": ["vllm:num_requests_running"],
     "waiting": ["vllm:num_requests_waiting"],
+    "prefix_cache_queries": ["vllm:prefix_cache_queries_total"],  # tokens looked up (vLLM V1)
+    "prefix_cache_hits": ["vllm:prefix_cache_hits_total"],  # of them, tokens the cache served
 }
 # the engine's own words at startup, in order: (regex, status, what)
 STARTUP_FAILURES = [

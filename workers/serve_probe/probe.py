@@ -214,6 +214,7 @@ class Run:
         summaries: list[dict[str, Any]] = []
         peak_kv: float | None = None
         preemptions = 0.0
+        cache = [0.0, 0.0]  # prefix-cache tokens looked up and served, over every run
         runs_at: dict[float, int] = {}  # a rate's runs so far: each later one draws its own arrivals
         while (load := search.next()) is not None:
             rate, duration = load.rate, self.duration_s * load.scale
@@ -253,6 +254,10 @@ class Run:
             for key in ("running", "waiting"):
                 if key in seen:
                     summary[f"max_{key}"] = seen[key]
+            if seen.get("prefix_cache_queries"):
+                summary["prefix_cache_hit_rate"] = seen.get("prefix_cache_hits", 0.0) / seen["prefix_cache_queries"]
+                cache[0] += seen["prefix_cache_queries"]
+                cache[1] += seen.get("prefix_cache_hits", 0.0)
             search.report(
                 summary["slo_verdict"],
                 serving.undecided_why(summary, self.slo),
@@ -270,6 +275,8 @@ class Run:
             view["kv_cache_usage"] = peak_kv
         if "preemptions" in sampler.found:
             view["preemptions"] = preemptions
+        if cache[0] > 0:
+            view["prefix_cache_hit_rate"] = cache[1] / cache[0]
         return summaries, view
 
     async def _load(

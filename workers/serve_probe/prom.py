@@ -20,7 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = ["parse_metrics", "MetricsSampler"]
 
 _MAX = frozenset({"kv_cache_usage"})  # combined as the highest value; the others are summed
-_COUNTERS = frozenset({"preemptions"})  # cumulative: a phase's count is its increase
+_COUNTERS = frozenset(
+    {"preemptions", "prefix_cache_queries", "prefix_cache_hits"}
+)  # cumulative: a phase's count is its increase
 
 
 def parse_metrics(text: str, names: Mapping[str, Sequence[str]]) -> dict[str, float]:

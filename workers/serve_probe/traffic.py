@@ -139,9 +139,11 @@ class _Prompts:
         self.share = min(max(float(share or 0.0), 0.0), 1.0)
         self.high = max(int(vocab_size) - 1, _FIRST_ID + 1)
         self.mode = mode
-        self.rng = rng
+        self.prefix_rng = rng  # the shared prefix: the seed's alone, the same in every run
+        self.rng = rng  # the rest of each prompt: the run's (plan_rate, plan_batch set it)
         self.prefix: list[int] = []
-        self.seed, self.block_tokens = int(seed), max(int(block_tokens), 1)
+        self.block_tokens = max(int(block_tokens), 1)
+        self.block_key: tuple[int, ...] = (int(seed),)  # whose blocks: a run's own (plan_rate sets it)
         self.blocks: dict[int, list[int]] = {}  # a trace's block id -> its tokens
 
     def _ids(self, n: int) -> list[int]:
@@ -157,7 +159,9 @@ class _Prompts:
         else:
             shared = int(round(self.share * length))
             if len(self.prefix) < shared:
-                self.prefix += self._ids(shared - len(self.prefix))
+                self.prefix += [
+                    int(x) for x in self.prefix_rng.integers(_FIRST_ID, self.high, size=shared - len(self.prefix))
+                ]
             ids = self.prefix[:shared] + self._ids(length - shared)
         if self.mode == "text":
             return " ".join(_WORDS[i % len(_WORDS)] for i in ids)
@@ -165,7 +169,7 @@ class _Prompts:
 
     def _block(self, block: int) -> list[int]:
         if block not in self.blocks:
-            rng = np.random.default_rng([self.seed, 11, block])
+            rng = np.random.default_rng([*self.block_key, 11, block])
             self.blocks[block] = [int(x) for x in rng.integers(_FIRST_ID, self.high, size=self.block_tokens)]
         return self.blocks[block]
 
@@ -237,6 +241,13 @@ def plan_rate(
         times = arrival_times(rate, duration, burstiness_of(traffic), rng)
         lengths, rows = draw_rows(traffic, len(times), rng)
     prompts = _prompt_source(traffic, vocab_size, mode)
+    # each run's prompts are its own past the shared prefix and the trace's blocks: a run that re-sent
+    # an earlier run's prompts would find them in the engine's prefix cache (on by default in vLLM)
+    # and measure a prefill it never pays in production
+    prompts.rng = rng_for(int(traffic.get("seed", 0)), rate, 1_000_000 + salt)
+    # and so are the trace's blocks: within a run the turns of a conversation share their history, but
+    # a later run (another rate, a repeat) replays other conversations, never ones the engine has cached
+    prompts.block_key = (int(traffic.get("seed", 0)), int(round(rate * 1000)), salt)
     return [
         Planned(i, t, prompts.make(p, table[r] if table and r is not None else None), p, o)
         for i, (t, (p, o), r) in enumerate(zip(times, lengths, rows))

@@ -203,12 +203,16 @@ class Traffic:
 def _shared_share(tr: Mapping[str, Any], pairs: Any) -> float:
     """The share of each prompt a prefix cache may reuse: ``shared_prefix``, or with a trace's block
     ids (``prefix_blocks``, Mooncake's ``hash_ids``) the share its repeated prefixes would save an
-    unbounded cache (workers/trace_prefix.py), whichever is larger."""
+    unbounded cache in one run of the probe (workers/trace_prefix.py), whichever is larger."""
     share = float(tr.get("shared_prefix", 0.0) or 0.0)
     blocks = tr.get("prefix_blocks")
     if blocks and pairs:
         prompts = [int(p) for p, _ in pairs]
-        share = max(share, reuse_share(blocks, prompts, int(tr.get("block_tokens") or MOONCAKE_BLOCK_TOKENS)))
+        # a run of the probe replays rate x duration consecutive requests (at the ladder's middle rate)
+        rates = sorted(float(r) for r in (tr.get("rates") or [1.0]))
+        window = max(int(rates[len(rates) // 2] * float(tr.get("duration_s", 60.0) or 60.0)), 1)
+        size = int(tr.get("block_tokens") or MOONCAKE_BLOCK_TOKENS)
+        share = max(share, reuse_share(blocks, prompts, size, window))
     return share
 
 
@@ -487,6 +491,11 @@ class Engine:
         )
         return np.maximum(e2e, ttft)
 
+    def prefix_hit_rate(self) -> np.ndarray:
+        """The share of prompt tokens the prefix cache serves (the whole blocks of the shared prefix;
+        0 with caching off), as vLLM's prefix_cache_hits over prefix_cache_queries counts them."""
+        return (np.where(self.caching, self.cached, 0.0) / max(self.P, 1.0))[:, 0]
+
     def kv_cache_usage(self, B: np.ndarray, overloaded: Any) -> np.ndarray:
         """The KV cache's use at the run's high-water mark: the running concurrency's mean + 3 sd
         (variance B (1 + ca^2)/2), up to the admission ceiling (at it, overloaded)."""
@@ -607,6 +616,7 @@ def priced_aggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, Any]:
         "capacity": (eng.mu * R)[:, 0],
         "devices": (R * eng.t * eng.p)[:, 0],
         "max_concurrency": eng.B_cap[:, 0],
+        "prefix_cache_hit_rate": eng.prefix_hit_rate(),
         "mem": mem,
         "closed_loop": _closed_loop(eng, tr),
     }

@@ -223,6 +223,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         "capacity": capacity[:, 0],
         "devices": devices[:, 0],
         "max_concurrency": B_cap[:, 0],  # per decode instance, as the aggregated engine's per replica
+        "prefix_cache_hit_rate": pre.prefix_hit_rate(),  # the prompts are computed by the prefill pool
         "mem": _memory(mem_p, mem_d),
         "closed_loop": _closed_loop(pre, dec, Rp, cmax, transfer, tr),
     }

@@ -91,6 +91,7 @@ def serve(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> tuple[dict[
         "request_throughput_rps": at(served),
         "output_tokens_per_s": at(tokens),
         "kv_cache_usage": at(qs["kv_cache_usage"]),
+        "prefix_cache_hit_rate": p["prefix_cache_hit_rate"],
         "preemptions": at(qs["preempted_per_request"] * rates * tr.duration),
         "requests_failed": np.zeros(n),
         "max_rate_rps_model": max_rate_model,
