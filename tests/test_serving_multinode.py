@@ -393,6 +393,7 @@ def two_nodes():
         yield c
 
 
+@pytest.mark.slow  # ~20 s: a local Ray cluster; the follower's probe and the launch are checked in CI
 @pytest.mark.timeout(600)
 def test_a_serving_trial_over_two_nodes_is_placed_by_ray_and_measured_by_node_0(write_spec, tmp_path, two_nodes):
     fake = tmp_path / "fake_vllm.py"
@@ -440,3 +441,42 @@ search: {{n_trials: 1, sampler: random, seed: 1, stop_early: false, prune: false
         assert ("--headless" in argv) == (s["node_rank"] == "1")
         assert s["visible"] == "0"  # each node's one NPU, as Ray assigned it
     assert len({s["argv"][s["argv"].index("--master-addr") + 1] for s in starts}) == 1
+
+
+def test_a_serving_trial_across_nodes_is_launched_on_each_node_and_ends_with_node_0(write_spec, tmp_path):
+    """The launch the dispatcher gets for an instance across two nodes: one bundle of a node's devices
+    per node, and node 0's result ends the trial (the coordinator then stops the headless node). The
+    end to end run on a local Ray cluster is the slow test above."""
+    from autotune.dispatch.backends import BackendChoice, launch_for
+    from autotune.spec.load import load_spec
+
+    spec = load_spec(
+        write_spec(
+            f"""
+name: span-launch
+model: tiny-llama
+workload:
+  kind: serve
+  traffic: {{rates: [2], prompt_len: 16, output_len: 4, duration_s: 1}}
+  slo: {{ttft_p99_ms: 20000}}
+cluster: {{accelerator: npu, nodes: 2, devices_per_node: 1}}
+target: none
+backend: {{kind: vllm, python: {sys.executable}, entry: fake_vllm.py}}
+space:
+  tp: [2]
+objectives: [goodput_rps_per_device]
+""",
+            "span.yaml",
+        )
+    )
+    request = TrialRequest(
+        params={**serving_config(tp=2, pp=1, replicas=1)},
+        model={"name": "tiny", "arch": "llama", **PRESETS["tiny-llama"]},
+        workload=spec.workload.model_dump(),
+        cluster={"accelerator": "npu", "nodes": 2, "devices_per_node": 1},
+    )
+    launch = launch_for(spec, BackendChoice("vllm", "test"), request)
+    assert launch.nodes == 2 and launch.bundle == {"NPU": 1.0, "CPU": 1.0}
+    assert launch.ends_with_node_0
+    (server,) = json.loads(launch.files["engine.json"])["replicas"]
+    assert "{node_rank}" in server["argv"] and server["follower_words"] == ["--headless"]

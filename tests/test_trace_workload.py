@@ -228,6 +228,7 @@ def test_the_simulator_prices_the_reuse_a_prefix_cache_gets_from_the_traces_bloc
     assert out["blocks"]["ttft_p50_ms"][uncached] == pytest.approx(out["no blocks"]["ttft_p50_ms"][uncached])
 
 
+@pytest.mark.slow  # ~25 s: two serving probes; the counters' parse and the window share are checked in CI
 def test_the_probe_reports_the_prefix_cache_hits_the_engine_counted(tmp_path):
     """The serving probe reads vLLM's prefix-cache counters (here the fake engine's, counted as vLLM
     counts them: full 16-token blocks, chained) over each rate's load: replaying the multi-turn
