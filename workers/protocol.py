@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 TRIAL_FILE_ENV = "AUTOTUNE_TRIAL_FILE"
+# what each node of a multi-node trial is told, as the dispatcher's argv placeholders name it and the
+# environment variable that carries it (autotune.dispatch.dispatcher.node_env, the serving probe)
+NODE_ENV = {"nnodes": "NNODES", "node_rank": "NODE_RANK", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
 
 # The one rule for an environment variable's name, wherever it comes from (the spec checks it, the
 # exports refuse any other): a POSIX shell name, so that `export NAME=...` and a process

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from autotune.workers.protocol import ProbeResult, TrialRequest, attach_requests_file, write_trial_file
+from autotune.workers.protocol import NODE_ENV, ProbeResult, TrialRequest, attach_requests_file, write_trial_file
 
 __all__ = [
     "Dispatcher",
@@ -117,12 +117,7 @@ NODE_PLACEHOLDERS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_
 
 def node_env(node: dict[str, Any]) -> dict[str, str]:
     """What one node of a multi-node trial is told: the same values as the argv placeholders."""
-    return {
-        "NNODES": str(node["nnodes"]),
-        "NODE_RANK": str(node["node_rank"]),
-        "MASTER_ADDR": str(node["master_addr"]),
-        "MASTER_PORT": str(node["master_port"]),
-    }
+    return {var: str(node[name]) for name, var in NODE_ENV.items()}
 
 
 def visible_devices_env() -> dict[str, str]:

@@ -293,7 +293,7 @@ class VllmExporter(Exporter):
         )
         lines = self._preamble(ctx, accelerator, written, what)
         lines += multinode_lines(
-            config, accelerator, per_node, args, DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES"), bash_array
+            config, per_node, args, DEVICE_ENV.get(accelerator, "CUDA_VISIBLE_DEVICES"), bash_array
         )
         return "\n".join(lines) + "\n"
 

@@ -60,7 +60,6 @@ def multinode_words(nnodes: Any, node_rank: Any, master_addr: Any, master_port: 
 
 def multinode_lines(
     config: dict[str, Any],
-    accelerator: str,
     devices_per_node: int,
     args: list[str],
     device_env: str,

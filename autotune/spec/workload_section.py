@@ -85,6 +85,17 @@ class LengthRange(Strict):
 Length = Union[int, LengthRange]
 
 
+# the traffic's fields the loader fills from lengths_file (autotune.spec.files), and how a spec gives them
+_FILLED_BY_THE_LOADER = {
+    "length_pairs": "autotune fills it from lengths_file when the spec loads; write the pairs into a lengths "
+    "file (JSON lines of {prompt_len, output_len}, or a CSV with those columns) and name it in lengths_file",
+    "arrival_times": "autotune fills it from lengths_file when the spec loads (a column arrival_s in seconds, "
+    "or the timestamp in milliseconds of Mooncake's trace format)",
+    "prefix_blocks": "autotune fills it from lengths_file when the spec loads (the hash_ids of Mooncake's "
+    "trace format, each the id of a block_tokens-token block of the prompt)",
+}
+
+
 class TrafficSpec(Strict):
     """The request load a serving probe offers: open loop (arrivals never wait for completions).
 
@@ -127,35 +138,11 @@ class TrafficSpec(Strict):
     warmup_requests: int = Field(4, ge=0, description="requests sent before any measurement, not recorded as load")
     seed: int = Field(0, ge=0)
 
-    @field_validator("length_pairs", mode="before")
+    @field_validator(*_FILLED_BY_THE_LOADER, mode="before")
     @classmethod
-    def _filled_by_the_loader(cls, v: Any) -> Any:
+    def _filled_by_the_loader(cls, v: Any, info: Any) -> Any:
         if v is not None:  # the loader sets it after validation; written here it would skip the file's checks
-            raise ValueError(
-                "length_pairs is not a spec field: autotune fills it from lengths_file when the spec loads; "
-                "write the pairs into a lengths file (JSON lines of {prompt_len, output_len}, or a CSV with "
-                "those columns) and name it in lengths_file"
-            )
-        return v
-
-    @field_validator("arrival_times", mode="before")
-    @classmethod
-    def _times_filled_by_the_loader(cls, v: Any) -> Any:
-        if v is not None:
-            raise ValueError(
-                "arrival_times is not a spec field: autotune fills it from lengths_file when the spec loads (a "
-                "column arrival_s in seconds, or the timestamp in milliseconds of Mooncake's trace format)"
-            )
-        return v
-
-    @field_validator("prefix_blocks", mode="before")
-    @classmethod
-    def _blocks_filled_by_the_loader(cls, v: Any) -> Any:
-        if v is not None:
-            raise ValueError(
-                "prefix_blocks is not a spec field: autotune fills it from lengths_file when the spec loads (the "
-                "hash_ids of Mooncake's trace format, each the id of a block_tokens-token block of the prompt)"
-            )
+            raise ValueError(f"{info.field_name} is not a spec field: {_FILLED_BY_THE_LOADER[info.field_name]}")
         return v
 
     @field_validator("prompt_len", "output_len", mode="before")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..process_group import kill_marked
-from ..protocol import classify_failure
+from ..protocol import NODE_ENV, classify_failure
 from .failure import ProbeFailure
 
 __all__ = ["Replica", "Engines", "fill", "fit", "free_ports", "startup_failure", "ENGINE_MARK_ENV"]
@@ -215,21 +215,13 @@ def _write_inside(root: Path, name: str, text: str) -> Path:
     return path
 
 
-NODE_VARIABLES = {
-    "nnodes": "NNODES",
-    "node_rank": "NODE_RANK",
-    "master_addr": "MASTER_ADDR",
-    "master_port": "MASTER_PORT",
-}
-
-
 def node_values(environ: Mapping[str, str]) -> dict[str, str]:
     """This node's place in a multi-node trial, as the dispatcher tells each node
     (``autotune.dispatch.dispatcher.node_env``): ``{nnodes}``, ``{node_rank}``, ``{master_addr}``,
     ``{master_port}`` for engine.json's argv; {} on one node."""
     if not environ.get("NNODES") or int(environ["NNODES"]) <= 1:
         return {}
-    return {name: str(environ.get(var, "")) for name, var in NODE_VARIABLES.items()}
+    return {name: str(environ.get(var, "")) for name, var in NODE_ENV.items()}
 
 
 class Engines:
@@ -280,7 +272,7 @@ class Engines:
             argv = launch.get("argv")
             if not isinstance(argv, list) or not argv:
                 raise ProbeFailure("invalid", f"engine.json replica {k} has no argv list")
-            asked = sorted(n for n in NODE_VARIABLES if any("{" + n + "}" in str(a) for a in argv))
+            asked = sorted(n for n in NODE_ENV if any("{" + n + "}" in str(a) for a in argv))
             if asked and not self.node:
                 raise ProbeFailure(
                     "invalid",

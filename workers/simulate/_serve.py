@@ -102,7 +102,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._checks import max_model_len
-from ..parameters import serving_default
+from ..parameters import instance_nodes, serving_default
 from ..trace_prefix import MOONCAKE_BLOCK_TOKENS, reuse_share
 from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth, quant_peak, quant_weight_bytes
 from ._infer import DECODE_OPS
@@ -277,7 +277,7 @@ class Engine:
         self.p2p_bw = hw.intra * hw.ag_eff
         # an instance wider than a node (whole nodes, INSTANCE_NODES_RULE): its stage boundaries that
         # cross a node go over the NICs (every boundary when one stage's tp spans nodes itself)
-        nodes = np.where(t * p > hw.dpn, np.ceil(t * p / hw.dpn), 1.0)
+        nodes = instance_nodes(t * p, float(hw.dpn))
         self.p2p_across = np.where(t >= hw.dpn, p - 1.0, np.minimum(nodes - 1.0, p - 1.0))
 
         # --- lengths (means per request; prefix caching skips the shared prefix's whole blocks) ---
