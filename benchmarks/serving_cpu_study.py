@@ -153,6 +153,84 @@ def acceptance(rounds: list, studies: list) -> dict:
     return out
 
 
+def model_check(run_dir: Path, data: dict) -> dict:
+    """Issue 46: the serving model on the spec's profile (``--profile``: after ``autotune calibrate
+    --serving``), before any trial, against every config the exhaustive run in ``run_dir`` measured:
+    the max rate meeting the SLO (a config that met no rate of the ladder is bracketed below its
+    lowest rung), and the queueing model's percentiles at each rate the probe ran."""
+    import json
+
+    from simulator_vs_cpu_probe import spearman
+
+    from autotune.spec.resolve import probe_context, request_settings
+    from autotune.workers.simulate import simulate_trial
+
+    backend = dict(data["backend"])
+    backend["python"] = os.path.abspath(SPEC.parent / backend["python"])
+    spec_path = run_dir / "model-check.yaml"
+    spec_path.write_text(yaml.safe_dump({**data, "backend": backend}))
+    spec = load_spec(spec_path)
+    lowest = min(spec.workload.traffic.rates)
+    rows, percentiles = [], []
+    print("| config | model: max rate req/s | measured max rate | model / measured |")
+    print("|---|---:|---:|---:|")
+    for request_file in sorted((run_dir / "trials").glob("trial_*.json")):
+        asked = json.loads(request_file.read_text())
+        result_file = run_dir / "trials" / f"{int(asked['number']):04d}" / "result.json"
+        if not result_file.exists():
+            continue
+        result = json.loads(result_file.read_text())
+        if result["status"] != "ok":
+            continue
+        config, runs = asked["params"], result["info"]["serving"]["rates"]
+        context = probe_context(spec)
+        request = request_settings(spec, context).request(config, 0)
+        rates = sorted({float(r["rate"]) for r in runs})
+        workload = {**request.workload, "traffic": {**request.workload["traffic"], "rates": rates}}
+        model = simulate_trial(request.__class__(**{**request.__dict__, "workload": workload}))
+        predicted = float(model.metrics.get("max_rate_rps_model") or 0.0)
+        measured = float(result["metrics"].get("max_rate_rps") or 0.0)
+        if measured > 0:
+            factor = predicted / measured
+        else:  # met no rate: the truth lies below the lowest rung
+            factor = 1.0 if predicted <= lowest else predicted / lowest
+        rows.append({"config": config, "predicted": predicted, "measured": measured, "factor": factor})
+        said = f"{measured:.2f}" if measured > 0 else f"< {lowest:g} (met none)"
+        print(
+            f"| {config.get('max_num_seqs')}, chunked {config.get('enable_chunked_prefill')} | {predicted:.2f} "
+            f"| {said} | {factor:.2f} |"
+        )
+        at = {float(r["rate"]): r for r in model.info["serving"]["rates"]}
+        for run in runs:
+            m = at.get(float(run["rate"]))
+            if m is None or run.get("scale", 1) != 1:
+                continue
+            percentiles.append(
+                {
+                    "config": config,
+                    "rate": run["rate"],
+                    **{
+                        f"{k}_measured": run.get(k)
+                        for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+                    },
+                    **{f"{k}_model": m.get(k) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")},
+                }
+            )
+    worst = max(max(r["factor"], 1 / r["factor"]) for r in rows if r["factor"] > 0)
+    both = [r for r in rows if r["measured"] > 0]
+    rho = spearman([r["predicted"] for r in both], [r["measured"] for r in both]) if len(both) >= 3 else None
+    print(f"worst factor {worst:.2f}x over {len(rows)} configs; Spearman over the {len(both)} that met a rate: {rho}")
+    print("\nthe queueing model at each rate measured (ms; model / measured, median over the runs):")
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
+        ratios = sorted(
+            p[f"{key}_model"] / p[f"{key}_measured"] for p in percentiles if p[f"{key}_measured"] and p[f"{key}_model"]
+        )
+        if ratios:
+            mid = ratios[len(ratios) // 2]
+            print(f"  {key}: median {mid:.2f}, range {ratios[0]:.2f}-{ratios[-1]:.2f} ({len(ratios)} runs)")
+    return {"rows": rows, "worst_factor": worst, "spearman": rho, "percentiles": percentiles}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=None, help="the study's budget (default: the spec's)")
@@ -162,12 +240,39 @@ def main() -> None:
     ap.add_argument("--reference-rounds", type=int, default=0, help="issue 44: measure every config this many times")
     ap.add_argument("--runs", type=int, default=2, help="with --reference-rounds: studies run from scratch")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="the hardware profile the studies rank with (autotune calibrate)"
+    )
+    ap.add_argument(
+        "--model-check",
+        action="store_true",
+        help="issue 46: only the exhaustive run, each config's goodput predicted before it ran against the measured",
+    )
+    ap.add_argument(
+        "--from-run",
+        type=Path,
+        default=None,
+        help="with --model-check: an exhaustive run kept by --keep, not re-measured",
+    )
     args = ap.parse_args()
     data = yaml.safe_load(SPEC.read_text())
     if args.quick:
         data = quick(data)
     if args.close:
         data = close(data)
+    if args.profile:
+        data["cluster"] = {**data["cluster"], "profile": str(args.profile.resolve())}
+    if args.model_check:
+        with tempfile.TemporaryDirectory(prefix="autotune-serving-") as tmp_name:
+            tmp = Path(tmp_name)
+            run_dir = args.from_run or (args.keep or tmp) / "exhaustive"
+            if args.from_run is None:
+                exhaustive = dict(data, search={**data["search"], "sampler": "exhaustive", "n_trials": 1000})
+                _study(exhaustive, run_dir, tmp, "serving-exhaustive")
+            out = model_check(run_dir, data)
+        if args.json:
+            args.json.write_text(__import__("json").dumps(out, indent=1, default=str))
+        return
     if args.reference_rounds:
         import json
 

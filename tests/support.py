@@ -364,3 +364,33 @@ def local_npu_cluster(workers: int = 2):
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
+
+
+# vLLM's place taken by the fake engine (tests/fixtures/fake_engine/server.py): ``backend: {kind: vllm,
+# entry: <this script>}`` renders each trial into vLLM's launch as for the real engine (``{python}
+# {entry} --model ... --port {port} --max-num-seqs N ...``); the script keeps what the fake understands
+# (the port, ``--max-num-seqs`` as the requests decoding at once) and becomes the fake server in the
+# same process, so the probe stops what it started. ``prelude``: Python run first (``args`` is argv).
+FAKE_ENGINE = REPO / "tests" / "fixtures" / "fake_engine" / "server.py"
+_FAKE_VLLM = r"""
+import json, os, sys, time
+args = sys.argv[1:]
+def value(name, default):
+    return args[args.index(name) + 1] if name in args else default
+PRELUDE
+os.execv(sys.executable, [sys.executable, FAKE_SERVER, "--port", value("--port", "0"),
+         "--capacity", value("--max-num-seqs", "64"), "--ttft-ms", TTFT, "--token-ms", TOKEN])
+"""
+
+
+def fake_vllm(folder: Path, ttft_ms: float = 5, token_ms: float = 1, prelude: str = "") -> Path:
+    """The fake engine's stand-in for vLLM's entry, written into ``folder``: ``ttft_ms`` to the first
+    token and ``token_ms`` a token, whatever the batch."""
+    path = folder / "fake_vllm.py"
+    path.write_text(
+        _FAKE_VLLM.replace("FAKE_SERVER", repr(str(FAKE_ENGINE)))
+        .replace("PRELUDE", prelude)
+        .replace("TTFT", repr(str(ttft_ms)))
+        .replace("TOKEN", repr(str(token_ms)))
+    )
+    return path

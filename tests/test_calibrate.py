@@ -180,8 +180,8 @@ def test_calibrate_writes_a_profile_a_spec_can_use(tmp_path, write_spec):
     assert measured["collective_busbw_gbps"]["allreduce"] > 0
 
     profile = load_profile(str(out))  # the file loads through the same checks as bundled ones
-    # the device check writes usable memory; calibrate --nodes the links across nodes
-    assert set(PROFILE_KEYS) - {"description", "usable_memory_gib", "inter_node_links"} <= set(profile)
+    # the device check writes usable memory; calibrate --nodes the links across nodes; --serving the engine's steps
+    assert set(PROFILE_KEYS) - {"description", "usable_memory_gib", "inter_node_links", "serving_steps"} <= set(profile)
     # GEMMs at squares and at transformer-layer shapes; the plateau is the fitted curve's
     shapes = [tuple(map(int, k.split("x"))) for k in measured["gemm_tflops"]["fp32"]]
     assert any(m != k or k != n for m, k, n in shapes) and any(m == k == n for m, k, n in shapes)

@@ -212,7 +212,8 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     "ray, sig",
     [
         ("ray: {num_cpus: 2}", signal.SIGTERM),
-        ("ray: {enabled: false}", signal.SIGTERM),
+        # CI time: without Ray the same save-and-resume path; the opt-in step
+        pytest.param("ray: {enabled: false}", signal.SIGTERM, marks=pytest.mark.slow),
         pytest.param(  # SIGINT through Ray: the same save-and-resume path as SIGTERM; the opt-in step
             "ray: {num_cpus: 2}", signal.SIGINT, marks=pytest.mark.slow
         ),

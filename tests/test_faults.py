@@ -159,7 +159,13 @@ def _fault_matrix(write_spec, tmp_path: Path, *, ray: str, storage: str | None =
     assert {n: c.info.run_id for n, c in _mlflow_children(run_dir).items()} == before
 
 
-@pytest.mark.parametrize("ray", ["ray: {enabled: false}", "ray: {num_cpus: 2}"], ids=["subprocess", "ray"])
+@pytest.mark.parametrize(
+    "ray",
+    # CI time: through Ray the same matrix takes 23 s; Ray's own fault paths (a killed worker, a cancelled
+    # probe) have fast tests of their own (test_infrastructure, test_dispatcher_contract)
+    ["ray: {enabled: false}", pytest.param("ray: {num_cpus: 2}", marks=pytest.mark.slow)],
+    ids=["subprocess", "ray"],
+)
 def test_every_probe_fault_is_recorded_alike_in_optuna_and_mlflow(write_spec, tmp_path, ray):
     _fault_matrix(write_spec, tmp_path, ray=ray)
 

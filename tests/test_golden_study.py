@@ -27,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
-from support import REPO, command_spec
+from support import REPO, command_spec, fake_vllm
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_study"
 
@@ -209,20 +209,6 @@ ray: {{enabled: false}}
     _compare("profiled_training", record)
 
 
-# vLLM's place taken by the fake engine (tests/fixtures/fake_engine/server.py): ``backend: {kind:
-# vllm}`` renders each trial into vLLM's launch as for the real engine (``{python} {entry} --model
-# ... --port {port} --max-num-seqs N ...``); this entry keeps what the fake understands (the port,
-# ``--max-num-seqs`` as the requests decoding at once) and becomes the fake server in the same
-# process, so the probe stops what it started.
-FAKE_VLLM = r"""
-import os, sys
-args = sys.argv[1:]
-def value(name, default):
-    return args[args.index(name) + 1] if name in args else default
-os.execv(sys.executable, [sys.executable, FAKE_SERVER, "--port", value("--port", "0"),
-         "--capacity", value("--max-num-seqs", "64"), "--ttft-ms", "5", "--token-ms", "1"])
-"""
-
 # MLflow params and tags whose values follow from the timed metrics: which trial measured best
 _MEASURED = re.compile(r"^best\.|^autotune\.(best|recommended)_trial$")
 
@@ -254,10 +240,7 @@ def test_a_seeded_serving_study_on_the_fake_engine_is_unchanged(write_spec, tmp_
     the fake engine takes (5 ms to the first token, 1 ms a token), so every rate of the ladder meets
     it however loaded the machine is, as every request must come back within the probe's 30 s grace
     for the trial to be ``ok`` at all."""
-    fake = tmp_path / "fake_vllm.py"
-    fake.write_text(
-        FAKE_VLLM.replace("FAKE_SERVER", repr(str(REPO / "tests" / "fixtures" / "fake_engine" / "server.py")))
-    )
+    fake = fake_vllm(tmp_path)  # vLLM's place taken by the fake engine (tests/support.py)
     spec = write_spec(
         f"""
 name: tiny-serve-fake

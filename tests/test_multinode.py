@@ -243,6 +243,7 @@ def _remove_rank_1_node_once_started(cluster, workers, record: Path) -> tuple[th
     return thread, killed
 
 
+@pytest.mark.slow  # CI time (34 s): a killed Ray worker's retry has a fast test (test_infrastructure)
 def test_a_node_killed_mid_trial_is_an_infrastructure_failure_retried(write_spec, tmp_path):
     """Three NPU nodes; while the first 2-node trial runs, one of its nodes is removed from the
     cluster: that trial is an infrastructure failure naming the node, its config is retried once

@@ -34,7 +34,7 @@ from autotune.stacks.vllm import hf_config
 from autotune.workers.parameters import INSTANCE_NODES_RULE
 from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
-from support import VLLM_PYTHON, local_npu_cluster, server_words, serving_config, vllm_parse, vllm_stand_ins
+from support import VLLM_PYTHON, fake_vllm, local_npu_cluster, server_words, serving_config, vllm_parse, vllm_stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA2_70B = {"name": "llama2-70b", "arch": "llama", **PRESETS["llama2-70b"]}
@@ -370,19 +370,13 @@ def test_an_engine_that_spans_nodes_on_one_node_is_refused_before_it_starts(tmp_
 # vLLM's place taken by the fake engine (tests/fixtures/fake_engine/server.py), as the golden serving
 # study does: node 0's server (no --headless) becomes the fake server; a headless node records its
 # words and serves until it is stopped
-FAKE_VLLM = r"""
-import json, os, sys, time
-args = sys.argv[1:]
+RECORD_AND_HEADLESS = r"""
 with open(os.environ["RECORD"], "a") as f:
     f.write(json.dumps({"argv": args, "node_rank": os.environ.get("NODE_RANK"),
                         "visible": os.environ.get("ASCEND_RT_VISIBLE_DEVICES")}) + "\n")
-def value(name, default):
-    return args[args.index(name) + 1] if name in args else default
 if "--headless" in args:
     while True:
         time.sleep(0.2)
-os.execv(sys.executable, [sys.executable, FAKE_SERVER, "--port", value("--port", "0"),
-         "--capacity", value("--max-num-seqs", "64"), "--ttft-ms", "5", "--token-ms", "1"])
 """
 
 
@@ -396,10 +390,7 @@ def two_nodes():
 @pytest.mark.slow  # ~20 s: a local Ray cluster; the follower's probe and the launch are checked in CI
 @pytest.mark.timeout(600)
 def test_a_serving_trial_over_two_nodes_is_placed_by_ray_and_measured_by_node_0(write_spec, tmp_path, two_nodes):
-    fake = tmp_path / "fake_vllm.py"
-    fake.write_text(
-        FAKE_VLLM.replace("FAKE_SERVER", repr(str(REPO / "tests" / "fixtures" / "fake_engine" / "server.py")))
-    )
+    fake = fake_vllm(tmp_path, prelude=RECORD_AND_HEADLESS)
     record = tmp_path / "record.jsonl"
     spec = write_spec(
         f"""

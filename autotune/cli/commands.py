@@ -210,13 +210,32 @@ def calibrate(
         "processes per node, all in one group); needs --ray-address",
     ),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="the Ray cluster of --nodes ('auto', ...)"),
+    serving: Optional[Path] = typer.Option(
+        None,
+        "--serving",
+        help="a serving spec: measure its engine's prefill and decode steps on this host (closed-loop batches at "
+        "three prompt lengths) and write the profile the study ranks with, plus serving_steps",
+    ),
+    settings: list[str] = typer.Option(
+        [], "--set", help="with --serving: a parameter of the config measured, name=value (repeatable)"
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Measure this host's device (linear layers per precision at the shapes models run, memory
     bandwidth, collectives' latency and bandwidth) and write a hardware profile; use it with
     `cluster.profile: <file>` in a spec. With --nodes, the collectives are measured across each
-    node count of a Ray cluster too (`inter_node_links`: what a study pays across that many nodes)."""
+    node count of a Ray cluster too (`inter_node_links`: what a study pays across that many nodes).
+    With --serving SPEC, the spec's serving engine is measured instead (`serving_steps`: how its
+    steps compare with the serving model's)."""
     _setup_logging(False)
+    if serving is not None:
+        from .serving_calibrate_command import calibrate_serving_engine, parse_settings
+
+        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json)
+        return
+    if settings:
+        _error("--set picks the config of --serving; give the serving spec with --serving")
+        raise typer.Exit(EXIT_INPUT)
     if accelerator not in ("cpu", "cuda", "npu"):
         _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")
         raise typer.Exit(EXIT_INPUT)

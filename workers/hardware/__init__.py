@@ -19,6 +19,7 @@ import yaml
 __all__ = [
     "PROFILE_KEYS",
     "OPTIONAL_KEYS",
+    "SERVING_STEP_KEYS",
     "validate_profile",
     "ACCELERATORS",
     "available_profiles",
@@ -63,6 +64,7 @@ _SCHEMA: dict[str, str] = {
     "fragmentation_default": "float",
     "fragmentation_expandable": "float",
     "inter_node_links": "links",
+    "serving_steps": "serving_steps",
 }
 PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
 # Keys a profile may leave out. ``calibrated_at`` (ISO time) says a profile was measured and when;
@@ -74,6 +76,8 @@ PROFILE_KEYS: tuple[str, ...] = tuple(_SCHEMA)
 # use on one device after the runtime started; absent, the guide starts from device_memory_gib.
 # ``inter_node_links`` is ``autotune calibrate --nodes``'s: the link across nodes measured per node count
 # ({nodes: {bandwidth_gbps, latency_us}}); absent, every count pays inter_node_bandwidth_gbps.
+# ``serving_steps`` is ``autotune calibrate --serving``'s (issue 46): how a serving engine's measured step
+# times relate to the model's on this host (SERVING_STEP_KEYS); absent, the serving model runs uncorrected.
 OPTIONAL_KEYS = frozenset(
     {
         "description",
@@ -82,7 +86,22 @@ OPTIONAL_KEYS = frozenset(
         "optimizer_us_per_tensor",
         "usable_memory_gib",
         "inter_node_links",
+        "serving_steps",
     }
+)
+# ``serving_steps``: the engine measured, the factors on the model's decode part and prompt part of an
+# engine step, a fixed cost added to every step, one per decoding sequence of it and one per token of
+# such a sequence's context, how far the fit stays from the readings, and the
+# readings themselves (``points``: one per closed-loop batch and prompt length, measured vs modelled).
+SERVING_STEP_KEYS = (
+    "engine",
+    "decode_scale",
+    "prefill_scale",
+    "step_overhead_us",
+    "sequence_overhead_us",
+    "context_overhead_ns",
+    "rms_error",
+    "points",
 )
 
 
@@ -206,6 +225,8 @@ def _coerce(key: str, value: Any, kind: str, where: str) -> Any:
         return peaks
     if kind == "links":
         return _links(value, where)
+    if kind == "serving_steps":
+        return _serving_steps(value, where)
     number = _number(key, value, where)
     if kind == "fraction" and not 0 < number <= 1:
         raise ValueError(f"{where}: {key} must be in (0, 1], got {value!r}")
@@ -229,6 +250,35 @@ def _links(value: Any, where: str) -> dict[int, dict[str, float]]:
             raise ValueError(f"{where}: inter_node_links.{nodes}.bandwidth_gbps must be > 0")
         latency = _number(f"inter_node_links.{nodes}.latency_us", link["latency_us"], where)
         out[count] = {"bandwidth_gbps": bandwidth, "latency_us": latency}
+    return out
+
+
+def _serving_steps(value: Any, where: str) -> dict[str, Any]:
+    """``serving_steps`` checked: the engine's name, both factors > 0, the step overhead and the fit's
+    error >= 0, the readings a list of mappings (kept as written: what the factors rest on)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: serving_steps must be a mapping ({', '.join(SERVING_STEP_KEYS)}), got {value!r}")
+    unknown = sorted(set(value) - set(SERVING_STEP_KEYS))
+    missing = [k for k in SERVING_STEP_KEYS[:4] if k not in value]
+    if unknown or missing:
+        raise ValueError(
+            f"{where}: serving_steps "
+            + (f"has unknown key(s) {unknown}" if unknown else f"lacks {missing}")
+            + f"; expected {', '.join(SERVING_STEP_KEYS)} (autotune calibrate --serving writes them)"
+        )
+    if not isinstance(value["engine"], str):
+        raise ValueError(f"{where}: serving_steps.engine must be a string, got {value['engine']!r}")
+    out: dict[str, Any] = {"engine": value["engine"]}
+    for key in SERVING_STEP_KEYS[1:-1]:
+        if key in value:
+            out[key] = _number(f"serving_steps.{key}", value[key], where)
+    for key in ("decode_scale", "prefill_scale"):
+        if out[key] == 0:
+            raise ValueError(f"{where}: serving_steps.{key} must be > 0 (a step cannot take no time)")
+    points = value.get("points", [])
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        raise ValueError(f"{where}: serving_steps.points must be a list of mappings, got {points!r}")
+    out["points"] = points
     return out
 
 

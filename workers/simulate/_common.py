@@ -99,6 +99,25 @@ class HW:
     frag_default: float
     frag_expandable: float
     overlap_slowdown: float
+    # a serving engine's steps as `autotune calibrate --serving` measured them on this host (the
+    # profile's serving_steps): factors on the model's decode and prompt parts of a step, a fixed
+    # cost per step, one per decoding sequence and one per token of its context; (1, 1, 0, 0, 0)
+    # where nothing was measured
+    serve_decode: float = 1.0
+    serve_prefill: float = 1.0
+    serve_step: float = 0.0
+    serve_seq: float = 0.0
+    serve_ctx: float = 0.0
+
+    @property
+    def serving_calibrated(self) -> bool:
+        return (self.serve_decode, self.serve_prefill, self.serve_step, self.serve_seq, self.serve_ctx) != (
+            1.0,
+            1.0,
+            0.0,
+            0.0,
+            0.0,
+        )
 
     @classmethod
     def of(cls, hw: Mapping[str, Any], cluster: Mapping[str, Any]) -> "HW":
@@ -110,6 +129,7 @@ class HW:
         inter = float(hw["inter_node_bandwidth_gbps"]) * 1e9 * float(hw["inter_node_efficiency"])
         alpha = float(hw["collective_latency_us"]) * 1e-6
         link = links_at(dict(hw), int(cluster.get("nodes") or 1))
+        steps = hw.get("serving_steps") or {}
         if link is not None:  # measured end to end: the link's efficiency is in the figure
             inter = float(link[1]["bandwidth_gbps"]) * 1e9
             alpha = max(alpha, float(link[1]["latency_us"]) * 1e-6)
@@ -136,6 +156,11 @@ class HW:
             frag_default=float(hw["fragmentation_default"]),
             frag_expandable=float(hw["fragmentation_expandable"]),
             overlap_slowdown=float(hw.get("comm_overlap_slowdown", 0.0)),
+            serve_decode=float(steps.get("decode_scale", 1.0)),
+            serve_prefill=float(steps.get("prefill_scale", 1.0)),
+            serve_step=float(steps.get("step_overhead_us", 0.0)) * 1e-6,
+            serve_seq=float(steps.get("sequence_overhead_us", 0.0)) * 1e-6,
+            serve_ctx=float(steps.get("context_overhead_ns", 0.0)) * 1e-9,
         )
 
     def peak_of(self, precision_code: np.ndarray) -> np.ndarray:

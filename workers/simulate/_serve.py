@@ -332,7 +332,22 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     def iteration(self, B: np.ndarray, c: np.ndarray, ctx_dec: Any = None) -> np.ndarray:
-        """Seconds of one engine step with B decoding sequences and c prompt tokens (per replica)."""
+        """Seconds of one engine step with B decoding sequences and c prompt tokens (per replica):
+        the model's step, or where the profile holds the engine's measured steps
+        (``serving_steps``, ``autotune calibrate --serving``) its decode part and its prompt part
+        each scaled as the measurements say, plus their costs per step, per decoding sequence and
+        per token of its context."""
+        step = self._modelled_step(B, c, ctx_dec)
+        hw = self.hw
+        if not hw.serving_calibrated:
+            return step
+        decode = self._modelled_step(B, np.zeros_like(c), ctx_dec)
+        ctx = self.ctx_dec if ctx_dec is None else ctx_dec
+        measured = hw.serve_step + B * (hw.serve_seq + ctx * hw.serve_ctx)
+        return measured + hw.serve_decode * decode + hw.serve_prefill * (step - decode)
+
+    def _modelled_step(self, B: np.ndarray, c: np.ndarray, ctx_dec: Any = None) -> np.ndarray:
+        """The analytical step (roofline GEMMs, attention, collectives, host launches)."""
         s, hw, t, p, e = self.s, self.hw, self.t, self.p, self.e
         ctx = self.ctx_dec if ctx_dec is None else ctx_dec
         Bm, cm = B / p, c / p  # pp micro-batches in flight

@@ -1,0 +1,175 @@
+"""A serving engine's steps measured on this host for the serving model (issue 46).
+
+``autotune calibrate --serving SPEC --out FILE`` runs the spec's engine through the study's own
+backend, dispatcher and launcher (:mod:`autotune.cli.assembly`), one probe per prompt length
+(:func:`autotune.workers.calibrate_serving.calibration_prompts`), each a short warm-up, one short
+rate at the ladder's lowest rung (the probe's protocol asks for one) and the closed-loop batches
+that the fit reads. One config is measured: the spec's own values, with the largest
+``max_num_seqs`` and token budget the space offers so that every batch is admitted at once
+(``--set name=value`` picks others). The fit (:func:`~autotune.workers.calibrate_serving.fit_serving_steps`)
+is against the model on the profile the study would rank with, so the profile written is that
+one plus ``serving_steps``. The probes run one at a time: two engines on one host would each
+measure the other's load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..spec.schema import Spec
+
+__all__ = [
+    "CALIBRATION_DURATION_S",
+    "READINGS",
+    "CalibrationInputError",
+    "CalibrationFailed",
+    "ServingCalibration",
+    "calibration_config",
+    "calibration_spec",
+    "calibrate_serving",
+    "check_calibratable",
+]
+
+READINGS = "readings.jsonl"  # every calibration probe's whole result, one line each, written as it comes
+CALIBRATION_DURATION_S = 2.0  # the one open-loop rate the probe's protocol runs: short, not read by the fit
+_WIDEST = ("max_num_seqs", "max_num_batched_tokens")
+
+
+class CalibrationInputError(ValueError):
+    """The spec cannot be calibrated as given (no serving spec, no engine here, a bad --set)."""
+
+
+class CalibrationFailed(RuntimeError):
+    """The engine's probes gave too few readings to fit (their reasons said)."""
+
+
+@dataclass
+class ServingCalibration:
+    """What ``calibrate --serving`` measured and fitted."""
+
+    engine: str
+    config: dict[str, Any]
+    steps: dict[str, Any]  # the profile's serving_steps
+    hardware: dict[str, Any]  # the profile the fit is against, serving_steps added
+    failures: list[str] = field(default_factory=list)  # a prompt length whose probe failed, and why
+
+
+def calibration_config(spec: Spec, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The config measured: each searched parameter's first value (the widest for the batch
+    limits), ``settings`` over them, resolved as a trial's. ``ValueError`` names a parameter the
+    space does not have or a config its rules refuse."""
+    from ..spec.space import Space
+
+    space = Space(spec)
+    unknown = sorted(set(settings) - set(space.choices) - set(space.defaults))
+    if unknown:
+        raise CalibrationInputError(
+            f"--set {', '.join(unknown)}: not a parameter of this serving space; "
+            f"expected one of {', '.join(sorted(set(space.choices) | set(space.defaults)))}"
+        )
+    params = {k: (max(v) if k in _WIDEST else v[0]) for k, v in space.choices.items()}
+    params.update(settings)
+    resolved = space.resolve(params)
+    if not resolved.valid:
+        raise CalibrationInputError(
+            f"the calibration config {params} breaks the space's rules: {'; '.join(resolved.violations)}"
+        )
+    return resolved.config
+
+
+def calibration_spec(spec: Spec, prompt_len: int, batches: list[int]) -> Spec:
+    """``spec`` with a workload of one prompt length: the traffic's mean output, its lowest rate for
+    :data:`CALIBRATION_DURATION_S`, the closed-loop ``batches``, and the engine's context kept at the
+    study's (or longer where this prompt needs it)."""
+    from ..spec.workload_section import TrafficSpec
+
+    w = spec.workload
+    _, output = w.traffic.mean()
+    out_len = max(int(round(output)), 2)
+    longest = sum(w.traffic.longest())
+    traffic = TrafficSpec.model_validate(
+        {
+            "rates": [min(w.traffic.rates)],
+            "prompt_len": int(prompt_len),
+            "output_len": out_len,
+            "duration_s": CALIBRATION_DURATION_S,
+            "warmup_requests": w.traffic.warmup_requests,
+            "seed": w.traffic.seed,
+        }
+    )
+    context = max(int(w.max_model_len or longest), int(prompt_len) + out_len)
+    workload = w.model_copy(update={"traffic": traffic, "batch_sweep": batches, "max_model_len": context})
+    return spec.model_copy(update={"workload": workload})
+
+
+def check_calibratable(spec: Spec, choice: Any) -> None:
+    """:class:`CalibrationInputError` unless ``spec`` serves and ``choice`` (its backend) runs a real engine."""
+    if spec.workload.kind != "serve":
+        raise CalibrationInputError(
+            f"calibrate --serving measures a serving engine; this spec's workload is {spec.workload.kind!r}"
+        )
+    if choice.simulated:
+        raise CalibrationInputError(
+            "calibrate --serving measures the spec's engine, and its backend runs the simulator here "
+            f"({choice.reason}); "
+            "install the engine (the README's install command makes .venv-vllm) or name its backend"
+        )
+
+
+def calibrate_serving(
+    spec: Spec,
+    choice: Any,
+    dispatcher: Any,
+    settings: Mapping[str, Any] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+    keep: Path | None = None,
+) -> ServingCalibration:
+    """Each prompt length probed through ``dispatcher`` (``choice``: the backend), then the fit;
+    with ``keep``, each probe's whole result (its per-request records too) appended to
+    ``keep/readings.jsonl`` as it comes back.
+    :class:`CalibrationInputError` when the spec is no serving spec or runs on the simulator;
+    :class:`CalibrationFailed` when too few readings came back."""
+    from autotune.workers.calibrate_serving import (
+        ServingRun,
+        calibration_batches,
+        calibration_prompts,
+        fit_serving_steps,
+    )
+
+    from ..dispatch.backends import launch_for
+    from ..spec.resolve import probe_context, request_settings
+
+    check_calibratable(spec, choice)
+    config = calibration_config(spec, dict(settings or {}))
+    batches = calibration_batches(int(config.get("max_num_seqs") or 1))
+    prompt, output = spec.workload.traffic.mean()
+    context = probe_context(spec)
+    runs: list[ServingRun] = []
+    failures: list[str] = []
+    engine = spec.backend.kind
+    lengths = calibration_prompts(prompt, max(int(round(output)), 2), spec.workload.max_model_len)
+    for number, length in enumerate(lengths):
+        progress(f"prompt {length} tokens ({number + 1} of {len(lengths)}): batches {', '.join(map(str, batches))}")
+        sized = calibration_spec(spec, length, batches)
+        sized_context = probe_context(sized)
+        request = request_settings(sized, sized_context).request(dict(config), number)
+        result = dispatcher.result_of(dispatcher.submit(request, launch_for(sized, choice, request)))
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            with (keep / READINGS).open("a") as f:
+                f.write(json.dumps({"prompt_len": length, "config": config, **result.to_json()}, default=str) + "\n")
+        if result.status != "ok":
+            failures.append(f"prompt {length}: {result.status}: {result.reason}")
+            continue
+        engine = str(((result.info or {}).get("serving") or {}).get("engine") or engine)
+        runs.append(ServingRun(length, sized_context.workload, dict(result.metrics)))
+    if not runs:
+        raise CalibrationFailed("no calibration probe came back: " + "; ".join(failures))
+    try:
+        steps = fit_serving_steps(runs, context.model, context.hardware, context.cluster, config, engine)
+    except ValueError as exc:  # too few readings
+        raise CalibrationFailed("; ".join([str(exc), *failures])) from None
+    return ServingCalibration(engine, config, steps, {**context.hardware, "serving_steps": steps}, failures)

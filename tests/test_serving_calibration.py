@@ -1,0 +1,196 @@
+"""``autotune calibrate --serving`` (issue 46): a serving engine's steps measured on this host and the
+serving model corrected by them (``serving_steps`` in the profile).
+
+The fit is checked against the model itself (readings made by the model at known factors are fitted
+back to those factors), the profile's checks name the key and what was expected, the simulator's
+closed-loop figures move as the factors say, and the whole command runs against the fake engine in
+vLLM's place (tests/fixtures/fake_engine: 40 ms to the first token, 20 ms a token, whatever the
+batch): the profile it writes predicts the fake's time for 100 tokens where the bundled one is far off.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import pytest
+import yaml
+from support import REPO, fake_vllm
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.spec.load import load_spec
+from autotune.spec.resolve import probe_context
+from autotune.study.serving_calibration import calibration_config, calibration_spec
+from autotune.workers.calibrate_serving import (
+    TERMS,
+    ServingRun,
+    calibration_batches,
+    calibration_prompts,
+    fit_serving_steps,
+    modelled_figures,
+)
+from autotune.workers.hardware import load_profile, validate_profile
+from autotune.workers.simulate import columns_from_params, simulate_configs
+
+SPEC = REPO / "search_spaces" / "tiny_llama_serve_cpu.yaml"
+
+
+def _context():
+    spec = load_spec(SPEC)
+    return spec, probe_context(spec), calibration_config(spec, {})
+
+
+# decode_scale, prefill_scale, step_overhead_us, sequence_overhead_us, context_overhead_ns (TERMS' order)
+TRUTH = (3.0, 1.5, 4000.0, 300.0, 5000.0)
+
+
+def test_the_fit_recovers_the_factors_the_readings_were_made_with():
+    spec, ctx, config = _context()
+    runs = []
+    for prompt in calibration_prompts(128, 32, None):
+        workload = copy.deepcopy(dict(ctx.workload))
+        workload["traffic"] = {**workload["traffic"], "prompt_len": prompt, "output_len": 32}
+        workload["batch_sweep"] = calibration_batches(int(config["max_num_seqs"]))
+        keys = [f"batch{b}_{f}" for b in workload["batch_sweep"] for f in ("ttft_ms", "time_for_100_tokens_s")]
+        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, keys, TRUTH)
+        runs.append(
+            ServingRun(prompt, workload, {k: v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(keys, truth)})
+        )
+    steps = fit_serving_steps(runs, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    for (key, _, _), value in zip(TERMS, TRUTH):
+        assert steps[key] == pytest.approx(value, rel=1e-3), key
+    assert steps["rms_error"] < 1e-6
+    assert len(steps["points"]) == 3 * 5 * 2  # prompts x batches (1..16 within max_num_seqs 32) x figures
+    before = [p["model_s"] / p["measured_s"] for p in steps["points"]]
+    assert max(before) < 0.9  # the uncorrected model was optimistic on every reading: the fit moved it
+    validate_profile({**ctx.hardware, "serving_steps": steps}, "fitted")  # what the command writes loads back
+
+
+def test_too_few_readings_are_refused_with_the_count():
+    spec, ctx, config = _context()
+    run = ServingRun(64, dict(ctx.workload), {"batch1_ttft_ms": 12.0})
+    with pytest.raises(ValueError, match="1 closed-loop reading"):
+        fit_serving_steps([run], ctx.model, ctx.hardware, ctx.cluster, config, "vllm")
+
+
+def test_the_calibration_config_takes_the_widest_batch_limits_and_the_sets():
+    spec, _, config = _context()
+    assert config["max_num_seqs"] == 32 and config["enable_chunked_prefill"] is True
+    assert calibration_config(spec, {"max_num_seqs": 8})["max_num_seqs"] == 8
+    with pytest.raises(ValueError, match="--set tensor_speed"):
+        calibration_config(spec, {"tensor_speed": 2})
+    sized = calibration_spec(spec, 384, [1, 2, 4])
+    traffic = sized.workload.traffic
+    assert (traffic.prompt_len, traffic.output_len, traffic.rates) == (384, 32, [2.0])
+    assert sized.workload.batch_sweep == [1, 2, 4]
+    assert sized.workload.max_model_len == 416  # the study's context (192 + 32) grown to hold this prompt
+
+
+@pytest.mark.parametrize(
+    "steps, words",
+    [
+        ({"engine": "vllm", "decode_scale": 2.0, "prefill_scale": 1.0}, "lacks ['step_overhead_us']"),
+        (
+            {"engine": "vllm", "decode_scale": 0, "prefill_scale": 1.0, "step_overhead_us": 0},
+            "decode_scale must be > 0",
+        ),
+        ({"engine": "vllm", "decode_scale": 1, "prefill_scale": 1, "step_overhead_us": 0, "speed": 2}, "unknown"),
+        ({"engine": 3, "decode_scale": 1, "prefill_scale": 1, "step_overhead_us": 0}, "engine must be a string"),
+        ({"engine": "vllm", "decode_scale": 1, "prefill_scale": 1, "step_overhead_us": -1}, "must be >= 0"),
+    ],
+)
+def test_a_bad_serving_steps_section_is_refused_naming_the_key(steps, words):
+    with pytest.raises(ValueError, match="my.yaml") as caught:
+        validate_profile({**load_profile("cpu"), "serving_steps": steps}, "my.yaml")
+    assert words in str(caught.value)
+
+
+def test_the_factors_move_the_models_decode_and_prompt_figures_apart():
+    spec, ctx, config = _context()
+    cols = columns_from_params([config])
+
+    def figures(**steps):
+        hardware = dict(ctx.hardware)
+        if steps:
+            hardware["serving_steps"] = {"engine": "x", "step_overhead_us": 0.0, **steps}
+        out = simulate_configs(dict(ctx.model), dict(ctx.workload), hardware, dict(ctx.cluster), dict(cols))
+        ttft = float(out["batch1_ttft_ms"][0]) / 1e3
+        return ttft, float(out["batch1_time_for_100_tokens_s"][0]) - ttft, float(out["goodput_rps_per_device"][0])
+
+    plain = figures()
+    slow_decode = figures(decode_scale=3.0, prefill_scale=1.0)
+    slow_prompt = figures(decode_scale=1.0, prefill_scale=3.0)
+    assert slow_decode[1] == pytest.approx(3.0 * plain[1], rel=1e-6)  # decoding only: three times the model's
+    assert slow_prompt[1] == pytest.approx(plain[1], rel=1e-6)  # the prompt's factor leaves decoding alone
+    # a prompt's step has a part without its tokens (the step's fixed costs) and the tokens' part: each
+    # factor scales its own, so the two slow-downs of the batch's TTFT add up to both at once
+    both = figures(decode_scale=3.0, prefill_scale=3.0)
+    assert plain[0] < slow_decode[0] < both[0] and plain[0] < slow_prompt[0] < both[0]
+    assert slow_decode[0] + slow_prompt[0] - plain[0] == pytest.approx(both[0], rel=1e-6)
+    assert slow_decode[2] < plain[2]  # a slower engine sustains less
+
+
+@pytest.mark.timeout(300)
+def test_calibrate_serving_measures_the_engine_and_writes_a_profile_that_predicts_it(write_spec, tmp_path):
+    fake = fake_vllm(tmp_path, ttft_ms=40, token_ms=20)  # whatever the batch
+    spec_path = write_spec(
+        f"""
+name: calibrate-fake
+model: tiny-llama
+workload:
+  kind: serve
+  traffic: {{rates: [2, 4], prompt_len: 32, output_len: 4, duration_s: 1, warmup_requests: 1}}
+  slo: {{ttft_p99_ms: 20000, tpot_p99_ms: 5000}}
+  startup_timeout_s: 30
+  timeout_s: 60
+cluster: {{accelerator: cpu, profile: cpu, nodes: 1, devices_per_node: 1, calibrate: never}}
+target: vllm
+backend: {{kind: vllm, python: {sys.executable}, entry: {fake}}}
+space:
+  max_num_seqs: [2, 4]
+  graph_mode: [eager]
+ray: {{enabled: false}}
+""",
+        "serve.yaml",
+    )
+    out = tmp_path / "host.yaml"
+    result = CliRunner().invoke(app, ["calibrate", "--serving", str(spec_path), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    said = json.loads(result.stdout)
+    assert said["config"]["max_num_seqs"] == 4 and not said["failures"]
+    profile = load_profile(str(out))  # the file loads as a profile a spec can name
+    steps = profile["serving_steps"]
+    assert {p["prompt_len"] for p in steps["points"]} == {16, 32}  # twice the mean is past the context
+    assert {p["batch"] for p in steps["points"]} == {1, 2, 4}
+    # the fake takes 40 ms + 99 x 20 ms for 100 tokens whatever the batch: the calibrated model says so
+    spec = load_spec(spec_path)
+    ctx = probe_context(spec)
+    cols = columns_from_params([said["config"]])
+    workload = {**dict(ctx.workload), "batch_sweep": [1, 4]}
+    calibrated = simulate_configs(dict(ctx.model), workload, profile, dict(ctx.cluster), dict(cols))
+    bundled = simulate_configs(dict(ctx.model), workload, dict(ctx.hardware), dict(ctx.cluster), dict(cols))
+    for b in (1, 4):
+        measured = 0.04 + 99 * 0.02
+        assert calibrated[f"batch{b}_time_for_100_tokens_s"][0] == pytest.approx(measured, rel=0.25)
+        assert bundled[f"batch{b}_time_for_100_tokens_s"][0] < 0.5 * measured  # far off before
+    kept = [json.loads(line) for line in (tmp_path / "host.serving-calibration" / "readings.jsonl").open()]
+    assert [k["prompt_len"] for k in kept] == [16, 32] and all(k["info"]["serving"]["requests_jsonl"] for k in kept)
+    text = out.read_text()
+    assert text.startswith("# Hardware profile written by `autotune calibrate --serving")
+    assert yaml.safe_load(text)["serving_steps"]["engine"]
+
+
+def test_calibrate_serving_refuses_a_spec_it_cannot_measure(write_spec, tmp_path):
+    train = REPO / "search_spaces" / "tiny_llama_cpu.yaml"
+    result = CliRunner().invoke(app, ["calibrate", "--serving", str(train), "--out", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2 and "workload is 'train'" in result.output
+    data = yaml.safe_load(SPEC.read_text())
+    data["backend"] = {"kind": "simulate"}
+    simulated = write_spec(yaml.safe_dump(data), "sim.yaml")
+    result = CliRunner().invoke(app, ["calibrate", "--serving", str(simulated), "--out", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2 and "simulator" in result.output, result.output
+    result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "x.yaml"), "--set", "max_num_seqs=2"])
+    assert result.exit_code == 2 and "--set picks the config of --serving" in result.output
+    assert not (tmp_path / "x.yaml").exists()

@@ -1,0 +1,189 @@
+"""Fit the serving model's engine steps to an engine measured on this host (issue 46).
+
+    autotune calibrate --serving SPEC --out my_host.yaml
+
+The serving model prices an engine step from the profile's roofline (GEMMs, attention, host
+launches); on a real engine it was 2.05x optimistic on one CPU study and 4.2x on another, because
+what a step costs there (vLLM's scheduler and sampler in Python, a CPU's attention kernels) is
+not in the roofline. So the engine itself is measured: one short probe per prompt length (the
+spec's mean, half and twice it, within the engine's context), each sending closed-loop batches
+of 1 to 16 requests at once (the probe's ``batch_sweep``: the batch's TTFT is its prefill, its
+time for 100 tokens its decode steps). The model's step is
+
+    step(B, c) = decode_scale * model(B, 0) + prefill_scale * (model(B, c) - model(B, 0))
+                 + step_overhead + B * (sequence_overhead + context * context_overhead)
+
+(B decoding sequences of ``context`` tokens on average, c prompt tokens), five numbers
+(:data:`TERMS`) fitted by least squares on the relative error of every reading (bounded: both
+factors > 0, the costs >= 0). The costs per sequence and per token of its context are what the
+roofline misses most on a CPU: vLLM's CPU engine decoded sixteen sequences in 40 ms a step at
+prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have. Every figure the model
+gives of a closed-loop batch is affine in them, so the fit reads the model's own figures at four
+settings rather than re-deriving its formulas here. The profile keeps the three numbers and the
+readings (``serving_steps``); the study's guide then refits from its own trials as for training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "BATCHES",
+    "TERMS",
+    "ServingRun",
+    "calibration_batches",
+    "calibration_prompts",
+    "fit_serving_steps",
+    "modelled_figures",
+]
+
+BATCHES = (1, 2, 4, 8, 16)
+# the numbers fitted, as the profile's serving_steps names them: (key, its value where nothing is
+# measured, how far the model is read off it). Every figure of a closed-loop batch is affine in
+# them, so reading the model at the defaults and once off each gives its constant and slopes exactly.
+TERMS = (
+    ("decode_scale", 1.0, 1.0),
+    ("prefill_scale", 1.0, 1.0),
+    ("step_overhead_us", 0.0, 1e3),
+    ("sequence_overhead_us", 0.0, 1e3),
+    ("context_overhead_ns", 0.0, 1e3),
+)
+_MIN_SCALE = 1e-3
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    """One calibration probe: the workload it ran (one prompt length) and what it measured
+    (``batch{b}_ttft_ms`` and ``batch{b}_time_for_100_tokens_s`` per batch size b)."""
+
+    prompt_len: int
+    workload: Mapping[str, Any]
+    measured: Mapping[str, float]
+
+
+def calibration_batches(max_num_seqs: int, batches: Sequence[int] = BATCHES) -> list[int]:
+    """The batch sizes a config admits at once (at most its ``max_num_seqs``): a larger batch would
+    queue behind it and measure the queue, not a step."""
+    kept = [b for b in batches if b <= max_num_seqs]
+    return kept or [1]
+
+
+def calibration_prompts(prompt_mean: float, output_len: int, max_model_len: int | None) -> list[int]:
+    """Half, once and twice the traffic's mean prompt, each within the engine's context less the
+    output (distinct, ascending)."""
+    room = (int(max_model_len) - int(output_len)) if max_model_len else None
+    out: list[int] = []
+    for factor in (0.5, 1.0, 2.0):
+        n = max(int(round(prompt_mean * factor)), 8)
+        if room is not None:
+            n = min(n, room)
+        if n >= 1 and n not in out:
+            out.append(n)
+    return sorted(out)
+
+
+def _with_steps(hardware: Mapping[str, Any], theta: Sequence[float]) -> dict[str, Any]:
+    return {**hardware, "serving_steps": {"engine": "fit", **{key: float(v) for (key, _, _), v in zip(TERMS, theta)}}}
+
+
+def _keys(measured: Mapping[str, float], batches: Sequence[int]) -> list[str]:
+    keys = []
+    for b in batches:
+        for figure in ("ttft_ms", "time_for_100_tokens_s"):
+            key = f"batch{b}_{figure}"
+            if measured.get(key) is not None and np.isfinite(float(measured[key])) and float(measured[key]) > 0:
+                keys.append(key)
+    return keys
+
+
+def modelled_figures(
+    model: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    cluster: Mapping[str, Any],
+    params: Mapping[str, Any],
+    keys: Sequence[str],
+    theta: Sequence[float] | None = None,
+) -> np.ndarray:
+    """The model's closed-loop figures ``keys`` for one config, in seconds, its steps set to
+    ``theta`` (the values of :data:`TERMS`, in the profile's units; default: uncorrected)."""
+    theta = [default for _, default, _ in TERMS] if theta is None else theta
+    from .simulate import columns_from_params, simulate_configs
+
+    out = simulate_configs(
+        dict(model), dict(workload), _with_steps(hardware, theta), dict(cluster), columns_from_params([dict(params)])
+    )
+    return np.array([float(out[k][0]) / (1e3 if k.endswith("_ms") else 1.0) for k in keys])
+
+
+def fit_serving_steps(
+    runs: Sequence[ServingRun],
+    model: Mapping[str, Any],
+    hardware: Mapping[str, Any],
+    cluster: Mapping[str, Any],
+    params: Mapping[str, Any],
+    engine: str,
+) -> dict[str, Any]:
+    """The profile's ``serving_steps``: the four numbers fitted to every reading of ``runs``, the
+    fit's rms relative error, and the readings (measured, the model before, the model after).
+    Raises ``ValueError`` when fewer than three readings came back (the fit would be undetermined)."""
+    base = {k: v for k, v in hardware.items() if k != "serving_steps"}
+    rows: list[tuple[ServingRun, str]] = []
+    slopes, consts, y = [], [], []
+    for run in runs:
+        batches = [int(b) for b in run.workload.get("batch_sweep") or ()]
+        keys = _keys(run.measured, batches)
+        if not keys:
+            continue
+        base_theta = np.array([default for _, default, _ in TERMS])
+        g0 = modelled_figures(model, run.workload, base, cluster, params, keys, base_theta)
+        J = np.stack(
+            [
+                (
+                    modelled_figures(
+                        model, run.workload, base, cluster, params, keys, base_theta + step * np.eye(len(TERMS))[i]
+                    )
+                    - g0
+                )
+                / step
+                for i, (_, _, step) in enumerate(TERMS)
+            ],
+            axis=1,
+        )
+        consts.append(g0 - J @ base_theta)
+        slopes.append(J)
+        y.append(np.array([float(run.measured[k]) / (1e3 if k.endswith("_ms") else 1.0) for k in keys]))
+        rows.extend((run, k) for k in keys)
+    if len(rows) < len(TERMS):
+        raise ValueError(
+            f"{len(rows)} closed-loop reading(s) came back from the engine; the fit needs at least {len(TERMS)} "
+            "(see the probes' logs for why the batches failed)"
+        )
+    from scipy.optimize import lsq_linear
+
+    J, c, target = np.vstack(slopes), np.concatenate(consts), np.concatenate(y)
+    w = 1.0 / target
+    lower = [_MIN_SCALE if key.endswith("_scale") else 0.0 for key, _, _ in TERMS]
+    theta = lsq_linear(J * w[:, None], (target - c) * w, bounds=(lower, [np.inf] * len(TERMS))).x
+    before = c + J @ np.array([default for _, default, _ in TERMS])
+    after = c + J @ theta
+    points = [
+        {
+            "prompt_len": run.prompt_len,
+            "batch": int(key[5:].split("_", 1)[0]),
+            "figure": key.split("_", 1)[1],
+            "measured_s": round(float(m), 6),
+            "model_s": round(float(b), 6),
+            "fitted_s": round(float(a), 6),
+        }
+        for (run, key), m, b, a in zip(rows, target, before, after)
+    ]
+    return {
+        "engine": engine,
+        **{key: round(float(v), 6) for (key, _, _), v in zip(TERMS, theta)},
+        "rms_error": round(float(np.sqrt(np.mean((after / target - 1.0) ** 2))), 6),
+        "points": points,
+    }
