@@ -12,12 +12,18 @@ time for 100 tokens its decode steps). The model's step is
 
     step(B, c) = decode_scale * model(B, 0) + prefill_scale * (model(B, c) - model(B, 0))
                  + step_overhead + B * (sequence_overhead + context * context_overhead)
+    TTFT       = request_latency + the steps until the first token
 
-(B decoding sequences of ``context`` tokens on average, c prompt tokens), five numbers
+
+(B decoding sequences of ``context`` tokens on average, c prompt tokens; the request latency is
+what a request waits outside the engine's steps, which takes no engine time), six numbers
 (:data:`TERMS`) fitted by least squares on the relative error of every reading (bounded: both
 factors > 0, the costs >= 0). The costs per sequence and per token of its context are what the
 roofline misses most on a CPU: vLLM's CPU engine decoded sixteen sequences in 40 ms a step at
-prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have. Every figure the model
+prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have.
+The request latency is what the batch sizes tell apart from the prompt's steps (a TTFT at batch 1
+that batch 16 does not multiply): counted as engine time, it halves the capacity of an engine
+whose API server answers from another core. Every figure the model
 gives of a closed-loop batch is affine in them, so the fit reads the model's own figures at four
 settings rather than re-deriving its formulas here. The profile keeps the three numbers and the
 readings (``serving_steps``); the study's guide then refits from its own trials as for training.
@@ -50,8 +56,10 @@ TERMS = (
     ("step_overhead_us", 0.0, 1e3),
     ("sequence_overhead_us", 0.0, 1e3),
     ("context_overhead_ns", 0.0, 1e3),
+    ("request_latency_us", 0.0, 1e3),
 )
 _MIN_SCALE = 1e-3
+_PULL = 1e-6  # the pull toward the uncorrected model, against the readings' squared relative errors
 
 
 @dataclass(frozen=True)
@@ -167,8 +175,17 @@ def fit_serving_steps(
     J, c, target = np.vstack(slopes), np.concatenate(consts), np.concatenate(y)
     w = 1.0 / target
     lower = [_MIN_SCALE if key.endswith("_scale") else 0.0 for key, _, _ in TERMS]
-    theta = lsq_linear(J * w[:, None], (target - c) * w, bounds=(lower, [np.inf] * len(TERMS))).x
-    before = c + J @ np.array([default for _, default, _ in TERMS])
+    # Where the model's decode step is affine in the batch and its context (a small model's memory-bound
+    # step is), its factor is a blend of the three costs and the readings cannot tell them apart; a
+    # faint pull toward the uncorrected model (in each term's own unit) picks the one answer closest to
+    # it, and leaves every term the readings do determine where they put it.
+    units = np.array([step for _, _, step in TERMS])
+    defaults = np.array([default for _, default, _ in TERMS])
+    pull = np.sqrt(_PULL) / units
+    A = np.vstack([J * w[:, None], np.diag(pull)])
+    b = np.concatenate([(target - c) * w, pull * defaults])
+    theta = lsq_linear(A, b, bounds=(lower, [np.inf] * len(TERMS))).x
+    before = c + J @ defaults
     after = c + J @ theta
     points = [
         {

@@ -55,7 +55,8 @@ def write_serving_profile(hardware: dict[str, Any], path: Path, spec_path: Path,
         f"{_dt.datetime.now().isoformat(timespec='seconds')}.",
         f"# serving_steps: {steps['engine']} measured on this host at {len(steps['points'])} closed-loop readings "
         f"(config {json.dumps(config, sort_keys=True)});",
-        "# the serving model's step is overhead + decode_scale * its decode part + prefill_scale * its prompt part.",
+        "# the serving model's step: decode_scale * its decode part + prefill_scale * its prompt part + step_overhead",
+        "# + decoding sequences * (sequence_overhead + context * context_overhead); a TTFT adds request_latency.",
         "# Every other figure is the profile the study ranks with (unchanged).",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +132,9 @@ def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str
     out.print(table)
     out.print(
         f"wrote {escape_text(str(path))}: decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
-        f"+{steps['step_overhead_us']:.0f} us per step; the fit is within {steps['rms_error']:.0%} (rms) "
-        "of the readings"
+        f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a decoding sequence, "
+        f"+{steps['context_overhead_ns']:.0f} ns a token of its context, +{steps['request_latency_us'] / 1e3:.0f} ms "
+        f"to a TTFT; the fit is within {steps['rms_error']:.0%} (rms) of the readings"
     )
     for failure in result.failures:
         err.print(f"[yellow]not measured[/yellow] {escape_text(failure)}")

@@ -91,8 +91,9 @@ OPTIONAL_KEYS = frozenset(
 )
 # ``serving_steps``: the engine measured, the factors on the model's decode part and prompt part of an
 # engine step, a fixed cost added to every step, one per decoding sequence of it and one per token of
-# such a sequence's context, how far the fit stays from the readings, and the
-# readings themselves (``points``: one per closed-loop batch and prompt length, measured vs modelled).
+# such a sequence's context, a request's latency outside the steps (in its TTFT, no engine time), how
+# far the fit stays from the readings, and the readings themselves (``points``: one per closed-loop
+# batch and prompt length, measured vs modelled).
 SERVING_STEP_KEYS = (
     "engine",
     "decode_scale",
@@ -100,6 +101,7 @@ SERVING_STEP_KEYS = (
     "step_overhead_us",
     "sequence_overhead_us",
     "context_overhead_ns",
+    "request_latency_us",
     "rms_error",
     "points",
 )

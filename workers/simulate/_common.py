@@ -101,16 +101,18 @@ class HW:
     overlap_slowdown: float
     # a serving engine's steps as `autotune calibrate --serving` measured them on this host (the
     # profile's serving_steps): factors on the model's decode and prompt parts of a step, a fixed
-    # cost per step, one per decoding sequence and one per token of its context; (1, 1, 0, 0, 0)
-    # where nothing was measured
+    # cost per step, one per decoding sequence and one per token of its context, and a request's
+    # latency outside the steps; (1, 1, 0, 0, 0, 0) where nothing was measured
     serve_decode: float = 1.0
     serve_prefill: float = 1.0
     serve_step: float = 0.0
     serve_seq: float = 0.0
     serve_ctx: float = 0.0
+    serve_latency: float = 0.0  # a request's wait outside the engine's steps (TTFT only, no capacity)
 
     @property
     def serving_calibrated(self) -> bool:
+        """Whether the engine's steps are corrected (the latency outside them is added where it applies)."""
         return (self.serve_decode, self.serve_prefill, self.serve_step, self.serve_seq, self.serve_ctx) != (
             1.0,
             1.0,
@@ -161,6 +163,7 @@ class HW:
             serve_step=float(steps.get("step_overhead_us", 0.0)) * 1e-6,
             serve_seq=float(steps.get("sequence_overhead_us", 0.0)) * 1e-6,
             serve_ctx=float(steps.get("context_overhead_ns", 0.0)) * 1e-9,
+            serve_latency=float(steps.get("request_latency_us", 0.0)) * 1e-6,
         )
 
     def peak_of(self, precision_code: np.ndarray) -> np.ndarray:

@@ -52,7 +52,6 @@ import numpy as np
 from ..parameters import kv_connector_on, prefill_tp_or_tp, serving_parameter
 from ._common import HW, Shape
 from ._serve import (
-    API_OVERHEAD_S,
     GRID,
     LEVELS,
     RHO_MAX,
@@ -168,13 +167,16 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
             chunk = np.maximum(cbusy + (P_tokens - P_eff), 1e-3)
             return pre.iteration(np.zeros_like(chunk), chunk) * np.maximum(1.0, P_tokens / cmax)
 
-        # the decode pool's running slots
-        pw_slot, scale_slot = slot_wait(np.minimum(lam_d / mu_d, RHO_MAX), B_cap, S_slot, v_slot, burst)
+        # the decode pool's running slots: as busy as its running count says, each held for a request's
+        # decode at this load (at capacity, the capacity's), as the aggregated engine's (_serve.Engine.evaluate)
+        t_mean, pre_mean = decode_step(B, over_d)
+        rho_d = np.minimum(lam_d / mu_d, RHO_MAX)
+        busy = np.where(over_d, rho_d, np.minimum(B / B_cap, rho_d))
+        pw_slot, scale_slot = slot_wait(busy, B_cap, np.where(over_d, S_slot, dec.O_dec * t_mean), v_slot, burst)
         rho_sys = lam / np.maximum(capacity, 1e-12)
         backlog = np.maximum(0.0, 1.0 - 1.0 / np.maximum(rho_sys, 1e-12)) * tr.duration
-        t_mean, pre_mean = decode_step(B, over_d)
         base_pf, base_kv = prefill_time(P_eff), transfer(tr.prompt.mean)
-        fixed = API_OVERHEAD_S + t_mean / 2.0
+        fixed = dec.api + t_mean / 2.0
         out: dict[str, np.ndarray] = {}
         out["ttft_mean"] = fixed + base_pf + base_kv + pw_p * scale_p + pw_slot * scale_slot + 0.5 * backlog
         t_min = dec.iteration(np.zeros_like(B), np.zeros_like(B))
@@ -184,7 +186,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
             svc_q, kv_q = prefill_time(P_q), transfer(tr.prompt.q(q))
             w_p = wait_quantile(pw_p, scale_p, q)
             w_slot = wait_quantile(pw_slot, scale_slot, q) + q * backlog
-            fixed_q = API_OVERHEAD_S + q * t_mean
+            fixed_q = dec.api + q * t_mean
             ttft = (
                 fixed_q
                 + base_pf
@@ -249,7 +251,7 @@ def _closed_loop(pre: Engine, dec: Engine, Rp: np.ndarray, cmax: np.ndarray, tra
         tokens = np.ceil(b / Rp) * pre.P_eff
         c1 = np.minimum(cmax, tokens)
         zero = np.zeros_like(c1)
-        ttft = API_OVERHEAD_S + pre.iteration(zero, c1) * np.maximum(1.0, tokens / cmax) + transfer(pre.P)
+        ttft = dec.api + pre.iteration(zero, c1) * np.maximum(1.0, tokens / cmax) + transfer(pre.P)
         br = np.minimum(np.ceil(b / dec.r), dec.mns)
         ttft = ttft + dec.iteration(br, np.zeros_like(br))
         t100 = dec.iteration(br, np.zeros_like(br), dec.P + 50.0)
