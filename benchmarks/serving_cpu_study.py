@@ -158,6 +158,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
     --serving``), before any trial, against every config the exhaustive run in ``run_dir`` measured:
     the max rate meeting the SLO (a config that met no rate of the ladder is bracketed below its
     lowest rung), and the queueing model's percentiles at each rate the probe ran."""
+    import dataclasses
     import json
 
     from simulator_vs_cpu_probe import spearman
@@ -187,7 +188,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
         request = request_settings(spec, context).request(config, 0)
         rates = sorted({float(r["rate"]) for r in runs})
         workload = {**request.workload, "traffic": {**request.workload["traffic"], "rates": rates}}
-        model = simulate_trial(request.__class__(**{**request.__dict__, "workload": workload}))
+        model = simulate_trial(dataclasses.replace(request, workload=workload))
         predicted = float(model.metrics.get("max_rate_rps_model") or 0.0)
         measured = float(result["metrics"].get("max_rate_rps") or 0.0)
         if measured > 0:

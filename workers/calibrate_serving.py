@@ -14,7 +14,6 @@ time for 100 tokens its decode steps). The model's step is
                  + step_overhead + B * (sequence_overhead + context * context_overhead)
     TTFT       = request_latency + the steps until the first token
 
-
 (B decoding sequences of ``context`` tokens on average, c prompt tokens; the request latency is
 what a request waits outside the engine's steps, which takes no engine time), six numbers
 (:data:`TERMS`) fitted by least squares on the relative error of every reading (bounded: both
@@ -23,10 +22,11 @@ roofline misses most on a CPU: vLLM's CPU engine decoded sixteen sequences in 40
 prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have.
 The request latency is what the batch sizes tell apart from the prompt's steps (a TTFT at batch 1
 that batch 16 does not multiply): counted as engine time, it halves the capacity of an engine
-whose API server answers from another core. Every figure the model
-gives of a closed-loop batch is affine in them, so the fit reads the model's own figures at four
-settings rather than re-deriving its formulas here. The profile keeps the three numbers and the
-readings (``serving_steps``); the study's guide then refits from its own trials as for training.
+whose API server answers from another core. Every figure the model gives of a closed-loop batch is
+affine in the six, so the fit reads the model's own figures at seven settings (the uncorrected
+model, and once off each term) rather than re-deriving its formulas here. The profile keeps the six
+numbers and the readings (``serving_steps``); the study's guide then refits from its own trials as
+for training.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ TERMS = (
     ("context_overhead_ns", 0.0, 1e3),
     ("request_latency_us", 0.0, 1e3),
 )
+_DEFAULTS = np.array([default for _, default, _ in TERMS])  # the uncorrected model
+_UNITS = np.array([step for _, _, step in TERMS])
 _MIN_SCALE = 1e-3
 _PULL = 1e-6  # the pull toward the uncorrected model, against the readings' squared relative errors
 
@@ -118,7 +120,7 @@ def modelled_figures(
 ) -> np.ndarray:
     """The model's closed-loop figures ``keys`` for one config, in seconds, its steps set to
     ``theta`` (the values of :data:`TERMS`, in the profile's units; default: uncorrected)."""
-    theta = [default for _, default, _ in TERMS] if theta is None else theta
+    theta = _DEFAULTS if theta is None else theta
     from .simulate import columns_from_params, simulate_configs
 
     out = simulate_configs(
@@ -135,9 +137,9 @@ def fit_serving_steps(
     params: Mapping[str, Any],
     engine: str,
 ) -> dict[str, Any]:
-    """The profile's ``serving_steps``: the four numbers fitted to every reading of ``runs``, the
-    fit's rms relative error, and the readings (measured, the model before, the model after).
-    Raises ``ValueError`` when fewer than three readings came back (the fit would be undetermined)."""
+    """The profile's ``serving_steps``: the numbers of :data:`TERMS` fitted to every reading of
+    ``runs``, the fit's rms relative error, and the readings (measured, the model before, the model
+    after). Raises ``ValueError`` when fewer readings than terms came back."""
     base = {k: v for k, v in hardware.items() if k != "serving_steps"}
     rows: list[tuple[ServingRun, str]] = []
     slopes, consts, y = [], [], []
@@ -146,22 +148,15 @@ def fit_serving_steps(
         keys = _keys(run.measured, batches)
         if not keys:
             continue
-        base_theta = np.array([default for _, default, _ in TERMS])
-        g0 = modelled_figures(model, run.workload, base, cluster, params, keys, base_theta)
+        g0 = modelled_figures(model, run.workload, base, cluster, params, keys, _DEFAULTS)
         J = np.stack(
             [
-                (
-                    modelled_figures(
-                        model, run.workload, base, cluster, params, keys, base_theta + step * np.eye(len(TERMS))[i]
-                    )
-                    - g0
-                )
-                / step
-                for i, (_, _, step) in enumerate(TERMS)
+                (modelled_figures(model, run.workload, base, cluster, params, keys, _DEFAULTS + off) - g0) / step
+                for off, step in zip(np.diag(_UNITS), _UNITS)
             ],
             axis=1,
         )
-        consts.append(g0 - J @ base_theta)
+        consts.append(g0 - J @ _DEFAULTS)
         slopes.append(J)
         y.append(np.array([float(run.measured[k]) / (1e3 if k.endswith("_ms") else 1.0) for k in keys]))
         rows.extend((run, k) for k in keys)
@@ -179,13 +174,11 @@ def fit_serving_steps(
     # step is), its factor is a blend of the three costs and the readings cannot tell them apart; a
     # faint pull toward the uncorrected model (in each term's own unit) picks the one answer closest to
     # it, and leaves every term the readings do determine where they put it.
-    units = np.array([step for _, _, step in TERMS])
-    defaults = np.array([default for _, default, _ in TERMS])
-    pull = np.sqrt(_PULL) / units
+    pull = np.sqrt(_PULL) / _UNITS
     A = np.vstack([J * w[:, None], np.diag(pull)])
-    b = np.concatenate([(target - c) * w, pull * defaults])
+    b = np.concatenate([(target - c) * w, pull * _DEFAULTS])
     theta = lsq_linear(A, b, bounds=(lower, [np.inf] * len(TERMS))).x
-    before = c + J @ defaults
+    before = c + J @ _DEFAULTS
     after = c + J @ theta
     points = [
         {

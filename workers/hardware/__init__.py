@@ -256,8 +256,8 @@ def _links(value: Any, where: str) -> dict[int, dict[str, float]]:
 
 
 def _serving_steps(value: Any, where: str) -> dict[str, Any]:
-    """``serving_steps`` checked: the engine's name, both factors > 0, the step overhead and the fit's
-    error >= 0, the readings a list of mappings (kept as written: what the factors rest on)."""
+    """``serving_steps`` checked: the engine's name, both factors > 0, the costs, the latency and the
+    fit's error >= 0, the readings a list of mappings (kept as written: what the factors rest on)."""
     if not isinstance(value, dict):
         raise ValueError(f"{where}: serving_steps must be a mapping ({', '.join(SERVING_STEP_KEYS)}), got {value!r}")
     unknown = sorted(set(value) - set(SERVING_STEP_KEYS))
