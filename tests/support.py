@@ -322,6 +322,19 @@ def vllm_parse(cases: list[list[str]], engine_config: bool = False) -> list[dict
     return payload["results"]
 
 
+# a chat workload for a 70B model: p99 TTFT 2 s / TPOT 60 ms (the multi-node and MindIE PD tests)
+CHAT_70B = {
+    "kind": "serve",
+    "traffic": {
+        "rates": [0.5, 1, 2, 4],
+        "prompt_len": {"low": 512, "high": 2048},
+        "output_len": {"low": 128, "high": 512},
+        "duration_s": 60,
+    },
+    "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 60},
+    "max_model_len": 2560,
+}
+
 SERVING_CONFIG = {  # a serving config's settings beside its layout (tests build the layout they test)
     "max_num_seqs": 128,
     "max_num_batched_tokens": 4096,

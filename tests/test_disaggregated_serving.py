@@ -77,6 +77,15 @@ def test_the_kv_transfer_is_priced_by_its_path():
     assert across["ttft_p50_ms"][0] > out["ttft_p50_ms"][0]
 
 
+def test_mindies_d2d_transfer_is_priced_on_the_npus_links_and_runs_only_there():
+    base = {"tp": [4, 4], "replicas": [1, 1], "prefill_replicas": [1, 1], "prefill_tp": [8, 8]}
+    out = _simulate({**base, "kv_connector": ["d2d", "mooncake"]})
+    assert out["valid"].all() and out["fits"].all()
+    assert out["ttft_p50_ms"][0] == pytest.approx(out["ttft_p50_ms"][1])  # RDMA over the devices' links, as Mooncake
+    cuda = _simulate({**base, "kv_connector": ["d2d", "nixl"]}, cluster={**TWO_NODES_NPU, "accelerator": "cuda"})
+    assert cuda["valid"].tolist() == [False, True]
+
+
 def test_an_aggregated_config_is_priced_as_before_a_prefill_pool_existed():
     plain = _simulate({"tp": [4, 8], "replicas": [2, 1]})
     named = _simulate({"tp": [4, 8], "replicas": [2, 1], "prefill_replicas": [0, 0], "prefill_tp": [4, 8]})
@@ -179,11 +188,24 @@ def test_a_negative_prefill_pool_is_a_spec_error_naming_the_field():
     assert "prefill_replicas" in str(err.value) and ">= 0" in str(err.value)
 
 
-def test_mindie_refuses_a_disaggregated_config_and_says_which_export_launches_it():
-    space = Space(_spec({"prefill_replicas": [0, 1], "tp": [8]}, target="mindie"))
+def test_mindie_ranks_pd_separation_beside_aggregated_and_refuses_a_vllm_connector():
+    # MindIE's PD separation (tests/test_mindie_pd_export.py: the export MindIE-Motor deploys)
+    layouts = {"prefill_replicas": [0, 1], "tp": [8], "kv_connector": ["auto", "nixl"]}
+    # MindIE's prefix cache and SplitFuse do not take a Llama 2 (the mindie rules)
+    space = Space(
+        _spec({**layouts, "enable_prefix_caching": [False], "enable_chunked_prefill": [False]}, target="mindie")
+    )
     enumeration = space.enumerate()
-    assert all(c["prefill_replicas"] == 0 for c in enumeration.configs)
-    assert any("PD separation" in reason for reason in enumeration.invalid_reasons)
+    assert {c["prefill_replicas"] for c in enumeration.configs} == {0, 1}
+    # auto is MindIE's own transfer; vLLM-Ascend's Mooncake rule (prefill_tp >= tp) is not MindIE's
+    assert {c["kv_connector"] for c in enumeration.configs if c["prefill_replicas"]} == {"d2d"}
+    assert any("moves the KV cache itself" in reason for reason in enumeration.invalid_reasons)
+
+
+def test_vllm_refuses_mindies_d2d_transfer():
+    enumeration = Space(_spec({"prefill_replicas": [1], "tp": [4], "kv_connector": ["d2d"]}, target="vllm")).enumerate()
+    assert not enumeration.configs
+    assert any("d2d is MindIE's own" in reason for reason in enumeration.invalid_reasons)
 
 
 def test_the_layout_line_names_both_pools_and_the_connector():

@@ -26,7 +26,8 @@ from autotune.export._base import script_arrays
 from autotune.export._deepspeed import DeepSpeedExporter
 from autotune.export._megatron import MegatronExporter
 from autotune.export._mindformers import MindFormersExporter
-from autotune.export._mindie import MindIEExporter, mindie_settings
+from autotune.export._mindie import mindie_settings
+from autotune.export._mindie_export import MindIEExporter
 from autotune.export._torchtitan import TorchtitanExporter
 from autotune.export._vllm import replica_devices, vllm_engine_args
 from autotune.spec.space import DISAGGREGATION_PARAMS, INFER_DEFAULTS, SERVE_DEFAULTS, TRAIN_DEFAULTS

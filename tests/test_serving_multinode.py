@@ -34,21 +34,19 @@ from autotune.stacks.vllm import hf_config
 from autotune.workers.parameters import INSTANCE_NODES_RULE
 from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
-from support import VLLM_PYTHON, fake_vllm, local_npu_cluster, server_words, serving_config, vllm_parse, vllm_stand_ins
+from support import (
+    CHAT_70B as CHAT,
+    VLLM_PYTHON,
+    fake_vllm,
+    local_npu_cluster,
+    server_words,
+    serving_config,
+    vllm_parse,
+    vllm_stand_ins,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA2_70B = {"name": "llama2-70b", "arch": "llama", **PRESETS["llama2-70b"]}
-CHAT = {
-    "kind": "serve",
-    "traffic": {
-        "rates": [0.5, 1, 2, 4],
-        "prompt_len": {"low": 512, "high": 2048},
-        "output_len": {"low": 128, "high": 512},
-        "duration_s": 60,
-    },
-    "slo": {"ttft_p99_ms": 2000, "tpot_p99_ms": 60},
-    "max_model_len": 2560,
-}
 
 
 def _spec(space: dict, cluster: dict):

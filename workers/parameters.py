@@ -188,10 +188,12 @@ SERVING: dict[str, Parameter] = {
             # MooncakeConnector, LMCacheConnectorV1, ExampleConnector: the shared-storage example, formerly
             # SharedStorageConnector); vLLM-Ascend registers MooncakeConnectorV1 (its LLMDataDist connector was
             # removed in a77045f3): the export spells each, the stacks' rules say where each runs. No flag of
-            # its own: each server's --kv-transfer-config JSON names it with the server's role
+            # its own: each server's --kv-transfer-config JSON names it with the server's role. d2d is MindIE's
+            # own device-to-device transfer (MindIE-Motor's ms_controller transfer_type D2DTransfer), what auto
+            # stands for under target mindie (autotune/export/_mindie_pd.py)
             None,
             type=str,
-            allowed=("auto", "nixl", "mooncake", "lmcache", "shared_storage"),
+            allowed=("auto", "nixl", "mooncake", "lmcache", "shared_storage", "d2d"),
         ),
     )
 }
@@ -202,6 +204,8 @@ SERVING: dict[str, Parameter] = {
 # pd_disaggregation_mooncake_single_node tutorial), and on a CPU the shared-storage example connector,
 # the one vLLM's CPU build can run without RDMA libraries (torch and safetensors only)
 KV_CONNECTOR_AUTO = {"cuda": "nixl", "npu": "mooncake", "cpu": "shared_storage"}
+# a stack that moves the KV cache itself: auto stands for its transfer, whatever the accelerator
+KV_CONNECTOR_OF_STACK = {"mindie": "d2d"}
 
 
 # where each KV connector runs: vLLM 0.32 registers NIXL, Mooncake and LMCache for CUDA devices (their
@@ -213,15 +217,19 @@ KV_CONNECTOR_ACCELERATORS = {
     "mooncake": ("cuda", "npu"),
     "lmcache": ("cuda",),
     "shared_storage": ("cuda", "cpu"),
+    "d2d": ("npu",),
 }
 # vLLM-Ascend's Mooncake connector (vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py):
 # the prefill instances' tp must be at least the decode instances', and decode runs without pp
 MOONCAKE_ASCEND_RULE = "vLLM-Ascend's Mooncake connector needs prefill_tp >= tp and pp = 1"
 
 
-def kv_connector_on(connector: str, accelerator: str) -> str:
-    """The KV connector ``connector`` names on ``accelerator`` (``auto`` resolved)."""
-    return KV_CONNECTOR_AUTO.get(accelerator, "nixl") if connector == "auto" else connector
+def kv_connector_on(connector: str, accelerator: str, target: str | None = None) -> str:
+    """The KV connector ``connector`` names on ``accelerator`` for the ``target`` stack (``auto``
+    resolved: the stack's own transfer where it has one, :data:`KV_CONNECTOR_OF_STACK`)."""
+    if connector != "auto":
+        return connector
+    return KV_CONNECTOR_OF_STACK.get(target or "") or KV_CONNECTOR_AUTO.get(accelerator, "nixl")
 
 
 def kv_connector_rules(connector: str, accelerator: str) -> tuple[str | None, str | None]:

@@ -406,6 +406,15 @@ class Exporter(abc.ABC):
     def render(self, ctx: ExportContext) -> str:
         """The file's text for this context (call ``unsupported`` first: ``write_exports`` does)."""
 
+    def file_name(self, ctx: ExportContext) -> str:
+        """The file's name for this context (``filename``; a format whose file differs by layout says so)."""
+        return self.filename
+
+    def file_mode(self, ctx: ExportContext) -> int | None:
+        """The file's permissions where the tool reading it checks them (None: the default; 0o755
+        for an ``executable`` one)."""
+        return 0o755 if self.executable else None
+
     def unsupported(self, ctx: ExportContext) -> list[str]:
         """Reasons this format cannot launch ``ctx.config`` exactly. A format for one family of
         stacks (Megatron/MindSpeed, DeepSpeed, torchtitan, MindFormers; vLLM; MindIE) applies that

@@ -1,7 +1,7 @@
 """MindIE Service: the ``config.json`` settings of a tuned serving config.
 
 One source of truth: :func:`mindie_settings` renders a serving config into MindIE's own
-``config.json`` keys, for the exported fragment (``mindie_config.json``: only the keys the trial
+``config.json`` keys, for the exported fragment (``mindie_config.json``, :mod:`._mindie_export`: only the keys the trial
 sets, merged into a team's config.json by :func:`merge_config`) and for the ``mindie`` stack
 preset's ``engine.json`` (:mod:`autotune.stacks.mindie`: MindIE's default config.json,
 :data:`MINDIE_DEFAULT_CONFIG`, with the same settings and the probe's ports). Names, paths and
@@ -38,17 +38,17 @@ from typing import Any
 
 from ..workers.parameters import serving_default, value as param
 
-from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths, one_line
 
 __all__ = [
     "MINDIE_DEFAULT_CONFIG",
     "MINDIE_KEYS",
     "MINDIE_SET_BY_AUTOTUNE",
-    "MindIEExporter",
+    "MINDIE_WRITTEN",
     "merge_config",
     "mindie_settings",
     "mindie_env",
     "setting_path",
+    "setting_where",
 ]
 
 # MindIE-LLM 3.0.0.beta.1's src/server/conf/config.json (the daemon's default; tests/fixtures/mindie/config.json)
@@ -240,7 +240,7 @@ MINDIE_WRITTEN = {
 }
 
 
-def _where(name: str) -> str:
+def setting_where(name: str) -> str:
     """``ScheduleConfig.maxIterTimes``: where config.json holds MindIE's own key ``name``."""
     path = [str(p) if not isinstance(p, int) else f"[{p}]" for p in setting_path(name)]
     return ".".join(path[-3:]).replace(".[", "[")
@@ -350,49 +350,3 @@ def merge_config(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, An
         return copy.deepcopy(part)
 
     return merge(out, fragment)
-
-
-class MindIEExporter(Exporter):
-    name = "mindie"
-    filename = "mindie_config.json"
-    launches = "serve"
-    engine_values = "json"  # engine.NAME -> a key of config.json: finite numbers only (strict JSON)
-
-    def render(self, ctx: ExportContext) -> str:
-        config = ctx.config
-        prompt, output = longest_lengths(ctx.workload)
-        fragment = mindie_settings(
-            config,
-            max_model_len=int(ctx.workload.get("max_model_len") or 0),
-            max_prompt_len=prompt,
-            max_output_len=output,
-            model_name=str(ctx.model.get("name") or ""),
-            weight_path=ctx.model.get("path"),
-        )
-        tp = param(config, "tp")
-        replicas = param(config, "replicas")
-        written = dict(MINDIE_WRITTEN)
-        written.update(
-            {n: _where(n[len("engine.") :]) for n in config if n.startswith("engine.") and n[7:] in MINDIE_KEYS}
-        )
-        header = header_fields(ctx, written)
-        header["merge"] = (
-            "merge into your MindIE config.json (MindIE-LLM 3.0.0.beta.1 keys): mappings key by key, "
-            "ModelConfig[0] key by key, a null value removes the key (plugin_params: null = no plugin)"
-        )
-        header["launch"] = (
-            f"{replicas} mindieservice_daemon(s), one per replica, each with its own port, managementPort and "
-            f"metricsPort, the env below, ASCEND_RT_VISIBLE_DEVICES as listed and npuDeviceIds [[0..{tp - 1}]]"
-        )
-        header["env"] = mindie_env(config)
-        header["replicas"] = [
-            {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
-            for k in range(replicas)
-        ]
-        if param(config, "quantization") != "none" or config.get("kv_cache_dtype") == "int8":
-            header["weights"] = one_line(
-                f"modelWeightPath must hold msModelSlim-quantized weights ({config.get('quantization')}"
-                + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
-                + ")"
-            )
-        return json_text({"_autotune": header, **fragment}, indent=1, default=str) + "\n"

@@ -88,9 +88,10 @@ def write_exports(
     paths = {}
     for name in formats:
         exporter = EXPORTERS[name]
-        path = out_dir / exporter.filename
+        path = out_dir / exporter.file_name(context)
         path.write_text(exporter.render(context))
-        if exporter.executable:
-            path.chmod(0o755)
+        mode = exporter.file_mode(context)
+        if mode is not None:
+            path.chmod(mode)
         paths[name] = path
     return paths

@@ -581,7 +581,7 @@ class Space:
         disagg = prefill > 0
         prefill_tp = np.where(disagg, prefill_tp_or_tp(col("prefill_tp").astype(int), tp), 0)
         accel = str(self.facts["accelerator"])
-        connector = np.array([kv_connector_on(str(k), accel) for k in col("kv_connector")], dtype=object)
+        connector = np.array([kv_connector_on(str(k), accel, self.target) for k in col("kv_connector")], dtype=object)
         connector = np.where(disagg, connector, serving_default("kv_connector")).astype(object)
         devices = (replicas * tp + prefill * prefill_tp) * pp
         # an aggregated instance within a node: its replicas share that node (the probe measures one

@@ -139,8 +139,10 @@ class SpaceSpec(Strict):
     prefill_tp: IntChoice | None = Field(
         None, description="serving: tensor-parallel size of each prefill instance (0: the decode instances' tp)"
     )
-    kv_connector: list[Literal["auto", "nixl", "mooncake", "lmcache", "shared_storage"]] | None = Field(
-        None, description="serving: the KV connector of a disaggregated deployment (auto: the accelerator's own)"
+    kv_connector: list[Literal["auto", "nixl", "mooncake", "lmcache", "shared_storage", "d2d"]] | None = Field(
+        None,
+        description="serving: the KV connector of a disaggregated deployment (auto: the accelerator's own; "
+        "d2d: MindIE's own transfer, what auto is for target mindie)",
     )
     max_num_seqs: IntChoice | None = Field(None, description="serving: sequences the engine batches at once")
     max_num_batched_tokens: IntChoice | None = Field(None, description="serving: tokens one engine step processes")

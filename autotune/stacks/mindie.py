@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from autotune.workers.parameters import serving_default, value
+from autotune.workers.parameters import prefill_tp_or_tp, serving_default, value
+from autotune.export._mindie_export import MindIEExporter
+from autotune.export._mindie_pd import INSTANCES_MAX, POD_NPUS_MAX
 from autotune.export._mindie import (
     MINDIE_DEFAULT_CONFIG,
     MINDIE_KEYS,
     MINDIE_SET_BY_AUTOTUNE,
-    MindIEExporter,
     merge_config,
     mindie_env,
     mindie_settings,
@@ -115,16 +116,49 @@ def mindie_rules(n: int) -> list[Rule]:
             return np.zeros(n, dtype=bool)
         return np.array([_number(v) > float(m) for v, m in zip(value, np.broadcast_to(limit, (n,)))], dtype=bool)
 
+    def disaggregated(c) -> np.ndarray:
+        return col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0
+
     def max_iter_over(c) -> np.ndarray:
         context = fact(c, "max_model_len", n).astype(int)
         return over(c, "maxIterTimes", context) & (context > 0)
 
     return [
         (
-            "MindIE's PD separation (ServerConfig inferMode dmi) is deployed through its cluster manager "
-            "(ms_coordinator, deploy_mode pd_separate), which autotune does not export: a disaggregated config "
-            "(prefill_replicas >= 1) is exported for vLLM-Ascend (serve_vllm.sh)",
-            lambda c: col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0,
+            "MindIE's PD separation moves the KV cache itself (MindIE-Motor's D2DTransfer): kv_connector d2d "
+            "(auto), not one of vLLM's connectors",
+            lambda c: (
+                disaggregated(c)
+                & ~np.isin(col(c, "kv_connector", serving_default("kv_connector"), n).astype(str), ["auto", "d2d"])
+            ),
+        ),
+        (
+            f"MindIE-Motor's deploy script takes 1-{INSTANCES_MAX} prefill and 1-{INSTANCES_MAX} decode instances "
+            "(p_instances_num, d_instances_num: utils/validate_config.py)",
+            lambda c: (
+                disaggregated(c)
+                & (
+                    (col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > INSTANCES_MAX)
+                    | (param(c, "replicas", n).astype(int) > INSTANCES_MAX)
+                )
+            ),
+        ),
+        (
+            f"a MindIE PD instance is exported as one pod of at most {POD_NPUS_MAX} NPUs (p_pod_npu_num, "
+            "d_pod_npu_num: utils/validate_config.py); an instance across nodes (multiNodesInferEnabled) is not",
+            lambda c: (
+                disaggregated(c)
+                & (
+                    (
+                        prefill_tp_or_tp(
+                            col(c, "prefill_tp", serving_default("prefill_tp"), n).astype(int),
+                            param(c, "tp", n).astype(int),
+                        )
+                        > POD_NPUS_MAX
+                    )
+                    | (param(c, "tp", n).astype(int) > POD_NPUS_MAX)
+                )
+            ),
         ),
         (
             "MindIE Service runs on Ascend NPUs only",
@@ -241,6 +275,12 @@ def mindie_launch(run: PresetRun) -> PresetLaunch:
     """``engine.json`` for the serving probe: one ``mindieservice_daemon`` per replica."""
     config, model, workload = run.config, run.model, run.workload
     weight_path = model.get("path")
+    if value(config, "prefill_replicas") > 0:
+        raise ValueError(
+            "the mindie probe starts mindieservice_daemon replicas; MindIE's PD separation runs under MindIE-Motor's "
+            "controller and coordinator, which it does not start: tune a disaggregated layout on the simulator or "
+            "through the command backend (the export writes MindIE-Motor's user_config.json)"
+        )
     if not weight_path:
         raise ValueError(
             "MindIE loads real weights: the model must name its checkpoint (model.path, the folder of its config.json)"

@@ -149,6 +149,14 @@ def vllm_rules(n: int) -> list[Rule]:
 
     return [
         (
+            "kv_connector d2d is MindIE's own KV transfer (target mindie); vLLM's connectors are nixl, mooncake, "
+            "lmcache and shared_storage",
+            lambda c: (
+                (col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0)
+                & (col(c, "kv_connector", serving_default("kv_connector"), n).astype(str) == "d2d")
+            ),
+        ),
+        (
             f"vLLM needs {BATCHED_COVERS_SEQS}",
             lambda c: batched_below_seqs(
                 batched(c), col(c, "max_num_seqs", serving_default("max_num_seqs"), n).astype(int)

@@ -74,6 +74,7 @@ from ._serve import (
 TRANSPORTS: dict[str, tuple[str, float, float]] = {
     "nixl": ("link", 0.8, 1e-3),
     "mooncake": ("link", 0.8, 1e-3),
+    "d2d": ("link", 0.8, 1e-3),  # MindIE's D2DTransfer: the NPUs' RoCE links (LLMDataDist), as Mooncake's
     "lmcache": ("link", 0.5, 2e-3),  # through the host's memory: half the device link, order of magnitude
     "shared_storage": ("storage", 1.0, 5e-3),
 }
