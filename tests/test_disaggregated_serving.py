@@ -190,15 +190,18 @@ def test_a_negative_prefill_pool_is_a_spec_error_naming_the_field():
 
 def test_mindie_ranks_pd_separation_beside_aggregated_and_refuses_a_vllm_connector():
     # MindIE's PD separation (tests/test_mindie_pd_export.py: the export MindIE-Motor deploys)
-    layouts = {"prefill_replicas": [0, 1], "tp": [8], "kv_connector": ["auto", "nixl"]}
+    layouts = {"prefill_replicas": [0, 1], "tp": [4, 8], "prefill_tp": [4, 8], "kv_connector": ["auto", "nixl"]}
     # MindIE's prefix cache and SplitFuse do not take a Llama 2 (the mindie rules)
     space = Space(
         _spec({**layouts, "enable_prefix_caching": [False], "enable_chunked_prefill": [False]}, target="mindie")
     )
     enumeration = space.enumerate()
     assert {c["prefill_replicas"] for c in enumeration.configs} == {0, 1}
-    # auto is MindIE's own transfer; vLLM-Ascend's Mooncake rule (prefill_tp >= tp) is not MindIE's
-    assert {c["kv_connector"] for c in enumeration.configs if c["prefill_replicas"]} == {"d2d"}
+    # auto is MindIE's own transfer; MindIE-Motor assigns one-pod instances' roles itself: equal pools
+    pd = [c for c in enumeration.configs if c["prefill_replicas"]]
+    assert {c["kv_connector"] for c in pd} == {"d2d"}
+    assert sorted((c["tp"], c["prefill_tp"]) for c in pd) == [(4, 4), (8, 8)]
+    assert any("prefill_tp must equal tp" in reason for reason in enumeration.invalid_reasons)
     assert any("moves the KV cache itself" in reason for reason in enumeration.invalid_reasons)
 
 

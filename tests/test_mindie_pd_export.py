@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from autotune.export import ExportContext
-from autotune.export._mindie_pd import MOTOR_USER_CONFIG, PD_FILENAME, hardware_type
+from autotune.export._mindie_pd import MOTOR_USER_CONFIG, PD_FILENAME, WEIGHTS_PLACEHOLDER, hardware_type, pd_rates
 from autotune.finish.exports import EXPORTERS, write_exports
 from autotune.spec.models import PRESETS
 from autotune.stacks import STACKS
@@ -29,12 +29,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MOTOR = FIXTURES / "mindie_motor"
 MODEL = {"name": "llama2-70b", "arch": "llama", "path": "/mnt/weights/llama2-70b", **PRESETS["llama2-70b"]}
 # MindIE's prefix cache and SplitFuse do not take a Llama 2 (the mindie rules): both off
+# MindIE-Motor assigns the roles of one-pod instances itself: both pools on the same NPUs (the mindie rules)
 PD = {
     "tp": 4,
     "pp": 1,
     "replicas": 2,
     "prefill_replicas": 1,
-    "prefill_tp": 8,
+    "prefill_tp": 4,
     "kv_connector": "auto",
     "block_size": 128,
     "max_num_seqs": 96,
@@ -116,7 +117,7 @@ def test_the_export_is_motors_user_config_named_and_guarded_as_its_script_reads_
     assert path.stat().st_mode & 0o777 == 0o640  # deploy_ac_job.py's safe_open refuses a more permissive file
     written = json.loads(path.read_text())
     assert "deploy_ac_job.py" in written["_autotune"]["launch"]
-    assert written["_autotune"]["env"]["mindie_server_decode_env"]["NPU_MEMORY_FRACTION"]
+    assert written["_autotune"]["env"]["mindie_common_env"]["NPU_MEMORY_FRACTION"]
 
 
 def test_the_base_is_motors_own_sample():
@@ -158,22 +159,23 @@ def _check_instance_config(config: dict[str, Any]) -> list[str]:
         errors.append("cacheBlockSize")
     if schedule["maxPrefillTokens"] < deploy["maxInputTokenLen"]:
         errors.append("maxPrefillTokens >= maxInputTokenLen")
-    if not 0 < schedule["maxIterTimes"] <= deploy["maxSeqLen"]:
-        errors.append("maxIterTimes <= maxSeqLen")
+    if schedule["maxIterTimes"] == 0:
+        errors.append("maxIterTimes != 0")
     if any(model.get(k, 1) < 1 for k in ("dp", "sp", "cp")) or model["worldSize"] < 1:
         errors.append("dp, sp, cp, worldSize >= 1")
-    if (backend["multiNodesInferEnabled"] or schedule.get("distributedEnable")) and "RANK_TABLE_FILE" not in os.environ:
-        errors.append("a multi-node instance needs RANK_TABLE_FILE")
     return errors
 
 
 def test_each_pools_config_json_has_its_role_settings_and_passes_mindies_checks(deployed):
     conf = deployed["conf"]
     config = deployed["ctx"].config
-    for name, tp in (("config_p.json", 8), ("config_d.json", 4)):
+    for name, tp in (("config_p.json", 4), ("config_d.json", 4)):
         instance = conf[name]
         assert _check_instance_config(instance) == [], name
         assert instance["ServerConfig"]["inferMode"] == "dmi"
+        # one node per instance: no RANK_TABLE_FILE needed by MindIE-LLM (config_manager_impl.cpp)
+        assert instance["BackendConfig"]["multiNodesInferEnabled"] is False
+        assert instance["BackendConfig"]["ScheduleConfig"]["distributedEnable"] is False
         model = instance["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
         assert (model["worldSize"], model["tp"]) == (tp, tp)
         assert model["modelWeightPath"] == MODEL["path"]
@@ -184,17 +186,20 @@ def test_each_pools_config_json_has_its_role_settings_and_passes_mindies_checks(
     # the script gives prefill decode's maxIterTimes: they agree from the start
     p, d = (conf[n]["BackendConfig"]["ScheduleConfig"]["maxIterTimes"] for n in ("config_p.json", "config_d.json"))
     assert p == d == 512
+    # the two pools' files are the same: MindIE-Motor may give either role to any instance
+    assert conf["config_p.json"] == conf["config_d.json"]
 
 
-def test_the_controller_gets_each_pools_size_and_the_slo_and_passes_its_checks(deployed):
+def test_the_controller_gets_the_pools_ratio_sizes_and_slo_and_passes_its_checks(deployed):
     controller = deployed["conf"]["ms_controller.json"]
     assert controller["deploy_mode"] == "pd_separate"
     assert controller["role_decision_methods"] == "digs" and controller["transfer_type"] == "D2DTransfer"
-    p_rate, d_rate = controller["default_p_rate"], controller["default_d_rate"]
-    assert (p_rate == 0) == (d_rate == 0) and p_rate + d_rate <= 768
+    # the roles by the config's ratio (1 prefill : 2 decode), not DIGS's, and never switched later
+    assert (controller["default_p_rate"], controller["default_d_rate"]) == (1, 2)
+    assert controller["digs_periodic_role_decision"]["auto_pd_role_switching_enable"] is False
     multi = controller["multi_node_infer_config"]
     assert multi["multi_node_infer_enable"] is True
-    for role, tp in (("p_node_config", 8), ("d_node_config", 4)):
+    for role, tp in (("p_node_config", 4), ("d_node_config", 4)):
         node = multi[role]
         assert node["tp_size"] == tp and node["node_machine_num"] == 1
         assert 1 <= node["tp_size"] <= 16 and 1 <= node["dp_size"] <= 512
@@ -207,7 +212,7 @@ def test_the_rank_table_holds_one_group_per_instance_with_its_role_and_devices(d
     groups = deployed["ranktable"]["server_group_list"]
     servers = [g for g in groups if int(g["group_id"]) >= 2]
     roles = sorted((g["deploy_server"], len(g["server_list"][0]["device"])) for g in servers)
-    assert roles == [("1", 4), ("1", 4), ("2", 8)]  # RankTableLoader: "2" prefill, "1" decode
+    assert roles == [("1", 4), ("1", 4), ("2", 4)]  # RankTableLoader: "2" prefill, "1" decode
     assert {g["group_id"] for g in groups if int(g["group_id"]) < 2} == {"0", "1"}  # coordinator, controller
 
 
@@ -230,8 +235,10 @@ def test_a_config_the_script_refuses_is_refused_by_the_rules_first(tmp_path):
     "changes, words",
     [
         ({"kv_connector": "nixl"}, "moves the KV cache itself"),
-        ({"prefill_tp": 32}, "at most 16 NPUs"),
+        ({"tp": 32, "prefill_tp": 32}, "at most 16 NPUs"),
         ({"prefill_replicas": 21}, "1-20 prefill"),
+        ({"prefill_tp": 8}, "prefill_tp must equal tp"),
+        ({"prefill_replicas": 16, "replicas": 1}, "at most 15 each and 16 together"),
     ],
 )
 def test_a_pd_layout_mindie_cannot_launch_is_refused_with_the_reason(changes, words):
@@ -262,8 +269,8 @@ def test_the_hardware_type_follows_the_profile():
 
 
 def test_the_shipped_mindie_spec_ranks_pd_beside_aggregated_with_what_limits_each():
-    """search_spaces/llama2_70b_chat_2x8npu_mindie_pd.yaml: MindIE's own transfer, so a prefill pool
-    narrower than the decode instances (vLLM-Ascend's Mooncake refuses it) is in the space and leads."""
+    """search_spaces/llama2_70b_chat_2x8npu_mindie_pd.yaml: MindIE's own transfer, both pools on the
+    same NPUs (MindIE-Motor assigns one-pod instances' roles itself)."""
     from typer.testing import CliRunner
 
     from autotune.cli.commands import app
@@ -275,5 +282,51 @@ def test_the_shipped_mindie_spec_ranks_pd_beside_aggregated_with_what_limits_eac
     kinds = [r["params"].get("prefill_replicas", 0) > 0 for r in top]
     assert any(kinds) and not all(kinds)
     assert {r["params"]["kv_connector"] for r in top if r["params"].get("prefill_replicas")} == {"d2d"}
-    assert any(r["params"].get("prefill_tp", 0) < r["params"]["tp"] for r in top if r["params"].get("prefill_replicas"))
+    assert all(r["params"]["prefill_tp"] == r["params"]["tp"] for r in top if r["params"].get("prefill_replicas"))
     assert all(r["limited_by"] for r in top)
+
+
+def test_a_model_without_a_path_gets_a_placeholder_not_mindies_sample_checkpoint(tmp_path):
+    ctx = _context()
+    ctx.model.pop("path")
+    data = json.loads(write_exports(ctx, tmp_path, ["mindie"])["mindie"].read_text())
+    paths = {
+        data[f"mindie_server_{pool}_config"]["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"]
+        for pool in ("prefill", "decode")
+    }
+    assert paths == {WEIGHTS_PLACEHOLDER} and data["deploy_config"]["weight_mount_path"] == WEIGHTS_PLACEHOLDER
+    assert WEIGHTS_PLACEHOLDER in data["_autotune"]["fill"]
+
+
+def test_the_header_puts_the_memory_share_where_every_pod_reads_it_and_says_what_weights_to_mount(tmp_path):
+    data = json.loads(write_exports(_context(quantization="w8a8"), tmp_path, ["mindie"])["mindie"].read_text())
+    header = data["_autotune"]
+    # boot.sh applies mindie_server_{prefill,decode}_env only to distributed-DP instances
+    assert list(header["env"]) == ["mindie_common_env"]
+    assert header["env"]["mindie_common_env"]["NPU_MEMORY_FRACTION"]
+    assert "msModelSlim" in header["weights"]
+
+
+def test_pd_rates_are_the_pools_over_their_common_divisor():
+    assert pd_rates(2, 4) == (1, 2)
+    assert pd_rates(3, 2) == (3, 2)
+
+
+def test_a_spec_probing_mindie_with_a_prefill_pool_is_refused_naming_the_field():
+    from autotune.spec.errors import SpecError
+    from autotune.spec.load import parse_spec
+
+    data = {
+        "name": "pd",
+        "model": "llama2-70b",
+        "workload": {k: v for k, v in CHAT.items() if k != "max_model_len"},
+        "cluster": {"accelerator": "npu", "nodes": 2, "devices_per_node": 8},
+        "space": {"prefill_replicas": [0, 1], "tp": [8]},
+        "objectives": [{"metric": "goodput_rps_per_device", "direction": "maximize"}],
+        "backend": "mindie",
+    }
+    with pytest.raises(SpecError) as err:
+        parse_spec(data, file="pd.yaml")
+    problems = [p for p in err.value.problems if p.loc == ("space", "prefill_replicas")]
+    assert problems and "MindIE-Motor" in problems[0].message
+    parse_spec({**data, "space": {"prefill_replicas": [0], "tp": [8]}})  # aggregated only: fine

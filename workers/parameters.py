@@ -182,7 +182,7 @@ SERVING: dict[str, Parameter] = {
             "kv_connector",
             "auto",
             "the KV connector a disaggregated deployment sends the KV cache with (auto: the accelerator's, "
-            "KV_CONNECTOR_AUTO)",
+            "KV_CONNECTOR_AUTO, or the target stack's own transfer, KV_CONNECTOR_OF_STACK: d2d for MindIE)",
             # vLLM's KVTransferConfig.kv_connector (vllm/config/kv_transfer.py), a name its KVConnectorFactory
             # registers (vllm/distributed/kv_transfer/kv_connector/factory.py, vLLM 0.32: NixlConnector,
             # MooncakeConnector, LMCacheConnectorV1, ExampleConnector: the shared-storage example, formerly

@@ -71,6 +71,7 @@ def format_help() -> str:
     from ..finish.exports import EXPORTERS
 
     formats = ", ".join(f"{name} ({exporter.filename})" for name, exporter in EXPORTERS.items())
+    formats += "; mindie writes mindie_pd_user_config.json for a disaggregated config"
     return (
         f"comma-separated: {formats}; or all (every one that can launch the config). Default: yaml, env and the "
         "launch file of the spec's target stack"

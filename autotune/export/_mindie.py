@@ -37,6 +37,7 @@ import re
 from typing import Any
 
 from ..workers.parameters import serving_default, value as param
+from ._base import one_line
 
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "mindie_env",
     "setting_path",
     "setting_where",
+    "weights_note",
 ]
 
 # MindIE-LLM 3.0.0.beta.1's src/server/conf/config.json (the daemon's default; tests/fixtures/mindie/config.json)
@@ -323,6 +325,18 @@ def mindie_env(config: dict[str, Any]) -> dict[str, str]:
     config without a share gets the study's default (the parameter table's, what the simulator
     priced), not MindIE's own 0.8."""
     return {"NPU_MEMORY_FRACTION": f"{float(param(config, 'memory_utilization')):g}", "MIES_SERVICE_MONITOR_MODE": "1"}
+
+
+def weights_note(config: dict[str, Any]) -> str | None:
+    """What modelWeightPath must hold for a quantized config or a C8 KV cache (None: plain weights):
+    MindIE reads both from msModelSlim's weights, not from config.json."""
+    if param(config, "quantization") == "none" and config.get("kv_cache_dtype") != "int8":
+        return None
+    return one_line(
+        f"modelWeightPath must hold msModelSlim-quantized weights ({config.get('quantization')}"
+        + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
+        + ")"
+    )
 
 
 def merge_config(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:

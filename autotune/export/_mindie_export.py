@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..workers.parameters import value as param
-from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths, one_line
-from ._mindie import MINDIE_KEYS, MINDIE_WRITTEN, setting_where, mindie_env, mindie_settings
+from ._base import ExportContext, Exporter, header_fields, json_text, longest_lengths
+from ._mindie import MINDIE_KEYS, MINDIE_WRITTEN, mindie_env, mindie_settings, setting_where, weights_note
 from ._mindie_pd import PD_FILE_MODE, PD_FILENAME, render_pd
 
 __all__ = ["MindIEExporter"]
@@ -69,10 +69,7 @@ class MindIEExporter(Exporter):
             {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
             for k in range(replicas)
         ]
-        if param(config, "quantization") != "none" or config.get("kv_cache_dtype") == "int8":
-            header["weights"] = one_line(
-                f"modelWeightPath must hold msModelSlim-quantized weights ({config.get('quantization')}"
-                + (", C8 int8 KV cache" if config.get("kv_cache_dtype") == "int8" else "")
-                + ")"
-            )
+        note = weights_note(config)
+        if note:
+            header["weights"] = note
         return json_text({"_autotune": header, **fragment}, indent=1, default=str) + "\n"

@@ -24,28 +24,41 @@ instance and starts them. What is set from the config:
 - ``memory_utilization`` -> ``NPU_MEMORY_FRACTION`` in both pools' env (``mindie_env.json``, the
   header's ``env``).
 
-Roles are fixed per instance (``multi_node_infer_enable``, as the sample has it: the rank table's
-``deploy_server``), so each pool keeps its own config.json; with roles left to the controller every
-instance would run one config.json on the same number of NPUs.
+Which instance prefills is MindIE-Motor's decision: the deploy script lists one rank-table group per
+instance (``multi_node_infer_enable``, as its sample has it), and the controller keeps a group's
+``deploy_server`` role only when prefill and decode instances span different numbers of pods
+(``RoleManagerInitializer.cpp``: ``is_skip_decision_for_cross_node_mode``); with one pod each it assigns
+the roles itself, by ``default_p_rate:default_d_rate`` where both are set
+(``InstanceRoleManager::AssignRoleByDefiniteRatio``). So both pools take the same NPUs and the same
+config.json (the ``mindie`` rules: ``prefill_tp = tp``), any instance can take either role, the ratio is
+the config's (reduced: MindIE's docs allow at most 15 each and 16 together), and periodic role switching
+is off. How the controller splits instances that sit in groups of their own by that ratio was read
+from its source, not run (its C++ needs Ascend's runtime).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
+
+import numpy as np
 
 from ..workers.parameters import prefill_tensor_parallel, value as param
 from ._base import ExportContext, header_fields, json_text, longest_lengths
-from ._mindie import MINDIE_DEFAULT_CONFIG, mindie_env, mindie_settings
+from ._mindie import MINDIE_DEFAULT_CONFIG, mindie_env, mindie_settings, weights_note
 
 __all__ = [
     "INSTANCES_MAX",
+    "RATE_MAX",
+    "RATE_SUM_MAX",
     "MOTOR_DEPLOY_SCRIPT",
     "MOTOR_USER_CONFIG",
     "PD_FILE_MODE",
     "PD_FILENAME",
     "POD_NPUS_MAX",
     "hardware_type",
+    "pd_rates",
     "pd_user_config",
     "render_pd",
 ]
@@ -60,6 +73,10 @@ PD_FILE_MODE = 0o640
 # the most NPUs a pod of an instance takes (validate_config.py: p_pod_npu_num, d_pod_npu_num in [1, 16])
 POD_NPUS_MAX = 16
 INSTANCES_MAX = 20  # p_instances_num, d_instances_num in [1, 20] (validate_config.py)
+# default_p_rate / default_d_rate as MindIE-Motor's docs allow them (docs/zh/user_guide/
+# cluster_management_component/controller.md: each in [0, 15], together at most 16; the code allows more)
+RATE_MAX, RATE_SUM_MAX = 15, 16
+WEIGHTS_PLACEHOLDER = "${model_weight_path}"  # the model names no checkpoint: the team fills it
 
 # MindIE-Motor 3402b154's mindie_motor/src/example/deploy_scripts/user_config.json without its server
 # configs (tests/fixtures/mindie_motor/user_config.json holds the whole file; a test compares the two):
@@ -184,10 +201,18 @@ PD_WRITTEN = {
 
 
 def hardware_type(cluster: dict[str, Any]) -> str:
-    """MindIE-Motor's ``hardware_type`` (``800I_A2`` | ``800I_A3``) of the study's cluster: A3 for an
-    Atlas A3 / 910C profile, else A2 (the 910B of Atlas 800I A2, the bundled Ascend profile)."""
-    profile = str(cluster.get("profile") or "").lower()
-    return "800I_A3" if "910c" in profile or "a3" in profile else "800I_A2"
+    """MindIE-Motor's ``hardware_type`` (``800I_A2`` | ``800I_A3``) of the study's cluster: A3 for a
+    910C profile (Atlas A3), else A2 (the 910B of Atlas 800I A2, the bundled Ascend profile)."""
+    words = re.split(r"[^a-z0-9]+", str(cluster.get("profile") or "").lower())
+    return "800I_A3" if "910c" in words or "a3" in words else "800I_A2"
+
+
+def pd_rates(prefill: Any, decode: Any) -> tuple[Any, Any]:
+    """``default_p_rate``, ``default_d_rate``: the pools' instance counts over their common divisor
+    (scalars or numpy arrays)."""
+    common = np.gcd(prefill, decode)
+    common = np.where(common > 0, common, 1)
+    return prefill // common, decode // common
 
 
 def _pool(config: dict[str, Any], tp: int, common: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +227,8 @@ def _pool(config: dict[str, Any], tp: int, common: dict[str, Any]) -> dict[str, 
         else:
             model[key] = value
     model.pop("models", None)  # a model family's own options (the default's are layerwise disaggregation's)
+    if not common.get("weight_path"):  # never MindIE's sample checkpoint
+        model["modelWeightPath"] = WEIGHTS_PLACEHOLDER
     model.update(tp=tp, dp=1, sp=1, cp=1, pp=1)
     backend["ModelDeployConfig"]["ModelConfig"] = [model]
     backend["multiNodesInferEnabled"] = False  # an instance on one node
@@ -236,10 +263,12 @@ def pd_user_config(ctx: ExportContext) -> dict[str, Any]:
         job_id="autotune",
         hardware_type=hardware_type(ctx.cluster),
     )
-    if ctx.model.get("path"):
-        deploy["weight_mount_path"] = str(ctx.model["path"])
+    deploy["weight_mount_path"] = str(ctx.model.get("path") or WEIGHTS_PLACEHOLDER)
     slo = ctx.workload.get("slo") or {}
     controller = out["mindie_ms_controller_config"]
+    p_rate, d_rate = pd_rates(param(config, "prefill_replicas"), param(config, "replicas"))
+    controller["default_p_rate"], controller["default_d_rate"] = int(p_rate), int(d_rate)
+    controller["digs_periodic_role_decision"] = {"auto_pd_role_switching_enable": False}
     for key, name in (("digs_prefill_slo", "ttft_p99_ms"), ("digs_decode_slo", "tpot_p99_ms")):
         if slo.get(name):  # ms_controller.json: an integer in [1, 65535]
             controller[key] = min(max(int(round(float(slo[name]))), 1), 65535)
@@ -262,14 +291,25 @@ def render_pd(ctx: ExportContext, written: dict[str, str]) -> str:
     )
     header["fill"] = (
         "deploy_config: image_name (your MindIE image), deploy_mount_path, tls_config (or turn TLS off), and "
-        "weight_mount_path where the model names no path; ModelConfig[0] is written whole (the script replaces "
-        "the list): add your model's own keys (models, ...) to both pools'"
+        f"weight_mount_path and both pools' modelWeightPath where the model names no path ({WEIGHTS_PLACEHOLDER}); "
+        "ModelConfig[0] is written whole (the script replaces the list): add your model's own keys (models, ...) "
+        "to both pools'"
     )
     header["instances"] = (
         f"{param(config, 'prefill_replicas')} prefill instance(s) of {prefill_tensor_parallel(config)} NPU(s) and "
         f"{param(config, 'replicas')} decode instance(s) of {param(config, 'tp')} NPU(s), one pod each"
     )
-    env = mindie_env(config)
-    header["env"] = {"mindie_server_prefill_env": env, "mindie_server_decode_env": env}
-    header["env_file"] = "merge into deploy_config.mindie_env_path (mindie_env.json)"
+    p_rate, d_rate = pd_rates(param(config, "prefill_replicas"), param(config, "replicas"))
+    header["roles"] = (
+        f"MindIE-Motor assigns them: default_p_rate:default_d_rate {p_rate}:{d_rate}, no periodic switching; "
+        "both pools run the same config.json on the same NPUs, so any instance can take either role"
+    )
+    header["env"] = {"mindie_common_env": mindie_env(config)}
+    header["env_file"] = (
+        "merge into mindie_env.json's mindie_common_env (deploy_config.mindie_env_path): MindIE-Motor's boot.sh "
+        "applies the per-role server env only to distributed-DP instances"
+    )
+    note = weights_note(config)
+    if note:
+        header["weights"] = note
     return json_text({"_autotune": header, **pd_user_config(ctx)}, indent=1, default=str) + "\n"

@@ -262,7 +262,12 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
             if spec.workload.kind == "serve" and target_of(spec) != "none"
             else "backend torch or command"
         )
-        pd = result.best and target_of(spec) == "mindie" and int(result.best[0].config.get("prefill_replicas") or 0) > 0
+        exported = result.chosen  # the config the exports launch
+        pd = (
+            exported is not None
+            and target_of(spec) == "mindie"
+            and int(exported.config.get("prefill_replicas") or 0) > 0
+        )
         if pd:  # the mindie probe starts daemons, not MindIE-Motor's controller and coordinator
             how = "MindIE-Motor deploying the export, measured by your load generator or backend command"
         steps.append(f"  these are predictions: run on the target cluster ({how}) to measure them")

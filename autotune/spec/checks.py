@@ -266,6 +266,17 @@ def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
                 f"backend {spec.backend.kind} runs a {'/'.join(stack.workloads)} workload, not {kind}",
             )
         )
+    prefill = spec.space.prefill_replicas
+    values = (prefill.values() if hasattr(prefill, "values") else prefill) if prefill is not None else []
+    if spec.backend.kind == "mindie" and any(int(v) > 0 for v in values):
+        problems.append(
+            SpecProblem(
+                ("space", "prefill_replicas"),
+                "the mindie probe starts mindieservice_daemon replicas, not MindIE-Motor's controller and "
+                "coordinator that run MindIE's PD separation: list only 0 here, or rank PD layouts with backend "
+                "simulate (target: mindie) or measure them through backend command",
+            )
+        )
     if spec.backend.kind == "vllm" and spec.backend.args:
         from ..stacks.vllm import user_arg_conflicts
 

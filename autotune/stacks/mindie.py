@@ -25,7 +25,7 @@ import numpy as np
 
 from autotune.workers.parameters import prefill_tp_or_tp, serving_default, value
 from autotune.export._mindie_export import MindIEExporter
-from autotune.export._mindie_pd import INSTANCES_MAX, POD_NPUS_MAX
+from autotune.export._mindie_pd import INSTANCES_MAX, POD_NPUS_MAX, RATE_MAX, RATE_SUM_MAX, pd_rates
 from autotune.export._mindie import (
     MINDIE_DEFAULT_CONFIG,
     MINDIE_KEYS,
@@ -116,6 +116,15 @@ def mindie_rules(n: int) -> list[Rule]:
             return np.zeros(n, dtype=bool)
         return np.array([_number(v) > float(m) for v, m in zip(value, np.broadcast_to(limit, (n,)))], dtype=bool)
 
+    def prefill_tp(c) -> np.ndarray:
+        prefill = col(c, "prefill_tp", serving_default("prefill_tp"), n).astype(int)
+        return prefill_tp_or_tp(prefill, param(c, "tp", n).astype(int))
+
+    def rates_over(c) -> np.ndarray:
+        prefill = col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int)
+        p_rate, d_rate = pd_rates(prefill, param(c, "replicas", n).astype(int))
+        return (p_rate > RATE_MAX) | (d_rate > RATE_MAX) | (p_rate + d_rate > RATE_SUM_MAX)
+
     def disaggregated(c) -> np.ndarray:
         return col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0
 
@@ -146,19 +155,18 @@ def mindie_rules(n: int) -> list[Rule]:
         (
             f"a MindIE PD instance is exported as one pod of at most {POD_NPUS_MAX} NPUs (p_pod_npu_num, "
             "d_pod_npu_num: utils/validate_config.py); an instance across nodes (multiNodesInferEnabled) is not",
-            lambda c: (
-                disaggregated(c)
-                & (
-                    (
-                        prefill_tp_or_tp(
-                            col(c, "prefill_tp", serving_default("prefill_tp"), n).astype(int),
-                            param(c, "tp", n).astype(int),
-                        )
-                        > POD_NPUS_MAX
-                    )
-                    | (param(c, "tp", n).astype(int) > POD_NPUS_MAX)
-                )
-            ),
+            lambda c: disaggregated(c) & (param(c, "tp", n).astype(int) > POD_NPUS_MAX),
+        ),
+        (
+            "MindIE-Motor assigns the prefill and decode roles itself when every instance is one pod "
+            "(RoleManagerInitializer.cpp keeps the rank table's roles only for pools of different pod counts), "
+            "so both pools take the same NPUs: prefill_tp must equal tp",
+            lambda c: disaggregated(c) & (prefill_tp(c) != param(c, "tp", n).astype(int)),
+        ),
+        (
+            f"MindIE-Motor's prefill:decode ratio (default_p_rate:default_d_rate, the pools' instances over their "
+            f"common divisor) is at most {RATE_MAX} each and {RATE_SUM_MAX} together (controller.md)",
+            lambda c: disaggregated(c) & rates_over(c),
         ),
         (
             "MindIE Service runs on Ascend NPUs only",
