@@ -395,7 +395,22 @@ def step_calibrate(args: argparse.Namespace, device: str, clock: Clock, work: Pa
         peak = peaks.get(row["params"].get("precision")) if peaks else None
         tps = row.get("tokens_per_s_per_device")
         if per_token and isinstance(peak, (int, float)) and peak > 0 and isinstance(tps, (int, float)):
-            row["mfu_calibrated"] = round(tps * per_token / (peak * 1e12), 4)
+            row["mfu_calibrated"], note = mfu_reading(tps, per_token, peak)
+            if note:
+                row["mfu_note"] = note
+
+
+def mfu_reading(tokens_per_s: float, flops_per_token: float, peak_tflops: float) -> tuple[float, str]:
+    """The sweep's MFU against the calibrated GEMM plateau, and why it cannot be read as one where it
+    exceeds 1: the steps ran faster than the plateau measured, so the load changed between the two
+    (another process on the cores during the calibration), and the plateau is no ceiling here."""
+    mfu = round(tokens_per_s * flops_per_token / (peak_tflops * 1e12), 4)
+    if mfu <= 1:
+        return mfu, ""
+    return mfu, (
+        f"above 1 ({mfu:.2f}): the steps ran faster than the calibration's GEMM plateau, so the device's load "
+        "changed between them; run the check on an idle device"
+    )
 
 
 def step_memory(args: argparse.Namespace, device: str, clock: Clock, work: Path, out: dict) -> None:
@@ -654,7 +669,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['name']} | {r['status']} | {r.get('step_time_s', '')} | {r.get('tokens_per_s_per_device', '')} "
                 f"| {r.get('peak_memory_gib', '')} | {r.get('peak_reserved_gib') or ''} "
-                f"| {'' if mfu is None else f'{mfu:.1%}'} |"
+                f"| {'' if mfu is None else f'{mfu:.1%}'}{' (' + r['mfu_note'] + ')' if r.get('mfu_note') else ''} |"
             )
     cal = steps.get("calibrate") or {}
     if cal.get("figures"):

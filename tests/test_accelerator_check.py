@@ -185,3 +185,12 @@ def test_the_h200_run_is_read_again_by_the_simulator(tmp_path):
     assert calibrated["median_abs_error_tokens_per_s"] < sheet["median_abs_error_tokens_per_s"]
     assert calibrated["median_abs_error_peak"] < 0.02  # the probe's allocated peak, by the probe's memory rule
     assert "## The simulator against the sweep" in (out / "accelerator_check.md").read_text()
+
+
+def test_an_mfu_above_one_is_kept_and_said_to_be_no_reading():
+    """A sweep faster than the calibrated plateau (the load changed between them: a CI run beside
+    another test read 5.0) is reported with why, not as a utilisation."""
+    check = _module()
+    assert check.mfu_reading(1000.0, 6e9, 12.0) == (0.5, "")
+    mfu, note = check.mfu_reading(10_000.0, 6e9, 12.0)
+    assert mfu == 5.0 and "load" in note and "idle" in note

@@ -205,8 +205,10 @@ def test_mindie_ranks_pd_separation_beside_aggregated_and_refuses_a_vllm_connect
     assert any("moves the KV cache itself" in reason for reason in enumeration.invalid_reasons)
 
 
-def test_vllm_refuses_mindies_d2d_transfer():
-    enumeration = Space(_spec({"prefill_replicas": [1], "tp": [4], "kv_connector": ["d2d"]}, target="vllm")).enumerate()
+@pytest.mark.parametrize("target", ["vllm", "none"])
+def test_mindies_d2d_transfer_needs_target_mindie(target):
+    space = {"prefill_replicas": [1], "tp": [4], "kv_connector": ["d2d"]}
+    enumeration = Space(_spec(space, target=target)).enumerate()
     assert not enumeration.configs
     assert any("d2d is MindIE's own" in reason for reason in enumeration.invalid_reasons)
 

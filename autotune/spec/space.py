@@ -600,6 +600,9 @@ class Space:
         )
         heads = self.constants["heads"]
         reasons["num_attention_heads not divisible by prefill_tp"] = disagg & (heads % np.maximum(prefill_tp, 1) != 0)
+        reasons["kv_connector d2d is MindIE's own KV transfer: it needs target: mindie"] = (
+            disagg & (connector == "d2d") & (self.target != "mindie")
+        )
         for name in sorted(set(connector[disagg].tolist())):
             refusal, rule = kv_connector_rules(name, accel)
             if refusal:
