@@ -21,8 +21,8 @@ instance and starts them. What is set from the config:
   at most 16 NPUs), its ``worldSize``, ``tp`` and ``npuDeviceIds``;
 - the engine settings of :func:`autotune.export._mindie.mindie_settings` in both pools' config.json;
 - the SLO -> ``digs_prefill_slo`` (TTFT p99, ms) and ``digs_decode_slo`` (TPOT p99, ms);
-- ``memory_utilization`` -> ``NPU_MEMORY_FRACTION`` in both pools' env (``mindie_env.json``, the
-  header's ``env``).
+- ``memory_utilization`` -> ``NPU_MEMORY_FRACTION`` in ``mindie_env.json``'s ``mindie_common_env``
+  (the header's ``env``: MindIE-Motor's boot.sh applies the per-role env to distributed-DP instances only).
 
 Which instance prefills is MindIE-Motor's decision: the deploy script lists one rank-table group per
 instance (``multi_node_infer_enable``, as its sample has it), and the controller keeps a group's
@@ -194,7 +194,7 @@ PD_WRITTEN = {
     "max_num_seqs": "ScheduleConfig.maxBatchSize, maxPrefillBatchSize (both pools)",
     "max_num_batched_tokens": "ScheduleConfig.maxPrefillTokens (both pools)",
     "block_size": "ScheduleConfig.cacheBlockSize (both pools)",
-    "memory_utilization": "_autotune.env: NPU_MEMORY_FRACTION of both pools (mindie_env.json)",
+    "memory_utilization": "_autotune.env: NPU_MEMORY_FRACTION in mindie_env.json's mindie_common_env",
     "enable_prefix_caching": "ModelConfig[0].plugin_params (both pools)",
     "enable_chunked_prefill": "ModelConfig[0].plugin_params, ScheduleConfig.templateType (both pools)",
 }
@@ -281,6 +281,8 @@ def render_pd(ctx: ExportContext, written: dict[str, str]) -> str:
     """The file: ``_autotune`` (the header: what to fill, how to launch, each pool's env) and the
     deploy script's keys."""
     config = ctx.config
+    deployment = pd_user_config(ctx)
+    controller = deployment["mindie_ms_controller_config"]
     header = header_fields(ctx, {**written, **PD_WRITTEN})
     header["launch"] = (
         f"{MOTOR_DEPLOY_SCRIPT}: save this file as its user_config.json (mode 640 or stricter: the script "
@@ -299,9 +301,9 @@ def render_pd(ctx: ExportContext, written: dict[str, str]) -> str:
         f"{param(config, 'prefill_replicas')} prefill instance(s) of {prefill_tensor_parallel(config)} NPU(s) and "
         f"{param(config, 'replicas')} decode instance(s) of {param(config, 'tp')} NPU(s), one pod each"
     )
-    p_rate, d_rate = pd_rates(param(config, "prefill_replicas"), param(config, "replicas"))
     header["roles"] = (
-        f"MindIE-Motor assigns them: default_p_rate:default_d_rate {p_rate}:{d_rate}, no periodic switching; "
+        f"MindIE-Motor assigns them: default_p_rate:default_d_rate "
+        f"{controller['default_p_rate']}:{controller['default_d_rate']}, no periodic switching; "
         "both pools run the same config.json on the same NPUs, so any instance can take either role"
     )
     header["env"] = {"mindie_common_env": mindie_env(config)}
@@ -312,4 +314,4 @@ def render_pd(ctx: ExportContext, written: dict[str, str]) -> str:
     note = weights_note(config)
     if note:
         header["weights"] = note
-    return json_text({"_autotune": header, **pd_user_config(ctx)}, indent=1, default=str) + "\n"
+    return json_text({"_autotune": header, **deployment}, indent=1, default=str) + "\n"

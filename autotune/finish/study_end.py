@@ -19,6 +19,7 @@ from ..study.listeners import StudyEnded, TrialListener
 from ..study.records import TrialRecord
 from ..spec.schema import Spec
 from ..stacks import target_of
+from ..workers.parameters import value
 from ..study.result import StudyResult
 from ..spec.resolve import objectives_of
 
@@ -263,11 +264,7 @@ def advise(spec: Spec, directory: Path, backend: Any, outcome: Any, finished: Fi
             else "backend torch or command"
         )
         exported = result.chosen  # the config the exports launch
-        pd = (
-            exported is not None
-            and target_of(spec) == "mindie"
-            and int(exported.config.get("prefill_replicas") or 0) > 0
-        )
+        pd = exported is not None and target_of(spec) == "mindie" and value(exported.config, "prefill_replicas") > 0
         if pd:  # the mindie probe starts daemons, not MindIE-Motor's controller and coordinator
             how = "MindIE-Motor deploying the export, measured by your load generator or backend command"
         steps.append(f"  these are predictions: run on the target cluster ({how}) to measure them")

@@ -266,9 +266,8 @@ def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
                 f"backend {spec.backend.kind} runs a {'/'.join(stack.workloads)} workload, not {kind}",
             )
         )
-    prefill = spec.space.prefill_replicas
-    values = (prefill.values() if hasattr(prefill, "values") else prefill) if prefill is not None else []
-    if spec.backend.kind == "mindie" and any(int(v) > 0 for v in values):
+    prefill = spec.space.choices().get("prefill_replicas", [])
+    if spec.backend.kind == "mindie" and any(int(v) > 0 for v in prefill):
         problems.append(
             SpecProblem(
                 ("space", "prefill_replicas"),

@@ -48,6 +48,7 @@ __all__ = [
     "WORKLOAD_KINDS",
     "col",
     "compiled",
+    "disaggregated",
     "engine_names",
     "fact",
     "fact_columns",
@@ -255,6 +256,12 @@ def param(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
     """Column ``name`` of a canonical parameter, or its default (the parameter table's, study-wide)
     for every config when the space does not have it."""
     return col(cols, name, default(name), n)
+
+
+def disaggregated(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """The configs with a prefill pool of their own (``prefill_replicas`` >= 1): a stack's rules for a
+    disaggregated deployment apply to these only."""
+    return param(cols, "prefill_replicas", n).astype(int) > 0
 
 
 def param_on_device(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:

@@ -42,6 +42,7 @@ from ._base import (
     SERVED_MODEL_NAME,
     Stack,
     col,
+    disaggregated,
     engine_names,
     fact,
     longest_lengths,
@@ -117,16 +118,11 @@ def mindie_rules(n: int) -> list[Rule]:
         return np.array([_number(v) > float(m) for v, m in zip(value, np.broadcast_to(limit, (n,)))], dtype=bool)
 
     def prefill_tp(c) -> np.ndarray:
-        prefill = col(c, "prefill_tp", serving_default("prefill_tp"), n).astype(int)
-        return prefill_tp_or_tp(prefill, param(c, "tp", n).astype(int))
+        return prefill_tp_or_tp(param(c, "prefill_tp", n).astype(int), param(c, "tp", n).astype(int))
 
     def rates_over(c) -> np.ndarray:
-        prefill = col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int)
-        p_rate, d_rate = pd_rates(prefill, param(c, "replicas", n).astype(int))
+        p_rate, d_rate = pd_rates(param(c, "prefill_replicas", n).astype(int), param(c, "replicas", n).astype(int))
         return (p_rate > RATE_MAX) | (d_rate > RATE_MAX) | (p_rate + d_rate > RATE_SUM_MAX)
-
-    def disaggregated(c) -> np.ndarray:
-        return col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0
 
     def max_iter_over(c) -> np.ndarray:
         context = fact(c, "max_model_len", n).astype(int)
@@ -136,18 +132,15 @@ def mindie_rules(n: int) -> list[Rule]:
         (
             "MindIE's PD separation moves the KV cache itself (MindIE-Motor's D2DTransfer): kv_connector d2d "
             "(auto), not one of vLLM's connectors",
-            lambda c: (
-                disaggregated(c)
-                & ~np.isin(col(c, "kv_connector", serving_default("kv_connector"), n).astype(str), ["auto", "d2d"])
-            ),
+            lambda c: disaggregated(c, n) & ~np.isin(param(c, "kv_connector", n).astype(str), ["auto", "d2d"]),
         ),
         (
             f"MindIE-Motor's deploy script takes 1-{INSTANCES_MAX} prefill and 1-{INSTANCES_MAX} decode instances "
             "(p_instances_num, d_instances_num: utils/validate_config.py)",
             lambda c: (
-                disaggregated(c)
+                disaggregated(c, n)
                 & (
-                    (col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > INSTANCES_MAX)
+                    (param(c, "prefill_replicas", n).astype(int) > INSTANCES_MAX)
                     | (param(c, "replicas", n).astype(int) > INSTANCES_MAX)
                 )
             ),
@@ -155,18 +148,18 @@ def mindie_rules(n: int) -> list[Rule]:
         (
             f"a MindIE PD instance is exported as one pod of at most {POD_NPUS_MAX} NPUs (p_pod_npu_num, "
             "d_pod_npu_num: utils/validate_config.py); an instance across nodes (multiNodesInferEnabled) is not",
-            lambda c: disaggregated(c) & (param(c, "tp", n).astype(int) > POD_NPUS_MAX),
+            lambda c: disaggregated(c, n) & (param(c, "tp", n).astype(int) > POD_NPUS_MAX),
         ),
         (
             "MindIE-Motor assigns the prefill and decode roles itself when every instance is one pod "
             "(RoleManagerInitializer.cpp keeps the rank table's roles only for pools of different pod counts), "
             "so both pools take the same NPUs: prefill_tp must equal tp",
-            lambda c: disaggregated(c) & (prefill_tp(c) != param(c, "tp", n).astype(int)),
+            lambda c: disaggregated(c, n) & (prefill_tp(c) != param(c, "tp", n).astype(int)),
         ),
         (
             f"MindIE-Motor's prefill:decode ratio (default_p_rate:default_d_rate, the pools' instances over their "
             f"common divisor) is at most {RATE_MAX} each and {RATE_SUM_MAX} together (controller.md)",
-            lambda c: disaggregated(c) & rates_over(c),
+            lambda c: disaggregated(c, n) & rates_over(c),
         ),
         (
             "MindIE Service runs on Ascend NPUs only",

@@ -53,6 +53,7 @@ from ._base import (
     SERVED_MODEL_NAME,
     Stack,
     col,
+    disaggregated,
     engine_names,
     fact,
     param,
@@ -151,10 +152,7 @@ def vllm_rules(n: int) -> list[Rule]:
         (
             "kv_connector d2d is MindIE's own KV transfer (target mindie); vLLM's connectors are nixl, mooncake, "
             "lmcache and shared_storage",
-            lambda c: (
-                (col(c, "prefill_replicas", serving_default("prefill_replicas"), n).astype(int) > 0)
-                & (col(c, "kv_connector", serving_default("kv_connector"), n).astype(str) == "d2d")
-            ),
+            lambda c: disaggregated(c, n) & (param(c, "kv_connector", n).astype(str) == "d2d"),
         ),
         (
             f"vLLM needs {BATCHED_COVERS_SEQS}",
