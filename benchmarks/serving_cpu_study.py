@@ -173,8 +173,11 @@ def model_check(run_dir: Path, data: dict) -> dict:
     spec = load_spec(spec_path)
     lowest = min(spec.workload.traffic.rates)
     rows, percentiles = [], []
-    print("| config | model: max rate req/s | measured max rate | model / measured |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| config | model: max rate req/s | measured max rate | model / measured | model: capacity req/s "
+        "| engine: most completed req/s (rate offered) | model / engine |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for request_file in sorted((run_dir / "trials").glob("trial_*.json")):
         asked = json.loads(request_file.read_text())
         result_file = run_dir / "trials" / f"{int(asked['number']):04d}" / "result.json"
@@ -195,11 +198,27 @@ def model_check(run_dir: Path, data: dict) -> dict:
             factor = predicted / measured
         else:  # met no rate: the truth lies below the lowest rung
             factor = 1.0 if predicted <= lowest else predicted / lowest
-        rows.append({"config": config, "predicted": predicted, "measured": measured, "factor": factor})
+        # the engine's capacity from below: the most it completed per second at any rate offered (its
+        # ceiling where that rate overloaded it)
+        busiest = max(runs, key=lambda r: float(r.get("request_throughput_rps") or 0.0))
+        ceiling = float(busiest.get("request_throughput_rps") or 0.0)
+        capacity = float(model.metrics.get("capacity_rps") or 0.0)
+        rows.append(
+            {
+                "config": config,
+                "predicted": predicted,
+                "measured": measured,
+                "factor": factor,
+                "capacity_model": capacity,
+                "completed_measured": ceiling,
+                "completed_at_rate": float(busiest["rate"]),
+            }
+        )
         said = f"{measured:.2f}" if measured > 0 else f"< {lowest:g} (met none)"
         print(
             f"| {config.get('max_num_seqs')}, chunked {config.get('enable_chunked_prefill')} | {predicted:.2f} "
-            f"| {said} | {factor:.2f} |"
+            f"| {said} | {factor:.2f} | {capacity:.2f} | {ceiling:.2f} ({float(busiest['rate']):g}) "
+            f"| {capacity / ceiling if ceiling else float('nan'):.2f} |"
         )
         at = {float(r["rate"]): r for r in model.info["serving"]["rates"]}
         for run in runs:

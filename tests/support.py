@@ -169,14 +169,14 @@ GRANDCHILD_THEN = """
 
 
 def grandchild_probe(
-    tmp_path: Path, pid_file: Path, then: str = GRANDCHILD_THEN, grandchild_output: str = ""
+    tmp_path: Path, pid_file: Path, then: str = GRANDCHILD_THEN, grandchild_output: str = "", lives_s: int = 60
 ) -> list[str]:
-    """A probe that starts a grandchild (sleeping a minute) which writes its pid to ``pid_file``,
-    and goes on only once the grandchild is up; ``then`` is the rest of the probe."""
+    """A probe that starts a grandchild (sleeping ``lives_s``, a minute by default) which writes its
+    pid to ``pid_file``, and goes on only once the grandchild is up; ``then`` is the rest of the probe."""
     spawn = f"""
         import json, subprocess, sys, time
         subprocess.Popen([sys.executable, "-c",
-            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)", sys.argv[1]]
+            "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep({lives_s})", sys.argv[1]]
             {grandchild_output})
         while True:
             try:

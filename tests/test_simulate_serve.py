@@ -239,6 +239,47 @@ def test_closed_loop_batches_trade_latency_for_throughput():
     assert m["batch1_output_tokens_per_s"] < m["batch4_output_tokens_per_s"] < m["batch16_output_tokens_per_s"]
 
 
+def test_the_batch_time_for_100_tokens_is_the_first_served_request_as_the_probe_reads_it():
+    """The probe reports the largest TTFT + 99 x TPOT of the batch: the request served first, whose
+    decode stalls while the others' prompts are computed; a short output spreads that stall over
+    fewer tokens, an output of 100 or more leaves the last request's own figure."""
+    short, long = sim([{}], workload=serve(output=32)), sim([{}], workload=serve(output=200))
+
+    def beyond_ttft(out, b):
+        return out[f"batch{b}_time_for_100_tokens_s"][0] - out[f"batch{b}_ttft_ms"][0] / 1e3
+
+    assert beyond_ttft(short, 1) == pytest.approx(beyond_ttft(long, 1), rel=1e-9)  # one request: no stall
+    for b in (4, 16):
+        assert beyond_ttft(short, b) > 1.2 * beyond_ttft(long, b)
+
+
+def test_batch_figures_price_the_first_request_by_hand():
+    from autotune.workers.simulate._serve import batch_figures
+
+    from types import SimpleNamespace
+
+    Eng = SimpleNamespace(O=32.0, O_dec=31.0)  # an output of 32 tokens
+
+    out: dict = {}
+    one = np.ones((1, 1))
+    batch_figures(out, 8, 2.0 * one, 0.02 * one, 0.02 * one, Eng, first_ttft=0.3 * one)
+    # the first request: 0.3 s to its first token, then 1.7 s stalled and 31 steps of 20 ms over 31 tokens
+    assert out["batch8_time_for_100_tokens_s"][0] == pytest.approx(0.3 + 99 * (1.7 + 31 * 0.02) / 31)
+    batch_figures(out, 8, 2.0 * one, 0.02 * one, 0.02 * one, Eng, first_ttft=2.0 * one)
+    assert out["batch8_time_for_100_tokens_s"][0] == pytest.approx(2.0 + 99 * 0.02)  # no stall: the last's
+
+
+@pytest.mark.parametrize("duration", [6.0, 60.0])
+def test_an_overloaded_window_waits_for_its_backlog_not_a_steady_state(duration):
+    """At twice the capacity an arrival half-way through the load window waits for the backlog built
+    so far, (rho - 1) D / 2: the median TTFT follows the window, not the steady-state formula held at
+    rho = 0.99 (a hundred times a request's time: 26-41 s on vLLM's CPU engine in a 6 s window)."""
+    cap = trial({}, workload=serve(rates=(1.0,))).metrics["capacity_rps"]
+    rates = rates_of(trial({}, workload=serve(rates=(2.0 * cap,), duration_s=duration)), "ttft_p50_ms")
+    half_backlog = 0.5 * (2.0 - 1.0) * duration
+    assert 0.9 * half_backlog < rates[0] / 1e3 < 1.3 * half_backlog + 1.0
+
+
 # --- validity -----------------------------------------------------------------------------------------
 
 

@@ -219,6 +219,12 @@ def calibrate(
     settings: list[str] = typer.Option(
         [], "--set", help="with --serving: a parameter of the config measured, name=value (repeatable)"
     ),
+    readings: Optional[Path] = typer.Option(
+        None,
+        "--readings",
+        help="with --serving: refit the readings an earlier calibration kept (its <out>.serving-calibration "
+        "folder or readings.jsonl) against the model and profile as they are now; the engine is not run",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Measure this host's device (linear layers per precision at the shapes models run, memory
@@ -226,15 +232,22 @@ def calibrate(
     `cluster.profile: <file>` in a spec. With --nodes, the collectives are measured across each
     node count of a Ray cluster too (`inter_node_links`: what a study pays across that many nodes).
     With --serving SPEC, the spec's serving engine is measured instead (`serving_steps`: how its
-    steps compare with the serving model's)."""
+    steps compare with the serving model's); with --readings too, what an earlier run measured is
+    refitted and nothing is run."""
     _setup_logging(False)
     if serving is not None:
         from .serving_calibrate_command import calibrate_serving_engine, parse_settings
 
-        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json)
+        if readings is not None and settings:
+            _error("--set picks the config to measure; --readings refits the config those readings measured")
+            raise typer.Exit(EXIT_INPUT)
+        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json, readings)
         return
     if settings:
         _error("--set picks the config of --serving; give the serving spec with --serving")
+        raise typer.Exit(EXIT_INPUT)
+    if readings is not None:
+        _error("--readings refits a serving engine's readings; give the serving spec with --serving")
         raise typer.Exit(EXIT_INPUT)
     if accelerator not in ("cpu", "cuda", "npu"):
         _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")

@@ -44,16 +44,20 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
     return settings
 
 
-def write_serving_profile(hardware: dict[str, Any], path: Path, spec_path: Path, config: dict[str, Any]) -> Path:
+def write_serving_profile(
+    hardware: dict[str, Any], path: Path, spec_path: Path, config: dict[str, Any], readings: Path | None = None
+) -> Path:
     """The profile (checked as a whole first) as YAML, what was measured in its header."""
     from autotune.workers.hardware import validate_profile
 
     profile = validate_profile(hardware, str(path))
     steps = profile["serving_steps"]
+    refit = f" --readings {readings}" if readings is not None else ""
+    measured = f"refitted from the readings in {readings}" if readings is not None else "measured on this host"
     header = [
-        f"# Hardware profile written by `autotune calibrate --serving {spec_path}` on "
+        f"# Hardware profile written by `autotune calibrate --serving {spec_path}{refit}` on "
         f"{_dt.datetime.now().isoformat(timespec='seconds')}.",
-        f"# serving_steps: {steps['engine']} measured on this host at {len(steps['points'])} closed-loop readings "
+        f"# serving_steps: {steps['engine']} {measured} at {len(steps['points'])} closed-loop readings "
         f"(config {json.dumps(config, sort_keys=True)});",
         "# the serving model's step: decode_scale * its decode part + prefill_scale * its prompt part + step_overhead",
         "# + decoding sequences * (sequence_overhead + context * context_overhead); a TTFT adds request_latency.",
@@ -64,13 +68,16 @@ def write_serving_profile(hardware: dict[str, Any], path: Path, spec_path: Path,
     return path
 
 
-def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str, Any], as_json: bool) -> None:
+def calibrate_serving_engine(
+    spec_path: Path, out_path: Path, settings: dict[str, Any], as_json: bool, readings: Path | None = None
+) -> None:
     from ..dispatch.backends import select_backend
     from ..study.serving_calibration import (
         CalibrationFailed,
         CalibrationInputError,
         calibrate_serving,
         check_calibratable,
+        refit_serving,
     )
     from ..tracking.progress import phase
     from .assembly import AssemblyFailed, dispatcher_for, measured_profile
@@ -83,7 +90,8 @@ def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str
         raise typer.Exit(EXIT_INPUT) from None
     err.print(Text.assemble(("backend: ", "bold"), escape_text(f"{choice.kind} — {choice.reason}")))
     try:
-        check_calibratable(spec, choice)
+        if readings is None:  # a refit runs no engine
+            check_calibratable(spec, choice)
     except CalibrationInputError as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INPUT) from None
@@ -93,15 +101,19 @@ def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str
         raise typer.Exit(EXIT_INFRA if exc.infrastructure else EXIT_INPUT) from None
     logs = out_path.parent / f"{out_path.stem}.serving-calibration"  # the probes' engine logs and requests
     try:
-        with dispatcher_for(spec, choice, logs) as dispatcher, phase(err, "measuring the engine") as step:
-            result = calibrate_serving(spec, choice, dispatcher, settings, step.update, keep=logs)
+        if readings is not None:
+            with phase(err, f"refitting {readings}"):
+                result = refit_serving(spec, readings)
+        else:
+            with dispatcher_for(spec, choice, logs) as dispatcher, phase(err, "measuring the engine") as step:
+                result = calibrate_serving(spec, choice, dispatcher, settings, step.update, keep=logs)
     except CalibrationInputError as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INPUT) from None
     except (CalibrationFailed, ConnectionError) as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INFRA) from None
-    path = write_serving_profile(result.hardware, out_path, spec_path, result.config)
+    path = write_serving_profile(result.hardware, out_path, spec_path, result.config, readings)
     steps = result.steps
     if as_json:
         out.print_json(
@@ -112,7 +124,7 @@ def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str
                     "config": result.config,
                     "serving_steps": steps,
                     "failures": result.failures,
-                    "logs": str(logs),
+                    "logs": str(readings if readings is not None else logs),
                 }
             )
         )
@@ -124,7 +136,7 @@ def calibrate_serving_engine(spec_path: Path, out_path: Path, settings: dict[str
         table.add_row(
             str(p["prompt_len"]),
             str(p["batch"]),
-            p["figure"],
+            p["figure"].removesuffix("_ms").removesuffix("_s"),  # the table's unit is seconds
             f"{p['measured_s']:.4g}",
             f"{p['model_s']:.4g}",
             f"{p['fitted_s']:.4g}",

@@ -31,6 +31,7 @@ __all__ = [
     "calibration_spec",
     "calibrate_serving",
     "check_calibratable",
+    "refit_serving",
 ]
 
 READINGS = "readings.jsonl"  # every calibration probe's whole result, one line each, written as it comes
@@ -132,12 +133,7 @@ def calibrate_serving(
     ``keep/readings.jsonl`` as it comes back.
     :class:`CalibrationInputError` when the spec is no serving spec or runs on the simulator;
     :class:`CalibrationFailed` when too few readings came back."""
-    from autotune.workers.calibrate_serving import (
-        ServingRun,
-        calibration_batches,
-        calibration_prompts,
-        fit_serving_steps,
-    )
+    from autotune.workers.calibrate_serving import ServingRun, calibration_batches, calibration_prompts
 
     from ..dispatch.backends import launch_for
     from ..spec.resolve import probe_context, request_settings
@@ -146,7 +142,6 @@ def calibrate_serving(
     config = calibration_config(spec, dict(settings or {}))
     batches = calibration_batches(int(config.get("max_num_seqs") or 1))
     prompt, output = spec.workload.traffic.mean()
-    context = probe_context(spec)
     runs: list[ServingRun] = []
     failures: list[str] = []
     engine = spec.backend.kind
@@ -166,8 +161,80 @@ def calibrate_serving(
             continue
         engine = str(((result.info or {}).get("serving") or {}).get("engine") or engine)
         runs.append(ServingRun(length, sized_context.workload, dict(result.metrics)))
+    return _fitted(spec, config, runs, failures, engine)
+
+
+def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
+    """The fit again, on the readings an earlier ``calibrate --serving`` kept (``readings``: its
+    ``readings.jsonl``, or the folder holding it), against the model as it is now and the profile
+    ``spec`` ranks with: the engine is not run again, so a corrected model (or profile) is refitted
+    from what was measured. :class:`CalibrationInputError` names the file and line of a reading that
+    cannot be read, or readings of more than one config."""
+    from autotune.workers.calibrate_serving import ServingRun, calibration_batches
+
+    from ..spec.resolve import probe_context
+
+    if spec.workload.kind != "serve":
+        raise CalibrationInputError(
+            f"calibrate --serving refits a serving engine's readings; this spec's workload is {spec.workload.kind!r}"
+        )
+    path = readings / READINGS if readings.is_dir() else readings
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise CalibrationInputError(
+            f"{path}: cannot read the calibration readings ({exc.strerror or exc}); expected the "
+            f"{READINGS} a `calibrate --serving` run kept in its <out>.serving-calibration folder"
+        ) from None
+    config: dict[str, Any] | None = None
+    runs: list[Any] = []
+    failures: list[str] = []
+    engine = spec.backend.kind
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+            length = int(record["prompt_len"])
+            measured = dict(record.get("metrics") or {})
+            status = str(record["status"])
+            this_config = dict(record["config"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CalibrationInputError(
+                f"{where}: not a calibration reading ({type(exc).__name__}: {exc}); expected a JSON object "
+                "with prompt_len, config, status and metrics"
+            ) from None
+        if config is None:
+            config = this_config
+        elif this_config != config:
+            raise CalibrationInputError(
+                f"{where}: a reading of another config ({json.dumps(this_config, sort_keys=True)}, the first was "
+                f"{json.dumps(config, sort_keys=True)}); one fit reads one config's readings"
+            )
+        if status != "ok":
+            failures.append(f"prompt {length}: {status}: {record.get('reason') or ''}")
+            continue
+        engine = str((((record.get("info") or {}).get("serving") or {}).get("engine")) or engine)
+        batches = calibration_batches(int(config.get("max_num_seqs") or 1))
+        sized = calibration_spec(spec, length, batches)
+        runs.append(ServingRun(length, probe_context(sized).workload, measured))
+    if config is None:
+        raise CalibrationInputError(f"{path}: no readings in it (an empty file)")
+    return _fitted(spec, config, runs, failures, engine)
+
+
+def _fitted(
+    spec: Spec, config: dict[str, Any], runs: list[Any], failures: list[str], engine: str
+) -> ServingCalibration:
+    """The fit of ``runs`` against the model on the profile ``spec`` ranks with."""
+    from autotune.workers.calibrate_serving import fit_serving_steps
+
+    from ..spec.resolve import probe_context
+
     if not runs:
         raise CalibrationFailed("no calibration probe came back: " + "; ".join(failures))
+    context = probe_context(spec)
     try:
         steps = fit_serving_steps(runs, context.model, context.hardware, context.cluster, config, engine)
     except ValueError as exc:  # too few readings

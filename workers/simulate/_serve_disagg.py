@@ -30,7 +30,8 @@ TTFT = API overhead + the prefill wait + the prompt's prefill + the KV transfer 
 wait + the first decode step (an arrival lands in a running step); tails of the waits, the prompt
 length and the transfer add as a root sum of squares, as in the aggregated model. TPOT and ITL at
 quantile q: the decode step at the q-quantile of the running concurrency. E2E = TTFT + (O-1) TPOT.
-Beyond capacity (any of the three stages) the backlog of the finite load window adds to the wait.
+Every wait is held at what the finite load window can build (``_serve.window_wait``), and beyond
+capacity (any of the three stages) the window's backlog adds to it.
 
 What wins where (the ``slo_limit`` column says which SLO metric stops each config's rate): an
 aggregated engine mixes prompt tokens into decode steps, so a tight TPOT / ITL target binds it
@@ -62,8 +63,11 @@ from ._serve import (
     _col,
     batch_figures,
     concurrency_at,
+    overload_backlog,
     queue_wait,
     slot_wait,
+    window_wait,
+    within_window,
     wait_quantile,
 )
 
@@ -162,7 +166,9 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         light = np.minimum(cmax, P_eff * np.ones_like(lam))
         cbusy = light + np.clip(rho_p, 0.0, 1.0) * (cmax - light)
         T_busy = pre.iteration(np.zeros_like(cbusy), cbusy)
-        pw_p, scale_p = queue_wait(rho_p, v_pf, T_busy * P_eff / cbusy, burst)
+        pf_service = T_busy * P_eff / cbusy
+        pw_p, scale_p = queue_wait(rho_p, v_pf, pf_service, burst)
+        scale_p = within_window(pw_p, scale_p, window_wait(rho_p, 1.0 / pf_service, v_pf, tr.duration))
 
         def prefill_time(P_tokens: Any) -> np.ndarray:
             chunk = np.maximum(cbusy + (P_tokens - P_eff), 1e-3)
@@ -174,19 +180,20 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         rho_d = np.minimum(lam_d / mu_d, RHO_MAX)
         busy = np.where(over_d, rho_d, np.minimum(B / B_cap, rho_d))
         pw_slot, scale_slot = slot_wait(busy, B_cap, np.where(over_d, S_slot, dec.O_dec * t_mean), v_slot, burst)
+        scale_slot = within_window(pw_slot, scale_slot, window_wait(lam_d / mu_d, mu_d, v_slot, tr.duration))
         rho_sys = lam / np.maximum(capacity, 1e-12)
-        backlog = np.maximum(0.0, 1.0 - 1.0 / np.maximum(rho_sys, 1e-12)) * tr.duration
+        backlog = overload_backlog(rho_sys, tr.duration)
         base_pf, base_kv = prefill_time(P_eff), transfer(tr.prompt.mean)
         fixed = dec.api + t_mean / 2.0
         out: dict[str, np.ndarray] = {}
-        out["ttft_mean"] = fixed + base_pf + base_kv + pw_p * scale_p + pw_slot * scale_slot + 0.5 * backlog
+        out["ttft_mean"] = fixed + base_pf + base_kv + pw_p * scale_p + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
         t_min = dec.iteration(np.zeros_like(B), np.zeros_like(B))
         for q in LEVELS:
             z = _Z[q]
             P_q = np.maximum(tr.prompt.q(q) - np.where(pre.caching, np.minimum(pre.cached, tr.prompt.q(q)), 0.0), 1.0)
             svc_q, kv_q = prefill_time(P_q), transfer(tr.prompt.q(q))
             w_p = wait_quantile(pw_p, scale_p, q)
-            w_slot = wait_quantile(pw_slot, scale_slot, q) + q * backlog
+            w_slot = np.hypot(wait_quantile(pw_slot, scale_slot, q), q * backlog)
             fixed_q = dec.api + q * t_mean
             ttft = (
                 fixed_q
@@ -246,7 +253,9 @@ def _memory(mem_p: dict[str, np.ndarray], mem_d: dict[str, np.ndarray]) -> dict[
 
 def _closed_loop(pre: Engine, dec: Engine, Rp: np.ndarray, cmax: np.ndarray, transfer: Any, tr: Traffic) -> dict:
     """b requests sent at once: their prompts in budget-sized prefill steps over the prefill instances,
-    the last prompt's KV sent, then decode steps of the batch over the decode instances."""
+    the last prompt's KV sent, then decode steps of the batch over the decode instances. The first
+    request's decode does not stall for the others' prefill here (that runs on the prefill pool), so
+    the batch's time for 100 tokens is the last request's."""
     out: dict[str, np.ndarray] = {}
     for b in tr.batch_sweep:
         tokens = np.ceil(b / Rp) * pre.P_eff

@@ -1,0 +1,138 @@
+"""``autotune calibrate --serving SPEC --readings DIR`` (issue 46): the readings an earlier calibration
+kept, refitted against the serving model as it is now, and what the refitted model then predicts
+against what vLLM's CPU engine measured.
+
+The fixtures are real: ``tests/fixtures/serving_calibration/vllm_cpu_*.jsonl`` hold the closed-loop
+figures of ``autotune calibrate --serving`` runs of vLLM 0.32's CPU engine on a 2-core AMD EPYC VM
+(2026-11-29; each line a probe's result, its per-request records left out), and
+``host_epyc_2core.yaml`` the host profile those fits were against. The engine's own figures the
+predictions are held to are from ``benchmarks/serving_cpu_study.py --model-check`` runs on the same VM
+(benchmarks/README.md, "A serving model that measurement corrects").
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import yaml
+from support import REPO
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.spec.load import load_spec
+from autotune.spec.resolve import probe_context
+from autotune.spec.space import Space
+from autotune.workers.hardware import load_profile
+from autotune.workers.simulate import columns_from_params, simulate_configs
+
+FIXTURES = REPO / "tests" / "fixtures" / "serving_calibration"
+HOST = FIXTURES / "host_epyc_2core.yaml"
+LONG_READINGS = FIXTURES / "vllm_cpu_long_prompts.jsonl"
+SHORT_READINGS = FIXTURES / "vllm_cpu_short_prompts.jsonl"
+
+
+def _spec(write_spec, prompt_len, space: dict, name: str):
+    data = yaml.safe_load((REPO / "search_spaces" / "tiny_llama_serve_cpu.yaml").read_text())
+    data["backend"] = {"kind": "simulate"}  # a refit runs no engine
+    data["cluster"]["profile"] = str(HOST)
+    data["workload"]["traffic"]["prompt_len"] = prompt_len
+    if prompt_len.get("high", 0) > 256:  # the long-prompt study: 6 s a rate (benchmarks/serving_cpu_study.py --close)
+        data["workload"]["traffic"].update(rates=[2, 4, 8, 16], duration_s=6)
+    data["space"] = {**data["space"], **space}
+    return write_spec(yaml.safe_dump(data), name)
+
+
+def _refit(spec_path, readings, out):
+    result = CliRunner().invoke(
+        app, ["calibrate", "--serving", str(spec_path), "--readings", str(readings), "--out", str(out), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _predicted(spec_path, profile) -> dict:
+    """The model's figures for every config of the spec's space, on ``profile``, by (mns, chunked)."""
+    spec = load_spec(spec_path)
+    ctx = probe_context(spec)
+    space = Space(spec)
+    combos = list(itertools.product(space.choices["max_num_seqs"], space.choices["enable_chunked_prefill"]))
+    configs = [space.resolve({"max_num_seqs": m, "enable_chunked_prefill": c}).config for m, c in combos]
+    out = simulate_configs(
+        dict(ctx.model), dict(ctx.workload), profile, dict(ctx.cluster), columns_from_params(configs)
+    )
+    return {combo: {k: float(v[i]) for k, v in out.items() if hasattr(v, "__len__")} for i, combo in enumerate(combos)}
+
+
+def test_the_long_prompt_readings_refit_to_the_engines_capacity(write_spec, tmp_path):
+    """Prompts of 256-512 tokens: vLLM's CPU engine completed 2.30-2.34 requests/s (max_num_seqs 4) and
+    2.38-2.49 (8) when offered 4. Fitted to the closed-loop batches priced as the last request's own
+    figure, the model's ceiling was 1.42-1.44 (its decode step 3-4x the engine's); priced as the probe
+    reads them (the first request's stall counted) it is within 1.5x."""
+    spec_path = _spec(
+        write_spec,
+        {"low": 256, "high": 512},
+        {"max_num_seqs": [4, 8], "enable_chunked_prefill": [True, False]},
+        "l.yaml",
+    )
+    said = _refit(spec_path, LONG_READINGS, tmp_path / "long.yaml")
+    steps = said["serving_steps"]
+    assert len(steps["points"]) == 24 and steps["rms_error"] < 0.12
+    profile = load_profile(str(tmp_path / "long.yaml"))
+    engine = {4: (2.30, 2.34), 8: (2.38, 2.49)}  # completions/s at 4 offered (chunked on, off)
+    for (mns, chunked), figures in _predicted(spec_path, profile).items():
+        measured = engine[mns][0 if chunked else 1]
+        assert measured / 1.5 < figures["capacity_rps"] < measured * 1.5, (mns, chunked, figures["capacity_rps"])
+    text = (tmp_path / "long.yaml").read_text()
+    assert f"--readings {LONG_READINGS}" in text and "refitted from the readings" in text
+
+
+def test_the_short_prompt_readings_refit_to_the_engines_slo_rates(write_spec, tmp_path):
+    """Prompts of 64-192 tokens, the repository's CPU study: the largest rate meeting p99 TTFT 400 ms /
+    TPOT 25 ms was 2.38 requests/s (max_num_seqs 8, chunked off), 2.71 (chunked on) and 2.09 (32,
+    chunked on); with 1 or 2 sequences no rate of the ladder (2 and up) met it. Before any trial of
+    the study, after calibrate: within 1.5x (issue 46's acceptance)."""
+    spec_path = _spec(write_spec, {"low": 64, "high": 192}, {}, "s.yaml")
+    said = _refit(spec_path, SHORT_READINGS, tmp_path / "short.yaml")
+    assert said["serving_steps"]["rms_error"] < 0.2
+    predicted = _predicted(spec_path, load_profile(str(tmp_path / "short.yaml")))
+    for (mns, chunked), measured in (((8, False), 2.38), ((8, True), 2.71), ((32, True), 2.09)):
+        rate = predicted[(mns, chunked)]["max_rate_rps_model"]
+        assert measured / 1.5 < rate < measured * 1.5, (mns, chunked, rate)
+    for mns in (1, 2):
+        for chunked in (True, False):
+            assert predicted[(mns, chunked)]["max_rate_rps_model"] < 2.0
+
+
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (None, "cannot read the calibration readings"),
+        ("", "no readings in it"),
+        ('{"prompt_len": 64, "config": {}, "status": "ok", "metrics": {}}\n{not json\n', "readings.jsonl:2"),
+        ('{"prompt_len": 64, "status": "ok"}\n', "with prompt_len, config, status and metrics"),
+        (
+            '{"prompt_len": 64, "config": {"max_num_seqs": 4}, "status": "ok", "metrics": {}}\n'
+            '{"prompt_len": 128, "config": {"max_num_seqs": 8}, "status": "ok", "metrics": {}}\n',
+            "a reading of another config",
+        ),
+    ],
+)
+def test_readings_that_cannot_be_refitted_are_refused_naming_the_file(write_spec, tmp_path, content, words):
+    spec_path = _spec(write_spec, {"low": 64, "high": 192}, {}, "s.yaml")
+    kept = tmp_path / "host.serving-calibration"
+    kept.mkdir()
+    if content is not None:
+        (kept / "readings.jsonl").write_text(content)
+    result = CliRunner().invoke(
+        app, ["calibrate", "--serving", str(spec_path), "--readings", str(kept), "--out", str(tmp_path / "x.yaml")]
+    )
+    flat = " ".join(result.output.split())
+    assert result.exit_code == 2 and words in flat and "readings.jsonl" in flat, result.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_readings_need_a_serving_spec():
+    result = CliRunner().invoke(app, ["calibrate", "--out", "x.yaml", "--readings", str(LONG_READINGS)])
+    assert result.exit_code == 2 and "give the serving spec with --serving" in result.output
