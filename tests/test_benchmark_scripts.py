@@ -110,7 +110,13 @@ FAST = [
     Case(
         "serving_fidelity.py",
         ("--markdown", "{tmp}/serving.md"),
-        (r"^## Serving model fidelity", r"^\| row \| configuration \| metric \|", r"clean rows: mean absolute error"),
+        (
+            r"^## Serving model fidelity",
+            r"^\| row \| configuration \| metric \|",
+            r"clean rows: mean absolute error",
+            r"\*\*Held out \(\d+ clean rows\): mean absolute error \d+ %\*\*",
+            r"^- vLLM \(4 rows\): decode x[\d.]+, prompt x[\d.]+",
+        ),
         writes=("serving.md",),
     ),
     Case(

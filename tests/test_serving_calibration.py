@@ -213,3 +213,20 @@ def test_calibrate_serving_refuses_a_spec_it_cannot_measure(write_spec, tmp_path
     result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "x.yaml"), "--set", "max_num_seqs=2"])
     assert result.exit_code == 2 and "--set picks the config of --serving" in result.output
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_solve_steps_leaves_a_term_no_reading_weighs_at_the_uncorrected_model():
+    """A fit set that cannot see a term (here: no reading moves the prompt part) leaves it where the
+    uncorrected model has it, and the prior's weight decides how far the terms it does see may move."""
+    import numpy as np
+
+    from autotune.workers.calibrate_serving import solve_steps
+
+    c = np.array([1.0, 2.0, 3.0])  # the uncorrected model's figures less their slopes' share
+    J = np.zeros((3, len(TERMS)))
+    J[:, 0] = [0.5, 1.0, 1.5]  # the decode part: what each reading's figure gains per unit of its factor
+    target = c + J[:, 0] * 3.0  # readings that want the decode part x3
+    faint = solve_steps(J, c, target)
+    strong = solve_steps(J, c, target, pull=10.0)
+    assert faint[0] == pytest.approx(3.0, rel=1e-3) and faint[1] == pytest.approx(1.0, abs=1e-6)
+    assert 1.0 < strong[0] < 2.5 and strong[1] == pytest.approx(1.0, abs=1e-6)

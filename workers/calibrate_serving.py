@@ -32,7 +32,7 @@ for training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,10 +40,12 @@ __all__ = [
     "BATCHES",
     "TERMS",
     "ServingRun",
+    "affine_in_steps",
     "calibration_batches",
     "calibration_prompts",
     "fit_serving_steps",
     "modelled_figures",
+    "solve_steps",
 ]
 
 BATCHES = (1, 2, 4, 8, 16)
@@ -129,6 +131,35 @@ def modelled_figures(
     return np.array([float(out[k][0]) / (1e3 if k.endswith("_ms") else 1.0) for k in keys])
 
 
+def affine_in_steps(figures: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(constant, slopes) of figures that are affine in the values of :data:`TERMS`: ``figures(theta)``
+    read at the uncorrected model and once off each term (the model's own figures, not its formulas)."""
+    g0 = np.asarray(figures(_DEFAULTS), dtype=float)
+    J = np.stack(
+        [(np.asarray(figures(_DEFAULTS + off), dtype=float) - g0) / u for off, u in zip(np.diag(_UNITS), _UNITS)], 1
+    )
+    return g0 - J @ _DEFAULTS, J
+
+
+def solve_steps(J: np.ndarray, c: np.ndarray, target: np.ndarray, pull: float = _PULL) -> np.ndarray:
+    """The values of :data:`TERMS` that bring the affine figures ``c + J theta`` to ``target``: least
+    squares on the relative error, each scale above zero and each cost at least zero, each term pulled
+    toward the uncorrected model with weight ``pull`` (a squared relative error per squared unit:
+    a factor of 1, a millisecond, a microsecond a context token)."""
+    from scipy.optimize import lsq_linear
+
+    w = 1.0 / target
+    lower = [_MIN_SCALE if key.endswith("_scale") else 0.0 for key, _, _ in TERMS]
+    # Where the model's decode step is affine in the batch and its context (a small model's memory-bound
+    # step is), its factor is a blend of the three costs and the readings cannot tell them apart; a
+    # faint pull toward the uncorrected model (in each term's own unit) picks the one answer closest to
+    # it, and leaves every term the readings do determine where they put it.
+    weight = np.sqrt(pull) / _UNITS
+    A = np.vstack([J * w[:, None], np.diag(weight)])
+    b = np.concatenate([(target - c) * w, weight * _DEFAULTS])
+    return lsq_linear(A, b, bounds=(lower, [np.inf] * len(TERMS))).x
+
+
 def fit_serving_steps(
     runs: Sequence[ServingRun],
     model: Mapping[str, Any],
@@ -148,15 +179,10 @@ def fit_serving_steps(
         keys = _keys(run.measured, batches)
         if not keys:
             continue
-        g0 = modelled_figures(model, run.workload, base, cluster, params, keys, _DEFAULTS)
-        J = np.stack(
-            [
-                (modelled_figures(model, run.workload, base, cluster, params, keys, _DEFAULTS + off) - g0) / step
-                for off, step in zip(np.diag(_UNITS), _UNITS)
-            ],
-            axis=1,
+        const, J = affine_in_steps(
+            lambda theta, run=run, keys=keys: modelled_figures(model, run.workload, base, cluster, params, keys, theta)
         )
-        consts.append(g0 - J @ _DEFAULTS)
+        consts.append(const)
         slopes.append(J)
         y.append(np.array([float(run.measured[k]) / (1e3 if k.endswith("_ms") else 1.0) for k in keys]))
         rows.extend((run, k) for k in keys)
@@ -165,19 +191,8 @@ def fit_serving_steps(
             f"{len(rows)} closed-loop reading(s) came back from the engine; the fit needs at least {len(TERMS)} "
             "(see the probes' logs for why the batches failed)"
         )
-    from scipy.optimize import lsq_linear
-
     J, c, target = np.vstack(slopes), np.concatenate(consts), np.concatenate(y)
-    w = 1.0 / target
-    lower = [_MIN_SCALE if key.endswith("_scale") else 0.0 for key, _, _ in TERMS]
-    # Where the model's decode step is affine in the batch and its context (a small model's memory-bound
-    # step is), its factor is a blend of the three costs and the readings cannot tell them apart; a
-    # faint pull toward the uncorrected model (in each term's own unit) picks the one answer closest to
-    # it, and leaves every term the readings do determine where they put it.
-    pull = np.sqrt(_PULL) / _UNITS
-    A = np.vstack([J * w[:, None], np.diag(pull)])
-    b = np.concatenate([(target - c) * w, pull * _DEFAULTS])
-    theta = lsq_linear(A, b, bounds=(lower, [np.inf] * len(TERMS))).x
+    theta = solve_steps(J, c, target)
     before = c + J @ _DEFAULTS
     after = c + J @ theta
     points = [
