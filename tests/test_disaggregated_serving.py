@@ -119,10 +119,15 @@ def test_a_simulated_disaggregated_trial_says_its_pools_and_what_limits_it():
             "prefill_tp >= tp and pp = 1",
         ),
         ({"tp": 8, "replicas": 2, "prefill_replicas": 1}, TWO_NODES_NPU, "exceed the cluster's 16"),
-        (
-            {"tp": 4, "prefill_replicas": 1, "prefill_tp": 16, "kv_connector": "mooncake"},
-            {"accelerator": "npu", "nodes": 4, "devices_per_node": 8},
-            "an instance spans more than a node",
+        (  # 20 devices: two nodes and a half
+            {"tp": 4, "pp": 5, "prefill_replicas": 1, "kv_connector": "nixl"},
+            {"accelerator": "cuda", "nodes": 8, "devices_per_node": 8},
+            "an instance wider than a node takes whole nodes",
+        ),
+        (  # 15 devices of 16, but three instances of 5 need three nodes of 8
+            {"tp": 1, "pp": 5, "replicas": 2, "prefill_replicas": 1, "kv_connector": "nixl"},
+            {"accelerator": "cuda", "nodes": 2, "devices_per_node": 8},
+            "the pools' instances take more nodes than the cluster's 2",
         ),
         ({"tp": 1, "prefill_replicas": -1}, TWO_NODES_NPU, "prefill_replicas and prefill_tp must be integers >= 0"),
     ],
@@ -264,10 +269,31 @@ def _servers_and_proxy(records: list[dict[str, Any]]) -> tuple[list[dict[str, An
 
 def test_servers_are_placed_first_fit_prefill_first_each_on_one_node():
     assert placement(_serving(), 8) == [
-        ("prefill", 0, 0, [0, 1, 2, 3]),
-        ("decode", 0, 0, [4, 5, 6, 7]),
-        ("decode", 1, 1, [0, 1, 2, 3]),
+        ("prefill", 0, 0, 1, [0, 1, 2, 3]),
+        ("decode", 0, 0, 1, [4, 5, 6, 7]),
+        ("decode", 1, 1, 1, [0, 1, 2, 3]),
     ]
+
+
+def test_an_instance_wider_than_a_node_takes_whole_nodes_of_its_own():
+    every = list(range(8))
+    assert placement(_serving(tp=16, replicas=2, prefill_tp=4), 8) == [
+        ("prefill", 0, 0, 1, [0, 1, 2, 3]),
+        ("decode", 0, 1, 2, every),  # not the rest of node 0
+        ("decode", 1, 3, 2, every),
+    ]
+
+
+def test_a_decode_instance_across_nodes_is_priced_with_its_collectives_over_the_nics():
+    """The same pools (prefill and decode tp16) on 8-NPU nodes (each instance over two of them, its
+    tensor-parallel all-reduces over the NICs) and on 16-NPU nodes (within one): both valid, the first
+    needs its four nodes and decodes slower."""
+    config = {"tp": [16], "prefill_replicas": [1], "prefill_tp": [16]}
+    across = _simulate(config, cluster={"accelerator": "npu", "nodes": 4, "devices_per_node": 8})
+    within = _simulate(config, cluster={"accelerator": "npu", "nodes": 2, "devices_per_node": 16})
+    assert across["valid"][0] and within["valid"][0]
+    assert across["tpot_p50_ms"][0] > 1.1 * within["tpot_p50_ms"][0]
+    assert across["capacity_rps"][0] < within["capacity_rps"][0]
 
 
 @pytest.fixture(scope="module")
@@ -348,6 +374,75 @@ def test_vllms_parser_reads_each_servers_pool_and_kv_transfer_config(deployments
         ("ExampleConnector", "kv_producer", True),
         ("ExampleConnector", "kv_consumer", True),
     ]
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> dict[str, Any]:
+    """A NIXL deployment on three 8-GPU nodes whose decode instance (tp16) spans two of them: prefill
+    tp8 on node 0, decode ranks on nodes 1 and 2; the script run as each node runs it and, with vLLM,
+    its parse and engine config of every server's command line (a tiny Llama's config.json with 16
+    heads, so that vLLM checks the parallel layout and not the weights)."""
+    from autotune.stacks.vllm import hf_config
+
+    tmp = tmp_path_factory.mktemp("wide")
+    ctx = _context(_serving(tp=16, replicas=1, prefill_tp=8), "cuda", 3, 8)
+    assert EXPORTERS["vllm"].unsupported(ctx) == []
+    script = write_exports(ctx, tmp / "export", ["vllm"])["vllm"]
+    out: dict[str, Any] = {"nodes": [_servers_and_proxy(_run(script, tmp, n, "gpu-a gpu-b gpu-c")) for n in range(3)]}
+    out["parsed"] = []
+    if VLLM_PYTHON.exists():
+        model = tmp / "tiny"
+        model.mkdir()
+        tiny = {"name": "tiny", "arch": "llama", "hidden_size": 256, "num_hidden_layers": 4}
+        tiny |= {"num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 512, "vocab_size": 512}
+        (model / "config.json").write_text(json.dumps(hf_config({**tiny, "max_position_embeddings": 4096}, {})))
+        cases = []
+        for servers, _ in out["nodes"]:
+            for record in servers:
+                words = server_words(record)
+                cases.append([str(model), *words[1:], "--load-format", "dummy", "--skip-tokenizer-init"])
+        out["parsed"] = vllm_parse(cases, engine_config=True)
+    return out
+
+
+def test_a_decode_instance_over_two_nodes_starts_a_rank_on_each_and_serves_from_the_first(wide):
+    (prefill, proxy0), (rank0, proxy1), (rank1, proxy2) = wide["nodes"]
+    assert len(prefill) == len(rank0) == len(rank1) == 1 and proxy1 == proxy2 == []
+    assert "--nnodes" not in prefill[0]["argv"]  # within its node: a plain server
+    for node, (record,) in enumerate((rank0, rank1), start=1):
+        argv = record["argv"]
+        option = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+        assert (option("--nnodes"), option("--node-rank")) == ("2", str(node - 1))
+        assert (option("--master-addr"), option("--master-port")) == ("gpu-b", "29502")
+        assert option("--distributed-executor-backend") == "mp"
+        assert ("--headless" in argv) == (node == 2)
+        assert record["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+        assert json.loads(option("--kv-transfer-config"))["kv_role"] == "kv_consumer"
+    args = proxy_parser("toy").parse_args(proxy0[0]["argv"][2:])
+    assert (args.prefiller_hosts, args.prefiller_ports) == (["gpu-a"], [9100])
+    assert (args.decoder_hosts, args.decoder_ports) == (["gpu-b"], [9200])  # the instance's first node
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"vLLM is not installed at {VLLM_PYTHON}")
+def test_vllm_reads_the_wide_decode_instance_as_one_engine_over_two_nodes(wide):
+    prefill, rank0, rank1 = wide["parsed"]
+    assert all(p["ok"] for p in wide["parsed"]), wide["parsed"]
+    for result in wide["parsed"]:
+        assert "engine_config_error" not in result["engine"], result["engine"]["engine_config_error"]
+    assert prefill["engine"]["tensor_parallel_size"] == 8
+    assert prefill["engine"]["kv_transfer_config"]["kv_role"] == "kv_producer"
+    for rank, result in enumerate((rank0, rank1)):
+        engine = result["engine"]
+        assert engine["tensor_parallel_size"] == 16 and engine["headless"] == (rank == 1)
+        assert engine["parallel"] == {"world_size": 16, "nnodes": 2, "node_rank": rank, "backend": "mp"}
+        assert engine["kv_transfer_config"]["kv_role"] == "kv_consumer"
+
+
+def test_the_export_refuses_a_cpu_prefill_instance_across_nodes():
+    from autotune.export._vllm_multinode import MULTINODE_CPU_REFUSAL
+
+    config = _serving(tp=1, prefill_tp=2, replicas=1, kv_connector="shared_storage", block_size=128)
+    assert MULTINODE_CPU_REFUSAL in EXPORTERS["vllm"].unsupported(_context(config, "cpu", 2, 1))
 
 
 def test_the_script_asks_for_every_node_of_the_deployment(tmp_path):

@@ -580,6 +580,54 @@ def instance_splits_a_node(size: Any, devices_per_node: Any) -> Any:
     return (size > per) & (size % per != 0)
 
 
+def pd_placement(
+    prefill_replicas: int, prefill_size: int, replicas: int, size: int, devices_per_node: int
+) -> list[tuple[str, int, int, int, list[int]]]:
+    """Where a disaggregated deployment's instances go: (pool, index in the pool, first node, nodes,
+    the devices it takes on each of them) of every instance, prefill first. An instance within a node
+    goes first-fit on the current node (the next one when it does not fit); one wider than a node
+    takes whole nodes of its own (:data:`INSTANCE_NODES_RULE`), every device of each."""
+    per = max(int(devices_per_node), 1)
+    sizes = [("prefill", int(prefill_size))] * int(prefill_replicas) + [("decode", int(size))] * int(replicas)
+    out: list[tuple[str, int, int, int, list[int]]] = []
+    node, used, counts = 0, 0, {"prefill": 0, "decode": 0}
+    for pool, width in sizes:
+        if width > per:
+            if used:
+                node, used = node + 1, 0
+            nodes = -(-width // per)
+            out.append((pool, counts[pool], node, nodes, list(range(per))))
+            node += nodes
+        else:
+            if used + width > per:
+                node, used = node + 1, 0
+            out.append((pool, counts[pool], node, 1, list(range(used, used + width))))
+            used += width
+        counts[pool] += 1
+    return out
+
+
+def pd_nodes(prefill_replicas: Any, prefill_size: Any, replicas: Any, size: Any, devices_per_node: int) -> Any:
+    """The nodes :func:`pd_placement` takes (element-wise over arrays; computed once per distinct layout)."""
+    import numpy as np  # here: the probes import this module without numpy
+
+    cols = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.int64) for x in (prefill_replicas, prefill_size, replicas, size))
+    )
+    flat = np.stack([c.ravel() for c in cols], axis=1)
+    if flat.size == 0:
+        return np.zeros(cols[0].shape, dtype=np.int64)
+    layouts, back = np.unique(flat, axis=0, return_inverse=True)
+    counts = np.array(
+        [
+            max((first + n for _, _, first, n, _ in pd_placement(*map(int, row), devices_per_node)), default=0)
+            for row in layouts
+        ],
+        dtype=np.int64,
+    )
+    return counts[back.ravel()].reshape(cols[0].shape)
+
+
 def prefill_tensor_parallel(config: Mapping[str, Any]) -> int:
     """A disaggregated deployment's prefill instance's tensor-parallel size (``prefill_tp`` 0: ``tp``)."""
     return prefill_tp_or_tp(value(config, "prefill_tp"), value(config, "tp"))

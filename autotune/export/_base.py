@@ -175,7 +175,12 @@ def longest_lengths(workload: Any) -> tuple[int, int]:
 def study_facts(ctx: ExportContext) -> dict[str, Any]:
     """What a stack's rules know of the study besides the config (:func:`autotune.stacks.fact_columns`):
     the accelerator, the model and the workload."""
-    return {"accelerator": ctx.cluster.get("accelerator", ""), "model": ctx.model, "workload": ctx.workload}
+    return {
+        "accelerator": ctx.cluster.get("accelerator", ""),
+        "devices_per_node": ctx.cluster.get("devices_per_node") or 0,
+        "model": ctx.model,
+        "workload": ctx.workload,
+    }
 
 
 def undistinguished_knobs(ctx: ExportContext) -> dict[str, str]:

@@ -36,7 +36,7 @@ from ..workers.parameters import instance_devices, prefill_tensor_parallel, serv
 
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
-from ._vllm_disagg import SHARED_STORAGE_PATH, connector_class, disaggregated_lines
+from ._vllm_disagg import SHARED_STORAGE_PATH, connector_class, disaggregated_lines, placement
 from ._vllm_multinode import MULTINODE_CPU_REFUSAL, multinode_lines, spans_nodes
 
 __all__ = [
@@ -219,7 +219,10 @@ class VllmExporter(Exporter):
         except ValueError as exc:  # not a JSON object, or NaN in it: vLLM would not start
             reasons.append(one_line(exc))
         accelerator = str(ctx.cluster.get("accelerator", "") or "cuda")
-        if accelerator == "cpu" and spans_nodes(ctx.config, self._per_node(ctx)):
+        prefill_wide = param(ctx.config, "prefill_replicas") > 0 and spans_nodes(
+            {**ctx.config, "tp": prefill_tensor_parallel(ctx.config)}, self._per_node(ctx)
+        )
+        if accelerator == "cpu" and (spans_nodes(ctx.config, self._per_node(ctx)) or prefill_wide):
             reasons.append(MULTINODE_CPU_REFUSAL)
         return reasons
 
@@ -388,7 +391,11 @@ class VllmExporter(Exporter):
             if connector == "NixlConnector"
             else ""
         )
-        tail = '--port $((PORT + SERVER_PORT[k])) "${args[@]}" --kv-transfer-config "${SERVER_KV[$k]}" "$@" &'
+        wide = any(span > 1 for _, _, _, span, _ in placement(config, dpn))
+        across = '"${multinode[@]}" ' if wide else ""  # an instance over whole nodes (disaggregated_lines)
+        tail = (
+            f'--port $((PORT + SERVER_PORT[k])) "${{args[@]}}" --kv-transfer-config "${{SERVER_KV[$k]}}" {across}"$@" &'
+        )
         if accelerator == "cpu":
             single = prefill_tp * param(config, "pp") == 1 and param(config, "tp") * param(config, "pp") == 1
             bind = f'    {CPU_BIND_ENV}="${{SERVER_DEVICES[$k]}}" \\\n' if single else ""

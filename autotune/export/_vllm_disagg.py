@@ -18,9 +18,12 @@ streams the answer. It is not part of vLLM's package, so the script asks for its
   ... --decode HOST:PORT ... --port``, at vLLM commit 03a7284d), which passes no connector-specific
   request fields.
 
-Instances are placed first-fit on the deployment's nodes, prefill first, each on one node (the rules
-refuse an instance wider than a node); the script runs on each node with ``NODE`` set to its index
-in ``NODES`` (the nodes' hosts) and starts the instances placed there; node 0 also starts the proxy.
+Instances are placed first-fit on the deployment's nodes, prefill first; an instance wider than a node
+takes whole nodes of its own and is started on each of them with vLLM's multi-node launch
+(``_vllm_multinode``: ``--nnodes --node-rank --master-addr --master-port``, ``--headless`` past its
+first node, which serves its API). The script runs on each node with ``NODE`` set to its index in
+``NODES`` (the nodes' hosts) and starts the instances (or ranks) placed there; node 0 also starts the
+proxy, which reaches each instance at its first node.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..workers.parameters import kv_connector_on, prefill_tensor_parallel, value as param
+from ..workers.parameters import kv_connector_on, pd_placement, prefill_tensor_parallel, value as param
 from ._base import json_text
+from ._vllm_multinode import MASTER_PORT, multinode_words
 
 __all__ = [
     "DISAGG_PROXIES",
@@ -90,19 +94,18 @@ def kv_transfer_config(
     return out
 
 
-def placement(config: dict[str, Any], devices_per_node: int) -> list[tuple[str, int, int, list[int]]]:
-    """(pool, index in the pool, node, the node's devices) of every server: prefill first, first-fit."""
+def placement(config: dict[str, Any], devices_per_node: int) -> list[tuple[str, int, int, int, list[int]]]:
+    """(pool, index in the pool, first node, nodes, the devices it takes on each) of every server:
+    prefill first, first-fit within a node, an instance wider than a node on whole nodes of its own
+    (``workers.parameters.pd_placement``, the rule the space checks)."""
     pp = param(config, "pp")
-    sizes = [("prefill", prefill_tensor_parallel(config) * pp)] * param(config, "prefill_replicas")
-    sizes += [("decode", param(config, "tp") * pp)] * param(config, "replicas")
-    out, node, used, counts = [], 0, 0, {"prefill": 0, "decode": 0}
-    for pool, size in sizes:
-        if used + size > max(devices_per_node, size):
-            node, used = node + 1, 0
-        out.append((pool, counts[pool], node, list(range(used, used + size))))
-        counts[pool] += 1
-        used += size
-    return out
+    return pd_placement(
+        param(config, "prefill_replicas"),
+        prefill_tensor_parallel(config) * pp,
+        param(config, "replicas"),
+        param(config, "tp") * pp,
+        devices_per_node,
+    )
 
 
 def disaggregated_lines(
@@ -118,12 +121,13 @@ def disaggregated_lines(
     place, the loop that starts this node's servers (``serve_command``: how one starts, reading
     ``$k``'s devices, port and KV config), and the proxy on node 0."""
     servers = placement(config, devices_per_node)
-    nodes = max(node for _, _, node, _ in servers) + 1
+    nodes = max(node + span for _, _, node, span, _ in servers)
+    wide = any(span > 1 for _, _, _, span, _ in servers)
     proxy = _proxy(config, accelerator)
     where, style = DISAGG_PROXIES[proxy]
     kv = [
         json_text(kv_transfer_config(config, accelerator, p, i), sort_keys=True, separators=(",", ":"))
-        for p, i, _, _ in servers
+        for p, i, _, _, _ in servers
     ]
     lines = [
         f"NODE=${{NODE:-0}}  # this node's index in NODES (the deployment spans {nodes} node(s))",
@@ -137,21 +141,39 @@ def disaggregated_lines(
         "",
         *bash_array("PREFILL_ARGS", prefill_args),
         *bash_array("DECODE_ARGS", decode_args),
-        "# each server: its pool, node, devices on that node, port (PORT + offset) and KV transfer config",
-        "SERVER_POOL=(" + " ".join(p for p, _, _, _ in servers) + ")",
-        "SERVER_NODE=(" + " ".join(str(n) for _, _, n, _ in servers) + ")",
-        "SERVER_DEVICES=(" + " ".join(",".join(map(str, d)) for _, _, _, d in servers) + ")",
-        "SERVER_PORT=(" + " ".join(str(PORT_OFFSETS[p] + i) for p, i, _, _ in servers) + ")",
+        "# each server: its pool, first node, nodes, devices on each, port (PORT + offset) and KV transfer config",
+        "SERVER_POOL=(" + " ".join(p for p, _, _, _, _ in servers) + ")",
+        "SERVER_NODE=(" + " ".join(str(n) for _, _, n, _, _ in servers) + ")",
+        "SERVER_NODES=(" + " ".join(str(span) for _, _, _, span, _ in servers) + ")",
+        "SERVER_DEVICES=(" + " ".join(",".join(map(str, d)) for _, _, _, _, d in servers) + ")",
+        "SERVER_PORT=(" + " ".join(str(PORT_OFFSETS[p] + i) for p, i, _, _, _ in servers) + ")",
         "SERVER_KV=(",
         *(f"    {shlex.quote(text)}" for text in kv),
         ")",
+    ]
+    if wide:
+        lines.append(
+            f"MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}  # where a wide instance's ranks meet: this + its index, "
+            "on its first node"
+        )
+    lines += [
         "",
         "pids=()",
         "trap 'kill \"${pids[@]}\" 2>/dev/null || true' INT TERM",
         'for k in "${!SERVER_POOL[@]}"; do',
-        '    [ "${SERVER_NODE[$k]}" = "$NODE" ] || continue',
+        "    first=${SERVER_NODE[$k]}; rank=$((NODE - first))",
+        '    [ "$rank" -ge 0 ] && [ "$rank" -lt "${SERVER_NODES[$k]}" ] || continue',
         '    if [ "${SERVER_POOL[$k]}" = prefill ]; then args=("${PREFILL_ARGS[@]}");',
         '    else args=("${DECODE_ARGS[@]}"); fi',
+    ]
+    if wide:
+        words = multinode_words('"${SERVER_NODES[$k]}"', '"$rank"', '"${NODES[$first]}"', "$((MASTER_PORT + k))")
+        lines += [
+            "    # an instance wider than a node: vLLM's multi-node launch on each of its nodes, the API on its first",
+            '    multinode=(); if [ "${SERVER_NODES[$k]}" -gt 1 ]; then multinode=(' + " ".join(words) + "); fi",
+            '    if [ "$rank" -gt 0 ]; then multinode+=(--headless); fi',
+        ]
+    lines += [
         serve_command,
         '    pids+=("$!")',
         "done",

@@ -36,6 +36,7 @@ from ..workers.parameters import (
     INSTANCE_NODES_RULE,
     batched_below_seqs,
     instance_splits_a_node,
+    pd_nodes,
     kv_connector_on,
     kv_connector_rules,
     mooncake_ascend_broken,
@@ -227,6 +228,7 @@ class Space:
         # what a stack's rules know of the study besides the config (autotune.stacks.fact_columns)
         self.facts = {
             "accelerator": spec.cluster.accelerator,
+            "devices_per_node": spec.cluster.devices_per_node,
             "model": spec.model.model_dump(),
             "workload": spec.workload.model_dump(),
         }
@@ -569,10 +571,11 @@ class Space:
         """A serving layout: ``replicas`` engines of ``tp*pp`` devices each, on one node, or an engine
         wider than a node on whole nodes (``INSTANCE_NODES_RULE``), its replicas on the cluster's; or, with a
         prefill pool (``prefill_replicas`` >= 1), ``replicas`` decode instances and ``prefill_replicas``
-        prefill instances of ``prefill_tp*pp`` devices, each instance on one node, the pools anywhere in
-        the cluster, the KV connector one that runs on the accelerator; and the engine's own refusals
-        (vLLM's scheduler config checks) as rules. Canonical form: an aggregated config has no
-        prefill_tp (0) or connector (auto); a disaggregated one names both (0 and auto resolved)."""
+        prefill instances of ``prefill_tp*pp`` devices, each instance on one node or on whole nodes of its
+        own, placed first-fit on the cluster's nodes (``pd_placement``), the KV connector one that runs on
+        the accelerator; and the engine's own refusals (vLLM's scheduler config checks) as rules. Canonical
+        form: an aggregated config has no prefill_tp (0) or connector (auto); a disaggregated one names both
+        (0 and auto resolved)."""
         pp, replicas = out["pp"].astype(int), out["replicas"].astype(int)
         node = self.constants["devices_per_node"]
         n = tp.shape[0]
@@ -595,9 +598,14 @@ class Space:
         reasons[f"a disaggregated deployment's devices exceed the cluster's ({self.world})"] = disagg & (
             devices > self.world
         )
-        reasons[f"a prefill or decode instance spans more than a node ({node} devices)"] = disagg & (
-            np.maximum(tp, prefill_tp) * pp > node
+        reasons[f"a prefill or decode instance wider than a node takes whole nodes ({node} devices each)"] = disagg & (
+            instance_splits_a_node(tp * pp, node) | instance_splits_a_node(prefill_tp * pp, node)
         )
+        nodes = max(int(self.world) // max(int(node), 1), 1)
+        reasons[
+            f"the pools' instances take more nodes than the cluster's {nodes} (first-fit, prefill first, an instance "
+            "wider than a node on whole nodes of its own)"
+        ] = disagg & (pd_nodes(np.where(disagg, prefill, 0), prefill_tp * pp, replicas, tp * pp, node) > nodes)
         heads = self.constants["heads"]
         reasons["num_attention_heads not divisible by prefill_tp"] = disagg & (heads % np.maximum(prefill_tp, 1) != 0)
         reasons["kv_connector d2d is MindIE's own KV transfer: it needs target: mindie"] = (

@@ -65,7 +65,14 @@ Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
 MINDSPORE_PARAMS = ("mode", "jit_level", "graph_kernel_flags")
 WORKLOAD_KINDS = ("train", "infer", "serve")
 # the study's facts a rule may read (column "@NAME"), and their value when unknown
-FACTS: dict[str, Any] = {"accelerator": "", "model": "", "max_prompt_len": 0, "max_output_len": 0, "max_model_len": 0}
+FACTS: dict[str, Any] = {
+    "accelerator": "",
+    "model": "",
+    "max_prompt_len": 0,
+    "max_output_len": 0,
+    "max_model_len": 0,
+    "devices_per_node": 0,  # 0: not known (a rule that needs it then refuses nothing)
+}
 
 
 @dataclass(frozen=True)
@@ -296,8 +303,9 @@ def mindspore_only(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
 # ------------------------------------------------------------------ the study's facts, as columns
 def fact_columns(facts: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
     """The ``@NAME`` columns of a study's facts: ``facts`` holds ``accelerator`` (npu | cuda |
-    cpu), ``model`` (the spec's model mapping, or its name) and ``workload`` (the workload
-    mapping: the longest prompt/output and ``max_model_len`` of a serving traffic)."""
+    cpu), ``model`` (the spec's model mapping, or its name), ``workload`` (the workload
+    mapping: the longest prompt/output and ``max_model_len`` of a serving traffic) and
+    ``devices_per_node`` (the cluster's)."""
     model = facts.get("model")
     name = model.get("name", "") if isinstance(model, Mapping) else str(model or "")
     workload = facts.get("workload") or {}
@@ -308,6 +316,7 @@ def fact_columns(facts: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
         "max_prompt_len": prompt,
         "max_output_len": output,
         "max_model_len": int(workload.get("max_model_len") or 0) or (prompt + output),
+        "devices_per_node": int(facts.get("devices_per_node") or 0),
     }
     return {f"@{k}": np.full(n, v, dtype=object if isinstance(v, str) else int) for k, v in values.items()}
 

@@ -151,6 +151,15 @@ def mindie_rules(n: int) -> list[Rule]:
             lambda c: disaggregated(c, n) & (param(c, "tp", n).astype(int) > POD_NPUS_MAX),
         ),
         (
+            "a MindIE PD instance is one pod on one node: MindIE-Motor's instances across nodes "
+            "(multiNodesInferEnabled) are not exported; tp at most the devices of a node",
+            lambda c: (
+                disaggregated(c, n)
+                & (fact(c, "devices_per_node", n).astype(int) > 0)
+                & (param(c, "tp", n).astype(int) > fact(c, "devices_per_node", n).astype(int))
+            ),
+        ),
+        (
             "MindIE-Motor assigns the prefill and decode roles itself when every instance is one pod "
             "(RoleManagerInitializer.cpp keeps the rank table's roles only for pools of different pod counts), "
             "so both pools take the same NPUs: prefill_tp must equal tp",

@@ -310,7 +310,7 @@ def _disaggregated_replicas(
         "decode": vllm_engine_args(config, accelerator, max_model_len),
     }
     servers = []
-    for k, (pool, index, _, devices) in enumerate(placement(config, 1 << 30)):
+    for k, (pool, index, _, _, devices) in enumerate(placement(config, 1 << 30)):
         kv = kv_transfer_config(config, accelerator, pool, index, storage="{trial_dir}/kv_cache")
         words = [*head, *pool_args[pool], *run.user]
         words += ["--kv-transfer-config", json.dumps(kv, sort_keys=True, separators=(",", ":"))]

@@ -13,6 +13,7 @@ from ..parameters import (
     data_parallel,
     grad_accum,
     instance_splits_a_node,
+    pd_nodes,
     kv_connector_rules,
     mooncake_ascend_broken,
     prefill_tp_or_tp,
@@ -139,6 +140,7 @@ def serve_checks(
     mml = max_model_len(workload)
     dpn = int(cluster.get("devices_per_node") or cluster.get("world_size") or 1)
     world = world_size(cluster)
+    nodes = max(world // dpn, 1)
     accel = str(cluster.get("accelerator", "cuda"))
     bad_int = np.zeros(t.shape, bool)
     for x in (t, p, r, mns, mbt):
@@ -176,9 +178,14 @@ def serve_checks(
             disagg & (c["world"] > world),
         ),
         (
-            f"an instance spans more than a node: tp*pp or prefill_tp*pp above the {dpn} devices of a node "
-            "(tp={tp}, prefill_tp={prefill_tp}, pp={pp})",
-            disagg & (np.maximum(t, tpp) * p > dpn),
+            f"an instance wider than a node takes whole nodes: tp*pp or prefill_tp*pp is not a multiple of the {dpn} "
+            "devices of a node (tp={tp}, prefill_tp={prefill_tp}, pp={pp})",
+            disagg & (instance_splits_a_node(t * p, dpn) | instance_splits_a_node(tpp * p, dpn)),
+        ),
+        (
+            f"the pools' instances take more nodes than the cluster's {nodes}, placed first-fit, prefill first, an "
+            "instance wider than a node on whole nodes of its own",
+            disagg & (pd_nodes(np.where(disagg, pr, 0), tpp * p, r, t * p, dpn) > nodes),
         ),
         (f"num_attention_heads {s.heads} is not divisible by prefill_tp={{prefill_tp}}", disagg & (s.heads % tpp != 0)),
         (
