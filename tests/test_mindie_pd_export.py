@@ -239,6 +239,7 @@ def test_a_config_the_script_refuses_is_refused_by_the_rules_first(tmp_path):
         ({"prefill_replicas": 21}, "1-20 prefill"),
         ({"prefill_tp": 8}, "prefill_tp must equal tp"),
         ({"prefill_replicas": 16, "replicas": 1}, "at most 15 each and 16 together"),
+        ({"tp": 16, "prefill_tp": 16, "replicas": 1}, "one pod on one node"),  # 16 NPUs over two 8-NPU nodes
     ],
 )
 def test_a_pd_layout_mindie_cannot_launch_is_refused_with_the_reason(changes, words):
@@ -330,3 +331,17 @@ def test_a_spec_probing_mindie_with_a_prefill_pool_is_refused_naming_the_field()
     problems = [p for p in err.value.problems if p.loc == ("space", "prefill_replicas")]
     assert problems and "MindIE-Motor" in problems[0].message
     parse_spec({**data, "space": {"prefill_replicas": [0], "tp": [8]}})  # aggregated only: fine
+
+
+def test_an_engine_setting_the_evidence_did_not_choose_is_named_where_both_pools_hold_it(tmp_path):
+    import dataclasses
+
+    ctx = _context(**{"engine.maxIterTimes": 200})
+    ctx = dataclasses.replace(
+        ctx, chosen_because="not distinguished by the model (probe to choose): engine.maxIterTimes 200|400"
+    )
+    data = json.loads(write_exports(ctx, tmp_path, ["mindie"])["mindie"].read_text())
+    for pool in ("prefill", "decode"):
+        assert data[f"mindie_server_{pool}_config"]["BackendConfig"]["ScheduleConfig"]["maxIterTimes"] == 200
+    (note,) = [n for n in data["_autotune"]["not_chosen_by_evidence"] if "engine.maxIterTimes" in n]
+    assert "ScheduleConfig.maxIterTimes (both pools))" in note and "200|400" in note

@@ -38,8 +38,11 @@ class MindIEExporter(Exporter):
 
     def render(self, ctx: ExportContext) -> str:
         config = ctx.config
+        engine = {
+            n: setting_where(n[len("engine.") :]) for n in config if n.startswith("engine.") and n[7:] in MINDIE_KEYS
+        }
         if _disaggregated(config):
-            return render_pd(ctx, dict(MINDIE_WRITTEN))
+            return render_pd(ctx, {**MINDIE_WRITTEN, **{n: f"{where} (both pools)" for n, where in engine.items()}})
         prompt, output = longest_lengths(ctx.workload)
         fragment = mindie_settings(
             config,
@@ -51,11 +54,7 @@ class MindIEExporter(Exporter):
         )
         tp = param(config, "tp")
         replicas = param(config, "replicas")
-        written = dict(MINDIE_WRITTEN)
-        written.update(
-            {n: setting_where(n[len("engine.") :]) for n in config if n.startswith("engine.") and n[7:] in MINDIE_KEYS}
-        )
-        header = header_fields(ctx, written)
+        header = header_fields(ctx, {**MINDIE_WRITTEN, **engine})
         header["merge"] = (
             "merge into your MindIE config.json (MindIE-LLM 3.0.0.beta.1 keys): mappings key by key, "
             "ModelConfig[0] key by key, a null value removes the key (plugin_params: null = no plugin)"
