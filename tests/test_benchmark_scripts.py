@@ -257,6 +257,7 @@ SLOW = [
             r"^worst factor [\d.]+x over 2 configs",
             r"^\| 8, chunked True \| [\d.]+ \| .+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \([\d.]+\) \| [\d.]+ \|$",
             r"^  tpot_p50_ms: median [\d.]+, range",
+            r"^refit: worst factor [\d.]+x over 2 configs",
         ),
         timeout_s=900,
         needs=VLLM_PYTHON,
