@@ -305,6 +305,21 @@ def server_words(record: dict) -> list[str]:
     return argv[3:]
 
 
+def vllm_parse_on_tiny(records: list[dict], folder: Path) -> list[dict]:
+    """vLLM's parse and engine config of each recorded server's command line, its checkpoint swapped
+    for a tiny Llama's config.json in ``folder`` (16 heads, so that vLLM checks the parallel layout
+    and not the weights; dummy weights, no tokenizer)."""
+    from autotune.stacks.vllm import hf_config
+
+    model = folder / "tiny"
+    model.mkdir(exist_ok=True)
+    tiny = {"name": "tiny", "arch": "llama", "hidden_size": 256, "num_hidden_layers": 4}
+    tiny |= {"num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 512, "vocab_size": 512}
+    (model / "config.json").write_text(json.dumps(hf_config({**tiny, "max_position_embeddings": 4096}, {})))
+    cases = [[str(model), *server_words(r)[1:], "--load-format", "dummy", "--skip-tokenizer-init"] for r in records]
+    return vllm_parse(cases, engine_config=True)
+
+
 def vllm_parse(cases: list[list[str]], engine_config: bool = False) -> list[dict]:
     """vLLM's own parse of each command line (one interpreter start for all:
     tests/fixtures/vllm/parse_serve_args.py); ``engine_config``: also the engine config vLLM builds

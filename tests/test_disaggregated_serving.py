@@ -24,7 +24,7 @@ from autotune.spec.space import Space
 from autotune.workers.parameters import trial_devices
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
 from autotune.workers.protocol import TrialRequest
-from support import VLLM_PYTHON, server_words, serving_config, vllm_parse, vllm_stand_ins
+from support import VLLM_PYTHON, server_words, serving_config, vllm_parse, vllm_parse_on_tiny, vllm_stand_ins
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures" / "vllm"))
 from disagg_proxies import parser as proxy_parser  # noqa: E402
@@ -382,26 +382,13 @@ def wide(tmp_path_factory) -> dict[str, Any]:
     tp8 on node 0, decode ranks on nodes 1 and 2; the script run as each node runs it and, with vLLM,
     its parse and engine config of every server's command line (a tiny Llama's config.json with 16
     heads, so that vLLM checks the parallel layout and not the weights)."""
-    from autotune.stacks.vllm import hf_config
-
     tmp = tmp_path_factory.mktemp("wide")
     ctx = _context(_serving(tp=16, replicas=1, prefill_tp=8), "cuda", 3, 8)
     assert EXPORTERS["vllm"].unsupported(ctx) == []
     script = write_exports(ctx, tmp / "export", ["vllm"])["vllm"]
     out: dict[str, Any] = {"nodes": [_servers_and_proxy(_run(script, tmp, n, "gpu-a gpu-b gpu-c")) for n in range(3)]}
-    out["parsed"] = []
-    if VLLM_PYTHON.exists():
-        model = tmp / "tiny"
-        model.mkdir()
-        tiny = {"name": "tiny", "arch": "llama", "hidden_size": 256, "num_hidden_layers": 4}
-        tiny |= {"num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 512, "vocab_size": 512}
-        (model / "config.json").write_text(json.dumps(hf_config({**tiny, "max_position_embeddings": 4096}, {})))
-        cases = []
-        for servers, _ in out["nodes"]:
-            for record in servers:
-                words = server_words(record)
-                cases.append([str(model), *words[1:], "--load-format", "dummy", "--skip-tokenizer-init"])
-        out["parsed"] = vllm_parse(cases, engine_config=True)
+    records = [record for servers, _ in out["nodes"] for record in servers]
+    out["parsed"] = vllm_parse_on_tiny(records, tmp) if VLLM_PYTHON.exists() else []
     return out
 
 

@@ -30,7 +30,6 @@ from autotune.finish.exports import EXPORTERS, write_exports
 from autotune.spec.load import parse_spec
 from autotune.spec.models import PRESETS
 from autotune.spec.space import Space
-from autotune.stacks.vllm import hf_config
 from autotune.workers.parameters import INSTANCE_NODES_RULE
 from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
@@ -41,7 +40,7 @@ from support import (
     local_npu_cluster,
     server_words,
     serving_config,
-    vllm_parse,
+    vllm_parse_on_tiny,
     vllm_stand_ins,
 )
 
@@ -178,17 +177,8 @@ def exported(tmp_path_factory) -> dict[str, Any]:
     out: dict[str, Any] = {"script": script, "runs": runs, "records": [_record(tmp, n) for n in range(4)]}
     out["beyond"] = _run_node(script, tmp, 4, "10.0.0.1,10.0.0.3")
     if VLLM_PYTHON.exists():
-        model = tmp / "tiny"
-        model.mkdir()
-        tiny = {"name": "tiny", "arch": "llama", "hidden_size": 256, "num_hidden_layers": 4}
-        tiny |= {"num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 512, "vocab_size": 512}
-        (model / "config.json").write_text(json.dumps(hf_config({**tiny, "max_position_embeddings": 4096}, {})))
-        cases = []
-        for record in out["records"]:
-            words = server_words(record)
-            assert words[0] == "/ckpt/llama2-70b"
-            cases.append([str(model), *words[1:], "--load-format", "dummy", "--skip-tokenizer-init"])
-        out["parsed"] = vllm_parse(cases, engine_config=True)
+        assert {server_words(record)[0] for record in out["records"]} == {"/ckpt/llama2-70b"}
+        out["parsed"] = vllm_parse_on_tiny(out["records"], tmp)
     return out
 
 
