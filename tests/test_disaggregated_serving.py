@@ -284,6 +284,16 @@ def test_an_instance_wider_than_a_node_takes_whole_nodes_of_its_own():
     ]
 
 
+def test_the_nodes_a_layout_takes_are_its_placements_and_a_typo_is_bounded_not_placed():
+    from autotune.workers.parameters import pd_nodes
+
+    nodes = pd_nodes(
+        np.array([1, 1, 2, 10**7]), np.array([4, 8, 4, 8]), np.array([2, 1, 1, 1]), np.array([4, 16, 16, 8]), 8
+    )
+    assert nodes.tolist()[:3] == [2, 3, 3]  # as placed: see the placements above
+    assert nodes[3] == 10**7 + 1  # ten million prefill instances: their devices' nodes, without placing each
+
+
 def test_a_decode_instance_across_nodes_is_priced_with_its_collectives_over_the_nics():
     """The same pools (prefill and decode tp16) on 8-NPU nodes (each instance over two of them, its
     tensor-parallel all-reduces over the NICs) and on 16-NPU nodes (within one): both valid, the first

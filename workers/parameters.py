@@ -618,14 +618,19 @@ def pd_nodes(prefill_replicas: Any, prefill_size: Any, replicas: Any, size: Any,
     if flat.size == 0:
         return np.zeros(cols[0].shape, dtype=np.int64)
     layouts, back = np.unique(flat, axis=0, return_inverse=True)
-    counts = np.array(
-        [
-            max((first + n for _, _, first, n, _ in pd_placement(*map(int, row), devices_per_node)), default=0)
-            for row in layouts
-        ],
-        dtype=np.int64,
-    )
+    per = max(int(devices_per_node), 1)
+
+    def nodes(prefill: int, prefill_size: int, replicas: int, size: int) -> int:
+        if max(prefill, 0) + max(replicas, 0) > _PLACED_MAX:  # no cluster holds it: at least its devices' nodes
+            return -(-(max(prefill, 0) * max(prefill_size, 1) + max(replicas, 0) * max(size, 1)) // per)
+        placed = pd_placement(prefill, prefill_size, replicas, size, per)
+        return max((first + n for _, _, first, n, _ in placed), default=0)
+
+    counts = np.array([nodes(*map(int, row)) for row in layouts], dtype=np.int64)
     return counts[back.ravel()].reshape(cols[0].shape)
+
+
+_PLACED_MAX = 4096  # instances beyond which pd_nodes bounds rather than places (a spec's typo, never a cluster)
 
 
 def prefill_tensor_parallel(config: Mapping[str, Any]) -> int:
