@@ -196,6 +196,7 @@ ray: {{enabled: false}}
         assert bundled[f"batch{b}_time_for_100_tokens_s"][0] < 0.5 * measured  # far off before
     kept = [json.loads(line) for line in (tmp_path / "host.serving-calibration" / "readings.jsonl").open()]
     assert [k["prompt_len"] for k in kept] == [16, 32] and all(k["info"]["serving"]["requests_jsonl"] for k in kept)
+    assert {k["output_len"] for k in kept} == {4}  # what a refit checks its spec against
     text = out.read_text()
     assert text.startswith("# Hardware profile written by `autotune calibrate --serving")
     assert yaml.safe_load(text)["serving_steps"]["engine"]

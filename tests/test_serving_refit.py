@@ -117,6 +117,10 @@ def test_the_short_prompt_readings_refit_to_the_engines_slo_rates(write_spec, tm
             '{"prompt_len": 128, "config": {"max_num_seqs": 8}, "status": "ok", "metrics": {}}\n',
             "a reading of another config",
         ),
+        (
+            '{"prompt_len": 64, "output_len": 64, "config": {}, "status": "ok", "metrics": {}}\n',
+            "measured with outputs of 64 tokens, the spec's traffic has 32",
+        ),
     ],
 )
 def test_readings_that_cannot_be_refitted_are_refused_naming_the_file(write_spec, tmp_path, content, words):

@@ -88,8 +88,7 @@ def calibration_spec(spec: Spec, prompt_len: int, batches: list[int]) -> Spec:
     from ..spec.workload_section import TrafficSpec
 
     w = spec.workload
-    _, output = w.traffic.mean()
-    out_len = max(int(round(output)), 2)
+    out_len = _output_len(spec)
     longest = sum(w.traffic.longest())
     traffic = TrafficSpec.model_validate(
         {
@@ -155,7 +154,8 @@ def calibrate_serving(
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             with (keep / READINGS).open("a") as f:
-                f.write(json.dumps({"prompt_len": length, "config": config, **result.to_json()}, default=str) + "\n")
+                line = {"prompt_len": length, "output_len": _output_len(spec), "config": config, **result.to_json()}
+                f.write(json.dumps(line, default=str) + "\n")
         if result.status != "ok":
             failures.append(f"prompt {length}: {result.status}: {result.reason}")
             continue
@@ -212,6 +212,13 @@ def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
                 f"{where}: a reading of another config ({json.dumps(this_config, sort_keys=True)}, the first was "
                 f"{json.dumps(config, sort_keys=True)}); one fit reads one config's readings"
             )
+        measured_output = record.get("output_len")  # readings kept before it was recorded have none
+        if measured_output is not None and int(measured_output) != _output_len(spec):
+            raise CalibrationInputError(
+                f"{where}: measured with outputs of {int(measured_output)} tokens, the spec's traffic has "
+                f"{_output_len(spec)}: refit with the spec that was calibrated (the fit prices each batch at its "
+                "output length)"
+            )
         if status != "ok":
             failures.append(f"prompt {length}: {status}: {record.get('reason') or ''}")
             continue
@@ -222,6 +229,11 @@ def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
     if config is None:
         raise CalibrationInputError(f"{path}: no readings in it (an empty file)")
     return _fitted(spec, config, runs, failures, engine)
+
+
+def _output_len(spec: Spec) -> int:
+    """The output length every calibration probe of ``spec`` asks for (:func:`calibration_spec`)."""
+    return max(int(round(spec.workload.traffic.mean()[1])), 2)
 
 
 def _fitted(
