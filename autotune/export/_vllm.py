@@ -36,7 +36,13 @@ from ..workers.parameters import instance_devices, prefill_tensor_parallel, serv
 
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines, json_text, one_line, unsafe_settings
 from ._env import env_exports, env_written
-from ._vllm_disagg import SHARED_STORAGE_PATH, connector_class, disaggregated_lines, placement
+from ._vllm_disagg import (
+    MULTINODE_ARGS,
+    SHARED_STORAGE_PATH,
+    connector_class,
+    disaggregated_lines,
+    instances_across_nodes,
+)
 from ._vllm_multinode import MULTINODE_CPU_REFUSAL, multinode_lines, spans_nodes
 
 __all__ = [
@@ -391,8 +397,7 @@ class VllmExporter(Exporter):
             if connector == "NixlConnector"
             else ""
         )
-        wide = any(span > 1 for _, _, _, span, _ in placement(config, dpn))
-        across = '"${multinode[@]}" ' if wide else ""  # an instance over whole nodes (disaggregated_lines)
+        across = f"{MULTINODE_ARGS} " if instances_across_nodes(config, dpn) else ""
         tail = (
             f'--port $((PORT + SERVER_PORT[k])) "${{args[@]}}" --kv-transfer-config "${{SERVER_KV[$k]}}" {across}"$@" &'
         )

@@ -37,11 +37,13 @@ from ._vllm_multinode import MASTER_PORT, multinode_words
 
 __all__ = [
     "DISAGG_PROXIES",
+    "MULTINODE_ARGS",
     "NIXL_SIDE_CHANNEL_BASE",
     "connector_class",
     "kv_transfer_config",
     "placement",
     "disaggregated_lines",
+    "instances_across_nodes",
 ]
 
 # where a prefill / decode server listens: PORT + this + its index in the pool (the proxy takes PORT)
@@ -108,6 +110,16 @@ def placement(config: dict[str, Any], devices_per_node: int) -> list[tuple[str, 
     )
 
 
+# the words disaggregated_lines sets, per server, for a rank of an instance across nodes: a serve
+# command of a deployment with such an instance (instances_across_nodes) passes them on
+MULTINODE_ARGS = '"${multinode[@]}"'
+
+
+def instances_across_nodes(config: dict[str, Any], devices_per_node: int) -> bool:
+    """Whether any instance of the deployment takes more than one node."""
+    return any(span > 1 for _, _, _, span, _ in placement(config, devices_per_node))
+
+
 def disaggregated_lines(
     config: dict[str, Any],
     accelerator: str,
@@ -122,7 +134,7 @@ def disaggregated_lines(
     ``$k``'s devices, port and KV config), and the proxy on node 0."""
     servers = placement(config, devices_per_node)
     nodes = max(node + span for _, _, node, span, _ in servers)
-    wide = any(span > 1 for _, _, _, span, _ in servers)
+    wide = instances_across_nodes(config, devices_per_node)
     proxy = _proxy(config, accelerator)
     where, style = DISAGG_PROXIES[proxy]
     kv = [

@@ -467,9 +467,7 @@ class Engine:
         scale_slot = within_window(pw_slot, scale_slot, window_wait(rho, self.mu, v, tr.duration))
         backlog = overload_backlog(rho, tr.duration)
         vp = (tr.ca2 + tr.prompt.cv2) / 2.0
-        pf_service = st["T1"] * st["Pw"] / st["cbusy"]
-        rp, scale_pf = queue_wait(st["rho_p"], vp, pf_service, burst)
-        scale_pf = within_window(rp, scale_pf, window_wait(st["rho_p"], 1.0 / pf_service, vp, tr.duration))
+        rp, scale_pf = queue_wait(st["rho_p"], vp, st["T1"] * st["Pw"] / st["cbusy"], burst, tr.duration)
         # an arrival lands uniformly in a running step, the longer steps more often (size-biased)
         landed = (st["f"] * st["T1"] ** 2 + (1.0 - st["f"]) * st["T0"] ** 2) / st["t"]
         fixed = self.api + landed / 2.0
@@ -554,14 +552,16 @@ def slot_wait(rho: np.ndarray, c: np.ndarray, S: np.ndarray, v: float, burst: fl
         return pw, np.where(sak > 0, v * sak / np.maximum(pw, 1e-300), 0.0) * S / (c * (1.0 - rho))
 
 
-def queue_wait(rho: np.ndarray, v: float, service: np.ndarray, burst: float):
-    """The wait of a G/G/1 stage at utilisation rho (held at :data:`RHO_MAX`), one job's service
-    ``service``: (P_w = rho^burst, the conditional wait's mean), Kingman's mean wait v rho / (1 - rho)
-    times the service."""
+def queue_wait(rho: np.ndarray, v: float, service: np.ndarray, burst: float, duration: float):
+    """The wait of a G/G/1 stage at utilisation rho, one job's service ``service``, in a load window
+    of ``duration`` seconds: (P_w = rho^burst, the conditional wait's mean), Kingman's mean wait
+    v rho / (1 - rho) times the service (rho held at :data:`RHO_MAX`), at most what the window can
+    build (:func:`window_wait`)."""
     r = np.minimum(rho, RHO_MAX)
     pw = r**burst
     with np.errstate(divide="ignore", invalid="ignore"):
-        return pw, np.where(pw > 0, v * r / np.maximum(pw, 1e-300), 0.0) * service / (1.0 - r)
+        scale = np.where(pw > 0, v * r / np.maximum(pw, 1e-300), 0.0) * service / (1.0 - r)
+    return pw, within_window(pw, scale, window_wait(rho, 1.0 / service, v, duration))
 
 
 def window_wait(rho: np.ndarray, rate: np.ndarray, v: float, duration: float) -> np.ndarray:
@@ -711,15 +711,16 @@ def _closed_loop(eng: Engine, tr: Traffic) -> dict[str, np.ndarray]:
     request reaches an idle engine alone and gets its first token from a step of its own prompt;
     its decode then waits for the others' prefill (:func:`batch_figures`)."""
     out: dict[str, np.ndarray] = {}
+    chunk = np.where(eng.chunked, eng.mbt, np.maximum(np.floor(eng.mbt / eng.P_eff), 1.0) * eng.P_eff)
+    zero = np.zeros_like(eng.mns)
+
+    def first_token(tokens: np.ndarray) -> np.ndarray:
+        """Seconds to the first token of the last of ``tokens`` prompt tokens sent to an idle engine."""
+        return eng.api + eng.iteration(zero, np.minimum(chunk, tokens)) * np.maximum(1.0, tokens / chunk)
+
+    first = first_token(eng.P_eff)  # the request served first: its own prompt alone
     for b in tr.batch_sweep:
         br = np.minimum(np.ceil(b / eng.r), eng.mns)
-        tokens = br * eng.P_eff
-        chunk = np.where(eng.chunked, eng.mbt, np.maximum(np.floor(eng.mbt / eng.P_eff), 1.0) * eng.P_eff)
-        c1 = np.minimum(chunk, tokens)
-        zero = np.zeros_like(br)
-        ttft = eng.api + eng.iteration(zero, c1) * np.maximum(1.0, tokens / chunk)
-        one = np.minimum(chunk, eng.P_eff)
-        first = eng.api + eng.iteration(zero, one) * np.maximum(1.0, eng.P_eff / chunk)
         t100 = eng.iteration(br, zero, eng.P + 50.0)
-        batch_figures(out, b, ttft, t100, eng.iteration(br, zero), eng, first_ttft=first)
+        batch_figures(out, b, first_token(br * eng.P_eff), t100, eng.iteration(br, zero), eng, first_ttft=first)
     return out

@@ -166,9 +166,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         light = np.minimum(cmax, P_eff * np.ones_like(lam))
         cbusy = light + np.clip(rho_p, 0.0, 1.0) * (cmax - light)
         T_busy = pre.iteration(np.zeros_like(cbusy), cbusy)
-        pf_service = T_busy * P_eff / cbusy
-        pw_p, scale_p = queue_wait(rho_p, v_pf, pf_service, burst)
-        scale_p = within_window(pw_p, scale_p, window_wait(rho_p, 1.0 / pf_service, v_pf, tr.duration))
+        pw_p, scale_p = queue_wait(rho_p, v_pf, T_busy * P_eff / cbusy, burst, tr.duration)
 
         def prefill_time(P_tokens: Any) -> np.ndarray:
             chunk = np.maximum(cbusy + (P_tokens - P_eff), 1e-3)
