@@ -28,7 +28,7 @@ def test_bundled_profiles_are_package_data():
         assert folder.joinpath(f"{name}.yaml").is_file()
 
 
-@pytest.mark.parametrize("name", ["ascend-910b", "a100-sxm-80gb", "h100-sxm-80gb", "cpu"])
+@pytest.mark.parametrize("name", ["ascend-910b", "a100-sxm-80gb", "a800-sxm4-80gb", "h100-sxm-80gb", "cpu"])
 def test_profile_has_every_key(name):
     profile = load_profile(name)
     assert isinstance(profile, dict)
@@ -47,6 +47,13 @@ def test_profile_has_every_key(name):
         "flash_attention_efficiency",
     ):
         assert 0 < profile[key] <= 1, key
+
+
+def test_the_a800_is_the_a100_with_its_nvlink_cut_to_400_gb_s():
+    a100, a800 = load_profile("a100-sxm-80gb"), load_profile("a800-sxm4-80gb")
+    assert a800["intra_node_bandwidth_gbps"] == 200  # 400 GB/s total, per direction
+    different = {k for k in a100 if a100[k] != a800[k]}
+    assert different == {"name", "description", "intra_node_bandwidth_gbps"}
 
 
 def test_public_figures():
