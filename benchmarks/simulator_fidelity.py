@@ -29,9 +29,10 @@ def row_inputs(row: dict[str, str]) -> tuple[dict, dict, dict, dict]:
     """(model, workload, cluster, params) of one CSV row. Two model facts the CSV leaves out come
     from the sources: GPT rows (Megatron GPT, MPT) tie the embeddings, Llama does not (unless the
     row's ``tie_embeddings`` column says otherwise); MPT (llm-foundry) trains without dropout,
-    Megatron's GPT with it. The optional ``cp`` and ``memory_rule`` columns give the context-parallel
-    size, the stack's memory rule (Megatron's when empty) and whether the gradient reduction overlaps
-    the backward (Megatron-LM's ``--overlap-grad-reduce``, off by default there; on when empty)."""
+    Megatron's GPT with it. The optional columns: ``cp`` (the context-parallel size),
+    ``first_stage_layers`` (the first pipeline stage's layers; empty: an even split),
+    ``memory_rule`` (the stack's; empty: Megatron's) and ``overlap_grad_reduce`` (Megatron-LM's
+    ``--overlap-grad-reduce``, off by default there; empty: on)."""
     arch = row["arch"]
     model = dict(
         arch=arch,
@@ -67,6 +68,7 @@ def row_inputs(row: dict[str, str]) -> tuple[dict, dict, dict, dict]:
         tp=int(row["tp"]),
         pp=int(row["pp"]),
         cp=cp,
+        first_stage_layers=int(row["first_stage_layers"]) if row.get("first_stage_layers") else None,
         vpp=int(row["vpp"] or 1),
         dp=int(row["dp"]),
         micro_batch_size=int(row["micro_batch_size"]),

@@ -248,6 +248,7 @@ def _megatron_core_readback(args: dict[str, Any]) -> dict[str, Any]:
     dtype = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else torch.float32
     tc = TransformerConfig(
         num_layers=layers,
+        num_layers_in_first_pipeline_stage=args.get("num_layers_in_first_pipeline_stage"),
         hidden_size=int(args["hidden_size"]),
         num_attention_heads=int(args["num_attention_heads"]),
         ffn_hidden_size=int(args["ffn_hidden_size"]),
@@ -316,6 +317,31 @@ def test_megatron_export_builds_megatron_cores_configs_and_launches_the_measured
     assert (arrays["STACK_ARGS"][: len(MINDSPEED_FLAGS)] == list(MINDSPEED_FLAGS)) == (target == "mindspeed")
     if target == "mindspeed" and config["cp"] > 1:  # ring attention, not the Ulysses default of older MindSpeed
         assert arrays["STACK_ARGS"][-2:] == ["--context-parallel-algo", "megatron_cp_algo"]
+
+
+@pytest.mark.parametrize("target", ["megatron", "mindspeed"])
+def test_a_first_stage_of_its_own_size_builds_those_layers_in_megatron_core(target):
+    """first_stage_layers: Megatron-LM's --decoder-first-pipeline-num-layers (megatron-core's
+    num_layers_in_first_pipeline_stage: its own get_num_layers_to_build gives each rank its layers),
+    MindSpeed-LLM's --num-layer-list (every stage's layers, as its Llama-3-70B example writes them)."""
+    config = {**cfg(pp=4, zero=1), "first_stage_layers": 5}  # 32 layers: 5, then 9 on each of the other three
+    _, arrays = _megatron_script(config, target)
+    args = _flags(arrays["MODEL_ARGS"] + arrays["AUTOTUNE_ARGS"])
+    if target == "mindspeed":
+        assert args["num_layer_list"] == "5,9,9,9" and "decoder_first_pipeline_num_layers" not in args
+        return
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    args["num_layers_in_first_pipeline_stage"] = int(args.pop("decoder_first_pipeline_num_layers"))
+    tc = _megatron_core_readback(args)["tc"]
+    assert [get_num_layers_to_build(tc, pp_rank=r) for r in range(4)] == [5, 9, 9, 9]
+
+
+def test_stacks_that_cannot_write_a_first_stage_of_its_own_size_refuse_it():
+    config = {**cfg(pp=2, zero=3), "first_stage_layers": 8}
+    for target in ("torchtitan", "mindformers"):
+        assert any("first_stage_layers" in r for r in unsupported_reasons(target, config)), target
+    assert not any("first_stage_layers" in r for r in unsupported_reasons("megatron", {**config, "zero_stage": 1}))
 
 
 def test_mindspeed_flags_are_those_of_mindspeed_llms_llama_examples():

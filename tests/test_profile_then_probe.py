@@ -40,6 +40,7 @@ def test_a_profile_is_planned_only_where_the_stages_hold_enough_layers():
     assert plan_profile(model, {"pp": 1}) == (1, 4)  # 32 per stage: read far past 4
     assert plan_profile(model, {"pp": 4, "vpp": 2}) == (1, 2)  # 4 per virtual stage
     assert plan_profile(model, {"pp": 8, "vpp": 2}) is None  # 2 per stage: a profile costs a probe
+    assert plan_profile(model, {"pp": 4, "first_stage_layers": 5}) is None  # stages unlike one another
 
 
 def test_the_highest_stage_decides_and_a_probe_without_stages_is_one():

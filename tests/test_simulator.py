@@ -389,6 +389,42 @@ def test_simulate_trial_invalid_reason():
     assert res.status == "invalid" and "pp*vpp" in res.reason
 
 
+LLAMA3_70B = dict(LLAMA70B, vocab_size=128256, max_position_embeddings=8192)
+
+
+def _seventy_b(first_stage_layers, **extra):
+    """MindSpeed-LLM's Llama-3-70B layout on 32 910Bs (tp8 pp4, micro-batch 1, 8k tokens, no distributed
+    optimizer), with the first stage's layers given."""
+    params = dict(tp=8, pp=4, micro_batch_size=1, sequence_parallel=True, first_stage_layers=first_stage_layers)
+    return simulate_configs(
+        LLAMA3_70B,
+        dict(kind="train", seq_len=8192, global_batch_size=512),
+        load_profile("ascend-910b"),
+        dict(accelerator="npu", nodes=4, devices_per_node=8, world_size=32),
+        columns_from_params([{**params, **extra}]),
+    )
+
+
+def test_fewer_layers_on_the_first_stage_lower_its_peak_and_slow_the_last():
+    """The first stage holds pp micro-batches and the embedding: split evenly it is the fullest (68 GiB
+    of 64 here, the layout MindSpeed-LLM publishes with --num-layer-list 17,20,22,21); 17 layers there
+    fit, and the last stage's 21 layers set the pace. Far fewer (5) move the peak to the second stage."""
+    even, uneven, lopsided = _seventy_b(None), _seventy_b(17), _seventy_b(5)
+    assert not even["fits"][0] and uneven["fits"][0]
+    assert uneven["peak_memory_gib"][0] < even["peak_memory_gib"][0] - 4
+    assert uneven["tokens_per_s_per_device"][0] < even["tokens_per_s_per_device"][0]
+    # 5 + 3 x 25: the second stage holds 3 micro-batches of 25 layers, more than the first's 4 x 5
+    assert lopsided["peak_memory_gib"][0] > uneven["peak_memory_gib"][0]
+    assert _seventy_b(20)["peak_memory_gib"][0] == pytest.approx(even["peak_memory_gib"][0])  # 20 is the even split
+
+
+def test_a_first_stage_of_its_own_size_needs_a_split_that_divides_and_no_interleaving():
+    res = simulate_trial(_request({"tp": 1, "pp": 4, "micro_batch_size": 1, "first_stage_layers": 7}))
+    assert res.status == "invalid" and "do not split evenly" in res.reason
+    res = simulate_trial(_request({"tp": 1, "pp": 4, "vpp": 2, "micro_batch_size": 1, "first_stage_layers": 5}))
+    assert res.status == "invalid" and "vpp = 1" in res.reason
+
+
 def test_simulate_trial_profile_by_name_and_infer():
     cluster = dict(accelerator="cuda", nodes=1, devices_per_node=8, world_size=8, hardware="a100-sxm-80gb")
     res = simulate_trial(_request({"tp": 4, "batch_size": 4}, workload=INFER, cluster=cluster))
@@ -446,9 +482,9 @@ def test_fidelity_on_published_rows_the_model_was_never_set_against():
 
 
 def test_held_out_runs_fit_and_the_ablations_oom_layout_does_not():
-    """Every published run ran, so the model must let it fit, except the two whose script splits
-    the layers unevenly over the stages (``--num-layer-list``), which the model does not price;
-    the A800 ablation's one layout that ran out of memory (tp1 pp1 dp8) must not fit."""
+    """Every published run ran, so the model must let it fit (the two Llama-3-70B MindSpeed runs only
+    with their first stage's 17 layers: split evenly they would not); the A800 ablation's one layout
+    that ran out of memory (tp1 pp1 dp8) must not fit."""
     spec = importlib.util.spec_from_file_location("simulator_fidelity", REPO / "benchmarks" / "simulator_fidelity.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -459,8 +495,8 @@ def test_held_out_runs_fit_and_the_ablations_oom_layout_does_not():
         out = simulate_configs(model, workload, load_profile(row["hardware"]), cluster, columns_from_params([params]))
         if not out["fits"][0]:
             refused.append(row["id"])
-    assert all("--num-layer-list" in next(r["notes"] for r in rows if r["id"] == i) for i in refused), refused
-    assert len(refused) <= 2
+    assert refused == []
+    assert sum(bool(r["first_stage_layers"]) for r in rows) == 2
     base = dict(next(r for r in rows if r["id"] == "flagperf_llama3_8b_a800_base"), tp="1", pp="1", dp="8", sp="false")
     model, workload, cluster, params = module.row_inputs(base)
     out = simulate_configs(model, workload, load_profile(base["hardware"]), cluster, columns_from_params([params]))

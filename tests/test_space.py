@@ -84,6 +84,25 @@ def test_recompute_layers_canonical(write_spec):
     assert part.config["recompute_layers"] == 1
 
 
+def test_first_stage_layers_canonical_and_its_rules(write_spec):
+    """An even split (or one stage) is no first_stage_layers; an uneven one needs the rest to split
+    evenly over the other stages, and no interleaving."""
+    text = TINY_TRAIN.replace("  pp: [1, 2]\n", "  pp: [1, 2, 4]\n  first_stage_layers: [1, 2, 3]\n  vpp: [1, 2]\n")
+    text = text.replace("devices_per_node: 2", "devices_per_node: 4")
+    space = Space(load_spec(write_spec(text)))
+    base = {"tp": 1, "micro_batch_size": 1, "vpp": 1}
+    assert "first_stage_layers" not in space.resolve({**base, "pp": 2, "first_stage_layers": 2}).config
+    assert "first_stage_layers" not in space.resolve({**base, "pp": 1, "first_stage_layers": 3}).config
+    one = space.resolve({**base, "pp": 2, "first_stage_layers": 1})
+    assert one.valid and one.config["first_stage_layers"] == 1
+    three = space.resolve({**base, "pp": 4, "first_stage_layers": 2})  # 2 + 2/3 per stage
+    assert not three.valid and any("do not split evenly" in v for v in three.violations)
+    interleaved = space.resolve({**base, "pp": 2, "vpp": 2, "first_stage_layers": 1})
+    assert not interleaved.valid and any("first_stage_layers needs vpp = 1" in v for v in interleaved.violations)
+    configs = space.enumerate().configs
+    assert {c.get("first_stage_layers") for c in configs} == {None, 1, 3}
+
+
 def test_llama2_7b_space_counts():
     space = Space(load_spec(REPO / "search_spaces" / "llama2_7b_8npu.yaml"))
     enum = space.enumerate()

@@ -323,6 +323,16 @@ TRAINING: dict[str, Parameter] = {
             mindformers="model.model_config.pp_interleave_num",
         ),
         Parameter(
+            "first_stage_layers",
+            None,
+            "layers on the first pipeline stage, the rest split evenly over the others (None: an even "
+            "split); fewer there lowers the stage that holds the most micro-batches and the embedding",
+            type=int,
+            # Megatron-LM's flag (megatron-core's num_layers_in_first_pipeline_stage); MindSpeed-LLM's
+            # examples spell the same split as one list of every stage's layers
+            megatron=("--decoder-first-pipeline-num-layers", "--num-layer-list"),
+        ),
+        Parameter(
             "dp",
             1,
             "data-parallel size: derived, world_size / (tp*pp*cp)",
@@ -497,6 +507,10 @@ REFERENCE_DP_RULE = (
     "scaling_efficiency's reference: each rank's work kept, one node's worth of data parallelism "
     "(devices_per_node // (tp*pp*cp), at least 1) when the config spans nodes, else dp 1"
 )
+FIRST_STAGE_RULE = (
+    "first_stage_layers only with pp > 1 and vpp = 1; the other pp - 1 stages split the remaining layers "
+    "evenly (Megatron-LM's --decoder-first-pipeline-num-layers)"
+)
 RULES = (DP_RULE, GRAD_ACCUM_RULE, SEQUENCE_PARALLEL_RULE, VPP_RULE, REFERENCE_DP_RULE)
 
 
@@ -539,6 +553,19 @@ def weak_scaled(config: Mapping[str, Any], devices: int) -> tuple[int, int]:
 def sequence_parallel_on(sequence_parallel: Any, tp: Any) -> Any:
     """:data:`SEQUENCE_PARALLEL_RULE`: whether sequence parallelism is on."""
     return sequence_parallel & (tp > 1)
+
+
+def stage_layers(num_layers: Any, pp: Any, first_stage_layers: Any) -> tuple[Any, Any]:
+    """:data:`FIRST_STAGE_RULE`: ``(layers of the first stage, layers of each other stage)``;
+    ``first_stage_layers`` None, 0 or negative (the simulator's "unset") is an even split. Floats where
+    the split does not divide (the caller refuses the config)."""
+    even = num_layers / _at_least(pp * 1.0, 1.0)
+    if first_stage_layers is None:
+        return even, even
+    uneven = (first_stage_layers > 0) & (pp > 1)
+    first = first_stage_layers * uneven + even * (1 - uneven)
+    rest = (num_layers - first_stage_layers) / _at_least(pp - 1.0, 1.0)
+    return first, rest * uneven + even * (1 - uneven)
 
 
 def effective_vpp(vpp: Any, pp: Any) -> Any:

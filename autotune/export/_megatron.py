@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..workers.parameters import effective_vpp, sequence_parallel_on, spellings, value
+from ..workers.parameters import effective_vpp, sequence_parallel_on, spellings, stage_layers, value
 from ._base import ExportContext, Exporter, args_written, bash_array, header_lines
 from ._env import env_exports, env_written
 
@@ -47,12 +47,25 @@ MINDSPEED_FLAGS = (
 MEGATRON_FLAGS = spellings("megatron")
 
 
-def megatron_args(config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None) -> list[str]:
+def megatron_args(
+    config: dict[str, Any], global_batch_size: int | None, num_layers: int | None = None, target: str = "megatron"
+) -> list[str]:
     """Megatron-LM / MindSpeed-LLM arguments for the config's parallel, batch, recompute,
-    optimizer-sharding and precision settings."""
+    optimizer-sharding and precision settings. A first stage of its own size is Megatron-LM's
+    ``--decoder-first-pipeline-num-layers``; MindSpeed-LLM's examples write the same split as
+    ``--num-layer-list`` (every stage's layers, MindSpeed's own flag)."""
     tp, pp = value(config, "tp"), value(config, "pp")
     vpp = effective_vpp(value(config, "vpp"), pp)
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    first = value(config, "first_stage_layers")
+    if first and pp > 1:
+        if target == "mindspeed":
+            if not num_layers:
+                raise ValueError("MindSpeed's --num-layer-list needs the model's layer count")
+            _, other = stage_layers(num_layers, pp, first)
+            args += ["--num-layer-list", ",".join([str(first), *[str(int(other))] * (pp - 1)])]
+        else:
+            args += ["--decoder-first-pipeline-num-layers", str(first)]
     if vpp > 1:
         if not num_layers:
             raise ValueError("an interleaved schedule (vpp > 1) needs the model's layer count")
@@ -153,7 +166,7 @@ class MegatronExporter(Exporter):
             stack = MINDSPEED_FLAGS
             if value(ctx.config, "cp") > 1:  # ring attention, as measured and priced; MindSpeed's default
                 stack += ("--context-parallel-algo", "megatron_cp_algo")  # was Ulysses in older releases
-        args = megatron_args(ctx.config, gbs, layers)
+        args = megatron_args(ctx.config, gbs, layers, target)
         written = {**env_written(ctx), **args_written(args, MEGATRON_FLAGS)}  # precision: --bf16 or --fp16
         if gbs:  # dp and grad-accum follow from the global batch
             written.update(dp="--global-batch-size (dp)", grad_accum="--global-batch-size (grad-accum)")

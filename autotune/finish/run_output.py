@@ -49,6 +49,7 @@ def short(config: dict[str, Any]) -> str:
         "tp",
         "pp",
         "vpp",
+        "first_stage_layers",
         "cp",
         "dp",
         "micro_batch_size",
@@ -66,6 +67,7 @@ def short(config: dict[str, Any]) -> str:
         "sequence_parallel": "sp",
         "zero_stage": "zero",
         "recompute_layers": "rl",
+        "first_stage_layers": "first",
         "precision": "",
         "batch_size": "bs",
     }

@@ -190,7 +190,11 @@ def plan_profile(model: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[i
     """Layers per (virtual) stage of a layout's two profiles, or None when its stages hold fewer
     than ``MIN_LAYERS_PER_STAGE`` layers (two profiles would cost about a full probe). The second
     profile is as far from the first as half the stage allows, up to ``MAX_PROFILE_LAYERS``: a
-    profile's noise reaches the full model by the fit's leverage, which falls with the spread."""
+    profile's noise reaches the full model by the fit's leverage, which falls with the spread.
+    None too for a first stage of its own size (``first_stage_layers``): its stages hold different
+    layers and in-flight micro-batches, which one line of even stages does not read."""
+    if params.get("first_stage_layers") is not None:
+        return None
     per = layers_per_stage(model, params)
     if per < MIN_LAYERS_PER_STAGE:
         return None

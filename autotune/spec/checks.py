@@ -96,6 +96,7 @@ def semantic_problems(spec: Spec) -> list[SpecProblem]:
         "pp": True,
         "cp": True,
         "vpp": True,
+        "first_stage_layers": True,
         "micro_batch_size": True,
         "sequence_parallel": True,
         "recompute": True,

@@ -517,7 +517,16 @@ class Space:
             grad_accum = np.maximum(grad_accum_of(gbs, mbs, dp).astype(int), 1)
             # canonical form: settings that cannot matter take their neutral value
             vpp = effective_vpp(vpp, pp)
-            reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = self.layers % (pp * vpp) != 0
+            uneven = np.zeros(n, dtype=bool)
+            if "first_stage_layers" in out:  # FIRST_STAGE_RULE; canonical: an even split (or one stage) is unset
+                first = out["first_stage_layers"].astype(int)
+                uneven = (pp > 1) & (first * pp != self.layers)
+                reasons["first_stage_layers needs vpp = 1"] = uneven & (vpp > 1)
+                reasons[
+                    f"num layers ({self.layers}) less first_stage_layers do not split evenly over the other pp-1 stages"
+                ] = uneven & ((first >= self.layers) | ((self.layers - first) % np.maximum(pp - 1, 1) != 0))
+                out["first_stage_layers"] = np.where(uneven, first, None).astype(object)
+            reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = ~uneven & (self.layers % (pp * vpp) != 0)
             reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (
                 grad_accum % pp != 0
             )

@@ -117,6 +117,11 @@ class SpaceSpec(Strict):
     pp: IntChoice | None = None
     cp: IntChoice | None = None
     vpp: IntChoice | None = None
+    first_stage_layers: IntChoice | None = Field(
+        default=None,
+        description="layers on the first pipeline stage, the rest split evenly over the others (unset: an even "
+        "split); pp > 1 and vpp = 1 only",
+    )
     micro_batch_size: IntChoice | None = None
     sequence_parallel: list[bool] | None = None
     recompute: list[Literal["none", "selective", "full"]] | None = None
@@ -166,6 +171,7 @@ class SpaceSpec(Strict):
         "pp",
         "cp",
         "vpp",
+        "first_stage_layers",
         "micro_batch_size",
         "recompute_layers",
         "batch_size",
@@ -223,6 +229,7 @@ class SpaceSpec(Strict):
         "pp",
         "cp",
         "vpp",
+        "first_stage_layers",
         "micro_batch_size",
         "recompute_layers",
         "batch_size",

@@ -56,6 +56,7 @@ __all__ = [
     "mindspore_only",
     "param",
     "partial_recompute",
+    "uneven_pipeline",
     "uses_mindspore",
 ]
 
@@ -288,6 +289,14 @@ def partial_recompute(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     if rl is None:
         return np.zeros(n, dtype=bool)
     return np.array([v is not None for v in np.asarray(rl, dtype=object)], dtype=bool)
+
+
+def uneven_pipeline(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Fewer (or more) layers on the first pipeline stage (``first_stage_layers`` set)."""
+    first = cols.get("first_stage_layers")
+    if first is None:
+        return np.zeros(n, dtype=bool)
+    return np.array([v is not None for v in np.asarray(first, dtype=object)], dtype=bool)
 
 
 def compiled(cols: dict[str, np.ndarray], n: int) -> np.ndarray:

@@ -63,7 +63,7 @@ def megatron_launch(run: PresetRun, flavour: str = "megatron", stack_args: tuple
         *run.entry,
         *model_args(run.model, run.workload, flavour),
         *stack_args,
-        *megatron_args(config, run.global_batch_size, run.layers),
+        *megatron_args(config, run.global_batch_size, run.layers, flavour),
         "--train-iters",
         str(run.iterations),
         "--log-interval",

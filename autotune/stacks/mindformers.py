@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from autotune.export._mindformers import MindFormersExporter
 
-from ._base import Rule, Stack, compiled, param, uses_mindspore
+from ._base import Rule, Stack, compiled, param, uneven_pipeline, uses_mindspore
 
 __all__ = ["STACK"]
 
@@ -21,6 +21,10 @@ def mindformers_rules(n: int) -> list[Rule]:
             lambda c: param(c, "zero_stage", n).astype(int) >= 2,
         ),
         ("torch.compile does not apply to MindSpore", lambda c: compiled(c, n)),
+        (
+            "the MindFormers export writes no first_stage_layers (MindFormers' model_config.offset is not mapped)",
+            lambda c: uneven_pipeline(c, n),
+        ),
     ]
 
 

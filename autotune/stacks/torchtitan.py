@@ -13,7 +13,7 @@ import numpy as np
 
 from autotune.export._torchtitan import TorchtitanExporter, activation_checkpoint_subcommand, torchtitan_args
 
-from ._base import PresetLaunch, PresetRun, Rule, Stack, mindspore_only, param, partial_recompute
+from ._base import PresetLaunch, PresetRun, Rule, Stack, mindspore_only, param, partial_recompute, uneven_pipeline
 
 __all__ = ["STACK"]
 
@@ -33,6 +33,11 @@ def torchtitan_rules(n: int) -> list[Rule]:
             lambda c: (precision(c) == "bf16") & (zero(c) < 2),
         ),
         ("torchtitan 0.3 checkpoints every block: no recomputed-layer count", lambda c: partial_recompute(c, n)),
+        (
+            "the torchtitan export writes no first_stage_layers (torchtitan weighs the embedding as layers: "
+            "--parallelism.pipeline_parallel_first_stage_less_layers is not a layer count)",
+            lambda c: uneven_pipeline(c, n),
+        ),
         (
             "torchtitan's compile has no mode: only compile 'default' is expressible",
             lambda c: np.isin(param(c, "compile", n).astype(str), ["reduce-overhead", "max-autotune"]),

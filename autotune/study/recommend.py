@@ -38,7 +38,7 @@ __all__ = ["Recommendation", "recommend", "study_recommendation", "SIMULATOR_MAP
 
 # benchmarks/simulator_fidelity.py: predicted vs published step times of 9 measured training
 # runs (the rows of benchmarks/data/training_measured.csv), mean absolute error 5.3 %. On 27 rows
-# the model never saw (training_heldout.csv) it is 9.0 % in absolute terms, but the tolerance is
+# the model never saw (training_heldout.csv) it is 9.1 % in absolute terms, but the tolerance is
 # between configs of one study, one stack on one hardware: the held-out A800 layout ablation
 # (seven layouts of one node) spreads its errors over -2 % to +14 % and ranks them as measured.
 SIMULATOR_MAPE = 0.053

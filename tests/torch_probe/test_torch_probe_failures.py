@@ -46,8 +46,12 @@ def test_real_allocator_oom_is_classified_oom(probe):
 
 @pytest.mark.parametrize(
     "params,model_change,needle",
-    [({"pp": 2}, {"num_hidden_layers": 3}, "not divisible by pp*vpp"), ({"tp": 2, "dp": 2}, {}, "!= world size 2")],
-    ids=["layers-pp", "world"],
+    [
+        ({"pp": 2}, {"num_hidden_layers": 3}, "not divisible by pp*vpp"),
+        ({"tp": 2, "dp": 2}, {}, "!= world size 2"),
+        ({"pp": 2, "first_stage_layers": 4}, {}, "less first_stage_layers 4 do not split evenly"),
+    ],
+    ids=["layers-pp", "world", "first-stage"],
 )
 def test_invalid_config_is_classified_invalid(probe, params, model_change, needle):
     run = probe(params, world=2, model=model_change, launcher="torchrun")

@@ -9,7 +9,12 @@ torch = pytest.importorskip("torch")
 
 from autotune.workers.torch_probe.measure import peak_allocated_bytes  # noqa: E402
 from autotune.workers.torch_probe.model import Transformer, init_weights, synthetic_tokens  # noqa: E402
-from autotune.workers.torch_probe.parallelize import ParallelModel, apply_recompute, pipeline_split  # noqa: E402
+from autotune.workers.torch_probe.parallelize import (  # noqa: E402
+    ParallelModel,
+    apply_recompute,
+    pipeline_split,
+    stage_bounds,
+)
 from autotune.workers.torch_probe.plan import ModelConfig, Plan  # noqa: E402
 
 TINY = ModelConfig(
@@ -58,6 +63,21 @@ def test_init_is_the_same_whatever_the_pipeline_split():
     ref = dict(whole.named_parameters())
     for name, p in part.named_parameters():
         torch.testing.assert_close(p, ref[name], rtol=0, atol=0)
+
+
+def test_a_first_stage_of_its_own_size_takes_its_layers_and_the_rest_split_evenly():
+    """first_stage_layers (Megatron-LM's --decoder-first-pipeline-num-layers): stage 0 holds that many
+    layers and the embedding, the other stages the rest in equal parts."""
+    assert stage_bounds(80, 4, 17) == [0, 17, 38, 59, 80] and stage_bounds(4, 2, None) == [0, 2, 4]
+    with torch.device("meta"):
+        meta = Transformer(TINY)
+    plan = Plan(kind="train", world_size=2, pp=2, first_stage_layers=1)
+    first = pipeline_split(meta, plan, pp_rank=0, pm=ParallelModel(parts=[], stage_ids=[0], num_stages=1))[0]
+    pm = ParallelModel(parts=[], stage_ids=[0], num_stages=1)
+    last = pipeline_split(meta, plan, pp_rank=1, pm=pm)[0]
+    assert list(first.layers.keys()) == ["0"] and first.tok_embeddings is not None and first.output is None
+    assert list(last.layers.keys()) == ["1", "2", "3"] and last.output is not None
+    assert "layers 1,3" in " ".join(pm.applied)
 
 
 def test_tied_embeddings_share_one_tensor():

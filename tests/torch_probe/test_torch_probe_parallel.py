@@ -57,6 +57,13 @@ def test_pp2_1f1b_matches_single_process(probe, reference_losses):
     assert "1F1B" in run.stderr
 
 
+def test_pp2_with_a_first_stage_of_its_own_size_matches_single_process(probe, reference_losses):
+    """One layer on the first stage, three on the second (first_stage_layers): the same training."""
+    run = probe({"pp": 2, "micro_batch_size": 1, "first_stage_layers": 1}, world=2, launcher="warm")
+    assert_same_losses(run, reference_losses)
+    assert "2 stages of layers 1,3" in run.stderr
+
+
 def test_dp2_zero3_matches_and_profiles_comm(probe, reference_losses, tmp_path):
     art = tmp_path / "artifacts"
     run = probe(

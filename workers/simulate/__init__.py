@@ -203,14 +203,17 @@ def _serve_columns(
 def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, np.ndarray]:
     params_first, mem_first = train_memory(s, hw, c, workload, first=True)
     params_last, mem_last = train_memory(s, hw, c, workload, first=False)
-    peak_first = sum(mem_first.values())
-    peak_last = sum(mem_last.values())
-    use_last = peak_last > peak_first
+    # with fewer layers on the first stage, the second (when it is not the last) may be the fullest
+    params_second, mem_second = train_memory(s, hw, c, workload, first=True, second=True)
+    has_second = (c["pp"] > 2) & (c["first_stage_layers"] > 0)
+    peaks = np.stack([sum(mem_first.values()), sum(mem_last.values()), sum(mem_second.values())])
+    peaks[2] = np.where(has_second, peaks[2], -np.inf)
+    fullest = np.argmax(peaks, axis=0)
     out: dict[str, np.ndarray] = {}
     for k in TRAIN_MEM_COMPONENTS:
-        out[f"mem_{k}"] = np.where(use_last, mem_last[k], mem_first[k]) / GIB
-    out["peak_memory_gib"] = np.maximum(peak_first, peak_last) / GIB
-    params = np.maximum(params_first, params_last)
+        out[f"mem_{k}"] = np.choose(fullest, [mem_first[k], mem_last[k], mem_second[k]]) / GIB
+    out["peak_memory_gib"] = np.max(peaks, axis=0) / GIB
+    params = np.maximum(np.maximum(params_first, params_last), np.where(has_second, params_second, 0.0))
     times = train_time(s, hw, c, workload, params)
     step = sum(times[k] for k in TRAIN_TIME_COMPONENTS)
     for k in TRAIN_TIME_COMPONENTS:

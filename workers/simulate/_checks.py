@@ -45,6 +45,8 @@ def train_checks(s: Shape, workload: Mapping[str, Any], c: dict, world: int) -> 
     for _, x in positive:
         bad_int |= ~_is_int(x) | (x < 1)
     flash = bool(workload.get("flash_attention", True))
+    first = c["first_stage_layers"]
+    uneven = (first > 0) & (p > 1)  # FIRST_STAGE_RULE
     tpc = np.maximum(t * p * cp, 1e-9)
     bd = np.maximum(b * d, 1e-9)
     return [
@@ -66,7 +68,19 @@ def train_checks(s: Shape, workload: Mapping[str, Any], c: dict, world: int) -> 
         (f"num_attention_heads {s.heads} is not divisible by tp={{tp}}", s.heads % np.maximum(t, 1) != 0),
         (f"num_key_value_heads {s.kv_heads} is not divisible by tp={{tp}}", s.kv_heads % np.maximum(t, 1) != 0),
         (f"intermediate_size {int(s.ffn)} is not divisible by tp={{tp}}", s.ffn % np.maximum(t, 1) != 0),
-        (f"num_hidden_layers {s.layers} is not divisible by pp*vpp={{ppv}}", s.layers % np.maximum(p * v, 1) != 0),
+        (
+            f"num_hidden_layers {s.layers} is not divisible by pp*vpp={{ppv}}",
+            ~uneven & (s.layers % np.maximum(p * v, 1) != 0),
+        ),
+        (
+            "first_stage_layers={first_stage_layers} needs pp > 1 and vpp = 1 (pp={pp}, vpp={vpp})",
+            (first > 0) & ((p <= 1) | (v > 1)),
+        ),
+        (
+            f"the num_hidden_layers {s.layers} less first_stage_layers={{first_stage_layers}} do not split "
+            "evenly over the other pp-1 stages (pp={pp})",
+            uneven & ((first >= s.layers) | ((s.layers - first) % np.maximum(p - 1, 1) != 0)),
+        ),
         ("vpp={vpp} (interleaved 1F1B) needs pp > 1", (v > 1) & (p <= 1)),
         (
             "the interleaved schedule needs grad_accum={grad_accum} divisible by pp={pp}",

@@ -40,11 +40,13 @@ KV_CONNECTOR_CODES = {name: i for i, name in enumerate(serving_parameter("kv_con
 
 # column -> default: the parameter table's (autotune.workers.parameters; the study's, accelerator None),
 # categorical ones as their codes (dp and grad_accum: -1 = derive from the cluster and the workload;
-# recompute_layers: -1 = every layer of the stage; batch_size: 0 = training workload)
+# recompute_layers: -1 = every layer of the stage; first_stage_layers: -1 = an even split; batch_size: 0 =
+# training workload)
 DEFAULTS: dict[str, Any] = {
     **{name: table_default(name) for name in ("tp", "pp")},
     "dp": -1,
     **{name: table_default(name) for name in ("cp", "vpp", "micro_batch_size")},
+    "first_stage_layers": -1 if table_default("first_stage_layers") is None else table_default("first_stage_layers"),
     "grad_accum": -1,
     "sequence_parallel": table_default("sequence_parallel"),
     "recompute": RECOMPUTE_CODES[table_default("recompute")],
@@ -100,6 +102,7 @@ _PLAIN = (
     "dp",
     "cp",
     "vpp",
+    "first_stage_layers",
     "micro_batch_size",
     "grad_accum",
     "recompute_layers",
@@ -198,6 +201,8 @@ def fill_defaults(configs: dict[str, Any]) -> tuple[dict[str, np.ndarray], int]:
                 value = np.array([_code(_CODES[name], x, name) for x in value.ravel()])
             elif name in _BOOL:
                 value = np.array([_truthy(x) for x in value.ravel()])
+            else:  # a parameter left unset (None: recompute_layers, first_stage_layers) is its default
+                value = np.array([default if x is None else x for x in value.ravel()])
         value = np.broadcast_to(value, (n,))
         if name in _BOOL:
             out[name] = value.astype(bool)

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..parameters import stage_layers
 from ._common import HW, Shape
 
 
@@ -160,34 +161,38 @@ def has_dropout(s: Shape, workload: Mapping[str, Any]) -> bool:
     return (s.arch == "gpt") if value is None else bool(value)
 
 
-def inflight(c: dict, first: bool) -> np.ndarray:
+def inflight(c: dict, first: bool, rank: Any = None) -> np.ndarray:
     """Micro-batch x layer units of activations a stage holds at its peak, in units of its
     layers for one micro-batch. 1F1B: rank r holds min(pp - r, m) micro-batches. Interleaved
     (Megatron's schedule): rank r warms up 2*(pp - r - 1) + (vpp - 1)*pp chunk-micro-batches,
     each 1/vpp of its layers; for the first stage this is Korthikanti's pp*(1 + (pp-1)/(pp*vpp)).
+    ``rank`` (a stage between the first and the last) overrides ``first``.
     """
     p, v, m = c["pp"], c["vpp"], c["grad_accum"]
-    r = 0.0 if first else p - 1.0
+    r = (0.0 if first else p - 1.0) if rank is None else rank
     plain = np.minimum(p - r, m)
     inter = np.minimum(2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0, m * v) / v
     return np.where(v > 1, inter, plain)
 
 
-def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: bool):
+def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: bool, second: bool = False):
     """(parameters held, memory components in bytes) of the first (``first``) or last pipeline
-    stage of one device."""
+    stage of one device, or (``second``) of the stage after the first when it is not the last: with
+    fewer layers on the first stage (``first_stage_layers``) the second holds one micro-batch less
+    of more layers, and may be the fuller."""
     seq = float(workload["seq_len"])
     flash = bool(workload.get("flash_attention", True))
     t, p, prec, zero = c["tp"], c["pp"], c["precision"], c["zero_stage"]
     e = np.where(prec == 2, 4.0, 2.0)
-    layers = s.layers / p
+    first_layers, other_layers = stage_layers(s.layers, p, c["first_stage_layers"])
+    layers = first_layers if first and not second else other_layers
     shard = c["dp"] * c["cp"]
 
     # --- parameters of this stage -------------------------------------------------------------
     per_layer = s.layer_params(t)
     embed = s.vocab * s.h / t  # vocab-parallel embedding
     one_stage = p == 1
-    has_first = np.full(p.shape, True) if first else one_stage
+    has_first = np.full(p.shape, not second) if first else one_stage
     has_last = one_stage if first else np.full(p.shape, True)
     # The output layer is its own matrix unless tied; with pp > 1 a tied output layer is a copy
     # on the last stage (Megatron keeps both and all-reduces their gradients).
@@ -204,7 +209,7 @@ def train_memory(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], first: 
     rl = np.where(c["recompute_layers"] < 0, layers, np.minimum(c["recompute_layers"], layers))
     per_layer_act = np.where(rc == 1, full - s2, full)
     stage_act = np.where(rc == 2, (layers - rl) * per_layer_act + rl * ckpt, layers * per_layer_act)
-    held = inflight(c, first) * stage_act
+    held = inflight(c, first, 1.0 if second else None) * stage_act
     # Working set of the layer in backward: its (recomputed) activations and their gradients.
     transient = full
     tok = seq / c["cp"] * c["micro_batch_size"]

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._common import HW, Shape, allgather, allreduce, gemm_time, group_bandwidth
-from ..parameters import reference_dp
+from ..parameters import reference_dp, stage_layers
 from ._memory import has_dropout, state_bytes_per_param
 
 # Fraction of a collective that hides behind compute when the framework overlaps them (bucketed
@@ -51,7 +51,7 @@ def train_time(
     peak = hw.peak_of(prec)
     tok = b * seq / cp  # GEMM rows of one micro-batch on one device (after the SP all-gather)
     sq = seq / cp  # query length per device
-    layers = s.layers / p
+    layers = s.layers / p  # the mean over the stages (the data-parallel overlap's window)
 
     # --- GEMMs of one layer: (K, N) of the forward, M = tok -------------------------------------
     shapes = ((s.h, s.qkv_out / t), (s.h / t, s.h), (s.h, s.mlp_in_out / t), (s.ffn / t, s.h))
@@ -119,13 +119,7 @@ def train_time(
 
     # --- recomputation ----------------------------------------------------------------------------
     rc = c["recompute"]
-    rl = np.where(c["recompute_layers"] < 0, layers, np.minimum(c["recompute_layers"], layers))
-    # Full recompute re-runs the layer's forward, its collectives included: those are priced as
-    # tensor/context-parallel communication (so a refit corrects them with the other collectives),
-    # the rest as recompute.
-    full_share = np.where(rc == 2, rl / np.maximum(layers, 1e-9), 0.0)
     selective = a_fwd + sm_fwd  # the core attention again (flash: its forward kernel)
-    rc_layer = np.where(rc == 2, (g_fwd + a_fwd + ew_fwd + launch_fwd) * full_share, np.where(rc == 1, selective, 0.0))
 
     # --- stage boundaries: embedding (first), final norm + output layer + loss (last) --------------
     bnd_tp = np.where(sp, rs + ag, ar)  # one collective forward, its mirror in backward
@@ -141,17 +135,32 @@ def train_time(
     ce_tp = 3.0 * allreduce(tok * 4.0, t, bw_ar, hw.tp_alpha)
 
     one = p == 1
-    per_layer = {
-        "gemm": g_fwd + g_bwd,
-        "attention": a_fwd + a_bwd,
-        "elementwise": ew_fwd + ew_bwd,
-        "recompute": rc_layer,
-        "tp_comm": tp_fwd * (1.0 + full_share) + tp_bwd,
-        "cp_comm": cp_fwd * (1.0 + full_share) + cp_bwd,
-        "launch": launch_fwd + launch_bwd,
-    }
-    first = {k: layers * x for k, x in per_layer.items()}
-    last = {k: layers * x for k, x in per_layer.items()}
+
+    def stage(n: np.ndarray) -> dict[str, np.ndarray]:
+        """The layers' part of a stage of ``n`` layers. Full recompute re-runs the layer's forward, its
+        collectives included: those are priced as tensor/context-parallel communication (so a refit
+        corrects them with the other collectives), the rest as recompute."""
+        rl = np.where(c["recompute_layers"] < 0, n, np.minimum(c["recompute_layers"], n))
+        full_share = np.where(rc == 2, rl / np.maximum(n, 1e-9), 0.0)
+        rc_layer = np.where(
+            rc == 2, (g_fwd + a_fwd + ew_fwd + launch_fwd) * full_share, np.where(rc == 1, selective, 0.0)
+        )
+        per_layer = {
+            "gemm": g_fwd + g_bwd,
+            "attention": a_fwd + a_bwd,
+            "elementwise": ew_fwd + ew_bwd,
+            "recompute": rc_layer,
+            "tp_comm": tp_fwd * (1.0 + full_share) + tp_bwd,
+            "cp_comm": cp_fwd * (1.0 + full_share) + cp_bwd,
+            "launch": launch_fwd + launch_bwd,
+        }
+        return {k: n * x for k, x in per_layer.items()}
+
+    # the first stage may hold fewer layers than the others (first_stage_layers); a stage between the
+    # first and the last has the last's layers without its output layer: never the slower of the two
+    first_layers, other_layers = stage_layers(s.layers, p, c["first_stage_layers"])
+    first = stage(first_layers)
+    last = stage(other_layers)
     first["elementwise"] = first["elementwise"] + emb_ew + np.where(one, ce_ew, 0.0)
     first["gemm"] = first["gemm"] + np.where(one, out_gemm, 0.0)
     first["tp_comm"] = first["tp_comm"] + bnd_tp + np.where(one, bnd_tp + ce_tp, 0.0)

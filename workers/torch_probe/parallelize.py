@@ -30,6 +30,7 @@ __all__ = [
     "build_mesh",
     "dp_mesh_of",
     "pipeline_split",
+    "stage_bounds",
     "apply_tp",
     "block_tp_plan",
     "apply_cp",
@@ -87,20 +88,32 @@ def dp_mesh_of(mesh: Any, plan: Plan) -> Any:
     return mesh["cp"] if plan.cp > 1 else mesh["dp"]
 
 
+def stage_bounds(num_layers: int, num_stages: int, first_stage_layers: int | None) -> list[int]:
+    """Where each stage's layers start, and the end: an even split, or ``first_stage_layers`` on the
+    first stage and the rest split evenly (FIRST_STAGE_RULE, Megatron-LM's
+    ``--decoder-first-pipeline-num-layers``)."""
+    if first_stage_layers is None or num_stages == 1:
+        per = num_layers // num_stages
+        return [i * per for i in range(num_stages + 1)]
+    other = (num_layers - first_stage_layers) // (num_stages - 1)
+    return [0, *(first_stage_layers + i * other for i in range(num_stages))]
+
+
 def pipeline_split(model: Transformer, plan: Plan, pp_rank: int, pm: ParallelModel) -> list[nn.Module]:
-    """Cut the (meta) model into ``pp·vpp`` stages of equal layer count; this rank owns stages
-    ``pp_rank + k·pp`` (the loop placement the interleaved schedules expect)."""
+    """Cut the (meta) model into ``pp·vpp`` stages of equal layer count (or the first of its own
+    size, ``first_stage_layers``); this rank owns stages ``pp_rank + k·pp`` (the loop placement the
+    interleaved schedules expect)."""
     num_stages = plan.pp * plan.vpp
     pm.num_stages = num_stages
     if num_stages == 1:
         pm.stage_ids = [0]
         return [model]
-    per = model.cfg.num_hidden_layers // num_stages
+    bounds = stage_bounds(model.cfg.num_hidden_layers, num_stages, plan.first_stage_layers)
     parts = []
     pm.stage_ids = [pp_rank + k * plan.pp for k in range(plan.vpp)]
     for sid in pm.stage_ids:
         part = copy.deepcopy(model)
-        keep = {str(i) for i in range(sid * per, (sid + 1) * per)}
+        keep = {str(i) for i in range(bounds[sid], bounds[sid + 1])}
         for key in list(part.layers.keys()):
             if key not in keep:
                 del part.layers[key]
@@ -110,7 +123,9 @@ def pipeline_split(model: Transformer, plan: Plan, pp_rank: int, pm: ParallelMod
             part.norm = None
             part.output = None
         parts.append(part)
-    _note(pm, f"pp: {num_stages} stages of {per} layers, this rank owns stages {pm.stage_ids}")
+    sizes = [bounds[i + 1] - bounds[i] for i in range(num_stages)]
+    split = f"{sizes[0]} layers each" if len(set(sizes)) == 1 else "layers " + ",".join(map(str, sizes))
+    _note(pm, f"pp: {num_stages} stages of {split}, this rank owns stages {pm.stage_ids}")
     return parts
 
 

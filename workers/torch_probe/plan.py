@@ -84,6 +84,7 @@ class Plan:
     sequence_parallel: bool = default("sequence_parallel")
     recompute: str = default("recompute")
     recompute_layers: int | None = default("recompute_layers")
+    first_stage_layers: int | None = default("first_stage_layers")
     zero_stage: int = default("zero_stage")
     precision: str = default("precision", "cpu")  # resolve_plan: the trial's accelerator's
     compile: str = default("compile")
@@ -187,6 +188,7 @@ def resolve_plan(request: Any, world_size: int, environ: dict[str, str] | None =
         sequence_parallel=_bool(params.get("sequence_parallel", default("sequence_parallel"))),
         recompute=_choice(params, "recompute", default("recompute"), RECOMPUTE_MODES),
         recompute_layers=_int(params, "recompute_layers", default("recompute_layers")),
+        first_stage_layers=_int(params, "first_stage_layers", default("first_stage_layers")),
         zero_stage=_int(params, "zero_stage", default("zero_stage")),
         precision=_choice(params, "precision", default("precision", accelerator), PRECISIONS),
         compile=_choice(params, "compile", default("compile"), COMPILE_MODES),
@@ -227,11 +229,24 @@ def _check_model(model: ModelConfig, plan: Plan) -> None:
         (model.vocab_size % tp == 0, f"vocab_size {model.vocab_size} not divisible by tp {tp}"),
         (model.arch in ("llama", "gpt"), f"arch {model.arch!r} is not llama or gpt"),
         (plan.vpp == 1 or plan.pp > 1, f"vpp {plan.vpp} needs pp > 1"),
-        (
-            model.num_hidden_layers % (plan.pp * plan.vpp) == 0,
-            f"num_hidden_layers {model.num_hidden_layers} not divisible by pp*vpp = {plan.pp}*{plan.vpp}",
-        ),
     ]
+    first, layers = plan.first_stage_layers, model.num_hidden_layers
+    if first is None:
+        checks.append(
+            (
+                layers % (plan.pp * plan.vpp) == 0,
+                f"num_hidden_layers {layers} not divisible by pp*vpp = {plan.pp}*{plan.vpp}",
+            )
+        )
+    else:  # FIRST_STAGE_RULE
+        checks += [
+            (plan.pp > 1 and plan.vpp == 1, f"first_stage_layers {first} needs pp > 1 and vpp = 1"),
+            (
+                0 < first < layers and (layers - first) % max(plan.pp - 1, 1) == 0,
+                f"num_hidden_layers {layers} less first_stage_layers {first} do not split evenly over pp-1 = "
+                f"{plan.pp - 1} stages",
+            ),
+        ]
     for ok, reason in checks:
         if not ok:
             raise ProbeFailure("invalid", f"invalid config: {reason}")
