@@ -278,3 +278,26 @@ def test_the_race_settings_are_checked_and_reach_the_guide(write_spec, field, ba
     settings = guide_settings(spec)
     assert (settings.tie_tolerance, settings.max_readings, settings.confidence) == (0.05, 4, 0.9)
     assert settings.confirm_readings == 3  # 0.3 of 10
+
+
+def test_the_llama3_70b_space_ranks_mindspeeds_published_layout_first():
+    """Split evenly, tp8 pp4 without recompute does not fit a 64 GB 910B (its first stage: pp
+    micro-batches and the 128k-vocabulary embedding); with 17 layers on the first stage it does, and
+    the simulator ranks it first: the layout MindSpeed-LLM publishes (--num-layer-list 17,20,22,21)."""
+    from autotune.guide.ranking import rank_space
+    from autotune.spec.resolve import probe_context
+    from autotune.spec.space import Space
+
+    spec = load_spec(REPO / "search_spaces" / "llama3_70b_32npu.yaml")
+    space = Space(spec)
+    ranking = rank_space(space.enumerate(), probe_context(spec), objectives_of(spec))
+    configs = space.enumerate().configs
+    fits = [bool(f) for f in ranking.predictions["fits"]]
+    speed = list(ranking.predictions["tokens_per_s_per_device"])
+    best = max((i for i in range(len(fits)) if fits[i]), key=lambda i: speed[i])
+    top = configs[best]
+    assert (top["tp"], top["pp"], top.get("first_stage_layers"), top["recompute"]) == (8, 4, 17, "none")
+    even = [i for i in range(len(fits)) if configs[i].get("first_stage_layers") is None]
+    assert not any(
+        fits[i] and configs[i]["tp"] == 8 and configs[i]["pp"] == 4 and configs[i]["recompute"] == "none" for i in even
+    )

@@ -120,6 +120,16 @@ PRESETS: dict[str, dict] = {
         max_position_embeddings=8192,
         rope_theta=500000.0,
     ),
+    "llama3-70b": dict(
+        hidden_size=8192,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+    ),
     # Small enough to train for real on two CPU processes in seconds.
     "tiny-llama": dict(
         hidden_size=256,

@@ -34,8 +34,9 @@ def torchtitan_rules(n: int) -> list[Rule]:
         ),
         ("torchtitan 0.3 checkpoints every block: no recomputed-layer count", lambda c: partial_recompute(c, n)),
         (
-            "the torchtitan export writes no first_stage_layers (torchtitan weighs the embedding as layers: "
-            "--parallelism.pipeline_parallel_first_stage_less_layers is not a layer count)",
+            "the torchtitan export writes no first_stage_layers (its stages are even: "
+            "--parallelism.pipeline_parallel_first_stage_less_layers 0; torchtitan spreads the layers it takes "
+            "off the first stage by its own rule, which is not mapped)",
             lambda c: uneven_pipeline(c, n),
         ),
         (
