@@ -568,6 +568,13 @@ def stage_layers(num_layers: Any, pp: Any, first_stage_layers: Any) -> tuple[Any
     return first, rest * uneven + even * (1 - uneven)
 
 
+def first_stage_split_divides(num_layers: Any, pp: Any, first_stage_layers: Any) -> Any:
+    """:data:`FIRST_STAGE_RULE`: whether the layers left after ``first_stage_layers`` (at least one
+    layer first) split evenly over the other ``pp - 1`` stages, leaving them at least one each."""
+    fits = (first_stage_layers > 0) & (first_stage_layers < num_layers)
+    return fits & ((num_layers - first_stage_layers) % _at_least(pp - 1, 1) == 0)
+
+
 def effective_vpp(vpp: Any, pp: Any) -> Any:
     """:data:`VPP_RULE`: the virtual stages a pipeline of ``pp`` stages runs."""
     return vpp * (pp > 1) + (pp <= 1)

@@ -44,6 +44,7 @@ from ..workers.parameters import (
     data_parallel,
     default,
     effective_vpp,
+    first_stage_split_divides,
     grad_accum as grad_accum_of,
     sequence_parallel_on,
     serving_default,
@@ -524,7 +525,7 @@ class Space:
                 reasons["first_stage_layers needs vpp = 1"] = uneven & (vpp > 1)
                 reasons[
                     f"num layers ({self.layers}) less first_stage_layers do not split evenly over the other pp-1 stages"
-                ] = uneven & ((first >= self.layers) | ((self.layers - first) % np.maximum(pp - 1, 1) != 0))
+                ] = uneven & ~first_stage_split_divides(self.layers, pp, first)
                 out["first_stage_layers"] = np.where(uneven, first, None).astype(object)
             reasons[f"num layers ({self.layers}) not divisible by pp*vpp"] = ~uneven & (self.layers % (pp * vpp) != 0)
             reasons["interleaved schedule (vpp>1) needs grad_accum divisible by pp"] = (vpp > 1) & (

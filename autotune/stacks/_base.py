@@ -283,20 +283,22 @@ def param_on_device(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarra
     return np.array([default(name, a if a else None) for a in accelerators])
 
 
+def _is_set(cols: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """Where a parameter whose default is None (unset) has a value."""
+    column = cols.get(name)
+    if column is None:
+        return np.zeros(n, dtype=bool)
+    return np.array([v is not None for v in np.asarray(column, dtype=object)], dtype=bool)
+
+
 def partial_recompute(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """Full recompute of only some layers of each stage (``recompute_layers`` set)."""
-    rl = cols.get("recompute_layers")
-    if rl is None:
-        return np.zeros(n, dtype=bool)
-    return np.array([v is not None for v in np.asarray(rl, dtype=object)], dtype=bool)
+    return _is_set(cols, "recompute_layers", n)
 
 
 def uneven_pipeline(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """Fewer (or more) layers on the first pipeline stage (``first_stage_layers`` set)."""
-    first = cols.get("first_stage_layers")
-    if first is None:
-        return np.zeros(n, dtype=bool)
-    return np.array([v is not None for v in np.asarray(first, dtype=object)], dtype=bool)
+    return _is_set(cols, "first_stage_layers", n)
 
 
 def compiled(cols: dict[str, np.ndarray], n: int) -> np.ndarray:

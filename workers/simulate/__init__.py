@@ -203,9 +203,13 @@ def _serve_columns(
 def _train(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, np.ndarray]:
     params_first, mem_first = train_memory(s, hw, c, workload, first=True)
     params_last, mem_last = train_memory(s, hw, c, workload, first=False)
-    # with fewer layers on the first stage, the second (when it is not the last) may be the fullest
-    params_second, mem_second = train_memory(s, hw, c, workload, first=True, second=True)
+    # with fewer layers on the first stage, the second (when it is not the last) may be the fullest:
+    # priced only when some config has such a stage (the common even split needs no third pass)
     has_second = (c["pp"] > 2) & (c["first_stage_layers"] > 0)
+    if has_second.any():
+        params_second, mem_second = train_memory(s, hw, c, workload, first=True, second=True)
+    else:
+        params_second, mem_second = params_first, mem_first
     peaks = np.stack([sum(mem_first.values()), sum(mem_last.values()), sum(mem_second.values())])
     peaks[2] = np.where(has_second, peaks[2], -np.inf)
     fullest = np.argmax(peaks, axis=0)

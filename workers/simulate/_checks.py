@@ -11,6 +11,7 @@ import numpy as np
 
 from ..parameters import (
     data_parallel,
+    first_stage_split_divides,
     grad_accum,
     instance_splits_a_node,
     pd_nodes,
@@ -79,7 +80,7 @@ def train_checks(s: Shape, workload: Mapping[str, Any], c: dict, world: int) -> 
         (
             f"the num_hidden_layers {s.layers} less first_stage_layers={{first_stage_layers}} do not split "
             "evenly over the other pp-1 stages (pp={pp})",
-            uneven & ((first >= s.layers) | ((s.layers - first) % np.maximum(p - 1, 1) != 0)),
+            uneven & ~first_stage_split_divides(s.layers, p, first),
         ),
         ("vpp={vpp} (interleaved 1F1B) needs pp > 1", (v > 1) & (p <= 1)),
         (

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..parameters import stage_layers
 from .model import Transformer, init_weights
 from .plan import ModelConfig, Plan
 
@@ -92,11 +93,8 @@ def stage_bounds(num_layers: int, num_stages: int, first_stage_layers: int | Non
     """Where each stage's layers start, and the end: an even split, or ``first_stage_layers`` on the
     first stage and the rest split evenly (FIRST_STAGE_RULE, Megatron-LM's
     ``--decoder-first-pipeline-num-layers``)."""
-    if first_stage_layers is None or num_stages == 1:
-        per = num_layers // num_stages
-        return [i * per for i in range(num_stages + 1)]
-    other = (num_layers - first_stage_layers) // (num_stages - 1)
-    return [0, *(first_stage_layers + i * other for i in range(num_stages))]
+    first, other = (int(x) for x in stage_layers(num_layers, num_stages, first_stage_layers))
+    return [0, *(first + i * other for i in range(num_stages))]
 
 
 def pipeline_split(model: Transformer, plan: Plan, pp_rank: int, pm: ParallelModel) -> list[nn.Module]:

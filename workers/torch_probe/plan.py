@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..parameters import TRAINING, data_parallel, default, grad_accum, sequence_parallel_on
+from ..parameters import TRAINING, data_parallel, default, first_stage_split_divides, grad_accum, sequence_parallel_on
 from .failures import ProbeFailure
 
 __all__ = ["ModelConfig", "Plan", "resolve_plan", "RECOMPUTE_MODES", "PRECISIONS", "COMPILE_MODES"]
@@ -242,7 +242,7 @@ def _check_model(model: ModelConfig, plan: Plan) -> None:
         checks += [
             (plan.pp > 1 and plan.vpp == 1, f"first_stage_layers {first} needs pp > 1 and vpp = 1"),
             (
-                0 < first < layers and (layers - first) % max(plan.pp - 1, 1) == 0,
+                bool(first_stage_split_divides(layers, plan.pp, first)),
                 f"num_hidden_layers {layers} less first_stage_layers {first} do not split evenly over pp-1 = "
                 f"{plan.pp - 1} stages",
             ),
