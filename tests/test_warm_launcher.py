@@ -27,6 +27,11 @@ print(f"rank {rank}/{os.environ['WORLD_SIZE']} arg={sys.argv[1]} cwd={os.getcwd(
       f"mine={os.environ.get('MINE')} store={bool(os.environ.get('AUTOTUNE_DIST_INIT_FILE'))}", flush=True)
 mode = os.environ.get("MODE", "ok")
 if mode == "fail" and rank == 1:
+    # fail once rank 0 has said who it is: the test checks that exactly that process is stopped
+    # (failing first raced it, and under load rank 0 was stopped before it wrote its pid)
+    deadline = time.monotonic() + 60
+    while not (out / "pid0").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     sys.exit(3)
 if mode in ("fail", "hang"):
     time.sleep(600)
