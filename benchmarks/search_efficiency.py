@@ -801,6 +801,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 usable_below=world.usable_below,
                                 certified=bool(cert and cert.get("certified")),
                                 p_within=cert.get("p_within_tolerance") if cert else None,
+                                p_measured=cert.get("p_measured") if cert else None,
+                                p_unmeasured=cert.get("p_unmeasured") if cert else None,
+                                noise_measured=cert.get("noise_measured") if cert else None,
                                 remeasured=cert.get("remeasured", 0) if cert else 0,
                                 tied=len(cert.get("ties") or []) if cert else 0,
                             )
@@ -970,6 +973,28 @@ def print_issue44(auto: dict[str, list[dict]], budget: int) -> None:
             f"{f'{right / len(certified):.0%} ({right}/{len(certified)})' if certified else '-'} | "
             f"{sum(r.get('tied', 0) > 0 for r in rows)} |"
         )
+    print_claim_calibration(everything)
+
+
+CLAIM_BINS = ((0.95, 1.01), (0.8, 0.95), (0.5, 0.8), (0.0, 0.5))
+
+
+def print_claim_calibration(rows: list[dict]) -> None:
+    """How well the studies' stated P(within 2 % of the optimum) matches the truth: per band of P,
+    the studies that said it and the share truly within 2 %, and the Brier score (the mean squared
+    gap between the stated P and the 0/1 truth; lower is better, 0.25 for always saying 0.5)."""
+    said = [(float(r["p_within"]), r["final"] >= 0.98) for r in rows if r.get("p_within") is not None]
+    if not said:
+        return
+    cells = []
+    for low, high in CLAIM_BINS:
+        band = [right for p, right in said if low <= p < high]
+        cells.append(f"{len(band)} ({sum(band)})" if band else "0")
+    brier = statistics.mean((p - right) ** 2 for p, right in said)
+    print("\nthe stated P(within 2 %) against the truth: studies that said it (of them truly within 2 %)")
+    print("| P >= 0.95 | 0.80-0.95 | 0.50-0.80 | below 0.50 | Brier score |")
+    print("|---|---|---|---|---|")
+    print("| " + " | ".join(cells) + f" | {brier:.3f} |")
 
 
 def wall_scale(args: argparse.Namespace, use_ray: bool) -> float:

@@ -115,11 +115,9 @@ def verdict(interval: tuple[float, float] | None, target: float) -> str:
     return "undecided"
 
 
-def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
-    """The relative noise of one reading between runs: the pooled spread of the groups (a config's
-    readings) with more than one reading, each reading over its group's mean; never below
-    ``floor`` (a pair of readings says little). The report's best (``autotune.study.records``) and
-    the guide's race of the two best read the study's noise through this one definition."""
+def _repeat_squares(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """(the sum of squared relative deviations of every reading from its group's mean, the degrees
+    of freedom: readings past the first) over the groups with more than one reading."""
     squares, dof = 0.0, 0
     for group in groups:
         values = _finite(group)
@@ -130,7 +128,28 @@ def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
             continue
         squares += math.fsum((v / mean - 1.0) ** 2 for v in values)
         dof += len(values) - 1
+    return squares, dof
+
+
+def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
+    """The relative noise of one reading between runs: the pooled spread of the groups (a config's
+    readings) with more than one reading, each reading over its group's mean; never below
+    ``floor`` (a pair of readings says little). The report's best (``autotune.study.records``) and
+    the guide's race of the two best read the study's noise through this one definition."""
+    squares, dof = _repeat_squares(groups)
     return max(floor, math.sqrt(squares / dof) if dof else 0.0)
+
+
+def noise_belief(groups: Iterable[Sequence[float]], floor: float) -> tuple[float, int]:
+    """(the noise a claim of how sure a study is rests on, the repeats' degrees of freedom; 0: none
+    was measured). The floor enters as one pair of readings would (a conjugate prior worth one
+    degree of freedom): sqrt((floor^2 + sum of squares) / (dof + 1)). With no repeat that is the
+    floor; with many, the measured spread; a measured spread below the floor is believed as far
+    as its readings go (where :func:`repeat_noise`'s hard floor would overstate a 2 % noise by
+    half, and a claim averaged over the noise's own uncertainty, ``autotune.objectives.race``,
+    would count the floor's caution twice)."""
+    squares, dof = _repeat_squares(groups)
+    return math.sqrt((floor**2 + squares) / (dof + 1)), dof
 
 
 def relative_gap(a: float, na: int, b: float, nb: int, noise: float) -> tuple[float, float] | None:

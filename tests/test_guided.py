@@ -128,7 +128,12 @@ def test_a_close_call_between_the_two_best_is_measured_again(world):
     assert proposal is not None and proposal.remeasure and proposal.index in (a, b)
     assert "re-measure (race)" in proposal.reason and "trial 5 leads" in proposal.reason
     far = [Observation(a, "ok", 1000.0, 1.0), Observation(b, "ok", 1500.0, 1.0)]
-    assert guide.close_call(far) is None
+    # one reading each: the noise is assumed, so even a far leader is measured again once
+    again = guide.close_call(far)
+    assert again is not None and again.index == b and "the noise is assumed" in again.reason
+    # a repeat of a config other than the first measured (the drift control) measures it: settled
+    assert guide.close_call(far + [Observation(b, "ok", 1490.0, 1.0)]) is None
+    assert guide.close_call(far + [Observation(a, "ok", 1010.0, 1.0)]) is not None  # the control's repeat alone
 
 
 def test_a_close_call_gives_way_to_a_new_config_worth_more_than_its_stake():
@@ -166,8 +171,11 @@ def test_the_race_measures_the_leader_and_its_threat_in_turn_until_certified():
     assert again is not None and again.index == 1
     # max_readings each: the race ends (the certificate says how sure the report is)
     assert guide.close_call(_readings([1000.0, 1004.0, 998.0], [1020.0, 1016.0, 1018.0])) is None
-    # apart beyond the noise after two readings each (8 %): certified
-    assert guide.close_call(_readings([1000.0, 1002.0], [1080.0, 1082.0])) is None
+    # 4 % apart, the noise measured on two configs (two degrees of freedom, and the floor's one): certified
+    assert guide.close_call(_readings([900.0], [1000.0, 1002.0], [1040.0, 1042.0])) is None
+    # the same with one pair behind the noise (the first config is the drift control): the noise
+    # itself is unsure, and the race goes on
+    assert guide.close_call(_readings([1000.0, 1002.0], [1040.0, 1042.0])) is not None
     # within the tolerance when the noise is small (the study measured it at 0.2 %): a tie, certified
     tight = _race_guide(2, noise=0.002)
     assert tight.close_call(_readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is None
@@ -747,3 +755,32 @@ def test_the_claim_over_the_configs_not_measured_follows_the_model(world):
     assert set(claims) == set(some) and min(claims.values()) > 0.99
     assert max(guide.unmeasured_claims(low).values()) < 0.01
     assert guide.unmeasured_claims([]) == {}
+
+
+def test_the_claim_over_the_configs_not_measured_is_joint_over_the_model(world):
+    """The configs not measured share the model's coefficients: where they move together, the claim
+    that none beats the leader is the chance the shared coefficient stays below the bar, not that
+    chance raised to the number of configs (which multiplied many small doubts that share one cause
+    into a small P). Every config here is the same row of the model, so all beat or none does."""
+    from autotune.guide.guided import _ObjectiveBelief, _Posterior
+
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    n = guide.n
+    design = np.ones((n, 1))
+    post = _Posterior(np.array([1000.0]), np.array([[100.0**2]]))
+    belief = _ObjectiveBelief(np.full(n, 1000.0), np.full(n, 100.0), post, design)
+    guide._objective_belief = lambda obs: belief
+    guide.fit_probability = lambda obs, m, s, b=None: np.ones(n)
+    measured = [int(i) for i in np.flatnonzero(guide.valid)[:2]]
+    lead = 1000.0 * (1.0 - guide.settings.tie_tolerance)  # the bar sits at the model's mean: P(beats) 0.5 each
+    obs = [
+        Observation(measured[0], "ok", lead, 1.0, number=0),
+        Observation(measured[1], "ok", 0.5 * lead, 1.0, number=1),
+    ]
+    unmeasured = int(guide.valid.sum()) - 2
+    assert unmeasured > 10
+    claims = guide.unmeasured_claims(obs)
+    assert claims[measured[0]] == pytest.approx(0.5, abs=0.04)  # the shared coefficient below its mean
+    assert 0.5**unmeasured < 1e-3  # what a product over the configs would have said
+    assert claims[measured[1]] < 0.01  # half the leader's reading: every draw has the configs beat it

@@ -58,7 +58,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from autotune.objectives.intervals import repeat_noise, separated
+from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import certificate
 
 from .ranking import Ranking
@@ -168,6 +168,43 @@ class Proposal:
 class _Posterior:
     mean: np.ndarray
     cov: np.ndarray
+
+    def draws(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` joint draws of the coefficients, (n, k): the factor of the covariance by its
+        eigen-decomposition (a posterior covariance can be singular to rounding)."""
+        values, vectors = np.linalg.eigh((self.cov + self.cov.T) / 2.0)
+        root = vectors * np.sqrt(np.clip(values, 0.0, None))
+        return self.mean + rng.standard_normal((n, len(self.mean))) @ root.T
+
+
+@dataclass
+class _ObjectiveBelief:
+    """The objective model's posterior: the mean and sd of every config (in the objective's units)
+    and joint draws of any subset of configs. The configs share the model's coefficients, so their
+    errors move together: a claim over many configs (none beats the leader) is a claim over the
+    draws, not a product of each config's chance (issue 44's certificate)."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+    post: _Posterior
+    design: np.ndarray
+    # the step-time model's execution factors (exp(Σ e_j φ_j)); None for a direct objective
+    exec_post: _Posterior | None = None
+    execution: np.ndarray | None = None
+    # step-derived objectives: objective = scale / step (throughput-like) or the step itself
+    scale: np.ndarray | None = None
+    floor: np.ndarray | None = None
+    inverse: bool = False
+
+    def draws(self, indices: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` joint draws of the objective of the configs ``indices``: (len(indices), n)."""
+        values = self.design[indices] @ self.post.draws(n, rng).T
+        if self.execution is None or self.exec_post is None:
+            return values
+        if self.execution.shape[1]:
+            values = values * np.exp(self.execution[indices] @ self.exec_post.draws(n, rng).T)
+        values = np.maximum(values, self.floor[indices, None])
+        return self.scale[indices, None] / values if self.inverse else values
 
 
 @dataclass
@@ -311,6 +348,13 @@ class Guide:
     # ---- models --------------------------------------------------------------------------------------
     def _objective_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the objective for every config (in the objective's units)."""
+        belief = self._objective_belief(obs)
+        return belief.mean, belief.sd
+
+    def _objective_belief(self, obs: list[Observation]) -> _ObjectiveBelief:
+        """The objective model's posterior (:class:`_ObjectiveBelief`): the step-time model for
+        step-derived objectives, else a multiplicative correction of the raw prediction by
+        parameter values."""
         s = self.settings
         k = self.one_hot.shape[1]
         if self.step_derived and self.time_components is not None:
@@ -319,16 +363,19 @@ class Guide:
                 for o in obs
                 if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s)
             ]
-            step_mean, step_sd = self._step_model(rows)
+            design, post, execution, exec_post = self._step_posteriors(rows)
+            step_mean, step_sd = self._step_prediction(design, post, execution, exec_post)
             raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)
-            step_mean = np.maximum(step_mean, 0.05 * raw_step)
-            if STEP_DERIVED[self.metric] < 0:  # throughput-like: inversely proportional to the step
-                mean = self.objective_raw * raw_step / step_mean
+            floor = 0.05 * raw_step
+            step_mean = np.maximum(step_mean, floor)
+            inverse = STEP_DERIVED[self.metric] < 0
+            scale = self.objective_raw * raw_step
+            if inverse:  # throughput-like: inversely proportional to the step
+                mean = scale / step_mean
                 sd = mean * step_sd / step_mean
             else:
                 mean, sd = step_mean, step_sd
-            return mean, sd
-        # any other objective: a multiplicative correction of the raw prediction by parameter values
+            return _ObjectiveBelief(mean, sd, post, design, exec_post, execution, scale, floor, inverse)
         rows = [
             (o.index, o.objective)
             for o in obs
@@ -350,13 +397,15 @@ class Guide:
             )
         else:
             post = _Posterior(prior_mean, np.diag(prior_sd**2))
-        return _predict(post, design)
+        mean, sd = _predict(post, design)
+        return _ObjectiveBelief(mean, sd, post, design)
 
-    def _step_model(self, rows: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
-        """Step time mean and sd for every config: the linear model over the predicted components
+    def _step_posteriors(self, rows: list[tuple[int, float]]) -> tuple[np.ndarray, _Posterior, np.ndarray, _Posterior]:
+        """The step-time model's posteriors: the linear model over the predicted components
         and the priced parameter values, times ``exp(Σ e_j φ_j)`` for the execution parameters
         the simulator does not price (graph vs pynative can be 20x apart: a factor, not a term).
-        The two parts are fitted alternately (three rounds are plenty: each is a small solve)."""
+        The two parts are fitted alternately (three rounds are plenty: each is a small solve).
+        Returns (design, its posterior, the execution one-hot, its posterior)."""
         s = self.settings
         ncomp = self.time_components.shape[1]
         lin_cols = ~self.unpriced
@@ -369,23 +418,29 @@ class Guide:
         n_exec = execution.shape[1]
         exec_prior = _Posterior(np.zeros(n_exec), np.eye(n_exec) * s.unpriced_sigma**2)
         if not rows:
-            post, exec_post = _Posterior(prior_mean, np.diag(prior_sd**2)), exec_prior
-        else:
-            idx = np.array([r[0] for r in rows])
-            measured = np.array([r[1] for r in rows], dtype=float)
-            noise = np.full(len(rows), s.noise)
-            exec_post = exec_prior
-            for _ in range(3 if n_exec else 1):
-                adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
-                post = _solve(design[idx] / adjusted[:, None], np.ones(len(rows)), prior_mean, prior_sd, noise)
-                if not n_exec:
-                    break
-                linear = np.maximum(design[idx] @ post.mean, 1e-12)
-                exec_post = _solve(
-                    execution[idx], np.log(measured / linear), exec_prior.mean, np.full(n_exec, s.unpriced_sigma), noise
-                )
+            return design, _Posterior(prior_mean, np.diag(prior_sd**2)), execution, exec_prior
+        idx = np.array([r[0] for r in rows])
+        measured = np.array([r[1] for r in rows], dtype=float)
+        noise = np.full(len(rows), s.noise)
+        exec_post = exec_prior
+        for _ in range(3 if n_exec else 1):
+            adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
+            post = _solve(design[idx] / adjusted[:, None], np.ones(len(rows)), prior_mean, prior_sd, noise)
+            if not n_exec:
+                break
+            linear = np.maximum(design[idx] @ post.mean, 1e-12)
+            exec_post = _solve(
+                execution[idx], np.log(measured / linear), exec_prior.mean, np.full(n_exec, s.unpriced_sigma), noise
+            )
+        return design, post, execution, exec_post
+
+    @staticmethod
+    def _step_prediction(
+        design: np.ndarray, post: _Posterior, execution: np.ndarray, exec_post: _Posterior
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Step time mean and sd of every config from :meth:`_step_posteriors`."""
         mean, sd = _predict(post, design)
-        if n_exec:
+        if execution.shape[1]:
             factor_log, factor_sd = _predict(exec_post, execution)
             mean = mean * np.exp(factor_log)
             sd = mean * np.sqrt((sd / np.maximum(mean / np.exp(factor_log), 1e-300)) ** 2 + factor_sd**2)
@@ -786,7 +841,9 @@ class Guide:
         (A, B, A, B: a drift of the machine hits both). A config already has ``max_readings``,
         is running, or is not ``allowed``: the next threat. The race spends at most
         ``confirm_readings`` re-measurements in the study. The noise is the study's: the spread of
-        the configs it measured more than once, never below ``noise``."""
+        the configs it measured more than once, never below ``noise``; while no config but the first
+        measured (the drift control) was read twice it is assumed, nothing is certified, and the
+        closest threat is raced whatever its P."""
         s = self.settings
         maximize = self.direction == "maximize"
         values: dict[int, list[float]] = {}
@@ -798,14 +855,17 @@ class Guide:
         control = self._control(obs) if s.drift_every > 0 else None
         noise = self._noise({i: v for i, v in values.items() if i != control})  # the control spans any drift
         leader = self.race_leader(values, noise, estimate)
-        cert = certificate(values, leader, noise, s.tie_tolerance, s.confidence, maximize)
+        first = self._control(obs)  # the report's control, drift checks or not (records.best_certificate)
+        believed, dof = noise_belief((v for i, v in values.items() if i != first), s.noise)
+        measured_noise = dof > 0
+        cert = certificate(values, leader, believed, s.tie_tolerance, s.confidence, maximize, dof)
         if cert.certified:
             return None
         busy = set(exclude)
         numbers = {o.index: o.number for o in obs}
         configs = self.ranking.enumeration.configs
         for threat, p in cert.threats:
-            if p >= s.confidence:
+            if p >= s.confidence and measured_noise:  # on an assumed noise the closest threat is raced
                 break
             for index in sorted((threat, leader), key=lambda i: (len(values[i]), i != leader)):
                 if len(values[index]) < s.max_readings and index not in busy and (allowed is None or allowed[index]):
@@ -817,15 +877,20 @@ class Guide:
                         if a
                         else 0.0
                     )
+                    why = (
+                        f"the leader is within {s.tie_tolerance:.0%} of the best measured with P {cert.p:.0%}, "
+                        f"short of {s.confidence:.0%}"
+                        if measured_noise
+                        else f"the noise is assumed ({noise:.0%} per reading: no config was measured twice), so "
+                        f"no claim is certified before a repeat measures it"
+                    )
                     return Proposal(
                         index,
                         configs[index],
                         (
                             f"re-measure (race): trial {numbers.get(leader)} leads ({a:.4g}, {len(values[leader])} "
                             f"reading(s)) but trial {numbers.get(threat)} ({b:.4g}, {len(values[threat])}) may beat "
-                            f"it by more than {s.tie_tolerance:.0%} (P {1 - p:.0%}); the leader is within "
-                            f"{s.tie_tolerance:.0%} of the best measured with P {cert.p:.0%}, "
-                            f"short of {s.confidence:.0%}"
+                            f"it by more than {s.tie_tolerance:.0%} (P {1 - p:.0%}); {why}"
                         ),
                         remeasure=True,
                         stake=stake,
@@ -836,10 +901,15 @@ class Guide:
         """For every measured config: P(no config the study has not measured beats its mean reading
         by more than ``tie_tolerance``), by the objective model and P(fits): the part of "within the
         tolerance of the best" the readings cannot speak for (the report takes the one of the config
-        it names). Each config not measured (nor run out of memory) beats it by more than the
-        tolerance with the model's normal probability, and only if it fits: P = prod (1 - P(fits)
-        P(beats)), independent as the stopping rule treats them. The ``CLAIMED_CONFIGS`` best mean
-        readings only (the report names one of them); {} with nothing measured."""
+        it names). The configs not measured (nor run out of memory) share the model's coefficients,
+        so their errors move together: the claim is taken over joint draws of the model
+        (:class:`_ObjectiveBelief`), and in each draw every config that beats the reading counts
+        with its P(fits): P = E_draws[prod_j (1 - P(fits)_j 1{beats_j})]. (A product of each
+        config's own chance, as before, multiplied many small doubts that share one cause into a
+        small P: studies that said P below 0.5 were right 58-65 % of the time, benchmarks/README.md.)
+        Configs whose own chance is below ``CLAIM_NEGLIGIBLE`` enter by that chance, outside the
+        draws. The ``CLAIMED_CONFIGS`` best mean readings only (the report names one of them); {}
+        with nothing measured."""
         values: dict[int, list[float]] = {}
         for o in obs:
             if o.status == "ok" and o.objective is not None and math.isfinite(o.objective):
@@ -848,25 +918,43 @@ class Guide:
             return {}
         s = self.settings
         rest = self.valid.copy()
-        rest[[o.index for o in obs]] = False
+        # a config whose memory profile predicted an OOM was not run: it stays, at its P(fits)
+        rest[[o.index for o in obs if o.status != "oom_predicted"]] = False
         if not rest.any():
             return {i: 1.0 for i in values}
-        mean, sd = self._objective_model(obs)
+        model = self._objective_belief(obs)
         belief = self._memory_belief(obs)
         p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
-        m, d, f = mean[rest], np.maximum(sd[rest], 1e-12), np.clip(p_fit[rest], 0.0, 1.0)
-        out = {}
-        sign = 1.0 if self.direction == "maximize" else -1.0
+        where = np.flatnonzero(rest)
+        m, d, f = model.mean[where], np.maximum(model.sd[where], 1e-12), np.clip(p_fit[where], 0.0, 1.0)
+        maximize = self.direction == "maximize"
+        sign = 1.0 if maximize else -1.0
         top = sorted(values, key=lambda i: -sign * float(np.mean(values[i])))[:CLAIMED_CONFIGS]
+        thresholds = {}
+        chances = {}
         for i in top:
             lead = float(np.mean(values[i]))
-            if self.direction == "maximize":
-                z = (m - lead / (1.0 - s.tie_tolerance)) / d  # P(beats) = P(mu_j > lead / (1 - tol))
-            else:
-                z = (lead / (1.0 + s.tie_tolerance) - m) / d  # P(beats) = P(mu_j < lead / (1 + tol))
-            beats = 0.5 * _erfc_array(-z / math.sqrt(2.0))
-            ok = np.isfinite(beats)
-            out[i] = float(np.exp(np.sum(np.log1p(-np.clip(f[ok] * beats[ok], 0.0, 1.0 - 1e-15)))))
+            bar = lead / (1.0 - s.tie_tolerance) if maximize else lead / (1.0 + s.tie_tolerance)
+            z = sign * (m - bar) / d  # P(beats) = P(mu_j beyond the bar)
+            beats = np.nan_to_num(0.5 * _erfc_array(-z / math.sqrt(2.0)))
+            thresholds[i], chances[i] = bar, np.clip(f * beats, 0.0, 1.0 - 1e-15)
+        # the configs any claim may hinge on: drawn jointly (at most CLAIM_DRAWN, the likeliest)
+        likeliest = np.max(np.stack(list(chances.values())), axis=0)
+        drawn = np.flatnonzero(likeliest >= CLAIM_NEGLIGIBLE)
+        drawn = drawn[np.argsort(-likeliest[drawn], kind="stable")[:CLAIM_DRAWN]]
+        draws = (
+            model.draws(where[drawn], CLAIM_DRAWS, np.random.default_rng(CLAIM_SEED)) if drawn.size else None
+        )  # (configs, draws); a fixed seed: the same study, the same claim
+        outside = np.ones(len(where), dtype=bool)
+        outside[drawn] = False
+        log_miss = np.log1p(-np.clip(f[drawn], 0.0, 1.0 - 1e-15))  # a beating config that does not fit
+        out = {}
+        for i in top:
+            p = float(np.exp(np.sum(np.log1p(-chances[i][outside]))))
+            if draws is not None:
+                beat = (sign * (draws - thresholds[i]) > 0).astype(float)
+                p *= float(np.mean(np.exp(log_miss @ beat)))
+            out[i] = p
         return out
 
     def race_leader(self, values: dict[int, list[float]], noise: float, estimate: np.ndarray | None) -> int:
@@ -1429,6 +1517,10 @@ def _buffer_of(config: dict[str, Any]) -> float | None:
 
 
 CLAIMED_CONFIGS = 8  # measured configs the model's claim over the unmeasured is kept for (the best readings)
+CLAIM_DRAWS = 1000  # joint draws of the objective model behind a claim over the unmeasured (MC error <= 0.016)
+CLAIM_DRAWN = 2000  # at most this many unmeasured configs drawn jointly (the likeliest to beat the leader)
+CLAIM_NEGLIGIBLE = 1e-4  # a config less likely than this to beat the leader (and fit) enters by its own chance
+CLAIM_SEED = 0
 
 
 def _erfc_array(x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.objectives.intervals import repeat_noise, separated
+from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
 from ..guide.guided import GuideSettings
@@ -333,7 +333,10 @@ def best_certificate(
     leader = config_key(best[0].config)
     if leader not in readings.groups:
         return None
-    cert = certificate(readings.groups, leader, readings.noise, tolerance, confidence, direction == "maximize")
+    # the noise the claim rests on: the repeats of every config but the drift control (its readings
+    # span any drift), with the floor as one pair (intervals.noise_belief)
+    noise, dof = noise_belief((v for k, v in readings.groups.items() if k != readings.control), DEFAULT_NOISE)
+    cert = certificate(readings.groups, leader, noise, tolerance, confidence, direction == "maximize", dof)
     return cert, readings
 
 
@@ -343,13 +346,11 @@ def race_readings(readings: StudyReadings) -> int:
     return sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
 
 
-def certificate_sentence(
-    cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None, noise_measured: bool = True
-) -> str:
-    """The certificate in words, for the summary and the run's output. ``noise_measured``: whether
-    any config was measured twice (else the noise is the assumed floor, and the words say so)."""
+def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None) -> str:
+    """The certificate in words, for the summary and the run's output (where no config was measured
+    twice, the noise is the assumed floor, and the words say so)."""
     lead = numbers.get(cert.leader)
-    assumed = "" if noise_measured else " (assumed: no config was measured twice)"
+    assumed = "" if cert.noise_measured else " (assumed: no config but the drift control was measured twice)"
     rest = f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading{assumed})"
     race = f"; the race re-measured {remeasured}" + (
         f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
@@ -368,7 +369,12 @@ def certificate_sentence(
         ties = f"; tied with {tied} (the readings cannot order them; each is certified)" if tied else ""
         return f"how sure: {claim} (certified at {cert.confidence:.0%}){ties}{race}"
     words = f"how sure: NOT certified at {cert.confidence:.0%}: {claim}"
-    if cert.threats and cert.threats[0][1] < cert.confidence:
+    if not cert.noise_measured and cert.p_overall >= cert.confidence:
+        words += (
+            f"{race}; that P rests on an assumed noise (no config was measured twice): measure the best "
+            "configs again to certify it (search.confirm_budget)"
+        )
+    elif cert.threats and cert.threats[0][1] < cert.confidence:
         worst, pj = cert.threats[0]
         need = readings_to_tell(cert.noise, cert.tolerance, cert.confidence)
         words += (

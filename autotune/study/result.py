@@ -67,7 +67,6 @@ class StudyResult:
             numbers = readings.numbers
             ties = [r for r in records if any(r.number == numbers[k] for k in cert.ties)]
             remeasured = race_readings(readings)
-            noise_measured = any(len(v) > 1 for v in readings.groups.values())
             summary = {
                 **cert.to_json(),
                 "best_trial": numbers[cert.leader],
@@ -76,10 +75,7 @@ class StudyResult:
                 "remeasured": remeasured,
                 "confirm_readings": spec.search.confirm_readings(),
                 "normalised_to_control": readings.normalised,
-                "noise_measured": noise_measured,
-                "sentence": certificate_sentence(
-                    cert, numbers, remeasured, spec.search.confirm_readings(), noise_measured
-                ),
+                "sentence": certificate_sentence(cert, numbers, remeasured, spec.search.confirm_readings()),
             }
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
         measured = bool(best) and best[0].source != "simulated"
