@@ -131,6 +131,8 @@ def test_a_close_call_between_the_two_best_is_measured_again(world):
     # one reading each: the noise is assumed, so even a far leader is measured again once
     again = guide.close_call(far)
     assert again is not None and again.index == b and "the noise is assumed" in again.reason
+    # ... but not in place of a new config (the budget held back for the race asks without it)
+    assert guide.close_call(far, measure_noise=False) is None
     # a repeat of a config other than the first measured (the drift control) measures it: settled
     assert guide.close_call(far + [Observation(b, "ok", 1490.0, 1.0)]) is None
     assert guide.close_call(far + [Observation(a, "ok", 1010.0, 1.0)]) is not None  # the control's repeat alone
