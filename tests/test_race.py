@@ -185,3 +185,12 @@ def test_the_noise_a_claim_rests_on_counts_the_floor_as_one_pair():
     groups = [list(1000.0 * (1.0 + 0.02 * rng.standard_normal(5))) for _ in range(10)]
     noise, dof = noise_belief(groups, 0.03)
     assert dof == 40 and 0.015 < noise < 0.025 and repeat_noise(groups, 0.03) == 0.03
+
+
+def test_no_tie_is_declared_on_an_assumed_noise():
+    """Two configs the readings cannot order, each a single reading: however high the claim, the
+    noise is assumed, so neither the leader nor a tie is certified."""
+    readings = {"a": [1000.0], "b": [1001.0], "c": [500.0]}
+    cert = certificate(readings, "b", 0.002, 0.02, 0.95, True, noise_dof=0)
+    assert cert.p > 0.95 and not cert.certified and cert.ties == []
+    assert certificate(readings, "b", 0.002, 0.02, 0.95, True).ties == ["a"]  # a known noise: tied
