@@ -135,7 +135,8 @@ def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
     """The relative noise of one reading between runs: the pooled spread of the groups (a config's
     readings) with more than one reading, each reading over its group's mean; never below
     ``floor`` (a pair of readings says little). The report's best (``autotune.study.records``) and
-    the guide's race of the two best read the study's noise through this one definition."""
+    the guide's race of the two best read the study's noise through this one definition; the
+    certificate's claim of how sure the study is reads :func:`noise_belief`."""
     squares, dof = _repeat_squares(groups)
     return max(floor, math.sqrt(squares / dof) if dof else 0.0)
 
