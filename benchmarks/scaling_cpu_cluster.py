@@ -4,7 +4,9 @@ loopback TCP), the model's projection from 1 node and from 2 nodes to 4 compared
 nodes measured.
 
 A study of ``--configs`` configs of the tiny Llama runs on one device first (its trials are the
-configs); ``autotune scale RUN_DIR --top N --nodes 1,2,4 --repeats R`` then measures each at every
+configs, distinct: Optuna's grid sampler draws the space's points without replacement, and none is
+pruned, so each is scaled; ``--precision`` fp32 by default: bf16 is emulated on this CPU, 15x slower);
+``autotune scale RUN_DIR --top N --nodes 1,2,4 --repeats R`` then measures each at every
 size, weak scaling, as a user would run it. The projection is :mod:`autotune.guide.projection`'s
 with the run's readings; printed: per config the measured tokens/s/device at each size, the
 projections to 4 nodes and their errors; then the median absolute error over the configs from
@@ -19,6 +21,7 @@ With ``--links``, the host and the links across 2, ..., ``--nodes`` nodes are me
 then pays the link measured at each node count instead of the data-sheet one.
 
     python benchmarks/scaling_cpu_cluster.py [--configs 6] [--repeats 2] [--run-dir DIR] [--nodes 4] [--links]
+        [--precision fp32]
 """
 
 from __future__ import annotations
@@ -43,12 +46,12 @@ target: none
 space:
   micro_batch_size: [1, 2, 4]
   recompute: [none, full]
-  precision: [fp32, bf16]
+  precision: [{precision}]
   tp: [1]
   pp: [1]
   zero_stage: [0]
 objectives: [tokens_per_s_per_device]
-search: {{n_trials: {configs}, seed: 0, sampler: random}}
+search: {{n_trials: {configs}, seed: 0, sampler: grid, prune: false}}
 ray: {{enabled: false}}
 """
 
@@ -60,6 +63,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="measured steps per probe")
     ap.add_argument("--nodes", type=int, default=4, help="the largest size (node counts 1, 2, ..., this)")
     ap.add_argument("--run-dir", type=Path, default=None, help="keep the study here (default: a temporary one)")
+    ap.add_argument("--precision", default="fp32", help="the space's precisions, comma-separated (fp32, bf16)")
     ap.add_argument("--links", action="store_true", help="measure the links per node count first (calibrate --nodes)")
     args = ap.parse_args()
     from typer.testing import CliRunner
@@ -90,7 +94,11 @@ def main() -> int:
                 return 1
             print(calibrated.stdout.strip())
             profile = f", profile: {path}"
-        spec.write_text(SPEC.format(configs=args.configs, steps=args.steps, profile=profile))
+        spec.write_text(
+            SPEC.format(
+                configs=args.configs, steps=args.steps, profile=profile, precision=", ".join(args.precision.split(","))
+            )
+        )
         study = CliRunner().invoke(app, ["run", str(spec), "--run-dir", str(run), "--json", "--no-tracking"])
         if study.exit_code != 0:
             print(study.output, file=sys.stderr)

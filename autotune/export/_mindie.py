@@ -15,7 +15,8 @@ ranges are MindIE-LLM 3.0.0.beta.1's (gitcode/GitHub Ascend/MindIE-LLM at 5e8961
   ``max_num_batched_tokens`` -> ``maxPrefillTokens``; ``block_size`` -> ``cacheBlockSize``;
 - ``tp`` -> ``ModelConfig[0].worldSize`` and ``BackendConfig.npuDeviceIds`` ``[[0..tp-1]]``
   (logical ids under the replica's ``ASCEND_RT_VISIBLE_DEVICES``); ``replicas``: one
-  ``mindieservice_daemon`` per replica, each with its own devices and ports;
+  ``mindieservice_daemon`` per replica, each with its own devices and ports; an instance wider than a
+  node is MindIE's multi-node inference (:func:`multinode_settings`);
 - ``memory_utilization`` -> ``npuMemSize: -1`` (KV cache sized from free memory) with
   ``NPU_MEMORY_FRACTION`` (MindIE's memory share, default 0.8);
 - ``enable_prefix_caching`` / ``enable_chunked_prefill`` -> ``ModelConfig[0].plugin_params``
@@ -36,7 +37,7 @@ import json
 import re
 from typing import Any
 
-from ..workers.parameters import serving_default, value as param
+from ..workers.parameters import instance_nodes, serving_default, value as param
 from ._base import one_line
 
 
@@ -45,8 +46,12 @@ __all__ = [
     "MINDIE_KEYS",
     "MINDIE_SET_BY_AUTOTUNE",
     "MINDIE_WRITTEN",
+    "MULTINODE_DOC",
+    "MULTINODE_NODES_MAX",
     "merge_config",
     "mindie_settings",
+    "multinode_settings",
+    "rank_table",
     "mindie_env",
     "setting_path",
     "setting_where",
@@ -174,7 +179,7 @@ MINDIE_KEYS: dict[str, tuple[Any, ...]] = {
     **{k: ("BackendConfig", "ModelDeployConfig") for k in ("maxSeqLen", "maxInputTokenLen", "truncation")},
     **{k: ("BackendConfig", "ModelDeployConfig") for k in ("maxLoras", "maxLoraRank")},
     **{k: _MODEL_CONFIG for k in MINDIE_DEFAULT_CONFIG["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]},
-    **{k: _MODEL_CONFIG for k in ("plugin_params", "dp", "sp", "cp")},
+    **{k: _MODEL_CONFIG for k in ("plugin_params", "tp", "dp", "sp", "cp")},
     **{k: ("BackendConfig", "ScheduleConfig") for k in MINDIE_DEFAULT_CONFIG["BackendConfig"]["ScheduleConfig"]},
     **{
         k: ("BackendConfig", "ScheduleConfig")
@@ -208,6 +213,8 @@ MINDIE_SET_BY_AUTOTUNE = {
     "maxPrefillTokens": "max_num_batched_tokens",
     "cacheBlockSize": "block_size",
     "worldSize": "tp",
+    "tp": "tp (an instance across nodes)",
+    "multiNodesInferEnabled": "tp (an instance across nodes)",
     "npuDeviceIds": "tp and replicas",
     "modelInstanceNumber": "replicas (one daemon each)",
     "npuMemSize": "memory_utilization (NPU_MEMORY_FRACTION)",
@@ -226,10 +233,15 @@ MINDIE_SET_BY_AUTOTUNE = {
     "managementPort": "the deployment",
     "metricsPort": "the deployment",
 }
+# MindIE's multi-node inference ("多机混部", MindIE-LLM 5e896196 docs/zh/user_guide/user_manual/
+# prefill_decode_mixed_deployment.md, 使用限制): Atlas 800I A2 only, at most 4 nodes / 32 NPUs an instance
+# (the code allows 2-60 servers: ranktable_config.cpp MIN_SERVER_COUNT, MAX_SERVER_COUNT)
+MULTINODE_NODES_MAX = 4
+MULTINODE_DOC = "MindIE-LLM's prefill_decode_mixed_deployment.md, 多机混部"
 SERVED_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 # where each knob is written (the header names it beside a value the evidence did not choose)
 MINDIE_WRITTEN = {
-    "tp": "ModelConfig[0].worldSize, npuDeviceIds",
+    "tp": "ModelConfig[0].worldSize, npuDeviceIds (across nodes: ModelConfig[0].tp, multiNodesInferEnabled)",
     "replicas": "_autotune.replicas: one mindieservice_daemon each",
     "max_num_seqs": "ScheduleConfig.maxBatchSize, maxPrefillBatchSize",
     "max_num_batched_tokens": "ScheduleConfig.maxPrefillTokens",
@@ -274,9 +286,11 @@ def mindie_settings(
     max_output_len: int = 0,
     model_name: str | None = None,
     weight_path: str | None = None,
+    devices_per_node: int = 0,
 ) -> dict[str, Any]:
     """The config.json keys a serving config sets, as a nested fragment (``plugin_params: None``
-    = no plugin: remove the key). The one rendering the ``mindie`` preset runs and the export writes."""
+    = no plugin: remove the key). The one rendering the ``mindie`` preset runs and the export writes;
+    an instance wider than ``devices_per_node`` gets :func:`multinode_settings`."""
     tp = param(config, "tp")
     seqs = int(config.get("max_num_seqs", serving_default("max_num_seqs")))
     engine = {k[len("engine.") :]: v for k, v in sorted(config.items()) if k.startswith("engine.")}
@@ -303,6 +317,8 @@ def mindie_settings(
         "maxPrefillBatchSize": seqs,
         "maxPrefillTokens": int(config.get("max_num_batched_tokens", serving_default("max_num_batched_tokens"))),
     }
+    if devices_per_node > 0 and instance_nodes(tp, devices_per_node) > 1:
+        settings.update(multinode_settings(tp, devices_per_node))
     if max_model_len:
         settings["maxSeqLen"] = int(max_model_len)
     if max_prompt_len:
@@ -317,6 +333,52 @@ def mindie_settings(
     for name, value in settings.items():
         _put(out, setting_path(name), value)
     return out
+
+
+def multinode_settings(tp: int, devices_per_node: int) -> dict[str, Any]:
+    """MindIE's multi-node inference: one instance of ``tp`` NPUs over ``tp / devices_per_node`` whole
+    nodes, every node running a daemon with the same config.json. With ``multiNodesInferEnabled`` MindIE
+    takes the devices and the world from the rank table (:func:`rank_table`): ``worldSize`` and
+    ``npuDeviceIds`` stay one node's (backend_config.cpp still checks that they agree;
+    ranktable_config.cpp sets the world per node from the table), and ``ModelConfig[0].tp`` says the
+    tensor-parallel group is the whole instance: without it, executor.cpp takes one data-parallel rank
+    per node (``npuNumPerDP`` = the node's NPUs), and with ``dp`` 1 that is refused ("Invalid DP number
+    per node"). MindIE-LLM 5e896196: src/executor/executor.cpp, src/config_manager/ranktable_config.cpp,
+    docs/zh/user_guide/user_manual/prefill_decode_mixed_deployment.md ("多机混部")."""
+    per = int(devices_per_node)
+    return {
+        "multiNodesInferEnabled": True,
+        "npuDeviceIds": [list(range(per))],
+        "modelInstanceNumber": 1,  # "单模型多机推理场景，该值需为1" (service_parameter_configuration.md)
+        "worldSize": per,
+        "tp": int(tp),
+        "dp": 1,
+    }
+
+
+def rank_table(nodes: int, devices_per_node: int) -> dict[str, Any]:
+    """The ``ranktable.json`` of one multi-node instance, as MindIE's docs give it
+    (prefill_decode_mixed_deployment.md, "ranktable文件样例"): one server per node, its devices'
+    ``rank_id`` counted over the instance, the node with rank 0 (the first) the master, the only one
+    that takes requests. The addresses are the cluster's (placeholders: ``${nodeN_ip}``, each NPU's
+    ``${nodeN_deviceD_ip}`` from ``hccn_tool -i D -ip -g``)."""
+    per = int(devices_per_node)
+    return {
+        "version": "1.0",
+        "server_count": str(int(nodes)),
+        "server_list": [
+            {
+                "server_id": f"${{node{n}_ip}}",
+                "container_ip": f"${{node{n}_ip}}",
+                "device": [
+                    {"device_id": str(d), "device_ip": f"${{node{n}_device{d}_ip}}", "rank_id": str(n * per + d)}
+                    for d in range(per)
+                ],
+            }
+            for n in range(int(nodes))
+        ],
+        "status": "completed",
+    }
 
 
 def mindie_env(config: dict[str, Any]) -> dict[str, str]:

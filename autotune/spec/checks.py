@@ -277,6 +277,17 @@ def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
                 "simulate (target: mindie) or measure them through backend command",
             )
         )
+    wide = [int(v) for v in spec.space.choices().get("tp", []) if int(v) > spec.cluster.devices_per_node]
+    if spec.backend.kind == "mindie" and wide:
+        problems.append(
+            SpecProblem(
+                ("space", "tp"),
+                f"the mindie probe starts its daemons on one node, and tp {wide} is wider than a node "
+                f"({spec.cluster.devices_per_node} NPUs): MindIE's multi-node inference needs the rank table of the "
+                "instance's nodes, which the probe does not write: list tp up to the node's NPUs, or rank wider "
+                "instances with backend simulate (target: mindie) or measure them through backend command",
+            )
+        )
     if spec.backend.kind == "vllm" and spec.backend.args:
         from ..stacks.vllm import user_arg_conflicts
 

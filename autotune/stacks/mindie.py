@@ -23,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from autotune.workers.parameters import prefill_tp_or_tp, serving_default, value
+from autotune.workers.parameters import instance_nodes, prefill_tp_or_tp, serving_default, value
 from autotune.export._mindie_export import MindIEExporter
 from autotune.export._mindie_pd import INSTANCES_MAX, POD_NPUS_MAX, RATE_MAX, RATE_SUM_MAX, pd_rates
 from autotune.export._mindie import (
     MINDIE_DEFAULT_CONFIG,
     MINDIE_KEYS,
     MINDIE_SET_BY_AUTOTUNE,
+    MULTINODE_DOC,
+    MULTINODE_NODES_MAX,
     merge_config,
     mindie_env,
     mindie_settings,
@@ -124,6 +126,10 @@ def mindie_rules(n: int) -> list[Rule]:
         p_rate, d_rate = pd_rates(param(c, "prefill_replicas", n).astype(int), param(c, "replicas", n).astype(int))
         return (p_rate > RATE_MAX) | (d_rate > RATE_MAX) | (p_rate + d_rate > RATE_SUM_MAX)
 
+    def instance_nodes_of(c) -> np.ndarray:
+        per = fact(c, "devices_per_node", n).astype(int)
+        return np.where(per > 0, instance_nodes(param(c, "tp", n).astype(int), np.maximum(per, 1)), 1)
+
     def max_iter_over(c) -> np.ndarray:
         context = fact(c, "max_model_len", n).astype(int)
         return over(c, "maxIterTimes", context) & (context > 0)
@@ -151,13 +157,19 @@ def mindie_rules(n: int) -> list[Rule]:
             lambda c: disaggregated(c, n) & (param(c, "tp", n).astype(int) > POD_NPUS_MAX),
         ),
         (
-            "a MindIE PD instance is one pod on one node: MindIE-Motor's instances across nodes "
-            "(multiNodesInferEnabled) are not exported; tp at most the devices of a node",
+            "a MindIE PD instance is one pod on one node: MindIE's PD separation does not combine with multi-node "
+            "inference (MindIE-Motor 3402b154 pd_separation_service_deployment.md, 多机PD分离: "
+            "不支持和...多机推理...同时使用); tp at most the devices of a node",
             lambda c: (
                 disaggregated(c, n)
                 & (fact(c, "devices_per_node", n).astype(int) > 0)
                 & (param(c, "tp", n).astype(int) > fact(c, "devices_per_node", n).astype(int))
             ),
+        ),
+        (
+            f"MindIE's multi-node inference takes at most {MULTINODE_NODES_MAX} nodes an instance (Atlas 800I A2, "
+            f"at most 4 nodes / 32 NPUs: {MULTINODE_DOC}, 使用限制)",
+            lambda c: ~disaggregated(c, n) & (instance_nodes_of(c) > MULTINODE_NODES_MAX),
         ),
         (
             "MindIE-Motor assigns the prefill and decode roles itself when every instance is one pod "
@@ -290,6 +302,14 @@ def mindie_launch(run: PresetRun) -> PresetLaunch:
             "the mindie probe starts mindieservice_daemon replicas; MindIE's PD separation runs under MindIE-Motor's "
             "controller and coordinator, which it does not start: tune a disaggregated layout on the simulator or "
             "through the command backend (the export writes MindIE-Motor's user_config.json)"
+        )
+    per = int(run.cluster.get("devices_per_node") or 0)
+    if per and value(config, "tp") > per:
+        raise ValueError(
+            f"the mindie probe starts its daemons on one node, and tp {value(config, 'tp')} is wider than a node "
+            f"({per} NPUs): MindIE's multi-node inference needs the rank table of the instance's nodes with every "
+            "NPU's device IP, which the probe does not write; rank it with backend simulate (target: mindie) or "
+            "measure it through backend command (the export writes the config.json and the rank table to fill)"
         )
     if not weight_path:
         raise ValueError(
