@@ -373,6 +373,20 @@ def serving_config(**layout) -> dict:
     return config
 
 
+def serving_preset_run(ctx):
+    """The stack presets' launch input for an export context's serving config (its model, traffic
+    and cluster), as the dispatcher builds it for a trial."""
+    from types import SimpleNamespace
+
+    from autotune.stacks._base import PresetRun
+
+    request = SimpleNamespace(params=ctx.config, model=ctx.model, workload=ctx.workload, cluster=ctx.cluster)
+    devices = int(ctx.config.get("world_size") or 1)
+    return PresetRun(
+        request=request, launcher=[], entry=[], user=[], iterations=0, devices=devices, global_batch_size=0, layers=80
+    )
+
+
 @contextlib.contextmanager
 def local_npu_cluster(workers: int = 2):
     """A local Ray cluster on this machine: a head (1 CPU, no NPU) and ``workers`` raylets declaring

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,8 +20,7 @@ from autotune.export._mindie import MULTINODE_NODES_MAX, merge_config
 from autotune.finish.exports import EXPORTERS, write_exports
 from autotune.spec.models import PRESETS
 from autotune.stacks import STACKS
-from autotune.stacks._base import PresetRun
-from support import CHAT_70B as CHAT, serving_config
+from support import CHAT_70B as CHAT, serving_config, serving_preset_run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "mindie"
 MODEL = {"name": "llama2-70b", "arch": "llama", "path": "/mnt/weights/llama2-70b", **PRESETS["llama2-70b"]}
@@ -219,13 +217,8 @@ def test_a_pd_instance_across_nodes_is_refused_with_motors_own_words():
 
 
 def test_the_mindie_probe_refuses_an_instance_wider_than_a_node_saying_what_runs_it():
-    ctx = _context()
-    request = SimpleNamespace(params=ctx.config, model=ctx.model, workload=ctx.workload, cluster=ctx.cluster)
-    run = PresetRun(
-        request=request, launcher=[], entry=[], user=[], iterations=0, devices=32, global_batch_size=0, layers=80
-    )
     with pytest.raises(ValueError, match="rank table"):
-        STACKS["mindie"].launch(run)
+        STACKS["mindie"].launch(serving_preset_run(_context()))
 
 
 def test_a_spec_probing_mindie_wider_than_a_node_is_refused_naming_the_field():

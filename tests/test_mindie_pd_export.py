@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,8 +21,7 @@ from autotune.export._mindie_pd import MOTOR_USER_CONFIG, PD_FILENAME, WEIGHTS_P
 from autotune.finish.exports import EXPORTERS, write_exports
 from autotune.spec.models import PRESETS
 from autotune.stacks import STACKS
-from autotune.stacks._base import PresetRun
-from support import CHAT_70B as CHAT, serving_config
+from support import CHAT_70B as CHAT, serving_config, serving_preset_run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MOTOR = FIXTURES / "mindie_motor"
@@ -254,13 +252,8 @@ def test_an_aggregated_config_still_exports_a_config_json_fragment(tmp_path):
 
 
 def test_the_mindie_probe_refuses_a_pd_config_saying_what_runs_it():
-    ctx = _context()
-    request = SimpleNamespace(params=ctx.config, model=ctx.model, workload=ctx.workload, cluster=ctx.cluster)
-    run = PresetRun(
-        request=request, launcher=[], entry=[], user=[], iterations=0, devices=16, global_batch_size=0, layers=80
-    )
     with pytest.raises(ValueError, match="MindIE-Motor"):
-        STACKS["mindie"].launch(run)
+        STACKS["mindie"].launch(serving_preset_run(_context()))
 
 
 def test_the_hardware_type_follows_the_profile():
