@@ -2,7 +2,7 @@
 recommend a config within 5 % of the best, twice, judged by a reference that measures every config
 three times?
 
-    python benchmarks/certified_cpu_study.py [--json out.json] [--rounds 3] [--runs 2]
+    python benchmarks/certified_cpu_study.py [--json out.json] [--rounds 3] [--runs 2] [--reference out.json]
 
 The space (12 configs: tp 1/2, micro-batch 1/2/4, recompute none/selective, fp32, 2 gloo
 processes: ``search_spaces/tiny_llama_cpu.yaml``'s model and workload) has several configs within
@@ -10,8 +10,10 @@ processes: ``search_spaces/tiny_llama_cpu.yaml``'s model and workload) has sever
 round (every config once, then again), each probe a one-config study, so a drift of the machine hits
 every config alike; its best is the config with the highest mean. Then the study (sampler auto:
 the guide, its race of the contenders, its certificate) runs ``--runs`` times from scratch, and each
-recommendation is judged by the reference's mean of that config. Nothing here is a test: it takes
-about 15 minutes on 2 cores (each probe starts two processes).
+recommendation is judged by the reference's mean of that config, and its interval between runs
+(where the study's repeats measured its noise) by whether it holds that mean. ``--reference`` reuses
+the reference readings of an earlier run's ``--json`` (the studies alone run again). Nothing here is
+a test: it takes about 15 minutes on 2 cores (each probe starts two processes).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def study(tmp: Path, run: int, n_trials: int) -> dict[str, Any]:
         "reported": chosen.metrics.get(METRIC) if chosen is not None else None,
         "readings": int(chosen.metrics.get("measurements", 1)) if chosen is not None else 0,
         "certificate": result.certificate,
+        "between_runs": (result.certificate or {}).get("between_runs"),
         "drift": result.drift,
         "probes": len(probed),
         "stopped": outcome.stopped_because,
@@ -107,10 +110,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="studies to run from scratch")
     ap.add_argument("--n-trials", type=int, default=12)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--reference", type=Path, help="an earlier run's --json: its reference readings, not measured again"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="autotune-certified-") as name:
         tmp = Path(name)
-        ref = reference(tmp, args.rounds)
+        ref = json.loads(args.reference.read_text())["reference"] if args.reference else reference(tmp, args.rounds)
         studies = [study(tmp, k, args.n_trials) for k in range(args.runs)]
     means = {k: statistics.fmean(v) for k, v in ref.items()}
     best = max(means, key=means.get)
@@ -122,13 +128,22 @@ def main() -> None:
     for key in sorted(means, key=means.get, reverse=True):
         said = ", ".join(f"{x:,.0f}" for x in ref[key])
         print(f"  {means[key] / means[best]:6.1%}  {means[key]:8,.1f}  (readings {said})  {key}")
-    print("\n| run | recommended (reference mean / best) | reported | readings | certificate | probes | stopped |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| run | recommended (reference mean / best) | reported | readings | between runs (holds the reference "
+        "mean) | certificate | probes | stopped |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for k, s in enumerate(studies):
         share = means.get(s["recommended"], 0.0) / means[best]
         cert = s["certificate"] or {}
+        between = s.get("between_runs")
+        mean = means.get(s["recommended"])
+        across = "none (noise not measured)"
+        if between and mean is not None:
+            holds = "yes" if between["low"] <= mean <= between["high"] else "no"
+            across = f"{between['low']:,.0f}-{between['high']:,.0f} ({holds})"
         print(
-            f"| {k} | {share:.1%} | {s['reported']:,.1f} | {s['readings']} | "
+            f"| {k} | {share:.1%} | {s['reported']:,.1f} | {s['readings']} | {across} | "
             f"P {cert.get('p_within_tolerance')} {'certified' if cert.get('certified') else 'not certified'} | "
             f"{s['probes']} | {s['stopped']} |"
         )

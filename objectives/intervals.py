@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 __all__ = [
     "CONFIDENCE",
     "SEPARATED_Z",
+    "between_runs_interval",
     "mean_interval",
     "quantile_interval",
     "throughput_interval",
@@ -151,6 +152,27 @@ def noise_belief(groups: Iterable[Sequence[float]], floor: float) -> tuple[float
     would count the floor's caution twice)."""
     squares, dof = _repeat_squares(groups)
     return math.sqrt((floor**2 + squares) / (dof + 1)), dof
+
+
+def between_runs_interval(
+    readings: Sequence[float], noise: float, dof: int | None, confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """The interval of a config's true mean between runs (issue 44: a figure's interval within one
+    run says nothing of how the next run reads): the mean of its ``readings`` +/- t x ``noise`` x
+    mean / sqrt(n), ``noise`` the study's relative noise per reading with ``dof`` degrees of freedom
+    (:func:`noise_belief`: Student's t at dof + 1, the floor's pair included; None: the noise is
+    known, a normal quantile). None without a reading, or on an assumed noise (``dof`` 0): an
+    interval on a noise no repeat measured would read as a measurement."""
+    from scipy import stats
+
+    data = _finite(readings)
+    if not data or dof == 0:
+        return None
+    mean = math.fsum(data) / len(data)
+    q = 0.5 + confidence / 2.0
+    z = float(stats.norm.ppf(q)) if dof is None else float(stats.t.ppf(q, dof + 1))
+    half = z * noise * abs(mean) / math.sqrt(len(data))
+    return mean - half, mean + half
 
 
 def relative_gap(a: float, na: int, b: float, nb: int, noise: float) -> tuple[float, float] | None:

@@ -105,6 +105,51 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
     assert best_certificate(close, [close[0]], objective + [("peak_memory_gib", "minimize")], 0.02, 0.95) is None
 
 
+def test_the_best_s_figure_between_runs_is_given_where_repeats_measured_the_noise():
+    from autotune.finish.report import summary_lines
+    from autotune.finish.run_output import between_runs_sentence
+    from autotune.study.result import _between_runs
+
+    objective = [("tokens_per_s_per_device", "maximize")]
+    clear = [_record(0, 2, 800.0, 40.0), _record(1, 1, 1000.0, 50.0), _record(2, 1, 1004.0, 50.0)]
+    cert, readings = best_certificate(clear, [clear[2]], objective, 0.02, 0.95)
+    between = _between_runs("tokens_per_s_per_device", readings.groups[cert.leader], cert)
+    assert between["readings"] == 2 and between["low"] < 1002.0 < between["high"]
+    assert between["noise"] == round(cert.noise, 4) and between["noise_dof"] == cert.noise_dof == 1
+    words = between_runs_sentence(between)
+    assert "the mean of 2 readings" in words and "measured by its repeats" in words
+    summary = {
+        "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
+        "best_trial": 2,
+        "before_after": [
+            {
+                "metric": "tokens_per_s_per_device",
+                "best": 1002.0,
+                "baseline": None,
+                "gain_pct": None,
+                "interval": [990.0, 1010.0],
+                "readings": 2,
+                "steps": 6,
+                "source": "measured",
+                "between_runs": [between["low"], between["high"]],
+                "between_runs_noise": between["noise"],
+            }
+        ],
+    }
+    text = " ".join(x.strip() for x in summary_lines(summary))
+    line = text[text.index("tokens_per_s_per_device") :]
+    assert "within a run" in line and "between runs" in line and f"{between['noise']:.1%}" in line
+    from autotune.finish.report import summary_metrics
+
+    metrics = summary_metrics({**summary, "certificate": {"between_runs": between}})
+    assert metrics["best_tokens_per_s_per_device_between_runs_low"] == between["low"]
+    # one reading each: the noise is the assumed floor, and no interval between runs is claimed
+    once = [_record(0, 2, 700.0, 40.0), _record(1, 1, 1000.0, 50.0)]
+    cert, readings = best_certificate(once, [once[1]], objective, 0.02, 0.95)
+    assert _between_runs("tokens_per_s_per_device", readings.groups[cert.leader], cert) is None
+    assert between_runs_sentence(None) is None
+
+
 def test_a_tie_recommends_the_roomier_config_and_says_why():
     objective = [("tokens_per_s_per_device", "maximize")]
     best, tied = _record(0, 1, 1002.0, 60.0), _record(1, 2, 1000.0, 50.0)

@@ -196,6 +196,7 @@ def study_summary(
     view = dict(_VIEW)
     view.update({m: d for m, d in objectives})
     rows = []
+    between = (certificate or {}).get("between_runs") or {}
     if top is not None:
         for metric, direction in view.items():
             b = top.metrics.get(metric)
@@ -219,6 +220,9 @@ def study_summary(
                     "source": top.source,
                 }
             )
+            if between.get("metric") == metric:  # and between runs, at the study's measured noise
+                rows[-1]["between_runs"] = [between["low"], between["high"]]
+                rows[-1]["between_runs_noise"] = between["noise"]
     out["before_after"] = rows
     out["best_trial"] = top.number if top else None
     out["best_by_estimate"] = best_by_estimate(records, objectives, top)
@@ -342,10 +346,16 @@ def _how_sure(row: dict[str, Any]) -> str:
         return ""
     runs = row["readings"]
     runs_text = f"{runs} run{'s' if runs != 1 else ''}"
+    across = ""
+    if row.get("between_runs"):  # the interval a next run's mean falls in is wider than one run's steps
+        low, high = row["between_runs"]
+        across = f"; between runs {_fmt(low)}-{_fmt(high)} at the study's noise {row['between_runs_noise']:.1%}"
     if row.get("interval"):
         low, high = row["interval"]
         steps = f"{row['steps']} steps of " if row.get("steps") else ""
-        return f"  (95 % CI {_fmt(low)}-{_fmt(high)} within a run; {steps}{runs_text})"
+        return f"  (95 % CI {_fmt(low)}-{_fmt(high)} within a run; {steps}{runs_text}{across})"
+    if across:
+        return f"  ({'one reading' if runs == 1 else f'mean of {runs_text}'}{across})"
     return "  (one reading, no interval)" if runs == 1 else f"  (mean of {runs_text})"
 
 
@@ -495,6 +505,10 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     if _finite(cert.get("p_within_tolerance")):  # how sure of the best (issue 44)
         out["best_p_within_tolerance"] = float(cert["p_within_tolerance"])
         out["race_remeasured"] = float(cert.get("remeasured", 0))
+    between = cert.get("between_runs") or {}
+    if _finite(between.get("low")) and _finite(between.get("high")):
+        out[f"best_{between['metric']}_between_runs_low"] = float(between["low"])
+        out[f"best_{between['metric']}_between_runs_high"] = float(between["high"])
     drift = summary.get("drift") or {}
     if _finite(drift.get("change")):
         out["drift_pct"] = 100.0 * float(drift["change"])

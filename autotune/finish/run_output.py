@@ -524,8 +524,25 @@ def print_best(
         if said and said.get("sentence"):
             for text in wrap_line(f"  {escape_text(said['sentence'])}", WIDTH, indent=4):
                 console.print(text, markup=False)
+    across = between_runs_sentence((certificate or {}).get("between_runs"))
+    if across:
+        for text in wrap_line(f"  {escape_text(across)}", WIDTH, indent=4):
+            console.print(text, markup=False)
     if recommendation is not None and recommendation.sentence:
         if recommendation.changed:
             console.print(Text(escape_text(recommendation.sentence), style="bold"))
         else:
             console.print(Text.assemble(("tight:", "bold"), f" {escape_text(recommendation.sentence)}"))
+
+
+def between_runs_sentence(between: dict[str, Any] | None) -> str | None:
+    """The best's figure between runs in words (``StudyResult.certificate["between_runs"]``): the
+    interval its true mean lies in at the study's measured noise; None without one."""
+    if not between:
+        return None
+    readings = between["readings"]
+    return (
+        f"between runs: {between['metric']} {between['low']:,.4g}-{between['high']:,.4g} "
+        f"({between['confidence']:.0%}; {'one reading' if readings == 1 else f'the mean of {readings} readings'} "
+        f"at the study's noise {between['noise']:.1%} per reading, measured by its repeats)"
+    )

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from ..guide.ranking import Ranking
+from ..objectives.intervals import between_runs_interval
 from .recommend import Recommendation, study_recommendation
 from .records import (
     TrialRecord,
@@ -76,6 +77,7 @@ class StudyResult:
                 "confirm_readings": spec.search.confirm_readings(),
                 "normalised_to_control": readings.normalised,
                 "sentence": certificate_sentence(cert, numbers, remeasured, spec.search.confirm_readings()),
+                "between_runs": _between_runs(objectives[0][0], readings.groups[cert.leader], cert),
             }
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
         measured = bool(best) and best[0].source != "simulated"
@@ -120,3 +122,21 @@ class StudyOutcome:
     @property
     def baseline(self) -> TrialRecord | None:
         return self.result.baseline
+
+
+def _between_runs(metric: str, values: list[float], cert: Any) -> dict[str, Any] | None:
+    """The best's figure between runs (issue 44): the interval of its true mean at the study's
+    measured noise (:func:`autotune.objectives.intervals.between_runs_interval`); None where no
+    repeat measured the noise (the certificate says so)."""
+    interval = between_runs_interval(values, cert.noise, cert.noise_dof, cert.confidence)
+    if interval is None:
+        return None
+    return {
+        "metric": metric,
+        "low": interval[0],
+        "high": interval[1],
+        "readings": len(values),
+        "noise": round(cert.noise, 4),
+        "noise_dof": cert.noise_dof,
+        "confidence": cert.confidence,
+    }
