@@ -20,12 +20,13 @@ A probe's few measured steps give the spread *within* one run; repeats of a conf
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "CONFIDENCE",
     "SEPARATED_Z",
     "between_runs_interval",
+    "between_runs_words",
     "mean_interval",
     "quantile_interval",
     "throughput_interval",
@@ -173,6 +174,20 @@ def between_runs_interval(
     z = float(stats.norm.ppf(q)) if dof is None else float(stats.t.ppf(q, dof + 1))
     half = z * noise * abs(mean) / math.sqrt(len(data))
     return mean - half, mean + half
+
+
+def between_runs_words(between: Mapping[str, Any] | None) -> str | None:
+    """A best's figure between runs in words (``StudyResult.certificate["between_runs"]``: metric,
+    low, high, readings, noise, confidence), for the run's output and the exports' headers; None
+    without one."""
+    if not between:
+        return None
+    readings = int(between["readings"])
+    return (
+        f"between runs: {between['metric']} {between['low']:,.4g}-{between['high']:,.4g} "
+        f"({between['confidence']:.0%}; {'one reading' if readings == 1 else f'the mean of {readings} readings'} "
+        f"at the study's noise {between['noise']:.1%} per reading, measured by its repeats)"
+    )
 
 
 def relative_gap(a: float, na: int, b: float, nb: int, noise: float) -> tuple[float, float] | None:

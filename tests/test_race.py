@@ -107,7 +107,7 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
 
 def test_the_best_s_figure_between_runs_is_given_where_repeats_measured_the_noise():
     from autotune.finish.report import summary_lines
-    from autotune.finish.run_output import between_runs_sentence
+    from autotune.objectives.intervals import between_runs_words
     from autotune.study.result import _between_runs
 
     objective = [("tokens_per_s_per_device", "maximize")]
@@ -116,7 +116,7 @@ def test_the_best_s_figure_between_runs_is_given_where_repeats_measured_the_nois
     between = _between_runs("tokens_per_s_per_device", readings.groups[cert.leader], cert)
     assert between["readings"] == 2 and between["low"] < 1002.0 < between["high"]
     assert between["noise"] == round(cert.noise, 4) and between["noise_dof"] == cert.noise_dof == 1
-    words = between_runs_sentence(between)
+    words = between_runs_words(between)
     assert "the mean of 2 readings" in words and "measured by its repeats" in words
     summary = {
         "objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}],
@@ -143,11 +143,19 @@ def test_the_best_s_figure_between_runs_is_given_where_repeats_measured_the_nois
 
     metrics = summary_metrics({**summary, "certificate": {"between_runs": between}})
     assert metrics["best_tokens_per_s_per_device_between_runs_low"] == between["low"]
+    # the exports' headers carry it too (the JSON header's field, a comment line in a script)
+    from autotune.export import ExportContext
+    from autotune.export._base import header_fields, header_lines
+
+    ctx = ExportContext.from_record("s", clear[2], between_runs=between)
+    assert header_fields(ctx)["between_runs"] == words
+    assert f"# {words}" in header_lines(ctx)
+    assert "between_runs" not in header_fields(ExportContext.from_record("s", clear[2]))
     # one reading each: the noise is the assumed floor, and no interval between runs is claimed
     once = [_record(0, 2, 700.0, 40.0), _record(1, 1, 1000.0, 50.0)]
     cert, readings = best_certificate(once, [once[1]], objective, 0.02, 0.95)
     assert _between_runs("tokens_per_s_per_device", readings.groups[cert.leader], cert) is None
-    assert between_runs_sentence(None) is None
+    assert between_runs_words(None) is None
 
 
 def test_a_tie_recommends_the_roomier_config_and_says_why():

@@ -639,7 +639,7 @@ def export(
     from ..finish.exports import refusals
     from ..finish.study_end import export_context
 
-    context = export_context(spec, chosen)
+    context = export_context(spec, chosen, result.certificate)
     if formats == "all":  # every format that can launch the config; say why the others cannot
         refused = refusals(context, chosen_formats)
         for name, reasons in refused.items():

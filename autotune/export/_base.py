@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from autotune.objectives.intervals import between_runs_words
 from autotune.trial_attrs import roomiest_in, undistinguished_in
 from autotune.workers.protocol import ENV_NAME
 
@@ -59,6 +60,9 @@ class ExportContext:
     target: str = ""  # the study's target stack (autotune.stacks); "" = unknown
     chosen_because: str = ""  # the trial's reason: best.env names the knobs the model could not tell apart
     searched: frozenset[str] | None = None  # the space's searched names (None: unknown)
+    # the trial's figure between runs, where the study's repeats measured its noise (issue 44:
+    # StudyResult.certificate["between_runs"], for the study's best only); None: not known
+    between_runs: dict[str, Any] | None = None
 
     @classmethod
     def from_record(
@@ -70,6 +74,7 @@ class ExportContext:
         cluster: dict | None = None,
         target: str = "",
         searched: Any = None,
+        between_runs: dict[str, Any] | None = None,
     ) -> "ExportContext":
         info = getattr(record, "info", None) or {}
         return cls(
@@ -85,6 +90,7 @@ class ExportContext:
             target=target,
             chosen_because=getattr(record, "chosen_because", "") or "",
             searched=frozenset(searched) if searched is not None else None,
+            between_runs=dict(between_runs) if between_runs else None,
         )
 
     # what most exporters need
@@ -276,6 +282,8 @@ def header_fields(ctx: ExportContext, written: Mapping[str, str] | None = None) 
         "metrics_are": ctx.provenance,
         "software": _software(ctx),
     }
+    if ctx.between_runs:
+        fields["between_runs"] = between_runs_words(ctx.between_runs)
     if not ctx.measured:
         fields["note"] = _note(ctx)
     notes = unchosen_notes(ctx, written)
@@ -316,6 +324,8 @@ def header_lines(ctx: ExportContext, comment: str = "#", written: Mapping[str, s
         f"{comment} metrics {one_line(ctx.provenance)}: {metrics}",
         f"{comment} software: {software}",
     ]
+    if h.get("between_runs"):
+        lines.append(f"{comment} {one_line(h['between_runs'])}")
     if not ctx.measured:
         lines.append(f"{comment} NOTE: {_note(ctx)}")
     lines += [f"{comment} {note}" for note in h.get("not_chosen_by_evidence", [])]

@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from autotune.objectives.intervals import between_runs_words
 from autotune.workers.parameters import prefill_tensor_parallel, value
 
 from .report import WIDTH, wrap_line
@@ -524,7 +525,7 @@ def print_best(
         if said and said.get("sentence"):
             for text in wrap_line(f"  {escape_text(said['sentence'])}", WIDTH, indent=4):
                 console.print(text, markup=False)
-    across = between_runs_sentence((certificate or {}).get("between_runs"))
+    across = between_runs_words((certificate or {}).get("between_runs"))
     if across:
         for text in wrap_line(f"  {escape_text(across)}", WIDTH, indent=4):
             console.print(text, markup=False)
@@ -533,16 +534,3 @@ def print_best(
             console.print(Text(escape_text(recommendation.sentence), style="bold"))
         else:
             console.print(Text.assemble(("tight:", "bold"), f" {escape_text(recommendation.sentence)}"))
-
-
-def between_runs_sentence(between: dict[str, Any] | None) -> str | None:
-    """The best's figure between runs in words (``StudyResult.certificate["between_runs"]``): the
-    interval its true mean lies in at the study's measured noise; None without one."""
-    if not between:
-        return None
-    readings = between["readings"]
-    return (
-        f"between runs: {between['metric']} {between['low']:,.4g}-{between['high']:,.4g} "
-        f"({between['confidence']:.0%}; {'one reading' if readings == 1 else f'the mean of {readings} readings'} "
-        f"at the study's noise {between['noise']:.1%} per reading, measured by its repeats)"
-    )

@@ -54,9 +54,10 @@ class FinishedStudy:
     plots: list[Path] = field(default_factory=list)
 
 
-def export_context(spec: Spec, record: TrialRecord) -> Any:
+def export_context(spec: Spec, record: TrialRecord, certificate: dict[str, Any] | None = None) -> Any:
     """What an exporter may use of a chosen trial: its config and metrics, the spec's model,
-    workload and cluster, the study's target stack, the trial's reason and the searched names."""
+    workload and cluster, the study's target stack, the trial's reason and the searched names, and
+    its figure between runs where ``certificate`` (``StudyResult.certificate``) gives one for it."""
     from ..spec.resolve import probe_context
     from ..export import ExportContext
 
@@ -64,8 +65,18 @@ def export_context(spec: Spec, record: TrialRecord) -> Any:
     cluster = {k: v for k, v in ctx.cluster.items() if k != "hardware"}
     # best.env's comments read the trial's reason (the knobs the model could not tell apart) and
     # the searched names
+    between = (certificate or {}).get("between_runs")
+    if (certificate or {}).get("best_trial") != record.number:
+        between = None  # the recommendation may be a tie's roomier config: the interval is the best's
     return ExportContext.from_record(
-        spec.name, record, ctx.model, ctx.workload, cluster, target=target_of(spec), searched=spec.space.searched()
+        spec.name,
+        record,
+        ctx.model,
+        ctx.workload,
+        cluster,
+        target=target_of(spec),
+        searched=spec.space.searched(),
+        between_runs=between,
     )
 
 
@@ -94,7 +105,7 @@ def finish_study(
     finished = FinishedStudy(result, line, {})
     chosen = result.chosen
     if chosen is not None:
-        context = export_context(spec, chosen)
+        context = export_context(spec, chosen, result.certificate)
         target_formats = default_formats(target_of(spec), spec.workload.kind)
         # every format that can launch the config exactly; the target's own are expected to
         refused = refusals(context, list(EXPORTERS))
