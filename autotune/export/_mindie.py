@@ -237,6 +237,9 @@ MINDIE_SET_BY_AUTOTUNE = {
 # prefill_decode_mixed_deployment.md, 使用限制): Atlas 800I A2 only, at most 4 nodes / 32 NPUs an instance
 # (the code allows 2-60 servers: ranktable_config.cpp MIN_SERVER_COUNT, MAX_SERVER_COUNT)
 MULTINODE_NODES_MAX = 4
+# MindIE's ModelConfig dp of a dense instance across nodes: the whole instance is one tensor-parallel
+# group (tp the instance's NPUs), not one data-parallel rank per node (MindIE's own key, not autotune's dp)
+ONE_DATA_PARALLEL_GROUP = 1
 MULTINODE_DOC = "MindIE-LLM's prefill_decode_mixed_deployment.md, 多机混部"
 SERVED_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 # where each knob is written (the header names it beside a value the evidence did not choose)
@@ -352,7 +355,7 @@ def multinode_settings(tp: int, devices_per_node: int) -> dict[str, Any]:
         "modelInstanceNumber": 1,  # "单模型多机推理场景，该值需为1" (service_parameter_configuration.md)
         "worldSize": per,
         "tp": int(tp),
-        "dp": 1,
+        "dp": ONE_DATA_PARALLEL_GROUP,
     }
 
 

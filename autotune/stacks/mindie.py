@@ -12,7 +12,9 @@ settings, plain HTTP on 127.0.0.1 and the probe's ports: the OpenAI ``/v1/comple
 ``MIES_SERVICE_MONITOR_MODE=1``: ``src/server/endpoint/http_wrapper/http_handler.cpp``,
 ``http_server.cpp``, ``prometheus_metrics.cpp``), ``ASCEND_RT_VISIBLE_DEVICES`` its devices and
 ``MINDIE_LOG_TO_STDOUT=1`` so the probe reads MindIE's words. MindIE loads real weights: the model
-must name its checkpoint (``model.path``).
+must name its checkpoint (``model.path``). An instance wider than a node is MindIE's multi-node
+inference: ranked and exported (the config.json every node merges, the rank table its nodes share),
+not probed (the probe would need every NPU's device IP for the rank table).
 """
 
 from __future__ import annotations
