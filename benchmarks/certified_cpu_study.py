@@ -97,7 +97,6 @@ def study(tmp: Path, run: int, n_trials: int) -> dict[str, Any]:
         "reported": chosen.metrics.get(METRIC) if chosen is not None else None,
         "readings": int(chosen.metrics.get("measurements", 1)) if chosen is not None else 0,
         "certificate": result.certificate,
-        "between_runs": (result.certificate or {}).get("between_runs"),
         "drift": result.drift,
         "probes": len(probed),
         "stopped": outcome.stopped_because,
@@ -136,7 +135,7 @@ def main() -> None:
     for k, s in enumerate(studies):
         share = means.get(s["recommended"], 0.0) / means[best]
         cert = s["certificate"] or {}
-        between = s.get("between_runs")
+        between = (s["certificate"] or {}).get("between_runs")
         mean = means.get(s["recommended"])
         across = "none (noise not measured)"
         if between and mean is not None:

@@ -90,10 +90,11 @@ class MindIEExporter(Exporter):
         """The stack's rules, and MindIE's multi-node inference on the hardware it supports: Atlas 800I
         A2 only (not A3) per its docs."""
         reasons = super().unsupported(ctx)
-        if not _disaggregated(ctx.config) and _instance_nodes(ctx) > 1 and hardware_type(ctx.cluster) != "800I_A2":
+        nodes, hardware = _instance_nodes(ctx), hardware_type(ctx.cluster)
+        if not _disaggregated(ctx.config) and nodes > 1 and hardware != "800I_A2":
             reasons.append(
-                f"MindIE's multi-node inference (an instance over {_instance_nodes(ctx)} nodes) runs on Atlas 800I A2 "
-                f"only ({MULTINODE_DOC}, 使用限制), and this cluster's profile is {hardware_type(ctx.cluster)}"
+                f"MindIE's multi-node inference (an instance over {nodes} nodes) runs on Atlas 800I A2 "
+                f"only ({MULTINODE_DOC}, 使用限制), and this cluster's profile is {hardware}"
             )
         return reasons
 
@@ -121,17 +122,18 @@ class MindIEExporter(Exporter):
             "merge into your MindIE config.json (MindIE-LLM 3.0.0.beta.1 keys): mappings key by key, "
             "ModelConfig[0] key by key, a null value removes the key (plugin_params: null = no plugin)"
         )
-        header["launch"] = (
-            f"{replicas} mindieservice_daemon(s), one per replica, each with its own port, managementPort and "
-            f"metricsPort, the env below, ASCEND_RT_VISIBLE_DEVICES as listed and npuDeviceIds [[0..{tp - 1}]]"
-        )
-        header["env"] = mindie_env(config)
-        header["replicas"] = [
-            {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
-            for k in range(replicas)
-        ]
         if _instance_nodes(ctx) > 1:
             _multinode_header(ctx, header)
+        else:
+            header["launch"] = (
+                f"{replicas} mindieservice_daemon(s), one per replica, each with its own port, managementPort and "
+                f"metricsPort, the env below, ASCEND_RT_VISIBLE_DEVICES as listed and npuDeviceIds [[0..{tp - 1}]]"
+            )
+            header["env"] = mindie_env(config)
+            header["replicas"] = [
+                {"ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in range(k * tp, (k + 1) * tp))}
+                for k in range(replicas)
+            ]
         note = weights_note(config)
         if note:
             header["weights"] = note

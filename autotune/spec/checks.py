@@ -267,7 +267,8 @@ def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
                 f"backend {spec.backend.kind} runs a {'/'.join(stack.workloads)} workload, not {kind}",
             )
         )
-    prefill = spec.space.choices().get("prefill_replicas", [])
+    choices = spec.space.choices()
+    prefill = choices.get("prefill_replicas", [])
     if spec.backend.kind == "mindie" and any(int(v) > 0 for v in prefill):
         problems.append(
             SpecProblem(
@@ -277,7 +278,7 @@ def _serving_stack_problems(spec: Spec) -> list[SpecProblem]:
                 "simulate (target: mindie) or measure them through backend command",
             )
         )
-    wide = [int(v) for v in spec.space.choices().get("tp", []) if int(v) > spec.cluster.devices_per_node]
+    wide = [int(v) for v in choices.get("tp", []) if int(v) > spec.cluster.devices_per_node]
     if spec.backend.kind == "mindie" and wide:
         problems.append(
             SpecProblem(
