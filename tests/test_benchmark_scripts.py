@@ -263,6 +263,18 @@ SLOW = [
         needs=VLLM_PYTHON,
         name="serving_cpu_study-model-check",
     ),
+    Case(  # issue 46: the model and the study's refit against each config's mean over two rounds
+        "serving_cpu_study.py",
+        ("--quick", "--model-check", "--rounds", "2", "--keep", "{tmp}/serving"),
+        (
+            r"^2 runs of every config; each figure against the config's mean over them",
+            r"^\| 8, chunked True \| [\d.]+, [\d.]+ \| [\d.]+ \([\d.]+\) \| [\d.]+, [\d.]+ \| [\d.]+ \([\d.]+\) \|$",
+            r"^worst factor against the mean: [\d.]+x before any trial, [\d.]+x after the refit, over 2 configs",
+        ),
+        timeout_s=1500,
+        needs=VLLM_PYTHON,
+        name="serving_cpu_study-rounds",
+    ),
     Case(
         "silences.py",
         (),

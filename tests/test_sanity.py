@@ -7,6 +7,7 @@ import math
 from autotune.dispatch.backends import BackendChoice
 from autotune.spec.resolve import probe_context
 from autotune.dispatch.dispatcher import InProcessDispatcher
+from autotune.objectives import flops_per_token
 from autotune.sanity import implausible_metrics
 from autotune.study.records import trial_records
 from autotune.cli.assembly import study_runner
@@ -52,6 +53,23 @@ def test_negative_non_finite_zero_and_faster_than_the_hardware(write_spec):
     fast = implausible_metrics({"tokens_per_s_per_device": 1e12}, c.model, c.workload, c.hardware, "bf16")
     assert fast and "MFU" in fast[0] and "TFLOPS bf16" in fast[0]
     assert "MFU" in implausible_metrics({"mfu": 1.7}, c.model, c.workload, c.hardware, "fp32")[0]
+
+
+def test_a_calibrated_profiles_plateau_is_no_bound_but_a_unit_slip_still_is(write_spec):
+    """A calibrated profile's peak is the matmul plateau measured on the host (53 GFLOPS fp32 here,
+    with the host busy at calibration time), which a real probe can beat: a 1-node slice probe of the
+    tiny Llama ran at 103 % of it and was thrown away as a crash. Beating the plateau is a
+    measurement; a thousandfold figure is still a slip."""
+    _, c = _context(write_spec)
+    calibrated = {**c.hardware, "peak_tflops": {"fp32": 0.0529708}, "calibrated_at": "2026-11-29T23:53:03+00:00"}
+    flops = flops_per_token(c.model, int(c.workload["seq_len"]), True)
+    at = {m: m * 0.0529708e12 / flops for m in (1.03, 3.0, 1000.0)}  # tokens/s/device at that MFU
+    for mfu in (1.03, 3.0):
+        assert implausible_metrics({"tokens_per_s_per_device": at[mfu]}, c.model, c.workload, calibrated, "fp32") == []
+    slip = implausible_metrics({"tokens_per_s_per_device": at[1000.0]}, c.model, c.workload, calibrated, "fp32")
+    assert slip and "the matmul plateau `autotune calibrate` measured" in slip[0]
+    datasheet = {k: v for k, v in calibrated.items() if k != "calibrated_at"}
+    assert implausible_metrics({"tokens_per_s_per_device": at[1.03]}, c.model, c.workload, datasheet, "fp32")
 
 
 def test_an_impossible_measurement_is_a_crash_and_never_wins(write_spec, tmp_path):
