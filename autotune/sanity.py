@@ -66,12 +66,14 @@ def implausible_metrics(
     sustained = bool(hardware.get("calibrated_at"))
     if mfu is not None and mfu > (_MAX_MFU_SUSTAINED if sustained else _MAX_MFU):
         peak = (hardware.get("peak_tflops") or {}).get(precision)
-        problems.append(
-            f"{mfu:.0%} MFU: the reported throughput needs more than {_MAX_MFU_SUSTAINED:g}x the matmul plateau "
-            f"`autotune calibrate` measured ({peak:g} TFLOPS {precision} in the calibrated profile)"
+        bound, profile = (
+            (f"{_MAX_MFU_SUSTAINED:g}x the matmul plateau `autotune calibrate` measured", "calibrated profile")
             if sustained
-            else f"{mfu:.0%} MFU: the reported throughput needs more than the device's peak "
-            f"({peak:g} TFLOPS {precision} in the hardware profile)"
+            else ("the device's peak", "hardware profile")
+        )
+        problems.append(
+            f"{mfu:.0%} MFU: the reported throughput needs more than {bound} ({peak:g} TFLOPS {precision} "
+            f"in the {profile})"
         )
     return problems
 

@@ -101,8 +101,9 @@ def close(data: dict) -> dict:
     return dict(data, workload=workload, space=space, search=dict(data["search"], n_trials=3))
 
 
-def acceptance(rounds: list, studies: list) -> dict:
-    """Issue 44's serving figures from ``rounds`` (exhaustive outcomes) and ``studies`` (outcomes)."""
+def acceptance(rounds: list, studies: list, lowest: float) -> dict:
+    """Issue 44's serving figures from ``rounds`` (exhaustive outcomes) and ``studies`` (outcomes);
+    ``lowest``: the ladder's lowest rate."""
     import statistics
 
     readings: dict[str, list[dict]] = {}
@@ -114,7 +115,6 @@ def acceptance(rounds: list, studies: list) -> dict:
     rate = {k: statistics.fmean(m.get("max_rate_rps", 0.0) or 0.0 for m in v) for k, v in readings.items()}
     best = max(mean, key=mean.get)
     if mean[best] <= 0:  # no config met the SLO at any rate of the ladder, in any round: nothing to judge
-        lowest = min(float(r.get("rate")) for o in rounds for rec in o.records for r in _rates(rec))
         print(
             f"\nreference: {len(mean)} configs x {len(rounds)} rounds; none met the SLO at any rate of the ladder "
             f"(its lowest {lowest:g} req/s): every goodput is 0, no recommendation can be judged. Start the ladder "
@@ -173,11 +173,6 @@ def acceptance(rounds: list, studies: list) -> dict:
     return out
 
 
-def _rates(record) -> list[dict]:
-    """The rates a serving probe ran (``info["serving"]["rates"]``), [] for a record without them."""
-    return list(((record.info or {}).get("serving") or {}).get("rates") or [])
-
-
 def model_check(run_dir: Path, data: dict) -> dict:
     """Issue 46: the serving model on the spec's profile (``--profile``: after ``autotune calibrate
     --serving``), before any trial, against every config the exhaustive run in ``run_dir`` measured:
@@ -220,10 +215,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
         predicted = float(model.metrics.get("max_rate_rps_model") or 0.0)
         measured = float(result["metrics"].get("max_rate_rps") or 0.0)
         goodput = float(result["metrics"].get(METRIC) or 0.0)
-        if measured > 0:
-            factor = predicted / measured
-        else:  # met no rate: the truth lies below the lowest rung
-            factor = 1.0 if predicted <= lowest else predicted / lowest
+        factor = _factor(predicted, measured, lowest)
         # the engine's capacity from below: the most it completed per second at any rate offered (its
         # ceiling where that rate overloaded it)
         busiest = max(runs, key=lambda r: float(r.get("request_throughput_rps") or 0.0))
@@ -292,10 +284,7 @@ def rounds_check(run_dirs: list[Path], data: dict) -> dict:
 
     from simulator_vs_cpu_probe import spearman
 
-    from autotune.guide.guided import Guide, Observation
-    from autotune.guide.ranking import rank_space
-    from autotune.spec.resolve import probe_context
-    from autotune.spec.space import Space
+    from autotune.guide.guided import Observation
 
     per_round = []
     for run_dir in run_dirs:
@@ -307,10 +296,7 @@ def rounds_check(run_dirs: list[Path], data: dict) -> dict:
     for found in per_round:
         for row in found["rows"]:
             rows.setdefault(config_key(row["config"]), []).append(row)
-    enumeration = Space(spec).enumerate()
-    ranking = rank_space(enumeration, probe_context(spec), [(METRIC, "maximize")])
-    guide = Guide(ranking, (METRIC, "maximize"))
-    where = {config_key(c): i for i, c in enumerate(enumeration.configs)}
+    guide, where = _refit_guide(spec)
     print(f"{len(run_dirs)} runs of every config; each figure against the config's mean over them")
     print(
         "| config | max rate: readings | model before (x mean) | goodput/device: readings | refit, leave one "
@@ -381,6 +367,19 @@ def _factor(predicted: float, measured: float, lowest: float) -> float:
     return 1.0 if predicted <= lowest else predicted / lowest
 
 
+def _refit_guide(spec):
+    """The study's guide over the spec's space (the model's ranking, corrected by what it is told)
+    and each config's row in it, by ``config_key``: what the refits ask for a config's prediction."""
+    from autotune.guide.guided import Guide
+    from autotune.guide.ranking import rank_space
+    from autotune.spec.resolve import probe_context
+    from autotune.spec.space import Space
+
+    enumeration = Space(spec).enumerate()
+    ranking = rank_space(enumeration, probe_context(spec), [(METRIC, "maximize")])
+    return Guide(ranking, (METRIC, "maximize")), {config_key(c): i for i, c in enumerate(enumeration.configs)}
+
+
 def study_refit(spec, rows: list[dict], lowest: float) -> dict:
     """Issue 46, "within 1.25x after the study's refit": each measured config's objective as the study's
     guide predicts it from every other config's measurement (leave one out: the guide's correction of the
@@ -388,15 +387,9 @@ def study_refit(spec, rows: list[dict], lowest: float) -> dict:
     that met no rate of the ladder measured 0; the truth is below the lowest rung per device."""
     from simulator_vs_cpu_probe import spearman
 
-    from autotune.guide.guided import Guide, Observation
-    from autotune.guide.ranking import rank_space
-    from autotune.spec.resolve import probe_context
-    from autotune.spec.space import Space
+    from autotune.guide.guided import Observation
 
-    enumeration = Space(spec).enumerate()
-    ranking = rank_space(enumeration, probe_context(spec), [(METRIC, "maximize")])
-    guide = Guide(ranking, (METRIC, "maximize"))
-    where = {config_key(c): i for i, c in enumerate(enumeration.configs)}
+    guide, where = _refit_guide(spec)
     measured = []
     for row in rows:
         index = where.get(config_key(row["config"]))
@@ -412,10 +405,7 @@ def study_refit(spec, rows: list[dict], lowest: float) -> dict:
         mean, _ = guide._objective_model(others)
         predicted = float(mean[index])
         devices = max(float(row.get("devices") or 1.0), 1.0)
-        if goodput > 0:
-            factor = predicted / goodput
-        else:  # met no rate: below the lowest rung
-            factor = 1.0 if predicted <= lowest / devices else predicted / (lowest / devices)
+        factor = _factor(predicted, goodput, lowest / devices)
         out.append({"config": row["config"], "refit": predicted, "measured": goodput, "factor": factor})
         said = f"{goodput:.3f}" if goodput > 0 else f"< {lowest / devices:g} (met none)"
         print(
@@ -493,7 +483,7 @@ def main() -> None:
                 _study(exhaustive, base / f"reference-{k}", tmp, f"reference-{k}") for k in range(args.reference_rounds)
             ]
             studies = [_study(data, base / f"study-{k}", tmp, f"study-{k}") for k in range(args.runs)]
-            out = acceptance(rounds, studies)
+            out = acceptance(rounds, studies, min(float(r) for r in data["workload"]["traffic"]["rates"]))
         if args.json:
             args.json.write_text(json.dumps(out, indent=1, default=str))
         return

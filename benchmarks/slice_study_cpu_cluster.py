@@ -91,9 +91,9 @@ def main() -> int:
     out: dict[str, dict] = {}
     with local_cluster(args.nodes, 1) as address:
         confirm = f", confirm_top: {args.confirm_top}" if args.confirm_top else ""
+        gbs, space = SPACES[args.space]
         for name, probe in (("full", ""), ("slice", f", probe_nodes: 1{confirm}")):
             spec = base / f"{name}.yaml"
-            gbs, space = SPACES[args.space]
             text = SPEC.format(
                 name=name, nodes=args.nodes, probe=probe, trials=args.trials, steps=args.steps, gbs=gbs, space=space
             )
