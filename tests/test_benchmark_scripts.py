@@ -120,6 +120,16 @@ FAST = [
         writes=("serving.md",),
     ),
     Case(
+        "serving_disagg_published.py",
+        ("--quick", "--json", "{tmp}/pd.json"),
+        (
+            r"^\| distserve-prefill-worker \| measured \|",
+            r"^\| distserve-ratio \| measured \| .* \| 2\.08 \| [\d.]+ \([\d.]+\) \|",
+            r"^- measured: \d+ clean rows, mean absolute error \d+ %",
+        ),
+        writes=("pd.json",),
+    ),
+    Case(
         "huge_space.py",
         ("--size", "small", "--keep", "{tmp}"),
         (r"^\$ -m autotune\.cli plan ", r"^  exit 0, wall [\d.]+ s, peak RSS \d+ MiB"),

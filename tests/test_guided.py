@@ -786,3 +786,17 @@ def test_the_claim_over_the_configs_not_measured_is_joint_over_the_model(world):
     assert claims[measured[0]] == pytest.approx(0.5, abs=0.04)  # the shared coefficient below its mean
     assert 0.5**unmeasured < 1e-3  # what a product over the configs would have said
     assert claims[measured[1]] < 0.01  # half the leader's reading: every draw has the configs beat it
+
+
+def test_the_normal_cdf_holds_its_tails_without_an_overflow_warning():
+    """A difference over a vanishing spread gives a z of 1e200; the tail is 0 or 1 there, silently
+    (a real serving study printed numpy's "overflow encountered in multiply" at every proposal)."""
+    from statistics import NormalDist
+
+    from autotune.guide.guided import _norm_cdf
+
+    z = np.array([-1e200, -8.0, -1.96, 0.0, 0.5, 1.96, 1e200, np.inf])
+    with np.errstate(over="raise", invalid="raise"):  # an underflow to 0 is the right tail
+        got = _norm_cdf(z)
+    want = [NormalDist().cdf(float(v)) if abs(v) < 1e100 else float(v > 0) for v in z]
+    assert got == pytest.approx(want, abs=1e-7)

@@ -417,8 +417,13 @@ def test_serving_definitions():
     assert serving.request_good(good, slo) and not serving.request_good(slow, slo) and serving.request_good(one, slo)
     assert not serving.request_good(failed, slo)
     s = serving.summarize_rate([good, slow, one], slo, 1.0, 0.2)  # the last response ends after the window
-    assert s["good"] == 2 and s["window_s"] == 0.3 and s["goodput_rps"] == pytest.approx(2 / 0.3, rel=1e-6)
-    assert serving.summarize_rate([good, slow, one], slo, 1.0, 4.0)["goodput_rps"] == 0.5  # the arrival window
+    # goodput: the offered rate x the good share, whatever the window; the traffic: per second of the window
+    assert s["good"] == 2 and s["window_s"] == 0.3 and s["goodput_rps"] == pytest.approx(2 / 3, rel=1e-5)
+    assert s["request_throughput_rps"] == pytest.approx(3 / 0.3, rel=1e-6)
+    assert serving.summarize_rate([good, slow, one], slo, 1.0, 4.0)["request_throughput_rps"] == 0.75
+    # 18 arrivals of a Poisson 1.3 req/s in 8 s (10.4 expected), all good: 1.3 req/s, not 18 / 8
+    lucky = serving.summarize_rate([good] * 18, slo, 1.3, 8.0)
+    assert lucky["goodput_rps"] == pytest.approx(1.3) and lucky["request_throughput_rps"] == pytest.approx(18 / 8)
     assert s["slo_met"] is False  # p99 TPOT 24.7 ms > 10 ms
     assert serving.summarize_rate([good, good], slo, 1.0, 1.0)["slo_met"] is True
     assert serving.summarize_rate([good, failed], slo, 1.0, 1.0)["slo_met"] is False  # a failed request

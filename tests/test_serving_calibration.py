@@ -136,7 +136,9 @@ def test_the_factors_move_the_models_decode_and_prompt_figures_apart():
             hardware["serving_steps"] = {"engine": "x", "step_overhead_us": 0.0, **steps}
         out = simulate_configs(dict(ctx.model), dict(ctx.workload), hardware, dict(ctx.cluster), dict(cols))
         ttft = float(out["batch1_ttft_ms"][0]) / 1e3
-        return ttft, float(out["batch1_time_for_100_tokens_s"][0]) - ttft, float(out["goodput_rps_per_device"][0])
+        # the model's continuous max rate: goodput is read on the ladder, where two engines may meet the same rung
+        rate = float(out["max_rate_rps_model_per_device"][0])
+        return ttft, float(out["batch1_time_for_100_tokens_s"][0]) - ttft, rate
 
     plain = figures()
     slow_decode = figures(decode_scale=3.0, prefill_scale=1.0)

@@ -1569,7 +1569,9 @@ def _truncated_normal(mean: float, sd: float, lower: float, upper: float) -> tup
 def _norm_cdf(z: np.ndarray) -> np.ndarray:
     """Φ(z) by Abramowitz and Stegun 7.1.26 (absolute error below 1e-7), vectorised: the
     scouting values are a matrix of tens of thousands of entries at every proposal."""
-    x = np.abs(np.asarray(z, dtype=float)) / math.sqrt(2.0)
+    # beyond 40 the tail is 0 in float64; capped there, x * x cannot overflow (a z of 1e200, from a
+    # difference over a vanishing spread, printed "overflow encountered in multiply" in a real study)
+    x = np.minimum(np.abs(np.asarray(z, dtype=float)) / math.sqrt(2.0), 40.0)
     t = 1.0 / (1.0 + 0.3275911 * x)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     erf = 1.0 - poly * np.exp(-x * x)

@@ -76,7 +76,8 @@ q-quantile of the running concurrency plus the prompt-mixing variance of (O-1) i
 the two-point mixture of decode-only and prompt-carrying iterations (p99 ITL is the
 prompt-carrying step once f > 1 %). E2E = TTFT + (O-1) TPOT, tails as a root sum of squares. A
 rate meets the SLO when every p99 target holds; the attainment is the quantile at which each
-targeted metric reaches its target (the least of them), goodput = served rate x attainment.
+targeted metric reaches its target (the least of them), goodput = offered rate x attainment (as
+the probe measures it: objectives/serving.py).
 ``max_rate_rps_model`` is the largest lambda on the concurrency grid (continuous, not only the
 ladder) whose p99s meet the SLO.
 

@@ -11,10 +11,14 @@ pool's iteration time and start-up memory, so both kinds rank side by side:
   the decode instances' ``tp``). Their steps carry prompt tokens only, up to
   ``max_num_batched_tokens`` (whole prompts without chunked prefill). At its share of the offered
   rate, lambda_p = lambda / prefill_replicas, an instance is a G/G/1 queue of prompts: capacity
-  mu_p = (c_max / P_eff) / T(0, c_max); a step carries the prompts that arrived together, or, while
-  prompts are backlogged (probability rho_p), the whole budget; one prompt's service is
-  T(0, c_busy) P_eff / c_busy; Kingman's mean wait with an exponential tail, as the aggregated
-  prompt stage.
+  mu_p = (c_max / P_eff) / T(0, c_max). A step carries the prompts that arrived during the step
+  before, k = lambda_p T(0, c_busy) (at least one), or, while prompts are backlogged (probability
+  k P_eff / c_max, as the aggregated engine's), the whole budget: c_busy is that fixed point, found
+  from one prompt up. One prompt's service is T(0, c_busy) P_eff / c_busy, the utilisation lambda_p
+  times it; Kingman's mean wait with an exponential tail, as the aggregated prompt stage. (Taking
+  the backlog's probability as lambda_p / mu_p instead put 5.3 prompts of 512 tokens in every step
+  of an A100 at 5 prompts/s, where 0.3 arrive during one: DistServe's prefill worker then met its
+  TTFT target at 5.4 prompts/s, where the same engine mixing in decodes met it at 11.5.)
 - **KV transfer**: a prompt's P tokens x layers x 2 x kv_heads x head_dim x KV bytes, each prefill
   rank sending its shard: min(prefill_tp, tp) x pp links in parallel, the intra-node link when both
   pools sit on one node, else the inter-node NIC (:data:`TRANSPORTS`: the connector's efficiency on
@@ -83,6 +87,9 @@ TRANSPORTS: dict[str, tuple[str, float, float]] = {
     "shared_storage": ("storage", 1.0, 5e-3),
 }
 CONNECTORS = serving_parameter("kv_connector").allowed  # the column's codes index this
+# the prefill step's fixed point (tokens a step carries <-> prompts arriving during it) rises from one
+# prompt; each pass multiplies the gap by lambda_p / (the step's marginal prompt rate) < 1 below capacity
+PREFILL_FIXED_POINT_STEPS = 40
 # a local NVMe file system's sustained write-then-read, order of magnitude (the shared-storage
 # connector saves every layer's KV to a file and the decode instance loads it back)
 STORAGE_BYTES_PER_S = 2.0e9
@@ -161,11 +168,14 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         """Latency quantiles (seconds) at system rates lam (N, K), the decode pool at concurrency B."""
         lam_p, lam_d = lam / Rp, lam / R_d
         over_d = lam_d >= mu_d
-        # the prefill stage
-        rho_p = lam_p / mu_p
-        light = np.minimum(cmax, P_eff * np.ones_like(lam))
-        cbusy = light + np.clip(rho_p, 0.0, 1.0) * (cmax - light)
+        # the prefill stage: a step carries what arrived during the one before (the module docstring)
+        cbusy = np.minimum(cmax, P_eff * np.ones_like(lam))
+        for _ in range(PREFILL_FIXED_POINT_STEPS):
+            k = lam_p * pre.iteration(np.zeros_like(cbusy), cbusy)
+            light = np.minimum(cmax, P_eff * np.maximum(1.0, k))
+            cbusy = light + np.clip(k * P_eff / cmax, 0.0, 1.0) * (cmax - light)
         T_busy = pre.iteration(np.zeros_like(cbusy), cbusy)
+        rho_p = np.where(lam_p >= mu_p, lam_p / mu_p, lam_p * T_busy * P_eff / cbusy)
         pw_p, scale_p = queue_wait(rho_p, v_pf, T_busy * P_eff / cbusy, burst, tr.duration)
 
         def prefill_time(P_tokens: Any) -> np.ndarray:

@@ -77,7 +77,7 @@ def serve(s: Shape, hw: HW, c: dict, workload: Mapping[str, Any]) -> tuple[dict[
     met, att, _ = _verdict(qs, tr)
     window = tr.duration + qs["e2e_0.99"]  # vLLM's benchmark window: first send to last response
     served = rates * tr.duration / window
-    goodput = served * att
+    goodput = rates * att  # the offered rate x the good share, as the probe measures it (objectives/serving.py)
     tokens = served * tr.output.mean
     # --- the operating point: the highest rate met, else the lowest --------------------------------
     any_met = met.any(axis=1)
