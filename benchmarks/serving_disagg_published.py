@@ -20,7 +20,7 @@ Three kinds of row, summarised apart:
 
     python benchmarks/serving_disagg_published.py [--markdown PATH] [--json PATH] [--quick]
 
-About four minutes on two cores (the fitted steps' bisections take most of it); ``--quick``: seconds.
+About 35 seconds on two cores (the fitted steps' bisections take most of it); ``--quick``: seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from serving_fidelity import H200, LLAMA2_7B, hardware
@@ -103,6 +103,14 @@ class Deployment:
     devices_per_node: int = 8
     accelerator: str = "cuda"
     steps: dict | None = None  # the profile's serving_steps: an engine's measured corrections (none: as it is)
+    profile: dict = field(init=False, repr=False)  # ``hw``'s profile, loaded once (the bisections price hundreds)
+
+    def __post_init__(self) -> None:
+        self.profile = hardware(self.hw)
+
+    def with_steps(self, steps: dict | None) -> "Deployment":
+        """The same layout priced with the engine's ``steps`` (a copy: this one is left as it is)."""
+        return replace(self, steps=steps)
 
     def at(self, rate: float) -> dict[str, float]:
         """The model's figures (ms, quantiles 50/90/99 of TTFT, TPOT, ITL, E2E) at ``rate`` requests/s
@@ -120,7 +128,7 @@ class Deployment:
             "devices_per_node": self.devices_per_node,
             "world_size": self.nodes * self.devices_per_node,
         }
-        profile = hardware(self.hw)
+        profile = self.profile
         if self.steps:
             profile = {**profile, "serving_steps": {"engine": "fit", **self.steps}}
         out = simulate_configs(self.model, work, profile, cluster, columns_from_params([self.params]))
@@ -190,10 +198,9 @@ def fit_worker_steps(prefill: Deployment, decode: Deployment, prefill_rate: floa
             lo, hi = 0.02, 50.0  # the rate falls as the factor grows
             while hi / lo > 1.01:
                 mid = math.sqrt(lo * hi)
-                worker.steps = {**steps, key: mid}
-                lo, hi = (mid, hi) if worker.max_rate(slo, tolerance=0.01) > target else (lo, mid)
+                rate = worker.with_steps({**steps, key: mid}).max_rate(slo, tolerance=0.01)
+                lo, hi = (mid, hi) if rate > target else (lo, mid)
             steps[key] = math.sqrt(lo * hi)
-    prefill.steps = decode.steps = None
     return steps
 
 
@@ -215,54 +222,64 @@ def distserve_rows(fitted: dict[str, float] | None = None) -> list[Row]:
     base = {"tp": 1, "enable_chunked_prefill": False}
     ttft, tpot = {"ttft_p90_ms": 400.0}, {"tpot_p90_ms": 40.0}
     both = {**ttft, **tpot}
-    colocated = Deployment(OPT_13B, hw, dict(base), 512, 64)
-    prefill_alone = Deployment(OPT_13B, hw, dict(base, prefill_replicas=1, replicas=4), 512, 64)
-    decode_alone = Deployment(OPT_13B, hw, dict(base, prefill_replicas=4, replicas=1), 512, 64)
-    two_one = Deployment(OPT_13B, hw, dict(base, prefill_replicas=2, replicas=1), 512, 64)
+    layouts = {
+        "colocated": Deployment(OPT_13B, hw, dict(base), 512, 64),
+        "prefill": Deployment(OPT_13B, hw, dict(base, prefill_replicas=1, replicas=4), 512, 64),
+        "decode": Deployment(OPT_13B, hw, dict(base, prefill_replicas=4, replicas=1), 512, 64),
+        "2p1d": Deployment(OPT_13B, hw, dict(base, prefill_replicas=2, replicas=1), 512, 64),
+    }
     fitted = {} if fitted is None else fitted
 
-    def calibrated(figure: Callable[[], float]) -> Callable[[], float]:
+    def as_is(figure: Callable[[dict], float]) -> Callable[[], float]:
+        return lambda: figure(layouts)
+
+    def calibrated(figure: Callable[[dict], float]) -> Callable[[], float]:
         def run() -> float:
             if not fitted:
-                fitted.update(fit_worker_steps(prefill_alone, decode_alone, 5.6, 10.0))
-            deployments = (colocated, prefill_alone, decode_alone, two_one)
-            for d in deployments:
-                d.steps = dict(fitted)
-            try:
-                return figure()
-            finally:
-                for d in deployments:
-                    d.steps = None
+                fitted.update(fit_worker_steps(layouts["prefill"], layouts["decode"], 5.6, 10.0))
+            return figure({name: d.with_steps(dict(fitted)) for name, d in layouts.items()})
 
         return run
 
     where = "section 'Disaggregating Prefill and Decoding', the worked example"
     config = "OPT-13B (the 13B of the paper) on A100-80GB, 512 in / 64 out, Poisson"
     figures = (
-        ("colocated-ttft-rate", ", 1 GPU colocated", "req/s at P90 TTFT 0.4 s", 2.3, lambda: colocated.max_rate(ttft)),
-        ("colocated-tpot-rate", ", 1 GPU colocated", "req/s at P90 TPOT 0.04 s", 1.6, lambda: colocated.max_rate(tpot)),
-        ("prefill-worker", ", 1 prefill GPU", "req/s at P90 TTFT 0.4 s", 5.6, lambda: prefill_alone.max_rate(ttft)),
-        ("decode-worker", ", 1 decode GPU", "req/s at P90 TPOT 0.04 s", 10.0, lambda: decode_alone.max_rate(tpot)),
+        (
+            "colocated-ttft-rate",
+            ", 1 GPU colocated",
+            "req/s at P90 TTFT 0.4 s",
+            2.3,
+            lambda d: d["colocated"].max_rate(ttft),
+        ),
+        (
+            "colocated-tpot-rate",
+            ", 1 GPU colocated",
+            "req/s at P90 TPOT 0.04 s",
+            1.6,
+            lambda d: d["colocated"].max_rate(tpot),
+        ),
+        ("prefill-worker", ", 1 prefill GPU", "req/s at P90 TTFT 0.4 s", 5.6, lambda d: d["prefill"].max_rate(ttft)),
+        ("decode-worker", ", 1 decode GPU", "req/s at P90 TPOT 0.04 s", 10.0, lambda d: d["decode"].max_rate(tpot)),
         (
             "colocated-goodput",
             ", 1 GPU colocated",
             "goodput req/s/GPU (both SLOs)",
             1.6,
-            lambda: per_device(colocated, both),
+            lambda d: per_device(d["colocated"], both),
         ),
         (
             "2p1d-goodput",
             ", 2 prefill + 1 decode GPUs",
             "goodput req/s/GPU (both SLOs)",
             10.0 / 3.0,
-            lambda: per_device(two_one, both),
+            lambda d: per_device(d["2p1d"], both),
         ),
         (
             "ratio",
             ": 2P1D / colocated",
             "goodput per GPU, disaggregated / aggregated",
             (10.0 / 3.0) / 1.6,
-            lambda: per_device(two_one, both) / per_device(colocated, both),
+            lambda d: per_device(d["2p1d"], both) / per_device(d["colocated"], both),
         ),
     )
     notes = {
@@ -279,7 +296,7 @@ def distserve_rows(fitted: dict[str, float] | None = None) -> list[Row]:
             config + suffix,
             metric,
             published,
-            figure,
+            as_is(figure),
             note=notes.get(name, ""),
             tags=["ratio"] if name == "ratio" else [],
             calibrated=calibrated(figure),

@@ -104,6 +104,38 @@ def test_a_prefill_step_carries_the_prompts_that_arrived_during_the_step_before(
     assert ttft_p50(14.0, 1) > 3 * unloaded  # near its capacity (17 prompts/s) the queue builds
 
 
+def test_the_prefill_steps_fixed_point_leaves_settled_rates_and_matches_every_rate_passed_through(monkeypatch):
+    """The passes go on only for the (config, rate) pairs still moving (Engine.rows): the steps they
+    settle on are fixed points of the map and agree with passing every pair through every time."""
+    from autotune.workers.simulate import _serve_disagg as disagg
+
+    seen: list[tuple] = []
+    solve = disagg.prefill_step_tokens
+
+    def recorded(pre, lam_p, cmax, P_eff):
+        seen.append((pre, lam_p, cmax, P_eff, solve(pre, lam_p, cmax, P_eff)))
+        return seen[-1][-1]
+
+    monkeypatch.setattr(disagg, "prefill_step_tokens", recorded)
+    _simulate({"tp": [4, 8, 8], "prefill_replicas": [1, 1, 2], "prefill_tp": [4, 8, 4], "replicas": [1, 1, 1]})
+    pre, lam_p, cmax, P_eff, cbusy = seen[0]
+    assert pre.rows(np.array([2, 0])).iteration(np.zeros((2, 1)), cmax[[2, 0]]).ravel().tolist() == (
+        pytest.approx(pre.iteration(np.zeros_like(cmax), cmax)[[2, 0]].ravel().tolist())
+    )
+
+    def passed(c: np.ndarray) -> np.ndarray:
+        k = lam_p * pre.iteration(np.zeros_like(c), c)
+        light = np.minimum(cmax, P_eff * np.maximum(1.0, k))
+        return light + np.clip(k * P_eff / cmax, 0.0, 1.0) * (cmax - light)
+
+    every = np.minimum(cmax, P_eff * np.ones_like(lam_p))
+    for _ in range(disagg.PREFILL_FIXED_POINT_STEPS):
+        every = passed(every)
+    assert np.any(cbusy > 2 * P_eff)  # near capacity the steps rose well above one prompt
+    assert cbusy == pytest.approx(every, rel=1e-3)
+    assert passed(cbusy) == pytest.approx(cbusy, rel=1e-3)
+
+
 def test_the_kv_transfer_is_priced_by_its_path():
     """The same deployment's TTFT: the KV cache through a file system is slower than over the links,
     and over the inter-node NICs than within a node (both pools on one node when they fit)."""
