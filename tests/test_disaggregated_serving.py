@@ -101,39 +101,50 @@ def test_a_prefill_step_carries_the_prompts_that_arrived_during_the_step_before(
     unloaded = ttft_p50(0.01, 1)
     assert ttft_p50(5.0, 1) < 1.5 * unloaded  # one prompt a step, little wait
     assert ttft_p50(5.0, 1) < 1.3 * ttft_p50(5.0, 0)  # a pool that only prefills is no slower than a colocated GPU
-    assert ttft_p50(14.0, 1) > 3 * unloaded  # near its capacity (17 prompts/s) the queue builds
+    assert ttft_p50(14.0, 1) > 2.5 * unloaded  # near its capacity (17 prompts/s) the queue builds
 
 
-def test_the_prefill_steps_fixed_point_leaves_settled_rates_and_matches_every_rate_passed_through(monkeypatch):
-    """The passes go on only for the (config, rate) pairs still moving (Engine.rows): the steps they
-    settle on are fixed points of the map and agree with passing every pair through every time."""
+def test_the_prefill_pools_ttft_follows_a_discrete_event_run_of_its_scheduler(monkeypatch):
+    """The pool's TTFT quantiles (the table, interpolated) against a fresh run of vLLM's scheduler for
+    a prefill-only engine (every waiting prompt into the next step, up to the budget) with the same
+    step times, another seed: within 8 % at p50 / p90 and 15 % at p99 up to 90 % of capacity, 20 % at p50 / p90 to 97 %.
+    The fixed point it replaced put p90 at 2.5x the scheduler's at 58 % of capacity."""
     from autotune.workers.simulate import _serve_disagg as disagg
+    from autotune.workers.simulate._prefill_queue import run_batch_queue
 
     seen: list[tuple] = []
-    solve = disagg.prefill_step_tokens
+    table = disagg.prefill_ttft
 
-    def recorded(pre, lam_p, cmax, P_eff):
-        seen.append((pre, lam_p, cmax, P_eff, solve(pre, lam_p, cmax, P_eff)))
+    def recorded(lam, t_one, t_max, n_max):
+        seen.append((lam, t_one, t_max, n_max, table(lam, t_one, t_max, n_max)))
         return seen[-1][-1]
 
-    monkeypatch.setattr(disagg, "prefill_step_tokens", recorded)
-    _simulate({"tp": [4, 8, 8], "prefill_replicas": [1, 1, 2], "prefill_tp": [4, 8, 4], "replicas": [1, 1, 1]})
-    pre, lam_p, cmax, P_eff, cbusy = seen[0]
-    assert pre.rows(np.array([2, 0])).iteration(np.zeros((2, 1)), cmax[[2, 0]]).ravel().tolist() == (
-        pytest.approx(pre.iteration(np.zeros_like(cmax), cmax)[[2, 0]].ravel().tolist())
-    )
+    monkeypatch.setattr(disagg, "prefill_ttft", recorded)
+    workload = dict(CHAT, traffic={**CHAT["traffic"], "prompt_len": 1024, "output_len": 256})
+    _simulate({"tp": [8], "prefill_replicas": [1], "replicas": [1]}, workload=workload)
+    lam, t_one, t_max, n_max, got = seen[-1]  # the traffic's rates
+    lam, t_one, t_max, n_max = (np.broadcast_to(x, lam.shape).ravel() for x in (lam, t_one, t_max, n_max))
+    beta = 1.0 - (t_max - t_one) / (n_max - 1.0) / t_one
+    rho = lam / (n_max / t_max)
+    below = rho < 0.97  # beyond capacity the window's backlog decides, not the steady state
+    assert rho.min() < 0.2 and 0.9 < rho[below].max() and n_max.min() > 2  # light load to near capacity, batching
+    runs = run_batch_queue((lam * t_one)[below], beta[below], n_max[below], 60_000, seed=7)[:, 6_000:]
+    near = rho[below] >= 0.9  # near capacity a run's figures rest on a few long excursions: its own spread
+    for q, tol, tol_near in (("0.5", 0.08, 0.2), ("0.9", 0.08, 0.2), ("0.99", 0.15, None)):
+        want, have = np.quantile(runs, float(q), axis=1) * t_one[below], got[q].ravel()[below]
+        assert have[~near] == pytest.approx(want[~near], rel=tol), q
+        if tol_near:
+            assert have[near] == pytest.approx(want[near], rel=tol_near), q
 
-    def passed(c: np.ndarray) -> np.ndarray:
-        k = lam_p * pre.iteration(np.zeros_like(c), c)
-        light = np.minimum(cmax, P_eff * np.maximum(1.0, k))
-        return light + np.clip(k * P_eff / cmax, 0.0, 1.0) * (cmax - light)
 
-    every = np.minimum(cmax, P_eff * np.ones_like(lam_p))
-    for _ in range(disagg.PREFILL_FIXED_POINT_STEPS):
-        every = passed(every)
-    assert np.any(cbusy > 2 * P_eff)  # near capacity the steps rose well above one prompt
-    assert cbusy == pytest.approx(every, rel=1e-3)
-    assert passed(cbusy) == pytest.approx(cbusy, rel=1e-3)
+def test_the_scheduler_run_with_one_prompt_a_step_is_pollaczek_khinchines_queue():
+    """A budget of one prompt is an M/D/1 queue: the mean wait is rho S / (2 (1 - rho))."""
+    from autotune.workers.simulate._prefill_queue import run_batch_queue
+
+    rho = np.array([0.3, 0.6, 0.8])
+    ttft = run_batch_queue(rho, np.full(3, 0.4), np.ones(3), 100_000, seed=1)[:, 10_000:]
+    assert ttft.mean(axis=1) - 1.0 == pytest.approx(rho / (2.0 * (1.0 - rho)), rel=0.08)
+    assert ttft.min() == pytest.approx(1.0)  # an arrival to an idle engine waits for nothing
 
 
 def test_the_kv_transfer_is_priced_by_its_path():

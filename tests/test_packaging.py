@@ -58,6 +58,7 @@ def test_wheel_contains_and_imports_mapped_packages(tmp_path):
     assert "autotune/workers/protocol.py" in names
     assert "autotune/objectives/__init__.py" in names
     assert any(n.startswith("autotune/workers/hardware/") and n.endswith(".yaml") for n in names)
+    assert "autotune/workers/simulate/prefill_queue.json" in names  # the prefill pool's queue table
     assert not any(n.startswith(("workers/", "objectives/")) for n in names)  # no generic top-level names
     # every module of the source tree's autotune/ is in the wheel (a stage package left out of
     # pyproject's list would install a CLI that cannot import its study)

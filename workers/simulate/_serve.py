@@ -97,7 +97,6 @@ verdict at the SLO), each step the input of the next: after the statement, about
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -223,15 +222,6 @@ def _col(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=float)[:, None]
 
 
-def _rows_of(value: Any, idx: np.ndarray, n: int) -> Any:
-    """``value``'s rows ``idx`` where it holds one row per config (a column, or a tuple of them)."""
-    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == n:
-        return value[idx]
-    if isinstance(value, tuple):
-        return tuple(_rows_of(v, idx, n) for v in value)
-    return value
-
-
 def _excess(mean: np.ndarray, sd: np.ndarray, k: np.ndarray) -> np.ndarray:
     """E[(N - k)+] for N ~ Normal(mean, sd^2)."""
     sd = np.maximum(sd, 1e-9)
@@ -303,15 +293,6 @@ class Engine:
         self.P_eff = np.maximum(P - self.cached, 1.0)  # prompt tokens computed per request
         self.ctx_dec = P + out_len / 2.0
         self.ctx_pre = self.cached + self.P_eff / 2.0  # mean causal context of a computed prompt token
-
-    def rows(self, idx: np.ndarray) -> "Engine":
-        """The same engine over the configs ``idx`` only: a loop that has settled most configs goes on
-        with the rest (the disaggregated prefill step's fixed point)."""
-        sub = copy.copy(self)
-        for name, value in vars(self).items():
-            setattr(sub, name, _rows_of(value, idx, self.n))
-        sub.n = len(idx)
-        return sub
 
     # ------------------------------------------------------------------------------------------
     def memory(self) -> dict[str, np.ndarray]:

@@ -9,16 +9,17 @@ pool's iteration time and start-up memory, so both kinds rank side by side:
 
 - **Prefill pool**: ``prefill_replicas`` instances of ``prefill_tp x pp`` devices (``prefill_tp`` 0:
   the decode instances' ``tp``). Their steps carry prompt tokens only, up to
-  ``max_num_batched_tokens`` (whole prompts without chunked prefill). At its share of the offered
-  rate, lambda_p = lambda / prefill_replicas, an instance is a G/G/1 queue of prompts: capacity
-  mu_p = (c_max / P_eff) / T(0, c_max). A step carries the prompts that arrived during the step
-  before, k = lambda_p T(0, c_busy) (at least one), or, while prompts are backlogged (probability
-  k P_eff / c_max, as the aggregated engine's), the whole budget: c_busy is that fixed point, found
-  from one prompt up. One prompt's service is T(0, c_busy) P_eff / c_busy, the utilisation lambda_p
-  times it; Kingman's mean wait with an exponential tail, as the aggregated prompt stage. (Taking
-  the backlog's probability as lambda_p / mu_p instead put 5.3 prompts of 512 tokens in every step
-  of an A100 at 5 prompts/s, where 0.3 arrive during one: DistServe's prefill worker then met its
-  TTFT target at 5.4 prompts/s, where the same engine mixing in decodes met it at 11.5.)
+  ``max_num_batched_tokens`` (whole prompts without chunked prefill: n_max = c_max / P_eff prompts a
+  step). At its share of the offered rate, lambda_p = lambda / prefill_replicas, an instance is a
+  batch-service queue: a step starts with every prompt waiting, up to n_max; capacity
+  mu_p = n_max / T(0, c_max). Its TTFT (the wait and the step that serves it) is read from a table of
+  discrete-event runs of that scheduler (:mod:`._prefill_queue`), scaled from Poisson arrivals of
+  equal prompts as Kingman's wait is, by (ca^2 + cv_prompt^2), and held at what the load window can
+  build. (Two closed forms were tried first. Taking the backlog's probability as lambda_p / mu_p put
+  5.3 prompts of 512 tokens in every step of an A100 at 5 prompts/s, where 0.3 arrive during one.
+  A fixed point of "a step carries what arrived during the one before, or while backlogged the
+  whole budget" ran away at 58 % of capacity: 7.7 prompts a step and TTFT's p90 2.5x the
+  scheduler's.)
 - **KV transfer**: a prompt's P tokens x layers x 2 x kv_heads x head_dim x KV bytes, each prefill
   rank sending its shard: min(prefill_tp, tp) x pp links in parallel, the intra-node link when both
   pools sit on one node, else the inter-node NIC (:data:`TRANSPORTS`: the connector's efficiency on
@@ -56,6 +57,7 @@ import numpy as np
 
 from ..parameters import kv_connector_on, prefill_tp_or_tp, serving_parameter
 from ._common import HW, Shape
+from ._prefill_queue import prefill_ttft
 from ._serve import (
     GRID,
     LEVELS,
@@ -68,7 +70,6 @@ from ._serve import (
     batch_figures,
     concurrency_at,
     overload_backlog,
-    queue_wait,
     slot_wait,
     window_wait,
     within_window,
@@ -87,12 +88,6 @@ TRANSPORTS: dict[str, tuple[str, float, float]] = {
     "shared_storage": ("storage", 1.0, 5e-3),
 }
 CONNECTORS = serving_parameter("kv_connector").allowed  # the column's codes index this
-# the prefill step's fixed point (tokens a step carries <-> prompts arriving during it) rises from one
-# prompt; each pass multiplies the gap by lambda_p / (the step's marginal prompt rate) < 1 below capacity.
-# The passes stop early once no layout's step moves by more than PREFILL_FIXED_POINT_RTOL (most settle in
-# a few; near capacity the gap shrinks slowly and the cap holds).
-PREFILL_FIXED_POINT_STEPS = 40
-PREFILL_FIXED_POINT_RTOL = 1e-5
 # a local NVMe file system's sustained write-then-read, order of magnitude (the shared-storage
 # connector saves every layer's KV to a file and the decode instance loads it back)
 STORAGE_BYTES_PER_S = 2.0e9
@@ -102,29 +97,6 @@ def _pool_columns(c: dict, tp: np.ndarray, replicas: np.ndarray) -> dict:
     out = dict(c)
     out["tp"], out["replicas"] = tp, replicas
     return out
-
-
-def prefill_step_tokens(pre: Engine, lam_p: np.ndarray, cmax: np.ndarray, P_eff: np.ndarray) -> np.ndarray:
-    """Prompt tokens a prefill instance's step carries at prompt rates ``lam_p`` (N, K): the fixed point
-    of "a step carries what arrived during the one before", risen to from one prompt. The map is
-    monotone, so the passes climb to its least fixed point; a (config, rate) whose step has settled
-    leaves the passes and the rest go on (those near capacity close their gap slowly)."""
-    n, k_rates = lam_p.shape
-    cmax, P_eff = np.broadcast_to(cmax, lam_p.shape), np.broadcast_to(P_eff, lam_p.shape)
-    cbusy = np.minimum(cmax, P_eff * np.ones_like(lam_p))
-    row, col = np.divmod(np.arange(lam_p.size), k_rates)  # every (config, rate) still moving
-    for _ in range(PREFILL_FIXED_POINT_STEPS):
-        eng = pre.rows(row)
-        c, cm, pe = cbusy[row, col][:, None], cmax[row, col][:, None], P_eff[row, col][:, None]
-        k = lam_p[row, col][:, None] * eng.iteration(np.zeros_like(c), c)
-        light = np.minimum(cm, pe * np.maximum(1.0, k))
-        step = (light + np.clip(k * pe / cm, 0.0, 1.0) * (cm - light))[:, 0]
-        moving = np.abs(step - c[:, 0]) > PREFILL_FIXED_POINT_RTOL * np.abs(c[:, 0])
-        cbusy[row, col] = step
-        row, col = row[moving], col[moving]
-        if not row.size:
-            break
-    return cbusy
 
 
 def _kv_bytes_per_token(s: Shape, eng: Engine) -> np.ndarray:
@@ -151,6 +123,14 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
     zero = np.zeros_like(cmax)
     T_full = pre.iteration(zero, cmax)
     mu_p = (cmax / P_eff) / T_full  # prompts/s of one prefill instance
+    n_max = cmax / P_eff  # prompts a step carries at most (below one: a prompt takes several steps)
+
+    def prefill_time(P_tokens: Any) -> np.ndarray:
+        """A prompt of P_tokens computed tokens alone: its step, or its chunks' steps."""
+        chunk = np.minimum(P_tokens, cmax) * np.ones_like(cmax)
+        return pre.iteration(np.zeros_like(chunk), chunk) * np.maximum(1.0, P_tokens / cmax)
+
+    t_one = prefill_time(P_eff)
 
     # --- the decode pool: decode-only steps --------------------------------------------------------
     B_cap = np.maximum(np.minimum(dec.mns, dec.B_kv), 1e-3)
@@ -186,6 +166,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
 
     v_slot = (tr.ca2 + tr.output.cv2) / 2.0
     v_pf = (tr.ca2 + tr.prompt.cv2) / 2.0
+    wait_scale = v_pf / 0.5  # the table's waits are Poisson arrivals of equal prompts' (v = 1/2)
     burst = 2.0 / (1.0 + tr.ca2)
     var_B = (1.0 + tr.ca2) / 2.0
     S_slot = dec.O_dec * t_cap
@@ -194,15 +175,11 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         """Latency quantiles (seconds) at system rates lam (N, K), the decode pool at concurrency B."""
         lam_p, lam_d = lam / Rp, lam / R_d
         over_d = lam_d >= mu_d
-        # the prefill stage: a step carries what arrived during the one before (the module docstring)
-        cbusy = prefill_step_tokens(pre, lam_p, cmax, P_eff)
-        T_busy = pre.iteration(np.zeros_like(cbusy), cbusy)
-        rho_p = np.where(lam_p >= mu_p, lam_p / mu_p, lam_p * T_busy * P_eff / cbusy)
-        pw_p, scale_p = queue_wait(rho_p, v_pf, T_busy * P_eff / cbusy, burst, tr.duration)
-
-        def prefill_time(P_tokens: Any) -> np.ndarray:
-            chunk = np.maximum(cbusy + (P_tokens - P_eff), 1e-3)
-            return pre.iteration(np.zeros_like(chunk), chunk) * np.maximum(1.0, P_tokens / cmax)
+        # the prefill stage: a batch-service queue, its TTFT from the scheduler's runs (the module docstring)
+        pf = prefill_ttft(lam_p, t_one, T_full, n_max)
+        rho_p = lam_p / mu_p
+        waits = {f: (pf[f] - t_one) * wait_scale for f in pf}
+        held = np.minimum(1.0, window_wait(rho_p, mu_p, v_pf, tr.duration) / np.maximum(waits["mean"], 1e-12))
 
         # the decode pool's running slots: as busy as its running count says, each held for a request's
         # decode at this load (at capacity, the capacity's), as the aggregated engine's (_serve.Engine.evaluate)
@@ -213,16 +190,18 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         scale_slot = within_window(pw_slot, scale_slot, window_wait(lam_d / mu_d, mu_d, v_slot, tr.duration))
         rho_sys = lam / np.maximum(capacity, 1e-12)
         backlog = overload_backlog(rho_sys, tr.duration)
-        base_pf, base_kv = prefill_time(P_eff), transfer(tr.prompt.mean)
+        base_pf, base_kv = t_one, transfer(tr.prompt.mean)
         fixed = dec.api + t_mean / 2.0
         out: dict[str, np.ndarray] = {}
-        out["ttft_mean"] = fixed + base_pf + base_kv + pw_p * scale_p + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
+        out["ttft_mean"] = (
+            fixed + base_pf + base_kv + waits["mean"] * held + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
+        )
         t_min = dec.iteration(np.zeros_like(B), np.zeros_like(B))
         for q in LEVELS:
             z = _Z[q]
             P_q = np.maximum(tr.prompt.q(q) - np.where(pre.caching, np.minimum(pre.cached, tr.prompt.q(q)), 0.0), 1.0)
             svc_q, kv_q = prefill_time(P_q), transfer(tr.prompt.q(q))
-            w_p = wait_quantile(pw_p, scale_p, q)
+            w_p = waits[f"{q:g}"] * held
             w_slot = np.hypot(wait_quantile(pw_slot, scale_slot, q), q * backlog)
             fixed_q = dec.api + q * t_mean
             ttft = (
