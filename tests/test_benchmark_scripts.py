@@ -130,6 +130,15 @@ FAST = [
         writes=("pd.json",),
     ),
     Case(
+        "serving_queue_vs_scheduler.py",
+        ("--quick", "--json", "{tmp}/queue.json"),
+        (
+            r"^\| case \| req/s \| TTFT p50 model / scheduler \|",
+            r"^\| OPT-13B, 1 x A100, 512/64, whole prompts \| 4 \| \d+ / \d+ \|",
+        ),
+        writes=("queue.json",),
+    ),
+    Case(
         "huge_space.py",
         ("--size", "small", "--keep", "{tmp}"),
         (r"^\$ -m autotune\.cli plan ", r"^  exit 0, wall [\d.]+ s, peak RSS \d+ MiB"),

@@ -143,10 +143,11 @@ def test_higher_rate_raises_ttft_and_tpot_p99():
     res = trial({}, workload=serve(rates=(1.0, 4.0, 8.0, 12.0, 14.0)))
     ttft, tpot = rates_of(res, "ttft_p99_ms"), rates_of(res, "tpot_p99_ms")
     assert np.all(np.diff(ttft) > 0) and np.all(np.diff(tpot) > 0)
-    # near capacity (14 of 15.6 req/s) the queue dominates: TTFT's p99 climbs far faster per request/s
-    # there than at light load (10x here; vLLM's CPU engine measured 1.5x from 2 to 2.8 req/s of ~4)
+    # near capacity (14 of 15.6 req/s) the queue dominates: TTFT's p99 climbs faster per request/s there
+    # than at light load (3.5x here; a discrete-event run of vLLM's scheduler on the same steps, 1.7x:
+    # benchmarks/serving_queue_vs_scheduler.py; vLLM's CPU engine measured 1.5x from 2 to 2.8 req/s of ~4)
     light, near = (ttft[1] - ttft[0]) / 3.0, (ttft[4] - ttft[3]) / 2.0
-    assert near > 5 * light
+    assert near > 1.5 * light
 
 
 def test_burstier_arrivals_raise_the_ttft_tail_and_lower_the_max_rate():

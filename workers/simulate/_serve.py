@@ -62,14 +62,19 @@ limit gives the preemptions, each re-computing its prompt and half its output.
   P_w = (rho^(sqrt(2(c+1)) - 1))^(2/(1+ca^2)) (the Poisson value, raised for burstier arrivals)
   and then an exponential time of mean W / P_w,
   so the q-quantile of the wait is max(0, ln(P_w / (1 - q))) W / P_w;
-- waiting for prompt budget: the prompt stage as a G/G/1 with utilisation rho_p = k P_eff / c_max
-  and one prompt's service T(B, c_busy) P_eff / c_busy (Kingman's mean, P_w = rho_p^(2/(1+ca^2)),
-  exponential tail as above);
+- waiting for the prompt stage: the steps that carry prompts batch every prompt waiting, up to the
+  budget left beside the B decodes, so the stage is a batch-service queue with steps T(B, n P_eff)
+  (n prompts), read from a table of discrete-event runs of vLLM's scheduler (:mod:`._prefill_queue`,
+  as the disaggregated prefill pool) at the admitted rate, and scaled as Kingman's wait,
+  (ca^2 + cv_prompt^2), for burstier arrivals and unequal prompts. (A G/G/1 of one prompt's share of
+  the budget, rho_p = k P_eff / c_max, with the arrival's wait for the step in progress taken as
+  q E[T^2] / E[T], put TTFT's p99 at 0.45-0.7x the scheduler's on the same steps:
+  benchmarks/serving_queue_vs_scheduler.py);
 - a finite load window D: the steady-state waits are held at what D can build from the
   fluctuations alone (:func:`window_wait`), and beyond capacity (rho >= 1) the backlog grows: the
   q-th arrival waits q (rho - 1) D more, added to the steady part as a root sum of squares.
-TTFT = API overhead + the rest of the running step (an arrival lands uniformly in a step, the
-longer ones more often: quantile q waits q E[T^2]/E[T]) + the prompt's iterations + both waits;
+TTFT = API overhead + the rest of a decode step (quantile q waits q T(B, 0); the prompt step in
+progress is the prompt stage's) + the prompt's own iterations + both waits;
 its percentiles add the tail excesses of the waits and of the prompt length as a root sum of
 squares (exact for independent normal parts). TPOT at quantile q: the iteration time at the
 q-quantile of the running concurrency plus the prompt-mixing variance of (O-1) iterations; ITL:
@@ -108,6 +113,7 @@ from ..parameters import instance_nodes, serving_default
 from ..trace_prefix import MOONCAKE_BLOCK_TOKENS, reuse_share
 from ._common import GIB, HW, Shape, allreduce, gemm_time, group_bandwidth, quant_peak, quant_weight_bytes
 from ._infer import DECODE_OPS
+from ._prefill_queue import prefill_ttft
 
 # Host-side cost of one engine step (scheduling, input preparation, sampling), in kernel-launch
 # equivalents of the profile (vLLM V1's CPU overhead per step, and per running sequence).
@@ -438,9 +444,26 @@ class Engine:
         self.S_cap = self.api + cap["t"] / 2.0 + svc + self.O_dec * cap["t"]
 
     def prompt_time(self, st: dict, P_tokens: Any) -> np.ndarray:
-        """Iterations a prompt of P_tokens computed tokens takes once admitted."""
-        c = np.maximum(st["cbusy"] + (P_tokens - self.P_eff), 1e-3)
+        """Iterations a prompt of P_tokens computed tokens takes once admitted, alone with the B
+        decoding sequences (the prompts that ride with it are the prompt stage's queue's)."""
+        c = np.maximum(np.minimum(P_tokens, st["cmax"]), 1e-3)
         return self.iteration(st["B"], c) * np.maximum(1.0, P_tokens / st["cmax"])
+
+    def prompt_stage_waits(self, st: dict, lam: np.ndarray, t_one: np.ndarray, vp: float) -> dict[str, np.ndarray]:
+        """What the prompt stage adds to TTFT beyond a prompt's own step (mean and quantiles, s): the
+        steps that carry prompts batch every prompt waiting, up to the budget left beside the B
+        decodes, so the stage is the prefill pool's batch-service queue (:mod:`._prefill_queue`, a
+        table of vLLM's scheduler's runs) with steps T(B, n P_eff); an arrival it keeps waiting waits
+        the prompt step in progress, then the prompts ahead. Scaled as Kingman's wait for burstier
+        arrivals and unequal prompts, held at what the load window can build."""
+        n_max = st["cmax"] / self.P_eff
+        t_max = self.iteration(st["B"], np.maximum(st["cmax"], self.P_eff))
+        pf = prefill_ttft(lam, t_one, np.maximum(t_max, t_one), n_max)
+        waits = {f: (pf[f] - t_one) * (vp / 0.5) for f in pf}
+        mu_p = np.maximum(n_max, 1.0) / np.maximum(t_max, t_one)
+        cap = window_wait(lam / mu_p, mu_p, vp, self.tr.duration)
+        held = np.minimum(1.0, cap / np.maximum(waits["mean"], 1e-12))
+        return {f: w * held for f, w in waits.items()}
 
     def evaluate(self, B: np.ndarray, lam: np.ndarray) -> dict[str, np.ndarray]:
         """Latency quantiles (seconds) and load figures at running concurrency B (<= B_cap) under
@@ -468,22 +491,21 @@ class Engine:
         scale_slot = within_window(pw_slot, scale_slot, window_wait(rho, self.mu, v, tr.duration))
         backlog = overload_backlog(rho, tr.duration)
         vp = (tr.ca2 + tr.prompt.cv2) / 2.0
-        rp, scale_pf = queue_wait(st["rho_p"], vp, st["T1"] * st["Pw"] / st["cbusy"], burst, tr.duration)
-        # an arrival lands uniformly in a running step, the longer steps more often (size-biased)
-        landed = (st["f"] * st["T1"] ** 2 + (1.0 - st["f"]) * st["T0"] ** 2) / st["t"]
-        fixed = self.api + landed / 2.0
+        pf_wait = self.prompt_stage_waits(st, np.minimum(lam, self.mu), base_svc, vp)
+        # an arrival the prompt stage does not keep waiting lands in a decode step (uniformly)
+        fixed = self.api + st["T0"] / 2.0
         out: dict[str, np.ndarray] = {}
-        out["ttft_mean"] = fixed + base_svc + rp * scale_pf + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
+        out["ttft_mean"] = fixed + base_svc + pf_wait["mean"] + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
         var_B = (1.0 + tr.ca2) / 2.0
         t_min = self.iteration(np.zeros_like(B), np.zeros_like(B))
         for q in LEVELS:
             z = _Z[q]
             w_slot = np.hypot(wait_quantile(pw_slot, scale_slot, q), q * backlog)
-            w_pf = wait_quantile(rp, scale_pf, q)
+            w_pf = pf_wait[f"{q:g}"]
             cached_q = np.where(self.caching, np.minimum(self.cached, tr.prompt.q(q)), 0.0)
             P_q = np.maximum(tr.prompt.q(q) - cached_q, 1.0)
             svc_q = self.prompt_time(st, P_q)
-            fixed_q = self.api + q * landed
+            fixed_q = self.api + q * st["T0"]
             ttft = fixed_q + base_svc + np.sqrt((svc_q - base_svc) ** 2 + w_pf**2 + w_slot**2)
             if q < 0.5:
                 ttft = fixed_q + svc_q  # the lucky: no wait, a short prompt
@@ -551,18 +573,6 @@ def slot_wait(rho: np.ndarray, c: np.ndarray, S: np.ndarray, v: float, burst: fl
         sak = np.where(rho > 0, rho ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 0.0)
         pw = sak**burst
         return pw, np.where(sak > 0, v * sak / np.maximum(pw, 1e-300), 0.0) * S / (c * (1.0 - rho))
-
-
-def queue_wait(rho: np.ndarray, v: float, service: np.ndarray, burst: float, duration: float):
-    """The wait of a G/G/1 stage at utilisation rho, one job's service ``service``, in a load window
-    of ``duration`` seconds: (P_w = rho^burst, the conditional wait's mean), Kingman's mean wait
-    v rho / (1 - rho) times the service (rho held at :data:`RHO_MAX`), at most what the window can
-    build (:func:`window_wait`)."""
-    r = np.minimum(rho, RHO_MAX)
-    pw = r**burst
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(pw > 0, v * r / np.maximum(pw, 1e-300), 0.0) * service / (1.0 - r)
-    return pw, within_window(pw, scale, window_wait(rho, 1.0 / service, v, duration))
 
 
 def window_wait(rho: np.ndarray, rate: np.ndarray, v: float, duration: float) -> np.ndarray:
