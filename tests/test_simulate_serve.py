@@ -371,3 +371,22 @@ def test_llama2_7b_on_8_ascend_910b_layouts_rank_sensibly():
     tight = _layouts(20.0)
     assert tight["max_rate_rps_model"][0] == 0 and tight["goodput_rps"][0] == 0
     assert tight["max_rate_rps_model"][2] > tight["max_rate_rps_model"][1] > 0
+
+
+def test_the_queueing_follows_a_replay_of_vllms_scheduler_on_the_same_steps():
+    """TTFT's and TPOT's p99 against a discrete-event replay of vLLM V1's scheduler on the model's own
+    step times (benchmarks/serving_queue_vs_scheduler.py): within 25 % from light load to 60 % of the
+    TTFT-limited rate. The wait for the step in progress taken as q E[T^2] / E[T] and the prompt stage
+    as a G/G/1 of one prompt's budget share put TTFT's p99 at 0.51-0.58x here."""
+    import sys
+
+    from support import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import serving_queue_vs_scheduler as replay
+
+    case = replay.cases(quick=True)[0]  # OPT-13B on one A100, 512 / 64, whole prompts
+    case.rates = (1.0, 3.0, 6.0)
+    for row in replay.compare(case, seeds=2, duration=300.0):
+        for metric in ("ttft_p99", "tpot_p99"):
+            assert row[f"model_{metric}"] == pytest.approx(row[f"des_{metric}"], rel=0.25), (row["rate"], metric)
