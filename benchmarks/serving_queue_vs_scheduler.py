@@ -138,6 +138,7 @@ def replay(
     waiting: deque[int] = deque()
     running: list[int] = []
     t, a, finished = 0.0, 0, 0
+    gaps: list[tuple[float, int]] = []
     while finished < n:
         while a < n and arrival[a] <= t:
             waiting.append(a)
@@ -161,7 +162,10 @@ def replay(
             k = min(int(left[r]), room)
             chunks.append((r, k))
             room -= k
-        t += step(len(decodes), sum(k for _, k in chunks))
+        dt = step(len(decodes), sum(k for _, k in chunks))
+        t += dt
+        if decodes:  # every decoding sequence's inter-token latency is this step
+            gaps.append((dt, len(decodes)))
         ended = []
         for r, _ in decodes:
             made[r] += 1
@@ -180,7 +184,15 @@ def replay(
             finished += 1
     ttft = first - arrival + api
     tpot = np.where(outs > 1, (done_at - first) / np.maximum(outs - 1, 1), np.nan)
-    return {"ttft": ttft, "tpot": tpot[outs > 1]}
+    itl = np.array(gaps, dtype=float).reshape(-1, 2)
+    return {"ttft": ttft, "tpot": tpot[outs > 1], "itl": itl[:, 0], "itl_weight": itl[:, 1]}
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-th percentile of values each counted ``weights`` times (a step's gap, once per sequence in it)."""
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, q / 100.0 * cum[-1])])
 
 
 def compare(case: Case, seeds: int = 2, duration: float = 600.0) -> list[dict[str, Any]]:
@@ -198,12 +210,15 @@ def compare(case: Case, seeds: int = 2, duration: float = 600.0) -> list[dict[st
         ]
         ttft = np.concatenate([r["ttft"] for r in runs]) * 1e3
         tpot = np.concatenate([r["tpot"] for r in runs]) * 1e3
+        itl, weight = (np.concatenate([r[k] for r in runs]) for k in ("itl", "itl_weight"))
         row = {"case": case.name, "rate": lam, "requests": int(ttft.size)}
         for q in QUANTILES:
             row[f"model_ttft_p{q}"] = model[f"ttft_p{q}_ms"]
             row[f"des_ttft_p{q}"] = float(np.percentile(ttft, q))
             row[f"model_tpot_p{q}"] = model[f"tpot_p{q}_ms"]
             row[f"des_tpot_p{q}"] = float(np.percentile(tpot, q))
+            row[f"model_itl_p{q}"] = model[f"itl_p{q}_ms"]
+            row[f"des_itl_p{q}"] = weighted_percentile(itl * 1e3, weight, q)
         row["model_meets"] = all(model[f"{k}"] <= v for k, v in case.slo.items())
         row["des_meets"] = all(row[f"des_{k.replace('_ms', '')}"] <= v for k, v in case.slo.items())
         rows.append(row)
@@ -260,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases(args.quick):
         rows += compare(case, seeds=1 if args.quick else 2, duration=120.0 if args.quick else 600.0)
-    print("| case | req/s | TTFT p50 model / scheduler | TTFT p99 | TPOT p50 | TPOT p99 | SLO met: model / scheduler |")
-    print("|---|---:|---|---|---|---|---|")
+    print(
+        "| case | req/s | TTFT p50 model / scheduler | TTFT p99 | TPOT p50 | TPOT p99 | ITL p99 "
+        "| SLO met: model / scheduler |"
+    )
+    print("|---|---:|---|---|---|---|---|---|")
     for r in rows:
         cells = [
             f"{r[f'model_{m}_p{q}']:.0f} / {r[f'des_{m}_p{q}']:.0f}"
-            for m, q in (("ttft", 50), ("ttft", 99), ("tpot", 50), ("tpot", 99))
+            for m, q in (("ttft", 50), ("ttft", 99), ("tpot", 50), ("tpot", 99), ("itl", 99))
         ]
         met = f"{'yes' if r['model_meets'] else 'no'} / {'yes' if r['des_meets'] else 'no'}"
         print(f"| {r['case']} | {r['rate']:g} | " + " | ".join(cells) + f" | {met} |")
