@@ -15,8 +15,11 @@ prefix cache, speculative decoding.
 
 Cases: DistServe's colocated OPT-13B on one A100 (512 in / 64 out, whole prompts), Llama-2-70B chat on
 8 x 910B at tp 8 (this repository's disaggregated spec's aggregated layout, prompts 512-2048 and outputs
-128-512, chunked prefill), Llama-2-7B on one A100 (chunked, short prompts, a large batch). Each at rates
-from light load to past the SLO's limit, a 600 s window, two seeds.
+128-512, chunked prefill), Llama-2-7B on one A100 (chunked, short prompts, a large batch); and two
+disaggregated deployments, DistServe's 2P1D of the same OPT-13B and the spec's prefill tp8 + decode tp8
+of the 70B on two nodes, replayed pool by pool (:func:`replay_disaggregated`: each instance under the
+same scheduler, the KV transfer as the model prices it). Each at rates from light load to past the SLO's
+limit, a 600 s window, two seeds.
 
     python benchmarks/serving_queue_vs_scheduler.py [--quick] [--json PATH]
 
@@ -58,6 +61,7 @@ class Case:
     rates: tuple[float, ...]
     slo: dict[str, float]
     accelerator: str = "cuda"
+    nodes: int = 1
 
     def at(self, rate: float, duration: float = 600.0) -> dict[str, float]:
         """The model's figures (ms) at ``rate`` requests/s over a window of ``duration`` seconds."""
@@ -73,15 +77,23 @@ class Case:
             "batch_sweep": [],
             "max_model_len": self.prompt[1] + self.output[1],
         }
-        cluster = {"accelerator": self.accelerator, "nodes": 1, "devices_per_node": 8, "world_size": 8}
+        cluster = {
+            "accelerator": self.accelerator,
+            "nodes": self.nodes,
+            "devices_per_node": 8,
+            "world_size": 8 * self.nodes,
+        }
         out = simulate_configs(self.model, work, hardware(self.hw), cluster, columns_from_params([self.params]))
         if not out["valid"][0] or not out["fits"][0]:
             raise RuntimeError(f"the model refuses {self.name}: {self.params}")
         return {k: float(v[0]) for k, v in out.items() if k.endswith("_ms")}
 
 
-def engine_of(case: Case) -> _serve.Engine:
-    """The model's engine for one case (priced at a light rate), recorded on the way."""
+def engines_of(case: Case) -> list[_serve.Engine]:
+    """The model's engines for one case (priced at a light rate), recorded on the way: the aggregated
+    one, then for a disaggregated layout its prefill pool's and its decode pool's."""
+    from autotune.workers.simulate import _serve_disagg
+
     seen: list[_serve.Engine] = []
     original = _serve.Engine
 
@@ -90,12 +102,75 @@ def engine_of(case: Case) -> _serve.Engine:
             super().__init__(*args, **kwargs)
             seen.append(self)
 
-    _serve.Engine = Recorded
+    _serve.Engine = _serve_disagg.Engine = Recorded
     try:
         case.at(0.1)
     finally:
-        _serve.Engine = original
-    return seen[0]
+        _serve.Engine = _serve_disagg.Engine = original
+    return seen
+
+
+def engine_of(case: Case) -> _serve.Engine:
+    return engines_of(case)[0]
+
+
+def transfer_time(pre: _serve.Engine, dec: _serve.Engine, case: Case):
+    """A prompt's KV transfer (s) from a prefill instance to a decode instance, as the model prices it
+    (``_serve_disagg``: the connector's path, its efficiency and handshake, the links both pools use)."""
+    from autotune.workers.simulate import _serve_disagg as dg
+
+    hw = dec.hw
+    path, eff, hand = dg.TRANSPORTS[dg.kv_connector_on(dg.CONNECTORS[0], hw.accelerator)]
+    devices = (float(dec.r.ravel()[0]) * dec.t + case.params["prefill_replicas"] * pre.t) * dec.p
+    links = float((np.minimum(pre.t, dec.t) * dec.p).ravel()[0])
+    link = (hw.intra if float(devices.ravel()[0]) <= hw.dpn else hw.inter) * eff * links
+    bw = dg.STORAGE_BYTES_PER_S if path == "storage" else link
+    kv_tok = float(np.ravel(dg._kv_bytes_per_token(dec.s, dec))[0])
+    return lambda tokens: hand + tokens * kv_tok / bw
+
+
+def replay_disaggregated(case: Case, lam: float, duration: float, seed: int) -> dict[str, np.ndarray]:
+    """A disaggregated deployment under vLLM's scheduler on each instance: every request to a prefill
+    instance (drawn at random, as the model's even split of Poisson arrivals), its prompt prefilled
+    there (a prompt-only engine), its KV cache sent, then to a decode instance (at random), which
+    computes the prompt's last token and decodes. TTFT ends at the decode instance's first token."""
+    _, pre, dec = engines_of(case)
+    arrival, prompts, outs, rng = traffic(lam, duration, case.prompt, case.output, seed)
+    n = arrival.size
+    r_p, r_d = int(case.params["prefill_replicas"]), int(case.params.get("replicas", 1))
+    ready = np.empty(n)
+    where = rng.integers(0, r_p, n)
+    for i in range(r_p):
+        mine = np.flatnonzero(where == i)
+        first, _, _ = serve(
+            step_time(pre),
+            arrival[mine],
+            prompts[mine],
+            np.ones(mine.size, dtype=np.int64),
+            int(float(pre.mns.ravel()[0])),
+            int(float(pre.mbt.ravel()[0])),
+            bool(pre.chunked.ravel()[0]),
+        )
+        ready[mine] = first
+    ready += transfer_time(pre, dec, case)(prompts.astype(float))
+    first, done_at, gaps = np.empty(n), np.empty(n), []
+    where = rng.integers(0, r_d, n)
+    slots = int(min(float(dec.mns.ravel()[0]), float(dec.B_kv.ravel()[0])))
+    for j in range(r_d):
+        mine = np.flatnonzero(where == j)
+        mine = mine[np.argsort(ready[mine], kind="stable")]
+        f, d, g = serve(
+            step_time(dec),
+            ready[mine],
+            np.ones(mine.size, dtype=np.int64),
+            outs[mine],
+            slots,
+            int(float(dec.mbt.ravel()[0])),
+            True,
+        )
+        first[mine], done_at[mine] = f, d
+        gaps += g
+    return figures(arrival, first, done_at, outs, gaps, dec.api)
 
 
 def step_time(engine: _serve.Engine):
@@ -112,25 +187,13 @@ def step_time(engine: _serve.Engine):
     return t
 
 
-def replay(
-    step,
-    lam: float,
-    duration: float,
-    prompt: tuple[int, int],
-    output: tuple[int, int],
-    slots: int,
-    budget: int,
-    chunked: bool,
-    api: float,
-    seed: int,
-) -> dict[str, np.ndarray]:
-    """vLLM V1's scheduler over Poisson arrivals at ``lam`` for ``duration`` seconds, served to the
-    last request: every request's TTFT and TPOT (s)."""
-    rng = np.random.default_rng(seed)
-    n = max(1, rng.poisson(lam * duration))
-    arrival = np.sort(rng.uniform(0.0, duration, n))
-    prompts = rng.integers(prompt[0], prompt[1] + 1, n)
-    outs = rng.integers(output[0], output[1] + 1, n)
+def serve(
+    step, arrival: np.ndarray, prompts: np.ndarray, outs: np.ndarray, slots: int, budget: int, chunked: bool
+) -> tuple[np.ndarray, np.ndarray, list[tuple[float, int]]]:
+    """One engine under vLLM V1's scheduler, the requests arriving at ``arrival`` (sorted) with
+    ``prompts`` tokens still to compute and ``outs`` tokens to produce, served to the last: each
+    request's first-token and last-token times, and the steps' (length, decoding sequences)."""
+    n = arrival.size
     left = prompts.copy()  # prompt tokens not yet computed
     made = np.zeros(n, dtype=np.int64)  # output tokens
     first = np.full(n, np.nan)
@@ -182,10 +245,41 @@ def replay(
             done_at[r] = t
             running.remove(r)
             finished += 1
+    return first, done_at, gaps
+
+
+def traffic(lam: float, duration: float, prompt: tuple[int, int], output: tuple[int, int], seed: int):
+    """Poisson arrivals at ``lam`` over ``duration`` seconds, uniform integer lengths."""
+    rng = np.random.default_rng(seed)
+    n = max(1, rng.poisson(lam * duration))
+    arrival = np.sort(rng.uniform(0.0, duration, n))
+    return arrival, rng.integers(prompt[0], prompt[1] + 1, n), rng.integers(output[0], output[1] + 1, n), rng
+
+
+def figures(arrival, first, done_at, outs, gaps, api: float) -> dict[str, np.ndarray]:
     ttft = first - arrival + api
     tpot = np.where(outs > 1, (done_at - first) / np.maximum(outs - 1, 1), np.nan)
     itl = np.array(gaps, dtype=float).reshape(-1, 2)
     return {"ttft": ttft, "tpot": tpot[outs > 1], "itl": itl[:, 0], "itl_weight": itl[:, 1]}
+
+
+def replay(
+    step,
+    lam: float,
+    duration: float,
+    prompt: tuple[int, int],
+    output: tuple[int, int],
+    slots: int,
+    budget: int,
+    chunked: bool,
+    api: float,
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """vLLM V1's scheduler over Poisson arrivals at ``lam`` for ``duration`` seconds, served to the
+    last request: every request's TTFT, TPOT and inter-token gaps (s)."""
+    arrival, prompts, outs, _ = traffic(lam, duration, prompt, output, seed)
+    first, done_at, gaps = serve(step, arrival, prompts, outs, slots, budget, chunked)
+    return figures(arrival, first, done_at, outs, gaps, api)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -204,10 +298,13 @@ def compare(case: Case, seeds: int = 2, duration: float = 600.0) -> list[dict[st
     rows = []
     for lam in case.rates:
         model = case.at(lam, duration)
-        runs = [
-            replay(step, lam, duration, case.prompt, case.output, slots, budget, chunked, eng.api, s)
-            for s in range(seeds)
-        ]
+        if case.params.get("prefill_replicas"):
+            runs = [replay_disaggregated(case, lam, duration, s) for s in range(seeds)]
+        else:
+            runs = [
+                replay(step, lam, duration, case.prompt, case.output, slots, budget, chunked, eng.api, s)
+                for s in range(seeds)
+            ]
         ttft = np.concatenate([r["ttft"] for r in runs]) * 1e3
         tpot = np.concatenate([r["tpot"] for r in runs]) * 1e3
         itl, weight = (np.concatenate([r[k] for r in runs]) for k in ("itl", "itl_weight"))
@@ -262,6 +359,28 @@ def cases(quick: bool) -> list[Case]:
             (64, 256),
             (2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0),
             {"ttft_p99_ms": 500.0, "tpot_p99_ms": 30.0},
+        ),
+        Case(
+            "OPT-13B, 2 prefill + 1 decode A100s (DistServe's 2P1D)",
+            OPT_13B,
+            a100,
+            {"tp": 1, "enable_chunked_prefill": False, "prefill_replicas": 2, "replicas": 1},
+            (512, 512),
+            (64, 64),
+            (2.0, 4.0, 6.0, 8.0, 9.0),
+            {"ttft_p99_ms": 400.0, "tpot_p99_ms": 40.0},
+        ),
+        Case(
+            "Llama-2-70B chat, prefill tp8 + decode tp8 on 2 x 8 910B",
+            LLAMA2_70B,
+            npu,
+            {"tp": 8, "prefill_replicas": 1, "prefill_tp": 8, "max_num_seqs": 256, "max_num_batched_tokens": 4096},
+            (512, 2048),
+            (128, 512),
+            (0.5, 1.0, 2.0, 3.0, 3.5),
+            {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 60.0},
+            accelerator="npu",
+            nodes=2,
         ),
     ]
     return out
