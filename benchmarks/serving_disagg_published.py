@@ -97,8 +97,8 @@ class Deployment:
     model: dict
     hw: Any
     params: dict
-    prompt: int
-    output: int
+    prompt: int | tuple[int, int]  # tokens, or uniform integers low..high (the spec's ``{low, high}``)
+    output: int | tuple[int, int]
     nodes: int = 1
     devices_per_node: int = 8
     accelerator: str = "cuda"
@@ -112,15 +112,27 @@ class Deployment:
         """The same layout priced with the engine's ``steps`` (a copy: this one is left as it is)."""
         return replace(self, steps=steps)
 
-    def at(self, rate: float) -> dict[str, float]:
+    def at(self, rate: float, duration: float = 600.0) -> dict[str, float]:
         """The model's figures (ms, quantiles 50/90/99 of TTFT, TPOT, ITL, E2E) at ``rate`` requests/s
-        offered to the whole deployment, over a 10-minute window."""
+        offered to the whole deployment, over a window of ``duration`` seconds (10 minutes)."""
+
+        def lengths(x: int | tuple[int, int]) -> Any:
+            return {"low": x[0], "high": x[1]} if isinstance(x, tuple) else x
+
+        def longest(x: int | tuple[int, int]) -> int:
+            return x[1] if isinstance(x, tuple) else x
+
         work = {
             "kind": "serve",
-            "traffic": {"rates": [rate], "prompt_len": self.prompt, "output_len": self.output, "duration_s": 600.0},
+            "traffic": {
+                "rates": [rate],
+                "prompt_len": lengths(self.prompt),
+                "output_len": lengths(self.output),
+                "duration_s": duration,
+            },
             "slo": {"ttft_p99_ms": UNBOUNDED_MS},
             "batch_sweep": [],
-            "max_model_len": self.prompt + self.output,
+            "max_model_len": longest(self.prompt) + longest(self.output),
         }
         cluster = {
             "accelerator": self.accelerator,

@@ -109,17 +109,17 @@ def test_the_prefill_pools_ttft_follows_a_discrete_event_run_of_its_scheduler(mo
     a prefill-only engine (every waiting prompt into the next step, up to the budget) with the same
     step times, another seed: within 8 % at p50 / p90 and 15 % at p99 up to 90 % of capacity, 20 % at p50 / p90 to 97 %.
     The fixed point it replaced put p90 at 2.5x the scheduler's at 58 % of capacity."""
-    from autotune.workers.simulate import _serve_disagg as disagg
+    from autotune.workers.simulate import _serve
     from autotune.workers.simulate._prefill_queue import run_batch_queue
 
-    seen: list[tuple] = []
-    table = disagg.prefill_ttft
+    seen: list[tuple] = []  # the aggregated engine's prompt stage reads the table first, the prefill pool last
+    table = _serve.prefill_ttft
 
     def recorded(lam, t_one, t_max, n_max):
         seen.append((lam, t_one, t_max, n_max, table(lam, t_one, t_max, n_max)))
         return seen[-1][-1]
 
-    monkeypatch.setattr(disagg, "prefill_ttft", recorded)
+    monkeypatch.setattr(_serve, "prefill_ttft", recorded)
     workload = dict(CHAT, traffic={**CHAT["traffic"], "prompt_len": 1024, "output_len": 256})
     _simulate({"tp": [8], "prefill_replicas": [1], "replicas": [1]}, workload=workload)
     lam, t_one, t_max, n_max, got = seen[-1]  # the traffic's rates

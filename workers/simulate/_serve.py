@@ -468,9 +468,14 @@ class Engine:
         # prompts arriving during a step, more while they queue: a prompt step's share of the time
         # lengthens the stretches of back-to-back prompt steps over which they gather
         busy = np.minimum(st["f"] * st["T1"] / np.maximum(st["t"], 1e-12), RHO_MAX)
-        m = np.maximum(lam * st["t"] / (1.0 - busy), 1e-9)
+        m, level = np.broadcast_arrays(np.maximum(lam * st["t"] / (1.0 - busy), 1e-9), level)
         none = np.exp(-m)
-        count = np.maximum(poisson.ppf(none + level * (1.0 - none), m), 1.0)
+        target = none + level * (1.0 - none)  # the count's CDF level, given at least one prompt
+        # one prompt up to P(N <= 1); scipy's Poisson quantile (slow: it searched every (config, rate) and
+        # was half the pricing time) only where the level asks for more
+        count = np.ones_like(m)
+        more = (level > 0.0) & (target > none * (1.0 + m))
+        count[more] = np.maximum(poisson.ppf(target[more], m[more]), 1.0)
         prompt = self.tr.prompt
         own = np.quantile(np.asarray(prompt.values), np.where(carrying, level, 0.5))
         own = own - np.where(self.caching, np.minimum(self.cached, own), 0.0)
@@ -502,12 +507,7 @@ class Engine:
         arrivals and unequal prompts, held at what the load window can build."""
         n_max = st["cmax"] / self.P_eff
         t_max = self.iteration(st["B"], np.maximum(st["cmax"], self.P_eff))
-        pf = prefill_ttft(lam, t_one, np.maximum(t_max, t_one), n_max)
-        waits = {f: (pf[f] - t_one) * (vp / 0.5) for f in pf}
-        mu_p = np.maximum(n_max, 1.0) / np.maximum(t_max, t_one)
-        cap = window_wait(lam / mu_p, mu_p, vp, self.tr.duration)
-        held = np.minimum(1.0, cap / np.maximum(waits["mean"], 1e-12))
-        return {f: w * held for f, w in waits.items()}
+        return batch_queue_waits(lam, t_one, np.maximum(t_max, t_one), n_max, vp, self.tr.duration)
 
     def evaluate(self, B: np.ndarray, lam: np.ndarray) -> dict[str, np.ndarray]:
         """Latency quantiles (seconds) and load figures at running concurrency B (<= B_cap) under
@@ -535,14 +535,15 @@ class Engine:
         scale_slot = within_window(pw_slot, scale_slot, window_wait(rho, self.mu, v, tr.duration))
         backlog = overload_backlog(rho, tr.duration)
         vp = (tr.ca2 + tr.prompt.cv2) / 2.0
-        pf_wait = self.prompt_stage_waits(st, np.minimum(lam, self.mu), base_svc, vp)
+        admitted = np.minimum(lam, self.mu)  # what reaches the engine's steps; the rest waits for a slot
+        pf_wait = self.prompt_stage_waits(st, admitted, base_svc, vp)
         # an arrival the prompt stage does not keep waiting lands in a decode step (uniformly)
         fixed = self.api + st["T0"] / 2.0
         out: dict[str, np.ndarray] = {}
         out["ttft_mean"] = fixed + base_svc + pf_wait["mean"] + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
         var_B = (1.0 + tr.ca2) / 2.0
         t_min = self.iteration(np.zeros_like(B), np.zeros_like(B))
-        stalls = self.prompt_stalls(st, np.minimum(lam, self.mu))
+        stalls = self.prompt_stalls(st, admitted)
         for q in LEVELS:
             z = _Z[q]
             w_slot = np.hypot(wait_quantile(pw_slot, scale_slot, q), q * backlog)
@@ -564,7 +565,7 @@ class Engine:
             # (that put the p99 at two quantiles at once: 32.5 ms against vLLM's 14-24 on this CPU)
             spread = np.sqrt((sq["t"] - st["t"]) ** 2 + (stall_z(z, stalls) * stalls["sd"]) ** 2)
             tpot = np.maximum(st["t"] + np.sign(z) * spread, t_min)
-            itl = self.itl_quantile(st, sq, q, np.minimum(lam, self.mu))
+            itl = self.itl_quantile(st, sq, q, admitted)
             tag = f"{q:g}"
             out[f"ttft_{tag}"], out[f"tpot_{tag}"], out[f"itl_{tag}"] = ttft, tpot, itl
             out[f"e2e_{tag}"] = self.e2e_quantile(ttft, out["ttft_mean"], tpot, st["t"], q)
@@ -644,6 +645,22 @@ def overload_backlog(rho: np.ndarray, duration: float) -> np.ndarray:
     (the q-th arrival q of this). It adds to the steady part as a root sum of squares (a random walk
     with drift: the drift's mean once it dominates, the fluctuation's near rho = 1)."""
     return np.maximum(rho - 1.0, 0.0) * duration
+
+
+def batch_queue_waits(
+    lam: np.ndarray, t_one: np.ndarray, t_max: np.ndarray, n_max: np.ndarray, v: float, duration: float
+) -> dict[str, np.ndarray]:
+    """What a stage whose steps take every prompt waiting, up to n_max (a step of one prompt
+    ``t_one``, of n_max ``t_max``), adds to TTFT beyond a prompt's own step at ``lam`` prompts/s (mean
+    and quantiles, s; keys as :data:`._prefill_queue.FIGURES`): the table of vLLM's scheduler's runs
+    (:func:`._prefill_queue.prefill_ttft`), scaled from its Poisson arrivals of equal prompts (v = 1/2)
+    to ``v`` as Kingman's wait is, held at what a load window of ``duration`` s can build. The
+    disaggregated prefill pool's queue and the aggregated engine's prompt stage."""
+    pf = prefill_ttft(lam, t_one, t_max, n_max)
+    waits = {f: (pf[f] - t_one) * (v / 0.5) for f in pf}
+    mu = np.maximum(n_max, 1.0) / np.maximum(t_max, t_one)  # prompts/s at capacity
+    held = np.minimum(1.0, window_wait(lam / mu, mu, v, duration) / np.maximum(waits["mean"], 1e-12))
+    return {f: w * held for f, w in waits.items()}
 
 
 def stall_z(z: float, stalls: dict[str, np.ndarray]) -> np.ndarray:

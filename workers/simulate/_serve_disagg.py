@@ -58,7 +58,6 @@ import numpy as np
 
 from ..parameters import kv_connector_on, prefill_tp_or_tp, serving_parameter
 from ._common import HW, Shape
-from ._prefill_queue import prefill_ttft
 from ._serve import (
     GRID,
     LEVELS,
@@ -69,6 +68,7 @@ from ._serve import (
     Traffic,
     _col,
     batch_figures,
+    batch_queue_waits,
     concurrency_at,
     overload_backlog,
     slot_wait,
@@ -167,7 +167,6 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
 
     v_slot = (tr.ca2 + tr.output.cv2) / 2.0
     v_pf = (tr.ca2 + tr.prompt.cv2) / 2.0
-    wait_scale = v_pf / 0.5  # the table's waits are Poisson arrivals of equal prompts' (v = 1/2)
     burst = 2.0 / (1.0 + tr.ca2)
     var_B = (1.0 + tr.ca2) / 2.0
     S_slot = dec.O_dec * t_cap
@@ -177,10 +176,7 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         lam_p, lam_d = lam / Rp, lam / R_d
         over_d = lam_d >= mu_d
         # the prefill stage: a batch-service queue, its TTFT from the scheduler's runs (the module docstring)
-        pf = prefill_ttft(lam_p, t_one, T_full, n_max)
-        rho_p = lam_p / mu_p
-        waits = {f: (pf[f] - t_one) * wait_scale for f in pf}
-        held = np.minimum(1.0, window_wait(rho_p, mu_p, v_pf, tr.duration) / np.maximum(waits["mean"], 1e-12))
+        waits = batch_queue_waits(lam_p, t_one, T_full, n_max, v_pf, tr.duration)
 
         # the decode pool's running slots: as busy as its running count says, each held for a request's
         # decode at this load (at capacity, the capacity's), as the aggregated engine's (_serve.Engine.evaluate)
@@ -197,15 +193,13 @@ def priced_disaggregated(s: Shape, hw: HW, c: dict, tr: Traffic) -> dict[str, An
         # decode step above the model's while this step was left out (benchmarks/serving_queue_vs_scheduler.py)
         fixed = dec.api + t_mean / 2.0 + t_mean
         out: dict[str, np.ndarray] = {}
-        out["ttft_mean"] = (
-            fixed + base_pf + base_kv + waits["mean"] * held + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
-        )
+        out["ttft_mean"] = fixed + base_pf + base_kv + waits["mean"] + np.hypot(pw_slot * scale_slot, 0.5 * backlog)
         t_min = dec.iteration(np.zeros_like(B), np.zeros_like(B))
         for q in LEVELS:
             z = _Z[q]
             P_q = np.maximum(tr.prompt.q(q) - np.where(pre.caching, np.minimum(pre.cached, tr.prompt.q(q)), 0.0), 1.0)
             svc_q, kv_q = prefill_time(P_q), transfer(tr.prompt.q(q))
-            w_p = waits[f"{q:g}"] * held
+            w_p = waits[f"{q:g}"]
             w_slot = np.hypot(wait_quantile(pw_slot, scale_slot, q), q * backlog)
             fixed_q = dec.api + q * t_mean + t_mean
             ttft = (
