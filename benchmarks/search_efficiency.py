@@ -430,11 +430,19 @@ def print_trace(records: list, truth: Truth) -> None:
         print(
             f"  #{r.number:<3} {r.status:9} true {truth.value.get(key, 0.0) / truth.optimum:.3f} "
             f"fits {truth.fits.get(key)!s:5} measured {measured / truth.optimum if measured else 0.0:.3f} "
-            f"{'profile ' if r.memory_profile else ''}{key}\n       {r.chosen_because[:300]}",
+            f"{'profile ' if r.memory_profile else ''}{key}\n       {_why_short(r.chosen_because)}"
+            + (f"\n       {r.reason[:400]}" if r.status == "oom_predicted" and getattr(r, "reason", "") else ""),
             file=sys.stderr,
         )
     if getattr(truth, "seen_at_end", ""):
         print(f"  {truth.seen_at_end}", file=sys.stderr)
+
+
+def _why_short(because: str) -> str:
+    """Why a trial was chosen, cut to 300 characters, with its memory profile's verdict kept whole
+    (where the search went wrong on memory, that is the part to read)."""
+    head, sep, verdict = because.partition("; memory profile (")
+    return head[:300] + (f" ... memory profile ({verdict[:400]}" if sep else "")
 
 
 def budgeted(records: list) -> list:

@@ -143,8 +143,12 @@ def test_oom_formats_parse_as_oom(scenario, fmt):
         assert result.info["oom"] == evidence
     elif fmt == "plain":
         assert evidence is None  # no numbers at all
-    elif evidence is not None:  # MindSpore's, once workers/protocol.py reads its numbers
+    elif evidence is not None:  # MindSpore's: the pool it took at start, and its need within the pool
         assert evidence["needed_at_least"] <= out["need"] + 0.01
+        # the pool is what its allocator could use: the usable memory less what lives beside it
+        # (runtime, HCCL), the figure a probe that reports it gives (USABLE_KEY); it failed over it
+        assert evidence["allocator_usable"] < out["limit"] - 0.1
+        assert evidence["needed_at_least"] > evidence["allocator_usable"]
 
 
 def test_vllm_format_is_the_engines_words(scenario):

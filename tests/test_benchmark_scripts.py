@@ -103,6 +103,11 @@ FAST = [
         ),
     ),
     Case(
+        "profile_extrapolation.py",
+        ("--scenarios", "7b-8x32", "--worlds", "1", "--layouts", "20"),
+        (r"^profiles\s+layouts\s+mean error", r"^two profiles\s+\d+\s+[+-][\d.]+%", r"^three\s+\d+\s+"),
+    ),
+    Case(
         "scaling_unpriced_worlds.py",
         ("--worlds", "2"),
         (r"^projection from 1 node\(s\) of 8 devices, \d+ configs", r"^overlap_break\s+16 n\s+[\d.]+%"),

@@ -284,3 +284,57 @@ def test_what_a_peak_counts_reaches_the_guide(ranked):
         (31.0, "reserved"),
         (33.0, "device"),
     ]
+
+
+def test_mindspores_pool_is_what_its_allocator_could_use_not_the_devices_memory(ranked):
+    """MindSpore takes its pool from the device once at start ("MindSpore Used memory size") and counts
+    an out-of-memory failure within it; HCCL's buffers and the runtime live beside the pool. Read as the
+    device's figures, its message put the usable memory a runtime-and-buffers below the truth (7B 8x32
+    world 5 of benchmarks/search_efficiency.py: 24.3 GiB believed, 30.0 true; the optimum never probed).
+    Read as the pool's, the guide's usable memory is the pool plus what its model puts beside it, and
+    the failed config stays over the limit."""
+    from autotune.trial_attrs import A
+    from autotune.workers.protocol import oom_evidence
+
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    guide = sampler.guide
+    i = 0
+    nominal = float(guide.limit[i])
+    pool, static = nominal - 6.0, 10.0
+    text = "\n".join(
+        [
+            f"Out of Memory!!! Request memory size: {2 * 2**30}B, Memory Statistic:",
+            f"Device HBM memory size: {int(nominal * 1024)}M",
+            f"MindSpore Used memory size: {int(pool * 1024)}M",
+            "MindSpore memory base address: 0x124140000000",
+            f"Total Static Memory size: {int(static * 1024)}M",
+            f"Total Dynamic memory size: {int((pool - static - 1.0) * 1024)}M",
+            f"Dynamic memory size of this graph: {int((pool - static - 1.0) * 1024)}M",
+        ]
+    )
+    evidence = oom_evidence(text)
+    assert evidence["allocator_usable"] == pytest.approx(pool, abs=1e-3)
+    assert evidence["needed_at_least"] == pytest.approx(pool + 1.0, abs=1e-3)  # within the pool: over it by 1
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    params = ranking.enumeration.params_of(i)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=params,
+            distributions={n: sampler._distributions[n] for n in params},
+            state=optuna.trial.TrialState.FAIL,
+            user_attrs={A.STATUS: "oom", A.INFO: {"oom": evidence}},
+        )
+    )
+    (o,) = sampler.observations(study.trials)
+    assert o.oom_counts == "reserved" and o.usable_gib == pytest.approx(pool, abs=1e-3)
+    usable, _ = guide.usable_limit([o])
+    names = guide.mem_names
+    beside = sum(float(guide.mem_components[i, names.index(c)]) for c in ("runtime_reserve", "comm_buffers"))
+    assert beside > 1.0
+    # not the pool-level figure (pool + 1) taken for the device's: the pool and what lives beside it
+    assert usable[i] == pytest.approx(min(nominal, pool + beside), rel=0.05)
+    assert usable[i] > pool + 1.0
+    # the config that failed needed more than its pool: it stays unlikely to fit
+    mean, sd = guide._memory_model([o])
+    assert guide.fit_probability([o], mean, sd)[i] < 0.5

@@ -141,3 +141,23 @@ def test_two_profiles_predict_the_full_probes_peak_on_this_cpu(tmp_path):
         mean, sd = fit_stage_memory({k: peaks[k][stage] for k in peaks}).predict(per_stage)
         assert abs(measured[stage] - mean) <= 3 * sd, (stage, measured, mean, sd, peaks)
     assert run.metrics["peak_memory_gib"] == pytest.approx(max(measured))
+
+
+def test_a_third_far_profile_reads_the_line_closer():
+    """A third profile at half the stage: the line is measured up to it, its prior error is the part
+    past it, so the band at the full model narrows (a 32-layer stage from 1 and 4 layers, then 16)."""
+    from autotune.guide.memory_profile import refine_layers
+
+    peaks = {k: 10.0 + 0.6 * k for k in (1, 4, 16)}
+    two = fit_stage_memory({1: peaks[1], 4: peaks[4]})
+    three = fit_stage_memory(peaks)
+    (m2, s2), (m3, s3) = two.predict(32), three.predict(32)
+    assert m2 == pytest.approx(29.2) and m3 == pytest.approx(29.2)
+    assert s3 < 0.6 * s2
+    # where the three do not lie on a line, their residual widens the band again
+    bent = fit_stage_memory({1: 10.6, 4: 12.4, 16: 21.0})
+    assert bent.predict(32)[1] > s3
+    model = {"num_hidden_layers": 32}
+    assert refine_layers(model, {"pp": 1}, (1, 4)) == 16
+    assert refine_layers(model, {"pp": 4}, (1, 4)) is None  # 8 per stage: half of it is the second profile
+    assert refine_layers(model, {"pp": 2}, (1, 4)) is None  # 16 per stage: 8 is not past twice 4

@@ -109,18 +109,21 @@ EXPECTED = {
         "requested": 2.0,
         "capacity": 62432 * MIB,
         "reserved": 58196 * MIB,
+        "allocator_usable": 58196 * MIB,  # the pool taken at start: all MindSpore may use
         "allocated": (20480 + 36992) * MIB,
         "needed_at_least": (20480 + 36992) * MIB + 2.0,
     },
     "mindspore_1x_ascend": {  # total 30 GiB; dynamic 24 GiB + memory pool 500 MiB in use; 6 GiB asked
         "requested": 6.0,
         "reserved": 30.0,
+        "allocator_usable": 30.0,
         "allocated": 24.0 + 500 * MIB,
         "needed_at_least": 24.0 + 500 * MIB + 6.0,
     },
     "mindspore_1x_gpu": {  # total 24 GiB; static 22.5 GiB in use; 2 GiB asked
         "requested": 2.0,
         "reserved": 24.0,
+        "allocator_usable": 24.0,
         "allocated": 22.5,
         "needed_at_least": 24.5,
     },
@@ -221,10 +224,11 @@ def test_mindspores_statistics_one_line_as_a_json_reason_carries_them():
 
 
 def test_mindspores_statistics_may_be_partial():
-    """Without the static/dynamic split (another adapter's statistics) no in use, so no needed_at_least."""
+    """Without the static/dynamic split (another adapter's statistics) no in use, so no needed_at_least;
+    the pool it took at start is still all it may use."""
     text = "Out of Memory!!! Request memory size: 1073741824B, Memory Statistic:\nDevice MOC memory size: 65536M\n"
     text += "MindSpore Used memory size: 59392M\nUsed peak memory usage (without fragments): 55389M\n"
-    assert oom_evidence(text) == {"requested": 1.0, "capacity": 64.0, "reserved": 58.0}
+    assert oom_evidence(text) == {"requested": 1.0, "capacity": 64.0, "reserved": 58.0, "allocator_usable": 58.0}
 
 
 def test_the_pools_warning_alone_is_not_an_oom():

@@ -318,3 +318,55 @@ def test_a_profile_that_gives_no_line_falls_back_to_the_full_probe():
     crashed = ProfileRun(_Trial(8), {"pp": 2}, request, "rank 1", (1, 4))
     assert profiler.take(study, crashed, ProbeResult("crash", reason="Segmentation fault")) == ("probe", None)
     assert "Segmentation fault" in crashed.trial.user_attrs[A.MEMORY_PROFILE]["failure"]
+
+
+def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decides():
+    """Two near profiles (1 and 4 layers) read a 32-layer stage's peak to about 3 %: a config 0.8 GiB
+    under a 30 GiB limit is undecided at P(fits) 0.8. A third profile at 16 layers reads the line up
+    to half the stage, and the verdict follows it (here: it fits, surely). A config clearly over the
+    limit, or one whose stages are too short for a far profile, is decided without one."""
+    from statistics import NormalDist
+
+    from autotune.study.profiling import MemoryProfiler, ProfileRun
+    from autotune.workers.protocol import ProbeResult, TrialRequest
+
+    class Guided:  # P(fits) against a usable memory of 30 GiB, known exactly
+        guide = SimpleNamespace(settings=GuideSettings())
+
+        def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
+            return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
+
+        def oom_allowance_spent(self, study):
+            return False
+
+    profiler = MemoryProfiler(_profiler_spec(0.9), Guided())
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+
+    def profile(layers, per_layer, static=10.0, stage_layers=32):
+        request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": stage_layers}, workload={}, cluster={})
+        run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", layers)
+        actions = []
+        while True:
+            k = run.layers[run.done]
+            action, final = profiler.take(
+                study, run, ProbeResult("ok", metrics={"peak_memory_gib": static + per_layer * k})
+            )
+            actions.append(action)
+            if action != "again":
+                return actions, final, run
+
+    # 10 + 0.6 x 32 = 29.2 GiB: under the limit by 0.8
+    actions, final, run = profile((1, 4), 0.6)
+    record = run.trial.user_attrs[A.MEMORY_PROFILE]
+    assert actions == ["again", "again", "probe"] and final is None
+    assert record["layers_per_stage"] == [1, 4, 16]
+    assert 0.5 < record["undecided_p_fit"] < 0.9 < record["p_fit"]
+    assert record["peak_gib"] == pytest.approx(29.2, abs=0.01) and record["sd_gib"] < 0.5
+    assert "from the first 2 profiles" in run.trial.user_attrs[A.CHOSEN]
+    # 10 + 0.7 x 32 = 32.4 GiB: over by 2.4, decided by the first two
+    actions, final, run = profile((1, 4), 0.7)
+    assert actions == ["again", "stop"] and final.status == "oom_predicted"
+    assert run.trial.user_attrs[A.MEMORY_PROFILE]["layers_per_stage"] == [1, 4]
+    # an 8-layer stage: half of it (4) is no farther than the second profile; undecided, it stops there
+    actions, final, run = profile((1, 4), 2.3, static=10.6, stage_layers=8)
+    assert len(actions) == 2 and run.trial.user_attrs[A.MEMORY_PROFILE]["layers_per_stage"] == [1, 4]

@@ -166,8 +166,11 @@ def _torch_rejected(lines: list[str], i: int) -> dict[str, float] | None:
 
 def _mindspore_adapter(lines: list[str], i: int) -> dict[str, float] | None:
     """MindSpore's Ascend memory adapter: the request, then its statistics a line each. MindSpore
-    holds ``reserved`` ("MindSpore Used memory size") from the device; in use of it is the static
-    memory and this graph's dynamic memory, which with the request did not fit."""
+    holds ``reserved`` ("MindSpore Used memory size": ``ms_used_hbm_size_``, 15/16 of the free memory
+    or ``max_device_memory``, taken from the device once at start) and never grows it: that is the
+    ``allocator_usable`` memory, and HCCL's buffers and the runtime's live beside it. In use of it is
+    the static memory and this graph's dynamic memory, which with the request did not fit, so
+    ``needed_at_least`` counts within the pool, as the allocator's reserve does, not the device's."""
     m = _MS_ADAPTER.search(lines[i])
     if not m:
         return None
@@ -181,19 +184,22 @@ def _mindspore_adapter(lines: list[str], i: int) -> dict[str, float] | None:
     for name in ("capacity", "reserved"):
         if name in stats:
             found[name] = stats[name]
+    if "reserved" in stats:  # the pool, taken from the device once at start: all the allocator may use
+        found["allocator_usable"] = stats["reserved"]
     if "static" in stats:
         found["allocated"] = stats["static"] + stats.get("graph_dynamic", 0.0)
     return _with_needed(found, found.get("allocated"))
 
 
 def _mindspore_old(lines: list[str], i: int) -> dict[str, float] | None:
-    """MindSpore 1.x's memory manager: its total (``reserved`` from the device), the dynamic and the
-    static (GPU) or memory pool (Ascend) part in use, and the request that did not fit beside them."""
+    """MindSpore 1.x's memory manager: its total (``reserved`` from the device at start, all it may
+    use: ``allocator_usable``), the dynamic and the static (GPU) or memory pool (Ascend) part in use,
+    and the request that did not fit beside them (``needed_at_least`` within that total)."""
     m = _MS_OLD.search(lines[i])
     if not m:
         return None
     total, dynamic, other, request = (int(g) / _GIB for g in m.groups())
-    found = {"requested": request, "reserved": total, "allocated": dynamic + other}
+    found = {"requested": request, "reserved": total, "allocated": dynamic + other, "allocator_usable": total}
     return _with_needed(found, found["allocated"])
 
 
@@ -294,9 +300,12 @@ def oom_evidence(output: Iterable[str] | str) -> dict[str, float] | None:
     refusing a request as it ran; not a start-up check of the free memory against a share, where
     what is in use is other processes'). vLLM's KV cache refusal gives ``kv_cache_needed`` and
     ``kv_cache_available`` (GiB) and ``max_model_len``/``estimated_max_model_len`` (tokens), and no
-    ``needed_at_least``. None when no message gives a number (the caller then brackets the usable
-    memory itself). A probe that fails this way tells the search how far over the limit the config
-    was, not only that it was over. The formats: the comment above ``_TORCH_FIELDS``."""
+    ``needed_at_least``. Where the framework took a fixed pool from the device at start (MindSpore),
+    the message gives it as ``allocator_usable``, and ``needed_at_least`` counts within that pool: the
+    runtime's and the communicators' memory beside it is in neither (protocol ``USABLE_KEY``'s sense).
+    None when no message gives a number (the caller then brackets the usable memory itself). A probe
+    that fails this way tells the search how far over the limit the config was, not only that it was
+    over. The formats: the comment above ``_TORCH_FIELDS``."""
     lines = output.splitlines() if isinstance(output, str) else [str(line) for line in output]
     for i in range(len(lines) - 1, -1, -1):
         for parse in _OOM_FORMATS:

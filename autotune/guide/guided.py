@@ -139,6 +139,9 @@ class Observation:
     number: int = -1
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
     oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
+    # what those two count (a key of ``PEAK_LEAVES_OUT``): the device's, or, where the framework took a
+    # fixed pool at start (MindSpore; the pool is then ``usable_gib``), the pool's, as a reserve does
+    oom_counts: str = "device"
     peak_counts: str = "device"  # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
     # the full model's peak its memory profile predicted (counted as ``peak_counts``), and its sd
     profile_peak_gib: float | None = None
@@ -516,7 +519,12 @@ class Guide:
         difference's uniform spread added to its uncertainty; one with fewer is not credited."""
         nominal = self.limit
         failed = [
-            o for o in obs if o.status == "oom" and o.oom_needed_gib and o.oom_needed_gib < 0.995 * nominal[o.index]
+            o
+            for o in obs
+            if o.status == "oom"
+            and o.oom_counts == "device"
+            and o.oom_needed_gib
+            and o.oom_needed_gib < 0.995 * nominal[o.index]
         ]
         lows = [float(o.peak_memory_gib) for o in obs if o.status in ("ok", "pruned") and o.peak_memory_gib]
         # an OOM whose message gives no numbers still bounds what is usable: below what that config
@@ -577,7 +585,7 @@ class Guide:
         the peak the measured peaks alone predict where they pin it within 3 %. None where the peak is
         not known that well, or where a config that fitted already peaked higher (the estimate was
         wrong, not the capacity)."""
-        plain = [o for o in obs if o.status == "oom" and not o.oom_needed_gib]
+        plain = [o for o in obs if o.status == "oom" and not o.oom_needed_gib and not o.usable_gib]
         if not plain:
             return []
         highest = max(fitted) if fitted else 0.0
@@ -649,7 +657,15 @@ class Guide:
         usable, _ = self.usable_limit(obs)
         for o in obs:
             cap = usable[o.index]
-            if o.status == "oom" and math.isfinite(cap):
+            if o.status == "oom" and o.oom_counts != "device" and o.usable_gib:
+                # censored within the pool it could use: it needed more than the pool, at least in use +
+                # requested, counted as the pool counts (the runtime and communicators beside it left out)
+                rows.append(o.index)
+                targets.append(max(float(o.oom_needed_gib or 0.0), float(o.usable_gib)))
+                noise.append(0.03)
+                bound.append(1)
+                counts.append(o.oom_counts if o.oom_counts in PEAK_LEAVES_OUT else "reserved")
+            elif o.status == "oom" and math.isfinite(cap):
                 # censored: it needed more than what is usable; the allocator's byte counts say how much
                 needed = o.oom_needed_gib if o.oom_needed_gib and o.oom_needed_gib > cap * 1.02 else cap * 1.02
                 rows.append(o.index)
@@ -770,8 +786,10 @@ class Guide:
             changed = sorted(k for k in set(chosen) | set(failed) if chosen.get(k) != failed.get(k))
             if not changed or len([k for k in changed if k not in ("dp", "grad_accum")]) > 2:
                 continue
-            needed = o.oom_needed_gib or float(mem_mean[o.index])
-            shortfall = max(needed - float(usable[o.index]), 0.0)
+            if o.oom_counts != "device" and o.oom_needed_gib and o.usable_gib:  # within the pool it had
+                shortfall = max(o.oom_needed_gib - o.usable_gib, 0.0)
+            else:
+                shortfall = max((o.oom_needed_gib or float(mem_mean[o.index])) - float(usable[o.index]), 0.0)
             saving = float(mem_mean[o.index] - mem_mean[index])
             return (
                 f"after trial {o.number} ran out of memory: {', '.join(f'{k} {chosen.get(k)}' for k in changed)} "

@@ -260,6 +260,10 @@ class GuidedSampler(BaseSampler):
             )
             needed, requested = evidence.get("needed_at_least"), evidence.get("requested")
             in_use = needed - requested if _finite(needed) and _finite(requested) else None
+            # a pool the framework took at start (MindSpore's): its message counts within it, as the
+            # allocator's reserve does, and says what the allocator could use (a probe's USABLE_KEY)
+            pool = evidence.get("allocator_usable")
+            pool = float(pool) if _finite(pool) and float(pool) > 0 else None
             out.append(
                 Observation(
                     index=index,
@@ -270,10 +274,11 @@ class GuidedSampler(BaseSampler):
                     peak_memory_gib=float(peak) if _finite(peak) else None,
                     oom_needed_gib=float(needed) if _finite(needed) else None,
                     oom_in_use_gib=in_use,
+                    oom_counts="reserved" if pool else "device",
                     peak_counts=counts,
                     profile_peak_gib=float(profile_peak) if _finite(profile_peak) else None,
                     profile_sd_gib=float(profile_sd) if _finite(profile_sd) else None,
-                    usable_gib=_usable(ua, profile) if status not in ("oom", "crash") else None,
+                    usable_gib=pool if status == "oom" else _usable(ua, profile) if status != "crash" else None,
                     profile_p_fit=float(profile["p_fit"]) if _finite(profile.get("p_fit")) else None,
                     stated_p_fit=_stated_p_fit(ua, profile, status),
                 )

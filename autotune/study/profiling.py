@@ -8,6 +8,10 @@ and the guide decides with that (:meth:`autotune.guide.sampler.GuidedSampler.fit
 
 - P(fits) at least ``search.profile_go_probability``: the full probe runs, its ``chosen_because``
   says what the profile predicted;
+- below, but not far below (``REFINE_FROM``): undecided; a third profile at half the stage
+  (:func:`~autotune.guide.memory_profile.refine_layers`) reads the line up to there, its band about
+  1.3 % of the full model's peak where two near profiles leave about 3 %, and the verdict is taken
+  again;
 - below: the trial ends as ``oom_predicted`` (no full probe; the guide learns the peak from the
   profile); a profile that itself ran out of memory ends it as ``oom`` (fewer layers than the
   full model already did not fit);
@@ -38,6 +42,7 @@ from ..guide.memory_profile import (
     layers_per_stage,
     plan_profile,
     profile_noise,
+    refine_layers,
     profile_points,
     profile_request,
     why_no_profile,
@@ -47,6 +52,10 @@ from ..trial_attrs import A
 __all__ = ["MemoryProfiler", "ProfileRun"]
 
 BAND_SD = 3.0  # a profile's predicted band for the full probe's peak: mean ± this many sd
+# a verdict from two profiles below the go threshold but at least this likely to fit is undecided: a
+# third profile, far closer to the full model, reads the peak again (``refine_layers``); below it
+# even a peak read to 0.7 % would hardly change the verdict
+REFINE_FROM = 0.05
 
 
 @dataclass
@@ -64,6 +73,7 @@ class ProfileRun:
     counts: str = "device"
     usable_gib: float | None = None  # the least any run reported its allocator could use (USABLE_KEY)
     reserved: dict[float, float] = field(default_factory=dict)  # layers -> the allocator's reserved peak, GiB
+    undecided_p_fit: float | None = None  # P(fits) from the first profiles, where a third was run
 
     def record(self, **extra: Any) -> dict[str, Any]:
         """What the trial keeps (``autotune.guide.memory_profile``)."""
@@ -75,6 +85,7 @@ class ProfileRun:
             "counts": self.counts,
             **({"usable_reported_gib": round(self.usable_gib, 4)} if self.usable_gib else {}),
             **({"reserved_gib": {f"{k:g}": round(v, 4) for k, v in self.reserved.items()}} if self.reserved else {}),
+            **({"undecided_p_fit": round(self.undecided_p_fit, 4)} if self.undecided_p_fit is not None else {}),
             **extra,
         }
 
@@ -205,6 +216,15 @@ class MemoryProfiler:
         go = self.go
         if self.guided.oom_allowance_spent(study):  # the OOMs it may risk are spent: only sure fits now
             go = max(go, self.fit_confidence)
+        third = refine_layers(run.request.model, run.config, run.layers) if REFINE_FROM <= p_fit < go else None
+        if third is not None and run.undecided_p_fit is None:
+            # undecided: a far profile narrows the band from about 3 % to 1.3 % (StageMemoryFit)
+            run.undecided_p_fit = p_fit
+            run.layers = (*run.layers, third)
+            self._note(run, f"{words}, undecided below {go:g}: a third profile at {third} layers per stage")
+            return "again", None
+        if run.undecided_p_fit is not None:
+            words += f" (P(fits) {run.undecided_p_fit:.2f} from the first {run.done - 1} profiles)"
         if p_fit >= go:
             run.trial.set_user_attr(A.MEMORY_PROFILE, {**record, "verdict": "probe"})
             self._note(run, f"{words}: probed in full")
