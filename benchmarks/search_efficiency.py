@@ -60,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from statistics import NormalDist
 from pathlib import Path
 from typing import Any
 
@@ -412,9 +413,11 @@ def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> str:
     mean, sd = guide._objective_model(obs)
     u = float(np.broadcast_to(usable, (guide.n,))[i])
     u_sd = float(np.broadcast_to(usable_sd, (guide.n,))[i])
+    own = NormalDist().cdf((u - float(belief.mean[i])) / max(math.hypot(float(belief.sd[i]), u_sd), 1e-9))
     return (
-        f"optimum at the end: peak {belief.mean[i]:.2f} +/- {belief.sd[i]:.2f} GiB (true {truth.optimum_peak:.2f}), "
-        f"usable {u:.2f} +/- {u_sd:.2f} (true {truth.optimum_limit:.2f}), P(fits) {p_fit[i]:.2f}, "
+        f"optimum at the end {truth.optimum_key}: peak {belief.mean[i]:.2f} +/- {belief.sd[i]:.2f} GiB "
+        f"(true {truth.optimum_peak:.2f}), usable {u:.2f} +/- {u_sd:.2f} (true {truth.optimum_limit:.2f}), "
+        f"P(fits) {p_fit[i]:.2f} (its own peak against the usable: {own:.2f}), "
         f"predicted {mean[i] / truth.optimum:.3f} +/- {sd[i] / truth.optimum:.3f} of the optimum, "
         f"probed {'yes' if any(o.index == i for o in obs) else 'no'}"
     )
