@@ -151,8 +151,12 @@ FAST = [
     ),
     Case(
         "search_efficiency.py",
-        (*SEARCH, "--in-process", "--json", "{tmp}/worlds.json"),
-        SEARCH_TABLE,
+        (*SEARCH, "--in-process", "--json", "{tmp}/worlds.json", "--trace"),
+        (
+            *SEARCH_TABLE,
+            r"^  #0 ",  # --trace: each trial against the world's truth, then the guide's view of the optimum
+            r"^  optimum at the end \{.*\}: peak [\d.]+ \+/- [\d.]+ GiB .* P\(fits\) [\d.]+ \(its own peak against",
+        ),
         writes=("worlds.json",),
         name="search_efficiency-in-process",
     ),
