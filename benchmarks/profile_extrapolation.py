@@ -24,34 +24,34 @@ from true_world import MIXED_OOM_FORMATS, PATHS, World  # noqa: E402
 
 from autotune.guide.memory_profile import (  # noqa: E402
     DEVICE_PROFILE_NOISE,
-    PROFILE_MARK,
-    StageMemoryFit,
-    fit_stage_memory,
+    extrapolate_peak,
     layers_per_stage,
     plan_profile,
+    profile_request,
     refine_layers,
 )
 from autotune.spec.resolve import probe_context  # noqa: E402
 from autotune.spec.space import Space  # noqa: E402
+from autotune.workers.protocol import TrialRequest  # noqa: E402
 
 Z_95 = 1.645  # one-sided: a P(fits) of 0.95
 
 
 def profile_peak(world: World, ctx, config: dict, per_stage: int) -> float | None:
-    """The peak a memory profile of ``config`` with ``per_stage`` layers per stage reports."""
-    stages = int(config.get("pp", 1)) * int(config.get("vpp", 1) or 1)
-    model = {**ctx.model, "num_hidden_layers": stages * per_stage}
-    workload = {**ctx.workload, PROFILE_MARK: per_stage, "warmup_steps": 1, "measured_steps": 1}
-    out = world.measure(model, workload, dict(ctx.cluster), config, 7)
+    """The peak a memory profile of ``config`` with ``per_stage`` layers per stage reports: the
+    study's own profile request, measured in the world."""
+    full = TrialRequest(
+        params=dict(config), model=dict(ctx.model), workload=dict(ctx.workload), cluster=dict(ctx.cluster)
+    )
+    run = profile_request(full, per_stage)
+    out = world.measure(run.model, run.workload, run.cluster, run.params, 7)
     return float(out["metrics"]["peak_memory_gib"]) if "metrics" in out else None
 
 
 def read(points: dict[int, float], per_stage: float) -> tuple[float, float]:
     """(peak, sd) of the full model from ``points`` as the study reads them (a device's noise)."""
-    fit = fit_stage_memory(points)
-    return StageMemoryFit(fit.static_gib, fit.per_layer_gib, fit.profiled, noise_rel=DEVICE_PROFILE_NOISE).predict(
-        per_stage
-    )
+    estimate = extrapolate_peak({0: points}, per_stage, DEVICE_PROFILE_NOISE)
+    return estimate.peak_gib, estimate.sd_gib
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,9 +139,6 @@ class Observation:
     number: int = -1
     oom_needed_gib: float | None = None  # an OOM's "in use + requested" from the allocator's message
     oom_in_use_gib: float | None = None  # ... and what was in use when the request failed
-    # what those two count (a key of ``PEAK_LEAVES_OUT``): the device's, or, where the framework took a
-    # fixed pool at start (MindSpore; the pool is then ``usable_gib``), the pool's, as a reserve does
-    oom_counts: str = "device"
     peak_counts: str = "device"  # what ``peak_memory_gib`` counts (a key of ``PEAK_LEAVES_OUT``)
     # the full model's peak its memory profile predicted (counted as ``peak_counts``), and its sd
     profile_peak_gib: float | None = None
@@ -154,6 +151,13 @@ class Observation:
     profile_p_fit: float | None = None
     # the P(fits) the full probe was run at (the guide's when it chose it, or its profile's verdict)
     stated_p_fit: float | None = None
+
+    @property
+    def oom_counts(self) -> str:
+        """What an OOM's ``oom_needed_gib`` / ``oom_in_use_gib`` count (a key of ``PEAK_LEAVES_OUT``):
+        the device's; or, where its message named the fixed pool the framework took at start
+        (MindSpore's, then this OOM's ``usable_gib``), the pool's, as an allocator's reserve does."""
+        return "reserved" if self.status == "oom" and self.usable_gib else "device"
 
 
 @dataclass
@@ -657,14 +661,14 @@ class Guide:
         usable, _ = self.usable_limit(obs)
         for o in obs:
             cap = usable[o.index]
-            if o.status == "oom" and o.oom_counts != "device" and o.usable_gib:
+            if o.oom_counts == "reserved":
                 # censored within the pool it could use: it needed more than the pool, at least in use +
                 # requested, counted as the pool counts (the runtime and communicators beside it left out)
                 rows.append(o.index)
                 targets.append(max(float(o.oom_needed_gib or 0.0), float(o.usable_gib)))
                 noise.append(0.03)
                 bound.append(1)
-                counts.append(o.oom_counts if o.oom_counts in PEAK_LEAVES_OUT else "reserved")
+                counts.append(o.oom_counts)
             elif o.status == "oom" and math.isfinite(cap):
                 # censored: it needed more than what is usable; the allocator's byte counts say how much
                 needed = o.oom_needed_gib if o.oom_needed_gib and o.oom_needed_gib > cap * 1.02 else cap * 1.02
@@ -786,7 +790,7 @@ class Guide:
             changed = sorted(k for k in set(chosen) | set(failed) if chosen.get(k) != failed.get(k))
             if not changed or len([k for k in changed if k not in ("dp", "grad_accum")]) > 2:
                 continue
-            if o.oom_counts != "device" and o.oom_needed_gib and o.usable_gib:  # within the pool it had
+            if o.oom_counts == "reserved" and o.oom_needed_gib:  # within the pool it had
                 shortfall = max(o.oom_needed_gib - o.usable_gib, 0.0)
             else:
                 shortfall = max((o.oom_needed_gib or float(mem_mean[o.index])) - float(usable[o.index]), 0.0)

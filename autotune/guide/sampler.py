@@ -260,8 +260,8 @@ class GuidedSampler(BaseSampler):
             )
             needed, requested = evidence.get("needed_at_least"), evidence.get("requested")
             in_use = needed - requested if _finite(needed) and _finite(requested) else None
-            # a pool the framework took at start (MindSpore's): its message counts within it, as the
-            # allocator's reserve does, and says what the allocator could use (a probe's USABLE_KEY)
+            # a pool the framework took at start (MindSpore's): what its allocator could use (a probe's
+            # USABLE_KEY); the message's need counts within it (``Observation.oom_counts``)
             pool = evidence.get("allocator_usable")
             pool = float(pool) if _finite(pool) and float(pool) > 0 else None
             out.append(
@@ -274,7 +274,6 @@ class GuidedSampler(BaseSampler):
                     peak_memory_gib=float(peak) if _finite(peak) else None,
                     oom_needed_gib=float(needed) if _finite(needed) else None,
                     oom_in_use_gib=in_use,
-                    oom_counts="reserved" if pool else "device",
                     peak_counts=counts,
                     profile_peak_gib=float(profile_peak) if _finite(profile_peak) else None,
                     profile_sd_gib=float(profile_sd) if _finite(profile_sd) else None,

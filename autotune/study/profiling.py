@@ -216,8 +216,9 @@ class MemoryProfiler:
         go = self.go
         if self.guided.oom_allowance_spent(study):  # the OOMs it may risk are spent: only sure fits now
             go = max(go, self.fit_confidence)
-        third = refine_layers(run.request.model, run.config, run.layers) if REFINE_FROM <= p_fit < go else None
-        if third is not None and run.undecided_p_fit is None:
+        undecided = run.undecided_p_fit is None and REFINE_FROM <= p_fit < go
+        third = refine_layers(run.request.model, run.config, run.layers) if undecided else None
+        if third is not None:
             # undecided: a far profile narrows the band from about 3 % to 1.3 % (StageMemoryFit)
             run.undecided_p_fit = p_fit
             run.layers = (*run.layers, third)
