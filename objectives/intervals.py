@@ -20,7 +20,7 @@ A probe's few measured steps give the spread *within* one run; repeats of a conf
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "CONFIDENCE",
@@ -34,6 +34,7 @@ __all__ = [
     "verdict",
     "repeat_noise",
     "relative_gap",
+    "relative_groups",
     "separated",
 ]
 
@@ -117,19 +118,25 @@ def verdict(interval: tuple[float, float] | None, target: float) -> str:
     return "undecided"
 
 
-def _repeat_squares(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
-    """(the sum of squared relative deviations of every reading from its group's mean, the degrees
-    of freedom: readings past the first) over the groups with more than one reading."""
-    squares, dof = 0.0, 0
+def relative_groups(groups: Iterable[Sequence[float | None]]) -> Iterator[list[float]]:
+    """Each group (a config's readings) with more than one finite reading and a mean other than
+    0, as its readings over that mean: what a spread between runs is read from."""
     for group in groups:
         values = _finite(group)
         if len(values) < 2:
             continue
         mean = math.fsum(values) / len(values)
-        if not mean:
-            continue
-        squares += math.fsum((v / mean - 1.0) ** 2 for v in values)
-        dof += len(values) - 1
+        if mean:
+            yield [v / mean for v in values]
+
+
+def _repeat_squares(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """(the sum of squared relative deviations of every reading from its group's mean, the degrees
+    of freedom: readings past the first) over the groups with more than one reading."""
+    squares, dof = 0.0, 0
+    for ratios in relative_groups(groups):
+        squares += math.fsum((r - 1.0) ** 2 for r in ratios)
+        dof += len(ratios) - 1
     return squares, dof
 
 

@@ -16,7 +16,7 @@ from autotune.objectives.intervals import ci_keys
 
 from ..sanity import is_finite_number as _finite
 from ..guide.memory_profile import cost_of_trials, ran_full_probe
-from ..study.records import TrialRecord, best_records, is_tracked
+from ..study.records import INTERFERENCE_KEY, TrialRecord, best_records, is_tracked
 from ..spec.errors import escape_text
 
 __all__ = [
@@ -216,6 +216,8 @@ def study_summary(
                     # gave one, the readings (runs) and steps it rests on, measured or predicted
                     "interval": [low, high] if _finite(low) and _finite(high) else None,
                     "readings": int(top.metrics.get("measurements", 1)),
+                    # readings set aside as interference (far slower than the config's others)
+                    "set_aside": list(top.info.get(INTERFERENCE_KEY) or []),
                     "steps": int(top.metrics["n_steps"]) if _finite(top.metrics.get("n_steps")) else None,
                     "source": top.source,
                 }

@@ -23,7 +23,7 @@ from autotune.workers.parameters import prefill_tensor_parallel, value
 
 from .report import WIDTH, wrap_line
 from ..spec.errors import escape_text
-from ..study.records import CONFIRMED_AT_TARGET
+from ..study.records import CONFIRMED_AT_TARGET, INTERFERENCE_KEY
 
 __all__ = [
     "wrap_line",
@@ -359,6 +359,10 @@ def _interval(record: Any, metric: str) -> str:
         parts.append(f"95 % CI {low:,.4g}-{high:,.4g}" + (f" over {int(steps)} steps" if steps else ""))
     if runs > 1:
         parts.append(f"mean of {runs} runs")
+    aside = (getattr(record, "info", None) or {}).get(INTERFERENCE_KEY)
+    if aside:  # issue 44: a reading far slower than its config's others is a slowdown of the machine
+        trials = ", ".join(str(n) for n in aside)
+        parts.append(f"trial {trials} set aside as interference: far slower than its other run")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

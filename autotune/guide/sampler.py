@@ -38,7 +38,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from .guided import Guide, GuideSettings, Observation, Proposal
+from .guided import Guide, GuideSettings, Observation, Proposal, readings_of
 from .memory_profile import cost_of_trials
 from .ranking import Ranking
 from ..sanity import is_finite_number as _finite
@@ -97,6 +97,9 @@ class GuidedSampler(BaseSampler):
         self._distributions = space.distributions()
         self._params = ranking.enumeration.params
         self._by_params: dict[str, int] = {}
+        # the last observations read, by the finished trials they were read from (a finished trial's
+        # attributes never change: Optuna refuses to write them)
+        self._observed: tuple[tuple[Any, ...], list[Observation]] | None = None
         self._cache: tuple[Any, tuple[Proposal | None, str]] | None = None
 
     @classmethod
@@ -225,11 +228,18 @@ class GuidedSampler(BaseSampler):
         """Every finished probe of a config in the ranked space, as the guide sees it: autotune's
         own trial attributes where the runner wrote them, Optuna's state, values and the user
         attributes ``peak_memory_gib`` / ``step_time_s`` otherwise."""
+        finished = [t for t in trials if t.state in _FINISHED]
+        key = tuple((t._trial_id, t.number, t.datetime_complete) for t in finished)
+        if self._observed is not None and self._observed[0] == key:
+            return list(self._observed[1])
+        out = self._read_observations(finished)
+        self._observed = (key, out)
+        return list(out)
+
+    def _read_observations(self, trials: list[FrozenTrial]) -> list[Observation]:
         metric = self.objective[0]
         out = []
         for t in trials:
-            if t.state not in _FINISHED:
-                continue
             status = _status(t)
             if status in _NOT_PROBES or t.user_attrs.get(A.SOURCE) == "rules":
                 continue
@@ -282,7 +292,7 @@ class GuidedSampler(BaseSampler):
                     stated_p_fit=_stated_p_fit(ua, profile, status),
                 )
             )
-        return out
+        return self.guide.with_interference(out)
 
     def estimates(self, trials: list[FrozenTrial]) -> dict[str, tuple[float, float, int]]:
         """The guide's estimate of the first objective of every measured config: ``{config key:
@@ -293,10 +303,7 @@ class GuidedSampler(BaseSampler):
         below the standard error of the config's own readings at the study's noise: the model's band
         is about the mean it predicts, and a figure measured n times is not surer than n readings."""
         obs = self.observations(trials)
-        values: dict[int, list[float]] = {}
-        for o in obs:
-            if o.status == "ok" and o.objective is not None:
-                values.setdefault(o.index, []).append(float(o.objective))
+        values = readings_of(obs)
         if not values:
             return {}
         mean, sd = self.guide._objective_model(obs)
@@ -336,10 +343,7 @@ class GuidedSampler(BaseSampler):
 
     def _best(self, obs: list[Observation]) -> float | None:
         """The best measured value, a config measured twice judged on its mean (as the report does)."""
-        values: dict[int, list[float]] = {}
-        for o in obs:
-            if o.status == "ok" and o.objective is not None:
-                values.setdefault(o.index, []).append(o.objective)
+        values = readings_of(obs)
         if not values:
             return None
         means = [float(np.mean(v)) for v in values.values()]

@@ -100,6 +100,10 @@ class TrialListener:
     def refit_changed(self, refit: Refit) -> None:
         """The model's refit (:mod:`autotune.guide.refit`) changed after a measured trial."""
 
+    def search_ended(self, study: optuna.Study) -> None:
+        """The loop probes no more (its budget, a stop condition or the user's interrupt): the last
+        word on the trials before the study's result is read from them."""
+
     def study_finished(self, ended: StudyEnded) -> None:
         """The study ended and its files are written (called by the finish stage, once, after the
         loop: MLflow's parent run takes the result, the summary, the files, exports and plots)."""
@@ -165,7 +169,10 @@ class RefitListener(TrialListener):
 
 class GuideEstimatesListener(TrialListener):
     """Keeps the guide's pooled estimate of every measured config on the study, from which the
-    best is reported (:func:`autotune.study.records.best_records`)."""
+    best is reported (:func:`autotune.study.records.best_records`), and, once the search ends, its
+    claim over the configs it did not measure (the certificate's other part): the claim takes joint
+    draws of the model over the space, which after every trial cost the orchestration a third of
+    its time per trial (``benchmarks/orchestration_overhead.py``), and only the end reads it."""
 
     def __init__(self, guide: Any):
         self.guide = guide
@@ -176,6 +183,8 @@ class GuideEstimatesListener(TrialListener):
             study.set_user_attr(
                 A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()}
             )
-            claims = self.guide.unmeasured_claims(study.get_trials(deepcopy=False))
-            if claims:  # the part of the certificate the readings cannot speak for (issue 44)
-                study.set_user_attr(A.GUIDE_UNMEASURED, {k: round(p, 6) for k, p in claims.items()})
+
+    def search_ended(self, study: optuna.Study) -> None:
+        claims = self.guide.unmeasured_claims(study.get_trials(deepcopy=False))
+        if claims:  # the part of the certificate the readings cannot speak for (issue 44)
+            study.set_user_attr(A.GUIDE_UNMEASURED, {k: round(p, 6) for k, p in claims.items()})

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
+from autotune.objectives.interference import interference, interference_gap, slowed_by_interference
 from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
@@ -37,6 +38,8 @@ __all__ = [
     "measured_at_target_first",
     "beyond_noise",
     "measurement_noise",
+    "interference_readings",
+    "INTERFERENCE_KEY",
     "best_certificate",
     "certificate_sentence",
     "StudyReadings",
@@ -49,6 +52,8 @@ __all__ = [
 
 # ``info`` key of a slice study's config measured again at the target's full size (cluster.confirm_top)
 CONFIRMED_AT_TARGET = "confirmed_at_target"
+# ``info`` key of a best's readings set aside as interference (their trial numbers: interference_readings)
+INTERFERENCE_KEY = "set_aside_as_interference"
 
 
 @dataclass
@@ -192,12 +197,19 @@ def best_records(
     ok = measured_at_target_first(rankable(records, objectives))
     if not ok:
         return []
+    aside = interference_readings(ok, *objectives[0])
     groups: dict[str, list[TrialRecord]] = {}
+    spoiled: dict[str, list[int]] = {}
     for r in ok:
-        groups.setdefault(config_key(r.config), []).append(r)
+        if r.number in aside:
+            spoiled.setdefault(config_key(r.config), []).append(r.number)
+        else:
+            groups.setdefault(config_key(r.config), []).append(r)
     merged = []
-    for rs in groups.values():
+    for key, rs in groups.items():
         latest = max(rs, key=lambda r: r.number)
+        if key in spoiled:
+            latest = dataclasses.replace(latest, info={**latest.info, INTERFERENCE_KEY: spoiled[key]})
         if len(rs) > 1:
             metrics = dict(latest.metrics)
             for name in {k for r in rs for k in r.metrics}:
@@ -244,6 +256,42 @@ DEFAULT_NOISE = GuideSettings.noise
 ESTIMATE_Z = 3.0  # a guide's estimate further than this from a config's readings does not describe them
 
 
+def _control_key(ok: list[TrialRecord]) -> str | None:
+    """The control config's key: the baseline, else the first measured (what the guide's drift checks
+    measure again)."""
+    first = next((r for r in ok if r.baseline), min(ok, key=lambda r: r.number) if ok else None)
+    return config_key(first.config) if first is not None else None
+
+
+def interference_readings(
+    ok: list[TrialRecord], metric: str, direction: str, values: dict[int, float] | None = None
+) -> set[int]:
+    """The trial numbers whose reading of ``metric`` is set aside as interference
+    (:mod:`autotune.objectives.interference`): of a config measured more than once, a reading worse
+    than its best by more than the study's interference gap, as the guide reads them
+    (``Guide.with_interference``). ``values``: trial number -> the reading to judge (drift-normalised
+    ones), else the record's own. The control config is never read so: its readings span the study
+    on purpose, and a slowdown of it is the drift check's to read (:func:`study_readings`)."""
+    if not slowed_by_interference(metric):
+        return set()
+    control = _control_key(ok)
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in ok:
+        if _finite(r.metrics.get(metric)) and config_key(r.config) != control:
+            groups.setdefault(config_key(r.config), []).append(r)
+    repeated = [sorted(rs, key=lambda r: r.number) for rs in groups.values() if len(rs) > 1]
+    if not repeated:
+        return set()
+    read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
+    gap = interference_gap(([read(r) for r in rs] for rs in repeated), DEFAULT_NOISE)
+    return {
+        r.number
+        for rs in repeated
+        for r, flag in zip(rs, interference([read(r) for r in rs], gap, direction == "maximize"))
+        if flag
+    }
+
+
 def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
     """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
     configs measured more than once (each reading over its config's mean), never below
@@ -271,9 +319,10 @@ class StudyReadings:
     control: str | None  # the control config's key (the baseline, else the first measured)
     drift: dict[str, Any] | None  # control_drift of the control's readings; None without a repeat of it
     normalised: bool  # readings divided by the control's drift (a drift beyond the noise was found)
+    set_aside: list[int] = field(default_factory=list)  # trials whose reading is interference (not in groups)
 
 
-def study_readings(records: list[TrialRecord], metric: str) -> StudyReadings:
+def study_readings(records: list[TrialRecord], metric: str, direction: str = "maximize") -> StudyReadings:
     """The study's readings of ``metric``, its noise and its drift (issue 44).
 
     The control config (the baseline, else the first measured: what the guide's drift checks
@@ -282,7 +331,9 @@ def study_readings(records: list[TrialRecord], metric: str) -> StudyReadings:
     latest reading at or before it over the control's first), so that a machine that slowed down
     does not pass for noise and hide its own drift. When the control moved beyond that noise
     (:func:`autotune.objectives.race.control_drift`) the readings are compared normalised (the
-    control keeps its first reading); otherwise as measured, with the noise of the raw readings."""
+    control keeps its first reading); otherwise as measured, with the noise of the raw readings.
+    Readings set aside as interference (:func:`interference_readings`, judged on the readings as
+    compared) are in neither the groups nor the noise."""
     ok = sorted(
         measured_at_target_first(
             [
@@ -293,26 +344,36 @@ def study_readings(records: list[TrialRecord], metric: str) -> StudyReadings:
         ),
         key=lambda r: r.number,
     )
-    control_record = next((r for r in ok if r.baseline), ok[0] if ok else None)
-    control = config_key(control_record.config) if control_record is not None else None
+    control = _control_key(ok)
     checks = [(r.number, float(r.metrics[metric])) for r in ok if config_key(r.config) == control]
-    raw: dict[str, list[float]] = {}
-    scaled: dict[str, list[float]] = {}
+    raw_values: dict[int, float] = {}
+    scaled_values: dict[int, float] = {}
     numbers: dict[str, int] = {}
     for r in ok:
-        key, value = config_key(r.config), float(r.metrics[metric])
-        raw.setdefault(key, []).append(value)
-        numbers[key] = r.number
+        value = float(r.metrics[metric])
+        raw_values[r.number] = value
+        numbers[config_key(r.config)] = r.number
         seen = [v for n, v in checks if n <= r.number]
         factor = seen[-1] / checks[0][1] if seen and checks[0][1] else 1.0
-        scaled.setdefault(key, []).append(value / factor if factor else value)
+        scaled_values[r.number] = value / factor if factor else value
+
+    def grouped(values: dict[int, float]) -> tuple[dict[str, list[float]], list[int]]:
+        aside = interference_readings(ok, metric, direction, values)
+        groups: dict[str, list[float]] = {}
+        for r in ok:
+            if r.number not in aside:
+                groups.setdefault(config_key(r.config), []).append(values[r.number])
+        return groups, sorted(aside)
+
     others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
+    (raw, raw_aside), (scaled, scaled_aside) = grouped(raw_values), grouped(scaled_values)
     noise = repeat_noise(others(scaled), DEFAULT_NOISE)
     drift = control_drift(checks, noise)
     if drift is not None and drift["beyond_noise"]:
         scaled[control] = [checks[0][1]]  # the control: its first reading (the scale the rest is brought to)
-        return StudyReadings(scaled, numbers, noise, control, drift, True)
-    return StudyReadings(raw, numbers, repeat_noise(others(raw), DEFAULT_NOISE), control, drift, False)
+        return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside)
+    noise = repeat_noise(others(raw), DEFAULT_NOISE)
+    return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside)
 
 
 def best_certificate(
@@ -329,7 +390,7 @@ def best_certificate(
     if len(objectives) != 1 or not best or best[0].source == "simulated":
         return None
     metric, direction = objectives[0]
-    readings = study_readings(records, metric)
+    readings = study_readings(records, metric, direction)
     leader = config_key(best[0].config)
     if leader not in readings.groups:
         return None
@@ -342,8 +403,9 @@ def best_certificate(
 
 def race_readings(readings: StudyReadings) -> int:
     """Re-measurements past each config's first reading, the control's drift checks apart (what
-    ``search.confirm_budget`` counts)."""
-    return sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
+    ``search.confirm_budget`` counts): a reading set aside as interference was spent all the same."""
+    kept = sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
+    return kept + len(readings.set_aside)
 
 
 def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None) -> str:

@@ -74,6 +74,7 @@ class StudyResult:
                 "ties": [numbers[k] for k in cert.ties],
                 "threats": [{"trial": numbers[k], "p_within": round(p, 4)} for k, p in cert.threats[:3]],
                 "remeasured": remeasured,
+                "set_aside_as_interference": readings.set_aside,
                 "confirm_readings": spec.search.confirm_readings(),
                 "normalised_to_control": readings.normalised,
                 "sentence": certificate_sentence(cert, numbers, remeasured, spec.search.confirm_readings()),
@@ -83,7 +84,7 @@ class StudyResult:
         measured = bool(best) and best[0].source != "simulated"
         drift = None
         if measured:
-            found = study_readings(records, objectives[0][0]).drift
+            found = study_readings(records, *objectives[0]).drift
             if found is not None:
                 drift = {**found, "sentence": drift_sentence(found, objectives[0][0])}
         return cls(records, best, baseline, recommendation, summary, drift)

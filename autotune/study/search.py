@@ -20,6 +20,7 @@ is never a measured one (``autotune.source``).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ from .trial_resolve import TrialResolver
 from .trial_run import TrialRunner
 
 __all__ = ["LoopSettings", "StudyRunner", "SearchObserver", "StudyOutcome"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class StudyRunner:
             for handle in list(loop.pending):
                 self.dispatcher.cancel(handle)
             raise
+        finally:
+            self._search_ended(study)
         # once, for every output (report, MLflow, plots): the model's over the whole feasible space
         # when the trials are its predictions, fANOVA over the measured trials otherwise
         record_importances(study, self.objectives, self.ranking if self.settings.simulated else None)
@@ -318,6 +323,15 @@ class StudyRunner:
     # ---- helpers -----------------------------------------------------------------------------------
     def close(self) -> None:
         self.dispatcher.shutdown()
+
+    def _search_ended(self, study: optuna.Study) -> None:
+        """Every listener's last word on the trials (``TrialListener.search_ended``), interrupted or
+        not; one that fails is logged, and the study's result is still read."""
+        for listener in self.listeners:
+            try:
+                listener.search_ended(study)
+            except Exception as exc:  # noqa: BLE001 - the result of what was measured comes first
+                log.warning("%s could not finish: %s", type(listener).__name__, exc)
 
     def _refit_changed(self, refit: Refit) -> None:
         for listener in self.listeners:
