@@ -11,12 +11,16 @@ optimum, read it slow once and reported a slower config (benchmarks/README.md); 
 reading and a good one still lost.
 
 The rule (:func:`interference`): a reading worse than its config's best reading by more than
-:func:`interference_gap` is set aside. The gap is :data:`INTERFERENCE_Z` standard deviations of the
-difference of two readings at the study's noise, never below :data:`MIN_INTERFERENCE_GAP`. The noise
-is read robustly (the median spread of the configs measured more than once: one spoiled pair does
-not raise the bar it is judged by) and never below the floor the study assumes (3 %: a gap of
-12.7 %). At 2 % noise a pair of honest readings passes that gap about once in 10^5; at 5 % about
-once in 14 while fewer than three configs were measured twice, then (a gap of 21 %) once in 400.
+its gap (:func:`interference_gaps`) is set aside. The gap is :data:`INTERFERENCE_Z` standard
+deviations of the difference of two readings at the noise the *other* configs' repeats show, never
+below :data:`MIN_INTERFERENCE_GAP`: a spoiled pair does not raise the bar it is judged by, and a
+machine whose noise is wide (a shared CPU host, ±10 % and more) shows it in the other pairs it
+repeats. That noise is the median spread once three other configs were measured twice (robust to
+a spoiled one among them), their pooled spread before, and never below the floor the study assumes
+(3 %: a gap of 12.7 %). At 2 % noise a pair of honest readings passes that gap about once in 10^5;
+at 5 % about once in 14 while no other config was measured twice, then about once in 400. The
+first pair a study repeats is judged on the floor alone: on a machine far noisier than the floor
+its lower reading may be set aside (the report names it).
 
 What is set aside stays in the study's records and counts as spent; it is left out of the config's
 figure, of the study's noise and of the guide's model. A figure that rests on fewer readings than
@@ -32,7 +36,7 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
-from .intervals import relative_groups
+from .intervals import relative_groups, repeat_noise
 
 __all__ = [
     "INTERFERENCE_Z",
@@ -40,6 +44,7 @@ __all__ = [
     "ROBUST_GROUPS",
     "interference",
     "interference_gap",
+    "interference_gaps",
     "robust_noise",
     "slowed_by_interference",
 ]
@@ -72,11 +77,20 @@ def robust_noise(groups: Iterable[Sequence[float | None]], floor: float) -> floa
     return max(floor, statistics.median(spreads) / _MEDIAN_OF_HALF_NORMAL)
 
 
-def interference_gap(groups: Iterable[Sequence[float | None]], floor: float) -> float:
+def interference_gap(others: Sequence[Sequence[float | None]], floor: float) -> float:
     """The share of a config's best reading by which another of its readings must be worse to be
-    read as interference: :data:`INTERFERENCE_Z` x sqrt(2) x :func:`robust_noise`, at least
+    read as interference, judged against ``others`` (the other configs' readings):
+    :data:`INTERFERENCE_Z` x sqrt(2) x their noise (:func:`robust_noise` with :data:`ROBUST_GROUPS`
+    or more repeated, else their pooled spread, never below ``floor``), at least
     :data:`MIN_INTERFERENCE_GAP`."""
-    return max(MIN_INTERFERENCE_GAP, INTERFERENCE_Z * math.sqrt(2.0) * robust_noise(groups, floor))
+    repeated = [g for g in others if len(_finite(g)) > 1]
+    noise = robust_noise(repeated, floor) if len(repeated) >= ROBUST_GROUPS else repeat_noise(repeated, floor)
+    return max(MIN_INTERFERENCE_GAP, INTERFERENCE_Z * math.sqrt(2.0) * noise)
+
+
+def interference_gaps(groups: Sequence[Sequence[float | None]], floor: float) -> list[float]:
+    """Per group (a config's readings): its :func:`interference_gap` against every other group."""
+    return [interference_gap([g for j, g in enumerate(groups) if j != k], floor) for k in range(len(groups))]
 
 
 def interference(readings: Sequence[float | None], gap: float, maximize: bool) -> list[bool]:

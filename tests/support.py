@@ -258,6 +258,27 @@ ray: {{enabled: false}}
     )
 
 
+def run_launcher_study(
+    write_spec, tmp_path: Path, probe_source: str, space: str, search: str, name: str
+) -> tuple[Path, dict, dict]:
+    """A :func:`launcher_study` with the launcher ``probe_source``, run through the CLI (``run --json
+    --no-tracking``, which must succeed) and reported (``report --json``): (the spec, the run's
+    payload, the report)."""
+    from typer.testing import CliRunner
+
+    from autotune.cli.commands import app
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(probe_source)
+    spec = launcher_study(write_spec, probe, space, search, name)
+    runner = CliRunner()
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
+    assert result.exit_code == 0, result.output
+    report = runner.invoke(app, ["report", str(spec), "--run-dir", str(run_dir), "--json"])
+    return spec, json.loads(result.stdout), json.loads(report.stdout)
+
+
 def calibration_in_child(accelerator, ranks, threads, base, progress=lambda _: None):
     """A stand-in for the calibration that says where it ran (importable by a spawned child)."""
     progress(f"measuring {accelerator}")

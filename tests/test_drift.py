@@ -4,15 +4,12 @@ same config no longer measures the same, so comparisons across that trial are un
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from typer.testing import CliRunner
 
-from autotune.cli.commands import app
 from autotune.guide.guided import Observation
 from autotune.objectives.race import control_drift
-from support import flat_guide, launcher_study
+from support import flat_guide, run_launcher_study
 
 
 def test_a_change_beyond_the_noise_is_drift_and_one_within_it_is_not():
@@ -53,24 +50,17 @@ print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0
 
 @pytest.mark.timeout(600)
 def test_a_planted_slow_down_is_reported_as_drift(write_spec, tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    spec = launcher_study(
+    _, payload, report = run_launcher_study(
         write_spec,
-        probe,
+        tmp_path,
+        PROBE,
         "micro_batch_size: [1, 2, 4, 8]\nprecision: [fp32]",
         "{n_trials: 9, seed: 1, prune: false, drift_every: 4, stop_early: false}",
         "drifting",
     )
-    runner = CliRunner()
-    run_dir = tmp_path / "run"
-    result = runner.invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
     drift = payload["drift"]
     assert drift is not None and drift["beyond_noise"], drift
     assert drift["at_trial"] >= 5 and drift["change"] == pytest.approx(-0.3, abs=0.03)
-    report = json.loads(runner.invoke(app, ["report", str(spec), "--run-dir", str(run_dir), "--json"]).stdout)
     assert "not comparable" in report["summary"]["drift"]["sentence"]
     # the certificate compares the readings normalised to the control: the slowed-down re-measurement
     # of micro-batch 1 (28 tokens/s, truly 40) does not make micro-batch 2 (41) look 20 % ahead of it

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
-from support import launcher_study
+from support import run_launcher_study
 
 # a team's launcher: micro-batch -> tokens/s, 3 % noise that differs per trial (seeded by it)
 PROBE = r"""
@@ -26,23 +26,17 @@ print(json.dumps({"metrics": {"tokens_per_s_per_device": tps, "step_time_s": 1.0
 
 @pytest.mark.timeout(600)
 def test_a_study_never_reports_the_config_the_model_favours_over_what_was_measured(write_spec, tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    spec = launcher_study(
+    spec, _, report = run_launcher_study(
         write_spec,
-        probe,
+        tmp_path,
+        PROBE,
         "micro_batch_size: [1, 2, 4]\nprecision: [fp32]",
         "{n_trials: 3, seed: 1, prune: false}",
         "contradicted",
     )
-    runner = CliRunner()
-    plan = json.loads(runner.invoke(app, ["plan", str(spec), "--json"]).stdout)
+    plan = json.loads(CliRunner().invoke(app, ["plan", str(spec), "--json"]).stdout)
     predicted = {c["params"]["micro_batch_size"]: c["metrics"]["tokens_per_s_per_device"] for c in plan["top"]}
     assert max(predicted, key=predicted.get) == 4  # the model puts micro-batch 4 first
-    run_dir = tmp_path / "run"
-    result = runner.invoke(app, ["run", str(spec), "--run-dir", str(run_dir), "--json", "--no-tracking"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(runner.invoke(app, ["report", str(spec), "--run-dir", str(run_dir), "--json"]).stdout)
     measured = {t["params"]["micro_batch_size"]: t["metrics"]["tokens_per_s_per_device"] for t in report["trials"]}
     assert set(measured) == {1, 2, 4}
     best = report["best"][0]["params"]["micro_batch_size"]

@@ -58,7 +58,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from autotune.objectives.interference import interference, interference_gap, slowed_by_interference
+from autotune.objectives.interference import interference, interference_gap, interference_gaps, slowed_by_interference
 from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import certificate
 
@@ -1023,9 +1023,9 @@ class Guide:
         repeated = [ks for ks in groups.values() if len(ks) > 1]
         if not repeated:
             return obs
-        gap = interference_gap(([obs[k].objective for k in ks] for ks in repeated), self.settings.noise)
+        gaps = interference_gaps([[obs[k].objective for k in ks] for ks in repeated], self.settings.noise)
         out = list(obs)
-        for ks in repeated:
+        for ks, gap in zip(repeated, gaps):
             flags = interference([obs[k].objective for k in ks], gap, self.direction == "maximize")
             for k, flag in zip(ks, flags):
                 if flag != obs[k].interference:
@@ -1062,7 +1062,7 @@ class Guide:
         if not best:
             return None
         bar = best * (1.0 - s.tie_tolerance) if maximize else best * (1.0 + s.tie_tolerance)
-        gap = interference_gap((v for v in values.values() if len(v) > 1), s.noise)
+        gap = interference_gap([v for v in values.values() if len(v) > 1], s.noise)
         busy, control = set(exclude), self._control(obs)
         taken: dict[int, int] = {}
         for o in obs:

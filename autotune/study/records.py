@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.objectives.interference import interference, interference_gap, slowed_by_interference
+from autotune.objectives.interference import interference, interference_gaps, slowed_by_interference
 from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
@@ -283,10 +283,10 @@ def interference_readings(
     if not repeated:
         return set()
     read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
-    gap = interference_gap(([read(r) for r in rs] for rs in repeated), DEFAULT_NOISE)
+    gaps = interference_gaps([[read(r) for r in rs] for rs in repeated], DEFAULT_NOISE)
     return {
         r.number
-        for rs in repeated
+        for rs, gap in zip(repeated, gaps)
         for r, flag in zip(rs, interference([read(r) for r in rs], gap, direction == "maximize"))
         if flag
     }
