@@ -309,3 +309,26 @@ def test_every_listener_hears_the_study_through_one_contract(write_spec, tmp_pat
     assert ended.result is outcome.result and ended.stopped_because == outcome.stopped_because
     assert ended.files == finished.files and all(path.exists() for path in ended.files)
     assert ended.exports == finished.exports
+
+
+def test_a_finished_trials_record_is_read_once_and_a_running_one_every_time():
+    """The loop reads every record after each trial; a finished trial's never changes, so it is read
+    once per study (the bookkeeping of a long study grew with the square of its trials)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    done = study.ask()
+    done.set_user_attr(A.STATUS, "ok")
+    study.tell(done, 1.0)
+    running = study.ask()
+    first = trial_records(study)
+    assert [r.status for r in first] == ["ok", "running"]
+    again = trial_records(study)
+    assert again[0] is first[0]  # finished: the same record
+    running.set_user_attr(A.STATUS, "oom")
+    study.tell(running, state=TrialState.FAIL)
+    last = trial_records(study)
+    assert last[0] is first[0] and last[1].status == "oom" and last[1].state == "FAIL"
+    # another study object over its own storage keeps its own records
+    other = optuna.create_study()
+    other.add_trial(optuna.trial.create_trial(value=2.0, user_attrs={A.STATUS: "ok"}))
+    assert trial_records(other)[0] is not first[0]

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import shutil
 import statistics
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -112,9 +113,32 @@ class TrialRecord:
         }
 
 
+# per study object: a finished trial's record, by the trial object it was read from (kept, so that
+# its id is not reused while the entry lives)
+_FINISHED_RECORDS: "weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, TrialRecord]]]" = weakref.WeakKeyDictionary()
+
+
 def trial_records(study: optuna.Study) -> list[TrialRecord]:
-    """Every trial of the study as a record."""
-    return [_record(t) for t in study.get_trials(deepcopy=False)]
+    """Every trial of the study as a record. A finished trial is read into its record once per
+    study object: its attributes never change again (Optuna refuses to write them), while the loop
+    reads every record after each trial (the best so far, the refit), which made a study's
+    bookkeeping grow with the square of its trials. Treat the records as read-only (every reader
+    copies with ``dataclasses.replace``)."""
+    try:
+        seen = _FINISHED_RECORDS.setdefault(study, {})
+    except TypeError:  # an object that cannot be weakly referenced: nothing kept
+        seen = {}
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        hit = seen.get(id(t))
+        if hit is not None and hit[0] is t:
+            out.append(hit[1])
+            continue
+        record = _record(t)
+        if t.state.is_finished():
+            seen[id(t)] = (t, record)
+        out.append(record)
+    return out
 
 
 def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
