@@ -1008,8 +1008,8 @@ class Guide:
     def with_interference(self, obs: list[Observation]) -> list[Observation]:
         """``obs`` with the readings a slowdown spoiled marked (``Observation.interference``,
         :mod:`autotune.objectives.interference`): of a config measured more than once, a reading
-        worse than its best by more than the study's interference gap (its noise read robustly,
-        never below ``settings.noise``). An objective a slowdown does not make worse (a peak of
+        worse than its best by more than its interference gap (judged against the noise the other
+        configs' repeats show, never below ``settings.noise``). An objective a slowdown does not make worse (a peak of
         memory) is read as measured; so is the control config (the first measured: its readings span
         the study on purpose, and a slowdown of it is the drift check's to read). The report reads
         the same (``autotune.study.records.interference_readings``)."""
@@ -1062,8 +1062,9 @@ class Guide:
         if not best:
             return None
         bar = best * (1.0 - s.tie_tolerance) if maximize else best * (1.0 + s.tie_tolerance)
-        gap = interference_gap([v for v in values.values() if len(v) > 1], s.noise)
         busy, control = set(exclude), self._control(obs)
+        # the gap a second reading would be judged by: the other configs' repeats, the control's apart
+        gap = interference_gap([v for i, v in values.items() if len(v) > 1 and i != control], s.noise)
         taken: dict[int, int] = {}
         for o in obs:
             if o.status == "ok" and o.objective is not None:
@@ -1079,6 +1080,7 @@ class Guide:
             and i != control
             and i not in busy
             and (allowed is None or allowed[i])
+            and v[0] > 0
             and sign * (v[0] - bar) < 0  # not already within the tolerance of the best
             and worse_by(v[0], bar) <= SUSPECT_MAX_SLOWDOWN
         ]
@@ -1088,7 +1090,7 @@ class Guide:
             loo = self._objective_belief(rest, at=np.array([i]))
             mean, sd = float(loo.mean[0]), float(loo.sd[0])
             reading = values[i][0]
-            if not (math.isfinite(mean) and math.isfinite(sd)) or sign * (mean - bar) < 0:
+            if not (math.isfinite(mean) and math.isfinite(sd)) or mean <= 0 or sign * (mean - bar) < 0:
                 continue
             shortfall = worse_by(reading, mean)
             z = sign * (mean - reading) / math.hypot(s.noise * abs(reading), sd)
