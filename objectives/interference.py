@@ -45,6 +45,7 @@ __all__ = [
     "interference",
     "interference_gap",
     "interference_gaps",
+    "interference_flags",
     "robust_noise",
     "slowed_by_interference",
 ]
@@ -91,6 +92,18 @@ def interference_gap(others: Sequence[Sequence[float | None]], floor: float) -> 
 def interference_gaps(groups: Sequence[Sequence[float | None]], floor: float) -> list[float]:
     """Per group (a config's readings): its :func:`interference_gap` against every other group."""
     return [interference_gap([g for j, g in enumerate(groups) if j != k], floor) for k in range(len(groups))]
+
+
+def interference_flags(groups: Sequence[Sequence[float | None]], floor: float, maximize: bool) -> list[list[bool]]:
+    """Per group (a config's readings), per reading: whether it is interference (:func:`interference`
+    at the group's gap against every other group, :func:`interference_gaps`). What the guide and the
+    report both read; a group read once is never judged, nor counted in another's gap."""
+    flags = [[False] * len(g) for g in groups]
+    repeated = [k for k, g in enumerate(groups) if len(_finite(g)) > 1]
+    gaps = interference_gaps([groups[k] for k in repeated], floor)
+    for k, gap in zip(repeated, gaps):
+        flags[k] = interference(groups[k], gap, maximize)
+    return flags
 
 
 def interference(readings: Sequence[float | None], gap: float, maximize: bool) -> list[bool]:

@@ -53,12 +53,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import numpy as np
 
-from autotune.objectives.interference import interference, interference_gap, interference_gaps, slowed_by_interference
+from autotune.objectives.interference import interference_flags, interference_gap, slowed_by_interference
 from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import certificate
 
@@ -249,6 +250,12 @@ def readings_of(obs: Iterable[Observation]) -> dict[int, list[float]]:
         if o.status == "ok" and o.objective is not None and math.isfinite(o.objective) and not o.interference:
             values.setdefault(o.index, []).append(o.objective)
     return values
+
+
+def readings_taken(obs: Iterable[Observation]) -> dict[int, int]:
+    """Readings taken of each measured config (row -> count), those set aside as interference
+    included: what a re-measurement has spent."""
+    return dict(Counter(o.index for o in obs if o.status == "ok" and o.objective is not None))
 
 
 def family_of(config: dict[str, Any]) -> tuple:
@@ -1020,13 +1027,12 @@ class Guide:
         for k, o in enumerate(obs):
             if o.status == "ok" and o.objective is not None and math.isfinite(o.objective) and o.index != control:
                 groups.setdefault(o.index, []).append(k)
-        repeated = [ks for ks in groups.values() if len(ks) > 1]
-        if not repeated:
-            return obs
-        gaps = interference_gaps([[obs[k].objective for k in ks] for ks in repeated], self.settings.noise)
+        rows = list(groups.values())
+        verdicts = interference_flags(
+            [[obs[k].objective for k in ks] for ks in rows], self.settings.noise, self.direction == "maximize"
+        )
         out = list(obs)
-        for ks, gap in zip(repeated, gaps):
-            flags = interference([obs[k].objective for k in ks], gap, self.direction == "maximize")
+        for ks, flags in zip(rows, verdicts):
             for k, flag in zip(ks, flags):
                 if flag != obs[k].interference:
                     out[k] = replace(obs[k], interference=flag)
@@ -1065,10 +1071,7 @@ class Guide:
         busy, control = set(exclude), self._control(obs)
         # the gap a second reading would be judged by: the other configs' repeats, the control's apart
         gap = interference_gap([v for i, v in values.items() if len(v) > 1 and i != control], s.noise)
-        taken: dict[int, int] = {}
-        for o in obs:
-            if o.status == "ok" and o.objective is not None:
-                taken[o.index] = taken.get(o.index, 0) + 1
+        taken = readings_taken(obs)
 
         def worse_by(reading: float, than: float) -> float:  # how much worse ``reading`` is, as a share
             return (than / reading - 1.0) if maximize else (reading / than - 1.0)
@@ -1129,10 +1132,7 @@ class Guide:
     def race_spent(self, obs: list[Observation]) -> int:
         """Re-measurements the race has spent: every reading of a config past its first, less the
         drift checks' readings of the control (:meth:`drift_check`)."""
-        seen: dict[int, int] = {}
-        for o in obs:
-            if o.status == "ok" and o.objective is not None:
-                seen[o.index] = seen.get(o.index, 0) + 1
+        seen = readings_taken(obs)
         control = self._control(obs) if self.settings.drift_every > 0 else None
         return sum(n - 1 for i, n in seen.items() if i != control)
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.objectives.interference import interference, interference_gaps, slowed_by_interference
+from autotune.objectives.interference import interference_flags, slowed_by_interference
 from autotune.objectives.intervals import noise_belief, repeat_noise, separated
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
@@ -303,17 +303,10 @@ def interference_readings(
     for r in ok:
         if _finite(r.metrics.get(metric)) and config_key(r.config) != control:
             groups.setdefault(config_key(r.config), []).append(r)
-    repeated = [sorted(rs, key=lambda r: r.number) for rs in groups.values() if len(rs) > 1]
-    if not repeated:
-        return set()
+    rows = list(groups.values())
     read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
-    gaps = interference_gaps([[read(r) for r in rs] for rs in repeated], DEFAULT_NOISE)
-    return {
-        r.number
-        for rs, gap in zip(repeated, gaps)
-        for r, flag in zip(rs, interference([read(r) for r in rs], gap, direction == "maximize"))
-        if flag
-    }
+    verdicts = interference_flags([[read(r) for r in rs] for rs in rows], DEFAULT_NOISE, direction == "maximize")
+    return {r.number for rs, flags in zip(rows, verdicts) for r, flag in zip(rs, flags) if flag}
 
 
 def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
