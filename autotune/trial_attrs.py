@@ -61,3 +61,6 @@ class A:
     GUIDE_ESTIMATES = "autotune.guide_estimates"
     # the guide's P(no config it has not measured beats its leader by more than search.tie_tolerance)
     GUIDE_UNMEASURED = "autotune.guide_unmeasured"
+    # the guide's leave-one-out prediction (mean, sd) of every measured config: the certificate's
+    # second measurement of each (objectives.race.certificate's priors)
+    GUIDE_PRIORS = "autotune.guide_priors"

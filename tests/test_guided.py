@@ -4,6 +4,7 @@ when it stops, and that it finds a perturbed world's optimum in a few probes."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -609,6 +610,63 @@ def test_a_guided_study_keeps_the_guides_estimates_and_reports_from_them(tmp_pat
     assert best.number == best_records(outcome.records, runner.objectives, estimates)[0].number
     top = max(estimates.values(), key=lambda e: e[0])
     assert best.predicted["estimated_tokens_per_s_per_device"] == pytest.approx(top[0])
+    # the model's leave-one-out prediction of every measured config, which the certificate reads
+    priors = outcome.study.user_attrs[A.GUIDE_PRIORS]
+    assert set(priors) == set(estimates) and all(m > 0 and sd > 0 for m, sd in priors.values())
+    assert outcome.result.certificate["model_informed"] == len(priors)
+
+
+def test_the_models_prediction_of_each_measured_config_leaves_it_out_and_is_scaled_by_its_misses(world):
+    """What the certificate adds to a config's readings (``Guide.measured_priors``): the model's
+    prediction of it from every other measurement, its sd scaled as the study's own misses bear
+    out; one config read far from what the model makes of it widens every prediction."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    rows = [int(i) for i in np.flatnonzero(fits)[::7][:8]]
+    obs = [replace(_measure(world, i), number=k) for k, i in enumerate(rows)]
+    assert guide.measured_priors(obs[:4]) == {} and guide.leave_one_out(obs[:4]) is None  # too few to check by
+    loo = guide.leave_one_out(obs)
+    priors = guide.measured_priors(obs, loo)
+    assert set(priors) == set(rows) == set(loo.rows)
+    i = rows[3]
+    alone = guide._objective_belief([o for o in obs if o.index != i], at=np.array([i]))
+    assert priors[i][0] == pytest.approx(float(alone.mean[0]))  # its own reading left out
+    assert priors[i][1] == pytest.approx(loo.scale * float(alone.sd[0]))
+    # a reading 40 % below what the rest says: the model's misses widen every prediction
+    bad = [
+        (
+            Observation(o.index, "ok", 0.6 * o.objective, o.step_time_s / 0.6, o.peak_memory_gib, number=o.number)
+            if o.index == rows[5]
+            else o
+        )
+        for o in obs
+    ]
+    worse = guide.leave_one_out(bad)
+    assert worse.scale > 2.0 * loo.scale
+    wider = guide.measured_priors(bad, worse)
+    assert all(wider[j][1] > 1.5 * priors[j][1] for j in rows if j != rows[5])
+
+
+def test_the_models_sd_is_scaled_as_far_as_its_misses_bear_out():
+    """``_sd_scale``: misses as large as the sd says give a factor near 1 (an upper bound: a little
+    above); misses 0.7 of it narrow the model, down to the floor; misses three times it widen
+    it; a few configs prove less than many (a larger factor for the same misses)."""
+    from autotune.guide.guided import LOO_SCALE_MIN, _sd_scale
+
+    rng = np.random.default_rng(0)
+
+    def rows(n: int, miss: float) -> list[tuple[float, float, float, float]]:
+        z = rng.standard_normal(n)
+        return [(1000.0, 20.0, 1000.0 + miss * 20.0 * v, 0.0) for v in z]
+
+    assert 0.9 < _sd_scale(rows(400, 1.0)) < 1.2
+    assert 0.65 < _sd_scale(rows(400, 0.7)) < 0.85 and _sd_scale(rows(400, 0.1)) == LOO_SCALE_MIN
+    assert 2.5 < _sd_scale(rows(400, 3.0)) < 3.6
+    same = [(1000.0, 20.0, 1000.0 + 0.6 * 20.0 * v, 0.0) for v in (1.0, -1.0, 0.5, -0.5, 1.2)]
+    assert _sd_scale(same) > _sd_scale(same * 20)
+    # the readings' own noise is not the model's miss: with it the model needs less of a factor
+    noisy = [(m, sd, r, (15.0) ** 2) for m, sd, r, _ in same]
+    assert _sd_scale(noisy) < _sd_scale(same)
 
 
 def test_with_nothing_measured_and_nothing_sure_to_fit_the_safest_configs_go_first(world):
@@ -786,6 +844,30 @@ def test_the_claim_over_the_configs_not_measured_is_joint_over_the_model(world):
     assert claims[measured[0]] == pytest.approx(0.5, abs=0.04)  # the shared coefficient below its mean
     assert 0.5**unmeasured < 1e-3  # what a product over the configs would have said
     assert claims[measured[1]] < 0.01  # half the leader's reading: every draw has the configs beat it
+
+
+def test_the_claim_over_the_configs_not_measured_narrows_as_far_as_the_models_misses_bear_out(world):
+    """Where the model predicted the study's own readings closer than its sd says (its leave-one-out
+    scale below 1), the claim over the configs not measured reads the model that much narrower;
+    misses larger than its sd never widen it (noisy readings made claims that held say less)."""
+    from autotune.guide.guided import LeaveOneOut, _ObjectiveBelief, _Posterior
+
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    n = guide.n
+    post = _Posterior(np.array([1000.0]), np.array([[100.0**2]]))
+    belief = _ObjectiveBelief(np.full(n, 1000.0), np.full(n, 100.0), post, np.ones((n, 1)))
+    guide._objective_belief = lambda obs: belief
+    guide.fit_probability = lambda obs, m, s, b=None: np.ones(n)
+    first = int(np.flatnonzero(guide.valid)[0])
+    lead = 1100.0 * (1.0 - guide.settings.tie_tolerance)  # the bar one model sd above its mean
+    obs = [Observation(first, "ok", lead, 1.0, number=0)]
+    plain = guide.unmeasured_claims(obs)[first]
+    narrow = guide.unmeasured_claims(obs, LeaveOneOut({}, 0.5))[first]
+    wide = guide.unmeasured_claims(obs, LeaveOneOut({}, 3.0))[first]
+    assert plain == pytest.approx(0.841, abs=0.04)  # P(the shared coefficient below mean + 1 sd)
+    assert narrow == pytest.approx(0.977, abs=0.02)  # ... below mean + 2 sd
+    assert wide == pytest.approx(plain)
 
 
 def test_the_normal_cdf_holds_its_tails_without_an_overflow_warning():

@@ -247,3 +247,71 @@ def test_no_tie_is_declared_on_an_assumed_noise():
     cert = certificate(readings, "b", 0.002, 0.02, 0.95, True, noise_dof=0)
     assert cert.p > 0.95 and not cert.certified and cert.ties == []
     assert certificate(readings, "b", 0.002, 0.02, 0.95, True).ties == ["a"]  # a known noise: tied
+
+
+def test_a_models_prediction_of_each_config_is_a_second_measurement_of_its_mean():
+    """``priors`` (what a model predicts of a config from every other measurement) combine with the
+    config's readings by their precisions: the claim equals a Monte Carlo of that normal-normal
+    posterior; a contender the model puts well below the leader threatens it less, one it puts
+    above threatens it more, and a leader the model puts below its lucky reading is less sure."""
+    rng = np.random.default_rng(5)
+    noise, tol = 0.03, 0.02
+    groups = {"a": [100.0], "b": [99.0], "c": [98.5, 99.5]}
+    priors = {"a": (97.0, 2.0), "b": (95.0, 1.5), "c": (99.0, 3.0)}
+    cert = certificate(groups, "a", noise, tol, 0.95, maximize=True, priors=priors)
+    assert cert.model_informed == 3 and cert.to_json()["model_informed"] == 3
+    draws = 400_000
+    holds, lead = np.ones(draws, dtype=bool), None
+    posts = {}
+    for key, values in groups.items():
+        m, n = float(np.mean(values)), len(values)
+        se = noise * m / math.sqrt(n)
+        pm, psd = priors[key]
+        var = 1.0 / (1.0 / se**2 + 1.0 / psd**2)
+        posts[key] = rng.normal(var * (m / se**2 + pm / psd**2), math.sqrt(var), draws)
+    lead = posts.pop("a")
+    for mu in posts.values():
+        holds &= lead >= (1.0 - tol) * mu
+    assert cert.p == pytest.approx(float(holds.mean()), abs=0.005)
+
+    plain = certificate(groups, "a", noise, tol, 0.95, maximize=True)
+    assert plain.model_informed == 0
+    below = certificate(groups, "a", noise, tol, 0.95, maximize=True, priors={"b": (90.0, 1.0), "c": (90.0, 1.0)})
+    above = certificate(groups, "a", noise, tol, 0.95, maximize=True, priors={"b": (104.0, 1.0)})
+    humbled = certificate(groups, "a", noise, tol, 0.95, maximize=True, priors={"a": (96.0, 1.0)})
+    assert below.p > plain.p + 0.1
+    assert above.p < plain.p - 0.3
+    assert humbled.p < plain.p - 0.2
+    # a prediction that is no number, or has no spread, is no prediction: the readings alone
+    unusable = certificate(groups, "a", noise, tol, 0.95, True, priors={"b": (float("nan"), 1.0), "c": (99.0, 0.0)})
+    assert unusable.p == pytest.approx(plain.p) and unusable.model_informed == 0
+
+
+def test_a_claim_informed_by_a_right_model_is_calibrated_and_surer():
+    """Where the model's predictions are right (each config's true mean drawn from its prediction's
+    distribution), the informed claim is calibrated (its mean P is the share of leaders truly within
+    the tolerance, and so in each band of P) and surer than the readings alone: it certifies more
+    leaders, as often right as stated."""
+    rng = np.random.default_rng(11)
+    noise, tol, conf = 0.03, 0.02, 0.95
+    informed, plain = [], []
+    for _ in range(2000):
+        n = int(rng.integers(3, 8))
+        predicted = 1000.0 * (1.0 + rng.uniform(-0.06, 0.0, n))
+        sd = predicted * rng.uniform(0.01, 0.03, n)
+        truth = rng.normal(predicted, sd)
+        groups = {i: list(truth[i] * (1.0 + noise * rng.standard_normal(int(rng.integers(1, 4))))) for i in range(n)}
+        leader = max(groups, key=lambda i: np.mean(groups[i]))
+        right = bool(truth[leader] >= (1.0 - tol) * truth.max())
+        priors = {i: (float(predicted[i]), float(sd[i])) for i in range(n)}
+        informed.append((certificate(groups, leader, noise, tol, conf, True, priors=priors), right))
+        plain.append((certificate(groups, leader, noise, tol, conf, True), right))
+    p = np.array([c.p for c, _ in informed])
+    right = np.array([r for _, r in informed])
+    assert abs(p.mean() - right.mean()) < 0.02
+    for lo, hi in [(0.0, 0.5), (0.5, 0.8), (0.8, 0.95)]:
+        band = (p >= lo) & (p < hi)
+        assert band.sum() > 50 and abs(p[band].mean() - right[band].mean()) < 0.06
+    surer = sum(c.certified for c, _ in informed)
+    assert surer > 1.3 * sum(c.certified for c, _ in plain)
+    assert np.mean([r for c, r in informed if c.certified]) >= 0.95

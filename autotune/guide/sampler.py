@@ -320,11 +320,18 @@ class GuidedSampler(BaseSampler):
             if _finite(float(mean[i])) and _finite(float(sd[i]))
         }
 
-    def unmeasured_claims(self, trials: list[FrozenTrial]) -> dict[str, float]:
-        """Config key -> P(no unmeasured config beats it by more than the tie tolerance), for every
-        measured config: :meth:`Guide.unmeasured_claims` over the study's trials."""
+    def claims(self, trials: list[FrozenTrial]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+        """The model's part of the certificate, by config key, once the search ends: P(no config not
+        measured beats it by more than the tie tolerance) for every measured config
+        (:meth:`Guide.unmeasured_claims`), and what the model predicts of each measured config from
+        the others (:meth:`Guide.measured_priors`), both read through one check of the model
+        against the study's readings (:meth:`Guide.leave_one_out`)."""
         configs = self.ranking.enumeration.configs
-        return {config_key(configs[i]): p for i, p in self.guide.unmeasured_claims(self.observations(trials)).items()}
+        obs = self.observations(trials)
+        loo = self.guide.leave_one_out(obs)
+        unmeasured = {config_key(configs[i]): p for i, p in self.guide.unmeasured_claims(obs, loo).items()}
+        priors = {config_key(configs[i]): v for i, v in self.guide.measured_priors(obs, loo).items()}
+        return unmeasured, priors
 
     def _propose(self, study: Study, current: int | None, allowed: np.ndarray | None) -> tuple[Proposal | None, str]:
         trials = study.get_trials(deepcopy=False)

@@ -185,6 +185,8 @@ class GuideEstimatesListener(TrialListener):
             )
 
     def search_ended(self, study: optuna.Study) -> None:
-        claims = self.guide.unmeasured_claims(study.get_trials(deepcopy=False))
+        claims, priors = self.guide.claims(study.get_trials(deepcopy=False))
         if claims:  # the part of the certificate the readings cannot speak for (issue 44)
             study.set_user_attr(A.GUIDE_UNMEASURED, {k: round(p, 6) for k, p in claims.items()})
+        if priors:  # what the model predicts of each measured config from the others (issue 44)
+            study.set_user_attr(A.GUIDE_PRIORS, {k: [round(m, 6), round(sd, 6)] for k, (m, sd) in priors.items()})

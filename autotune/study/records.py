@@ -399,10 +399,13 @@ def best_certificate(
     objectives: list[tuple[str, str]],
     tolerance: float,
     confidence: float,
+    priors: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[Certificate, StudyReadings] | None:
     """How sure the study is of its measured best (issue 44): its certificate among every measured
     config (:func:`autotune.objectives.race.certificate` over :func:`study_readings`), with the
-    readings it rests on. None for several objectives, a predicted best, or a best without a
+    readings it rests on. ``priors``: the guide's leave-one-out prediction of each measured config
+    (config key -> (mean, sd); ``Guide.measured_priors``), left out where the readings were
+    normalised for a drift. None for several objectives, a predicted best, or a best without a
     reading."""
     if len(objectives) != 1 or not best or best[0].source == "simulated":
         return None
@@ -414,7 +417,9 @@ def best_certificate(
     # the noise the claim rests on: the repeats of every config but the drift control (its readings
     # span any drift), with the floor as one pair (intervals.noise_belief)
     noise, dof = noise_belief((v for k, v in readings.groups.items() if k != readings.control), DEFAULT_NOISE)
-    cert = certificate(readings.groups, leader, noise, tolerance, confidence, direction == "maximize", dof)
+    # the model's predictions are of the readings as measured: not of readings normalised for a drift
+    priors = None if readings.normalised else priors
+    cert = certificate(readings.groups, leader, noise, tolerance, confidence, direction == "maximize", dof, priors)
     return cert, readings
 
 
@@ -430,7 +435,15 @@ def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured:
     twice, the noise is the assumed floor, and the words say so)."""
     lead = numbers.get(cert.leader)
     assumed = "" if cert.noise_measured else " (assumed: no config but the drift control was measured twice)"
-    rest = f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading{assumed})"
+    model = (
+        f"; each also as the guide's model predicts it from the others ({cert.model_informed} configs)"
+        if cert.model_informed
+        else ""
+    )
+    rest = (
+        f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading{assumed}"
+        f"{model})"
+    )
     race = f"; the race re-measured {remeasured}" + (
         f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
     )

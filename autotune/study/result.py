@@ -57,7 +57,10 @@ class StudyResult:
         records = trial_records(study)
         best = best_records(records, objectives, guide_estimates(study))
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
-        certified = best_certificate(records, best, objectives, spec.search.tie_tolerance, spec.search.confidence)
+        priors = {k: (float(v[0]), float(v[1])) for k, v in (study.user_attrs.get(A.GUIDE_PRIORS) or {}).items()}
+        certified = best_certificate(
+            records, best, objectives, spec.search.tie_tolerance, spec.search.confidence, priors or None
+        )
         ties: list[TrialRecord] = []
         summary = None
         if certified is not None:
