@@ -185,6 +185,21 @@ def test_the_race_measures_the_leader_and_its_threat_in_turn_until_certified():
     assert guide.close_call(_readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is not None
 
 
+def test_the_race_reads_the_models_prediction_of_each_measured_config_as_the_report_does():
+    """The race's certificate combines each config's readings with the model's prediction of it from
+    the others (``Guide.measured_priors``): where the rest of the study puts the contenders well
+    below the leader, a leader the readings alone would race is certified; where it puts a contender
+    above, the race goes on against that one."""
+    guide = _race_guide(3)
+    obs = _readings([1000.0, 1002.0], [1040.0, 1042.0], [1035.0])
+    assert guide.close_call(obs) is not None  # the readings alone: config 2 is close
+    guide.measured_priors = lambda o, loo=None: {1: (1041.0, 5.0), 2: (990.0, 5.0), 0: (1001.0, 5.0)}
+    assert guide.close_call(obs) is None
+    guide.measured_priors = lambda o, loo=None: {1: (1041.0, 5.0), 2: (1080.0, 5.0), 0: (1001.0, 5.0)}
+    again = guide.close_call(obs)
+    assert again is not None and again.index == 2
+
+
 def test_the_race_takes_on_the_worst_threat_first_and_stops_at_its_budget():
     """Several contenders: the one likeliest to beat the leader by more than the tolerance is raced
     first; once ``confirm_readings`` re-measurements are spent the race stops whatever it knows."""

@@ -953,7 +953,10 @@ class Guide:
         leader = self.race_leader(values, noise, estimate)
         believed, dof = noise_belief((v for i, v in values.items() if i != first), s.noise)
         measured_noise = dof > 0
-        cert = certificate(values, leader, believed, s.tie_tolerance, s.confidence, maximize, dof)
+        # each config's readings with the model's prediction of it from the others, as the report reads
+        # them (a leave-one-out fit per measured config: the race runs only at the end of the budget)
+        priors = self.measured_priors(obs)
+        cert = certificate(values, leader, believed, s.tie_tolerance, s.confidence, maximize, dof, priors)
         if cert.certified:
             return None
         busy = set(exclude)
@@ -1057,18 +1060,23 @@ class Guide:
         return out
 
     def leave_one_out(self, obs: list[Observation]) -> "LeaveOneOut | None":
-        """How well the objective model predicted this study's own readings: every measured config
-        predicted from every *other* measurement, and the factor on the model's sd that makes those
-        misses as large as it says (:class:`LeaveOneOut`). The certificate's claims read the model
-        through it (:meth:`measured_priors`, :meth:`unmeasured_claims`). None below
+        """How well the objective model predicted this study's own readings: each of the
+        ``PRIOR_CONFIGS`` best measured configs (those a claim can hinge on: a fit each, and the race
+        asks at every trial of its held-back budget) predicted from every *other* measurement, and
+        the factor on the model's sd that makes those misses as large as it says
+        (:class:`LeaveOneOut`). The certificate's claims read the model through it
+        (:meth:`measured_priors`, :meth:`unmeasured_claims`). None below
         ``PRIOR_MIN_MEASURED`` measured configs: too few to check the model by."""
         values = readings_of(obs)
         if len(values) < PRIOR_MIN_MEASURED:
             return None
         control = self._control(obs)
         noise, _ = noise_belief((v for i, v in values.items() if i != control), self.settings.noise)
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        top = sorted(values, key=lambda i: -sign * float(np.mean(values[i])))[:PRIOR_CONFIGS]
         rows: dict[int, tuple[float, float, float, float]] = {}
-        for i, v in values.items():
+        for i in top:
+            v = values[i]
             belief = self._objective_belief([o for o in obs if o.index != i], at=np.array([i]))
             mean, sd = float(belief.mean[0]), float(belief.sd[0])
             reading = float(np.mean(v))
@@ -1081,7 +1089,7 @@ class Guide:
     def measured_priors(
         self, obs: list[Observation], loo: "LeaveOneOut | None" = None
     ) -> dict[int, tuple[float, float]]:
-        """For every measured config: (mean, sd) of what the objective model predicts of its true
+        """For the best measured configs: (mean, sd) of what the objective model predicts of its true
         mean from every *other* measurement (:meth:`leave_one_out`, its sd scaled as the study's own
         misses say), the certificate's second measurement of it
         (:func:`autotune.objectives.race.certificate`'s ``priors``). Without it, ten configs read
@@ -1767,6 +1775,7 @@ SUSPECT_Z = 2.0  # a single reading this many sd below the model's prediction wi
 SUSPECT_MIN_MEASURED = 4  # ... once this many configs were measured, its own included (the others predict it)
 SUSPECT_MAX_SLOWDOWN = 0.5  # ... and a slowdown larger than this share is not read as interference
 PRIOR_MIN_MEASURED = 5  # measured configs before the model's leave-one-out predictions inform the certificate
+PRIOR_CONFIGS = 12  # the best measured configs the model predicts for the certificate (a leave-one-out fit each)
 LOO_SCALE_QUANTILE = 0.1  # the model's sd scaled as its leave-one-out misses bear out, at this confidence ...
 LOO_SCALE_MIN, LOO_SCALE_MAX = 0.5, 10.0  # ... within these factors
 CLAIMED_CONFIGS = 8  # measured configs the model's claim over the unmeasured is kept for (the best readings)

@@ -268,6 +268,7 @@ def _serve(path: Path) -> int:
                 conn, _ = server.accept()
             except socket.timeout:
                 return 0
+            _flush_std()
             if os.fork() == 0:
                 server.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -306,7 +307,21 @@ def _supervise(conn: socket.socket) -> int:
     return 0
 
 
+def _flush_std() -> None:
+    """Flush this process's Python-level stdout and stderr before a fork: a child inherits their
+    buffers, and a rank would write whatever the server or supervisor had buffered (an import's
+    print) into the trial's own stdout, ahead of its lines. (A stray blank line once broke
+    ``tests/test_warm_launcher.py``'s exact comparison and did not come again in 7 runs; this is
+    the one path found by which a rank writes what it did not print.)"""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def _fork_rank(request: dict, rank: int, n: int, fds: list[int], store: str) -> int:
+    _flush_std()
     pid = os.fork()
     if pid:
         return pid
