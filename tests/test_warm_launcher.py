@@ -26,6 +26,9 @@ out = Path(os.environ["OUT_DIR"])
 print(f"rank {rank}/{os.environ['WORLD_SIZE']} arg={sys.argv[1]} cwd={os.getcwd()} "
       f"mine={os.environ.get('MINE')} store={bool(os.environ.get('AUTOTUNE_DIST_INIT_FILE'))}", flush=True)
 mode = os.environ.get("MODE", "ok")
+if mode == "many":  # both ranks print at once, a line at a time
+    for k in range(3000):
+        print(f"rank {rank} line {k} " + "x" * 60, flush=True)
 if mode == "fail" and rank == 1:
     # fail once rank 0 has said who it is: the test checks that exactly that process is stopped
     # (failing first raced it, and under load rank 0 was stopped before it wrote its pid)
@@ -93,6 +96,19 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_two_ranks_printing_at_once_never_merge_a_line(warm_env, tmp_path: Path):
+    """The ranks share the client's stdout; under ``PYTHONUNBUFFERED=1`` (which the command backend
+    sets) a print was two writes, text then newline, and two ranks' lines merged. Each line must
+    arrive whole: a probe's metrics line is one of them."""
+    env, out = warm_env
+    proc = _client(env, str(tmp_path), MODE="many", PYTHONUNBUFFERED="1")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    lines = [line for line in stdout.splitlines() if "/2 arg=" not in line]  # each rank's greeting apart
+    want = {f"rank {r} line {k} " + "x" * 60 for r in (0, 1) for k in range(3000)}
+    assert set(lines) == want and len(lines) == len(want)
 
 
 def test_ranks_get_the_clients_env_cwd_and_stdout(warm_env, tmp_path: Path):

@@ -39,6 +39,7 @@ import argparse
 import fcntl
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import select
@@ -310,14 +311,31 @@ def _supervise(conn: socket.socket) -> int:
 def _flush_std() -> None:
     """Flush this process's Python-level stdout and stderr before a fork: a child inherits their
     buffers, and a rank would write whatever the server or supervisor had buffered (an import's
-    print) into the trial's own stdout, ahead of its lines. (A stray blank line once broke
-    ``tests/test_warm_launcher.py``'s exact comparison and did not come again in 7 runs; this is
-    the one path found by which a rank writes what it did not print.)"""
+    print) into the trial's own stdout, ahead of its lines."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+
+def _line_buffered_std() -> None:
+    """A rank's stdout and stderr written a whole line at a time. The ranks share the client's
+    pipes, and the command backend starts launchers with ``PYTHONUNBUFFERED=1``, under which the
+    server's (inherited) streams write ``print``'s text and its newline in two calls: two ranks
+    printing at once then merged into one line and a blank one (``tests/test_warm_launcher.py``
+    under load), and a merged line is a metrics line the parser cannot read. One write per line is
+    atomic on a pipe up to ``PIPE_BUF`` (4 KiB on Linux), and still prompt."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+            encoding=getattr(old, "encoding", None) or "utf-8",
+            errors=getattr(old, "errors", None) or "backslashreplace",
+            line_buffering=True,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _fork_rank(request: dict, rank: int, n: int, fds: list[int], store: str) -> int:
@@ -329,6 +347,7 @@ def _fork_rank(request: dict, rank: int, n: int, fds: list[int], store: str) -> 
     try:
         for target, fd in zip((0, 1, 2), fds):
             os.dup2(fd, target)
+        _line_buffered_std()
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ.update(
