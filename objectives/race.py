@@ -271,35 +271,40 @@ def _claim(
     other configs' events are independent, and over the noise's own uncertainty where it was
     estimated (the module's docstring); each config's true mean is its readings', combined with
     the model's leave-one-out prediction where ``priors`` has one."""
+    import numpy as np
+    from scipy.special import ndtr
+
     priors = priors or {}
     scales = _noise_scales(noise_dof)
     factor = (1.0 - tolerance) if maximize else (1.0 + tolerance)
+    sign = 1.0 if maximize else -1.0
     others = [k for k in groups if k != leader]
-    # per noise scale: the leader's posterior and every other config's (its mean and sd times the factor)
-    posts = []
-    for c in scales:
-        lead = _posterior(groups[leader], noise * c, priors.get(leader))
-        rest = [_posterior(groups[k], noise * c, priors.get(k)) for k in others]
-        posts.append((lead, rest))
-    threats = [
-        (key, math.fsum(_p_beyond(lead, rest[j], factor, maximize) for lead, rest in posts) / len(scales))
-        for j, key in enumerate(others)
-    ]
-    threats.sort(key=lambda kv: kv[1])
-    if not others or posts[0][0][1] <= 0:
+    # per noise scale: the leader's posterior (mean, sd), and every other config's
+    lead = np.array([_posterior(groups[leader], noise * c, priors.get(leader)) for c in scales])  # (S, 2)
+    rest = np.array(
+        [[_posterior(groups[k], noise * c, priors.get(k)) for k in others] for c in scales], dtype=float
+    ).reshape(len(scales), len(others), 2)  # (S, K, 2)
+
+    def chance(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:  # P(normal margin >= 0); a point where sd is 0
+        safe = np.where(sd > 0, sd, 1.0)
+        return np.where(sd > 0, ndtr(margin / safe), (margin >= 0).astype(float))
+
+    # the marginal P_j: the leader's and the other's uncertainty together, averaged over the noise scales
+    marginal = chance(
+        sign * (lead[:, None, 0] - factor * rest[:, :, 0]),
+        np.sqrt(lead[:, None, 1] ** 2 + (factor * rest[:, :, 1]) ** 2),
+    ).mean(axis=0)
+    threats = sorted(zip(others, (float(v) for v in marginal)), key=lambda kv: kv[1])
+    if not others or lead[0, 1] <= 0:
         return math.prod(pj for _, pj in threats), threats
-
-    def given(mu: float, rest: list[tuple[float, float]]) -> float:  # P(every other config's event | the leader's mean)
-        out = 1.0
-        for mean, sd in rest:
-            margin = (mu - factor * mean) if maximize else (factor * mean - mu)
-            out *= (1.0 if margin >= 0 else 0.0) if sd <= 0 else _phi(margin / (factor * sd))
-        return out
-
+    # the claim: given the leader's mean (quadrature nodes), the others' events are independent
     nodes, weights = _standard_normal_nodes()
-    p = math.fsum(
-        w * given(lead[0] + lead[1] * z, rest) / len(scales) for lead, rest in posts for z, w in zip(nodes, weights)
-    )
+    mu = lead[:, 0, None] + lead[:, 1, None] * np.asarray(nodes)[None, :]  # (S, N)
+    given = chance(
+        sign * (mu[:, :, None] - factor * rest[:, None, :, 0]),
+        np.broadcast_to(factor * rest[:, None, :, 1], (len(scales), len(nodes), len(others))),
+    ).prod(axis=2)  # (S, N)
+    p = float((given * np.asarray(weights)[None, :]).sum() / len(scales))
     return min(1.0, max(0.0, p)), threats
 
 
