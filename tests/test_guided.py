@@ -382,6 +382,8 @@ def test_past_the_oom_allowance_only_sure_fits_are_probed(world):
     assert capped.oom_allowance_spent(1, len(obs), 18)
     assert not uncapped.oom_allowance_spent(1, len(obs), 18)
     assert not capped.oom_allowance_spent(1, 2, 38)  # 5 % of a 40-probe budget: two OOMs allowed
+    # rounded up: 5 % of 25 probes allows two (rounded down, one OOM closed every near-wall config)
+    assert not capped.oom_allowance_spent(1, 2, 23) and capped.oom_allowance_spent(2, 3, 22)
     # a choice between a near-limit config predicted far faster and a sure, slower one
     mean, sd = capped._objective_model(obs)
     mem_mean, mem_sd = capped._memory_model(obs)
