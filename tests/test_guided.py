@@ -200,6 +200,27 @@ def test_the_race_reads_the_models_prediction_of_each_measured_config_as_the_rep
     assert again is not None and again.index == 2
 
 
+def test_the_race_goes_on_while_the_whole_claim_is_short_though_each_threat_alone_is_not():
+    """Eight configs read 4 % below the leader: each alone is within the tolerance of it at P 0.97-0.99,
+    above the confidence, yet together the claim is 0.89. The race goes on against the worst of
+    them (a threat is raced while it is below 1 - (1 - confidence) / K, K the threats: the union
+    bound); with each read again enough, it stops."""
+    from autotune.objectives.intervals import noise_belief
+    from autotune.objectives.race import certificate
+
+    guide = _race_guide(9)
+    guide.measured_priors = lambda o, loo=None: {}
+    groups = [[1000.0, 1001.0, 999.0]] + [[960.0, 962.0]] * 2 + [[962.0]] * 6
+    values = dict(enumerate(groups))
+    noise, dof = noise_belief((v for i, v in values.items() if i != 0), guide.settings.noise)
+    cert = certificate(values, 0, noise, 0.02, 0.95, True, dof)
+    assert cert.p < 0.9 and min(p for _, p in cert.threats) > 0.95
+    again = guide.close_call(_readings(*groups))
+    assert again is not None and again.index >= 3  # a config read once: the worst threat
+    settled = [[1000.0, 1001.0, 999.0]] + [[960.0, 962.0, 961.0]] * 8
+    assert guide.close_call(_readings(*settled)) is None
+
+
 def test_the_race_takes_on_the_worst_threat_first_and_stops_at_its_budget():
     """Several contenders: the one likeliest to beat the leader by more than the tolerance is raced
     first; once ``confirm_readings`` re-measurements are spent the race stops whatever it knows."""

@@ -947,11 +947,14 @@ class Guide:
         :func:`autotune.study.records.best_records` chooses. Its certificate
         (:func:`autotune.objectives.race.certificate`) says how likely it is within
         ``tie_tolerance`` of the best measured config; below ``confidence`` the config that
-        threatens it most is raced against it: the less-measured of the two is measured again
-        (A, B, A, B: a drift of the machine hits both). A config already has ``max_readings``,
-        is running, or is not ``allowed``: the next threat. The race spends at most
-        ``confirm_readings`` re-measurements in the study. The noise is the study's: the spread of
-        the configs it measured more than once, never below ``noise``; while no config but the first
+        threatens it most is raced against it, while that threat alone could keep the claim short
+        (its own P below 1 - (1 - confidence) / K for K threats, the union bound; stopping at a
+        threat above ``confidence`` left many threats of 0.97 each, a claim of 0.82, unraced). The
+        less-measured of the two is measured again (A, B, A, B: a drift of the machine hits both).
+        A config already has ``max_readings``, is running, or is not ``allowed``: the next threat.
+        The race spends at most ``confirm_readings`` re-measurements in the study. The noise is the
+        study's: the spread of the configs it measured more than once, never below ``noise``; while
+        no config but the first
         measured (the drift control) was read twice it is assumed, nothing is certified, and the
         closest threat is raced whatever its P."""
         s = self.settings
@@ -975,7 +978,9 @@ class Guide:
         numbers = {o.index: o.number for o in obs}
         configs = self.ranking.enumeration.configs
         for threat, p in cert.threats:
-            if p >= s.confidence and (measured_noise or not measure_noise):  # assumed: the closest is raced
+            # a threat is raced while it alone could keep the claim below the confidence: with K threats,
+            # each above 1 - (1 - confidence) / K puts the whole claim above it (the union bound)
+            if p >= 1.0 - (1.0 - s.confidence) / len(cert.threats) and (measured_noise or not measure_noise):
                 break
             for index in sorted((threat, leader), key=lambda i: (len(values[i]), i != leader)):
                 if len(values[index]) < s.max_readings and index not in busy and (allowed is None or allowed[index]):
