@@ -1045,7 +1045,7 @@ class Guide:
         m, d, f = model.mean[where], np.maximum(scale * model.sd[where], 1e-12), np.clip(p_fit[where], 0.0, 1.0)
         maximize = self.direction == "maximize"
         sign = 1.0 if maximize else -1.0
-        top = sorted(values, key=lambda i: -sign * float(np.mean(values[i])))[:CLAIMED_CONFIGS]
+        top = self._best_first(values)[:CLAIMED_CONFIGS]
         thresholds = {}
         chances = {}
         for i in top:
@@ -1076,6 +1076,12 @@ class Guide:
             out[i] = p
         return out
 
+    def _predicted_without(self, obs: list[Observation], index: int) -> tuple[float, float]:
+        """(mean, sd) of the objective model's prediction of config ``index`` from every other
+        measurement: refitted with none of that config's observations (leave one out)."""
+        belief = self._objective_belief([o for o in obs if o.index != index], at=np.array([index]))
+        return float(belief.mean[0]), float(belief.sd[0])
+
     def leave_one_out(self, obs: list[Observation]) -> "LeaveOneOut | None":
         """How well the objective model predicted this study's own readings: each of the
         ``PRIOR_CONFIGS`` best measured configs (those a claim can hinge on: a fit each, and the race
@@ -1089,13 +1095,11 @@ class Guide:
             return None
         control = self._control(obs)
         noise, _ = noise_belief((v for i, v in values.items() if i != control), self.settings.noise)
-        sign = 1.0 if self.direction == "maximize" else -1.0
-        top = sorted(values, key=lambda i: -sign * float(np.mean(values[i])))[:PRIOR_CONFIGS]
+        top = self._best_first(values)[:PRIOR_CONFIGS]
         rows: dict[int, tuple[float, float, float, float]] = {}
         for i in top:
             v = values[i]
-            belief = self._objective_belief([o for o in obs if o.index != i], at=np.array([i]))
-            mean, sd = float(belief.mean[0]), float(belief.sd[0])
+            mean, sd = self._predicted_without(obs, i)
             reading = float(np.mean(v))
             if math.isfinite(mean) and math.isfinite(sd) and mean > 0 and sd > 0 and reading:
                 rows[i] = (mean, sd, reading, (noise * abs(reading)) ** 2 / len(v))
@@ -1195,9 +1199,7 @@ class Guide:
         ]
         found = []
         for i in suspects:
-            rest = [o for o in obs if not (o.index == i and o.status == "ok")]
-            loo = self._objective_belief(rest, at=np.array([i]))
-            mean, sd = float(loo.mean[0]), float(loo.sd[0])
+            mean, sd = self._predicted_without(obs, i)
             reading = values[i][0]
             if not (math.isfinite(mean) and math.isfinite(sd)) or mean <= 0 or sign * (mean - bar) < 0:
                 continue
@@ -1219,6 +1221,11 @@ class Guide:
             f"{gap:.0%} sets the first aside as interference",
             remeasure=True,
         )
+
+    def _best_first(self, values: dict[int, list[float]]) -> list[int]:
+        """The measured configs (``values``: index -> readings), the best mean reading first."""
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        return sorted(values, key=lambda i: -sign * float(np.mean(values[i])))
 
     def race_leader(self, values: dict[int, list[float]], noise: float, estimate: np.ndarray | None) -> int:
         """The config the study reports among the measured ones (``values``: index -> readings):
