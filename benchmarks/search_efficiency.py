@@ -299,14 +299,21 @@ def with_device_check(spec: Spec, truth: Truth) -> Spec:
     allocates one small tensor and reads ``mem_get_info``: free plus reserved, before any
     communicator exists. So it reads the world's capacity less its runtime's context only: the
     communication buffers (and whatever a world loses per communicator group) are still free then.
+    ``mem_get_info`` also says the device's total, the world's capacity, and the study takes both
+    (``autotune.study.usable_memory.check_overrides``).
     Until 2026-11-28 this figure also subtracted the smallest config's communication buffers, which
     the real check never sees: it told the guide 1-4 GiB less than the check would (7B 8x64 world 1:
     52.96 GiB where the check reads 55.5)."""
+    from autotune.study.usable_memory import check_overrides
+
     c = truth.ctx
     t = truth.world.truth(c.model, c.workload, c.cluster, truth.configs)
     valid = np.asarray(t["valid"], dtype=bool)
     usable = float(np.max((t["capacity"] - t["runtime_reserve_gib"])[valid]))
-    overrides = {**spec.cluster.overrides, "usable_memory_gib": round(usable, 3)}
+    # mem_get_info's total: the device's memory as its runtime manages it (the world's capacity)
+    total = float(np.max(t["capacity"][valid]))
+    found = {"usable_memory_gib": round(usable, 3), "total_memory_gib": round(total, 3)}
+    overrides = {**spec.cluster.overrides, **check_overrides(spec, found)}
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"overrides": overrides})})
 
 

@@ -107,6 +107,50 @@ def test_the_device_checks_usable_memory_lowers_the_capacity_the_guide_starts_fr
     assert _guide(CONFIGS, PEAKS, device_usable_gib=63.9).device_limit()[0] == pytest.approx(64.0)  # not clearly less
 
 
+def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runtime_reserve():
+    """mem_get_info says the device's total beside what is free: the profile's memory becomes that
+    total, and its runtime reserve what the runtime held when the check ran (total less usable). The guide's bound is then the device's total, not the usable
+    memory plus a reserve the profile guessed (4.0 GiB on the 910B; a runtime that held 5.6 left every
+    config near the wall 1.6 GiB short of what it had). The CPU's total is the host's: no runtime."""
+    from autotune.guide.ranking import rank_space
+    from autotune.spec.load import load_spec
+    from autotune.spec.resolve import objectives_of, probe_context
+    from autotune.spec.space import Space
+    from autotune.study.usable_memory import check_overrides
+
+    from support import REPO
+
+    spec = load_spec(REPO / "search_spaces" / "llama2_7b_8npu.yaml")
+    nominal = float(probe_context(spec).cluster["hardware"]["device_memory_gib"])
+    held_more = check_overrides(spec, {"usable_memory_gib": 55.0, "total_memory_gib": 60.6})
+    assert held_more == {"usable_memory_gib": 55.0, "device_memory_gib": 60.6, "runtime_reserve_gib": 5.6}
+    # a runtime that held less than the profile's reserve: the measurement, not the profile's guess
+    assert check_overrides(spec, {"usable_memory_gib": 58.0, "total_memory_gib": 60.6}) == {
+        "usable_memory_gib": 58.0,
+        "device_memory_gib": 60.6,
+        "runtime_reserve_gib": 2.6,
+    }
+    # no total, or the nominal's: the usable memory alone
+    assert check_overrides(spec, {"usable_memory_gib": 55.0}) == {"usable_memory_gib": 55.0}
+    assert check_overrides(spec, {"usable_memory_gib": 55.0, "total_memory_gib": nominal + 1})[
+        "runtime_reserve_gib"
+    ] == pytest.approx(nominal + 1 - 55.0)
+    cpu = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"accelerator": "cpu"})})
+    assert check_overrides(cpu, {"usable_memory_gib": 5.0, "total_memory_gib": 24.0}) == {"usable_memory_gib": 5.0}
+
+    def limit(overrides):
+        checked = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"overrides": overrides})})
+        enum = Space(checked).enumerate()
+        ranking = rank_space(enum, probe_context(checked), objectives_of(checked))
+        guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(device_usable_gib=55.0))
+        return guide.device_limit()
+
+    # the guide's bound is the device's total for every config ...
+    assert np.allclose(limit({**spec.cluster.overrides, **held_more}), 60.6)
+    # ... where the usable memory alone left it at usable + the profile's 4.0 GiB
+    assert np.allclose(limit({**spec.cluster.overrides, "usable_memory_gib": 55.0}), 59.0)
+
+
 def test_the_device_check_on_the_cpu_reads_the_probes_soft_limit(monkeypatch):
     from autotune.workers.device_check import measure
 

@@ -15,6 +15,8 @@ measure it (the torch probe reports it with every result).
 
 The figure becomes the hardware profile's ``usable_memory_gib`` (through ``cluster.overrides``),
 which the guide starts from (:meth:`autotune.guide.guided.Guide.usable_limit`), and the study reports it.
+On an accelerator the check also reads the device's total: it becomes the profile's device memory,
+and what the runtime held then its runtime reserve (:func:`check_overrides`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..spec.schema import Spec
 
-__all__ = ["USABLE_ATTR", "measure_usable_memory", "with_usable_memory", "why_not_measured"]
+__all__ = ["USABLE_ATTR", "check_overrides", "measure_usable_memory", "with_usable_memory", "why_not_measured"]
 
 USABLE_ATTR = "autotune.usable_memory"  # the study's user attribute: what the device check said
 
@@ -96,6 +98,35 @@ def measure_usable_memory(spec: Spec, timeout_s: float = 120.0) -> dict[str, Any
     return {**out, "cached": False}
 
 
+def check_overrides(spec: Spec, found: Mapping[str, Any]) -> dict[str, float]:
+    """The hardware profile's figures a device check's answer sets (``cluster.overrides``):
+    ``usable_memory_gib``, what a probe's allocator can use; and on an accelerator whose check read
+    the device's total (``mem_get_info`` on cuda and npu; the host's memory on the CPU says nothing
+    of a runtime), the device's memory as its runtime reports it (``device_memory_gib``, where below
+    the profile's) and what the runtime held when the check ran, total less usable, as
+    ``runtime_reserve_gib`` (a measurement where the profile's is a guess: 4 GiB on the 910B from
+    MindSpeed's flat allowance).
+
+    Why: a peak reported as the device's (npu-smi's, a team's launcher's own) holds the runtime's
+    whole reserve, and what bounds it is the device's total. The guide's bound was the usable
+    memory plus the profile's reserve, which is that total only when the profile's reserve is
+    right: in a world of benchmarks/search_efficiency.py whose runtime held 5.6 GiB where the
+    profile says 4.0, the optimum, at 97 % of the device, was believed 2.5 % over it and never run."""
+    usable = float(found["usable_memory_gib"])
+    out = {"usable_memory_gib": usable}
+    total = found.get("total_memory_gib")
+    if spec.cluster.accelerator == "cpu" or not total or float(total) <= usable:
+        return out
+    from ..workers.hardware import load_profile
+
+    profile = load_profile(spec.cluster.profile_name, spec.cluster.overrides)
+    total = float(total)
+    if total < float(profile["device_memory_gib"]):
+        out["device_memory_gib"] = round(total, 4)
+    out["runtime_reserve_gib"] = round(total - usable, 4)
+    return out
+
+
 def with_usable_memory(spec: Spec, simulated: bool, say: Callable[[str], None]) -> tuple[Spec, dict[str, Any]]:
     """The spec with the measured usable memory in its hardware profile (``cluster.overrides``), and
     what the check said (``{}`` where no check runs). A check that fails is said; the study goes on
@@ -108,11 +139,17 @@ def with_usable_memory(spec: Spec, simulated: bool, say: Callable[[str], None]) 
         say(f"usable memory not measured ({found['error']}); the probes' out-of-memory messages will teach it")
         return spec, found
     usable = float(found["usable_memory_gib"])
+    checked = check_overrides(spec, found)
+    total = (
+        f" of {float(found['total_memory_gib']):.2f} GiB the runtime reports"
+        if "device_memory_gib" in checked or "runtime_reserve_gib" in checked
+        else ""
+    )
     say(
-        f"usable memory: {usable:.2f} GiB per device ({found['how']}"
+        f"usable memory: {usable:.2f} GiB per device{total} ({found['how']}"
         + (", cached" if found.get("cached") else "")
         + ")"
     )
-    overrides = {**spec.cluster.overrides, "usable_memory_gib": usable}
+    overrides = {**spec.cluster.overrides, **checked}
     cluster = spec.cluster.model_copy(update={"overrides": overrides})
     return spec.model_copy(update={"cluster": cluster}), found
