@@ -145,6 +145,20 @@ def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runt
         guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(device_usable_gib=55.0))
         return guide.device_limit()
 
+    # the report says what the check read: on a device the total and what the runtime held; on the CPU not
+    from autotune.finish.report import summary_lines
+
+    def said(found):
+        base = {"objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}], "usable_memory": found}
+        return " ".join(line.strip() for line in summary_lines(base))
+
+    how = "npu mem_get_info after the runtime started (free + the allocator's reserve)"
+    assert "55.00 GiB of 60.60 GiB (the runtime held 5.60)" in said(
+        {"usable_memory_gib": 55.0, "total_memory_gib": 60.6, "how": how}
+    )
+    host = said({"usable_memory_gib": 5.0, "total_memory_gib": 24.0, "how": "the host's available memory"})
+    assert "5.00 GiB (the host's available memory)" in host and "24.00" not in host
+
     # the guide's bound is the device's total for every config ...
     assert np.allclose(limit({**spec.cluster.overrides, **held_more}), 60.6)
     # ... where the usable memory alone left it at usable + the profile's 4.0 GiB

@@ -202,3 +202,42 @@ def test_a_socket_directory_others_can_enter_is_refused(tmp_path, monkeypatch):
     fresh = tmp_path / "mine"
     monkeypatch.setenv(warm.WARM_DIR_ENV, str(fresh))
     assert warm.socket_path().parent == fresh and (fresh.stat().st_mode & 0o777) == 0o700
+
+
+def test_the_server_outlives_the_probe_that_started_it(warm_env):
+    """The command backend kills, once a probe ends, every process that carries the probe's mark
+    (``AUTOTUNE_PROBE_MARK``: a descendant that left its process group). The server is started by the
+    first probe's client and is meant to serve the next trials: it must not carry that mark. (It
+    did: every probe of a study started a cold server and logged "left 1 process(es) outside its
+    process group (setsid): killed".) The ranks, forked for the trial, do carry it."""
+    from autotune.workers.process_group import kill_marked
+
+    env, out = warm_env
+    client = _client(env, AUTOTUNE_PROBE_MARK="probe-1")
+    stdout, stderr = client.communicate(timeout=120)
+    assert client.returncode == 0, stderr
+    assert "rank 1/2" in stdout
+    assert kill_marked("AUTOTUNE_PROBE_MARK", "probe-1") == 0  # nothing of the probe's is left to kill
+    server = subprocess.run(
+        [sys.executable, "-c", "from autotune.workers.torch_probe.warm import socket_path; print(socket_path())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    serving = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and server.encode() in _cmdline(pid) and b"--serve" in _cmdline(pid)
+    ]
+    assert serving  # the server is still there for the next probe
+    again = _client(env, AUTOTUNE_PROBE_MARK="probe-2")
+    stdout, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0 and "rank 0/2" in stdout, stderr
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -430,9 +430,16 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
             )
     usable = summary.get("usable_memory") or {}
     if "usable_memory_gib" in usable:
+        total = usable.get("total_memory_gib")
+        device = str(usable.get("how", "")).startswith(("cuda", "npu")) and total
         lines.append(
             f"usable memory per device, measured before the first probe: {usable['usable_memory_gib']:.2f} GiB "
-            f"({usable.get('how', 'device check')})"
+            + (
+                f"of {float(total):.2f} GiB (the runtime held {float(total) - usable['usable_memory_gib']:.2f}) "
+                if device
+                else ""
+            )
+            + f"({usable.get('how', 'device check')})"
         )
     elif usable.get("error"):
         lines.append(f"usable memory not measured before the first probe: {usable['error']}")

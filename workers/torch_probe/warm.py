@@ -11,7 +11,8 @@ per trial, the way a zygote or a build daemon does:
 - The **client** (this module's ``main``; imports no torch) connects to a Unix socket, hands the
   server its own stdin/stdout/stderr file descriptors (``SCM_RIGHTS``), its environment, working
   directory and the probe's arguments, then waits for the exit status and exits with it.
-- The **server** (``--serve``; started on first use, detached, stdio on /dev/null) imports torch
+- The **server** (``--serve``; started on first use, detached, stdio on /dev/null, without the
+  probe's mark ``AUTOTUNE_PROBE_MARK``, which the command backend kills after the probe) imports torch
   and the probe's modules, never runs a tensor op and never starts a thread, so forking it is
   safe; it exits after ``AUTOTUNE_WARM_IDLE_S`` (default 600) seconds without a trial.
 - Per trial the server forks a **supervisor** (own session, so one ``killpg`` reaches the whole
@@ -53,6 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..process_group import PROBE_MARK_ENV
 from .spawn import DIST_INIT_ENV
 
 __all__ = ["main", "socket_path", "shutdown_server", "WARM_DIR_ENV", "IDLE_ENV"]
@@ -153,6 +155,10 @@ def _connect(path: Path) -> socket.socket:
                     probe.connect(str(path))  # someone else started it meanwhile
                 except (FileNotFoundError, ConnectionRefusedError):
                     path.unlink(missing_ok=True)  # a dead server's socket
+                    # the server outlives this probe on purpose: without the probe's mark, or the
+                    # command backend kills it as an escaped descendant once the probe ends, and
+                    # every trial starts a cold server (each probe of a study did, with a warning)
+                    server_env = {k: v for k, v in os.environ.items() if k != PROBE_MARK_ENV}
                     subprocess.Popen(
                         [
                             sys.executable,
@@ -166,6 +172,7 @@ def _connect(path: Path) -> socket.socket:
                         stderr=subprocess.DEVNULL,
                         start_new_session=True,
                         close_fds=True,
+                        env=server_env,
                     )
                     # the server binds before it imports torch: wait for the socket file only
                     while not path.exists() and time.monotonic() < deadline:
