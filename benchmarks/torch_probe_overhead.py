@@ -5,7 +5,8 @@
                                               [--seq-len 256] [--global-batch 8]
 
 Each trial runs exactly as the dispatcher runs it (``launch.warm_argv``, ``launch.spawn_argv`` or
-``launch.torchrun_argv``, 2 CPU processes, gloo) on the ``tiny-llama`` preset. The wall time is
+``launch.torchrun_argv``, 2 CPU processes, gloo, through the command backend's runner
+``workers.command.run_probe_process``) on the ``tiny-llama`` preset. The wall time is
 measured from outside; the probe's own metrics split it:
 
 - launcher: the launcher's start (torchrun imports torch; spawn.py and warm.py's client do not),
@@ -26,13 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from autotune.workers.protocol import TrialRequest, parse_output_line, write_trial_file
+from autotune.workers.command import run_probe_process
+from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.torch_probe import warm
 from autotune.workers.torch_probe.launch import spawn_argv, torchrun_argv, warm_argv
 
@@ -84,15 +85,13 @@ def run_trial(params: dict, launcher: str, args: argparse.Namespace, workdir: Pa
     )
     trial = write_trial_file(request, workdir / f"trial_{number}.json")
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        LAUNCHERS[launcher](request, sys.executable, str(trial)), capture_output=True, text=True, timeout=600
-    )
+    # through the command backend's runner, as a study's probe runs: its process group, the probe's
+    # mark and the kill of whatever carries the mark afterwards (which once took the warm server too)
+    result = run_probe_process(LAUNCHERS[launcher](request, sys.executable, str(trial)), {}, trial, timeout_s=600)
     wall = time.perf_counter() - t0
-    msgs = [m for m in (parse_output_line(line) for line in proc.stdout.splitlines()) if m]
-    result = next((m for m in msgs if "metrics" in m), None)
-    if proc.returncode != 0 or result is None:
-        raise SystemExit(f"trial {params} failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    m = result["metrics"]
+    if not result.ok:
+        raise SystemExit(f"trial {params} failed ({result.status}: {result.reason}):\n{result.log_tail[-3000:]}")
+    m = result.metrics
     worker = m.get("time_startup_s", 0.0)
     parts = {
         "worker_start": worker,
