@@ -107,7 +107,7 @@ def test_the_device_checks_usable_memory_lowers_the_capacity_the_guide_starts_fr
     assert _guide(CONFIGS, PEAKS, device_usable_gib=63.9).device_limit()[0] == pytest.approx(64.0)  # not clearly less
 
 
-def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runtime_reserve():
+def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runtime_reserve(monkeypatch):
     """mem_get_info says the device's total beside what is free: the profile's memory becomes that
     total, and its runtime reserve what the runtime held when the check ran (total less usable). The guide's bound is then the device's total, not the usable
     memory plus a reserve the profile guessed (4.0 GiB on the 910B; a runtime that held 5.6 left every
@@ -145,6 +145,18 @@ def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runt
         guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"), GuideSettings(device_usable_gib=55.0))
         return guide.device_limit()
 
+    # the study records what the runtime held beside the check's answer, and says the total
+    from autotune.study import usable_memory
+
+    how = "npu mem_get_info after the runtime started (free + the allocator's reserve)"
+    answer = {"usable_memory_gib": 55.0, "total_memory_gib": 60.6, "how": how}
+    monkeypatch.setattr(usable_memory, "measure_usable_memory", lambda spec: dict(answer))
+    lines = []
+    checked, found = usable_memory.with_usable_memory(spec, False, lines.append)
+    assert found["runtime_held_gib"] == pytest.approx(5.6)
+    assert checked.cluster.overrides["runtime_reserve_gib"] == pytest.approx(5.6)
+    assert "usable memory: 55.00 GiB per device of 60.60 GiB the runtime reports" in lines[0]
+
     # the report says what the check read: on a device the total and what the runtime held; on the CPU not
     from autotune.finish.report import summary_lines
 
@@ -152,10 +164,7 @@ def test_the_device_checks_total_bounds_a_device_peak_whatever_the_profiles_runt
         base = {"objectives": [{"metric": "tokens_per_s_per_device", "direction": "maximize"}], "usable_memory": found}
         return " ".join(line.strip() for line in summary_lines(base))
 
-    how = "npu mem_get_info after the runtime started (free + the allocator's reserve)"
-    assert "55.00 GiB of 60.60 GiB (the runtime held 5.60)" in said(
-        {"usable_memory_gib": 55.0, "total_memory_gib": 60.6, "how": how}
-    )
+    assert "55.00 GiB of 60.60 GiB (the runtime held 5.60)" in said(found)
     host = said({"usable_memory_gib": 5.0, "total_memory_gib": 24.0, "how": "the host's available memory"})
     assert "5.00 GiB (the host's available memory)" in host and "24.00" not in host
 

@@ -430,15 +430,10 @@ def summary_lines(summary: dict[str, Any], width: int = WIDTH) -> list[str]:
             )
     usable = summary.get("usable_memory") or {}
     if "usable_memory_gib" in usable:
-        total = usable.get("total_memory_gib")
-        device = str(usable.get("how", "")).startswith(("cuda", "npu")) and total
+        held = usable.get("runtime_held_gib")  # set where the device's total was read (not on the CPU)
         lines.append(
             f"usable memory per device, measured before the first probe: {usable['usable_memory_gib']:.2f} GiB "
-            + (
-                f"of {float(total):.2f} GiB (the runtime held {float(total) - usable['usable_memory_gib']:.2f}) "
-                if device
-                else ""
-            )
+            + (f"of {float(usable['total_memory_gib']):.2f} GiB (the runtime held {float(held):.2f}) " if held else "")
             + f"({usable.get('how', 'device check')})"
         )
     elif usable.get("error"):

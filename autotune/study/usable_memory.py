@@ -140,11 +140,10 @@ def with_usable_memory(spec: Spec, simulated: bool, say: Callable[[str], None]) 
         return spec, found
     usable = float(found["usable_memory_gib"])
     checked = check_overrides(spec, found)
-    total = (
-        f" of {float(found['total_memory_gib']):.2f} GiB the runtime reports"
-        if "device_memory_gib" in checked or "runtime_reserve_gib" in checked
-        else ""
-    )
+    total = ""
+    if "runtime_reserve_gib" in checked:  # the device's total was read: the report says what the runtime held
+        found = {**found, "runtime_held_gib": checked["runtime_reserve_gib"]}
+        total = f" of {float(found['total_memory_gib']):.2f} GiB the runtime reports"
     say(
         f"usable memory: {usable:.2f} GiB per device{total} ({found['how']}"
         + (", cached" if found.get("cached") else "")
