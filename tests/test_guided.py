@@ -971,13 +971,20 @@ def test_below_three_readings_the_value_effects_keep_their_prior(world, monkeypa
     import autotune.guide.guided as guided
 
     ranking, step, mem, fits, value = world
-    calls = []
+    fits_made = []  # per call: whether a scale was fitted (the prior's sd not handed back as it was)
     fitted = guided._fitted_sigma
-    monkeypatch.setattr(guided, "_fitted_sigma", lambda *a: calls.append(1) or fitted(*a))
+
+    def spy(z, y, prior_mean, prior_sd, values, noise):
+        out = fitted(z, y, prior_mean, prior_sd, values, noise)
+        fits_made.append(out is not prior_sd)
+        return out
+
+    monkeypatch.setattr(guided, "_fitted_sigma", spy)
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
     measured = [int(i) for i in np.flatnonzero(fits)[: guided.VALUE_SIGMA_MIN_READINGS]]
     obs = [replace(_measure(world, i), number=n) for n, i in enumerate(measured)]
     guide._objective_model(obs[:-1])
-    assert not calls
+    assert fits_made and not any(fits_made)
+    fits_made.clear()
     guide._objective_model(obs)
-    assert calls
+    assert fits_made and all(fits_made)

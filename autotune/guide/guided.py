@@ -330,8 +330,10 @@ def _fitted_sigma(
     config 4 % slower that read high was reported over the optimum read once low. Fitted (and the
     doubt's widening ended with its probes), the search benchmark's reported best at 5 % noise was
     within 3 % of the optimum in 90.0 % of 120 worlds instead of 75.8 %, at 2 % within 2 % in 95.8 %
-    instead of 95.0 % (benchmarks/README.md). The callers fit from ``VALUE_SIGMA_MIN_READINGS``
-    readings on."""
+    instead of 95.0 % (benchmarks/README.md). It fits from ``VALUE_SIGMA_MIN_READINGS``
+    readings on: with fewer rows ``prior_sd`` is returned as it is."""
+    if len(y) < VALUE_SIGMA_MIN_READINGS:
+        return prior_sd
     resid = y - z @ prior_mean
     best, chosen = -np.inf, prior_sd
     for factor in VALUE_SIGMA_FACTORS:
@@ -515,7 +517,7 @@ class Guide:
             idx = np.array([r[0] for r in rows])
             measured = np.array([r[1] for r in rows], dtype=float)
             z, y, noise = design[idx] / measured[:, None], np.ones(len(rows)), np.full(len(rows), s.noise)
-            if s.fit_value_sigma and len(rows) >= VALUE_SIGMA_MIN_READINGS:
+            if s.fit_value_sigma:
                 values = np.concatenate([[False], ~self.unpriced])  # the value effects the simulator prices
                 prior_sd = _fitted_sigma(z, y, prior_mean, prior_sd, values, noise)
             post = _solve(z, y, prior_mean, prior_sd, noise)
@@ -559,12 +561,11 @@ class Guide:
         noise = np.full(len(rows), s.noise)
         exec_post = exec_prior
         values = np.arange(len(prior_sd)) >= ncomp  # the value effects' columns
-        for round_ in range(3 if n_exec else 1):
+        rounds = 3 if n_exec else 1
+        for round_ in range(rounds):
             adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
             z = design[idx] / adjusted[:, None]
-            if (
-                s.fit_value_sigma and len(rows) >= VALUE_SIGMA_MIN_READINGS and round_ == (2 if n_exec else 0)
-            ):  # on the last round's execution factors
+            if s.fit_value_sigma and round_ == rounds - 1:  # on the last round's execution factors
                 prior_sd = _fitted_sigma(z, np.ones(len(rows)), prior_mean, prior_sd, values, noise)
             post = _solve(z, np.ones(len(rows)), prior_mean, prior_sd, noise)
             if not n_exec:
@@ -1716,7 +1717,7 @@ class Guide:
         ucb = sign * mean + s.explore_kappa * sd
         scouted = scouting = None
         doubted = None
-        if view.doubt and not safest and self._doubt_probes(view.obs) < s.max_doubt_probes:
+        if view.doubt and not safest:  # a doubt in view has probes left (_picture ends it when they are spent)
             others = pool & view.unmeasured & (p_fit >= s.fit_confidence) & (ucb > sign * best)
             if others.any():
                 doubted = int(np.argmax(np.where(others, ucb, -np.inf)))
