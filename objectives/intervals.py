@@ -28,6 +28,9 @@ __all__ = [
     "between_runs_interval",
     "between_runs_words",
     "mean_interval",
+    "noise_floor",
+    "reading_noise",
+    "step_reading_noise",
     "quantile_interval",
     "throughput_interval",
     "ci_keys",
@@ -40,6 +43,8 @@ __all__ = [
 
 CONFIDENCE = 0.95  # the confidence of every interval autotune reports unless the spec says otherwise
 SEPARATED_Z = 2.0  # two means further apart than this many standard errors of their difference are ordered
+# no reading is surer than this between runs, whatever its steps say: clocks, timers, the machine's own drift
+NOISE_FLOOR_MIN = 0.001
 
 
 def ci_keys(metric: str) -> tuple[str, str]:
@@ -102,6 +107,51 @@ def throughput_interval(
     if low <= 0:
         return None
     return value * step_time_s / high, value * step_time_s / low
+
+
+def reading_noise(
+    low: float | None, high: float | None, n: float | None, confidence: float = CONFIDENCE
+) -> float | None:
+    """The relative standard error of one reading's mean from its within-run interval (``low``,
+    ``high``: :func:`mean_interval` of ``n`` steps at ``confidence``, Student's t at ``n`` - 1), as a
+    share of the interval's middle; None without a usable interval."""
+    from scipy import stats
+
+    data = _finite((low, high, n))
+    if len(data) < 3 or data[2] < 2 or data[1] < data[0] or data[0] + data[1] <= 0:
+        return None
+    t = float(stats.t.ppf(0.5 + confidence / 2.0, int(data[2]) - 1))
+    return (data[1] - data[0]) / (t * (data[0] + data[1]))
+
+
+# the figures a training probe derives from its step times (their within-run interval is the step
+# time's, mapped through 1 / x: ``autotune.study.interpret.step_intervals``)
+PER_STEP_TIME = ("tokens_per_s_per_device", "tokens_per_s", "samples_per_s", "mfu")
+
+
+def step_reading_noise(metrics: Mapping[str, Any], metric: str) -> float | None:
+    """:func:`reading_noise` of a training probe's reading of ``metric`` (the step time or a figure
+    derived from it): its mean step time's within-run interval and step count (``step_time_s_ci_low``
+    / ``_high``, ``n_steps``); None for any other figure, or a reading that gave no steps."""
+    if metric != "step_time_s" and metric not in PER_STEP_TIME:
+        return None
+    low, high = ci_keys("step_time_s")
+    return reading_noise(metrics.get(low), metrics.get(high), metrics.get("n_steps"))
+
+
+def noise_floor(within: Iterable[float | None], default: float) -> float:
+    """The floor a study's between-run noise starts from (:func:`repeat_noise`, :func:`noise_belief`):
+    the pooled within-run standard error of its readings (:func:`reading_noise`, root mean square),
+    never below :data:`NOISE_FLOOR_MIN`; ``default`` where no reading gave its steps (a launcher's one
+    figure, a simulated world). Why the readings' own steps: between runs a reading cannot be
+    surer than within its run, and the noise a device shows is the device's. On one H200 a 3B
+    probe's 3 steps gave 0.45 % and repeats of a config 0.25 % (benchmarks/README.md), where the
+    CPU default (3 %) called two readings 0.3 % apart 2.1 % noisy: twins never tied and a clear
+    winner was never certified."""
+    data = [x for x in _finite(within) if x > 0]
+    if not data:
+        return default
+    return max(NOISE_FLOOR_MIN, math.sqrt(math.fsum(x * x for x in data) / len(data)))
 
 
 def verdict(interval: tuple[float, float] | None, target: float) -> str:

@@ -185,6 +185,27 @@ def test_the_race_measures_the_leader_and_its_threat_in_turn_until_certified():
     assert guide.close_call(_readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])) is not None
 
 
+def test_the_readings_own_steps_set_the_floor_under_the_races_noise():
+    """The floor under the study's noise is its readings' own within-run standard error where their
+    probes gave steps (``Observation.reading_noise``), the 3 % default only where none did: on one
+    H200 readings of a config repeat to 0.25 % and the default raced twins 0.2 % apart as if they
+    could be 2 % apart (benchmarks/data/h200_llama32_3b_repeats.json)."""
+    guide = _race_guide(2)
+    obs = _readings([1000.0, 1002.0, 1001.0], [1003.0, 1001.0])
+    assert guide.noise_floor(obs) == pytest.approx(0.03)
+    assert guide.close_call(obs) is not None  # the default floor: raced
+    quiet = [replace(o, reading_noise=0.002) for o in obs]
+    assert guide.noise_floor(quiet) == pytest.approx(0.002)
+    assert guide.close_call(quiet) is None  # a tie, certified: the steps said 0.2 %
+    # pooled as a root mean square; a reading set aside as interference, or a failed probe, says nothing
+    mixed = [replace(o, reading_noise=r) for o, r in zip(obs, (0.003, 0.004, None, 0.5, 0.5))]
+    mixed[3] = replace(mixed[3], interference=True)
+    mixed[4] = replace(mixed[4], status="crash")
+    assert guide.noise_floor(mixed) == pytest.approx(((0.003**2 + 0.004**2) / 2) ** 0.5)
+    # noisy steps raise the floor above the default: a reading is no surer between runs than within
+    assert guide.noise_floor([replace(o, reading_noise=0.06) for o in obs]) == pytest.approx(0.06)
+
+
 def test_the_race_reads_the_models_prediction_of_each_measured_config_as_the_report_does():
     """The race's certificate combines each config's readings with the model's prediction of it from
     the others (``Guide.measured_priors``): where the rest of the study puts the contenders well

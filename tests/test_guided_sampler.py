@@ -286,6 +286,41 @@ def test_what_a_peak_counts_reaches_the_guide(ranked):
     ]
 
 
+def test_a_probes_step_interval_reaches_the_guide_as_its_readings_noise(ranked):
+    """A training probe's within-run interval of its mean step time (``step_time_s_ci_low`` /
+    ``_high`` over ``n_steps``, autotune.study.interpret.step_intervals) is the standard error of its
+    reading (``Observation.reading_noise``) and sets the floor under the study's noise; a reading
+    without steps (a launcher's one figure) leaves the guide's default."""
+    from scipy import stats
+
+    from autotune.objectives.intervals import mean_interval
+    from autotune.trial_attrs import A
+
+    ranking, space, _ = ranked
+    sampler = GuidedSampler(ranking, space, OBJECTIVE, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    steps = [1.00, 1.01, 0.99, 1.02]
+    low, high = mean_interval(steps)
+    with_steps = {"tokens_per_s_per_device": 1000.0, "step_time_s": 1.005, "n_steps": 4.0}
+    with_steps.update(step_time_s_ci_low=low, step_time_s_ci_high=high)
+    for i, metrics in enumerate((with_steps, {"tokens_per_s_per_device": 990.0})):
+        params = ranking.enumeration.params_of(i)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={n: sampler._distributions[n] for n in params},
+                value=metrics["tokens_per_s_per_device"],
+                user_attrs={A.STATUS: "ok", A.METRICS: metrics},
+            )
+        )
+    first, second = sampler.observations(study.trials)
+    se = float(np.std(steps, ddof=1)) / len(steps) ** 0.5 / float(np.mean(steps))
+    assert first.reading_noise == pytest.approx(se) and second.reading_noise is None
+    assert sampler.guide.noise_floor([first, second]) == pytest.approx(se)
+    assert sampler.guide.noise_floor([second]) == pytest.approx(GuideSettings().noise)
+    assert stats.t.ppf(0.975, 3) * se * float(np.mean(steps)) == pytest.approx((high - low) / 2)
+
+
 def test_mindspores_pool_is_what_its_allocator_could_use_not_the_devices_memory(ranked):
     """MindSpore takes its pool from the device once at start ("MindSpore Used memory size") and counts
     an out-of-memory failure within it; HCCL's buffers and the runtime live beside the pool. Read as the

@@ -60,7 +60,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from autotune.objectives.interference import interference_flags, interference_gap, slowed_by_interference
-from autotune.objectives.intervals import noise_belief, repeat_noise, separated
+from autotune.objectives.intervals import noise_belief, noise_floor, repeat_noise, separated
 from autotune.objectives.race import certificate
 
 from .ranking import Ranking
@@ -168,6 +168,9 @@ class Observation:
     # a reading set aside as interference (autotune.objectives.interference: far slower than another
     # reading of its config): its objective and step time teach nothing; its peak still does
     interference: bool = False
+    # the relative standard error of ``objective`` within its run, from the probe's own steps
+    # (autotune.objectives.intervals.step_reading_noise); None where the probe gave no steps
+    reading_noise: float | None = None
 
     @property
     def oom_counts(self) -> str:
@@ -1014,9 +1017,10 @@ class Guide:
             return None
         first = self._control(obs)  # the report's control, drift checks or not (records.best_certificate)
         control = first if s.drift_every > 0 else None
-        noise = self._noise({i: v for i, v in values.items() if i != control})  # the control spans any drift
+        floor = self.noise_floor(obs)
+        noise = self._noise({i: v for i, v in values.items() if i != control}, floor)  # the control spans any drift
         leader = self.race_leader(values, noise, estimate)
-        believed, dof = noise_belief((v for i, v in values.items() if i != first), s.noise)
+        believed, dof = noise_belief((v for i, v in values.items() if i != first), floor)
         measured_noise = dof > 0
         # each config's readings with the model's prediction of it from the others, as the report reads
         # them (a leave-one-out fit per measured config: the race runs only at the end of the budget)
@@ -1046,8 +1050,8 @@ class Guide:
                         f"the leader is within {s.tie_tolerance:.0%} of the best measured with P {cert.p:.0%}, "
                         f"short of {s.confidence:.0%}"
                         if measured_noise
-                        else f"the noise is assumed ({noise:.0%} per reading: no config was measured twice), so "
-                        f"no claim is certified before a repeat measures it"
+                        else f"the noise is assumed ({100 * noise:.2g}% per reading: no config was measured twice), "
+                        "so no claim is certified before a repeat measures it"
                     )
                     return Proposal(
                         index,
@@ -1144,7 +1148,7 @@ class Guide:
         if len(values) < PRIOR_MIN_MEASURED:
             return None
         control = self._control(obs)
-        noise, _ = noise_belief((v for i, v in values.items() if i != control), self.settings.noise)
+        noise, _ = noise_belief((v for i, v in values.items() if i != control), self.noise_floor(obs))
         top = self._best_first(values)[:PRIOR_CONFIGS]
         rows: dict[int, tuple[float, float, float, float]] = {}
         for i in top:
@@ -1176,7 +1180,7 @@ class Guide:
         """``obs`` with the readings a slowdown spoiled marked (``Observation.interference``,
         :mod:`autotune.objectives.interference`): of a config measured more than once, a reading
         worse than its best by more than its interference gap (judged against the noise the other
-        configs' repeats show, never below ``settings.noise``). An objective a slowdown does not make worse (a peak of
+        configs' repeats show, never below :meth:`noise_floor`). An objective a slowdown does not make worse (a peak of
         memory) is read as measured; so is the control config (the first measured: its readings span
         the study on purpose, and a slowdown of it is the drift check's to read). The report reads
         the same (``autotune.study.records.interference_readings``)."""
@@ -1189,7 +1193,7 @@ class Guide:
                 groups.setdefault(o.index, []).append(k)
         rows = list(groups.values())
         verdicts = interference_flags(
-            [[obs[k].objective for k in ks] for ks in rows], self.settings.noise, self.direction == "maximize"
+            [[obs[k].objective for k in ks] for ks in rows], self.noise_floor(obs), self.direction == "maximize"
         )
         out = list(obs)
         for ks, flags in zip(rows, verdicts):
@@ -1230,7 +1234,8 @@ class Guide:
         bar = best * (1.0 - s.tie_tolerance) if maximize else best * (1.0 + s.tie_tolerance)
         busy, control = set(exclude), self._control(obs)
         # the gap a second reading would be judged by: the other configs' repeats, the control's apart
-        gap = interference_gap([v for i, v in values.items() if len(v) > 1 and i != control], s.noise)
+        floor = self.noise_floor(obs)
+        gap = interference_gap([v for i, v in values.items() if len(v) > 1 and i != control], floor)
         taken = readings_taken(obs)
 
         def worse_by(reading: float, than: float) -> float:  # how much worse ``reading`` is, as a share
@@ -1254,7 +1259,7 @@ class Guide:
             if not (math.isfinite(mean) and math.isfinite(sd)) or mean <= 0 or sign * (mean - bar) < 0:
                 continue
             shortfall = worse_by(reading, mean)
-            z = sign * (mean - reading) / math.hypot(s.noise * abs(reading), sd)
+            z = sign * (mean - reading) / math.hypot(floor * abs(reading), sd)
             if gap < shortfall <= SUSPECT_MAX_SLOWDOWN and z >= SUSPECT_Z:
                 found.append((sign * mean, i, reading, mean, sd))
         if not found:
@@ -1330,10 +1335,20 @@ class Guide:
             remeasure=True,
         )
 
-    def _noise(self, values: dict[int, list[float]]) -> float:
+    def _noise(self, values: dict[int, list[float]], floor: float) -> float:
         """The relative noise of one reading: the pooled spread of the configs measured more than
-        once (each reading over its config's mean), never below ``settings.noise``."""
-        return repeat_noise(values.values(), self.settings.noise)
+        once (each reading over its config's mean), never below ``floor`` (:meth:`noise_floor`)."""
+        return repeat_noise(values.values(), floor)
+
+    def noise_floor(self, obs: list[Observation]) -> float:
+        """The floor under the study's noise between runs: its readings' own within-run standard
+        error where their probes gave steps (``Observation.reading_noise``,
+        :func:`autotune.objectives.intervals.noise_floor`), else ``settings.noise``. The report reads
+        the same (``autotune.study.records.study_noise_floor``). A device is not the CPU the default
+        was set on: on one H200 readings repeat to 0.25 % and the 3 % default kept twins apart."""
+        return noise_floor(
+            (o.reading_noise for o in obs if o.status == "ok" and not o.interference), self.settings.noise
+        )
 
     def scout_value(
         self,

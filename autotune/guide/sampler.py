@@ -38,6 +38,8 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.objectives.intervals import step_reading_noise
+
 from .guided import Guide, GuideSettings, Observation, Proposal, readings_of
 from .memory_profile import cost_of_trials
 from .ranking import Ranking
@@ -290,6 +292,7 @@ class GuidedSampler(BaseSampler):
                     usable_gib=pool if status == "oom" else _usable(ua, profile) if status != "crash" else None,
                     profile_p_fit=float(profile["p_fit"]) if _finite(profile.get("p_fit")) else None,
                     stated_p_fit=_stated_p_fit(ua, profile, status),
+                    reading_noise=step_reading_noise(metrics, metric) if status == "ok" else None,
                 )
             )
         return self.guide.with_interference(out)
@@ -308,7 +311,7 @@ class GuidedSampler(BaseSampler):
             return {}
         mean, sd = self.guide._objective_model(obs)
         # never narrower than the noise its readings carry (issue 44): the standard error of their mean
-        noise = self.guide._noise(values)
+        noise = self.guide._noise(values, self.guide.noise_floor(obs))
         configs = self.ranking.enumeration.configs
         return {
             config_key(configs[i]): (

@@ -127,15 +127,11 @@ def step_peak_memory(steps: list[dict[str, Any]]) -> float | None:
     return max(values) if values else None
 
 
-# what a training probe's throughput figures are: inversely proportional to its step time
-PER_STEP_TIME = ("tokens_per_s_per_device", "tokens_per_s", "samples_per_s", "mfu")
-
-
 def step_intervals(metrics: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, float]:
     """The within-run interval (95 %) of the step time and of every throughput the probe reported,
     from its measured steps (issue 44), with their count ``n_steps``: empty with fewer than two
     steps. The spread between runs is usually larger: a repeat of the config measures that."""
-    from autotune.objectives.intervals import ci_keys, mean_interval, throughput_interval
+    from autotune.objectives.intervals import PER_STEP_TIME, ci_keys, mean_interval, throughput_interval
 
     times = measured_step_times(steps)
     step = metrics.get("step_time_s")

@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.objectives.interference import interference_flags, slowed_by_interference
-from autotune.objectives.intervals import noise_belief, repeat_noise, separated
+from autotune.objectives.intervals import noise_belief, noise_floor, repeat_noise, separated, step_reading_noise
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
 from ..guide.guided import GuideSettings
@@ -274,9 +274,18 @@ def best_records(
     return [r for r, f in zip(ok, fronts) if f == 0]
 
 
-# a measurement's relative noise between runs where the study has no repeat to measure it by: the
-# guide's own assumption, a floor under what repeats show
+# a measurement's relative noise between runs where the study has no repeat to measure it by and its
+# readings gave no steps: the guide's own assumption, a floor under what repeats show
 DEFAULT_NOISE = GuideSettings.noise
+
+
+def study_noise_floor(records: Iterable[TrialRecord], metric: str) -> float:
+    """The floor under the study's noise of ``metric`` between runs: its readings' own within-run
+    standard error where their probes gave steps (:func:`autotune.objectives.intervals.noise_floor`,
+    as the guide reads it: ``Guide.noise_floor``), else :data:`DEFAULT_NOISE`."""
+    return noise_floor((step_reading_noise(r.metrics, metric) for r in records if r.status == "ok"), DEFAULT_NOISE)
+
+
 ESTIMATE_Z = 3.0  # a guide's estimate further than this from a config's readings does not describe them
 
 
@@ -305,15 +314,18 @@ def interference_readings(
             groups.setdefault(config_key(r.config), []).append(r)
     rows = list(groups.values())
     read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
-    verdicts = interference_flags([[read(r) for r in rs] for rs in rows], DEFAULT_NOISE, direction == "maximize")
+    floor = study_noise_floor(ok, metric)
+    verdicts = interference_flags([[read(r) for r in rs] for rs in rows], floor, direction == "maximize")
     return {r.number for rs, flags in zip(rows, verdicts) for r, flag in zip(rs, flags) if flag}
 
 
 def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
     """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
     configs measured more than once (each reading over its config's mean), never below
-    :data:`DEFAULT_NOISE` (a pair of readings says little)."""
-    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), DEFAULT_NOISE)
+    :func:`study_noise_floor` (a pair of readings says little)."""
+    groups = [list(rs) for rs in groups]
+    floor = study_noise_floor((r for rs in groups for r in rs), metric)
+    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), floor)
 
 
 def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: float) -> bool:
@@ -337,6 +349,7 @@ class StudyReadings:
     drift: dict[str, Any] | None  # control_drift of the control's readings; None without a repeat of it
     normalised: bool  # readings divided by the control's drift (a drift beyond the noise was found)
     set_aside: list[int] = field(default_factory=list)  # trials whose reading is interference (not in groups)
+    floor: float = DEFAULT_NOISE  # the floor under ``noise`` (study_noise_floor: the readings' own steps, else assumed)
 
 
 def study_readings(records: list[TrialRecord], metric: str, direction: str = "maximize") -> StudyReadings:
@@ -384,13 +397,14 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
 
     others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
     (raw, raw_aside), (scaled, scaled_aside) = grouped(raw_values), grouped(scaled_values)
-    noise = repeat_noise(others(scaled), DEFAULT_NOISE)
+    floor = study_noise_floor(ok, metric)
+    noise = repeat_noise(others(scaled), floor)
     drift = control_drift(checks, noise)
     if drift is not None and drift["beyond_noise"]:
         scaled[control] = [checks[0][1]]  # the control: its first reading (the scale the rest is brought to)
-        return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside)
-    noise = repeat_noise(others(raw), DEFAULT_NOISE)
-    return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside)
+        return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside, floor)
+    noise = repeat_noise(others(raw), floor)
+    return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside, floor)
 
 
 def best_certificate(
@@ -416,7 +430,7 @@ def best_certificate(
         return None
     # the noise the claim rests on: the repeats of every config but the drift control (its readings
     # span any drift), with the floor as one pair (intervals.noise_belief)
-    noise, dof = noise_belief((v for k, v in readings.groups.items() if k != readings.control), DEFAULT_NOISE)
+    noise, dof = noise_belief((v for k, v in readings.groups.items() if k != readings.control), readings.floor)
     # the model's predictions are of the readings as measured: not of readings normalised for a drift
     priors = None if readings.normalised else priors
     cert = certificate(readings.groups, leader, noise, tolerance, confidence, direction == "maximize", dof, priors)
@@ -430,11 +444,20 @@ def race_readings(readings: StudyReadings) -> int:
     return kept + len(readings.set_aside)
 
 
-def certificate_sentence(cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None) -> str:
+def certificate_sentence(
+    cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None, floor: float = DEFAULT_NOISE
+) -> str:
     """The certificate in words, for the summary and the run's output (where no config was measured
-    twice, the noise is the assumed floor, and the words say so)."""
+    twice, the noise is the floor, and the words say so; ``floor``: :func:`study_noise_floor`, named
+    where the readings' own steps gave it)."""
     lead = numbers.get(cert.leader)
-    assumed = "" if cert.noise_measured else " (assumed: no config but the drift control was measured twice)"
+    once = "no config but the drift control was measured twice"
+    if floor != DEFAULT_NOISE:
+        assumed = f" (from a prior of {floor:.2%}: the within-run spread of the probes' steps" + (
+            ")" if cert.noise_measured else f"; {once})"
+        )
+    else:
+        assumed = "" if cert.noise_measured else f" (assumed: {once})"
     model = (
         f"; each also as the guide's model predicts it from the others ({cert.model_informed} configs)"
         if cert.model_informed

@@ -16,6 +16,7 @@ from ..guide.ranking import Ranking
 from ..objectives.intervals import between_runs_interval
 from .recommend import Recommendation, study_recommendation
 from .records import (
+    DEFAULT_NOISE,
     TrialRecord,
     best_certificate,
     best_records,
@@ -80,7 +81,12 @@ class StudyResult:
                 "set_aside_as_interference": readings.set_aside,
                 "confirm_readings": spec.search.confirm_readings(),
                 "normalised_to_control": readings.normalised,
-                "sentence": certificate_sentence(cert, numbers, remeasured, spec.search.confirm_readings()),
+                # the floor under the noise: the readings' own steps, else the guide's assumption
+                "noise_floor": round(readings.floor, 4),
+                "noise_floor_from": "steps" if readings.floor != DEFAULT_NOISE else "assumed",
+                "sentence": certificate_sentence(
+                    cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor
+                ),
                 "between_runs": _between_runs(objectives[0][0], readings.groups[cert.leader], cert),
             }
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
