@@ -190,14 +190,20 @@ def _repeat_squares(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
     return squares, dof
 
 
-def repeat_noise(groups: Iterable[Sequence[float]], floor: float) -> float:
+def repeat_noise(groups: Iterable[Sequence[float]], floor: float, unrepeated: float | None = None) -> float:
     """The relative noise of one reading between runs: the pooled spread of the groups (a config's
     readings) with more than one reading, each reading over its group's mean; never below
-    ``floor`` (a pair of readings says little). The report's best (``autotune.study.records``) and
-    the guide's race of the two best read the study's noise through this one definition; the
-    certificate's claim of how sure the study is reads :func:`noise_belief`."""
+    ``floor`` (a pair of readings says little), nor below ``unrepeated`` while no group was read
+    twice (a floor from the probes' own steps, :func:`noise_floor`, says what a run varies within
+    itself, not what placement or the machine's state add between runs: single readings are
+    compared at the default until a repeat has shown the study's noise). The report's best
+    (``autotune.study.records``) and the guide's race of the two best read the study's noise
+    through this one definition; the certificate's claim of how sure the study is reads
+    :func:`noise_belief`."""
     squares, dof = _repeat_squares(groups)
-    return max(floor, math.sqrt(squares / dof) if dof else 0.0)
+    if not dof:
+        return max(floor, unrepeated if unrepeated is not None else floor)
+    return max(floor, math.sqrt(squares / dof))
 
 
 def noise_belief(groups: Iterable[Sequence[float]], floor: float) -> tuple[float, int]:

@@ -204,6 +204,9 @@ def test_the_readings_own_steps_set_the_floor_under_the_races_noise():
     assert guide.noise_floor(mixed) == pytest.approx(((0.003**2 + 0.004**2) / 2) ** 0.5)
     # noisy steps raise the floor above the default: a reading is no surer between runs than within
     assert guide.noise_floor([replace(o, reading_noise=0.06) for o in obs]) == pytest.approx(0.06)
+    # single readings are compared at the default until a repeat shows what runs add to the steps
+    assert guide._noise({0: [1000.0], 1: [1010.0]}, 0.002) == pytest.approx(0.03)
+    assert guide._noise({0: [1000.0, 1001.0], 1: [1010.0]}, 0.002) == pytest.approx(0.002)
 
 
 def test_the_race_reads_the_models_prediction_of_each_measured_config_as_the_report_does():

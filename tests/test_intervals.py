@@ -69,6 +69,14 @@ def test_a_readings_noise_is_the_standard_error_its_interval_was_built_from():
 
 
 def test_the_floor_is_the_readings_own_within_run_noise_else_the_default():
+    """... and single readings are compared at the default until a repeat shows what runs add to
+    the steps' spread (placement, the machine's state): ``repeat_noise``'s ``unrepeated``."""
+    from autotune.objectives.intervals import repeat_noise
+
+    assert repeat_noise([[1000.0], [980.0]], 0.004, 0.03) == 0.03  # no repeat: the default
+    assert repeat_noise([[1000.0, 1002.0], [980.0]], 0.004, 0.03) == 0.004  # a repeat: the steps' floor
+    assert repeat_noise([[1000.0, 1100.0]], 0.004, 0.03) == pytest.approx(math.sqrt(2) * 50 / 1050)
+    assert repeat_noise([[1000.0]], 0.05, 0.03) == 0.05  # noisier steps than the default stand
     assert noise_floor([], 0.03) == 0.03 and noise_floor([None, float("nan"), 0.0], 0.03) == 0.03
     assert noise_floor([0.003, 0.004, None], 0.03) == pytest.approx(math.sqrt((0.003**2 + 0.004**2) / 2))
     assert noise_floor([0.06], 0.03) == 0.06  # noisier steps than the default: believed

@@ -1235,7 +1235,10 @@ class Guide:
         busy, control = set(exclude), self._control(obs)
         # the gap a second reading would be judged by: the other configs' repeats, the control's apart
         floor = self.noise_floor(obs)
-        gap = interference_gap([v for i, v in values.items() if len(v) > 1 and i != control], floor)
+        repeated = [v for i, v in values.items() if len(v) > 1 and i != control]
+        gap = interference_gap(repeated, floor)
+        # a reading's own sd: the floor, the default while no repeat has shown what runs add (_noise)
+        floor = floor if repeated else max(floor, s.noise)
         taken = readings_taken(obs)
 
         def worse_by(reading: float, than: float) -> float:  # how much worse ``reading`` is, as a share
@@ -1337,8 +1340,9 @@ class Guide:
 
     def _noise(self, values: dict[int, list[float]], floor: float) -> float:
         """The relative noise of one reading: the pooled spread of the configs measured more than
-        once (each reading over its config's mean), never below ``floor`` (:meth:`noise_floor`)."""
-        return repeat_noise(values.values(), floor)
+        once (each reading over its config's mean), never below ``floor`` (:meth:`noise_floor`),
+        nor below ``settings.noise`` while no config was measured twice."""
+        return repeat_noise(values.values(), floor, self.settings.noise)
 
     def noise_floor(self, obs: list[Observation]) -> float:
         """The floor under the study's noise between runs: its readings' own within-run standard

@@ -322,10 +322,11 @@ def interference_readings(
 def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
     """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
     configs measured more than once (each reading over its config's mean), never below
-    :func:`study_noise_floor` (a pair of readings says little)."""
+    :func:`study_noise_floor` (a pair of readings says little), nor below :data:`DEFAULT_NOISE`
+    while no config was measured twice."""
     groups = [list(rs) for rs in groups]
     floor = study_noise_floor((r for rs in groups for r in rs), metric)
-    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), floor)
+    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), floor, DEFAULT_NOISE)
 
 
 def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: float) -> bool:
@@ -398,12 +399,12 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
     others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
     (raw, raw_aside), (scaled, scaled_aside) = grouped(raw_values), grouped(scaled_values)
     floor = study_noise_floor(ok, metric)
-    noise = repeat_noise(others(scaled), floor)
+    noise = repeat_noise(others(scaled), floor, DEFAULT_NOISE)
     drift = control_drift(checks, noise)
     if drift is not None and drift["beyond_noise"]:
         scaled[control] = [checks[0][1]]  # the control: its first reading (the scale the rest is brought to)
         return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside, floor)
-    noise = repeat_noise(others(raw), floor)
+    noise = repeat_noise(others(raw), floor, DEFAULT_NOISE)
     return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside, floor)
 
 
