@@ -549,6 +549,12 @@ def compare(profile: dict[str, Any], full: dict[str, Any], sweep: dict[str, Any]
     if repeat and isinstance(repeat.get("peak_memory_gib"), (int, float)) and repeat["peak_memory_gib"] > 0:
         out["sweep_repeat_gib"] = repeat["peak_memory_gib"]
         out["repeat_delta_rel"] = round(measured / repeat["peak_memory_gib"] - 1.0, 4)
+    # the same pair of runs read for throughput: the device's noise between runs, one pair (issue 44: a
+    # study's noise floor is its probes' own steps; on one H200 0.7 % apart here, 0.25 % on a 3B study)
+    speed, again = full.get("tokens_per_s_per_device"), (repeat or {}).get("tokens_per_s_per_device")
+    if isinstance(speed, (int, float)) and isinstance(again, (int, float)) and again > 0:
+        out["sweep_repeat_tokens_per_s"] = again
+        out["repeat_tokens_delta_rel"] = round(speed / again - 1.0, 4)
     out["message"] = (
         f"measured {measured:.4g} GiB ({out['counts']}), predicted {predicted:.4g} GiB, band "
         f"[{low:.4g}, {high:.4g}]: {'in' if out['in_band'] else 'OUT OF'} the band "
@@ -719,6 +725,12 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"- the sweep's run of the same config measured {comparison['sweep_repeat_gib']} GiB "
                 f"({comparison['repeat_delta_rel']:+.1%})"
+            )
+        if "sweep_repeat_tokens_per_s" in comparison:
+            lines.append(
+                f"- tokens/s between those two runs: {comparison['repeat_tokens_delta_rel']:+.1%} (the full probe "
+                f"against the sweep's {comparison['sweep_repeat_tokens_per_s']}): the device's noise between runs, "
+                "one pair"
             )
     if report["messages"]:
         lines += ["", "## Messages", ""] + [f"- {m}" for m in report["messages"]]

@@ -109,10 +109,13 @@ def test_the_comparison_reads_the_band_as_a_study_records_it():
     compare = _module().compare
     profile = {"status": "ok", "predicted_peak_gib": 10.0, "sd_gib": 0.2, "band_gib": [9.4, 10.6]}
     full = {"status": "ok", "name": "ref", "peak_memory_gib": 10.3, "peak_memory_counts": "allocated"}
-    sweep = {"configs": [{"name": "ref", "status": "ok", "peak_memory_gib": 10.2}]}
+    full["tokens_per_s_per_device"] = 42667.6  # the H200's full probe and sweep run, 2026-11-30
+    sweep = {"configs": [{"name": "ref", "status": "ok", "peak_memory_gib": 10.2, "tokens_per_s_per_device": 42964.3}]}
     inside = compare(profile, full, sweep)
     assert inside["in_band"] and inside["error_rel"] == 0.03 and inside["z"] == 1.5
     assert inside["repeat_delta_rel"] == pytest.approx(0.0098, abs=1e-4)
+    assert inside["repeat_tokens_delta_rel"] == pytest.approx(-0.0069, abs=1e-4)
+    assert "repeat_tokens_delta_rel" not in compare(profile, {**full, "tokens_per_s_per_device": None}, sweep)
     outside = compare(profile, {**full, "peak_memory_gib": 11.0}, {})
     assert not outside["in_band"] and "OUT OF the band" in outside["message"]
     assert compare({"status": "failed"}, full, sweep)["status"] == "skipped"
