@@ -1238,7 +1238,7 @@ class Guide:
         repeated = [v for i, v in values.items() if len(v) > 1 and i != control]
         gap = interference_gap(repeated, floor)
         # a reading's own sd: the floor, the default while no repeat has shown what runs add (_noise)
-        floor = floor if repeated else max(floor, s.noise)
+        reading_sd = floor if repeated else max(floor, s.noise)
         taken = readings_taken(obs)
 
         def worse_by(reading: float, than: float) -> float:  # how much worse ``reading`` is, as a share
@@ -1262,7 +1262,7 @@ class Guide:
             if not (math.isfinite(mean) and math.isfinite(sd)) or mean <= 0 or sign * (mean - bar) < 0:
                 continue
             shortfall = worse_by(reading, mean)
-            z = sign * (mean - reading) / math.hypot(floor * abs(reading), sd)
+            z = sign * (mean - reading) / math.hypot(reading_sd * abs(reading), sd)
             if gap < shortfall <= SUSPECT_MAX_SLOWDOWN and z >= SUSPECT_Z:
                 found.append((sign * mean, i, reading, mean, sd))
         if not found:

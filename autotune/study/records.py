@@ -297,14 +297,19 @@ def _control_key(ok: list[TrialRecord]) -> str | None:
 
 
 def interference_readings(
-    ok: list[TrialRecord], metric: str, direction: str, values: dict[int, float] | None = None
+    ok: list[TrialRecord],
+    metric: str,
+    direction: str,
+    values: dict[int, float] | None = None,
+    floor: float | None = None,
 ) -> set[int]:
     """The trial numbers whose reading of ``metric`` is set aside as interference
     (:mod:`autotune.objectives.interference`): of a config measured more than once, a reading worse
     than its best by more than the study's interference gap, as the guide reads them
     (``Guide.with_interference``). ``values``: trial number -> the reading to judge (drift-normalised
-    ones), else the record's own. The control config is never read so: its readings span the study
-    on purpose, and a slowdown of it is the drift check's to read (:func:`study_readings`)."""
+    ones), else the record's own; ``floor``: the study's :func:`study_noise_floor` where the caller
+    has it. The control config is never read so: its readings span the study on purpose, and a
+    slowdown of it is the drift check's to read (:func:`study_readings`)."""
     if not slowed_by_interference(metric):
         return set()
     control = _control_key(ok)
@@ -314,7 +319,7 @@ def interference_readings(
             groups.setdefault(config_key(r.config), []).append(r)
     rows = list(groups.values())
     read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
-    floor = study_noise_floor(ok, metric)
+    floor = floor if floor is not None else study_noise_floor(ok, metric)
     verdicts = interference_flags([[read(r) for r in rs] for rs in rows], floor, direction == "maximize")
     return {r.number for rs, flags in zip(rows, verdicts) for r, flag in zip(rs, flags) if flag}
 
@@ -388,8 +393,10 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
         factor = seen[-1] / checks[0][1] if seen and checks[0][1] else 1.0
         scaled_values[r.number] = value / factor if factor else value
 
+    floor = study_noise_floor(ok, metric)
+
     def grouped(values: dict[int, float]) -> tuple[dict[str, list[float]], list[int]]:
-        aside = interference_readings(ok, metric, direction, values)
+        aside = interference_readings(ok, metric, direction, values, floor)
         groups: dict[str, list[float]] = {}
         for r in ok:
             if r.number not in aside:
@@ -398,7 +405,6 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
 
     others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
     (raw, raw_aside), (scaled, scaled_aside) = grouped(raw_values), grouped(scaled_values)
-    floor = study_noise_floor(ok, metric)
     noise = repeat_noise(others(scaled), floor, DEFAULT_NOISE)
     drift = control_drift(checks, noise)
     if drift is not None and drift["beyond_noise"]:
