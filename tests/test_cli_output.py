@@ -159,6 +159,21 @@ def test_report_shows_one_predicted_figure_per_row():
     assert all(len(line) <= WIDTH for line in text.splitlines())
 
 
+def test_a_trial_its_memory_profile_ended_reads_profiled_not_measured():
+    """An ``oom_predicted`` trial ran its memory profile only: its row says "profiled" beside the
+    guide's predicted figure, where "measured" read like a reading; the record keeps its source."""
+    from dataclasses import replace
+
+    ended = replace(_record(7, 0.0, 720.0, "rank 2 by model"), status="oom_predicted", metrics={})
+    records = [_record(5, 701.0, 693.6, "rank 1 by model"), ended]
+    console = Console(record=True, width=300, highlight=False, soft_wrap=True)
+    print_report_table(console, [{"trial": 5}, {"trial": 7}], records, [("tokens_per_s_per_device", "maximize")], 20)
+    lines = console.export_text().splitlines()
+    assert "profiled" in next(line for line in lines if line.startswith("7 "))
+    assert "measured" in next(line for line in lines if line.startswith("5 "))
+    assert ended.source == "measured"
+
+
 def test_best_env_says_which_settings_are_defaults_and_stays_sourceable(train_study):
     run_dir, _ = train_study
     env_file = run_dir / "export" / "best.env"

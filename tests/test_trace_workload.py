@@ -65,6 +65,12 @@ def test_the_shipped_trace_loads_with_its_arrival_times_in_seconds():
             "line 1, record 1: arrival_s is 'soon', not a number",
         ),
         (['{"arrival_s": -1, "prompt_len": 10, "output_len": 2}'], "arrival_s is -1, below 0"),
+        (
+            ['{"timestamp": 0, "input_length": 10}'],
+            "line 1, record 1: expected prompt_len and output_len (or Mooncake's",
+        ),
+        (['{"timestamp": 0, "input_length": 10}'], "the object has no output_length"),
+        (['{"arrival_s": 0, "output_len": 2}'], "the object has no prompt_len"),
         (['{"timestamp": 0, "timestamp": 1, "input_length": 10, "output_length": 2}'], "names timestamp twice"),
         (
             ['{"prompt_len": 10, "output_len": 2}', '{"prompt_len": 12, "output_len": 3}'],

@@ -79,6 +79,15 @@ def _config_lines(prefix: str, config: str) -> list[str]:
     return lines
 
 
+def _source_words(record: Any) -> str:
+    """A trial's source as the table says it: a trial its memory profile ended ran only the profile
+    (a few layers, its peak measured) and no full probe, so it reads "profiled", not "measured",
+    beside a predicted figure a reader could take for a reading."""
+    if record.status == "oom_predicted" and record.source == "measured":
+        return "profiled"
+    return str(record.source)
+
+
 def print_report_table(
     console: Console, rows: list[dict[str, Any]], records: list[Any], objectives: list[tuple[str, str]], top: int
 ) -> None:
@@ -111,7 +120,7 @@ def print_report_table(
         cells_of[rec.number] = values
     widths = [max([len(c)] + [len(cells_of[r.number][i]) for r in shown]) for i, c in enumerate(columns)]
     status_of = {r.number: escape_text(str(r.status)) for r in shown}  # a trial record's: printed as text
-    source_of = {r.number: escape_text(str(r.source)) for r in shown}
+    source_of = {r.number: escape_text(_source_words(r)) for r in shown}
     status_w = max([6] + [len(s) for s in status_of.values()])
     source_w = max([6] + [len(s) for s in source_of.values()])
     head = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} " + "  ".join(

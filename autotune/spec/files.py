@@ -347,9 +347,13 @@ def _read_lengths(base: Path, name: str) -> dict[str, Any]:
         columns = [c if c in row else _ALIASES[c] for c in _LENGTH_COLUMNS]
         missing = [c for c, found in zip(_LENGTH_COLUMNS, columns) if found not in row]
         if missing:
+            # named as the record names its lengths: a Mooncake trace's input_length without its
+            # output_length is told about output_length, not output_len
+            mooncake = any(_ALIASES[c] in row for c in _LENGTH_COLUMNS)
+            named = [_ALIASES[c] if mooncake else c for c in missing]
             raise ValueError(
-                f"{at}: expected prompt_len and output_len, positive integers; the "
-                f"{'row' if is_csv else 'object'} has no {' or '.join(missing)}"
+                f"{at}: expected prompt_len and output_len (or Mooncake's input_length and output_length), "
+                f"positive integers; the {'row' if is_csv else 'object'} has no {' or '.join(named)}"
             )
         pair = []
         for column in columns:
