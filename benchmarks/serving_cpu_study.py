@@ -206,7 +206,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
         result = json.loads(result_file.read_text())
         if result["status"] != "ok":
             continue
-        config, runs = asked["params"], result["info"]["serving"]["rates"]
+        config, runs = asked["params"], _with_send_lag(result["info"]["serving"]["rates"], result_file.parent)
         context = probe_context(spec)
         request = request_settings(spec, context).request(config, 0)
         rates = sorted({float(r["rate"]) for r in runs})
@@ -216,6 +216,11 @@ def model_check(run_dir: Path, data: dict) -> dict:
         measured = float(result["metrics"].get("max_rate_rps") or 0.0)
         goodput = float(result["metrics"].get(METRIC) or 0.0)
         factor = _factor(predicted, measured, lowest)
+        # the misses above the rate met, each with its load generator behind its plan (a client starved of
+        # the host's cores: objectives.serving.send_lag): the measured maximum is then the host's, a lower
+        # bound of the engine's
+        misses = [r for r in runs if float(r["rate"]) > measured and not r.get("slo_met")]
+        host_limited = bool(misses) and all(r.get("generator_behind") for r in misses)
         # the engine's capacity from below: the most it completed per second at any rate offered (its
         # ceiling where that rate overloaded it)
         busiest = max(runs, key=lambda r: float(r.get("request_throughput_rps") or 0.0))
@@ -227,6 +232,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
                 "predicted": predicted,
                 "measured": measured,
                 "factor": factor,
+                "host_limited": host_limited,
                 "capacity_model": capacity,
                 "completed_measured": ceiling,
                 "completed_at_rate": float(busiest["rate"]),
@@ -235,6 +241,8 @@ def model_check(run_dir: Path, data: dict) -> dict:
             }
         )
         said = f"{measured:.2f}" if measured > 0 else f"< {lowest:g} (met none)"
+        if host_limited:
+            said += " (host-limited: every miss above it with the load generator behind)"
         print(
             f"| {config.get('max_num_seqs')}, chunked {config.get('enable_chunked_prefill')} | {predicted:.2f} "
             f"| {said} | {factor:.2f} | {capacity:.2f} | {ceiling:.2f} ({float(busiest['rate']):g}) "
@@ -249,6 +257,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
                 {
                     "config": config,
                     "rate": run["rate"],
+                    "generator_behind": bool(run.get("generator_behind")),
                     **{
                         f"{k}_measured": run.get(k)
                         for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
@@ -260,6 +269,17 @@ def model_check(run_dir: Path, data: dict) -> dict:
     both = [r for r in rows if r["measured"] > 0]
     rho = spearman([r["predicted"] for r in both], [r["measured"] for r in both]) if len(both) >= 3 else None
     print(f"worst factor {worst:.2f}x over {len(rows)} configs; Spearman over the {len(both)} that met a rate: {rho}")
+    engine_bound = [r for r in rows if r["factor"] > 0 and not r["host_limited"]]
+    if len(engine_bound) < len(rows):
+        # a host-limited maximum bounds the engine's from below: a prediction above it is not refuted by it
+        limited = [r for r in rows if r["host_limited"]]
+        below = [r for r in limited if r["predicted"] < r["measured"]]
+        worst_engine = max([max(r["factor"], 1 / r["factor"]) for r in engine_bound] + [1.0])
+        print(
+            f"{len(limited)} config(s) host-limited (every miss above the rate met came with the load generator "
+            f"behind its plan); over the other {len(engine_bound)}: worst factor {worst_engine:.2f}x; "
+            f"{len(below)} host-limited config(s) predicted below what they met"
+        )
     print("\nthe queueing model at each rate measured (ms; model / measured, median over the runs):")
     for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
         ratios = sorted(
@@ -268,8 +288,39 @@ def model_check(run_dir: Path, data: dict) -> dict:
         if ratios:
             mid = ratios[len(ratios) // 2]
             print(f"  {key}: median {mid:.2f}, range {ratios[0]:.2f}-{ratios[-1]:.2f} ({len(ratios)} runs)")
+        kept = sorted(
+            p[f"{key}_model"] / p[f"{key}_measured"]
+            for p in percentiles
+            if p[f"{key}_measured"] and p[f"{key}_model"] and not p["generator_behind"]
+        )
+        if kept and len(kept) < len(ratios):
+            print(
+                f"    where the load generator kept to its plan: median {kept[len(kept) // 2]:.2f} ({len(kept)} runs)"
+            )
     refit = study_refit(spec, rows, lowest)
     return {"rows": rows, "worst_factor": worst, "spearman": rho, "percentiles": percentiles, "refit": refit}
+
+
+def _with_send_lag(runs: list[dict], trial_dir: Path) -> list[dict]:
+    """The trial's rate runs, each with whether its load generator fell behind its plan, read again
+    from the trial's ``requests.jsonl`` (runs kept before the probe said so carry only the lag)."""
+    import json
+
+    from autotune.objectives import serving
+
+    path = trial_dir / "requests.jsonl"
+    if not path.exists():
+        return runs
+    by_run: dict[int, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("phase") == "load":
+            by_run.setdefault(int(record["run"]), []).append(record)
+    out = []
+    for run in runs:
+        lag, behind = serving.send_lag(by_run.get(int(run.get("run", -1)), []), float(run["rate"]))
+        out.append({**run, "send_lag_p99_ms": lag, "generator_behind": behind})
+    return out
 
 
 def rounds_check(run_dirs: list[Path], data: dict) -> dict:

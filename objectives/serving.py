@@ -84,9 +84,11 @@ __all__ = [
     "metrics_at",
     "requests_to_bound",
     "undecided_why",
+    "send_lag",
     "share_interval",
     "goodput_interval",
     "batch_summary",
+    "tokens_apart_share",
     "cost_per_million_output_tokens",
 ]
 
@@ -94,6 +96,11 @@ SLO_KEYS = ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms")
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 _ROUND = 6  # digits kept in summaries: enough for ms and req/s, and stable to compare
+# below this p99 send lag (ms) the open loop kept its plan whatever the rate: an event loop's own
+# jitter, which no engine's queue tells from its arrivals' spread
+SEND_LAG_FLOOR_MS = 10.0
+# two streamed tokens closer than this (ms) came in one read of the socket: no engine steps that fast
+TOGETHER_MS = 0.05
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -155,6 +162,35 @@ def _r(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(float(value), _ROUND)
 
 
+def send_lag(records: Sequence[Mapping[str, Any]], rate: float | None) -> tuple[float | None, str]:
+    """(the p99 of how late the client sent each request against its plan, ms; why the open loop fell
+    behind, "" when it kept up). The client sends each request at its planned arrival
+    (``scheduled_s``) and records when it did (``sent_s``). A client that shares the host's cores
+    with the engine can be starved of them: on the 2-core CPU machine with vLLM's CPU engine (its
+    worker holds one core, its scheduler process half the other) the client sent 9 requests planned
+    over 0.5 s within 10 ms, the first 573 ms late, and they shared one 951 ms first token. The
+    engine then served bursts the Poisson traffic did not hold, and the rate's p99s are the host's
+    as much as the engine's. Behind means a p99 lag above the mean gap between planned arrivals
+    (1 / rate) and above :data:`SEND_LAG_FLOOR_MS`: 1 % of the requests reached the engine more than
+    one arrival late. A miss then bounds the engine's maximum rate from below, not from above."""
+    lags = [
+        (float(r["sent_s"]) - float(r["scheduled_s"])) * 1000.0
+        for r in records
+        if r.get("sent_s") is not None and r.get("scheduled_s") is not None
+    ]
+    lag = percentile(lags, 99)
+    if lag is None or not rate:
+        return lag, ""
+    gap_ms = 1000.0 / float(rate)
+    if lag <= max(gap_ms, SEND_LAG_FLOOR_MS):
+        return lag, ""
+    return lag, (
+        f"the load generator fell behind: 1 % of the requests were sent {lag:.0f} ms or more after their "
+        f"planned arrival, {lag / gap_ms:.1f} mean gaps at {float(rate):g} req/s; the engine saw burstier "
+        "arrivals than the traffic asks for (a client starved of the host's cores: run it on another host)"
+    )
+
+
 def summarize_rate(
     records: Sequence[Mapping[str, Any]], slo: Mapping[str, Any], rate: float | None, duration_s: float
 ) -> dict:
@@ -207,6 +243,10 @@ def summarize_rate(
     if met and _target(slo, "ttft_p99_ms") is not None and out["ttft_p99_ms"] is None:
         met = False  # nothing completed: no TTFT to meet the target with
     out["slo_met"] = met
+    lag, behind = send_lag(records, rate)
+    out["send_lag_p99_ms"] = _r(lag)
+    if behind:
+        out["generator_behind"] = behind
     if not records or failed or "missed" in verdicts or (not met and not verdicts):
         out["slo_verdict"] = "missed"
     else:
@@ -254,6 +294,8 @@ def metrics_at(
         "output_tokens_per_s": tokens,
         "output_tokens_per_s_per_device": tokens / devices,
         "requests_failed": float(sum(int(s.get("failed") or 0) for s in summaries)),
+        # runs whose arrivals the client could not send on time (:func:`send_lag`): their misses are the host's
+        "load_generator_behind_runs": float(sum(1 for s in summaries if s.get("generator_behind"))),
     }
     for name in LATENCIES:
         for q in PERCENTILES:
@@ -343,8 +385,9 @@ def goodput_interval(
 def batch_summary(records: Sequence[Mapping[str, Any]], batch: int) -> dict[str, Any]:
     """Closed-loop figures of one batch of ``batch`` concurrent requests: TTFT (the last first
     token of the batch: the batch's prefill), time until every sequence has 100 new tokens (TTFT +
-    99 x TPOT per request, the last of the batch; extrapolated when fewer were asked), and output
-    tokens per second over the batch."""
+    99 x TPOT per request, the last of the batch; extrapolated when fewer were asked), output
+    tokens per second over the batch, and the least share of a request's tokens that reached the
+    client apart (:func:`tokens_apart_share`)."""
     done = [r for r in records if r.get("ok")]
     if not done:
         return {"batch": batch, "requests": len(records), "failed": len(records)}
@@ -355,6 +398,7 @@ def batch_summary(records: Sequence[Mapping[str, Any]], batch: int) -> dict[str,
         to_100.append(float(r["ttft_ms"]) / 1000.0 + 99.0 * (tpot or 0.0) / 1000.0)
     window = load_window_s(records)
     tokens = sum(int(r.get("output_tokens") or 0) for r in done)
+    shares = [share for share in map(tokens_apart_share, done) if share is not None]
     return {
         "batch": batch,
         "requests": len(records),
@@ -362,7 +406,22 @@ def batch_summary(records: Sequence[Mapping[str, Any]], batch: int) -> dict[str,
         "ttft_ms": _r(ttft),
         "time_for_100_tokens_s": _r(max(to_100)),
         "output_tokens_per_s": _r(tokens / window) if window > 0 else 0.0,
+        # its worst request's: the batch's figures are the largest over its requests, which one piled-up stream sets
+        "tokens_apart_share": _r(min(shares)) if shares else None,
     }
+
+
+def tokens_apart_share(record: Mapping[str, Any]) -> float | None:
+    """The share of a request's decoded tokens (after its first) that reached the client apart from
+    the one before (a gap over :data:`TOGETHER_MS`): 1 when the server streamed every step as it
+    came, lower when its API server fell behind and what had piled up arrived at once. On the
+    2-core CPU machine one request of 32 tokens arrived whole, its 32 events in one read, 98 ms
+    after it was sent: its TPOT read 0 and its TTFT the whole request, figures of the server's lag,
+    not of the engine's steps. None when it decoded no more than one token."""
+    tokens = int(record.get("output_tokens") or 0) - 1
+    if tokens <= 0:
+        return None
+    return min(sum(1 for g in (record.get("itl_ms") or ()) if float(g) > TOGETHER_MS) / tokens, 1.0)
 
 
 def cost_per_million_output_tokens(

@@ -231,6 +231,57 @@ def test_why_a_rate_is_undecided_says_which_interval_and_how_many_requests():
     assert many["slo_verdict"] == "met" and serving.undecided_why(many, slo) == ""
 
 
+def test_a_run_whose_client_sent_late_says_the_load_generator_fell_behind():
+    # 100 requests planned at 10 req/s, the client 2 ms behind its plan: it kept up
+    on_time = [
+        {
+            "ok": True,
+            "scheduled_s": i / 10,
+            "sent_s": i / 10 + 0.002,
+            "output_tokens": 2,
+            "ttft_ms": 50.0,
+            "e2e_ms": 60.0,
+        }
+        for i in range(100)
+    ]
+    slo = {"ttft_p99_ms": 400.0}
+    assert serving.send_lag(on_time, 10.0) == (pytest.approx(2.0), "")
+    # a stall of 0.6 s: six requests planned 4.0-4.5 s sent together at 4.6 s, up to 600 ms late
+    late = [dict(r, sent_s=4.6) if 40 <= i < 46 else r for i, r in enumerate(on_time)]
+    lag, why = serving.send_lag(late, 10.0)
+    assert lag > 400 and why.startswith("the load generator fell behind") and "at 10 req/s" in why
+    assert serving.send_lag(late, 1.0)[1] == ""  # at 1 req/s the same lag is within one gap between arrivals
+    assert serving.send_lag(on_time, 1000.0)[1] == ""  # nor is 2 ms behind, however high the rate
+    summary = serving.summarize_rate(late, slo, 10.0, 10.0)
+    assert summary["generator_behind"] == why and summary["send_lag_p99_ms"] == pytest.approx(lag)
+    kept = serving.summarize_rate(on_time, slo, 10.0, 10.0)
+    assert "generator_behind" not in kept
+    assert serving.serving_metrics([kept, summary], devices=1)["load_generator_behind_runs"] == 1.0
+    assert serving.send_lag([{"ok": True, "sent_s": 1.0}], 10.0) == (None, "")  # a record without its plan
+
+
+def test_a_closed_loop_batch_says_how_much_of_its_stream_came_piled_up():
+    def request(
+        apart: int,
+    ) -> dict:  # 32 tokens: the last ``apart`` - 1 each 3 ms after the one before, the rest at once
+        gaps = [0.0] * (32 - apart) + [3.0] * (apart - 1)
+        return {
+            "ok": True,
+            "sent_s": 0.0,
+            "output_tokens": 32,
+            "ttft_ms": 98.0,
+            "e2e_ms": 98.0 + sum(gaps),
+            "itl_ms": gaps,
+        }
+
+    assert serving.batch_summary([request(32)], 1)["tokens_apart_share"] == 1.0  # a step a token
+    piled = serving.batch_summary([request(1)], 1)  # the whole answer in one read, 98 ms after sending
+    assert piled["tokens_apart_share"] == 0.0 and piled["time_for_100_tokens_s"] == pytest.approx(0.098)
+    assert serving.tokens_apart_share(request(17)) == pytest.approx(16 / 31)
+    assert serving.batch_summary([request(32), request(1)], 2)["tokens_apart_share"] == 0.0  # its worst request's
+    assert serving.tokens_apart_share(dict(request(1), output_tokens=1)) is None  # nothing decoded after the first
+
+
 def test_the_goodput_interval_spans_the_good_share_and_the_bracket():
     assert serving.share_interval(0, 10)[0] == 0.0 and serving.share_interval(10, 10)[1] == 1.0
     low, high = serving.share_interval(380, 400)

@@ -112,3 +112,26 @@ def test_step_events_arrive_while_the_probe_runs(ray_dispatcher, tmp_path):
         end = time.monotonic() + 60
         while d.pending and time.monotonic() < end:
             d.wait_any(timeout=1.0)
+
+
+# The probe reports the CPU priority it ran at, as a metric: what the kernel gave the measured process.
+NICE_PROBE = textwrap.dedent("""
+    import json, os
+    print(json.dumps({"metrics": {"niceness": os.nice(0)}}), flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_probe_records_the_cpu_priority_it_ran_at(ray_dispatcher, tmp_path):
+    """Ray runs its workers, and so the probes, at niceness 15 unless the cluster says otherwise: the
+    trial's info says what the measured process was given (the probe's own reading of it)."""
+    d = ray_dispatcher
+    probe = _script(tmp_path, "nice.py", NICE_PROBE)
+    d.submit(request(3), ProbeLaunch(argv=[PY, str(probe)], timeout_s=60, resources={"num_cpus": 0.5}))
+    result = None
+    end = time.monotonic() + 60
+    while result is None and time.monotonic() < end:
+        for _, r in d.wait_any(timeout=0.5):
+            result = r
+    assert result is not None and result.status == "ok", result
+    assert result.info["niceness"] == int(result.metrics["niceness"]) > 0

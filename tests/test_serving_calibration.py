@@ -233,3 +233,34 @@ def test_solve_steps_leaves_a_term_no_reading_weighs_at_the_uncorrected_model():
     strong = solve_steps(J, c, target, pull=10.0)
     assert faint[0] == pytest.approx(3.0, rel=1e-3) and faint[1] == pytest.approx(1.0, abs=1e-6)
     assert 1.0 < strong[0] < 2.5 and strong[1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_batch_whose_stream_came_piled_up_is_left_out_of_the_fit_and_said():
+    """A batch whose tokens mostly reached the client in one chunk (the API server behind: on the 2-core
+    machine a request of 32 tokens came back whole, TTFT 98 ms, TPOT 0) times the server's lag. Left in,
+    it pulls the decode step toward zero; left out, the fit is the one the other readings make."""
+    spec, ctx, config = _context()
+    batches = calibration_batches(int(config["max_num_seqs"]))
+    runs, clean = [], []
+    for prompt in calibration_prompts(128, 32, None):
+        workload = _workload(ctx, prompt, batches)
+        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys(batches), TRUTH)
+        measured = {k: v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(_keys(batches), truth)}
+        measured.update({f"batch{b}_tokens_apart_share": 1.0 for b in batches})
+        clean.append(ServingRun(prompt, workload, dict(measured)))
+        if prompt == min(calibration_prompts(128, 32, None)):  # its batch of 1 came back whole
+            measured.update(
+                batch1_time_for_100_tokens_s=measured["batch1_ttft_ms"] / 1e3, batch1_tokens_apart_share=0.0
+            )
+        runs.append(ServingRun(prompt, workload, measured))
+    steps = fit_serving_steps(runs, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    assert steps["left_out"] == [{"prompt_len": runs[0].prompt_len, "batch": 1, "tokens_apart_share": 0.0}]
+    assert len(steps["points"]) == 3 * 5 * 2 - 2 and steps["rms_error"] < 1e-3
+    kept = fit_serving_steps(clean, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    assert steps["prefill_scale"] == pytest.approx(kept["prefill_scale"], rel=0.02) and kept["left_out"] == []
+    # read as a decode reading, the piled-up batch moves the fit off the truth
+    as_read = [
+        ServingRun(r.prompt_len, r.workload, {k: v for k, v in r.measured.items() if "share" not in k}) for r in runs
+    ]
+    assert fit_serving_steps(as_read, ctx.model, ctx.hardware, ctx.cluster, config, "vllm")["rms_error"] > 0.02
+    validate_profile({**ctx.hardware, "serving_steps": steps}, "fitted")

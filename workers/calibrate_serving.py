@@ -17,8 +17,10 @@ time for 100 tokens its decode steps). The model's step is
 (B decoding sequences of ``context`` tokens on average, c prompt tokens; the request latency is
 what a request waits outside the engine's steps, which takes no engine time), six numbers
 (:data:`TERMS`) fitted by least squares on the relative error of every reading (bounded: both
-factors > 0, the costs >= 0). The costs per sequence and per token of its context are what the
-roofline misses most on a CPU: vLLM's CPU engine decoded sixteen sequences in 40 ms a step at
+factors > 0, the costs >= 0). A batch whose tokens mostly reached the client piled up is
+left out (:data:`MIN_TOKENS_APART_SHARE`): its figures are the API server's lag, not the
+engine's. The costs per sequence and per token of its context are what the roofline misses most
+on a CPU: vLLM's CPU engine decoded sixteen sequences in 40 ms a step at
 prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have.
 The request latency is what the batch sizes tell apart from the prompt's steps (a TTFT at batch 1
 that batch 16 does not multiply): counted as engine time, it halves the capacity of an engine
@@ -101,9 +103,22 @@ def _with_steps(hardware: Mapping[str, Any], theta: Sequence[float]) -> dict[str
     return {**hardware, "serving_steps": {"engine": "fit", **{key: float(v) for (key, _, _), v in zip(TERMS, theta)}}}
 
 
+# a batch whose tokens mostly arrived piled up (objectives.serving.tokens_apart_share)
+# timed the API server's lag, not the engine's steps: it is left out of the fit
+MIN_TOKENS_APART_SHARE = 0.5
+
+
+def _piled_up(measured: Mapping[str, float], batch: int) -> float | None:
+    """The batch's ``tokens_apart_share`` when it is under :data:`MIN_TOKENS_APART_SHARE`, else None."""
+    share = measured.get(f"batch{batch}_tokens_apart_share")
+    return None if share is None or float(share) >= MIN_TOKENS_APART_SHARE else float(share)
+
+
 def _keys(measured: Mapping[str, float], batches: Sequence[int]) -> list[str]:
     keys = []
     for b in batches:
+        if _piled_up(measured, b) is not None:
+            continue
         for figure in ("ttft_ms", "time_for_100_tokens_s"):
             key = f"batch{b}_{figure}"
             if measured.get(key) is not None and np.isfinite(float(measured[key])) and float(measured[key]) > 0:
@@ -174,8 +189,14 @@ def fit_serving_steps(
     base = {k: v for k, v in hardware.items() if k != "serving_steps"}
     rows: list[tuple[ServingRun, str]] = []
     slopes, consts, y = [], [], []
+    left_out = []  # batches whose stream timed the API server's lag (MIN_TOKENS_APART_SHARE)
     for run in runs:
         batches = [int(b) for b in run.workload.get("batch_sweep") or ()]
+        left_out += [
+            {"prompt_len": run.prompt_len, "batch": b, "tokens_apart_share": share}
+            for b in batches
+            if (share := _piled_up(run.measured, b)) is not None
+        ]
         keys = _keys(run.measured, batches)
         if not keys:
             continue
@@ -211,4 +232,5 @@ def fit_serving_steps(
         **{key: round(float(v), 6) for (key, _, _), v in zip(TERMS, theta)},
         "rms_error": round(float(np.sqrt(np.mean((after / target - 1.0) ** 2))), 6),
         "points": points,
+        "left_out": left_out,
     }

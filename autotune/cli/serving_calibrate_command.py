@@ -148,6 +148,12 @@ def calibrate_serving_engine(
         f"+{steps['context_overhead_ns']:.0f} ns a token of its context, +{steps['request_latency_us'] / 1e3:.0f} ms "
         f"to a TTFT; the fit is within {steps['rms_error']:.0%} (rms) of the readings"
     )
+    for skipped in steps.get("left_out") or ():
+        err.print(
+            f"[yellow]left out[/yellow] batch {skipped['batch']} at prompt {skipped['prompt_len']}: "
+            f"a request had {skipped['tokens_apart_share']:.0%} of its tokens arrive apart from the one before (the "
+            "API server fell behind and they arrived piled up: its times are the server's, not the engine's steps)"
+        )
     for failure in result.failures:
         err.print(f"[yellow]not measured[/yellow] {escape_text(failure)}")
     err.print(f"\n[bold]next steps[/bold]\n  use it in the spec:  cluster: {{profile: {escape_text(str(path))}}}")

@@ -154,6 +154,8 @@ def _ray_probe_task(
             if batcher is not None:
                 batcher.flush()  # the last batch, before the result: the driver sees every event
     result.info.setdefault("host", socket.gethostname())
+    if hasattr(os, "nice"):  # the CPU priority the probe ran at (Ray's workers': 15 unless the cluster says)
+        result.info.setdefault("niceness", os.nice(0))
     for var in ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if os.environ.get(var):
             result.info.setdefault(var, os.environ[var])

@@ -164,6 +164,30 @@ def calibrate_serving(
     return _fitted(spec, config, runs, failures, engine)
 
 
+def _with_apart_shares(measured: dict[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept reading's metrics with each batch's ``tokens_apart_share`` read from its requests where
+    the probe that measured it did not report it (readings kept before 2026-12-01): the refit then
+    leaves out the batches a calibration run today would."""
+    from autotune.objectives.serving import tokens_apart_share
+
+    text = ((record.get("info") or {}).get("serving") or {}).get("requests_jsonl")
+    if not isinstance(text, str):
+        return measured
+    shares: dict[int, list[float]] = {}
+    for line in text.splitlines():
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(request, dict) and request.get("phase") == "batch" and request.get("ok"):
+            share = tokens_apart_share(request)
+            if share is not None:
+                shares.setdefault(int(request["batch"]), []).append(share)
+    for batch, values in shares.items():
+        measured.setdefault(f"batch{batch}_tokens_apart_share", min(values))
+    return measured
+
+
 def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
     """The fit again, on the readings an earlier ``calibrate --serving`` kept (``readings``: its
     ``readings.jsonl``, or the folder holding it), against the model as it is now and the profile
@@ -225,7 +249,7 @@ def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
         engine = str((((record.get("info") or {}).get("serving") or {}).get("engine")) or engine)
         batches = calibration_batches(int(config.get("max_num_seqs") or 1))
         sized = calibration_spec(spec, length, batches)
-        runs.append(ServingRun(length, probe_context(sized).workload, measured))
+        runs.append(ServingRun(length, probe_context(sized).workload, _with_apart_shares(measured, record)))
     if config is None:
         raise CalibrationInputError(f"{path}: no readings in it (an empty file)")
     return _fitted(spec, config, runs, failures, engine)

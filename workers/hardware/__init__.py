@@ -93,7 +93,8 @@ OPTIONAL_KEYS = frozenset(
 # engine step, a fixed cost added to every step, one per decoding sequence of it and one per token of
 # such a sequence's context, a request's latency outside the steps (in its TTFT, no engine time), how
 # far the fit stays from the readings, and the readings themselves (``points``: one per closed-loop
-# batch and prompt length, measured vs modelled).
+# batch and prompt length, measured vs modelled; ``left_out``: the batches whose stream timed the API
+# server's lag, not the engine, and were not fitted).
 SERVING_STEP_KEYS = (
     "engine",
     "decode_scale",
@@ -104,6 +105,7 @@ SERVING_STEP_KEYS = (
     "request_latency_us",
     "rms_error",
     "points",
+    "left_out",
 )
 
 
@@ -257,7 +259,8 @@ def _links(value: Any, where: str) -> dict[int, dict[str, float]]:
 
 def _serving_steps(value: Any, where: str) -> dict[str, Any]:
     """``serving_steps`` checked: the engine's name, both factors > 0, the costs, the latency and the
-    fit's error >= 0, the readings a list of mappings (kept as written: what the factors rest on)."""
+    fit's error >= 0, the readings and the batches left out lists of mappings (kept as written: what
+    the factors rest on)."""
     if not isinstance(value, dict):
         raise ValueError(f"{where}: serving_steps must be a mapping ({', '.join(SERVING_STEP_KEYS)}), got {value!r}")
     unknown = sorted(set(value) - set(SERVING_STEP_KEYS))
@@ -271,7 +274,7 @@ def _serving_steps(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value["engine"], str):
         raise ValueError(f"{where}: serving_steps.engine must be a string, got {value['engine']!r}")
     out: dict[str, Any] = {"engine": value["engine"]}
-    for key in SERVING_STEP_KEYS[1:-1]:
+    for key in SERVING_STEP_KEYS[1:-2]:
         if key in value:
             out[key] = _number(f"serving_steps.{key}", value[key], where)
     for key in ("decode_scale", "prefill_scale"):
@@ -281,6 +284,11 @@ def _serving_steps(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
         raise ValueError(f"{where}: serving_steps.points must be a list of mappings, got {points!r}")
     out["points"] = points
+    left_out = value.get("left_out", [])
+    if not isinstance(left_out, list) or not all(isinstance(p, dict) for p in left_out):
+        raise ValueError(f"{where}: serving_steps.left_out must be a list of mappings, got {left_out!r}")
+    if left_out:
+        out["left_out"] = left_out
     return out
 
 

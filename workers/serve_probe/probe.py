@@ -242,9 +242,8 @@ class Run:
             self._write(records)
             self._fail_on_errors(records, f"the load at {rate:g} req/s", overload=True)
             summary = serving.summarize_rate(records, self.slo, rate, duration)
-            # how late the client sent against the plan: an open loop that could not keep up says so
-            lag = serving.percentile([(r["sent_s"] - r["scheduled_s"]) * 1000.0 for r in records], 99)
-            summary["send_lag_p99_ms"] = None if lag is None else round(lag, 3)
+            if summary.get("generator_behind"):  # an open loop that could not keep up says so
+                log(f"{rate:g} req/s: {summary['generator_behind']}")
             if "kv_cache_usage" in seen:
                 summary["kv_cache_usage"] = seen["kv_cache_usage"]
                 peak_kv = seen["kv_cache_usage"] if peak_kv is None else max(peak_kv, seen["kv_cache_usage"])
@@ -351,7 +350,7 @@ class Run:
         metrics = serving.metrics_at(point, met, summaries, devices)
         metrics.update(engine_view)
         for b, s in closed.items():
-            for key in ("ttft_ms", "time_for_100_tokens_s", "output_tokens_per_s"):
+            for key in ("ttft_ms", "time_for_100_tokens_s", "output_tokens_per_s", "tokens_apart_share"):
                 if s.get(key) is not None:
                     metrics[f"batch{b}_{key}"] = float(s[key])
         if self.search is not None:
