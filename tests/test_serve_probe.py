@@ -259,6 +259,11 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
         (r["sent_s"], r["scheduled_s"]) for r in load
     ]
     assert result.info["serving"]["rates"][0]["send_lag_p99_ms"] < 250
+    # the cores the engine's processes and the client used over the run, beside the host's
+    run = result.info["serving"]["rates"][0]
+    assert run["host_cpu_cores"] >= 1 and "generator_behind" not in run
+    for used in (run["engine_cpu_cores"], run["client_cpu_cores"]):
+        assert 0.0 <= used <= run["host_cpu_cores"] + 0.5
     in_flight = max(sum(1 for o in load if o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["e2e_ms"] / 1000) for r in load)
     assert len(load) >= 5 and in_flight >= 4
     _nothing_left(tmp_path, caplog)

@@ -381,6 +381,11 @@ class Engines:
         return None
 
     # ------------------------------------------------------------------ stop
+    def cpu_s(self) -> float | None:
+        """CPU seconds every started replica's processes have used so far (:func:`group_cpu_s`)."""
+        seconds = [group_cpu_s(r.proc.pid) for r in self.replicas if r.proc is not None]
+        return None if not seconds or any(x is None for x in seconds) else float(sum(seconds))
+
     def stop(self, grace_s: float = 10.0) -> str:
         """SIGTERM every replica's group, wait up to ``grace_s`` for them to go, SIGKILL what is
         left (the groups, then every process carrying this probe's marker, wherever it went);
@@ -411,6 +416,33 @@ class Engines:
         return said
 
 
+def _group_stats(pgid: int) -> list[list[str]]:
+    """The ``/proc/<pid>/stat`` fields after the command name (state first) of every process in
+    process group ``pgid``; raises ``OSError`` where there is no ``/proc``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(stat) > 12 and int(stat[2]) == pgid:
+            out.append(stat)
+    return out
+
+
+def group_cpu_s(pgid: int) -> float | None:
+    """CPU seconds (user + system) the living processes of process group ``pgid`` have used: an
+    engine replica's API server, scheduler and workers (vLLM keeps them in the group it is started
+    in). Read from ``/proc/<pid>/stat`` (utime, stime); None where there is no ``/proc``."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        return sum(int(stat[11]) + int(stat[12]) for stat in _group_stats(pgid)) / float(ticks)
+    except OSError:
+        return None
+
+
 def _probe_health(url: str) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(url, timeout=2.0) as resp:  # a loopback URL built here
@@ -436,15 +468,6 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     try:  # only zombies left (an unreaped leader) count as gone
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(stat[2]) == pgid and stat[0] not in ("Z", "X"):
-                return True
-        return False
+        return any(stat[0] not in ("Z", "X") for stat in _group_stats(pgid))
     except OSError:
         return True

@@ -235,7 +235,9 @@ class Run:
                 self.traffic, rate, self.vocab, self.prompt_mode, salt=runs_at.get(rate, 0), duration_s=duration
             )
             runs_at[rate] = runs_at.get(rate, 0) + 1
+            used = self._cpu_used()
             records, seen = await self._load(session, balancer, sampler, plan, rate)
+            used = used()
             for r in records:
                 r.update(rate=rate, run=len(summaries), phase="load", batch=None)
             records = [_ordered(r) for r in sorted(records, key=lambda r: r["id"])]
@@ -244,6 +246,7 @@ class Run:
             summary = serving.summarize_rate(records, self.slo, rate, duration)
             if summary.get("generator_behind"):  # an open loop that could not keep up says so
                 log(f"{rate:g} req/s: {summary['generator_behind']}")
+            summary.update(used)
             if "kv_cache_usage" in seen:
                 summary["kv_cache_usage"] = seen["kv_cache_usage"]
                 peak_kv = seen["kv_cache_usage"] if peak_kv is None else max(peak_kv, seen["kv_cache_usage"])
@@ -277,6 +280,29 @@ class Run:
         if cache[0] > 0:
             view["prefix_cache_hit_rate"] = cache[1] / cache[0]
         return summaries, view
+
+    def _cpu_used(self) -> Any:
+        """Starts a count of the host's cores the engines and this process (the client) use; calling
+        what it returns ends it: ``engine_cpu_cores``, ``client_cpu_cores`` (CPU seconds over the
+        wall seconds between) and ``host_cpu_cores`` (the cores this process may run on). On a host
+        where the engine and its client share the cores, their sum near the host's says the figures
+        are the host's as much as the engine's (vLLM's CPU engine on 2 cores: benchmarks/README.md)."""
+        engine0, client0, wall0 = self.engines.cpu_s(), _own_cpu_s(), time.perf_counter()
+
+        def end() -> dict[str, float]:
+            wall = time.perf_counter() - wall0
+            engine = self.engines.cpu_s()
+            if wall <= 0:
+                return {}
+            out = {"client_cpu_cores": round((_own_cpu_s() - client0) / wall, 3)}
+            if engine is not None and engine0 is not None:
+                out["engine_cpu_cores"] = round((engine - engine0) / wall, 3)
+            out["host_cpu_cores"] = float(
+                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            )
+            return out
+
+        return end
 
     async def _load(
         self, session: Any, balancer: LeastOutstanding, sampler: MetricsSampler, plan: list, rate: float
@@ -417,6 +443,12 @@ _RECORD_ORDER = (
     "error",
     "error_kind",
 )
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds (user + system) this process, the probe and its client, has used."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _with_search(summary: dict[str, Any], run: int, load: Load, duration_s: float, tried: Tried) -> dict[str, Any]:
