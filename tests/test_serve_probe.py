@@ -264,6 +264,7 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
     assert run["host_cpu_cores"] >= 1 and "generator_behind" not in run
     for used in (run["engine_cpu_cores"], run["client_cpu_cores"]):
         assert 0.0 <= used <= run["host_cpu_cores"] + 0.5
+    assert 0.0 <= run["server_cpu_cores"] <= run["engine_cpu_cores"]  # the launched process is one of the engine's
     in_flight = max(sum(1 for o in load if o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["e2e_ms"] / 1000) for r in load)
     assert len(load) >= 5 and in_flight >= 4
     _nothing_left(tmp_path, caplog)

@@ -381,10 +381,13 @@ class Engines:
         return None
 
     # ------------------------------------------------------------------ stop
-    def cpu_s(self) -> float | None:
-        """CPU seconds every started replica's processes have used so far (:func:`group_cpu_s`)."""
+    def cpu_s(self) -> tuple[float, float] | None:
+        """CPU seconds every started replica's processes have used so far, and their launched
+        processes alone (:func:`group_cpu_s`)."""
         seconds = [group_cpu_s(r.proc.pid) for r in self.replicas if r.proc is not None]
-        return None if not seconds or any(x is None for x in seconds) else float(sum(seconds))
+        if not seconds or any(x is None for x in seconds):
+            return None
+        return float(sum(x[0] for x in seconds)), float(sum(x[1] for x in seconds))
 
     def stop(self, grace_s: float = 10.0) -> str:
         """SIGTERM every replica's group, wait up to ``grace_s`` for them to go, SIGKILL what is
@@ -416,9 +419,9 @@ class Engines:
         return said
 
 
-def _group_stats(pgid: int) -> list[list[str]]:
-    """The ``/proc/<pid>/stat`` fields after the command name (state first) of every process in
-    process group ``pgid``; raises ``OSError`` where there is no ``/proc``."""
+def _group_stats(pgid: int) -> list[tuple[int, list[str]]]:
+    """(pid, its ``/proc/<pid>/stat`` fields after the command name, state first) of every process
+    in process group ``pgid``; raises ``OSError`` where there is no ``/proc``."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -428,19 +431,23 @@ def _group_stats(pgid: int) -> list[list[str]]:
         except (OSError, IndexError):
             continue
         if len(stat) > 12 and int(stat[2]) == pgid:
-            out.append(stat)
+            out.append((int(name), stat))
     return out
 
 
-def group_cpu_s(pgid: int) -> float | None:
-    """CPU seconds (user + system) the living processes of process group ``pgid`` have used: an
-    engine replica's API server, scheduler and workers (vLLM keeps them in the group it is started
-    in). Read from ``/proc/<pid>/stat`` (utime, stime); None where there is no ``/proc``."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+def group_cpu_s(pgid: int) -> tuple[float, float] | None:
+    """CPU seconds (user + system) the living processes of process group ``pgid`` have used, all of
+    them and the group's leader alone: an engine replica's whole (vLLM's API server, scheduler and
+    workers stay in the group it is started in) and the process the probe launched (vLLM's API
+    server). Read from ``/proc/<pid>/stat`` (pid, utime, stime); None where there is no ``/proc``."""
+    ticks = float(os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
     try:
-        return sum(int(stat[11]) + int(stat[12]) for stat in _group_stats(pgid)) / float(ticks)
+        stats = _group_stats(pgid)
     except OSError:
         return None
+    total = sum(int(stat[11]) + int(stat[12]) for _, stat in stats)
+    leader = sum(int(stat[11]) + int(stat[12]) for pid, stat in stats if pid == pgid)
+    return total / ticks, leader / ticks
 
 
 def _probe_health(url: str) -> tuple[bool, str]:
@@ -468,6 +475,6 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     try:  # only zombies left (an unreaped leader) count as gone
-        return any(stat[0] not in ("Z", "X") for stat in _group_stats(pgid))
+        return any(stat[0] not in ("Z", "X") for _, stat in _group_stats(pgid))
     except OSError:
         return True

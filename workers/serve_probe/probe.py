@@ -283,8 +283,10 @@ class Run:
 
     def _cpu_used(self) -> Any:
         """Starts a count of the host's cores the engines and this process (the client) use; calling
-        what it returns ends it: ``engine_cpu_cores``, ``client_cpu_cores`` (CPU seconds over the
-        wall seconds between) and ``host_cpu_cores`` (the cores this process may run on). On a host
+        what it returns ends it: ``engine_cpu_cores`` (every process of the engines),
+        ``server_cpu_cores`` (the processes the probe launched: vLLM's API server, which streams
+        every token), ``client_cpu_cores`` (CPU seconds over the wall seconds between) and
+        ``host_cpu_cores`` (the cores this process may run on). On a host
         where the engine and its client share the cores, their sum near the host's says the figures
         are the host's as much as the engine's (vLLM's CPU engine on 2 cores: benchmarks/README.md)."""
         engine0, client0, wall0 = self.engines.cpu_s(), _own_cpu_s(), time.perf_counter()
@@ -296,7 +298,8 @@ class Run:
                 return {}
             out = {"client_cpu_cores": round((_own_cpu_s() - client0) / wall, 3)}
             if engine is not None and engine0 is not None:
-                out["engine_cpu_cores"] = round((engine - engine0) / wall, 3)
+                out["engine_cpu_cores"] = round((engine[0] - engine0[0]) / wall, 3)
+                out["server_cpu_cores"] = round((engine[1] - engine0[1]) / wall, 3)
             out["host_cpu_cores"] = float(
                 len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             )
