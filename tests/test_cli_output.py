@@ -174,6 +174,25 @@ def test_a_trial_its_memory_profile_ended_reads_profiled_not_measured():
     assert ended.source == "measured"
 
 
+def test_a_serving_trial_whose_client_fell_behind_is_said_under_the_table():
+    """A trial whose load generator could not send on time in some rate runs (a client starved of
+    the host's cores) is named under the table, with what it means; one that kept up is not."""
+    from dataclasses import replace
+
+    fine = replace(_record(5, 701.0, None, "rank 1 by model"), metrics={"tokens_per_s_per_device": 701.0})
+    behind = replace(fine, number=7, metrics={"tokens_per_s_per_device": 650.0, "load_generator_behind_runs": 2.0})
+    console = Console(record=True, width=300, highlight=False, soft_wrap=True)
+    print_report_table(
+        console, [{"trial": 5}, {"trial": 7}], [fine, behind], [("tokens_per_s_per_device", "maximize")], 20
+    )
+    text = console.export_text()
+    assert "! trial(s) 7: the load generator fell behind" in text and "trial(s) 5" not in text
+    assert all(len(line) <= WIDTH for line in text.splitlines())
+    console = Console(record=True, width=300, highlight=False, soft_wrap=True)
+    print_report_table(console, [{"trial": 5}], [fine], [("tokens_per_s_per_device", "maximize")], 20)
+    assert "load generator" not in console.export_text()
+
+
 def test_best_env_says_which_settings_are_defaults_and_stays_sourceable(train_study):
     run_dir, _ = train_study
     env_file = run_dir / "export" / "best.env"

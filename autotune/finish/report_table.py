@@ -149,6 +149,15 @@ def print_report_table(
                 console.print(Text(text, style="dim"))
     if any(r.baseline for r in shown):
         console.print(f"{BASELINE_MARK}: the spec's baseline", markup=False)
+    behind = [r.number for r in shown if (r.metrics or {}).get("load_generator_behind_runs")]
+    if behind:  # a serving trial whose client could not send on time: the host's figure, not only the engine's
+        said = (
+            f"! trial(s) {', '.join(map(str, behind))}: the load generator fell behind its plan in some rate runs "
+            "(load_generator_behind_runs); the engine saw burstier arrivals than asked, and a miss there is "
+            "the host's as much as the engine's: run the client on another host"
+        )
+        for text in wrap_line(said, WIDTH, indent=2):
+            console.print(text, markup=False)
     if shared:
         from ..trial_attrs import UNDISTINGUISHED
 
