@@ -304,18 +304,12 @@ def model_check(run_dir: Path, data: dict) -> dict:
 def _with_send_lag(runs: list[dict], trial_dir: Path) -> list[dict]:
     """The trial's rate runs, each with whether its load generator fell behind its plan, read again
     from the trial's ``requests.jsonl`` (runs kept before the probe said so carry only the lag)."""
-    import json
-
     from autotune.objectives import serving
 
     path = trial_dir / "requests.jsonl"
     if not path.exists():
         return runs
-    by_run: dict[int, list[dict]] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("phase") == "load":
-            by_run.setdefault(int(record["run"]), []).append(record)
+    by_run = serving.records_by(path.read_text().splitlines(), "load", "run")
     out = []
     for run in runs:
         lag, behind = serving.send_lag(by_run.get(int(run.get("run", -1)), []), float(run["rate"]))

@@ -63,6 +63,7 @@ worker nodes.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -89,6 +90,7 @@ __all__ = [
     "goodput_interval",
     "batch_summary",
     "tokens_apart_share",
+    "records_by",
     "cost_per_million_output_tokens",
 ]
 
@@ -422,6 +424,21 @@ def tokens_apart_share(record: Mapping[str, Any]) -> float | None:
     if tokens <= 0:
         return None
     return min(sum(1 for g in (record.get("itl_ms") or ()) if float(g) > TOGETHER_MS) / tokens, 1.0)
+
+
+def records_by(lines: Iterable[str], phase: str, key: str) -> dict[int, list[dict[str, Any]]]:
+    """The request records of one ``phase`` (``load``, ``batch``) among the lines of a
+    ``requests.jsonl``, grouped by ``key`` (a load's ``run``, a closed-loop ``batch``); a line that
+    is no record of that phase is skipped."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("phase") == phase and record.get(key) is not None:
+            out.setdefault(int(record[key]), []).append(record)
+    return out
 
 
 def cost_per_million_output_tokens(

@@ -168,23 +168,15 @@ def _with_apart_shares(measured: dict[str, Any], record: Mapping[str, Any]) -> d
     """A kept reading's metrics with each batch's ``tokens_apart_share`` read from its requests where
     the probe that measured it did not report it (readings kept before 2026-12-01): the refit then
     leaves out the batches a calibration run today would."""
-    from autotune.objectives.serving import tokens_apart_share
+    from autotune.objectives import serving
 
     text = ((record.get("info") or {}).get("serving") or {}).get("requests_jsonl")
     if not isinstance(text, str):
         return measured
-    shares: dict[int, list[float]] = {}
-    for line in text.splitlines():
-        try:
-            request = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(request, dict) and request.get("phase") == "batch" and request.get("ok"):
-            share = tokens_apart_share(request)
-            if share is not None:
-                shares.setdefault(int(request["batch"]), []).append(share)
-    for batch, values in shares.items():
-        measured.setdefault(f"batch{batch}_tokens_apart_share", min(values))
+    for batch, requests in serving.records_by(text.splitlines(), "batch", "batch").items():
+        share = serving.batch_summary(requests, batch).get("tokens_apart_share")
+        if share is not None:
+            measured.setdefault(f"batch{batch}_tokens_apart_share", share)
     return measured
 
 

@@ -380,7 +380,6 @@ class Engines:
                 return replica
         return None
 
-    # ------------------------------------------------------------------ stop
     def cpu_s(self) -> tuple[float, float] | None:
         """CPU seconds every started replica's processes have used so far, and their launched
         processes alone (:func:`group_cpu_s`)."""
@@ -389,6 +388,7 @@ class Engines:
             return None
         return float(sum(x[0] for x in seconds)), float(sum(x[1] for x in seconds))
 
+    # ------------------------------------------------------------------ stop
     def stop(self, grace_s: float = 10.0) -> str:
         """SIGTERM every replica's group, wait up to ``grace_s`` for them to go, SIGKILL what is
         left (the groups, then every process carrying this probe's marker, wherever it went);

@@ -235,9 +235,9 @@ class Run:
                 self.traffic, rate, self.vocab, self.prompt_mode, salt=runs_at.get(rate, 0), duration_s=duration
             )
             runs_at[rate] = runs_at.get(rate, 0) + 1
-            used = self._cpu_used()
+            count_cpu = self._cpu_used()
             records, seen = await self._load(session, balancer, sampler, plan, rate)
-            used = used()
+            used = count_cpu()
             for r in records:
                 r.update(rate=rate, run=len(summaries), phase="load", batch=None)
             records = [_ordered(r) for r in sorted(records, key=lambda r: r["id"])]
