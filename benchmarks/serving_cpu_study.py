@@ -192,7 +192,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
     spec_path.write_text(yaml.safe_dump({**data, "backend": backend}))
     spec = load_spec(spec_path)
     lowest = min(spec.workload.traffic.rates)
-    rows, percentiles = [], []
+    rows, percentiles, all_runs = [], [], []
     print(
         "| config | model: max rate req/s | measured max rate | model / measured | model: capacity req/s "
         "| engine: most completed req/s (rate offered) | model / engine |"
@@ -207,6 +207,7 @@ def model_check(run_dir: Path, data: dict) -> dict:
         if result["status"] != "ok":
             continue
         config, runs = asked["params"], _with_send_lag(result["info"]["serving"]["rates"], result_file.parent)
+        all_runs.extend(runs)
         context = probe_context(spec)
         request = request_settings(spec, context).request(config, 0)
         rates = sorted({float(r["rate"]) for r in runs})
@@ -265,6 +266,10 @@ def model_check(run_dir: Path, data: dict) -> dict:
                     **{f"{k}_model": m.get(k) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")},
                 }
             )
+    if not any(r["factor"] > 0 for r in rows):
+        raise SystemExit(
+            f"{run_dir}: no trial there measured a config (give the run's exhaustive folder, e.g. DIR/exhaustive)"
+        )
     worst = max(max(r["factor"], 1 / r["factor"]) for r in rows if r["factor"] > 0)
     both = [r for r in rows if r["measured"] > 0]
     rho = spearman([r["predicted"] for r in both], [r["measured"] for r in both]) if len(both) >= 3 else None
@@ -279,6 +284,13 @@ def model_check(run_dir: Path, data: dict) -> dict:
             f"{len(limited)} config(s) host-limited (every miss above the rate met came with the load generator "
             f"behind its plan); over the other {len(engine_bound)}: worst factor {worst_engine:.2f}x; "
             f"{len(below)} host-limited config(s) predicted below what they met"
+        )
+    waits = sorted(float(r["client_cpu_wait_share"]) for r in all_runs if r.get("client_cpu_wait_share") is not None)
+    lags = sorted(float(r["send_lag_p99_ms"]) for r in all_runs if r.get("send_lag_p99_ms") is not None)
+    if waits and lags:  # the client, the instrument: did it get a core when it asked (engine.yield_host)
+        print(
+            f"the load generator: waited for a core {waits[len(waits) // 2]:.3f} s a second (median; max "
+            f"{waits[-1]:.3f}) over {len(waits)} runs; p99 send lag up to {lags[-1]:.1f} ms"
         )
     print("\nthe queueing model at each rate measured (ms; model / measured, median over the runs):")
     for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):

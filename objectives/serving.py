@@ -174,7 +174,9 @@ def send_lag(records: Sequence[Mapping[str, Any]], rate: float | None) -> tuple[
     engine then served bursts the Poisson traffic did not hold, and the rate's p99s are the host's
     as much as the engine's. Behind means a p99 lag above the mean gap between planned arrivals
     (1 / rate) and above :data:`SEND_LAG_FLOOR_MS`: 1 % of the requests reached the engine more than
-    one arrival late. A miss then bounds the engine's maximum rate from below, not from above."""
+    one arrival late. A miss then bounds the engine's maximum rate from below, not from above. (The
+    probe now runs the engine at the lowest priority, :func:`workers.serve_probe.engine.yield_host`,
+    which took that machine's lag to 2-6 ms; the check stays for a host that is busy otherwise.)"""
     lags = [
         (float(r["sent_s"]) - float(r["scheduled_s"])) * 1000.0
         for r in records

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,6 +268,10 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
     for used in (run["engine_cpu_cores"], run["client_cpu_cores"]):
         assert 0.0 <= used <= run["host_cpu_cores"] + 0.5
     assert 0.0 <= run["server_cpu_cores"] <= run["engine_cpu_cores"]  # the launched process is one of the engine's
+    if sys.platform.startswith("linux"):  # how long the client's event loop waited for a core, a second
+        assert 0.0 <= run["client_cpu_wait_share"] <= run["host_cpu_cores"]
+    # the engine yields the host to the client: its group at the lowest priority (and its autogroup)
+    assert result.info["serving"]["engine_priority"]["niceness"] == 19
     in_flight = max(sum(1 for o in load if o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["e2e_ms"] / 1000) for r in load)
     assert len(load) >= 5 and in_flight >= 4
     _nothing_left(tmp_path, caplog)
@@ -511,3 +518,40 @@ def test_connections_dropped_under_load_are_a_measurement_but_engine_errors_end_
         )["slo_met"]
         is False
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="POSIX priorities")
+def test_a_replica_yields_the_host_to_the_client_and_what_it_forks_later_does_too(tmp_path):
+    from autotune.workers.serve_probe.engine import ENGINE_NICENESS, Replica
+
+    script = (
+        "import os, sys, time\n"
+        "time.sleep(0.5)\n"  # forks after the probe lowered its priority, as vLLM's workers do
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(pid))\n"
+        "time.sleep(30)\n"
+    )
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    replica = Replica(0, [sys.executable, "-c", script], {}, tmp_path / "replica0", {})
+    replica.start(os.environ, "test-marker")
+    leader = replica.proc
+    try:
+        assert replica.priority == {"niceness": ENGINE_NICENESS} and ENGINE_NICENESS == 19
+        assert os.getpriority(os.PRIO_PROCESS, leader.pid) == 19
+        # a group of its own to kill, in the probe's session: one scheduling group with the client
+        assert os.getpgid(leader.pid) == leader.pid != os.getpgid(0)
+        assert os.getsid(leader.pid) == os.getsid(0)
+        pid_file = tmp_path / "child.pid"
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and leader.poll() is None
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert os.getpriority(os.PRIO_PROCESS, child) == 19 and os.getpgid(child) == leader.pid
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the probe (the client) keeps its own
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
