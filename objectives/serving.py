@@ -176,7 +176,7 @@ def send_lag(records: Sequence[Mapping[str, Any]], rate: float | None) -> tuple[
     (1 / rate) and above :data:`SEND_LAG_FLOOR_MS`: 1 % of the requests reached the engine more than
     one arrival late. A miss then bounds the engine's maximum rate from below, not from above. (The
     probe now runs the engine at the lowest priority, :func:`workers.serve_probe.engine.yield_host`,
-    which took that machine's lag to 2-6 ms; the check stays for a host that is busy otherwise.)"""
+    which took that machine's lag to 2-9 ms; the check stays for a host that is busy otherwise.)"""
     lags = [
         (float(r["sent_s"]) - float(r["scheduled_s"])) * 1000.0
         for r in records
