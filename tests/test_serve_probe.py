@@ -270,7 +270,7 @@ def test_open_loop_sends_at_the_planned_times_whatever_is_in_flight(tmp_path, ca
     assert 0.0 <= run["server_cpu_cores"] <= run["engine_cpu_cores"]  # the launched process is one of the engine's
     if sys.platform.startswith("linux"):  # how long the client's event loop waited for a core, a second
         assert 0.0 <= run["client_cpu_wait_share"] <= run["host_cpu_cores"]
-    # the engine yields the host to the client: its group at the lowest priority (and its autogroup)
+    # the engine yields the host to the client: its group at the lowest priority, in the probe's session
     assert result.info["serving"]["engine_priority"]["niceness"] == 19
     in_flight = max(sum(1 for o in load if o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["e2e_ms"] / 1000) for r in load)
     assert len(load) >= 5 and in_flight >= 4
@@ -555,3 +555,21 @@ def test_a_replica_yields_the_host_to_the_client_and_what_it_forks_later_does_to
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def test_the_engines_priority_names_every_replica_that_kept_its_own():
+    """The trial's ``engine_priority`` speaks for every replica, not the first one only."""
+    from types import SimpleNamespace
+
+    from autotune.workers.serve_probe.engine import Engines
+
+    def replica(index, priority, started=True):
+        return SimpleNamespace(index=index, priority=priority, proc=object() if started else None)
+
+    fine = [replica(0, {"niceness": 19}), replica(1, {"niceness": 19})]
+    assert Engines.priority(SimpleNamespace(replicas=fine)) == {"niceness": 19}
+    one_kept = [*fine, replica(2, {"priority_note": "niceness not set: denied"})]
+    assert Engines.priority(SimpleNamespace(replicas=one_kept)) == {
+        "priority_note": "replica 2: niceness not set: denied"
+    }
+    assert Engines.priority(SimpleNamespace(replicas=[replica(0, {}, started=False)])) == {}

@@ -2,8 +2,8 @@
 they started, however the probe ends.
 
 Each replica is a process group of its own (``setpgid``: one the probe can kill as a whole, apart
-from the probe's own group, in the probe's session), with ``PR_SET_PDEATHSIG`` =
-SIGKILL on Linux (a probe killed with SIGKILL takes the replica's leader with it), and a marker in its environment
+from the probe's own group, in the probe's session), with ``PR_SET_PDEATHSIG`` = SIGKILL on Linux
+(a probe killed with SIGKILL takes the replica's leader with it), and a marker in its environment
 (``AUTOTUNE_SERVE_ENGINE``) that every descendant inherits: stopping sweeps ``/proc`` for it, so
 a grandchild that left the group (a daemonising launcher, ``setsid``) is found too. The driver's
 own sweep (``AUTOTUNE_PROBE_MARK``, workers/command.py) covers the case where the probe itself
@@ -156,11 +156,12 @@ def yield_host(pid: int, niceness: int = ENGINE_NICENESS) -> dict[str, Any]:
     sends late, in bursts, so the rate's percentiles are the host's, not the engine's. On the 2-core
     machine vLLM's CPU engine (its worker holds a core, its scheduler half another) kept the client's
     event loop waiting 0.1-1.0 s a second for a core while it used 0.03-0.1 of one: 1 % of its
-    requests went out 150-630 ms late and the TTFT p99 read 220-760 ms. Niceness alone did not help
-    then: each replica was a session of its own, and Linux with ``kernel.sched_autogroup_enabled``
-    weighs every session as one group, whatever its processes' niceness. So a replica stays in the
-    probe's session (its own process group only) and runs at niceness 19 in it:
-    the client then sent within 2-9 ms of its plan and the p99 read 26-80 ms (benchmarks/README.md).
+    requests went out 88-633 ms late and the TTFT p99 read 137-757 ms at 8-16 req/s. Niceness alone
+    did not help then: each replica was a session of its own, and Linux with
+    ``kernel.sched_autogroup_enabled`` weighs every session as one group, whatever its processes'
+    niceness. So a replica stays in the probe's session (its own process group only) and runs at
+    niceness 19 in it: the client then sent within 2-9 ms of its plan and the p99 read 26-80 ms
+    (benchmarks/README.md).
     Against the rest of the host the probe's session weighs as before; where there is no autogroup
     (processes in a cgroup), the niceness orders the engine after the client all the same. Raising
     a niceness needs no privilege."""
@@ -416,6 +417,15 @@ class Engines:
             if replica.returncode() is not None:
                 return replica
         return None
+
+    def priority(self) -> dict[str, Any]:
+        """What :func:`yield_host` set on the started replicas: the ``niceness`` where every one got
+        it, and a ``priority_note`` naming each replica that kept its priority and why."""
+        started = [r for r in self.replicas if r.proc is not None]
+        notes = [f"replica {r.index}: {r.priority['priority_note']}" for r in started if "priority_note" in r.priority]
+        if notes:
+            return {"priority_note": "; ".join(notes)}
+        return {"niceness": started[0].priority["niceness"]} if started else {}
 
     def cpu_s(self) -> tuple[float, float] | None:
         """CPU seconds every started replica's processes have used so far, and their launched

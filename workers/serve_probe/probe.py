@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ProbeFailure(status, reason)
             return 0
         log(f"started {len(engines.replicas)} engine replica(s); logs in {trial_dir}/replica*/engine.log")
-        priority = engines.replicas[0].priority if engines.replicas else {}
+        priority = engines.priority()
         if priority.get("priority_note"):  # the client may then wait for the engine's cores: say so
             log(f"the engine keeps its priority over the client: {priority['priority_note']}")
 
