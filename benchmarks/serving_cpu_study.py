@@ -89,6 +89,11 @@ def quick(data: dict) -> dict:
     return dict(data, workload=workload, space=space, search=dict(data["search"], n_trials=2))
 
 
+def _rho(rho: float | None) -> str:
+    """A rank correlation as printed: two decimals, or why there is none."""
+    return "none (under 3 configs)" if rho is None else f"{rho:.2f}"
+
+
 def close(data: dict) -> dict:
     """``--close``: longer prompts (the engine saturates at about 13 requests/s here), a space of four
     configs whose best and second are close on this machine (max_num_seqs 4 or 8, chunked prefill on
@@ -273,7 +278,10 @@ def model_check(run_dir: Path, data: dict) -> dict:
     worst = max(max(r["factor"], 1 / r["factor"]) for r in rows if r["factor"] > 0)
     both = [r for r in rows if r["measured"] > 0]
     rho = spearman([r["predicted"] for r in both], [r["measured"] for r in both]) if len(both) >= 3 else None
-    print(f"worst factor {worst:.2f}x over {len(rows)} configs; Spearman over the {len(both)} that met a rate: {rho}")
+    print(
+        f"worst factor {worst:.2f}x over {len(rows)} configs; "
+        f"Spearman over the {len(both)} that met a rate: {_rho(rho)}"
+    )
     engine_bound = [r for r in rows if r["factor"] > 0 and not r["host_limited"]]
     if len(engine_bound) < len(rows):
         # a host-limited maximum bounds the engine's from below: a prediction above it is not refuted by it
@@ -411,8 +419,8 @@ def rounds_check(run_dirs: list[Path], data: dict) -> dict:
     zero_after = [r["config"] for r in out if r["after"] <= 0 and r["goodput_mean"] > 0]
     print(
         f"worst factor against the mean: {worst_before:.2f}x before any trial, {worst_after:.2f}x after the refit, "
-        f"over {len(out)} configs; Spearman over the {len(both)} that met a rate: {rho_before} before, "
-        f"{rho_after} after"
+        f"over {len(out)} configs; Spearman over the {len(both)} that met a rate: {_rho(rho_before)} before, "
+        f"{_rho(rho_after)} after"
         + (
             f"; the refit predicts no rate for {len(zero_after)} config(s) that met one (no factor)"
             if zero_after
@@ -493,7 +501,7 @@ def study_refit(spec, rows: list[dict], lowest: float) -> dict:
     rho = spearman([r["refit"] for r in both], [r["measured"] for r in both]) if len(both) >= 3 else None
     print(
         f"refit: worst factor {worst:.2f}x over {len(out)} configs; Spearman over the {len(both)} that met a rate: "
-        f"{rho}"
+        f"{_rho(rho)}"
     )
     return {"rows": out, "worst_factor": worst, "spearman": rho}
 

@@ -33,6 +33,7 @@ from autotune.workers.calibrate_serving import (
 )
 from autotune.workers.hardware import load_profile, validate_profile
 from autotune.workers.simulate import columns_from_params, simulate_configs
+from autotune.workers.simulate._serve import API_OVERHEAD_S
 
 SPEC = REPO / "search_spaces" / "tiny_llama_serve_cpu.yaml"
 
@@ -43,8 +44,8 @@ def _context():
 
 
 # decode_scale, prefill_scale, step_overhead_us, sequence_overhead_us, context_overhead_ns,
-# request_latency_us (TERMS' order)
-TRUTH = (3.0, 1.5, 4000.0, 300.0, 5000.0, 60000.0)
+# prompt_token_overhead_ns, request_latency_us (TERMS' order)
+TRUTH = (3.0, 1.5, 4000.0, 300.0, 5000.0, 20000.0, 60000.0)
 
 
 def _workload(ctx, prompt: int, batches) -> dict:
@@ -62,7 +63,8 @@ def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
     """Readings the model makes at known terms are fitted back to within rounding, and the fitted model
     gives the same figures at a batch and a prompt length no reading had. (On this small model the
     decode step is affine in the batch and its context, so its factor and the three costs are one
-    blend: the fit may split them otherwise, but not predict otherwise.)"""
+    blend, and so are the prompt's factor and its cost a token: the fit may split them otherwise, but
+    not predict otherwise.)"""
     spec, ctx, config = _context()
     batches = calibration_batches(int(config["max_num_seqs"]))
     runs = []
@@ -73,7 +75,9 @@ def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
         runs.append(ServingRun(prompt, workload, measured))
     steps = fit_serving_steps(runs, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
     assert steps["rms_error"] < 1e-3
-    for key in ("prefill_scale", "context_overhead_ns", "request_latency_us"):  # what the readings pin down
+    # what the readings pin down; the prompt's factor and its cost a token are one blend where the model's
+    # prefill is near-linear in its tokens (this small model's is), as the decode's are
+    for key in ("context_overhead_ns", "request_latency_us"):
         assert steps[key] == pytest.approx(TRUTH[[k for k, _, _ in TERMS].index(key)], rel=0.02), key
     assert len(steps["points"]) == 3 * 5 * 2  # prompts x batches (1..16 within max_num_seqs 32) x figures
     assert max(p["model_s"] / p["measured_s"] for p in steps["points"]) < 0.9  # the uncorrected model was off
@@ -151,6 +155,38 @@ def test_the_factors_move_the_models_decode_and_prompt_figures_apart():
     assert plain[0] < slow_decode[0] < both[0] and plain[0] < slow_prompt[0] < both[0]
     assert slow_decode[0] + slow_prompt[0] - plain[0] == pytest.approx(both[0], rel=1e-6)
     assert slow_decode[2] < plain[2]  # a slower engine sustains less
+
+
+def test_a_closed_loop_batch_prices_the_first_prompt_alone_and_the_others_a_token_each():
+    """vLLM reads a batch sent at once as its requests reach the engine: the first alone in a step of
+    its own, the others together in the next (beside the first one's decode). With the engine's step
+    made only of a fixed cost and a cost per prompt token, the batch's TTFT is two steps' fixed costs
+    and every prompt's tokens; priced as one step of all b prompts, it was one step's."""
+    spec, ctx, config = _context()
+    step_s, token_s, prompt = 0.02, 30e-6, 256
+    steps = {
+        "engine": "x",
+        "decode_scale": 1e-3,
+        "prefill_scale": 1e-3,
+        "step_overhead_us": step_s * 1e6,
+        "sequence_overhead_us": 0.0,
+        "context_overhead_ns": 0.0,
+        "prompt_token_overhead_ns": token_s * 1e9,
+    }
+    validate_profile({**ctx.hardware, "serving_steps": steps}, "by hand")
+    theta = [steps.get(k, default) for k, default, _ in TERMS]
+    workload = _workload(ctx, prompt, [1, 8])
+    ttft1, _, ttft8, _ = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys([1, 8]), theta)
+    api = API_OVERHEAD_S  # the model's API server, outside the steps
+    assert ttft1 == pytest.approx(api + step_s + prompt * token_s, rel=0.02)
+    assert ttft8 == pytest.approx(api + 2 * step_s + 8 * prompt * token_s, rel=0.02)
+    # a profile written before the cost a prompt token was fitted prices as it did
+    older = {k: v for k, v in steps.items() if k != "prompt_token_overhead_ns"}
+    validate_profile({**ctx.hardware, "serving_steps": older}, "older")
+    no_token = [older.get(k, default) for k, default, _ in TERMS]
+    assert modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys([1]), no_token)[
+        0
+    ] == pytest.approx(api + step_s, rel=0.02)
 
 
 @pytest.mark.timeout(300)
@@ -257,7 +293,16 @@ def test_a_batch_whose_stream_came_piled_up_is_left_out_of_the_fit_and_said():
     assert steps["left_out"] == [{"prompt_len": runs[0].prompt_len, "batch": 1, "tokens_apart_share": 0.0}]
     assert len(steps["points"]) == 3 * 5 * 2 - 2 and steps["rms_error"] < 1e-3
     kept = fit_serving_steps(clean, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
-    assert steps["prefill_scale"] == pytest.approx(kept["prefill_scale"], rel=0.02) and kept["left_out"] == []
+    assert kept["left_out"] == []
+    unseen = _workload(ctx, 100, [3, 12])
+    assert modelled_figures(
+        ctx.model, unseen, ctx.hardware, ctx.cluster, config, _keys([3, 12]), [steps[k] for k, _, _ in TERMS]
+    ) == pytest.approx(
+        modelled_figures(
+            ctx.model, unseen, ctx.hardware, ctx.cluster, config, _keys([3, 12]), [kept[k] for k, _, _ in TERMS]
+        ),
+        rel=0.01,
+    )
     # read as a decode reading, the piled-up batch moves the fit off the truth
     as_read = [
         ServingRun(r.prompt_len, r.workload, {k: v for k, v in r.measured.items() if "share" not in k}) for r in runs

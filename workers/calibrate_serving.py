@@ -12,21 +12,25 @@ time for 100 tokens its decode steps). The model's step is
 
     step(B, c) = decode_scale * model(B, 0) + prefill_scale * (model(B, c) - model(B, 0))
                  + step_overhead + B * (sequence_overhead + context * context_overhead)
+                 + c * prompt_token_overhead
     TTFT       = request_latency + the steps until the first token
 
 (B decoding sequences of ``context`` tokens on average, c prompt tokens; the request latency is
-what a request waits outside the engine's steps, which takes no engine time), six numbers
+what a request waits outside the engine's steps, which takes no engine time), seven numbers
 (:data:`TERMS`) fitted by least squares on the relative error of every reading (bounded: both
 factors > 0, the costs >= 0). A batch whose tokens mostly reached the client piled up is
 left out (:data:`MIN_TOKENS_APART_SHARE`): its figures are the API server's lag, not the
 engine's. The costs per sequence and per token of its context are what the roofline misses most
 on a CPU: vLLM's CPU engine decoded sixteen sequences in 40 ms a step at
 prompts of 64 tokens and 99 ms at 192, a slope in the context the model's step does not have.
+The cost a prompt token is the prompt's on a CPU: the roofline's GEMMs grow more efficient with the
+tokens of a step, and vLLM's CPU engine's prefill does not (about 35 us a token at 192-512-token
+prompts on the 2-core machine).
 The request latency is what the batch sizes tell apart from the prompt's steps (a TTFT at batch 1
 that batch 16 does not multiply): counted as engine time, it halves the capacity of an engine
 whose API server answers from another core. Every figure the model gives of a closed-loop batch is
-affine in the six, so the fit reads the model's own figures at seven settings (the uncorrected
-model, and once off each term) rather than re-deriving its formulas here. The profile keeps the six
+affine in the seven, so the fit reads the model's own figures at eight settings (the uncorrected
+model, and once off each term) rather than re-deriving its formulas here. The profile keeps the seven
 numbers and the readings (``serving_steps``); the study's guide then refits from its own trials as
 for training.
 """
@@ -60,6 +64,7 @@ TERMS = (
     ("step_overhead_us", 0.0, 1e3),
     ("sequence_overhead_us", 0.0, 1e3),
     ("context_overhead_ns", 0.0, 1e3),
+    ("prompt_token_overhead_ns", 0.0, 1e4),
     ("request_latency_us", 0.0, 1e3),
 )
 _DEFAULTS = np.array([default for _, default, _ in TERMS])  # the uncorrected model

@@ -60,7 +60,8 @@ def write_serving_profile(
         f"# serving_steps: {steps['engine']} {measured} at {len(steps['points'])} closed-loop readings "
         f"(config {json.dumps(config, sort_keys=True)});",
         "# the serving model's step: decode_scale * its decode part + prefill_scale * its prompt part + step_overhead",
-        "# + decoding sequences * (sequence_overhead + context * context_overhead); a TTFT adds request_latency.",
+        "# + decoding sequences * (sequence_overhead + context * context_overhead)",
+        "# + prompt tokens * prompt_token_overhead; a TTFT adds request_latency.",
         "# Every other figure is the profile the study ranks with (unchanged).",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +146,9 @@ def calibrate_serving_engine(
     out.print(
         f"wrote {escape_text(str(path))}: decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
         f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a decoding sequence, "
-        f"+{steps['context_overhead_ns']:.0f} ns a token of its context, +{steps['request_latency_us'] / 1e3:.0f} ms "
+        f"+{steps['context_overhead_ns']:.0f} ns a token of its context, "
+        f"+{steps.get('prompt_token_overhead_ns', 0.0) / 1e3:.1f} us a prompt token, "
+        f"+{steps['request_latency_us'] / 1e3:.0f} ms "
         f"to a TTFT; the fit is within {steps['rms_error']:.0%} (rms) of the readings"
     )
     for skipped in steps.get("left_out") or ():

@@ -102,6 +102,7 @@ SERVING_STEP_KEYS = (
     "step_overhead_us",
     "sequence_overhead_us",
     "context_overhead_ns",
+    "prompt_token_overhead_ns",
     "request_latency_us",
     "rms_error",
     "points",

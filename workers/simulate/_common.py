@@ -108,18 +108,20 @@ class HW:
     serve_step: float = 0.0
     serve_seq: float = 0.0
     serve_ctx: float = 0.0
+    serve_tok: float = 0.0  # a prompt token's cost in a step: a CPU's prefill is linear in its tokens
     serve_latency: float = 0.0  # a request's wait outside the engine's steps (TTFT only, no capacity)
 
     @property
     def serving_calibrated(self) -> bool:
         """Whether the engine's steps are corrected (the latency outside them is added where it applies)."""
-        return (self.serve_decode, self.serve_prefill, self.serve_step, self.serve_seq, self.serve_ctx) != (
-            1.0,
-            1.0,
-            0.0,
-            0.0,
-            0.0,
-        )
+        return (
+            self.serve_decode,
+            self.serve_prefill,
+            self.serve_step,
+            self.serve_seq,
+            self.serve_ctx,
+            self.serve_tok,
+        ) != (1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
 
     @classmethod
     def of(cls, hw: Mapping[str, Any], cluster: Mapping[str, Any]) -> "HW":
@@ -163,6 +165,7 @@ class HW:
             serve_step=float(steps.get("step_overhead_us", 0.0)) * 1e-6,
             serve_seq=float(steps.get("sequence_overhead_us", 0.0)) * 1e-6,
             serve_ctx=float(steps.get("context_overhead_ns", 0.0)) * 1e-9,
+            serve_tok=float(steps.get("prompt_token_overhead_ns", 0.0)) * 1e-9,
             serve_latency=float(steps.get("request_latency_us", 0.0)) * 1e-6,
         )
 
