@@ -452,7 +452,7 @@ def held_out_markdown(
             f"- {engine} ({n} rows): decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
             f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a sequence, "
             f"+{steps['context_overhead_ns']:.0f} ns a context token, "
-            f"+{steps.get('prompt_token_overhead_ns', 0.0) / 1e3:.1f} us a prompt token, "
+            f"+{steps['prompt_token_overhead_ns'] / 1e3:.1f} us a prompt token, "
             f"+{steps['request_latency_us'] / 1e3:.1f} ms "
             "outside the steps"
         )

@@ -147,7 +147,7 @@ def calibrate_serving_engine(
         f"wrote {escape_text(str(path))}: decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
         f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a decoding sequence, "
         f"+{steps['context_overhead_ns']:.0f} ns a token of its context, "
-        f"+{steps.get('prompt_token_overhead_ns', 0.0) / 1e3:.1f} us a prompt token, "
+        f"+{steps['prompt_token_overhead_ns'] / 1e3:.1f} us a prompt token, "
         f"+{steps['request_latency_us'] / 1e3:.0f} ms "
         f"to a TTFT; the fit is within {steps['rms_error']:.0%} (rms) of the readings"
     )

@@ -794,23 +794,22 @@ def _closed_loop(eng: Engine, tr: Traffic) -> dict[str, np.ndarray]:
     the others, arriving while that step runs, are prefilled together in the steps after it (beside
     the first one's decode), and its decode waits for them (:func:`batch_figures`). vLLM's CPU engine
     read so at 192-512-token prompts: of 8 sent at once, one first token at 16-23 ms, the other seven
-    together at 112-260 ms; priced as one step of all eight, the calibration fitted every prompt
-    token half its cost (the fit 25 % rms off the readings)."""
+    together at 112-260 ms."""
     out: dict[str, np.ndarray] = {}
     chunk = np.where(eng.chunked, eng.mbt, np.maximum(np.floor(eng.mbt / eng.P_eff), 1.0) * eng.P_eff)
     zero = np.zeros_like(eng.mns)
 
-    def first_token(tokens: np.ndarray) -> np.ndarray:
-        """Seconds to the first token of the last of ``tokens`` prompt tokens sent to an idle engine."""
-        return eng.api + eng.iteration(zero, np.minimum(chunk, tokens)) * np.maximum(1.0, tokens / chunk)
+    def prefill(tokens: np.ndarray, decoding: np.ndarray) -> np.ndarray:
+        """Seconds of the steps that compute ``tokens`` prompt tokens in token-budget chunks beside
+        ``decoding`` decoding sequences."""
+        return eng.iteration(decoding, np.minimum(chunk, tokens)) * np.maximum(1.0, tokens / chunk)
 
-    first = first_token(eng.P_eff)  # the request served first: its own prompt alone
+    first = eng.api + prefill(eng.P_eff, zero)  # the request served first: its own prompt alone
     one = np.ones_like(eng.mns)
     for b in tr.batch_sweep:
         br = np.minimum(np.ceil(b / eng.r), eng.mns)
         t100 = eng.iteration(br, zero, eng.P + 50.0)
         rest = np.maximum(br - 1.0, 0.0) * eng.P_eff  # the others' prompts, in the steps after the first's
-        later = first + eng.iteration(one, np.minimum(chunk, rest)) * np.maximum(1.0, rest / chunk)
-        ttft = np.where(br > 1.0, later, first)
+        ttft = np.where(br > 1.0, first + prefill(rest, one), first)
         batch_figures(out, b, ttft, t100, eng.iteration(br, zero), eng, first_ttft=first)
     return out
