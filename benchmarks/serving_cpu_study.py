@@ -431,6 +431,7 @@ def rounds_check(run_dirs: list[Path], data: dict) -> dict:
         "rows": out,
         "worst_before": worst_before,
         "worst_after": worst_after,
+        "spearman_before": rho_before,
         "spearman_after": rho_after,
         "refit_zero_where_met": zero_after,
     }

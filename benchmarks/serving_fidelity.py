@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from autotune.spec.models import PRESETS
+from autotune.workers.calibrate_serving import describe_steps
 from autotune.workers.hardware import load_profile
 from autotune.workers.simulate import columns_from_params, simulate_configs
 
@@ -440,7 +441,7 @@ def held_out_markdown(
         "",
         "### Calibrated on a fit set, scored on the rows it did not see",
         "",
-        "Each engine's six step terms (`autotune calibrate --serving`'s, `workers/calibrate_serving.py`) fitted to",
+        "Each engine's seven step terms (`autotune calibrate --serving`'s, `workers/calibrate_serving.py`) fitted to",
         "one source per engine, its fit set: NeMo's H100 rows for TensorRT-LLM, vLLM's nightly latency rows",
         "(H100, H200) for vLLM. Every other row is held out: NeMo's A100 rows, the vLLM rows of other",
         "sources, versions and GPUs. An engine with no fit set (Hugging Face generate) stays uncorrected.",
@@ -448,14 +449,7 @@ def held_out_markdown(
     ]
     for engine, steps in fits.items():
         n = sum(1 for r in fit_rows if r["engine"] == engine)
-        lines.append(
-            f"- {engine} ({n} rows): decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
-            f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a sequence, "
-            f"+{steps['context_overhead_ns']:.0f} ns a context token, "
-            f"+{steps['prompt_token_overhead_ns'] / 1e3:.1f} us a prompt token, "
-            f"+{steps['request_latency_us'] / 1e3:.1f} ms "
-            "outside the steps"
-        )
+        lines.append(f"- {engine} ({n} rows): {describe_steps(steps)}")
     lines += [
         "",
         f"Fit set ({int(t['rows'])} rows): mean absolute error {t['mape'] * 100:.0f} %. "

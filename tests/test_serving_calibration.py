@@ -91,6 +91,75 @@ def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
     validate_profile({**ctx.hardware, "serving_steps": steps}, "fitted")  # what the command writes loads back
 
 
+def _truth_runs(ctx, config, batches, slow: dict[int, float] | None = None) -> list[ServingRun]:
+    """One run per prompt length, its figures the model's at :data:`TRUTH` (times ``slow[prompt]``)."""
+    runs = []
+    for prompt in calibration_prompts(128, 32, None):
+        workload = _workload(ctx, prompt, batches)
+        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys(batches), TRUTH)
+        factor = (slow or {}).get(prompt, 1.0)
+        measured = {k: factor * v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(_keys(batches), truth)}
+        runs.append(ServingRun(prompt, workload, measured))
+    return runs
+
+
+def test_rounds_of_a_prompt_length_are_fitted_at_their_median_and_the_points_say_how_many():
+    """Three rounds, one of which ran on a host 60 % slower at one prompt length (a slow spell of a
+    shared VM): the fit reads each figure's median, so it lands where the two quiet rounds put it; the
+    slow round fitted alone does not. Each point says on how many readings it rests and how far
+    apart they were; the profile keeps the most rounds and the median point's spread."""
+    spec, ctx, config = _context()
+    batches = calibration_batches(int(config["max_num_seqs"]))
+    prompts = calibration_prompts(128, 32, None)
+    quiet = _truth_runs(ctx, config, batches)
+    slow = _truth_runs(ctx, config, batches, slow={prompts[1]: 1.6})
+    steps = fit_serving_steps(quiet + slow + quiet, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    alone = fit_serving_steps(slow, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    assert steps["rms_error"] < 1e-3 and alone["rms_error"] > 0.05
+    assert len(steps["points"]) == 3 * 5 * 2  # the rounds are pooled, not fitted as points of their own
+    assert {p["readings"] for p in steps["points"]} == {3} and steps["repeats"] == 3
+    spreads = {p["prompt_len"]: p["spread"] for p in steps["points"]}
+    assert spreads[prompts[1]] == pytest.approx(0.6, rel=1e-6) and spreads[prompts[0]] == 0.0
+    assert steps["repeat_spread"] == 0.0  # two lengths of three had no spread: the median point has none
+    unseen = _workload(ctx, 100, [3, 12])
+    truth = modelled_figures(ctx.model, unseen, ctx.hardware, ctx.cluster, config, _keys([3, 12]), TRUTH)
+    pooled = modelled_figures(
+        ctx.model, unseen, ctx.hardware, ctx.cluster, config, _keys([3, 12]), [steps[k] for k, _, _ in TERMS]
+    )
+    assert pooled == pytest.approx(truth, rel=0.01)
+    single = fit_serving_steps(quiet, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
+    assert single["repeats"] == 1 and "repeat_spread" not in single
+    assert {p["readings"] for p in single["points"]} == {1} and not any("spread" in p for p in single["points"])
+    validate_profile({**ctx.hardware, "serving_steps": steps}, "pooled")
+
+
+def test_a_round_whose_stream_piled_up_is_not_counted_and_a_batch_piled_up_in_every_round_is_left_out():
+    """A batch timed the API server's lag in one round (its tokens arrived piled up): that round is not
+    counted for it, and the other two decide; a batch piled up in all three is left out of the fit,
+    once, with the lowest share."""
+    spec, ctx, config = _context()
+    batches = calibration_batches(int(config["max_num_seqs"]))
+    rounds = [_truth_runs(ctx, config, batches) for _ in range(3)]
+    for number, runs in enumerate(rounds):
+        for run in runs:
+            run.measured.update({f"batch{b}_tokens_apart_share": 1.0 for b in batches})
+        first = runs[0].measured  # the shortest prompt
+        first["batch2_tokens_apart_share"] = 0.1 * (number + 1)  # piled up in every round
+        first["batch2_time_for_100_tokens_s"] = 0.001
+        if number == 0:  # batch 4 piled up in the first round only, its figure the lag
+            first.update(batch4_tokens_apart_share=0.2, batch4_time_for_100_tokens_s=0.001)
+    steps = fit_serving_steps(
+        [run for runs in rounds for run in runs], ctx.model, ctx.hardware, ctx.cluster, config, "vllm"
+    )
+    shortest = rounds[0][0].prompt_len
+    assert steps["left_out"] == [{"prompt_len": shortest, "batch": 2, "tokens_apart_share": 0.1}]
+    by_point = {(p["prompt_len"], p["batch"], p["figure"]): p for p in steps["points"]}
+    assert by_point[(shortest, 4, "time_for_100_tokens_s")]["readings"] == 2
+    assert by_point[(shortest, 4, "time_for_100_tokens_s")]["spread"] == 0.0  # the lag's figure not among them
+    assert (shortest, 2, "ttft_ms") not in by_point
+    assert steps["rms_error"] < 1e-3
+
+
 def test_too_few_readings_are_refused_with_the_count():
     spec, ctx, config = _context()
     run = ServingRun(64, dict(ctx.workload), {"batch1_ttft_ms": 12.0})
@@ -232,10 +301,15 @@ ray: {{enabled: false}}
         assert calibrated[f"batch{b}_time_for_100_tokens_s"][0] == pytest.approx(measured, rel=0.25)
         assert bundled[f"batch{b}_time_for_100_tokens_s"][0] < 0.5 * measured  # far off before
     kept = [json.loads(line) for line in (tmp_path / "host.serving-calibration" / "readings.jsonl").open()]
-    assert [k["prompt_len"] for k in kept] == [16, 32] and all(k["info"]["serving"]["requests_jsonl"] for k in kept)
+    # three rounds by default, each over every prompt length, so that a slow spell falls on a round
+    assert [(k["repeat"], k["prompt_len"]) for k in kept] == [(r, n) for r in range(3) for n in (16, 32)]
+    assert all(k["info"]["serving"]["requests_jsonl"] for k in kept)
     assert {k["output_len"] for k in kept} == {4}  # what a refit checks its spec against
+    assert steps["repeats"] == 3 and {p["readings"] for p in steps["points"]} == {3}
+    assert all(0 <= p["spread"] < 1 for p in steps["points"]) and steps["repeat_spread"] >= 0
     text = out.read_text()
     assert text.startswith("# Hardware profile written by `autotune calibrate --serving")
+    assert "each the median of up to 3 rounds" in text
     assert yaml.safe_load(text)["serving_steps"]["engine"]
 
 
@@ -250,6 +324,13 @@ def test_calibrate_serving_refuses_a_spec_it_cannot_measure(write_spec, tmp_path
     assert result.exit_code == 2 and "simulator" in result.output, result.output
     result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "x.yaml"), "--set", "max_num_seqs=2"])
     assert result.exit_code == 2 and "--set picks the config of --serving" in result.output
+    for argv, words in (
+        (["--serving", str(SPEC), "--repeats", "0"], "--repeats: expected at least 1"),
+        (["--serving", str(SPEC), "--repeats", "2", "--readings", str(tmp_path)], "--readings refits readings"),
+        (["--repeats", "2"], "give the spec with --serving"),
+    ):
+        result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "x.yaml"), *argv])
+        assert result.exit_code == 2 and words in result.output, (argv, result.output)
     assert not (tmp_path / "x.yaml").exists()
 
 

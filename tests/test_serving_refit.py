@@ -112,6 +112,39 @@ def test_the_short_prompt_readings_refit_to_the_engines_slo_rates(write_spec, tm
             assert predicted[(mns, chunked)]["max_rate_rps_model"] < 2.0
 
 
+def test_readings_of_several_rounds_or_runs_put_together_refit_at_each_figures_median(write_spec, tmp_path):
+    """The long-prompt readings three times in one file, the last copy's figures 40 % slower (a run on a
+    busy afternoon): the refit pools them per prompt length, each figure the median, so it reads what
+    the two alike say, and each point says it rests on three readings 40 % apart."""
+    spec_path = _spec(
+        write_spec,
+        {"low": 256, "high": 512},
+        {"max_num_seqs": [4, 8], "enable_chunked_prefill": [True, False]},
+        "r.yaml",
+    )
+    once = _refit(spec_path, LONG_READINGS, tmp_path / "once.yaml")["serving_steps"]
+    lines = [json.loads(line) for line in LONG_READINGS.read_text().splitlines() if line.strip()]
+    slow = [
+        {
+            **line,
+            "metrics": {k: v * 1.4 if k.endswith(("_ttft_ms", "_tokens_s")) else v for k, v in line["metrics"].items()},
+        }
+        for line in lines
+    ]
+    rounds = tmp_path / "rounds.jsonl"
+    rounds.write_text("".join(json.dumps(line) + "\n" for line in lines + lines + slow))
+    pooled = _refit(spec_path, rounds, tmp_path / "rounds.yaml")["serving_steps"]
+    assert len(pooled["points"]) == len(once["points"]) and pooled["repeats"] == 3
+    assert {p["readings"] for p in pooled["points"]} == {3}
+    assert all(p["spread"] == pytest.approx(0.4, rel=1e-3) for p in pooled["points"])
+    for key in ("decode_scale", "prefill_scale", "step_overhead_us", "request_latency_us"):
+        assert pooled[key] == pytest.approx(once[key], rel=1e-4, abs=1e-6), key
+    slow_only = tmp_path / "slow.jsonl"  # the slow copy fitted alone reads another engine
+    slow_only.write_text("".join(json.dumps(line) + "\n" for line in slow))
+    alone = _refit(spec_path, slow_only, tmp_path / "slow.yaml")["serving_steps"]
+    assert alone["decode_scale"] > 1.2 * once["decode_scale"]
+
+
 def test_batches_whose_tokens_arrived_piled_up_are_left_out_of_the_refit(write_spec, tmp_path):
     """The first probe of a calibration on 2026-12-01: its batch of 1 arrived whole (32 tokens in one
     read, 98 ms after sending: TPOT 0), and one request of each of its batches of 2 and 4 had 45 % and

@@ -5,10 +5,11 @@
 The serving model prices an engine step from the profile's roofline (GEMMs, attention, host
 launches); on a real engine it was 2.05x optimistic on one CPU study and 4.2x on another, because
 what a step costs there (vLLM's scheduler and sampler in Python, a CPU's attention kernels) is
-not in the roofline. So the engine itself is measured: one short probe per prompt length (the
-spec's mean, half and twice it, within the engine's context), each sending closed-loop batches
-of 1 to 16 requests at once (the probe's ``batch_sweep``: the batch's TTFT is its prefill, its
-time for 100 tokens its decode steps). The model's step is
+not in the roofline. So the engine itself is measured: short probes per prompt length (the
+spec's mean, half and twice it, within the engine's context; three rounds, each figure the median
+of its rounds, :func:`pooled_repeats`), each sending closed-loop batches of 1 to 16 requests at
+once (the probe's ``batch_sweep``: the batch's TTFT is its prefill, its time for 100 tokens its
+decode steps). The model's step is
 
     step(B, c) = decode_scale * model(B, 0) + prefill_scale * (model(B, c) - model(B, 0))
                  + step_overhead + B * (sequence_overhead + context * context_overhead)
@@ -49,8 +50,10 @@ __all__ = [
     "affine_in_steps",
     "calibration_batches",
     "calibration_prompts",
+    "describe_steps",
     "fit_serving_steps",
     "modelled_figures",
+    "pooled_repeats",
     "solve_steps",
 ]
 
@@ -104,6 +107,17 @@ def calibration_prompts(prompt_mean: float, output_len: int, max_model_len: int 
     return sorted(out)
 
 
+def describe_steps(steps: Mapping[str, Any]) -> str:
+    """The fitted terms in words, as the calibration command and the published-rows benchmark print them."""
+    return (
+        f"decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
+        f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a decoding sequence, "
+        f"+{steps['context_overhead_ns']:.0f} ns a token of its context, "
+        f"+{steps['prompt_token_overhead_ns'] / 1e3:.1f} us a prompt token, "
+        f"+{steps['request_latency_us'] / 1e3:.1f} ms to a TTFT (outside the steps)"
+    )
+
+
 def _with_steps(hardware: Mapping[str, Any], theta: Sequence[float]) -> dict[str, Any]:
     return {**hardware, "serving_steps": {"engine": "fit", **{key: float(v) for (key, _, _), v in zip(TERMS, theta)}}}
 
@@ -111,6 +125,15 @@ def _with_steps(hardware: Mapping[str, Any], theta: Sequence[float]) -> dict[str
 # a batch whose tokens mostly arrived piled up (objectives.serving.tokens_apart_share)
 # timed the API server's lag, not the engine's steps: it is left out of the fit
 MIN_TOKENS_APART_SHARE = 0.5
+_FIGURES = ("ttft_ms", "time_for_100_tokens_s")  # a closed-loop batch's figures the fit reads
+
+
+def _usable(value: Any) -> bool:
+    """A figure the fit can read: a finite number above zero."""
+    try:
+        return value is not None and np.isfinite(float(value)) and float(value) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _piled_up(measured: Mapping[str, float], batch: int) -> float | None:
@@ -124,10 +147,7 @@ def _keys(measured: Mapping[str, float], batches: Sequence[int]) -> list[str]:
     for b in batches:
         if _piled_up(measured, b) is not None:
             continue
-        for figure in ("ttft_ms", "time_for_100_tokens_s"):
-            key = f"batch{b}_{figure}"
-            if measured.get(key) is not None and np.isfinite(float(measured[key])) and float(measured[key]) > 0:
-                keys.append(key)
+        keys += [f"batch{b}_{figure}" for figure in _FIGURES if _usable(measured.get(f"batch{b}_{figure}"))]
     return keys
 
 
@@ -180,6 +200,55 @@ def solve_steps(J: np.ndarray, c: np.ndarray, target: np.ndarray, pull: float = 
     return lsq_linear(A, b, bounds=(lower, [np.inf] * len(TERMS))).x
 
 
+def pooled_repeats(runs: Sequence[ServingRun]) -> list[ServingRun]:
+    """Probes of one prompt length (and batches) as one run: each figure the median of the repeats
+    whose batch timed the engine (a repeat whose stream came piled up is not counted), with
+    ``{key}_readings`` (how many) and, from two, ``{key}_spread`` ((highest - lowest) / median). Why the
+    median: on the shared 2-core VM single-round calibrations of one space put the model 1.20-2.87x off
+    the same study's goodput, the median of three rounds 1.39x and 1.40x in two calibrations an hour
+    apart; the fastest reading of each point (the training calibration's rule) 1.59-1.83x, since the
+    study ran on that busy host too (benchmarks/README.md, "The calibration in rounds"). A batch piled
+    up in every repeat keeps the lowest share, so the fit leaves it out and says so. Runs in
+    first-seen order of their prompt length."""
+    groups: dict[tuple[int, tuple[int, ...]], list[ServingRun]] = {}
+    for run in runs:
+        batches = tuple(int(b) for b in run.workload.get("batch_sweep") or ())
+        groups.setdefault((run.prompt_len, batches), []).append(run)
+    pooled = []
+    for (prompt_len, batches), group in groups.items():
+        measured: dict[str, Any] = {}
+        for run in group:  # whatever else the probes reported: the first repeat's that has it
+            for key, value in run.measured.items():
+                measured.setdefault(key, value)
+        for b in batches:
+            timed = [r for r in group if _piled_up(r.measured, b) is None]
+            if not timed:
+                measured[f"batch{b}_tokens_apart_share"] = min(_piled_up(r.measured, b) or 0.0 for r in group)
+                continue
+            shares = [
+                float(r.measured[f"batch{b}_tokens_apart_share"])
+                for r in timed
+                if f"batch{b}_tokens_apart_share" in r.measured
+            ]
+            if shares:
+                measured[f"batch{b}_tokens_apart_share"] = float(np.median(shares))
+            else:
+                measured.pop(f"batch{b}_tokens_apart_share", None)
+            for figure in _FIGURES:
+                key = f"batch{b}_{figure}"
+                values = [float(r.measured[key]) for r in timed if _usable(r.measured.get(key))]
+                if not values:
+                    measured.pop(key, None)
+                    continue
+                middle = float(np.median(values))
+                measured[key] = middle
+                measured[f"{key}_readings"] = len(values)
+                if len(values) > 1:
+                    measured[f"{key}_spread"] = (max(values) - min(values)) / middle
+        pooled.append(ServingRun(prompt_len, group[0].workload, measured))
+    return pooled
+
+
 def fit_serving_steps(
     runs: Sequence[ServingRun],
     model: Mapping[str, Any],
@@ -189,9 +258,12 @@ def fit_serving_steps(
     engine: str,
 ) -> dict[str, Any]:
     """The profile's ``serving_steps``: the numbers of :data:`TERMS` fitted to every reading of
-    ``runs``, the fit's rms relative error, and the readings (measured, the model before, the model
-    after). Raises ``ValueError`` when fewer readings than terms came back."""
+    ``runs`` (repeats of a prompt length pooled first, :func:`pooled_repeats`), the fit's rms relative
+    error, the most repeats a point rests on and the median point's spread between them, and the
+    readings (measured, the model before, the model after, how many). Raises ``ValueError`` when
+    fewer readings than terms came back."""
     base = {k: v for k, v in hardware.items() if k != "serving_steps"}
+    runs = pooled_repeats(runs)
     rows: list[tuple[ServingRun, str]] = []
     slopes, consts, y = [], [], []
     left_out = []  # batches whose stream timed the API server's lag (MIN_TOKENS_APART_SHARE)
@@ -229,13 +301,18 @@ def fit_serving_steps(
             "measured_s": round(float(m), 6),
             "model_s": round(float(b), 6),
             "fitted_s": round(float(a), 6),
+            "readings": int(run.measured.get(f"{key}_readings", 1)),
+            **({"spread": round(float(run.measured[f"{key}_spread"]), 4)} if f"{key}_spread" in run.measured else {}),
         }
         for (run, key), m, b, a in zip(rows, target, before, after)
     ]
+    spreads = [p["spread"] for p in points if p["readings"] > 1]
     return {
         "engine": engine,
         **{key: round(float(v), 6) for (key, _, _), v in zip(TERMS, theta)},
         "rms_error": round(float(np.sqrt(np.mean((after / target - 1.0) ** 2))), 6),
+        "repeats": max(p["readings"] for p in points),
+        **({"repeat_spread": round(float(np.median(spreads)), 4)} if spreads else {}),
         "points": points,
         "left_out": left_out,
     }

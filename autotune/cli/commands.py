@@ -225,6 +225,12 @@ def calibrate(
         help="with --serving: refit the readings an earlier calibration kept (its <out>.serving-calibration "
         "folder or readings.jsonl) against the model and profile as they are now; the engine is not run",
     ),
+    serving_repeats: Optional[int] = typer.Option(
+        None,
+        "--repeats",
+        help="with --serving: probes per prompt length, in rounds; the fit reads each figure's median (default 3; "
+        "1 is the quick, single-reading calibration)",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Measure this host's device (linear layers per precision at the shapes models run, memory
@@ -238,16 +244,28 @@ def calibrate(
     if serving is not None:
         from .serving_calibrate_command import calibrate_serving_engine, parse_settings
 
+        from ..study.serving_calibration import DEFAULT_REPEATS
+
         if readings is not None and settings:
             _error("--set picks the config to measure; --readings refits the config those readings measured")
             raise typer.Exit(EXIT_INPUT)
-        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json, readings)
+        if readings is not None and serving_repeats is not None:
+            _error("--repeats sets how often the engine is probed; --readings refits readings and probes nothing")
+            raise typer.Exit(EXIT_INPUT)
+        repeats = DEFAULT_REPEATS if serving_repeats is None else serving_repeats
+        if repeats < 1:
+            _error(f"--repeats: expected at least 1 probe per prompt length, got {repeats}")
+            raise typer.Exit(EXIT_INPUT)
+        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json, readings, repeats)
         return
     if settings:
         _error("--set picks the config of --serving; give the serving spec with --serving")
         raise typer.Exit(EXIT_INPUT)
     if readings is not None:
         _error("--readings refits a serving engine's readings; give the serving spec with --serving")
+        raise typer.Exit(EXIT_INPUT)
+    if serving_repeats is not None:
+        _error("--repeats sets the serving calibration's probes per prompt length; give the spec with --serving")
         raise typer.Exit(EXIT_INPUT)
     if accelerator not in ("cpu", "cuda", "npu"):
         _error(f"--accelerator: expected cpu, cuda or npu, got {accelerator!r}")

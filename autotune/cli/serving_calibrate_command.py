@@ -28,6 +28,9 @@ from ..spec.errors import escape_text
 
 __all__ = ["calibrate_serving_engine", "parse_settings", "write_serving_profile"]
 
+# the median point's spread between rounds above which the command says the host was busy
+NOISY_REPEAT_SPREAD = 0.15
+
 
 def parse_settings(items: list[str]) -> dict[str, Any]:
     """``--set name=value`` pairs, values read as YAML scalars (``8``, ``true``, ``eager``)."""
@@ -54,10 +57,12 @@ def write_serving_profile(
     steps = profile["serving_steps"]
     refit = f" --readings {readings}" if readings is not None else ""
     measured = f"refitted from the readings in {readings}" if readings is not None else "measured on this host"
+    rounds = int(steps.get("repeats") or 1)
+    each = f", each the median of up to {rounds} rounds" if rounds > 1 else ", each a single reading"
     header = [
         f"# Hardware profile written by `autotune calibrate --serving {spec_path}{refit}` on "
         f"{_dt.datetime.now().isoformat(timespec='seconds')}.",
-        f"# serving_steps: {steps['engine']} {measured} at {len(steps['points'])} closed-loop readings "
+        f"# serving_steps: {steps['engine']} {measured} at {len(steps['points'])} closed-loop points{each} "
         f"(config {json.dumps(config, sort_keys=True)});",
         "# the serving model's step: decode_scale * its decode part + prefill_scale * its prompt part + step_overhead",
         "# + decoding sequences * (sequence_overhead + context * context_overhead)",
@@ -70,8 +75,15 @@ def write_serving_profile(
 
 
 def calibrate_serving_engine(
-    spec_path: Path, out_path: Path, settings: dict[str, Any], as_json: bool, readings: Path | None = None
+    spec_path: Path,
+    out_path: Path,
+    settings: dict[str, Any],
+    as_json: bool,
+    readings: Path | None = None,
+    repeats: int = 3,
 ) -> None:
+    from autotune.workers.calibrate_serving import describe_steps
+
     from ..dispatch.backends import select_backend
     from ..study.serving_calibration import (
         CalibrationFailed,
@@ -107,7 +119,7 @@ def calibrate_serving_engine(
                 result = refit_serving(spec, readings)
         else:
             with dispatcher_for(spec, choice, logs) as dispatcher, phase(err, "measuring the engine") as step:
-                result = calibrate_serving(spec, choice, dispatcher, settings, step.update, keep=logs)
+                result = calibrate_serving(spec, choice, dispatcher, settings, step.update, keep=logs, repeats=repeats)
     except CalibrationInputError as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INPUT) from None
@@ -131,7 +143,7 @@ def calibrate_serving_engine(
         )
         return
     table = Table(title=f"{result.engine} on this host: closed-loop batches, seconds", title_justify="left")
-    for column in ("prompt", "batch", "figure", "measured", "model", "fitted"):
+    for column in ("prompt", "batch", "figure", "measured", "readings", "spread", "model", "fitted"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     for p in steps["points"]:
         table.add_row(
@@ -139,18 +151,23 @@ def calibrate_serving_engine(
             str(p["batch"]),
             p["figure"].removesuffix("_ms").removesuffix("_s"),  # the table's unit is seconds
             f"{p['measured_s']:.4g}",
+            str(p.get("readings", 1)),
+            f"{p['spread']:.0%}" if "spread" in p else "-",
             f"{p['model_s']:.4g}",
             f"{p['fitted_s']:.4g}",
         )
     out.print(table)
     out.print(
-        f"wrote {escape_text(str(path))}: decode x{steps['decode_scale']:.3g}, prompt x{steps['prefill_scale']:.3g}, "
-        f"+{steps['step_overhead_us']:.0f} us a step, +{steps['sequence_overhead_us']:.0f} us a decoding sequence, "
-        f"+{steps['context_overhead_ns']:.0f} ns a token of its context, "
-        f"+{steps['prompt_token_overhead_ns'] / 1e3:.1f} us a prompt token, "
-        f"+{steps['request_latency_us'] / 1e3:.0f} ms "
-        f"to a TTFT; the fit is within {steps['rms_error']:.0%} (rms) of the readings"
+        f"wrote {escape_text(str(path))}: {describe_steps(steps)}; the fit is within {steps['rms_error']:.0%} (rms) "
+        "of the readings"
     )
+    spread = steps.get("repeat_spread")
+    if spread is not None and spread > NOISY_REPEAT_SPREAD:
+        err.print(
+            f"[yellow]noisy host[/yellow] the rounds of one figure differ by {spread:.0%} at the median point (highest "
+            f"less lowest, over {steps['repeats']} rounds): the fit reads their median, but a host this busy moves a "
+            "study's readings as much; calibrate again when it is quiet, or with more --repeats"
+        )
     for skipped in steps.get("left_out") or ():
         err.print(
             f"[yellow]left out[/yellow] batch {skipped['batch']} at prompt {skipped['prompt_len']}: "

@@ -1,10 +1,10 @@
 """A serving engine's steps measured on this host for the serving model (issue 46).
 
 ``autotune calibrate --serving SPEC --out FILE`` runs the spec's engine through the study's own
-backend, dispatcher and launcher (:mod:`autotune.cli.assembly`), one probe per prompt length
-(:func:`autotune.workers.calibrate_serving.calibration_prompts`), each a short warm-up, one short
-rate at the ladder's lowest rung (the probe's protocol asks for one) and the closed-loop batches
-that the fit reads. One config is measured: the spec's own values, with the largest
+backend, dispatcher and launcher (:mod:`autotune.cli.assembly`), three probes per prompt length
+(:func:`autotune.workers.calibrate_serving.calibration_prompts`) in rounds, each a short warm-up, one
+short rate at the ladder's lowest rung (the probe's protocol asks for one) and the closed-loop
+batches that the fit reads (the median of the rounds). One config is measured: the spec's own values, with the largest
 ``max_num_seqs`` and token budget the space offers so that every batch is admitted at once
 (``--set name=value`` picks others). The fit (:func:`~autotune.workers.calibrate_serving.fit_serving_steps`)
 is against the model on the profile the study would rank with, so the profile written is that
@@ -23,6 +23,7 @@ from ..spec.schema import Spec
 
 __all__ = [
     "CALIBRATION_DURATION_S",
+    "DEFAULT_REPEATS",
     "READINGS",
     "CalibrationInputError",
     "CalibrationFailed",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 READINGS = "readings.jsonl"  # every calibration probe's whole result, one line each, written as it comes
+DEFAULT_REPEATS = 3  # probes per prompt length: the median of three outvotes one slow spell of a shared host
 CALIBRATION_DURATION_S = 2.0  # the one open-loop rate the probe's protocol runs: short, not read by the fit
 _WIDEST = ("max_num_seqs", "max_num_batched_tokens")
 
@@ -126,10 +128,13 @@ def calibrate_serving(
     settings: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] = lambda _: None,
     keep: Path | None = None,
+    repeats: int = DEFAULT_REPEATS,
 ) -> ServingCalibration:
-    """Each prompt length probed through ``dispatcher`` (``choice``: the backend), then the fit;
-    with ``keep``, each probe's whole result (its per-request records too) appended to
-    ``keep/readings.jsonl`` as it comes back.
+    """Each prompt length probed ``repeats`` times through ``dispatcher`` (``choice``: the backend),
+    in rounds (every length once, then again) so that a slow spell of the host falls on one round
+    rather than on one length, then the fit (each figure the median of its repeats); with ``keep``,
+    each probe's whole result (its per-request records too) appended to ``keep/readings.jsonl`` as
+    it comes back.
     :class:`CalibrationInputError` when the spec is no serving spec or runs on the simulator;
     :class:`CalibrationFailed` when too few readings came back."""
     from autotune.workers.calibrate_serving import ServingRun, calibration_batches, calibration_prompts
@@ -138,6 +143,8 @@ def calibrate_serving(
     from ..spec.resolve import probe_context, request_settings
 
     check_calibratable(spec, choice)
+    if repeats < 1:
+        raise CalibrationInputError(f"--repeats: expected at least 1 probe per prompt length, got {repeats}")
     config = calibration_config(spec, dict(settings or {}))
     batches = calibration_batches(int(config.get("max_num_seqs") or 1))
     prompt, output = spec.workload.traffic.mean()
@@ -145,8 +152,12 @@ def calibrate_serving(
     failures: list[str] = []
     engine = spec.backend.kind
     lengths = calibration_prompts(prompt, max(int(round(output)), 2), spec.workload.max_model_len)
-    for number, length in enumerate(lengths):
-        progress(f"prompt {length} tokens ({number + 1} of {len(lengths)}): batches {', '.join(map(str, batches))}")
+    probes = [(repeat, length) for repeat in range(repeats) for length in lengths]
+    for number, (repeat, length) in enumerate(probes):
+        progress(
+            f"prompt {length} tokens, round {repeat + 1} of {repeats} (probe {number + 1} of {len(probes)}): "
+            f"batches {', '.join(map(str, batches))}"
+        )
         sized = calibration_spec(spec, length, batches)
         sized_context = probe_context(sized)
         request = request_settings(sized, sized_context).request(dict(config), number)
@@ -154,10 +165,16 @@ def calibrate_serving(
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             with (keep / READINGS).open("a") as f:
-                line = {"prompt_len": length, "output_len": _output_len(spec), "config": config, **result.to_json()}
+                line = {
+                    "prompt_len": length,
+                    "repeat": repeat,
+                    "output_len": _output_len(spec),
+                    "config": config,
+                    **result.to_json(),
+                }
                 f.write(json.dumps(line, default=str) + "\n")
         if result.status != "ok":
-            failures.append(f"prompt {length}: {result.status}: {result.reason}")
+            failures.append(f"prompt {length}, round {repeat + 1}: {result.status}: {result.reason}")
             continue
         engine = str(((result.info or {}).get("serving") or {}).get("engine") or engine)
         runs.append(ServingRun(length, sized_context.workload, dict(result.metrics)))
@@ -184,8 +201,10 @@ def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
     """The fit again, on the readings an earlier ``calibrate --serving`` kept (``readings``: its
     ``readings.jsonl``, or the folder holding it), against the model as it is now and the profile
     ``spec`` ranks with: the engine is not run again, so a corrected model (or profile) is refitted
-    from what was measured. :class:`CalibrationInputError` names the file and line of a reading that
-    cannot be read, or readings of more than one config."""
+    from what was measured. Readings of one prompt length more than once (the rounds of one run, or
+    two runs' files put together) are pooled as the run's rounds are: each figure their median.
+    :class:`CalibrationInputError` names the file and line of a reading that cannot be read, or
+    readings of more than one config."""
     from autotune.workers.calibrate_serving import ServingRun, calibration_batches
 
     from ..spec.resolve import probe_context

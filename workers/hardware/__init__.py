@@ -93,8 +93,9 @@ OPTIONAL_KEYS = frozenset(
 # engine step, a fixed cost added to every step, one per decoding sequence of it and one per token of
 # such a sequence's context, a request's latency outside the steps (in its TTFT, no engine time), how
 # far the fit stays from the readings, and the readings themselves (``points``: one per closed-loop
-# batch and prompt length, measured vs modelled; ``left_out``: the batches whose stream timed the API
-# server's lag, not the engine, and were not fitted).
+# batch and prompt length, measured vs modelled, each the median of ``repeats`` probes at most, which
+# differed by ``repeat_spread`` at the median point; ``left_out``: the batches whose stream timed the
+# API server's lag, not the engine, and were not fitted).
 SERVING_STEP_KEYS = (
     "engine",
     "decode_scale",
@@ -105,6 +106,8 @@ SERVING_STEP_KEYS = (
     "prompt_token_overhead_ns",
     "request_latency_us",
     "rms_error",
+    "repeats",
+    "repeat_spread",
     "points",
     "left_out",
 )
