@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +63,13 @@ def _collective_worker(
             Path(result_path).write_text(json.dumps({**result, "tp_layer": tp_layer}))
     finally:
         dist.destroy_process_group()
+    # Measured and written: skip the interpreter's teardown, as the torch probe does. gloo's threads can
+    # abort in static destructors ("terminate called without an active exception"; a rank of a CI run's
+    # quick calibration did, 2026-12-01, after the figures were written), and torch.multiprocessing
+    # would report the whole measurement as a crash. A failure above still raises, with its traceback.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def time_collectives(
