@@ -204,10 +204,10 @@ def pooled_repeats(runs: Sequence[ServingRun]) -> list[ServingRun]:
     """Probes of one prompt length (and batches) as one run: each figure the median of the repeats
     whose batch timed the engine (a repeat whose stream came piled up is not counted), with
     ``{key}_readings`` (how many) and, from two, ``{key}_spread`` ((highest - lowest) / median). Why the
-    median: on the shared 2-core VM single-round calibrations of one space put the model 1.20-2.87x off
-    the same study's goodput, the median of three rounds 1.39x and 1.40x in two calibrations an hour
-    apart; the fastest reading of each point (the training calibration's rule) 1.59-1.83x, since the
-    study ran on that busy host too (benchmarks/README.md, "The calibration in rounds"). A batch piled
+    median: on the shared 2-core VM single rounds of three calibrations put the model 1.31-2.52x off one
+    study's goodput, the median of each calibration's three rounds 1.39x, 1.40x and 1.52x; the fastest
+    reading of each point (the training calibration's rule) 1.59-1.83x, since the study ran on that busy
+    host too (benchmarks/README.md, "The calibration in rounds"). A batch piled
     up in every repeat keeps the lowest share, so the fit leaves it out and says so. Runs in
     first-seen order of their prompt length."""
     groups: dict[tuple[int, tuple[int, ...]], list[ServingRun]] = {}
