@@ -59,6 +59,18 @@ def _keys(batches) -> list[str]:
     return [f"batch{b}_{f}" for b in batches for f in ("ttft_ms", "time_for_100_tokens_s")]
 
 
+def _truth_runs(ctx, config, batches, slow: dict[int, float] | None = None) -> list[ServingRun]:
+    """One run per prompt length, its figures the model's at :data:`TRUTH` (times ``slow[prompt]``)."""
+    runs = []
+    for prompt in calibration_prompts(128, 32, None):
+        workload = _workload(ctx, prompt, batches)
+        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys(batches), TRUTH)
+        factor = (slow or {}).get(prompt, 1.0)
+        measured = {k: factor * v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(_keys(batches), truth)}
+        runs.append(ServingRun(prompt, workload, measured))
+    return runs
+
+
 def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
     """Readings the model makes at known terms are fitted back to within rounding, and the fitted model
     gives the same figures at a batch and a prompt length no reading had. (On this small model the
@@ -67,12 +79,7 @@ def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
     not predict otherwise.)"""
     spec, ctx, config = _context()
     batches = calibration_batches(int(config["max_num_seqs"]))
-    runs = []
-    for prompt in calibration_prompts(128, 32, None):
-        workload = _workload(ctx, prompt, batches)
-        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys(batches), TRUTH)
-        measured = {k: v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(_keys(batches), truth)}
-        runs.append(ServingRun(prompt, workload, measured))
+    runs = _truth_runs(ctx, config, batches)
     steps = fit_serving_steps(runs, ctx.model, ctx.hardware, ctx.cluster, config, "vllm 0.32.0")
     assert steps["rms_error"] < 1e-3
     # what the readings pin down; the prompt's factor and its cost a token are one blend where the model's
@@ -89,18 +96,6 @@ def test_the_fit_reproduces_readings_made_at_known_terms_and_predicts_others():
         )
     )
     validate_profile({**ctx.hardware, "serving_steps": steps}, "fitted")  # what the command writes loads back
-
-
-def _truth_runs(ctx, config, batches, slow: dict[int, float] | None = None) -> list[ServingRun]:
-    """One run per prompt length, its figures the model's at :data:`TRUTH` (times ``slow[prompt]``)."""
-    runs = []
-    for prompt in calibration_prompts(128, 32, None):
-        workload = _workload(ctx, prompt, batches)
-        truth = modelled_figures(ctx.model, workload, ctx.hardware, ctx.cluster, config, _keys(batches), TRUTH)
-        factor = (slow or {}).get(prompt, 1.0)
-        measured = {k: factor * v * (1e3 if k.endswith("_ms") else 1) for k, v in zip(_keys(batches), truth)}
-        runs.append(ServingRun(prompt, workload, measured))
-    return runs
 
 
 def test_rounds_of_a_prompt_length_are_fitted_at_their_median_and_the_points_say_how_many():

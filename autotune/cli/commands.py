@@ -244,19 +244,16 @@ def calibrate(
     if serving is not None:
         from .serving_calibrate_command import calibrate_serving_engine, parse_settings
 
-        from ..study.serving_calibration import DEFAULT_REPEATS
-
         if readings is not None and settings:
             _error("--set picks the config to measure; --readings refits the config those readings measured")
             raise typer.Exit(EXIT_INPUT)
         if readings is not None and serving_repeats is not None:
             _error("--repeats sets how often the engine is probed; --readings refits readings and probes nothing")
             raise typer.Exit(EXIT_INPUT)
-        repeats = DEFAULT_REPEATS if serving_repeats is None else serving_repeats
-        if repeats < 1:
-            _error(f"--repeats: expected at least 1 probe per prompt length, got {repeats}")
+        if serving_repeats is not None and serving_repeats < 1:
+            _error(f"--repeats: expected at least 1 probe per prompt length, got {serving_repeats}")
             raise typer.Exit(EXIT_INPUT)
-        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json, readings, repeats)
+        calibrate_serving_engine(serving, out_path, parse_settings(settings), as_json, readings, serving_repeats)
         return
     if settings:
         _error("--set picks the config of --serving; give the serving spec with --serving")

@@ -80,12 +80,15 @@ def calibrate_serving_engine(
     settings: dict[str, Any],
     as_json: bool,
     readings: Path | None = None,
-    repeats: int = 3,
+    repeats: int | None = None,
 ) -> None:
+    """Measure (or, with ``readings``, refit) and write the profile; ``repeats``: rounds per prompt
+    length, None for the calibration's default (:data:`~autotune.study.serving_calibration.DEFAULT_REPEATS`)."""
     from autotune.workers.calibrate_serving import describe_steps
 
     from ..dispatch.backends import select_backend
     from ..study.serving_calibration import (
+        DEFAULT_REPEATS,
         CalibrationFailed,
         CalibrationInputError,
         calibrate_serving,
@@ -119,7 +122,15 @@ def calibrate_serving_engine(
                 result = refit_serving(spec, readings)
         else:
             with dispatcher_for(spec, choice, logs) as dispatcher, phase(err, "measuring the engine") as step:
-                result = calibrate_serving(spec, choice, dispatcher, settings, step.update, keep=logs, repeats=repeats)
+                result = calibrate_serving(
+                    spec,
+                    choice,
+                    dispatcher,
+                    settings,
+                    step.update,
+                    keep=logs,
+                    repeats=DEFAULT_REPEATS if repeats is None else repeats,
+                )
     except CalibrationInputError as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INPUT) from None
