@@ -77,7 +77,8 @@ from true_world import MIXED_OOM_FORMATS, OOM_FORMATS, PATHS  # noqa: E402
 from autotune.cli.assembly import study_runner  # noqa: E402
 from autotune.dispatch.backends import BackendChoice  # noqa: E402
 from autotune.spec.resolve import objectives_of, probe_context  # noqa: E402
-from autotune.guide.guided import Guide, _MemoryBelief  # noqa: E402
+from autotune.guide.guided import Guide  # noqa: E402
+from autotune.guide.memory_belief import _MemoryBelief  # noqa: E402
 from autotune.guide.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
 from autotune.finish.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.study.records import best_records, trial_records  # noqa: E402

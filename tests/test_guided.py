@@ -713,7 +713,7 @@ def test_the_models_sd_is_scaled_as_far_as_its_misses_bear_out():
     """``_sd_scale``: misses as large as the sd says give a factor near 1 (an upper bound: a little
     above); misses 0.7 of it narrow the model, down to the floor; misses three times it widen
     it; a few configs prove less than many (a larger factor for the same misses)."""
-    from autotune.guide.guided import LOO_SCALE_MIN, _sd_scale
+    from autotune.guide.bayes import LOO_SCALE_MIN, _sd_scale
 
     rng = np.random.default_rng(0)
 
@@ -899,7 +899,8 @@ def test_the_claim_over_the_configs_not_measured_is_joint_over_the_model(world):
     that none beats the leader is the chance the shared coefficient stays below the bar, not that
     chance raised to the number of configs (which multiplied many small doubts that share one cause
     into a small P). Every config here is the same row of the model, so all beat or none does."""
-    from autotune.guide.guided import _ObjectiveBelief, _Posterior
+    from autotune.guide.bayes import _Posterior
+    from autotune.guide.guided import _ObjectiveBelief
 
     ranking, step, mem, fits, value = world
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
@@ -927,7 +928,9 @@ def test_the_claim_over_the_configs_not_measured_narrows_as_far_as_the_models_mi
     """Where the model predicted the study's own readings closer than its sd says (its leave-one-out
     scale below 1), the claim over the configs not measured reads the model that much narrower;
     misses larger than its sd never widen it (noisy readings made claims that held say less)."""
-    from autotune.guide.guided import LeaveOneOut, _ObjectiveBelief, _Posterior
+    from autotune.guide.bayes import _Posterior
+    from autotune.guide.contenders import LeaveOneOut
+    from autotune.guide.guided import _ObjectiveBelief
 
     ranking, step, mem, fits, value = world
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
@@ -952,7 +955,7 @@ def test_the_normal_cdf_holds_its_tails_without_an_overflow_warning():
     (a real serving study printed numpy's "overflow encountered in multiply" at every proposal)."""
     from statistics import NormalDist
 
-    from autotune.guide.guided import _norm_cdf
+    from autotune.guide.bayes import _norm_cdf
 
     z = np.array([-1e200, -8.0, -1.96, 0.0, 0.5, 1.96, 1e200, np.inf])
     with np.errstate(over="raise", invalid="raise"):  # an underflow to 0 is the right tail
@@ -965,7 +968,7 @@ def test_the_value_effects_scale_is_the_one_the_readings_bear_out():
     """``_fitted_sigma`` (empirical Bayes): readings a simulator explains up to noise choose the
     smallest scale of the value effects' prior; readings whose parameter values move them by 10 %
     choose the widest; the simulator's own factors keep their prior whatever the readings."""
-    from autotune.guide.guided import VALUE_SIGMA_FACTORS, _fitted_sigma
+    from autotune.guide.bayes import VALUE_SIGMA_FACTORS, _fitted_sigma
 
     rng = np.random.default_rng(3)
     n, comps, values = 40, 2, 6
@@ -993,6 +996,7 @@ def test_below_three_readings_the_value_effects_keep_their_prior(world, monkeypa
     scale fitted from two readings, went to a config 1.8x slower): the fit waits for
     ``VALUE_SIGMA_MIN_READINGS``."""
     import autotune.guide.guided as guided
+    from autotune.guide.bayes import VALUE_SIGMA_MIN_READINGS
 
     ranking, step, mem, fits, value = world
     fits_made = []  # per call: whether a scale was fitted (the prior's sd not handed back as it was)
@@ -1005,7 +1009,7 @@ def test_below_three_readings_the_value_effects_keep_their_prior(world, monkeypa
 
     monkeypatch.setattr(guided, "_fitted_sigma", spy)
     guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
-    measured = [int(i) for i in np.flatnonzero(fits)[: guided.VALUE_SIGMA_MIN_READINGS]]
+    measured = [int(i) for i in np.flatnonzero(fits)[:VALUE_SIGMA_MIN_READINGS]]
     obs = [replace(_measure(world, i), number=n) for n, i in enumerate(measured)]
     guide._objective_model(obs[:-1])
     assert fits_made and not any(fits_made)

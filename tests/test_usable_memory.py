@@ -261,7 +261,7 @@ def test_a_real_cpu_study_under_a_memory_limit_never_walks_into_the_same_wall_tw
     from typer.testing import CliRunner
 
     from autotune.cli.commands import app
-    from autotune.guide.guided import _wall_of
+    from autotune.guide.memory_belief import _wall_of
 
     monkeypatch.setenv("AUTOTUNE_MEMORY_LIMIT_GIB", "1.3")
     spec = write_spec(
