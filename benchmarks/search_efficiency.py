@@ -56,6 +56,7 @@ from dataclasses import replace
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -825,6 +826,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 noise_measured=cert.get("noise_measured") if cert else None,
                                 remeasured=cert.get("remeasured", 0) if cert else 0,
                                 tied=len(cert.get("ties") or []) if cert else 0,
+                                race=race_pairs(records, truth),
                             )
                             row["ties_true"] = true_ties(cert, records, truth, row["final"])
                         elif method == "random":
@@ -995,6 +997,7 @@ def print_issue44(auto: dict[str, list[dict]], budget: int) -> None:
             f"{sum(r.get('tied', 0) for r in rows)} tied configs truly within 2 %) |"
         )
     print_claim_calibration(everything)
+    print_race_pairs(groups)
 
 
 def true_ties(cert: dict | None, records: list, truth: Truth, final: float) -> int:
@@ -1004,6 +1007,62 @@ def true_ties(cert: dict | None, records: list, truth: Truth, final: float) -> i
     keys = {config_key(r.config) for r in records if r.number in numbers}
     true = [truth.value.get(k, 0.0) / truth.optimum for k in keys]
     return sum(abs(t - final) <= 0.02 * max(t, final) for t in true)
+
+
+# the words of a race re-measurement's reason (autotune.guide.contenders.GuideRace.close_call)
+RACE_REASON = re.compile(r"re-measure \(race\): trial (\d+) leads .*? but trial (\d+) ")
+RACE_EQUAL = 0.005  # two configs this close in truth are one config to the race
+RACE_KINDS = ("equal", "tied", "apart", "env_only", "env_only_equal")
+
+
+def race_pairs(records: list, truth: Truth) -> dict[str, int]:
+    """The race's re-measurements against the truth, by the pair each was taken for (the leader and
+    the threat its reason names): their true values within ``RACE_EQUAL`` of each other (``equal``),
+    within the tie tolerance, 2 % (``tied``), or further apart (``apart``, the only pairs whose order
+    decides whether the study reports a config within 2 % of the other's value); and of all of them,
+    the pairs that differ only in ``env.*`` knobs (``env_only``, ``env_only_equal``: an HCCL buffer or an
+    allocator setting, which the simulator prices alike in speed)."""
+    by_number = {r.number: r for r in records}
+    out = dict.fromkeys(RACE_KINDS, 0)
+    for r in records:
+        m = RACE_REASON.search(getattr(r, "chosen_because", "") or "")
+        if not m:
+            continue
+        pair = [by_number.get(int(g)) for g in m.groups()]
+        if any(p is None for p in pair):
+            continue
+        a, b = (truth.value.get(config_key(p.config), 0.0) for p in pair)
+        gap = abs(a - b) / max(a, b, 1e-30)
+        kind = "equal" if gap < RACE_EQUAL else "tied" if gap <= 0.02 else "apart"
+        out[kind] += 1
+        ca, cb = pair[0].config, pair[1].config
+        changed = [k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k) and k not in ("dp", "grad_accum")]
+        if changed and all(k.startswith("env.") for k in changed):
+            out["env_only"] += 1
+            out["env_only_equal"] += kind == "equal"
+    return out
+
+
+def print_race_pairs(groups: list[tuple[str, list[dict]]]) -> None:
+    """Where the race's re-measurements went (:func:`race_pairs`), per scenario: what a change of the
+    race is judged by (benchmarks/README.md, "Where the race's readings go")."""
+    print(
+        "\nthe race's re-measurements against the truth: the pairs raced (leader, threat) by how far apart "
+        "their true values are"
+    )
+    print(
+        f"| scenario | re-measurements | within {100 * RACE_EQUAL:.1f} % (one config to the race) | within 2 % | "
+        "further apart | only env knobs differ (of them within 0.5 %) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, rows in groups:
+        total = {k: sum((r.get("race") or {}).get(k, 0) for r in rows) for k in RACE_KINDS}
+        n = total["equal"] + total["tied"] + total["apart"]
+        share = (lambda k: f"{total[k]} ({total[k] / n:.0%})") if n else (lambda k: "0")
+        print(
+            f"| {name} | {n} | {share('equal')} | {share('tied')} | {share('apart')} | "
+            f"{share('env_only')} ({total['env_only_equal']}) |"
+        )
 
 
 CLAIM_BINS = ((0.95, 1.01), (0.8, 0.95), (0.5, 0.8), (0.0, 0.5))

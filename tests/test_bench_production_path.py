@@ -194,6 +194,38 @@ def test_repeat_check_counts_a_layout_probed_again_after_an_oom():
     assert se.layout_of(base) == se.layout_of({**base, "precision": "fp32", "env.HCCL_CONNECT_TIMEOUT": "600"})
 
 
+def test_the_race_check_reads_the_pair_the_guides_own_reason_names():
+    """``race_pairs`` reads the leader and the threat from the reason the guide writes
+    (``GuideRace.close_call``, not a copy of its words) and judges the pair by the world's truth:
+    twins that differ only in an HCCL buffer are one config to the race; a layout 5 % apart is a
+    pair whose order matters."""
+    from types import SimpleNamespace
+
+    from support import flat_guide
+
+    from autotune.guide.guided import Observation
+
+    guide = flat_guide(2)
+    again = guide.close_call([Observation(0, "ok", 1000.0, 1.0, number=3), Observation(1, "ok", 1010.0, 1.0, number=5)])
+    assert again is not None and again.remeasure and "trial 5 leads" in again.reason
+    twin = {"tp": 2, "micro_batch_size": 1, "env.HCCL_BUFFSIZE": "200"}
+    cases = [
+        ({**twin, "env.HCCL_BUFFSIZE": "400"}, 1.001, {"equal": 1, "env_only": 1, "env_only_equal": 1}),
+        ({**twin, "micro_batch_size": 2, "dp": 4}, 0.95, {"apart": 1}),
+        ({**twin, "micro_batch_size": 2}, 0.99, {"tied": 1}),
+    ]
+    for other, ratio, expected in cases:
+        records = [
+            _record(3, twin, "ok"),
+            _record(5, other, "ok"),
+            measured_record(6, other, {}, chosen_because=again.reason),
+            measured_record(7, twin, {}, chosen_because="rank 1 by model"),  # not the race's
+        ]
+        truth = SimpleNamespace(value={se.config_key(twin): 1000.0, se.config_key(other): 1000.0 * ratio})
+        counts = se.race_pairs(records, truth)
+        assert counts == {**dict.fromkeys(se.RACE_KINDS, 0), **expected}, (other, counts)
+
+
 def test_calibration_bins_the_full_probes_by_their_stated_p_fit():
     configs = [{"tp": t} for t in (1, 2, 4, 8, 16)]
     fits = {se.config_key(c): c["tp"] != 2 for c in configs}
