@@ -482,8 +482,7 @@ def repeats_after_oom(records: list) -> list[dict[str, Any]]:
         layout = layout_of(r.config)
         if layout in oomed and ran_full_probe(r.budget_attrs()):
             first, config = oomed[layout]
-            changed = {k: (config.get(k), r.config.get(k)) for k in set(config) | set(r.config)}
-            changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+            changed = changed_knobs(config, r.config)
             if changed:
                 out.append(
                     {
@@ -498,6 +497,12 @@ def repeats_after_oom(records: list) -> list[dict[str, Any]]:
         if r.status == "oom" and layout not in oomed:
             oomed[layout] = (r.number, r.config)
     return out
+
+
+def changed_knobs(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The knobs two configs set differently: name -> (its value in ``before``, in ``after``)."""
+    pairs = {k: (before.get(k), after.get(k)) for k in set(before) | set(after)}
+    return {k: v for k, v in pairs.items() if v[0] != v[1]}
 
 
 def _smaller_buffer(changed: dict[str, tuple[Any, Any]]) -> bool:
@@ -1025,7 +1030,7 @@ def race_pairs(records: list, truth: Truth) -> dict[str, int]:
     by_number = {r.number: r for r in records}
     out = dict.fromkeys(RACE_KINDS, 0)
     for r in records:
-        m = RACE_REASON.search(getattr(r, "chosen_because", "") or "")
+        m = RACE_REASON.search(r.chosen_because or "")
         if not m:
             continue
         pair = [by_number.get(int(g)) for g in m.groups()]
@@ -1035,8 +1040,8 @@ def race_pairs(records: list, truth: Truth) -> dict[str, int]:
         gap = abs(a - b) / max(a, b, 1e-30)
         kind = "equal" if gap < RACE_EQUAL else "tied" if gap <= 0.02 else "apart"
         out[kind] += 1
-        ca, cb = pair[0].config, pair[1].config
-        changed = [k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k) and k not in ("dp", "grad_accum")]
+        # (dp and grad_accum follow from the layout: twins that differ only in env knobs share them)
+        changed = changed_knobs(pair[0].config, pair[1].config)
         if changed and all(k.startswith("env.") for k in changed):
             out["env_only"] += 1
             out["env_only_equal"] += kind == "equal"
