@@ -245,6 +245,23 @@ def test_calibration_bins_the_full_probes_by_their_stated_p_fit():
     assert se.misread_ooms([*records, _record(6, configs[1], "crash", 0.9)], fits) == 1
 
 
+def test_a_miss_says_why_and_a_share_of_worlds_its_interval():
+    """``miss_cause``: a reported best within 2 % is no miss; below it, a study that measured a config
+    within 2 % reported another; one that did not is judged by what the guide believed of the optimum
+    at the end (its P(fits) below 0.9: the memory edge; else the model put it below the measured).
+    ``share_cell``: 30 worlds put a 90 % share in an interval 25 points wide, 240 in one of 8."""
+    hit = {"final": 0.985, "best_probed": 1.0}
+    assert se.miss_cause(hit, {"p_fit": 0.3, "predicted": 0.9}) is None
+    found = {"final": 0.97, "best_probed": 0.99}
+    assert se.miss_cause(found, None) == se.MISS_CAUSES[0]
+    never = {"final": 0.95, "best_probed": 0.95}
+    assert se.miss_cause(never, {"p_fit": 0.5, "predicted": 0.98}) == se.MISS_CAUSES[1]
+    assert se.miss_cause(never, {"p_fit": 0.99, "predicted": 0.88}) == se.MISS_CAUSES[2]
+    assert se.miss_cause(never, None) is None  # no view of the optimum: counted as a miss, no cause
+    assert se.share_cell(27, 30) == "90% [73%-98%]" and se.share_cell(216, 240) == "90% [85%-93%]"
+    assert se.share_cell(30, 30).endswith("-100%]") and se.share_cell(0, 0) == "-"
+
+
 @pytest.mark.parametrize("profiles", [True, False], ids=["profiles", "no-profiles"])
 def test_benchmark_runs_on_the_production_path(tmp_path, capsys, profiles):
     argv = ["--methods", "autotune", "--in-process", "--worlds", "1", "--scenarios", SCENARIO, "--budget", "3"]
@@ -260,4 +277,5 @@ def test_benchmark_runs_on_the_production_path(tmp_path, capsys, profiles):
     assert "path production: peak only True" in text
     assert "repeats after an OOM" in text and "P(fits) calibration of the full probes" in text
     assert "[0.9,1]" in text
+    assert "by why (miss_cause)" in text and row["miss"] in (None, *se.MISS_CAUSES)
     assert json.loads((tmp_path / "rows.json").read_text())[SCENARIO]["autotune"][0]["p_fit"] == row["p_fit"]
