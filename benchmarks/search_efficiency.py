@@ -89,7 +89,7 @@ from autotune.guide.memory_belief import _MemoryBelief  # noqa: E402
 from autotune.guide.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
 from autotune.finish.report import calibration_pairs, calibration_rows  # noqa: E402
 from autotune.study.records import best_records, trial_records  # noqa: E402
-from autotune.objectives.serving import share_interval  # noqa: E402
+from autotune.objectives.intervals import share_interval  # noqa: E402
 from autotune.spec.space import Space, config_key  # noqa: E402
 from autotune.spec.schema import Spec  # noqa: E402
 

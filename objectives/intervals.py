@@ -10,7 +10,8 @@ of :mod:`autotune.objectives`:
   confidence; with too few samples its upper end is beyond the largest sample and is reported as
   unbounded (``inf``): 50 requests cannot bound a p99 from above;
 - a throughput ``k / step_time`` (tokens/s, samples/s, MFU): the mean step time's interval,
-  mapped through ``1 / x`` (a monotone map keeps the coverage).
+  mapped through ``1 / x`` (a monotone map keeps the coverage);
+- a share ``k`` of ``n`` (requests within the SLO, benchmark worlds within 2 %): Clopper-Pearson.
 
 A probe's few measured steps give the spread *within* one run; repeats of a config give the noise
 *between* runs, which is usually larger: a figure says which it rests on (``n_steps``,
@@ -32,6 +33,7 @@ __all__ = [
     "reading_noise",
     "step_reading_noise",
     "quantile_interval",
+    "share_interval",
     "throughput_interval",
     "ci_keys",
     "verdict",
@@ -152,6 +154,19 @@ def noise_floor(within: Iterable[float | None], default: float) -> float:
     if not data:
         return default
     return max(NOISE_FLOOR_MIN, math.sqrt(math.fsum(x * x for x in data) / len(data)))
+
+
+def share_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Clopper-Pearson interval of a share ``k`` of ``n`` (exact binomial, never outside [0, 1]);
+    None for ``n`` = 0."""
+    from scipy import stats
+
+    if n <= 0:
+        return None
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if k <= 0 else float(stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k >= n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    return low, high
 
 
 def verdict(interval: tuple[float, float] | None, target: float) -> str:

@@ -69,7 +69,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .intervals import CONFIDENCE, ci_keys, quantile_interval, verdict
+from .intervals import CONFIDENCE, ci_keys, quantile_interval, share_interval, verdict
 
 __all__ = [
     "SLO_KEYS",
@@ -347,19 +347,6 @@ def undecided_why(summary: Mapping[str, Any], slo: Mapping[str, Any]) -> str:
             f"(it takes at least {requests_to_bound()})"
         )
     return "; ".join(parts) or "the p99 intervals hold their targets"
-
-
-def share_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Clopper-Pearson interval of a share ``k`` of ``n`` (exact binomial, never outside [0, 1]);
-    None for ``n`` = 0."""
-    from scipy import stats
-
-    if n <= 0:
-        return None
-    tail = (1.0 - confidence) / 2.0
-    low = 0.0 if k <= 0 else float(stats.beta.ppf(tail, k, n - k + 1))
-    high = 1.0 if k >= n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
-    return low, high
 
 
 def goodput_interval(
