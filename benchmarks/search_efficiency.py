@@ -411,14 +411,14 @@ def run_autotune(
         probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))
     certificate = getattr(outcome.result, "certificate", None)  # how sure the study said it was (issue 44)
     if guided is not None:
-        truth.seen_at_end, truth.optimum_facts = optimum_as_seen(guided, trials, truth)
+        truth.seen_at_end, truth.optimum_p_fit = optimum_as_seen(guided, trials, truth)
     return probes, outcome.stopped_because, calibration_pairs(records), records, certificate
 
 
-def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, dict[str, float] | None]:
+def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, float | None]:
     """What the guide believed of the world's optimum when the study ended (its peak and the usable
     memory against the truth, P(fits), the predicted objective): why a missed optimum was never
-    probed. The words (``--trace``) and the figures (``miss_cause``)."""
+    probed. The words (``--trace``) and the optimum's P(fits) (``miss_cause``)."""
     guide = guided.guide
     keys = [config_key(c) for c in guide.ranking.enumeration.configs]
     if truth.optimum_key not in keys:
@@ -432,7 +432,6 @@ def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, dict[
     u = float(np.broadcast_to(usable, (guide.n,))[i])
     u_sd = float(np.broadcast_to(usable_sd, (guide.n,))[i])
     own = NormalDist().cdf((u - float(belief.mean[i])) / max(math.hypot(float(belief.sd[i]), u_sd), 1e-9))
-    facts = {"p_fit": float(p_fit[i]), "predicted": float(mean[i] / truth.optimum)}
     words = (
         f"optimum at the end {truth.optimum_key}: peak {belief.mean[i]:.2f} +/- {belief.sd[i]:.2f} GiB "
         f"(true {truth.optimum_peak:.2f}), usable {u:.2f} +/- {u_sd:.2f} (true {truth.optimum_limit:.2f}), "
@@ -440,7 +439,7 @@ def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, dict[
         f"predicted {mean[i] / truth.optimum:.3f} +/- {sd[i] / truth.optimum:.3f} of the optimum, "
         f"probed {'yes' if any(o.index == i for o in obs) else 'no'}"
     )
-    return words, facts
+    return words, float(p_fit[i])
 
 
 # why a study's reported best ended more than 2 % below the optimum (miss_cause)
@@ -451,7 +450,7 @@ MISS_CAUSES = (
 )
 
 
-def miss_cause(row: dict[str, Any], facts: dict[str, float] | None) -> str | None:
+def miss_cause(row: dict[str, Any], optimum_p_fit: float | None) -> str | None:
     """Why the reported best at the end (``row['final']``) is more than 2 % below the optimum, or None
     where it is not: the study measured a config within 2 % and reported another (the race, the
     noise: issue 44); or it never measured one, and the guide's view of the optimum at the end says
@@ -461,9 +460,9 @@ def miss_cause(row: dict[str, Any], facts: dict[str, float] | None) -> str | Non
         return None
     if row.get("best_probed", 0.0) >= 0.98:
         return MISS_CAUSES[0]
-    if facts is None:
+    if optimum_p_fit is None:
         return None
-    return MISS_CAUSES[1] if facts["p_fit"] < 0.9 else MISS_CAUSES[2]
+    return MISS_CAUSES[1] if optimum_p_fit < 0.9 else MISS_CAUSES[2]
 
 
 def print_trace(records: list, truth: Truth) -> None:
@@ -877,7 +876,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 race=race_pairs(records, truth),
                             )
                             row["ties_true"] = true_ties(cert, records, truth, row["final"])
-                            row["miss"] = miss_cause(row, getattr(truth, "optimum_facts", None))
+                            row["miss"] = miss_cause(row, getattr(truth, "optimum_p_fit", None))
                         elif method == "random":
                             row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
                         else:

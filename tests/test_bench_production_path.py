@@ -251,12 +251,12 @@ def test_a_miss_says_why_and_a_share_of_worlds_its_interval():
     at the end (its P(fits) below 0.9: the memory edge; else the model put it below the measured).
     ``share_cell``: 30 worlds put a 90 % share in an interval 25 points wide, 240 in one of 8."""
     hit = {"final": 0.985, "best_probed": 1.0}
-    assert se.miss_cause(hit, {"p_fit": 0.3, "predicted": 0.9}) is None
+    assert se.miss_cause(hit, 0.3) is None
     found = {"final": 0.97, "best_probed": 0.99}
     assert se.miss_cause(found, None) == se.MISS_CAUSES[0]
     never = {"final": 0.95, "best_probed": 0.95}
-    assert se.miss_cause(never, {"p_fit": 0.5, "predicted": 0.98}) == se.MISS_CAUSES[1]
-    assert se.miss_cause(never, {"p_fit": 0.99, "predicted": 0.88}) == se.MISS_CAUSES[2]
+    assert se.miss_cause(never, 0.5) == se.MISS_CAUSES[1]
+    assert se.miss_cause(never, 0.99) == se.MISS_CAUSES[2]
     assert se.miss_cause(never, None) is None  # no view of the optimum: counted as a miss, no cause
     assert se.share_cell(27, 30) == "90% [73%-98%]" and se.share_cell(216, 240) == "90% [85%-93%]"
     assert se.share_cell(30, 30).endswith("-100%]") and se.share_cell(0, 0) == "-"
