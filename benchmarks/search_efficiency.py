@@ -43,9 +43,10 @@ none), and the P(fits) the guide stated when it chose a full probe against wheth
 
 Every share of worlds carries its 95 % interval (``share_cell``: 30 worlds know a share of 90 % only
 to 73-98 %), and the studies whose reported best ended more than 2 % below the optimum are counted by
-why (``miss_cause``): a config within 2 % measured and another reported, or the optimum never measured,
-its memory unsure or its value predicted below what was measured. ``--first-world 30`` runs worlds no
-change of the guide was judged on.
+why (``miss_cause``): a config within 2 % measured and another reported, or the optimum never measured:
+profiled and turned away at the memory edge, predicted below the best measured, its memory unsure, or
+predicted to win and left unprobed. ``--first-world 30`` runs worlds no change of the guide was judged
+on.
 
 ``--memory-oracle`` tells autotune's guide every config's true peak and usable memory (sd 0.3 %
 of the peak, a measured peak's repeatability), instead of its memory model: a diagnostic, not a
@@ -58,7 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import json
 import math
 import os
@@ -411,14 +412,26 @@ def run_autotune(
         probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))
     certificate = getattr(outcome.result, "certificate", None)  # how sure the study said it was (issue 44)
     if guided is not None:
-        truth.seen_at_end, truth.optimum_p_fit = optimum_as_seen(guided, trials, truth)
+        truth.seen_at_end, truth.optimum_seen = optimum_as_seen(guided, trials, truth)
     return probes, outcome.stopped_because, calibration_pairs(records), records, certificate
 
 
-def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, float | None]:
+@dataclass(frozen=True)
+class OptimumSeen:
+    """The guide's view of the world's optimum when the study ended, as ``miss_cause`` reads it:
+    ``p_fit`` (its P(fits)), ``profiled_out`` (a memory profile of it, or of a config within 2 % of it,
+    said not to run it in full: the memory edge), ``predicted_below`` (the objective model put it below
+    the best measured config, so no acquisition would have chosen it, whatever its memory)."""
+
+    p_fit: float
+    profiled_out: bool
+    predicted_below: bool
+
+
+def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, OptimumSeen | None]:
     """What the guide believed of the world's optimum when the study ended (its peak and the usable
-    memory against the truth, P(fits), the predicted objective): why a missed optimum was never
-    probed. The words (``--trace``) and the optimum's P(fits) (``miss_cause``)."""
+    memory against the truth, P(fits), the predicted objective against the best measured config's):
+    why a missed optimum was never probed. The words (``--trace``) and the facts (``miss_cause``)."""
     guide = guided.guide
     keys = [config_key(c) for c in guide.ranking.enumeration.configs]
     if truth.optimum_key not in keys:
@@ -432,37 +445,56 @@ def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, float
     u = float(np.broadcast_to(usable, (guide.n,))[i])
     u_sd = float(np.broadcast_to(usable_sd, (guide.n,))[i])
     own = NormalDist().cdf((u - float(belief.mean[i])) / max(math.hypot(float(belief.sd[i]), u_sd), 1e-9))
+    measured = sorted({o.index for o in obs if o.status == "ok" and o.objective is not None})
+    best_measured = max((float(mean[j]) for j in measured), default=float("-inf"))
+    statuses = sorted({o.status for o in obs if o.index == i})
+    near = 0.98 * truth.optimum  # a config this good that truly fits is as good a find (a twin of the optimum)
+    seen = OptimumSeen(
+        p_fit=float(p_fit[i]),
+        profiled_out=any(o.status == "oom_predicted" and truth.value.get(keys[o.index], 0.0) >= near for o in obs),
+        predicted_below=bool(measured) and float(mean[i]) < best_measured,
+    )
     words = (
         f"optimum at the end {truth.optimum_key}: peak {belief.mean[i]:.2f} +/- {belief.sd[i]:.2f} GiB "
         f"(true {truth.optimum_peak:.2f}), usable {u:.2f} +/- {u_sd:.2f} (true {truth.optimum_limit:.2f}), "
         f"P(fits) {p_fit[i]:.2f} (its own peak against the usable: {own:.2f}), "
-        f"predicted {mean[i] / truth.optimum:.3f} +/- {sd[i] / truth.optimum:.3f} of the optimum, "
-        f"probed {'yes' if any(o.index == i for o in obs) else 'no'}"
+        f"predicted {mean[i] / truth.optimum:.3f} +/- {sd[i] / truth.optimum:.3f} of the optimum "
+        f"(the best measured config predicted {best_measured / truth.optimum:.3f}), "
+        f"probed {', '.join(statuses) if statuses else 'no'}"
     )
-    return words, float(p_fit[i])
+    return words, seen
 
 
 # why a study's reported best ended more than 2 % below the optimum (miss_cause)
 MISS_CAUSES = (
     "a config within 2 % measured, another reported",
-    "the optimum's memory unsure (P(fits) < 0.9)",
-    "the optimum sure to fit, predicted below what was measured",
+    "a config within 2 % profiled, its profile said not to run it (the memory edge)",
+    "the optimum predicted below the best measured",
+    "the optimum predicted to win, its memory unsure (P(fits) < 0.9)",
+    "the optimum predicted to win and sure to fit, not probed",
 )
 
 
-def miss_cause(row: dict[str, Any], optimum_p_fit: float | None) -> str | None:
+def miss_cause(row: dict[str, Any], optimum: OptimumSeen | None) -> str | None:
     """Why the reported best at the end (``row['final']``) is more than 2 % below the optimum, or None
     where it is not: the study measured a config within 2 % and reported another (the race, the
     noise: issue 44); or it never measured one, and the guide's view of the optimum at the end says
-    why: its memory (P(fits) below 0.9: the edge, issue 41) or its predicted value (the model put it
-    below the configs it measured)."""
+    why, in this order: a memory profile of it or of a config within 2 % of it said not to run it (the
+    edge, issue 41); the objective model put it below the best measured config (no acquisition would
+    choose it, whatever its memory: the model, not the memory); its memory unsure (P(fits) below 0.9);
+    else it was predicted to win, sure to fit, and the budget or the stopping rule ended the study
+    first."""
     if row["final"] >= 0.98:
         return None
     if row.get("best_probed", 0.0) >= 0.98:
         return MISS_CAUSES[0]
-    if optimum_p_fit is None:
+    if optimum is None:
         return None
-    return MISS_CAUSES[1] if optimum_p_fit < 0.9 else MISS_CAUSES[2]
+    if optimum.profiled_out:
+        return MISS_CAUSES[1]
+    if optimum.predicted_below:
+        return MISS_CAUSES[2]
+    return MISS_CAUSES[3] if optimum.p_fit < 0.9 else MISS_CAUSES[4]
 
 
 def print_trace(records: list, truth: Truth) -> None:
@@ -563,6 +595,35 @@ def full_probe_calibration(records: list, fits: dict[str, bool]) -> list[dict[st
         stated = float(profiled) if isinstance(profiled, (int, float)) and math.isfinite(profiled) else float(chosen)
         rows.append({"trial": r.number, "chosen": float(chosen), "stated": stated, "fitted": fits[key]})
     return rows
+
+
+VERDICT_BINS = ((0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0))
+
+
+def profile_verdicts(records: list, fits: dict[str, bool]) -> list[dict[str, Any]]:
+    """Every memory profile that gave a verdict: the P(fits) it stated, whether the full probe ran (P at
+    least ``search.profile_go_probability``) and whether the config truly fits. Unlike the full probes'
+    calibration this counts the configs a profile turned away, so it says how many of them would have
+    fitted: the price of the go threshold."""
+    rows = []
+    for r in budgeted(records):
+        profile = r.memory_profile or {}
+        p, verdict, key = profile.get("p_fit"), profile.get("verdict"), config_key(r.config)
+        if verdict not in ("probe", "oom_predicted") or not isinstance(p, (int, float)) or key not in fits:
+            continue
+        rows.append({"trial": r.number, "p": float(p), "run": verdict == "probe", "fitted": fits[key]})
+    return rows
+
+
+def verdict_bins(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int]]:
+    """(bin, profiles, truly fit, run in full) per ``VERDICT_BINS``, the last bin closed."""
+    out = []
+    for i, (low, high) in enumerate(VERDICT_BINS):
+        last = i == len(VERDICT_BINS) - 1
+        inside = [r for r in rows if low <= r["p"] < high or (last and r["p"] >= high)]
+        label = f"[{low:g},{high:g}{']' if last else ')'}"
+        out.append((label, len(inside), sum(r["fitted"] for r in inside), sum(r["run"] for r in inside)))
+    return out
 
 
 def share_cell(k: int, n: int) -> str:
@@ -859,6 +920,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             row.update(
                                 repeats=repeats_after_oom(records),
                                 p_fit=full_probe_calibration(records, truth.fits),
+                                verdicts=profile_verdicts(records, truth.fits),
                                 misread_ooms=misread_ooms(records, truth.fits),
                                 # the study's own count of what it spent (from its measured walls)
                                 study_cost=cost_of_trials(r.budget_attrs() for r in budgeted(records)),
@@ -876,7 +938,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 race=race_pairs(records, truth),
                             )
                             row["ties_true"] = true_ties(cert, records, truth, row["final"])
-                            row["miss"] = miss_cause(row, getattr(truth, "optimum_p_fit", None))
+                            row["miss"] = miss_cause(row, getattr(truth, "optimum_seen", None))
                         elif method == "random":
                             row = curve(run_random(truth, configs, w, args.max_probes), truth, args.max_probes)
                         else:
@@ -1017,6 +1079,20 @@ def print_issue41(auto: dict[str, list[dict]]) -> None:
         for name, rows in groups:
             cells = p_fit_bins([x for r in rows for x in r["p_fit"]], which)
             print(f"| {name} | " + " | ".join(f"{fit / n:.0%} ({fit}/{n})" if n else "-" for _, n, fit in cells) + " |")
+    print(
+        "\nmemory profiles' verdicts against the truth, by the P(fits) the profile stated "
+        "(truly fit / profiles; of them run in full)"
+    )
+    labels = [b for b, _, _, _ in verdict_bins([])]
+    print("| scenario | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for name, rows in groups:
+        cells = verdict_bins([x for r in rows for x in r.get("verdicts", [])])
+        print(
+            f"| {name} | "
+            + " | ".join(f"{fit / n:.0%} ({fit}/{n}; {ran} run)" if n else "-" for _, n, fit, ran in cells)
+            + " |"
+        )
 
 
 def print_issue44(auto: dict[str, list[dict]], budget: int) -> None:

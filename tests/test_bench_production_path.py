@@ -245,18 +245,43 @@ def test_calibration_bins_the_full_probes_by_their_stated_p_fit():
     assert se.misread_ooms([*records, _record(6, configs[1], "crash", 0.9)], fits) == 1
 
 
+def test_the_profiles_verdicts_are_judged_by_the_truth_those_turned_away_included():
+    """``profile_verdicts``: every profile with a verdict, run in full or turned away, against whether
+    the config truly fits; a failed profile (no verdict) and a config never profiled are left out."""
+    configs = [{"tp": t} for t in (1, 2, 4, 8, 16)]
+    fits = {se.config_key(c): c["tp"] != 2 for c in configs}
+    records = [
+        _record(0, configs[0], "ok", 0.6, profile={"verdict": "probe", "p_fit": 0.55}),
+        _record(1, configs[1], "oom_predicted", 0.5, profile={"verdict": "oom_predicted", "p_fit": 0.42}),
+        _record(2, configs[2], "oom_predicted", 0.5, profile={"verdict": "oom_predicted", "p_fit": 0.45}),
+        _record(3, configs[3], "ok", 0.6, profile={"verdict": "failed"}),
+        _record(4, configs[4], "ok", 1.0),
+    ]
+    rows = se.profile_verdicts(records, fits)
+    assert [(r["trial"], r["run"], r["fitted"]) for r in rows] == [(0, True, True), (1, False, False), (2, False, True)]
+    bins = dict((b, (n, fit, ran)) for b, n, fit, ran in se.verdict_bins(rows))
+    # of the two turned away at 0.3-0.5, one would have fitted
+    assert bins["[0.3,0.5)"] == (2, 1, 0) and bins["[0.5,0.7)"] == (1, 1, 1) and bins["[0.9,1]"] == (0, 0, 0)
+
+
 def test_a_miss_says_why_and_a_share_of_worlds_its_interval():
     """``miss_cause``: a reported best within 2 % is no miss; below it, a study that measured a config
     within 2 % reported another; one that did not is judged by what the guide believed of the optimum
-    at the end (its P(fits) below 0.9: the memory edge; else the model put it below the measured).
+    at the end, in order: a profile of it or of a config within 2 % of it said not to run it (the memory
+    edge, whatever the model predicted); the model put it below the best measured (the model, whatever
+    its memory); its memory unsure; else predicted to win, sure to fit and left unprobed.
     ``share_cell``: 30 worlds put a 90 % share in an interval 25 points wide, 240 in one of 8."""
+    seen = se.OptimumSeen
     hit = {"final": 0.985, "best_probed": 1.0}
-    assert se.miss_cause(hit, 0.3) is None
+    assert se.miss_cause(hit, seen(0.3, True, True)) is None
     found = {"final": 0.97, "best_probed": 0.99}
     assert se.miss_cause(found, None) == se.MISS_CAUSES[0]
     never = {"final": 0.95, "best_probed": 0.95}
-    assert se.miss_cause(never, 0.5) == se.MISS_CAUSES[1]
-    assert se.miss_cause(never, 0.99) == se.MISS_CAUSES[2]
+    assert se.miss_cause(never, seen(0.45, True, True)) == se.MISS_CAUSES[1]
+    assert se.miss_cause(never, seen(0.45, False, True)) == se.MISS_CAUSES[2]
+    assert se.miss_cause(never, seen(0.99, False, True)) == se.MISS_CAUSES[2]
+    assert se.miss_cause(never, seen(0.5, False, False)) == se.MISS_CAUSES[3]
+    assert se.miss_cause(never, seen(0.99, False, False)) == se.MISS_CAUSES[4]
     assert se.miss_cause(never, None) is None  # no view of the optimum: counted as a miss, no cause
     assert se.share_cell(27, 30) == "90% [73%-98%]" and se.share_cell(216, 240) == "90% [85%-93%]"
     assert se.share_cell(30, 30).endswith("-100%]") and se.share_cell(0, 0) == "-"
@@ -276,6 +301,6 @@ def test_benchmark_runs_on_the_production_path(tmp_path, capsys, profiles):
     text = capsys.readouterr().out
     assert "path production: peak only True" in text
     assert "repeats after an OOM" in text and "P(fits) calibration of the full probes" in text
-    assert "[0.9,1]" in text
+    assert "[0.9,1]" in text and "memory profiles' verdicts against the truth" in text
     assert "by why (miss_cause)" in text and row["miss"] in (None, *se.MISS_CAUSES)
     assert json.loads((tmp_path / "rows.json").read_text())[SCENARIO]["autotune"][0]["p_fit"] == row["p_fit"]
