@@ -122,7 +122,7 @@ def spec_for(
     max_oom_share: float | None = 0.05,
     max_doubt_probes: int = 2,
     memory_profiles: bool = True,
-    profile_go: float = 0.5,
+    profile_go: float = 0.4,
     ray_address: str | None = None,
     wall_scale_s: float = 0.0,
 ) -> Spec:
@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--profile-go",
         type=float,
-        default=0.5,
+        default=0.4,
         help="search.profile_go_probability: the P(fits) after a memory profile that runs the full probe",
     )
     ap.add_argument(
