@@ -86,6 +86,7 @@ from autotune.cli.assembly import study_runner  # noqa: E402
 from autotune.dispatch.backends import BackendChoice  # noqa: E402
 from autotune.spec.resolve import objectives_of, probe_context  # noqa: E402
 from autotune.guide.guided import Guide  # noqa: E402
+from autotune.guide.interface import readings_of  # noqa: E402
 from autotune.guide.memory_belief import _MemoryBelief  # noqa: E402
 from autotune.guide.memory_profile import PROFILE_MARK, cost_of_trials, ran_full_probe  # noqa: E402
 from autotune.finish.report import calibration_pairs, calibration_rows  # noqa: E402
@@ -445,7 +446,7 @@ def optimum_as_seen(guided: Any, trials: list, truth: Truth) -> tuple[str, Optim
     u = float(np.broadcast_to(usable, (guide.n,))[i])
     u_sd = float(np.broadcast_to(usable_sd, (guide.n,))[i])
     own = NormalDist().cdf((u - float(belief.mean[i])) / max(math.hypot(float(belief.sd[i]), u_sd), 1e-9))
-    measured = sorted({o.index for o in obs if o.status == "ok" and o.objective is not None})
+    measured = readings_of(obs)
     best_measured = max((float(mean[j]) for j in measured), default=float("-inf"))
     statuses = sorted({o.status for o in obs if o.index == i})
     near = 0.98 * truth.optimum  # a config this good that truly fits is as good a find (a twin of the optimum)
@@ -615,15 +616,22 @@ def profile_verdicts(records: list, fits: dict[str, bool]) -> list[dict[str, Any
     return rows
 
 
-def verdict_bins(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int]]:
-    """(bin, profiles, truly fit, run in full) per ``VERDICT_BINS``, the last bin closed."""
+def binned(rows: list[dict[str, Any]], edges: tuple, key: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows in each ``[low, high)`` bin of ``edges`` by ``row[key]``, the last bin closed, with its label."""
     out = []
-    for i, (low, high) in enumerate(VERDICT_BINS):
-        last = i == len(VERDICT_BINS) - 1
-        inside = [r for r in rows if low <= r["p"] < high or (last and r["p"] >= high)]
-        label = f"[{low:g},{high:g}{']' if last else ')'}"
-        out.append((label, len(inside), sum(r["fitted"] for r in inside), sum(r["run"] for r in inside)))
+    for i, (low, high) in enumerate(edges):
+        last = i == len(edges) - 1
+        inside = [r for r in rows if low <= r[key] < high or (last and r[key] >= high)]
+        out.append((f"[{low:g},{high:g}{']' if last else ')'}", inside))
     return out
+
+
+def verdict_bins(rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int]]:
+    """(bin, profiles, truly fit, run in full) per ``VERDICT_BINS``."""
+    return [
+        (label, len(inside), sum(r["fitted"] for r in inside), sum(r["run"] for r in inside))
+        for label, inside in binned(rows, VERDICT_BINS, "p")
+    ]
 
 
 def share_cell(k: int, n: int) -> str:
@@ -636,13 +644,8 @@ def share_cell(k: int, n: int) -> str:
 
 
 def p_fit_bins(rows: list[dict[str, Any]], which: str = "chosen") -> list[tuple[str, int, int]]:
-    """(bin, full probes, fitted) per ``P_FIT_BINS``, the last bin closed."""
-    out = []
-    for i, (low, high) in enumerate(P_FIT_BINS):
-        last = i == len(P_FIT_BINS) - 1
-        inside = [r["fitted"] for r in rows if low <= r[which] < high or (last and r[which] >= high)]
-        out.append((f"[{low:g},{high:g}{']' if last else ')'}", len(inside), sum(inside)))
-    return out
+    """(bin, full probes, fitted) per ``P_FIT_BINS``."""
+    return [(label, len(inside), sum(r["fitted"] for r in inside)) for label, inside in binned(rows, P_FIT_BINS, which)]
 
 
 def misread_ooms(records: list, fits: dict[str, bool]) -> int:
