@@ -748,7 +748,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=float,
         default=None,
         help="seconds a launcher lasts per modelled full probe, so that a study's measured walls (its budget in "
-        "full-probe equivalents) keep the modelled proportions: default 2 with --ray-cluster, 0 (none) for the "
+        "full-probe equivalents) keep the modelled proportions: default 8 with --ray-cluster (at 2 the launchers' "
+        "start-up and Ray's placement ate half a 70B study's budget on a 2-core machine), 0 (none) for the "
         "launcher as a plain subprocess; in-process walls are the modelled ones",
     )
     ap.add_argument(
@@ -1225,13 +1226,16 @@ def print_claim_calibration(rows: list[dict]) -> None:
 
 
 def wall_scale(args: argparse.Namespace, use_ray: bool) -> float:
-    """Seconds a launcher lasts per modelled full probe: ``--wall-scale``, by default 2 through Ray and
-    none otherwise (in-process probes take the modelled walls as they are)."""
+    """Seconds a launcher lasts per modelled full probe: ``--wall-scale``, by default 8 through Ray and
+    none otherwise (in-process probes take the modelled walls as they are). At 2 a 70B study on the
+    local 4-node cluster counted 19.5-22.3 full-probe equivalents by its measured walls for 8.3-12.8
+    modelled: a profile's modelled 0.6 s is shorter than a launcher's start; at 8, 19.9-20.6 for
+    17.6-19.0 (benchmarks/README.md)."""
     if args.in_process and not use_ray:
         return 0.0
     if args.wall_scale is not None:
         return max(0.0, args.wall_scale)
-    return 2.0 if use_ray else 0.0
+    return 8.0 if use_ray else 0.0
 
 
 if __name__ == "__main__":
