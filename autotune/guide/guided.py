@@ -39,9 +39,8 @@ every config a mean *and* an uncertainty:
   config that fits although predicted over the limit lowers the estimate. Both move the memory
   factors, hence the margin every similar config must keep.
 - **Stopping rule**: when even the optimistic bound (``stop_kappa`` standard deviations) of every
-  remaining config that may fit is below the best measured config's estimate (the objective
-  model's posterior mean, ``GuideSettings.incumbent``) by ``stop_margin``, no further probe can
-  win: the study stops and says so.
+  remaining config that may fit is below the best measured value by ``stop_margin``, no further
+  probe can win: the study stops and says so.
 
 Everything is derived from the study's trials each time it is asked (nothing to store, and a
 resumed study continues with the same ranking and the same fit).
@@ -572,7 +571,6 @@ class Guide(GuideMemory, GuideRace):
         configs are left, and the study's OOM count against its allowance."""
         s = self.settings
         mean, sd = self._objective_model(obs)
-        best = self._incumbent(obs, mean, best)
         belief = self._memory_belief(obs)
         p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
         candidates = self.valid.copy() if allowed is None else self.valid & allowed
@@ -618,21 +616,6 @@ class Guide(GuideMemory, GuideRace):
             spent=spent,
         )
 
-    def _incumbent(self, obs: list[Observation], mean: np.ndarray, best: float | None) -> float | None:
-        """What a new config must beat (``settings.incumbent``): the objective model's best posterior
-        mean among the measured configs, or the caller's ``best`` (the best mean reading). Nothing
-        measured: ``best`` as given (None). The estimate pools every reading, so a twin read 2 % high
-        does not raise the bar for the whole space; on the search benchmark's 90 worlds x 4 scenarios
-        it took the studies within 2 % of the optimum from 90.6 to 91.7 % at budget 20, from 94.7 to
-        95.8 % at budget 25 (2 % noise), and within 3 % at 5 % noise from 86.7 to 88.1 %."""
-        if best is None or self.settings.incumbent != "estimate":
-            return best
-        measured = readings_of(obs)
-        if not measured:
-            return best
-        sign = 1.0 if self.direction == "maximize" else -1.0
-        return sign * float(np.max(sign * mean[sorted(measured)]))
-
     def _stop_or_stretch(
         self, view: "_Picture", allowed: np.ndarray | None
     ) -> tuple[float, str, tuple[Proposal | None, str] | None]:
@@ -641,7 +624,7 @@ class Guide(GuideMemory, GuideRace):
 
         The floor is ``min_fit_probability``; with memory profiles ``give_up_probability`` (an unlikely
         fit costs its profile, not an OOM; the score weighs it). The stopping rule: every config that
-        may fit (the floor) has its optimistic bound (``stop_kappa`` sd) below the incumbent (:meth:`_incumbent`). Then
+        may fit (the floor) has its optimistic bound (``stop_kappa`` sd) below the best measured. Then
         the configs that could still win but are less likely to fit than the floor: while the study
         has budget left and may still risk an OOM, one of them is worth its risk (7B 32 GB world 17 of
         benchmarks/search_efficiency.py stopped after 11 of 20 probes at 0.937 of the optimum, a
@@ -673,9 +656,7 @@ class Guide(GuideMemory, GuideRace):
             (
                 None,
                 f"the model's optimistic bound ({s.stop_kappa:g} sd) of every remaining config that may "
-                f"fit is {abs(top):.4g}, below the best measured config's "
-                + ("estimate" if s.incumbent == "estimate" else "reading")
-                + f" {best:.4g}: no probe left can win",
+                f"fit is {abs(top):.4g}, below the best measured {best:.4g}: no probe left can win",
             ),
         )
 

@@ -17,9 +17,6 @@ from typing import Any, Iterable
 FAMILY_PARAMS = ("tp", "pp", "cp", "zero_stage", "recompute")  # what makes a config's family
 
 
-INCUMBENTS = ("estimate", "reading")  # GuideSettings.incumbent
-
-
 @dataclass(frozen=True)
 class GuideSettings:
     """Knobs of the guide (``search:`` fields of the spec carry the same names)."""
@@ -41,13 +38,6 @@ class GuideSettings:
     stop_early: bool = True  # apply the stopping rule (else the budget is spent)
     stop_kappa: float = 2.0  # optimism of the stopping rule
     stop_margin: float = 0.0  # stop when every bound is below best * (1 + margin)
-    # what the expected improvement and the stopping rule measure against: "estimate", the objective
-    # model's best posterior mean among the measured configs (which pools every reading), or
-    # "reading", the best mean reading (the caller's ``best``). The best of many noisy readings is
-    # biased high: of six twins equal in truth, read once each at 2 % noise, the best reads about 2.5 %
-    # above them, and a new config has to beat that luck to be worth a probe (Picheny et al. 2013,
-    # "plug-in" expected improvement; benchmarks/README.md, 2026-12-02)
-    incumbent: str = "estimate"
     min_probes_before_stop: int = 3
     min_fit_probability: float = 0.5  # probe a config less likely than this to fit only when none is likelier
     give_up_probability: float = 0.05  # stop when no remaining config is even this likely to fit
@@ -71,10 +61,6 @@ class GuideSettings:
     # what the device check measured a probe's allocator can use on one device (autotune.study.usable_memory;
     # the hardware profile's usable_memory_gib), None where no check ran
     device_usable_gib: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.incumbent not in INCUMBENTS:
-            raise ValueError(f"GuideSettings.incumbent: {self.incumbent!r}, expected one of {', '.join(INCUMBENTS)}")
 
 
 @dataclass(frozen=True)

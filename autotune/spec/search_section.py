@@ -50,7 +50,7 @@ class SearchSpec(Strict):
     stop_early: bool = Field(
         True,
         description="sampler auto: stop before the budget when the model's optimistic "
-        "bound of every remaining config is below the best measured config's estimate",
+        "bound of every remaining config is below the best measured",
     )
     explore_kappa: float = Field(
         1.0,
