@@ -81,6 +81,21 @@ def _rank_fidelity_measurements(tmp: Path) -> None:
     (tmp / "measurements.json").write_text(json.dumps({"rows": rows}))
 
 
+def _two_search_runs(tmp: Path) -> None:
+    """Two ``search_efficiency.py --json`` outputs over the same 12 worlds of two scenarios: the second
+    turns 9 worlds (7b-8x32 0-8) and loses none, and reports a world the first never ran."""
+    before = {
+        "7b-8x64": {"autotune": [{"world": w, "final": 1.0} for w in range(12)]},
+        "7b-8x32": {"autotune": [{"world": w, "final": 0.95} for w in range(12)]},
+    }
+    after = json.loads(json.dumps(before))
+    for row in after["7b-8x32"]["autotune"][:9]:
+        row["final"] = 0.99
+    after["7b-8x64"]["autotune"].append({"world": 12, "final": 0.5})
+    (tmp / "before.json").write_text(json.dumps(before))
+    (tmp / "after.json").write_text(json.dumps(after))
+
+
 SEARCH = ("--methods", "autotune", "--worlds", "1", "--scenarios", "7b-8x64", "--budget", "3")
 SEARCH_TABLE = (
     r"^7b-8x64 world 0 autotune .* full probes [1-9]",
@@ -91,6 +106,16 @@ SEARCH_TABLE = (
 TINY_TORCH = ("--warmup", "1", "--measured", "1", "--repeats", "1", "--seq-len", "32", "--global-batch", "2")
 
 FAST = [
+    Case(
+        "compare_search_runs.py",
+        ("--before", "{tmp}/before.json", "--after", "{tmp}/after.json"),
+        (
+            r"^\| 7b-8x32 \| 12 \| 0 \(0\.0%\) \| 9 \(75\.0%\) \| 9 \| 0 \| 0\.00 \|",
+            r"^\| 7b-8x64 \| 12 \| 12 \(100\.0%\) \| 12 \(100\.0%\) \| 0 \| 0 \| 1\.00 \|",
+            r"^pooled: 9 turned, 0 lost, p = 0\.00: a difference",
+        ),
+        prepare=_two_search_runs,
+    ),
     Case("simulator_speed.py", ("1000",), (r"^1000 configs: conversion", r"configs/s including conversion")),
     Case("simulator_fidelity.py", (), (r"^row\s+metric\s+predicted\s+measured", r"MAPE over \d+ rows")),
     Case(
