@@ -2,8 +2,8 @@
 one this benchmark can tell from chance?
 
 A change of the guide reshuffles which worlds a study gets right: on the search benchmark the
-changes of the last rounds each turned 10-20 worlds of 360 and lost about as many, and a share
-that moved by three worlds moved by chance. The share of worlds within the tolerance cannot say
+variants of 2026-12-02 each turned 3-12 worlds of 120-240 and lost 3-25, so a share that moved
+by a few worlds may have moved by chance. The share of worlds within the tolerance cannot say
 so; the worlds can. Both runs see the same worlds (the same seeds), so each world is a pair: the
 worlds where exactly one run reported a best within the tolerance are the evidence, and under "no
 difference" each of them falls either way with probability 1/2 (the exact sign test, McNemar's
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--within must be between 0 and 1 (a share of the optimum), got {args.within}")
     before, after = finals(args.before, args.method), finals(args.after, args.method)
     rows = compare(before, after, args.within)
-    if not rows or rows[-1]["worlds"] == 0:
+    if rows[-1]["worlds"] == 0:  # the pooled row: no world in both runs
         print("no world is in both runs (same scenarios and world numbers?)", file=sys.stderr)
         return 2
     print(f"within {args.within:.0%} of the optimum, world by world (the exact sign test on the worlds that differ)")
