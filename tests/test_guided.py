@@ -1016,3 +1016,110 @@ def test_below_three_readings_the_value_effects_keep_their_prior(world, monkeypa
     fits_made.clear()
     guide._objective_model(obs)
     assert fits_made and all(fits_made)
+
+
+# ------------------------------------------------------------------ memory profiles' steps as readings
+def _cut_step(ranking, index: int, layers: int, bias: float = 0.9) -> float:
+    """The fixture world's true step of config ``index`` on the model cut to ``layers`` layers (its
+    tensor-parallel communication 2.5x and recompute 1.4x the simulator's), times ``bias``: a
+    profile's one step after one warm-up need not read as a full probe's median does."""
+    factors = {"tp_comm": 2.5, "recompute": 1.4}
+    parts = ranking.time_components_at(index, layers)
+    return bias * sum(v * factors.get(k[len("time_") :], 1.0) for k, v in parts.items() if k != "time_step")
+
+
+def test_a_profile_is_priced_at_its_layers_and_the_full_model_as_the_ranking_prices_it(world):
+    ranking = world[0]
+    i = int(ranking.order[0])
+    config = ranking.enumeration.configs[i]
+    full = ranking.time_components_at(i, 32)
+    for k in TRAIN_TIME_COMPONENTS:
+        assert full[f"time_{k}"] == pytest.approx(float(np.nan_to_num(ranking.predictions[f"time_{k}"][i])))
+    cut = ranking.time_components_at(i, 2 * int(config.get("pp") or 1))
+    assert 0 < sum(cut.values()) < 0.5 * sum(full.values())  # 2 layers a stage instead of 32 / pp
+    assert replace(ranking, context=None).time_components_at(i, 32) is None  # predictions given, nothing to price with
+
+
+def test_a_profiles_steps_steer_what_to_probe_and_never_what_is_reported(world):
+    """Four full probes of tp 1 say nothing of tensor-parallel communication, which the fixture's
+    world makes 2.5x the simulator's. The steps of two tp 4 layouts' memory profiles (1 and 2
+    layers a stage, 10 % off a full probe's reading) do: the model that reads them predicts the
+    tp 4 configs closer, its profile factor taking the 10 %. The estimate a measured config is
+    reported and raced by is the full probes' alone, identical with or without the profiles."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    configs = ranking.enumeration.configs
+    tp = np.array([int(configs[i]["tp"]) for i in range(len(configs))])
+    pp = np.array([int(configs[i]["pp"]) for i in range(len(configs))])
+    tp1 = [int(i) for i in np.flatnonzero(fits & (tp == 1))][:4]
+    obs = [_measure(world, i) for i in tp1]
+    target = np.flatnonzero(fits & (tp == 4) & (pp == 1))
+    profiled = [int(target[0]), int(target[len(target) // 2])]
+    with_profiles = obs + [
+        Observation(i, "oom_predicted", profile_steps=tuple((k, _cut_step(ranking, i, k)) for k in (1, 2)))
+        for i in profiled
+    ]
+    without = obs + [Observation(i, "oom_predicted") for i in profiled]
+
+    def error(mean):
+        return float(np.median(np.abs(mean[target] / value[target] - 1.0)))
+
+    blind, _ = guide._objective_model(without, profiles=True)
+    informed, _ = guide._objective_model(with_profiles, profiles=True)
+    # 0.30 against 0.39: the tp 1 probes ran full recompute only, which the profiles share
+    assert error(informed) < 0.8 * error(blind), (error(informed), error(blind))
+    reported, reported_sd = guide._objective_model(with_profiles)
+    plain, plain_sd = guide._objective_model(without)
+    assert np.array_equal(reported, plain) and np.array_equal(reported_sd, plain_sd)
+
+
+def test_the_stopping_rule_asks_the_model_without_the_profiles_too(world):
+    """More readings narrow the band but cannot make the cut model the full one: a config the
+    profiles' model gives up on, and the full probes' model still thinks may win, keeps the study going."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    configs = ranking.enumeration.configs
+    tp = np.array([int(configs[i]["tp"]) for i in range(len(configs))])
+    obs = [_measure(world, int(i)) for i in np.flatnonzero(fits & (tp == 1))[:4]]
+    profiled = int(np.flatnonzero(fits & (tp == 4))[0])
+    steps = tuple((k, _cut_step(ranking, profiled, k)) for k in (1, 2))
+    obs.append(Observation(profiled, "oom_predicted", profile_steps=steps))
+    best = max(o.objective for o in obs if o.objective)
+    view = guide._picture(obs, set(), best, 10, None)
+    with_p = view.mean + guide.settings.stop_kappa * view.sd
+    full_mean, full_sd = guide._objective_model(obs)
+    assert np.all(view.stop_bound >= with_p - 1e-9)
+    assert np.all(view.stop_bound >= full_mean + guide.settings.stop_kappa * full_sd - 1e-9)
+    assert np.any(view.stop_bound > with_p + 1e-6)  # the model without them is the less sure somewhere
+
+
+def test_profiles_whose_steps_do_not_follow_their_layers_are_not_read(world):
+    """A launcher that prints the same step at 1 and 2 layers a stage (a fixed overhead that dwarfs
+    a layer, a figure it does not measure) says nothing of a layout's speed: its profiles' steps
+    are not read, and the model is the full probes'. Within 1.5x of the priced growth they are."""
+    ranking, step, mem, fits, value = world
+    guide = Guide(ranking, ("tokens_per_s_per_device", "maximize"))
+    configs = ranking.enumeration.configs
+    tp = np.array([int(configs[i]["tp"]) for i in range(len(configs))])
+    obs = [_measure(world, int(i)) for i in np.flatnonzero(fits & (tp == 1))[:4]]
+    profiled = [int(i) for i in np.flatnonzero(fits & (tp == 4))[:2]]
+
+    def with_steps(grow: float):
+        return obs + [
+            Observation(
+                i,
+                "oom_predicted",
+                profile_steps=((1, 0.5), (2, 0.5 * grow * _cut_step(ranking, i, 2) / _cut_step(ranking, i, 1))),
+            )
+            for i in profiled
+        ]
+
+    assert len(guide._profile_rows(with_steps(1.0))) == 4  # as priced
+    assert len(guide._profile_rows(with_steps(1.3))) == 4  # within 1.5x
+    flat = [*obs] + [Observation(i, "oom_predicted", profile_steps=((1, 0.5), (2, 0.5))) for i in profiled]
+    assert guide._profile_rows(flat) == []  # the same step at twice the layers
+    plain, _ = guide._objective_model(obs + [Observation(i, "oom_predicted") for i in profiled], profiles=True)
+    unread, _ = guide._objective_model(flat, profiles=True)
+    assert np.array_equal(plain, unread)
+    one_size = obs + [Observation(profiled[0], "oom_predicted", profile_steps=((1, 0.5),))]
+    assert guide._profile_rows(one_size) == []  # nothing shows yet that they follow the layers

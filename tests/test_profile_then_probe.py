@@ -263,6 +263,7 @@ def _profiler_spec(go: float):
 
 def test_a_profile_that_measured_both_sides_decides_without_the_model():
     """Reserved peaks and the usable memory from the profile's own runs: the verdict is theirs."""
+    from autotune.guide.sampler import _profile_steps
     from autotune.study.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
@@ -284,7 +285,11 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model():
         for k in (1, 4):
             result = ProbeResult(
                 "ok",
-                metrics={"peak_memory_gib": 10 + k, "peak_reserved_gib": 8 + reserved_per_layer * k},
+                metrics={
+                    "peak_memory_gib": 10 + k,
+                    "peak_reserved_gib": 8 + reserved_per_layer * k,
+                    "step_time_s": 0.5 + 0.25 * k,
+                },
                 info={"usable_memory_gib": 40.0},
                 wall_s=5.0,
             )
@@ -293,6 +298,10 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model():
 
     action, _, record = run_with(0.9)  # reserved 8 + 0.9 x 32 = 36.8 of 40 usable: it fits
     assert action == "probe" and record["p_fit"] > 0.99 and record["verdict"] == "probe"
+    # each profile's step time is kept: a reading of the layout's speed on the cut model for the guide
+    assert record["step_times_s"] == {"1": 0.75, "4": 1.5}
+    assert _profile_steps(record) == ((1, 0.75), (4, 1.5))
+    assert _profile_steps({"step_times_s": {"x": 1.0, "2": float("nan"), "0": 1.0, "3": -1.0}}) == ()
     action, final, record = run_with(1.1)  # 8 + 1.1 x 32 = 43.2: it does not
     assert action == "stop" and final.status == "oom_predicted" and record["p_fit"] < 0.01
     assert "reserved peak 43.2" in final.reason and "40 GiB it could use" in final.reason

@@ -134,6 +134,8 @@ class Guide(GuideMemory, GuideRace):
         self.objective_raw = np.asarray(p[self.metric], dtype=float)
         self.step_derived = self.metric in STEP_DERIVED and "step_time_s" in p
         comp_names = [k for k in COMPONENTS if f"time_{k}" in p]
+        self.time_component_names = comp_names
+        self._profile_priced: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
         self.time_components = (
             np.stack([np.nan_to_num(np.asarray(p[f"time_{k}"], dtype=float)) for k in comp_names], axis=1)
             if comp_names and self.step_derived
@@ -212,16 +214,21 @@ class Guide(GuideMemory, GuideRace):
         return np.where(self.unpriced, self.settings.unpriced_sigma, sigma)
 
     # ---- models --------------------------------------------------------------------------------------
-    def _objective_model(self, obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of the objective for every config (in the objective's units)."""
-        belief = self._objective_belief(obs)
+    def _objective_model(self, obs: list[Observation], profiles: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the objective for every config (in the objective's units);
+        ``profiles``: the memory profiles' steps read too (:meth:`_profile_rows`)."""
+        belief = self._objective_belief(obs, profiles=profiles)
         return belief.mean, belief.sd
 
-    def _objective_belief(self, obs: list[Observation], at: np.ndarray | None = None) -> _ObjectiveBelief:
+    def _objective_belief(
+        self, obs: list[Observation], at: np.ndarray | None = None, profiles: bool = False
+    ) -> _ObjectiveBelief:
         """The objective model's posterior (:class:`_ObjectiveBelief`): the step-time model for
         step-derived objectives, else a multiplicative correction of the raw prediction by
         parameter values. ``at``: what it says of these rows only (its arrays indexed as ``at``;
-        a leave-one-out prediction needs one row, not the whole space)."""
+        a leave-one-out prediction needs one row, not the whole space). ``profiles``: the memory
+        profiles' steps are read as well (what to probe, when to stop); without, only full probes
+        speak (what a measured config is reported and raced by)."""
         s = self.settings
         sel = slice(None) if at is None else np.asarray(at, dtype=int)
         k = self.one_hot.shape[1]
@@ -231,7 +238,8 @@ class Guide(GuideMemory, GuideRace):
                 for o in obs
                 if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s) and not o.interference
             ]
-            design, post, execution, exec_post = self._step_posteriors(rows)
+            extra = self._profile_rows(obs) if profiles else []
+            design, post, execution, exec_post = self._step_posteriors(rows, extra)
             design, execution = design[sel], execution[sel]
             step_mean, step_sd = self._step_prediction(design, post, execution, exec_post)
             raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)[sel]
@@ -286,12 +294,72 @@ class Guide(GuideMemory, GuideRace):
             self._step_design_cache = (design, self.one_hot[:, self.unpriced])
         return self._step_design_cache
 
-    def _step_posteriors(self, rows: list[tuple[int, float]]) -> tuple[np.ndarray, _Posterior, np.ndarray, _Posterior]:
+    def _profile_rows(self, obs: list[Observation]) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """(design row, execution row, measured step) of every memory profile's step time
+        (``settings.profile_steps``): the trial's layout on the model cut to the profile's layers,
+        priced by the simulator at those layers (:meth:`Ranking.time_components_at`), so its step
+        is one more reading of the layout's speed, of every priced part but the layers' share. A
+        study profiles the layouts at the memory edge, where optima sit and few full probes go;
+        their steps cost nothing more. Measured on this CPU (a 16-layer tiny Llama, the torch probe):
+        measured over priced at 1, 4 and 16 layers per stage 19.1, 15.5, 19.3 (pp 2) and 19.3, 18.8,
+        20.3 (pp 1): a factor common to the cut and the full model, which the step model fits.
+
+        Read only while the profiles' steps grow with their layers as the model prices them: the
+        median, over the layouts profiled at two sizes or more, of the measured step ratio between
+        the largest and the smallest over the priced one within ``profile_scaling_tolerance``
+        either way (this CPU: 0.82 and 0.96). A launcher whose step does not follow the layers it
+        runs (a fixed overhead that dwarfs a layer, a step time it prints but does not measure)
+        says nothing of a layout's speed through its profiles; none is read."""
+        s = self.settings
+        if not (s.profile_steps and self.step_derived and self.time_components is not None):
+            return []
+        ncomp = len(self.time_component_names)
+        out, scaling = [], []
+        for o in obs:
+            if o.interference:
+                continue
+            read = []
+            for per_stage, step in sorted(o.profile_steps):
+                key = (o.index, int(per_stage))
+                if key not in self._profile_priced:
+                    self._profile_priced[key] = self._price_profile(o.index, int(per_stage))
+                priced = self._profile_priced[key]
+                if priced is not None and step > 0 and math.isfinite(step):
+                    read.append((priced, float(step)))
+            if len(read) >= 2:
+                (low, low_step), (high, high_step) = read[0], read[-1]
+                priced_ratio = float(high[0][:ncomp].sum() / low[0][:ncomp].sum())
+                scaling.append(math.log(high_step / low_step / priced_ratio))
+            out.extend((priced[0], priced[1], step) for priced, step in read)
+        if not scaling or abs(float(np.median(scaling))) > math.log(s.profile_scaling_tolerance):
+            return []
+        return out
+
+    def _price_profile(self, index: int, per_stage: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The step model's design row and execution row of config ``index`` cut to ``per_stage``
+        layers per (virtual) stage; None where the simulator cannot price it."""
+        config = self.ranking.enumeration.configs[index]
+        stages = max(1, int(config.get("pp") or 1)) * max(1, int(config.get("vpp") or 1))
+        parts = self.ranking.time_components_at(index, stages * per_stage)
+        if parts is None:
+            return None
+        comp = np.array([parts.get(f"time_{k}", 0.0) for k in self.time_component_names], dtype=float)
+        if not np.isfinite(comp).all() or comp.sum() <= 0:
+            return None
+        lin_cols = ~self.unpriced
+        return np.concatenate([comp, self.one_hot[index, lin_cols] * comp.sum()]), self.one_hot[index, self.unpriced]
+
+    def _step_posteriors(
+        self, rows: list[tuple[int, float]], extra: list[tuple[np.ndarray, np.ndarray, float]] | tuple = ()
+    ) -> tuple[np.ndarray, _Posterior, np.ndarray, _Posterior]:
         """The step-time model's posteriors: the linear model over the predicted components
         and the priced parameter values, times ``exp(Σ e_j φ_j)`` for the execution parameters
         the simulator does not price (graph vs pynative can be 20x apart: a factor, not a term).
         The two parts are fitted alternately (three rounds are plenty: each is a small solve).
-        Returns (design, its posterior, the execution one-hot, its posterior)."""
+        ``extra``: memory profiles' steps (:meth:`_profile_rows`), at ``profile_step_noise`` times
+        the noise and with a log-factor of their own (prior sd ``profile_factor_sigma``), fitted
+        with the execution factors and left out of what is returned. Returns (design, its
+        posterior, the execution one-hot, its posterior)."""
         s = self.settings
         ncomp = self.time_components.shape[1]
         lin_cols = ~self.unpriced
@@ -305,21 +373,34 @@ class Guide(GuideMemory, GuideRace):
         idx = np.array([r[0] for r in rows])
         measured = np.array([r[1] for r in rows], dtype=float)
         noise = np.full(len(rows), s.noise)
-        exec_post = exec_prior
-        values = np.arange(len(prior_sd)) >= ncomp  # the value effects' columns
-        rounds = 3 if n_exec else 1
-        for round_ in range(rounds):
-            adjusted = measured / np.exp(execution[idx] @ exec_post.mean)
-            z = design[idx] / adjusted[:, None]
-            if s.fit_value_sigma and round_ == rounds - 1:  # on the last round's execution factors
-                prior_sd = _fitted_sigma(z, np.ones(len(rows)), prior_mean, prior_sd, values, noise)
-            post = _solve(z, np.ones(len(rows)), prior_mean, prior_sd, noise)
-            if not n_exec:
-                break
-            linear = np.maximum(design[idx] @ post.mean, 1e-12)
-            exec_post = _solve(
-                execution[idx], np.log(measured / linear), exec_prior.mean, np.full(n_exec, s.unpriced_sigma), noise
+        d_rows, e_rows = design[idx], execution[idx]
+        exec_sd = np.full(n_exec, s.unpriced_sigma)
+        if extra:  # the profiles' steps: one more execution column, 1 on their rows
+            d_rows = np.vstack([d_rows, np.array([e[0] for e in extra])])
+            e_extra = np.array([e[1] for e in extra], dtype=float).reshape(len(extra), n_exec)
+            e_rows = np.hstack(
+                [np.vstack([e_rows, e_extra]), np.concatenate([np.zeros(len(rows)), np.ones(len(extra))])[:, None]]
             )
+            measured = np.concatenate([measured, [e[2] for e in extra]])
+            noise = np.concatenate([noise, np.full(len(extra), s.profile_step_noise * s.noise)])
+            exec_sd = np.concatenate([exec_sd, [s.profile_factor_sigma]])
+        n_fit = len(exec_sd)
+        exec_post = _Posterior(np.zeros(n_fit), np.diag(exec_sd**2))
+        values = np.arange(len(prior_sd)) >= ncomp  # the value effects' columns
+        rounds = 3 if n_fit else 1
+        ones = np.ones(len(measured))
+        for round_ in range(rounds):
+            adjusted = measured / np.exp(e_rows @ exec_post.mean)
+            z = d_rows / adjusted[:, None]
+            if s.fit_value_sigma and round_ == rounds - 1:  # on the last round's execution factors
+                prior_sd = _fitted_sigma(z, ones, prior_mean, prior_sd, values, noise)
+            post = _solve(z, ones, prior_mean, prior_sd, noise)
+            if not n_fit:
+                break
+            linear = np.maximum(d_rows @ post.mean, 1e-12)
+            exec_post = _solve(e_rows, np.log(measured / linear), np.zeros(n_fit), exec_sd, noise)
+        if n_fit > n_exec:  # the profiles' own factor is theirs alone
+            exec_post = _Posterior(exec_post.mean[:n_exec], exec_post.cov[:n_exec, :n_exec])
         return design, post, execution, exec_post
 
     @staticmethod
@@ -570,7 +651,7 @@ class Guide(GuideMemory, GuideRace):
         families not measured while the model is in doubt), the memory belief and P(fits), which
         configs are left, and the study's OOM count against its allowance."""
         s = self.settings
-        mean, sd = self._objective_model(obs)
+        mean, sd = self._objective_model(obs, profiles=True)
         belief = self._memory_belief(obs)
         p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
         candidates = self.valid.copy() if allowed is None else self.valid & allowed
@@ -594,13 +675,24 @@ class Guide(GuideMemory, GuideRace):
         # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
         # a profile's verdict sends a config to its full probe (autotune.study.profiling), not here
         spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(exclude), budget_left)
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        bound = sign * mean + s.stop_kappa * sd
+        if self._profile_rows(obs):
+            # the stopping rule asks both models, with the profiles' steps and without: more readings
+            # narrow the band but cannot make the cut model the full one (the search benchmark's 13B
+            # studies stopped early 31 times in 90 with the profiles' band alone, 10 without them)
+            full_mean, full_sd = self._objective_model(obs)
+            if doubt:
+                full_sd = np.where(unmeasured, np.hypot(full_sd, math.expm1(doubt) * np.abs(full_mean)), full_sd)
+            bound = np.maximum(bound, sign * full_mean + s.stop_kappa * full_sd)
         return _Picture(
+            stop_bound=bound,
             obs=obs,
             exclude=exclude,
             best=best,
             budget_left=budget_left,
             metric=self.metric,
-            sign=1.0 if self.direction == "maximize" else -1.0,
+            sign=sign,
             mean=mean,
             sd=sd,
             model_sd=model_sd,
@@ -634,7 +726,7 @@ class Guide(GuideMemory, GuideRace):
         best = view.best
         if not (s.stop_early and best is not None and view.n_measured >= s.min_probes_before_stop):
             return floor, "", None
-        bound = view.sign * view.mean + s.stop_kappa * view.sd
+        bound = view.stop_bound
         maybe = view.candidates & (view.p_fit >= floor)
         top = float(np.max(np.where(maybe, bound, -np.inf))) if maybe.any() else -np.inf
         target = view.sign * best + abs(best) * s.stop_margin
@@ -820,6 +912,7 @@ class _Picture:
     n_measured: int
     ooms: int
     spent: bool  # the OOM allowance
+    stop_bound: np.ndarray  # the stopping rule's optimistic bound (``stop_kappa`` sd), signed to maximise
 
     def with_prediction(self, proposal: Proposal, widened: bool = True) -> Proposal:
         """The proposal with what the guide predicts of it (trial attributes, the report's band);

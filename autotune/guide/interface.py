@@ -58,6 +58,18 @@ class GuideSettings:
     # profile says it fits, and is no OOM risk taken blind
     memory_profiles: bool = False
     profile_cost: float = 0.3  # a profile's cost in full-probe equivalents, as the guide weighs it
+    # a memory profile's measured step read as the speed of its layout on the cut model (priced by the
+    # simulator at those layers): it informs the choice of what to probe and when to stop, never the
+    # estimate a measured config is reported or raced by (Guide._profile_rows)
+    profile_steps: bool = True
+    profile_step_noise: float = 2.0  # a profile step's noise, in units of ``noise``: one step after one warm-up
+    # prior sd of the log-factor between the profiles' steps and their pricing, fitted per study: a
+    # profile's one step may sit apart from a full probe's median (warm-up, a start-up the model does
+    # not cut); measured on this CPU: the cut model's steps at 0.80-0.99 of the full model's, priced alike
+    profile_factor_sigma: float = 0.2
+    # ... read only while they grow with their layers as priced, within this factor either way (the median
+    # over the layouts profiled at two sizes): a launcher whose step ignores its layers says nothing
+    profile_scaling_tolerance: float = 1.5
     # what the device check measured a probe's allocator can use on one device (autotune.study.usable_memory;
     # the hardware profile's usable_memory_gib), None where no check ran
     device_usable_gib: float | None = None
@@ -93,6 +105,9 @@ class Observation:
     # the relative standard error of ``objective`` within its run, from the probe's own steps
     # (autotune.objectives.intervals.step_reading_noise); None where the probe gave no steps
     reading_noise: float | None = None
+    # the step times its memory profiles measured: ((layers per stage, seconds), ...); the same layout
+    # on a cut model, a reading of its speed (Guide._profile_rows)
+    profile_steps: tuple[tuple[int, float], ...] = ()
 
     @property
     def oom_counts(self) -> str:

@@ -99,6 +99,26 @@ class Ranking:
     order: np.ndarray
     objectives: list[tuple[str, str]]
     _values: dict[str, dict[str, Any]] | None = field(default=None, repr=False)
+    # what the predictions were made for (model, workload, cluster); None where they were given
+    context: ProbeContext | None = field(default=None, repr=False)
+
+    def time_components_at(self, index: int, num_layers: int) -> dict[str, float] | None:
+        """The simulator's step-time components (``time_<part>``, seconds) of config ``index`` on
+        the spec's model cut to ``num_layers`` layers: how a memory profile of that config is priced,
+        so that the profile's measured step is a reading of the same layout's speed
+        (:meth:`autotune.guide.guided.Guide._profile_rows`). None without a context or where the
+        cut model is not a valid layout."""
+        if self.context is None or num_layers < 1:
+            return None
+        from autotune.workers.simulate import columns_from_params, simulate_configs
+
+        ctx = self.context
+        model = {**ctx.model, "num_hidden_layers": int(num_layers)}
+        config = self.enumeration.configs[index]
+        p = simulate_configs(model, ctx.workload, ctx.hardware, ctx.cluster, columns_from_params([config]))
+        if "valid" in p and not bool(np.asarray(p["valid"])[0]):
+            return None
+        return {k: float(np.nan_to_num(np.asarray(v, dtype=float)[0])) for k, v in p.items() if k.startswith("time_")}
 
     @property
     def fit(self) -> int:
@@ -472,4 +492,4 @@ def rank_space(enumeration: Enumeration, context: ProbeContext, objectives: list
         feas_order = np.concatenate([head[np.lexsort((np.arange(len(head)), fronts))], tail])
     infeas_order = infeasible[np.argsort(-headroom[infeasible], kind="stable")]
     order = np.concatenate([feas_order, infeas_order]).astype(int)
-    return Ranking(enumeration, predictions, order, objectives)
+    return Ranking(enumeration, predictions, order, objectives, context=context)

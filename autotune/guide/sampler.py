@@ -293,6 +293,7 @@ class GuidedSampler(BaseSampler):
                     profile_p_fit=float(profile["p_fit"]) if _finite(profile.get("p_fit")) else None,
                     stated_p_fit=_stated_p_fit(ua, profile, status),
                     reading_noise=step_reading_noise(metrics, metric) if status == "ok" else None,
+                    profile_steps=_profile_steps(profile),
                 )
             )
         return self.guide.with_interference(out)
@@ -478,3 +479,17 @@ def _stated_p_fit(ua: dict[str, Any], profile: dict[str, Any], status: str) -> f
         return float(profile["p_fit"])
     stated = (ua.get(A.PREDICTED) or {}).get("guided_p_fit")
     return float(stated) if _finite(stated) else None
+
+
+def _profile_steps(profile: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """The step times a trial's memory profiles measured, ((layers per stage, seconds), ...), from
+    its ``memory_profile`` record; a malformed entry is left out, not guessed at."""
+    out = []
+    for layers, step in (profile.get("step_times_s") or {}).items():
+        try:
+            k = int(float(layers))
+        except (TypeError, ValueError):
+            continue
+        if k >= 1 and _finite(step) and float(step) > 0:
+            out.append((k, float(step)))
+    return tuple(sorted(out))

@@ -73,6 +73,7 @@ class ProfileRun:
     counts: str = "device"
     usable_gib: float | None = None  # the least any run reported its allocator could use (USABLE_KEY)
     reserved: dict[float, float] = field(default_factory=dict)  # layers -> the allocator's reserved peak, GiB
+    steps: dict[float, float] = field(default_factory=dict)  # layers -> the measured step time, s
     undecided_p_fit: float | None = None  # P(fits) from the first profiles, where a third was run
 
     def record(self, **extra: Any) -> dict[str, Any]:
@@ -86,6 +87,7 @@ class ProfileRun:
             **({"usable_reported_gib": round(self.usable_gib, 4)} if self.usable_gib else {}),
             **({"reserved_gib": {f"{k:g}": round(v, 4) for k, v in self.reserved.items()}} if self.reserved else {}),
             **({"undecided_p_fit": round(self.undecided_p_fit, 4)} if self.undecided_p_fit is not None else {}),
+            **({"step_times_s": {f"{k:g}": round(v, 6) for k, v in self.steps.items()}} if self.steps else {}),
             **extra,
         }
 
@@ -164,6 +166,9 @@ class MemoryProfiler:
             return self._no_verdict(run, f"at {k} layer(s) per stage gave no peak ({result.status}: {why[:200]})", why)
         for stage, gib in points.items():
             run.peaks.setdefault(stage, {})[float(k)] = gib
+        step = (result.metrics or {}).get("step_time_s")
+        if isinstance(step, (int, float)) and math.isfinite(step) and step > 0:
+            run.steps[float(k)] = float(step)
         reserved = (result.metrics or {}).get("peak_reserved_gib")
         if isinstance(reserved, (int, float)) and math.isfinite(reserved) and reserved > 0:
             run.reserved[float(k)] = float(reserved)
