@@ -1064,8 +1064,8 @@ def test_a_profiles_steps_steer_what_to_probe_and_never_what_is_reported(world):
     def error(mean):
         return float(np.median(np.abs(mean[target] / value[target] - 1.0)))
 
-    blind, _ = guide._objective_model(without, profiles=True)
-    informed, _ = guide._objective_model(with_profiles, profiles=True)
+    blind, _ = guide._objective_model(without, guide._profile_rows(without))
+    informed, _ = guide._objective_model(with_profiles, guide._profile_rows(with_profiles))
     # 0.30 against 0.39: the tp 1 probes ran full recompute only, which the profiles share
     assert error(informed) < 0.8 * error(blind), (error(informed), error(blind))
     reported, reported_sd = guide._objective_model(with_profiles)
@@ -1118,8 +1118,9 @@ def test_profiles_whose_steps_do_not_follow_their_layers_are_not_read(world):
     assert len(guide._profile_rows(with_steps(1.3))) == 4  # within 1.5x
     flat = [*obs] + [Observation(i, "oom_predicted", profile_steps=((1, 0.5), (2, 0.5))) for i in profiled]
     assert guide._profile_rows(flat) == []  # the same step at twice the layers
-    plain, _ = guide._objective_model(obs + [Observation(i, "oom_predicted") for i in profiled], profiles=True)
-    unread, _ = guide._objective_model(flat, profiles=True)
+    no_steps = obs + [Observation(i, "oom_predicted") for i in profiled]
+    plain, _ = guide._objective_model(no_steps, guide._profile_rows(no_steps))
+    unread, _ = guide._objective_model(flat, guide._profile_rows(flat))
     assert np.array_equal(plain, unread)
     one_size = obs + [Observation(profiled[0], "oom_predicted", profile_steps=((1, 0.5),))]
     assert guide._profile_rows(one_size) == []  # nothing shows yet that they follow the layers

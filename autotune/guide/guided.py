@@ -214,21 +214,26 @@ class Guide(GuideMemory, GuideRace):
         return np.where(self.unpriced, self.settings.unpriced_sigma, sigma)
 
     # ---- models --------------------------------------------------------------------------------------
-    def _objective_model(self, obs: list[Observation], profiles: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _objective_model(
+        self, obs: list[Observation], profile_rows: list[tuple[np.ndarray, np.ndarray, float]] | tuple = ()
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the objective for every config (in the objective's units);
-        ``profiles``: the memory profiles' steps read too (:meth:`_profile_rows`)."""
-        belief = self._objective_belief(obs, profiles=profiles)
+        ``profile_rows``: the memory profiles' steps read too (:meth:`_profile_rows`)."""
+        belief = self._objective_belief(obs, profile_rows=profile_rows)
         return belief.mean, belief.sd
 
     def _objective_belief(
-        self, obs: list[Observation], at: np.ndarray | None = None, profiles: bool = False
+        self,
+        obs: list[Observation],
+        at: np.ndarray | None = None,
+        profile_rows: list[tuple[np.ndarray, np.ndarray, float]] | tuple = (),
     ) -> _ObjectiveBelief:
         """The objective model's posterior (:class:`_ObjectiveBelief`): the step-time model for
         step-derived objectives, else a multiplicative correction of the raw prediction by
         parameter values. ``at``: what it says of these rows only (its arrays indexed as ``at``;
-        a leave-one-out prediction needs one row, not the whole space). ``profiles``: the memory
-        profiles' steps are read as well (what to probe, when to stop); without, only full probes
-        speak (what a measured config is reported and raced by)."""
+        a leave-one-out prediction needs one row, not the whole space). ``profile_rows``: the memory
+        profiles' steps (:meth:`_profile_rows`) read as well (what to probe, when to stop); without,
+        only full probes speak (what a measured config is reported and raced by)."""
         s = self.settings
         sel = slice(None) if at is None else np.asarray(at, dtype=int)
         k = self.one_hot.shape[1]
@@ -238,8 +243,7 @@ class Guide(GuideMemory, GuideRace):
                 for o in obs
                 if o.step_time_s and o.step_time_s > 0 and math.isfinite(o.step_time_s) and not o.interference
             ]
-            extra = self._profile_rows(obs) if profiles else []
-            design, post, execution, exec_post = self._step_posteriors(rows, extra)
+            design, post, execution, exec_post = self._step_posteriors(rows, profile_rows)
             design, execution = design[sel], execution[sel]
             step_mean, step_sd = self._step_prediction(design, post, execution, exec_post)
             raw_step = np.asarray(self.ranking.predictions["step_time_s"], dtype=float)[sel]
@@ -286,13 +290,17 @@ class Guide(GuideMemory, GuideRace):
         ranking, built once (on a 70B space of 11,000 configs it was a third of each fit, and the
         certificate's leave-one-out fits a dozen)."""
         if self._step_design_cache is None:
-            lin_cols = ~self.unpriced
-            design = np.concatenate(
-                [self.time_components, self.one_hot[:, lin_cols] * self.time_components.sum(axis=1, keepdims=True)],
-                axis=1,
-            )
-            self._step_design_cache = (design, self.one_hot[:, self.unpriced])
+            self._step_design_cache = self._step_design_of(self.time_components, self.one_hot)
         return self._step_design_cache
+
+    def _step_design_of(self, components: np.ndarray, one_hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The step-time model's design rows (the components, and the priced parameter values times
+        their sum) and execution rows of configs with these predicted ``components`` (n, parts) and
+        parameter values (``one_hot``'s rows): the space's (:meth:`_step_design`) or a memory
+        profile's, priced at its layers (:meth:`_price_profile`)."""
+        lin_cols = ~self.unpriced
+        design = np.concatenate([components, one_hot[:, lin_cols] * components.sum(axis=1, keepdims=True)], axis=1)
+        return design, one_hot[:, self.unpriced]
 
     def _profile_rows(self, obs: list[Observation]) -> list[tuple[np.ndarray, np.ndarray, float]]:
         """(design row, execution row, measured step) of every memory profile's step time
@@ -346,8 +354,8 @@ class Guide(GuideMemory, GuideRace):
         comp = np.array([parts.get(f"time_{k}", 0.0) for k in self.time_component_names], dtype=float)
         if not np.isfinite(comp).all() or comp.sum() <= 0:
             return None
-        lin_cols = ~self.unpriced
-        return np.concatenate([comp, self.one_hot[index, lin_cols] * comp.sum()]), self.one_hot[index, self.unpriced]
+        design, execution = self._step_design_of(comp[None, :], self.one_hot[index : index + 1])
+        return design[0], execution[0]
 
     def _step_posteriors(
         self, rows: list[tuple[int, float]], extra: list[tuple[np.ndarray, np.ndarray, float]] | tuple = ()
@@ -651,7 +659,8 @@ class Guide(GuideMemory, GuideRace):
         families not measured while the model is in doubt), the memory belief and P(fits), which
         configs are left, and the study's OOM count against its allowance."""
         s = self.settings
-        mean, sd = self._objective_model(obs, profiles=True)
+        profile_rows = self._profile_rows(obs)
+        mean, sd = self._objective_model(obs, profile_rows)
         belief = self._memory_belief(obs)
         p_fit = self.fit_probability(obs, belief.mean, belief.sd, belief)
         candidates = self.valid.copy() if allowed is None else self.valid & allowed
@@ -667,24 +676,25 @@ class Guide(GuideMemory, GuideRace):
             # (measured, 0.984) was never raced, and a config 4 % slower was reported
             doubt, doubt_why = 0.0, ""
         unmeasured = np.array([f not in seen for f in self.families]) if doubt else None
-        model_sd = sd
-        if doubt:
+
+        def widened(mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
             # the families not measured may be as wrong as the one shown wrong: widen them
-            sd = np.where(unmeasured, np.hypot(sd, math.expm1(doubt) * np.abs(mean)), sd)
+            return np.where(unmeasured, np.hypot(sd, math.expm1(doubt) * np.abs(mean)), sd) if doubt else sd
+
+        model_sd = sd
+        sd = widened(mean, sd)
         ooms = sum(1 for o in obs if o.status == "oom")
         # with memory profiles an unsure config is profiled, not risked: the allowance is spent where
         # a profile's verdict sends a config to its full probe (autotune.study.profiling), not here
         spent = not s.memory_profiles and self.oom_allowance_spent(ooms, len(obs) + len(exclude), budget_left)
         sign = 1.0 if self.direction == "maximize" else -1.0
         bound = sign * mean + s.stop_kappa * sd
-        if self._profile_rows(obs):
+        if profile_rows:
             # the stopping rule asks both models, with the profiles' steps and without: more readings
             # narrow the band but cannot make the cut model the full one (the search benchmark's 13B
             # studies stopped early 31 times in 90 with the profiles' band alone, 10 without them)
             full_mean, full_sd = self._objective_model(obs)
-            if doubt:
-                full_sd = np.where(unmeasured, np.hypot(full_sd, math.expm1(doubt) * np.abs(full_mean)), full_sd)
-            bound = np.maximum(bound, sign * full_mean + s.stop_kappa * full_sd)
+            bound = np.maximum(bound, sign * full_mean + s.stop_kappa * widened(full_mean, full_sd))
         return _Picture(
             stop_bound=bound,
             obs=obs,
