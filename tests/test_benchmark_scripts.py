@@ -116,6 +116,27 @@ FAST = [
         ),
         prepare=_two_search_runs,
     ),
+    Case(  # two studies of the search benchmark, each judged at its end by every rule
+        "report_rules.py",
+        (
+            "--json",
+            "{tmp}/picks.json",
+            "--",
+            "--in-process",
+            "--worlds",
+            "2",
+            "--scenarios",
+            "7b-8x64",
+            "--budget",
+            "8",
+        ),
+        (
+            r"^the report's rule against others",
+            r"^\| study \| 2 \| \d \(\d+\.\d%\) \| 0 \| 0 \|",
+            r"^\| prediction \+ readings \| 2 \| ",
+        ),
+        writes=("picks.json",),
+    ),
     Case("simulator_speed.py", ("1000",), (r"^1000 configs: conversion", r"configs/s including conversion")),
     Case("simulator_fidelity.py", (), (r"^row\s+metric\s+predicted\s+measured", r"MAPE over \d+ rows")),
     Case(
@@ -412,6 +433,40 @@ def test_slow(case: Case, tmp_path: Path):
             (rf"^{len(report['rows'])} configs measured on this host",),
         )
         run_case(again, tmp_path)
+
+
+def test_report_rules_counts_each_rules_turned_and_lost_studies_against_the_report():
+    """``report_rules.table``: a rule's pick is right within the tolerance; it turned a study the
+    report missed and lost one the report had; a study with no picks (nothing measured) counts nowhere."""
+    rules = _load("report_rules.py")
+    other = {r: 1.0 for r in rules.RULES if r != "study"}
+    rows = [
+        {**other, "study": 0.95, "mean reading": 0.99},  # every rule right, the report wrong
+        {**other, "study": 0.99, "mean reading": 0.90},  # the mean reading lost it
+        {**other, "study": 0.985, "mean reading": 0.975},  # within 3 % both, within 2 % the mean reading lost it
+        {"study": 0.0},  # nothing measured: no picks
+    ]
+    by_rule = {r["rule"]: r for r in rules.table(rows, 0.02)}
+    assert by_rule["study"] == dict(rule="study", studies=3, right=2, turned=0, lost=0)
+    assert by_rule["mean reading"] == dict(rule="mean reading", studies=3, right=1, turned=1, lost=2)
+    assert by_rule["model, every measured"] == dict(rule="model, every measured", studies=3, right=3, turned=1, lost=0)
+    wider = {r["rule"]: r for r in rules.table(rows, 0.03)}
+    assert wider["mean reading"]["lost"] == 1 and wider["mean reading"]["right"] == 2
+
+
+def test_report_rules_pools_earlier_runs_and_names_a_file_it_cannot_read(tmp_path: Path, capsys):
+    """``--pool``: the table over earlier runs' picks, no search run; a file that is not one is named."""
+    rules = _load("report_rules.py")
+    row = {r: 1.0 for r in rules.RULES}
+    for name, study in (("a.json", 1.0), ("b.json", 0.9)):
+        (tmp_path / name).write_text(json.dumps([{**row, "study": study}]))
+    assert rules.main(["--pool", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| study \| 2 \| 1 \(50\.0%\) \| 0 \| 0 \|", out, re.M), out
+    assert re.search(r"^\| mean reading \| 2 \| 2 \(100\.0%\) \| 1 \| 0 \|", out, re.M), out
+    (tmp_path / "c.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="c.json: not a report_rules.py --json output"):
+        rules.main(["--pool", str(tmp_path / "c.json")])
 
 
 def test_every_script_has_a_smoke_test():
