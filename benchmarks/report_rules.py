@@ -41,13 +41,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_efficiency  # noqa: E402
 
 from autotune.guide.interface import readings_of  # noqa: E402
-from autotune.objectives.intervals import noise_belief, separated  # noqa: E402
+from autotune.objectives.intervals import noise_belief  # noqa: E402
+from autotune.objectives.race import _posterior  # noqa: E402 - the certificate's own view of one config
 from autotune.spec.space import config_key  # noqa: E402
 
 RULES = ("study", "mean reading", "model, every measured", "model, contenders", "prediction + readings")
@@ -65,30 +65,14 @@ def picks(guided: Any, trials: list, truth: Any) -> dict[str, float]:
     sign = 1.0 if guide.direction == "maximize" else -1.0
     control = guide._control(obs)
     noise, _ = noise_belief((v for i, v in values.items() if i != control), guide.noise_floor(obs))
-    means = {i: float(np.mean(v)) for i, v in values.items()}
     estimate, _ = guide._objective_model(obs)
     priors = guide.measured_priors(obs)
-
-    def combined(i: int) -> float:
-        """The prior prediction and the readings, each by its precision (inverse variance)."""
-        mean, n = means[i], len(values[i])
-        if i not in priors or not mean:
-            return mean
-        prior, sd = priors[i]
-        w_prior, w_readings = 1.0 / sd**2, n / (noise * abs(mean)) ** 2
-        return (prior * w_prior + mean * w_readings) / (w_prior + w_readings)
-
-    top = max(means, key=lambda i: sign * means[i])
-    window = [
-        i
-        for i in means
-        if i == top or not (means[top] and separated(means[top], len(values[top]), means[i], len(values[i]), noise))
-    ]
     chosen: dict[str, int] = {
-        "mean reading": top,
+        "mean reading": guide.race_leader(values, noise, None),
         "model, every measured": max(values, key=lambda i: sign * estimate[i]),
-        "model, contenders": max(window, key=lambda i: sign * estimate[i]),
-        "prediction + readings": max(values, key=lambda i: sign * combined(i)),
+        # the study's window (race_leader's), at the believed noise
+        "model, contenders": guide.race_leader(values, noise, estimate),
+        "prediction + readings": max(values, key=lambda i: sign * _posterior(values[i], noise, priors.get(i))[0]),
     }
     return {rule: truth.value.get(config_key(configs[i]), 0.0) / truth.optimum for rule, i in chosen.items()}
 
@@ -122,10 +106,10 @@ def table(rows: list[dict[str, float]], within: float) -> list[dict[str, Any]]:
     and lost against the study's report."""
     threshold = 1.0 - within
     rows = [r for r in rows if "study" in r and len(r) > 1]
+    study = [r["study"] >= threshold for r in rows]
     out = []
     for rule in RULES:
         right = [r[rule] >= threshold for r in rows]
-        study = [r["study"] >= threshold for r in rows]
         out.append(
             dict(
                 rule=rule,
