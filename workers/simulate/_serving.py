@@ -34,9 +34,9 @@ def searched_rate(rates: np.ndarray, op: np.ndarray, max_rate: np.ndarray, toler
     met ends the search there.
 
     Read at the highest rung met instead, the model's goodput and max rate were the ladder's rungs, up to
-    2x below what the probe reports: the study's guide then corrected rungs against bisected readings
-    (vLLM's CPU engine at 256-512-token prompts, max_num_seqs 8, read 28.1 and 25.8 requests/s where the
-    model said 16, its rung; the refit from the other three configs put max_num_seqs 16 at 1.38x)."""
+    2x below what the probe reports, and the study's guide corrected rungs against bisected readings: on
+    vLLM's CPU engine at 256-512-token prompts its refit from three configs put max_num_seqs 16 at 1.38x
+    the engine's mean (1.06x read so, benchmarks/README.md)."""
     low = np.take_along_axis(rates, op, axis=1)[:, 0]
     up = np.take_along_axis(rates, np.minimum(op + 1, rates.shape[1] - 1), axis=1)[:, 0]
     inside = max_rate * (1.0 - tolerance / 2.0)
