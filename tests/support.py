@@ -394,6 +394,27 @@ def serving_config(**layout) -> dict:
     return config
 
 
+def predicted_by_seqs_and_chunked(spec_path, profile) -> dict:
+    """The serving model's figures for every config of the spec's space (its ``max_num_seqs`` x
+    ``enable_chunked_prefill``), on ``profile``, by (max_num_seqs, chunked)."""
+    import itertools
+
+    from autotune.spec.load import load_spec
+    from autotune.spec.resolve import probe_context
+    from autotune.spec.space import Space
+    from autotune.workers.simulate import columns_from_params, simulate_configs
+
+    spec = load_spec(spec_path)
+    ctx = probe_context(spec)
+    space = Space(spec)
+    combos = list(itertools.product(space.choices["max_num_seqs"], space.choices["enable_chunked_prefill"]))
+    configs = [space.resolve({"max_num_seqs": m, "enable_chunked_prefill": c}).config for m, c in combos]
+    out = simulate_configs(
+        dict(ctx.model), dict(ctx.workload), profile, dict(ctx.cluster), columns_from_params(configs)
+    )
+    return {combo: {k: float(v[i]) for k, v in out.items() if hasattr(v, "__len__")} for i, combo in enumerate(combos)}
+
+
 def serving_preset_run(ctx):
     """The stack presets' launch input for an export context's serving config (its model, traffic
     and cluster), as the dispatcher builds it for a trial."""

@@ -12,20 +12,15 @@ predictions are held to are from ``benchmarks/serving_cpu_study.py --model-check
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 import yaml
-from support import REPO
+from support import REPO, predicted_by_seqs_and_chunked
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.spec.load import load_spec
-from autotune.spec.resolve import probe_context
-from autotune.spec.space import Space
 from autotune.workers.hardware import load_profile
-from autotune.workers.simulate import columns_from_params, simulate_configs
 
 FIXTURES = REPO / "tests" / "fixtures" / "serving_calibration"
 HOST = FIXTURES / "host_epyc_2core.yaml"
@@ -54,19 +49,6 @@ def _refit(spec_path, readings, out):
     return json.loads(result.stdout)
 
 
-def _predicted(spec_path, profile) -> dict:
-    """The model's figures for every config of the spec's space, on ``profile``, by (mns, chunked)."""
-    spec = load_spec(spec_path)
-    ctx = probe_context(spec)
-    space = Space(spec)
-    combos = list(itertools.product(space.choices["max_num_seqs"], space.choices["enable_chunked_prefill"]))
-    configs = [space.resolve({"max_num_seqs": m, "enable_chunked_prefill": c}).config for m, c in combos]
-    out = simulate_configs(
-        dict(ctx.model), dict(ctx.workload), profile, dict(ctx.cluster), columns_from_params(configs)
-    )
-    return {combo: {k: float(v[i]) for k, v in out.items() if hasattr(v, "__len__")} for i, combo in enumerate(combos)}
-
-
 def test_the_long_prompt_readings_refit_to_the_engines_capacity(write_spec, tmp_path):
     """Prompts of 256-512 tokens: vLLM's CPU engine completed 2.30-2.34 requests/s (max_num_seqs 4) and
     2.38-2.49 (8) when offered 4. Fitted to the closed-loop batches priced as the last request's own
@@ -83,7 +65,7 @@ def test_the_long_prompt_readings_refit_to_the_engines_capacity(write_spec, tmp_
     assert len(steps["points"]) == 24 and steps["rms_error"] < 0.12
     profile = load_profile(str(tmp_path / "long.yaml"))
     engine = {4: (2.30, 2.34), 8: (2.38, 2.49)}  # completions/s at 4 offered (chunked on, off)
-    for (mns, chunked), figures in _predicted(spec_path, profile).items():
+    for (mns, chunked), figures in predicted_by_seqs_and_chunked(spec_path, profile).items():
         measured = engine[mns][0 if chunked else 1]
         assert measured / 1.5 < figures["capacity_rps"] < measured * 1.5, (mns, chunked, figures["capacity_rps"])
     text = (tmp_path / "long.yaml").read_text()
@@ -103,7 +85,7 @@ def test_the_short_prompt_readings_refit_to_the_engines_slo_rates(write_spec, tm
     spec_path = _spec(write_spec, {"low": 64, "high": 192}, {}, "s.yaml")
     said = _refit(spec_path, SHORT_READINGS, tmp_path / "short.yaml")
     assert said["serving_steps"]["rms_error"] < 0.2
-    predicted = _predicted(spec_path, load_profile(str(tmp_path / "short.yaml")))
+    predicted = predicted_by_seqs_and_chunked(spec_path, load_profile(str(tmp_path / "short.yaml")))
     for (mns, chunked), measured in (((8, False), 2.38), ((8, True), 2.71), ((32, True), 2.09)):
         rate = predicted[(mns, chunked)]["max_rate_rps_model"]
         assert measured / 2.0 < rate < measured * 1.5, (mns, chunked, rate)

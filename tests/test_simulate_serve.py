@@ -423,7 +423,7 @@ def test_a_one_sequence_engine_holds_its_slot_for_the_prompts_step_and_every_dec
     case.output = (output, output)
     eng = replay.engine_of(case)
     n = 200
-    first, done, _ = replay.serve(
+    _, done, _ = replay.serve(
         replay.step_time(eng), np.zeros(n), np.full(n, 512), np.full(n, output), 1, int(eng.mbt.ravel()[0]), False
     )
     assert float(eng.mu.ravel()[0]) == pytest.approx(n / done.max(), rel=0.06)
