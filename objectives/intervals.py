@@ -21,15 +21,19 @@ A probe's few measured steps give the spread *within* one run; repeats of a conf
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "CONFIDENCE",
+    "NoisePrior",
     "SEPARATED_Z",
     "between_runs_interval",
     "between_runs_words",
     "mean_interval",
+    "noise_belief",
     "noise_floor",
+    "noise_of_repeats",
     "reading_noise",
     "step_reading_noise",
     "quantile_interval",
@@ -47,6 +51,44 @@ CONFIDENCE = 0.95  # the confidence of every interval autotune reports unless th
 SEPARATED_Z = 2.0  # two means further apart than this many standard errors of their difference are ordered
 # no reading is surer than this between runs, whatever its steps say: clocks, timers, the machine's own drift
 NOISE_FLOOR_MIN = 0.001
+
+
+@dataclass(frozen=True)
+class NoisePrior:
+    """What a study believes of one reading's relative noise between runs before its own repeats
+    say: ``dof`` 0, an assumption (the guide's default); more, a measurement of this host with that
+    many degrees of freedom, named by ``source`` (``autotune calibrate --serving``'s rounds: each
+    closed-loop figure measured by three probes of the engine, :func:`noise_of_repeats`). Why a
+    measured prior: on a shared 2-core VM one serving config read 32.0, 25.8 and 28.0 req/s in three
+    runs; a study that measured no config twice reported the rate search's bracket of one run
+    (4 % wide) as its only interval, which held the mean of the three in none of two studies."""
+
+    noise: float
+    dof: int = 0
+    source: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.dof > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"noise": round(self.noise, 4), "dof": self.dof, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None, default: "NoisePrior") -> "NoisePrior":
+        """The prior a study recorded (:meth:`to_json`), else ``default``: a record without one (an
+        older study, or none measured) reads as the assumption it ran on."""
+        if not data or not isinstance(data.get("noise"), (int, float)) or not data["noise"] > 0:
+            return default
+        return cls(float(data["noise"]), max(0, int(data.get("dof") or 0)), str(data.get("source") or ""))
+
+
+def noise_of_repeats(groups: Iterable[Sequence[float]]) -> tuple[float, int] | None:
+    """(the relative noise of one reading, its degrees of freedom) pooled over groups of repeated
+    readings of one figure (each reading over its group's mean: :func:`relative_groups`); None
+    without a group of two. What ``autotune calibrate --serving`` keeps of its rounds."""
+    squares, dof = _repeat_squares(groups)
+    return (math.sqrt(squares / dof), dof) if dof else None
 
 
 def ci_keys(metric: str) -> tuple[str, str]:
@@ -221,16 +263,19 @@ def repeat_noise(groups: Iterable[Sequence[float]], floor: float, unrepeated: fl
     return max(floor, math.sqrt(squares / dof))
 
 
-def noise_belief(groups: Iterable[Sequence[float]], floor: float) -> tuple[float, int]:
-    """(the noise a claim of how sure a study is rests on, the repeats' degrees of freedom; 0: none
-    was measured). The floor enters as one pair of readings would (a conjugate prior worth one
+def noise_belief(groups: Iterable[Sequence[float]], floor: float, prior_dof: int = 0) -> tuple[float, int]:
+    """(the noise a claim of how sure a study is rests on, its degrees of freedom; 0: none was
+    measured). The floor enters as one pair of readings would (a conjugate prior worth one
     degree of freedom): sqrt((floor^2 + sum of squares) / (dof + 1)). With no repeat that is the
     floor; with many, the measured spread; a measured spread below the floor is believed as far
     as its readings go (where :func:`repeat_noise`'s hard floor would overstate a 2 % noise by
     half, and a claim averaged over the noise's own uncertainty, ``autotune.objectives.race``,
-    would count the floor's caution twice)."""
+    would count the floor's caution twice). ``prior_dof``: the floor is a measurement of the host
+    with that many degrees of freedom (a :class:`NoisePrior` measured): it weighs as much as that
+    many repeats and counts among the degrees of freedom returned."""
     squares, dof = _repeat_squares(groups)
-    return math.sqrt((floor**2 + squares) / (dof + 1)), dof
+    weight = max(1, prior_dof)
+    return math.sqrt((floor**2 * weight + squares) / (dof + weight)), dof + max(0, prior_dof)
 
 
 def between_runs_interval(
@@ -261,10 +306,11 @@ def between_runs_words(between: Mapping[str, Any] | None) -> str | None:
     if not between:
         return None
     readings = int(between["readings"])
+    by = between.get("noise_from") or "its repeats"
     return (
         f"between runs: {between['metric']} {between['low']:,.4g}-{between['high']:,.4g} "
         f"({between['confidence']:.0%}; {'one reading' if readings == 1 else f'the mean of {readings} readings'} "
-        f"at the study's noise {between['noise']:.1%} per reading, measured by its repeats)"
+        f"at the study's noise {between['noise']:.1%} per reading, measured by {by})"
     )
 
 

@@ -478,3 +478,14 @@ def fake_vllm(folder: Path, ttft_ms: float = 5, token_ms: float = 1, prelude: st
         .replace("TOKEN", repr(str(token_ms)))
     )
     return path
+
+
+# a serving spec's workload for the fake engine (fake_vllm): one short rate, one batch, an SLO every
+# request meets however loaded the machine is; a spec's f-string puts it in as {FAKE_SERVE_WORKLOAD}
+FAKE_SERVE_WORKLOAD = """workload:
+  kind: serve
+  traffic: {rates: [2], arrival: poisson, prompt_len: 16, output_len: 4, duration_s: 1, warmup_requests: 1, seed: 3}
+  slo: {ttft_p99_ms: 20000, tpot_p99_ms: 5000}
+  batch_sweep: [1]
+  startup_timeout_s: 60
+  timeout_s: 120"""

@@ -81,6 +81,30 @@ def _rank_fidelity_measurements(tmp: Path) -> None:
     (tmp / "measurements.json").write_text(json.dumps({"rows": rows}))
 
 
+def _kept_serving_rounds(tmp: Path) -> None:
+    """Two kept exhaustive serving runs (``round0``, ``round1``: three configs' goodput, read apart by
+    a tenth) and a profile with calibrate's repeat noise (``host.yaml``, 15 %, 6 degrees of freedom)."""
+    import optuna
+    import yaml
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from autotune.trial_attrs import A
+
+    for n, scale in enumerate((1.0, 0.9)):
+        folder = tmp / f"round{n}"
+        folder.mkdir()
+        storage = JournalStorage(JournalFileBackend(str(folder / "optuna.journal")))
+        study = optuna.create_study(study_name=f"round{n}", storage=storage, direction="maximize")
+        for seqs, goodput in ((2, 12.0), (8, 27.0), (16, 34.0)):
+            attrs = {A.CONFIG: {"max_num_seqs": seqs}, A.STATUS: "ok", A.PROBED: True, A.SOURCE: "measured"}
+            attrs[A.METRICS] = {"goodput_rps_per_device": goodput * scale}
+            study.add_trial(optuna.trial.create_trial(value=goodput * scale, user_attrs=attrs))
+    steps = {"engine": "vllm", "decode_scale": 1.0, "prefill_scale": 1.0, "step_overhead_us": 0.0}
+    (tmp / "host.yaml").write_text(
+        yaml.safe_dump({"serving_steps": {**steps, "repeat_noise": 0.15, "repeat_noise_dof": 6}})
+    )
+
+
 def _two_search_runs(tmp: Path) -> None:
     """Two ``search_efficiency.py --json`` outputs over the same 12 worlds of two scenarios: the second
     turns 9 worlds (7b-8x32 0-8) and loses none, and reports a world the first never ran."""
@@ -136,6 +160,16 @@ FAST = [
             r"^\| prediction \+ readings \| 2 \| ",
         ),
         writes=("picks.json",),
+    ),
+    Case(  # kept rounds judged: each reading's interval at the host's noise against the other round
+        "serving_host_noise.py",
+        ("--profile", "{tmp}/host.yaml", "--rounds", "{tmp}/round0", "{tmp}/round1"),
+        (
+            r"^host noise 15\.0% per reading, 6 degrees of freedom",
+            r"^3 configs x 2 rounds: the other rounds' readings inside the interval 6 of 6; the mean over the "
+            r"rounds inside it 6 of 6",
+        ),
+        prepare=_kept_serving_rounds,
     ),
     Case("simulator_speed.py", ("1000",), (r"^1000 configs: conversion", r"configs/s including conversion")),
     Case("simulator_fidelity.py", (), (r"^row\s+metric\s+predicted\s+measured", r"MAPE over \d+ rows")),

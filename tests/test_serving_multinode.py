@@ -35,6 +35,7 @@ from autotune.workers.protocol import TrialRequest, write_trial_file
 from autotune.workers.simulate import resolve_hardware, simulate_configs, simulate_trial
 from support import (
     CHAT_70B as CHAT,
+    FAKE_SERVE_WORKLOAD,
     VLLM_PYTHON,
     fake_vllm,
     local_npu_cluster,
@@ -384,13 +385,7 @@ def test_a_serving_trial_over_two_nodes_is_placed_by_ray_and_measured_by_node_0(
         f"""
 name: span-fake
 model: tiny-llama
-workload:
-  kind: serve
-  traffic: {{rates: [2], arrival: poisson, prompt_len: 16, output_len: 4, duration_s: 1, warmup_requests: 1, seed: 3}}
-  slo: {{ttft_p99_ms: 20000, tpot_p99_ms: 5000}}
-  batch_sweep: [1]
-  startup_timeout_s: 60
-  timeout_s: 120
+{FAKE_SERVE_WORKLOAD}
 cluster: {{accelerator: npu, nodes: 2, devices_per_node: 1}}
 target: none
 backend: {{kind: vllm, python: {sys.executable}, entry: {fake}, env: {{RECORD: "{record}"}}}}

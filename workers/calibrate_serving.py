@@ -249,6 +249,42 @@ def pooled_repeats(runs: Sequence[ServingRun]) -> list[ServingRun]:
     return pooled
 
 
+def repeat_noise(runs: Sequence[ServingRun]) -> tuple[float, int] | None:
+    """(the relative noise of one probe's reading between runs, its degrees of freedom) from the repeats
+    of each prompt length: every closed-loop figure the fit reads, each repeat's over the figure's mean
+    (:func:`autotune.objectives.intervals.noise_of_repeats`, repeats whose stream piled up left out as
+    the fit leaves them); None without a figure measured twice. The degrees of freedom are the probes
+    past the first of each prompt length, not the figures: one probe's figures share its spell of the
+    host (a slow round slows every batch it sends), so a probe is one draw of the host's state. What a
+    serving study takes as its noise before its own repeats measure one (the profile's
+    ``serving_steps.repeat_noise``; :func:`autotune.guide.spec_settings.guide_settings`)."""
+    from autotune.objectives.intervals import noise_of_repeats
+
+    groups: dict[tuple[int, tuple[int, ...]], list[ServingRun]] = {}
+    for run in runs:
+        groups.setdefault((run.prompt_len, tuple(int(b) for b in run.workload.get("batch_sweep") or ())), []).append(
+            run
+        )
+    figures: list[list[float]] = []
+    probes = 0
+    for (_, batches), group in groups.items():
+        timing = set()
+        for b in batches:
+            timed = [r for r in group if _piled_up(r.measured, b) is None]
+            for figure in _FIGURES:
+                values = [
+                    (i, float(r.measured[f"batch{b}_{figure}"]))
+                    for i, r in enumerate(timed)
+                    if _usable(r.measured.get(f"batch{b}_{figure}"))
+                ]
+                if len(values) > 1:
+                    figures.append([v for _, v in values])
+                    timing.update(id(timed[i]) for i, _ in values)
+        probes += max(len(timing) - 1, 0)
+    pooled = noise_of_repeats(figures)
+    return None if pooled is None or not probes else (pooled[0], probes)
+
+
 def fit_serving_steps(
     runs: Sequence[ServingRun],
     model: Mapping[str, Any],
@@ -263,6 +299,7 @@ def fit_serving_steps(
     readings (measured, the model before, the model after, how many). Raises ``ValueError`` when
     fewer readings than terms came back."""
     base = {k: v for k, v in hardware.items() if k != "serving_steps"}
+    between = repeat_noise(runs)
     runs = pooled_repeats(runs)
     rows: list[tuple[ServingRun, str]] = []
     slopes, consts, y = [], [], []
@@ -313,6 +350,8 @@ def fit_serving_steps(
         "rms_error": round(float(np.sqrt(np.mean((after / target - 1.0) ** 2))), 6),
         "repeats": max(p["readings"] for p in points),
         **({"repeat_spread": round(float(np.median(spreads)), 4)} if spreads else {}),
+        # one reading's noise between probes on this host, what a serving study assumes until its repeats say
+        **({"repeat_noise": round(between[0], 4), "repeat_noise_dof": between[1]} if between else {}),
         "points": points,
         "left_out": left_out,
     }

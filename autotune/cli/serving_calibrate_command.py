@@ -179,6 +179,12 @@ def calibrate_serving_engine(
             f"less lowest, over {steps['repeats']} rounds): the fit reads their median, but a host this busy moves a "
             "study's readings as much; calibrate again when it is quiet, or with more --repeats"
         )
+    if steps.get("repeat_noise") is not None:
+        err.print(
+            f"one reading's noise between probes on this host: {steps['repeat_noise']:.1%} "
+            f"({int(steps['repeat_noise_dof'])} degrees of freedom); a serving study that ranks with this profile "
+            "takes it as its noise until its own repeats measure one"
+        )
     for skipped in steps.get("left_out") or ():
         err.print(
             f"[yellow]left out[/yellow] batch {skipped['batch']} at prompt {skipped['prompt_len']}: "

@@ -97,7 +97,7 @@ class GuideRace:
         floor = self.noise_floor(obs)
         noise = self._noise({i: v for i, v in values.items() if i != control}, floor)  # the control spans any drift
         leader = self.race_leader(values, noise, estimate)
-        believed, dof = noise_belief((v for i, v in values.items() if i != first), floor)
+        believed, dof = noise_belief((v for i, v in values.items() if i != first), floor, self.prior_dof(floor))
         measured_noise = dof > 0
         # each config's readings with the model's prediction of it from the others, as the report reads
         # them (a leave-one-out fit per measured config: the race runs only at the end of the budget)
@@ -225,7 +225,8 @@ class GuideRace:
         if len(values) < PRIOR_MIN_MEASURED:
             return None
         control = self._control(obs)
-        noise, _ = noise_belief((v for i, v in values.items() if i != control), self.noise_floor(obs))
+        floor = self.noise_floor(obs)
+        noise, _ = noise_belief((v for i, v in values.items() if i != control), floor, self.prior_dof(floor))
         top = self._best_first(values)[:PRIOR_CONFIGS]
         rows: dict[int, tuple[float, float, float, float]] = {}
         for i in top:
@@ -420,6 +421,12 @@ class GuideRace:
         once (each reading over its config's mean), never below ``floor`` (:meth:`noise_floor`),
         nor below ``settings.noise`` while no config was measured twice."""
         return repeat_noise(values.values(), floor, self.settings.noise)
+
+    def prior_dof(self, floor: float) -> int:
+        """The degrees of freedom behind ``floor`` where it is the host's measured noise
+        (``settings.noise_dof``: ``autotune calibrate --serving``'s probes); 0 where it is assumed or
+        the readings' own steps gave it. The report reads the same (``records.noise_prior_dof``)."""
+        return self.settings.noise_dof if floor == self.settings.noise else 0
 
     def noise_floor(self, obs: list[Observation]) -> float:
         """The floor under the study's noise between runs: its readings' own within-run standard

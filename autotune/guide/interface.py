@@ -32,6 +32,10 @@ class GuideSettings:
         0.08  # memory effect of one parameter value beyond what the simulator prices (share of the peak)
     )
     noise: float = 0.03  # measurement noise, relative (median of repeated steps)
+    # the degrees of freedom ``noise`` was measured with on this host (a serving profile's
+    # ``serving_steps.repeat_noise``, autotune calibrate --serving's probes); 0: assumed
+    noise_dof: int = 0
+    noise_from: str = ""  # what measured ``noise``, in words (with ``noise_dof`` > 0)
     peak_noise: float = 0.01  # measurement noise of a peak, relative: a config's peak repeats to about 1 %
     explore_kappa: float = 1.0  # optimism of the next pick, in standard deviations
     fit_confidence: float = 0.95  # P(fits in memory) a config needs to be probed

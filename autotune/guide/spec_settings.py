@@ -7,20 +7,41 @@ the spec (issue 43, narrow settings): the assembly (:func:`autotune.cli.assembly
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
+from ..objectives.intervals import NoisePrior
 from ..spec.context import ProbeContext
 from ..spec.resolve import probe_context
 from ..spec.schema import Spec
 from .guided import GuideSettings
 
-__all__ = ["guide_settings"]
+__all__ = ["guide_settings", "measured_noise"]
+
+
+def measured_noise(hardware: Mapping[str, Any]) -> NoisePrior | None:
+    """One serving reading's relative noise between runs as ``autotune calibrate --serving`` measured
+    it on this host (the profile's ``serving_steps.repeat_noise`` and ``repeat_noise_dof``: its probes
+    of each prompt length, :func:`autotune.workers.calibrate_serving.repeat_noise`); None where the
+    profile has none (a bundled profile, or a calibration of one round). Why the study takes it: its
+    own repeats come late or never (a budget of 3 on four configs leaves none), and until then it
+    compared single readings at the guide's 3 % default on a host where one config read 25.8-32.0
+    req/s over three runs (benchmarks/README.md)."""
+    steps = hardware.get("serving_steps") or {}
+    noise, dof = steps.get("repeat_noise"), steps.get("repeat_noise_dof")
+    if not isinstance(noise, (int, float)) or not noise > 0 or not isinstance(dof, (int, float)) or dof < 1:
+        return None
+    return NoisePrior(float(noise), int(dof), "autotune calibrate --serving's repeated probes on this host")
 
 
 def guide_settings(spec: Spec, context: ProbeContext | None = None) -> GuideSettings:
-    """The guide's knobs from the spec's ``search:`` section (the same names), and what the device
-    check found usable on a device (``context``'s hardware)."""
+    """The guide's knobs from the spec's ``search:`` section (the same names), what the device
+    check found usable on a device (``context``'s hardware), and for a serving study the noise
+    between runs ``autotune calibrate --serving`` measured on this host (:func:`measured_noise`)."""
     sp = spec.search
     hardware = (context if context is not None else probe_context(spec)).hardware
+    noise = measured_noise(hardware) if spec.workload.kind == "serve" else None
     return GuideSettings(
+        **({"noise": noise.noise, "noise_dof": noise.dof, "noise_from": noise.source} if noise else {}),
         explore_kappa=sp.explore_kappa,
         fit_confidence=sp.fit_confidence,
         stop_early=sp.stop_early,

@@ -19,7 +19,14 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.objectives.interference import interference_flags, slowed_by_interference
-from autotune.objectives.intervals import noise_belief, noise_floor, repeat_noise, separated, step_reading_noise
+from autotune.objectives.intervals import (
+    NoisePrior,
+    noise_belief,
+    noise_floor,
+    repeat_noise,
+    separated,
+    step_reading_noise,
+)
 from autotune.objectives.race import Certificate, certificate, control_drift, readings_to_tell
 
 from ..guide.guided import GuideSettings
@@ -39,6 +46,10 @@ __all__ = [
     "measured_at_target_first",
     "beyond_noise",
     "measurement_noise",
+    "ASSUMED_NOISE",
+    "NOISE_PRIOR_ATTR",
+    "noise_prior_dof",
+    "noise_prior_of",
     "interference_readings",
     "INTERFERENCE_KEY",
     "best_certificate",
@@ -177,6 +188,12 @@ def guide_estimates(study: optuna.Study) -> dict[str, tuple[float, float, int]] 
     }
 
 
+def noise_prior_of(study: optuna.Study) -> NoisePrior:
+    """The noise the study's guide took before any repeat (:data:`NOISE_PRIOR_ATTR`, written when the
+    study opened), else the assumption (:data:`ASSUMED_NOISE`)."""
+    return NoisePrior.from_json(study.user_attrs.get(NOISE_PRIOR_ATTR), ASSUMED_NOISE)
+
+
 def measured_at_target_first(records: list[TrialRecord]) -> list[TrialRecord]:
     """A slice study's records as the recommendation weighs them: once some configs were measured
     again at full size (``cluster.confirm_top``), only those full-size measurements; a projection
@@ -204,6 +221,7 @@ def best_records(
     records: list[TrialRecord],
     objectives: list[tuple[str, str]],
     estimates: dict[str, tuple[float, float, int]] | None = None,
+    prior: NoisePrior | None = None,
 ) -> list[TrialRecord]:
     """The best probed trials: the single best for one objective, the Pareto front for several
     (best first by the first objective). Rule rejections and repeats are never "best". A config
@@ -217,11 +235,12 @@ def best_records(
     decide (issue 44): the estimate chooses only among the configs whose readings the noise cannot
     tell from the best reading (:func:`beyond_noise`); a model that ranks a config far above what
     it measured does not make it the best. The record returned then carries
-    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured."""
+    ``estimated_<metric>`` (and ``_sd``) in its ``predicted``; its metrics stay what was measured.
+    ``prior``: the study's noise before its repeats (:data:`NOISE_PRIOR_ATTR`), else assumed."""
     ok = measured_at_target_first(rankable(records, objectives))
     if not ok:
         return []
-    aside = interference_readings(ok, *objectives[0])
+    aside = interference_readings(ok, *objectives[0], prior=prior)
     groups: dict[str, list[TrialRecord]] = {}
     spoiled: dict[str, list[int]] = {}
     for r in ok:
@@ -253,7 +272,7 @@ def best_records(
                 e = estimates.get(config_key(r.config))
                 return e[0] if e is not None else float(r.metrics[m])
 
-            noise = measurement_noise(groups.values(), m)
+            noise = measurement_noise(groups.values(), m, prior)
             contenders = [r for r in ok if not beyond_noise(ok[0], r, m, noise)]
             if not all(_agrees(estimates.get(config_key(r.config)), r, m, noise) for r in contenders):
                 return ok[:1]  # the guide's model does not describe what was measured: the readings decide
@@ -277,13 +296,26 @@ def best_records(
 # a measurement's relative noise between runs where the study has no repeat to measure it by and its
 # readings gave no steps: the guide's own assumption, a floor under what repeats show
 DEFAULT_NOISE = GuideSettings.noise
+ASSUMED_NOISE = NoisePrior(DEFAULT_NOISE)
+# the study's attribute that keeps the noise its guide took before any repeat (NoisePrior.to_json), where a
+# measurement of the host gave it (a serving profile's serving_steps.repeat_noise); absent: assumed
+NOISE_PRIOR_ATTR = "autotune.noise_prior"
 
 
-def study_noise_floor(records: Iterable[TrialRecord], metric: str) -> float:
+def study_noise_floor(records: Iterable[TrialRecord], metric: str, prior: NoisePrior | None = None) -> float:
     """The floor under the study's noise of ``metric`` between runs: its readings' own within-run
     standard error where their probes gave steps (:func:`autotune.objectives.intervals.noise_floor`,
-    as the guide reads it: ``Guide.noise_floor``), else :data:`DEFAULT_NOISE`."""
-    return noise_floor((step_reading_noise(r.metrics, metric) for r in records if r.status == "ok"), DEFAULT_NOISE)
+    as the guide reads it: ``Guide.noise_floor``), else the ``prior``'s noise (assumed:
+    :data:`DEFAULT_NOISE`)."""
+    prior = prior or ASSUMED_NOISE
+    return noise_floor((step_reading_noise(r.metrics, metric) for r in records if r.status == "ok"), prior.noise)
+
+
+def noise_prior_dof(floor: float, prior: NoisePrior | None) -> int:
+    """The degrees of freedom behind ``floor`` where it is the host's measured noise (``prior``
+    measured, and no reading's steps gave a floor of their own); 0 otherwise. The guide reads the
+    same (``Guide.prior_dof``)."""
+    return prior.dof if prior is not None and prior.measured and floor == prior.noise else 0
 
 
 ESTIMATE_Z = 3.0  # a guide's estimate further than this from a config's readings does not describe them
@@ -302,6 +334,7 @@ def interference_readings(
     direction: str,
     values: dict[int, float] | None = None,
     floor: float | None = None,
+    prior: NoisePrior | None = None,
 ) -> set[int]:
     """The trial numbers whose reading of ``metric`` is set aside as interference
     (:mod:`autotune.objectives.interference`): of a config measured more than once, a reading worse
@@ -319,19 +352,20 @@ def interference_readings(
             groups.setdefault(config_key(r.config), []).append(r)
     rows = list(groups.values())
     read = (lambda r: values[r.number]) if values is not None else (lambda r: float(r.metrics[metric]))  # noqa: E731
-    floor = floor if floor is not None else study_noise_floor(ok, metric)
+    floor = floor if floor is not None else study_noise_floor(ok, metric, prior)
     verdicts = interference_flags([[read(r) for r in rs] for rs in rows], floor, direction == "maximize")
     return {r.number for rs, flags in zip(rows, verdicts) for r, flag in zip(rs, flags) if flag}
 
 
-def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str) -> float:
+def measurement_noise(groups: Iterable[list[TrialRecord]], metric: str, prior: NoisePrior | None = None) -> float:
     """The relative noise of one reading of ``metric`` between runs: the pooled spread of the
     configs measured more than once (each reading over its config's mean), never below
     :func:`study_noise_floor` (a pair of readings says little), nor below :data:`DEFAULT_NOISE`
-    while no config was measured twice."""
+    while no config was measured twice (``prior``'s noise where the host's was measured)."""
+    prior = prior or ASSUMED_NOISE
     groups = [list(rs) for rs in groups]
-    floor = study_noise_floor((r for rs in groups for r in rs), metric)
-    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), floor, DEFAULT_NOISE)
+    floor = study_noise_floor((r for rs in groups for r in rs), metric, prior)
+    return repeat_noise(([r.metrics.get(metric) for r in rs] for rs in groups), floor, prior.noise)
 
 
 def beyond_noise(lead: TrialRecord, other: TrialRecord, metric: str, noise: float) -> bool:
@@ -355,10 +389,15 @@ class StudyReadings:
     drift: dict[str, Any] | None  # control_drift of the control's readings; None without a repeat of it
     normalised: bool  # readings divided by the control's drift (a drift beyond the noise was found)
     set_aside: list[int] = field(default_factory=list)  # trials whose reading is interference (not in groups)
-    floor: float = DEFAULT_NOISE  # the floor under ``noise`` (study_noise_floor: the readings' own steps, else assumed)
+    floor: float = (
+        DEFAULT_NOISE  # the floor under ``noise`` (study_noise_floor: the readings' own steps, else the prior)
+    )
+    prior: NoisePrior = ASSUMED_NOISE  # the study's noise before its repeats: assumed, or measured on the host
 
 
-def study_readings(records: list[TrialRecord], metric: str, direction: str = "maximize") -> StudyReadings:
+def study_readings(
+    records: list[TrialRecord], metric: str, direction: str = "maximize", prior: NoisePrior | None = None
+) -> StudyReadings:
     """The study's readings of ``metric``, its noise and its drift (issue 44).
 
     The control config (the baseline, else the first measured: what the guide's drift checks
@@ -369,7 +408,9 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
     (:func:`autotune.objectives.race.control_drift`) the readings are compared normalised (the
     control keeps its first reading); otherwise as measured, with the noise of the raw readings.
     Readings set aside as interference (:func:`interference_readings`, judged on the readings as
-    compared) are in neither the groups nor the noise."""
+    compared) are in neither the groups nor the noise. ``prior``: the study's noise before its
+    repeats (:data:`NOISE_PRIOR_ATTR`), else assumed."""
+    prior = prior or ASSUMED_NOISE
     ok = sorted(
         measured_at_target_first(
             [
@@ -393,10 +434,10 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
         factor = seen[-1] / checks[0][1] if seen and checks[0][1] else 1.0
         scaled_values[r.number] = value / factor if factor else value
 
-    floor = study_noise_floor(ok, metric)
+    floor = study_noise_floor(ok, metric, prior)
 
     def grouped(values: dict[int, float]) -> tuple[dict[str, list[float]], list[int]]:
-        aside = interference_readings(ok, metric, direction, values, floor)
+        aside = interference_readings(ok, metric, direction, values, floor, prior)
         groups: dict[str, list[float]] = {}
         for r in ok:
             if r.number not in aside:
@@ -405,13 +446,13 @@ def study_readings(records: list[TrialRecord], metric: str, direction: str = "ma
 
     others = lambda groups: [v for k, v in groups.items() if k != control]  # noqa: E731
     (raw, raw_aside), (scaled, scaled_aside) = grouped(raw_values), grouped(scaled_values)
-    noise = repeat_noise(others(scaled), floor, DEFAULT_NOISE)
+    noise = repeat_noise(others(scaled), floor, prior.noise)
     drift = control_drift(checks, noise)
     if drift is not None and drift["beyond_noise"]:
         scaled[control] = [checks[0][1]]  # the control: its first reading (the scale the rest is brought to)
-        return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside, floor)
-    noise = repeat_noise(others(raw), floor, DEFAULT_NOISE)
-    return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside, floor)
+        return StudyReadings(scaled, numbers, noise, control, drift, True, scaled_aside, floor, prior)
+    noise = repeat_noise(others(raw), floor, prior.noise)
+    return StudyReadings(raw, numbers, noise, control, drift, False, raw_aside, floor, prior)
 
 
 def best_certificate(
@@ -421,6 +462,7 @@ def best_certificate(
     tolerance: float,
     confidence: float,
     priors: dict[str, tuple[float, float]] | None = None,
+    noise_prior: NoisePrior | None = None,
 ) -> tuple[Certificate, StudyReadings] | None:
     """How sure the study is of its measured best (issue 44): its certificate among every measured
     config (:func:`autotune.objectives.race.certificate` over :func:`study_readings`), with the
@@ -431,13 +473,17 @@ def best_certificate(
     if len(objectives) != 1 or not best or best[0].source == "simulated":
         return None
     metric, direction = objectives[0]
-    readings = study_readings(records, metric, direction)
+    readings = study_readings(records, metric, direction, noise_prior)
     leader = config_key(best[0].config)
     if leader not in readings.groups:
         return None
     # the noise the claim rests on: the repeats of every config but the drift control (its readings
-    # span any drift), with the floor as one pair (intervals.noise_belief)
-    noise, dof = noise_belief((v for k, v in readings.groups.items() if k != readings.control), readings.floor)
+    # span any drift), with the floor as one pair, or as the host's measured repeats (intervals.noise_belief)
+    noise, dof = noise_belief(
+        (v for k, v in readings.groups.items() if k != readings.control),
+        readings.floor,
+        noise_prior_dof(readings.floor, readings.prior),
+    )
     # the model's predictions are of the readings as measured: not of readings normalised for a drift
     priors = None if readings.normalised else priors
     cert = certificate(readings.groups, leader, noise, tolerance, confidence, direction == "maximize", dof, priors)
@@ -452,14 +498,24 @@ def race_readings(readings: StudyReadings) -> int:
 
 
 def certificate_sentence(
-    cert: Certificate, numbers: dict[str, int], remeasured: int, allowed: int | None, floor: float = DEFAULT_NOISE
+    cert: Certificate,
+    numbers: dict[str, int],
+    remeasured: int,
+    allowed: int | None,
+    floor: float = DEFAULT_NOISE,
+    prior: NoisePrior | None = None,
 ) -> str:
     """The certificate in words, for the summary and the run's output (where no config was measured
     twice, the noise is the floor, and the words say so; ``floor``: :func:`study_noise_floor`, named
-    where the readings' own steps gave it)."""
+    where the readings' own steps gave it; ``prior``: the study's noise before its repeats, named where
+    the host's was measured)."""
     lead = numbers.get(cert.leader)
     once = "no config but the drift control was measured twice"
-    if floor != DEFAULT_NOISE:
+    if prior is not None and noise_prior_dof(floor, prior):
+        assumed = (
+            f" (from a prior of {floor:.1%} per reading, measured by {prior.source}, {prior.dof} degrees of freedom)"
+        )
+    elif floor != DEFAULT_NOISE:
         assumed = f" (from a prior of {floor:.2%}: the within-run spread of the probes' steps" + (
             ")" if cert.noise_measured else f"; {once})"
         )

@@ -16,13 +16,14 @@ from ..guide.ranking import Ranking
 from ..objectives.intervals import between_runs_interval
 from .recommend import Recommendation, study_recommendation
 from .records import (
-    DEFAULT_NOISE,
     TrialRecord,
     best_certificate,
     best_records,
     certificate_sentence,
     drift_sentence,
     guide_estimates,
+    noise_prior_dof,
+    noise_prior_of,
     race_readings,
     study_readings,
     trial_records,
@@ -56,11 +57,12 @@ class StudyResult:
 
         objectives = objectives if objectives is not None else objectives_of(spec)
         records = trial_records(study)
-        best = best_records(records, objectives, guide_estimates(study))
+        prior = noise_prior_of(study)  # the noise the guide took before any repeat: assumed, or the host's
+        best = best_records(records, objectives, guide_estimates(study), prior)
         baseline = next((r for r in records if r.baseline and r.status == "ok"), None)
         priors = {k: (float(v[0]), float(v[1])) for k, v in (study.user_attrs.get(A.GUIDE_PRIORS) or {}).items()}
         certified = best_certificate(
-            records, best, objectives, spec.search.tie_tolerance, spec.search.confidence, priors or None
+            records, best, objectives, spec.search.tie_tolerance, spec.search.confidence, priors or None, prior
         )
         ties: list[TrialRecord] = []
         summary = None
@@ -81,19 +83,20 @@ class StudyResult:
                 "set_aside_as_interference": readings.set_aside,
                 "confirm_readings": spec.search.confirm_readings(),
                 "normalised_to_control": readings.normalised,
-                # the floor under the noise: the readings' own steps, else the guide's assumption
+                # the floor under the noise: the readings' own steps, the host's measured noise, else the
+                # guide's assumption
                 "noise_floor": round(readings.floor, 4),
-                "noise_floor_from": "steps" if readings.floor != DEFAULT_NOISE else "assumed",
+                "noise_floor_from": _floor_from(readings.floor, prior),
                 "sentence": certificate_sentence(
-                    cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor
+                    cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor, prior
                 ),
-                "between_runs": _between_runs(objectives[0][0], readings.groups[cert.leader], cert),
+                "between_runs": _between_runs(objectives[0][0], readings.groups[cert.leader], cert, prior),
             }
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
         measured = bool(best) and best[0].source != "simulated"
         drift = None
         if measured:
-            found = study_readings(records, *objectives[0]).drift
+            found = study_readings(records, *objectives[0], prior).drift
             if found is not None:
                 drift = {**found, "sentence": drift_sentence(found, objectives[0][0])}
         return cls(records, best, baseline, recommendation, summary, drift)
@@ -134,7 +137,16 @@ class StudyOutcome:
         return self.result.baseline
 
 
-def _between_runs(metric: str, values: list[float], cert: Any) -> dict[str, Any] | None:
+def _floor_from(floor: float, prior: Any) -> str:
+    """Where the floor under the study's noise came from: ``host`` (``autotune calibrate --serving``'s
+    repeated probes, :data:`~autotune.study.records.NOISE_PRIOR_ATTR`), ``steps`` (the readings' own
+    within-run spread) or ``assumed`` (the guide's default)."""
+    if noise_prior_dof(floor, prior):
+        return "host"
+    return "steps" if floor != prior.noise else "assumed"
+
+
+def _between_runs(metric: str, values: list[float], cert: Any, prior: Any = None) -> dict[str, Any] | None:
     """The best's figure between runs (issue 44): the interval of its true mean at the study's
     measured noise (:func:`autotune.objectives.intervals.between_runs_interval`); None where no
     repeat measured the noise (the certificate says so)."""
@@ -149,4 +161,9 @@ def _between_runs(metric: str, values: list[float], cert: Any) -> dict[str, Any]
         "noise": round(cert.noise, 4),
         "noise_dof": cert.noise_dof,
         "confidence": cert.confidence,
+        # what measured the noise: the study's repeats, with the host's probes where calibrate measured them
+        "noise_from": "its repeats"
+        if prior is None or not prior.measured
+        else f"{prior.source} ({prior.dof} degrees of freedom)"
+        + (f" and its repeats ({cert.noise_dof - prior.dof})" if (cert.noise_dof or 0) > prior.dof else ""),
     }

@@ -48,7 +48,8 @@ from ..guide.memory_profile import cost_of_trials
 from .profiling import MemoryProfiler
 from .pruning import LoserPruner, PruneSettings
 from ..guide.ranking import Ranking
-from .records import is_tracked, measured_configs, trial_records
+from .records import NOISE_PRIOR_ATTR, is_tracked, measured_configs, trial_records
+from ..objectives.intervals import NoisePrior
 from ..guide.refit import Refit
 from .requeue import recover_interrupted
 from ..settings import Objectives
@@ -259,6 +260,14 @@ class StudyRunner:
             record_definition(study, self.definition)
         if self.usable_memory:
             study.set_user_attr(USABLE_ATTR, self.usable_memory)
+        guide = settings.guide
+        if guide.noise_dof > 0:  # the host's measured noise, what the report's certificate reads as the guide did
+            prior = NoisePrior(guide.noise, guide.noise_dof, guide.noise_from)
+            study.set_user_attr(NOISE_PRIOR_ATTR, prior.to_json())
+            self.observer.on_message(
+                f"noise between runs before any repeat: {prior.noise:.1%} per reading, measured by {prior.source} "
+                f"({prior.dof} degrees of freedom)"
+            )
         existing = len(study.get_trials(deepcopy=False))
         if existing and self.guided is None:  # resumed: continue the sampler's sequence, not replay it
             study.sampler = plan.sampler(self.parallel, existing)

@@ -38,6 +38,7 @@ from .records import (
     TrialRecord,
     best_records,
     guide_estimates,
+    noise_prior_of,
     jsonable,
     save_trial_files,
     trial_record,
@@ -280,7 +281,7 @@ class TrialRunner:
 
     def best(self, study: optuna.Study) -> TrialRecord | None:
         """The best trial so far (what the progress shows and the pruner measures against)."""
-        best = best_records(trial_records(study), self.objectives, guide_estimates(study))
+        best = best_records(trial_records(study), self.objectives, guide_estimates(study), noise_prior_of(study))
         return best[0] if best else None
 
 

@@ -94,8 +94,10 @@ OPTIONAL_KEYS = frozenset(
 # such a sequence's context, a request's latency outside the steps (in its TTFT, no engine time), how
 # far the fit stays from the readings, and the readings themselves (``points``: one per closed-loop
 # batch and prompt length, measured vs modelled, each the median of ``repeats`` probes at most, which
-# differed by ``repeat_spread`` at the median point; ``left_out``: the batches whose stream timed the
-# API server's lag, not the engine, and were not fitted).
+# differed by ``repeat_spread`` at the median point; ``repeat_noise``: one probe's reading's relative
+# noise between probes, pooled over the figures, with ``repeat_noise_dof`` degrees of freedom, what a
+# serving study takes as its noise until its own repeats say; ``left_out``: the batches whose stream
+# timed the API server's lag, not the engine, and were not fitted).
 SERVING_STEP_KEYS = (
     "engine",
     "decode_scale",
@@ -108,6 +110,8 @@ SERVING_STEP_KEYS = (
     "rms_error",
     "repeats",
     "repeat_spread",
+    "repeat_noise",
+    "repeat_noise_dof",
     "points",
     "left_out",
 )
