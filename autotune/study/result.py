@@ -90,7 +90,12 @@ class StudyResult:
                 "sentence": certificate_sentence(
                     cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor, prior
                 ),
-                "between_runs": _between_runs(objectives[0][0], readings.groups[cert.leader], cert, prior),
+                "between_runs": _between_runs(
+                    objectives[0][0],
+                    readings.groups[cert.leader],
+                    cert,
+                    prior if noise_prior_dof(readings.floor, prior) else None,
+                ),
             }
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
         measured = bool(best) and best[0].source != "simulated"
@@ -148,8 +153,9 @@ def _floor_from(floor: float, prior: Any) -> str:
 
 def _between_runs(metric: str, values: list[float], cert: Any, prior: Any = None) -> dict[str, Any] | None:
     """The best's figure between runs (issue 44): the interval of its true mean at the study's
-    measured noise (:func:`autotune.objectives.intervals.between_runs_interval`); None where no
-    repeat measured the noise (the certificate says so)."""
+    measured noise (:func:`autotune.objectives.intervals.between_runs_interval`); None where neither a
+    repeat nor the host's probes (``prior``, where the noise rests on it) measured the noise (the
+    certificate says so)."""
     interval = between_runs_interval(values, cert.noise, cert.noise_dof, cert.confidence)
     if interval is None:
         return None
