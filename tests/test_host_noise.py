@@ -204,3 +204,5 @@ ray: {{enabled: false}}
     between = cert["between_runs"]
     assert between is not None and "calibrate --serving" in between["noise_from"]
     assert between["low"] < between["high"] and "measured by autotune calibrate" in cert["sentence"]
+    rate = cert["between_runs_max_rate"]  # the max rate between runs, at the same noise
+    assert rate["metric"] == "max_rate_rps" and rate["low"] < rate["high"] and rate["noise"] == between["noise"]

@@ -509,10 +509,10 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     if _finite(cert.get("p_within_tolerance")):  # how sure of the best (issue 44)
         out["best_p_within_tolerance"] = float(cert["p_within_tolerance"])
         out["race_remeasured"] = float(cert.get("remeasured", 0))
-    between = cert.get("between_runs") or {}
-    if _finite(between.get("low")) and _finite(between.get("high")):
-        out[f"best_{between['metric']}_between_runs_low"] = float(between["low"])
-        out[f"best_{between['metric']}_between_runs_high"] = float(between["high"])
+    for between in (cert.get("between_runs") or {}, cert.get("between_runs_max_rate") or {}):
+        if _finite(between.get("low")) and _finite(between.get("high")):
+            out[f"best_{between['metric']}_between_runs_low"] = float(between["low"])
+            out[f"best_{between['metric']}_between_runs_high"] = float(between["high"])
     drift = summary.get("drift") or {}
     if _finite(drift.get("change")):
         out["drift_pct"] = 100.0 * float(drift["change"])

@@ -529,10 +529,11 @@ def print_best(
         if said and said.get("sentence"):
             for text in wrap_line(f"  {escape_text(said['sentence'])}", WIDTH, indent=4):
                 console.print(text, markup=False)
-    across = between_runs_words((certificate or {}).get("between_runs"))
-    if across:
-        for text in wrap_line(f"  {escape_text(across)}", WIDTH, indent=4):
-            console.print(text, markup=False)
+    for key in ("between_runs", "between_runs_max_rate"):  # the best's figures between runs (issue 44)
+        across = between_runs_words((certificate or {}).get(key))
+        if across:
+            for text in wrap_line(f"  {escape_text(across)}", WIDTH, indent=4):
+                console.print(text, markup=False)
     if recommendation is not None and recommendation.sentence:
         if recommendation.changed:
             console.print(Text(escape_text(recommendation.sentence), style="bold"))

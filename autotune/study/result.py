@@ -32,8 +32,11 @@ from ..sanity import is_finite_number as _finite
 from ..settings import Objectives
 from ..trial_attrs import A
 from ..spec.schema import Spec
+from ..spec.space import config_key
 
 __all__ = ["StudyResult", "StudyOutcome"]
+
+MAX_RATE = "max_rate_rps"  # a serving probe's highest rate meeting the SLO (workers/serve_probe)
 
 
 @dataclass
@@ -97,6 +100,21 @@ class StudyResult:
                     prior if noise_prior_dof(readings.floor, prior) else None,
                 ),
             }
+            # a serving best's max rate between runs too, at the same relative noise: at the operating
+            # point the goodput is the max rate times its good share, and a run that serves slower
+            # moves both (issue 44: "goodput and max rate are reported with intervals")
+            rates = [
+                float(r.metrics[MAX_RATE])
+                for r in records
+                if r.status == "ok"
+                and r.probed
+                and config_key(r.config) == cert.leader
+                and _finite(r.metrics.get(MAX_RATE))
+            ]
+            if objectives[0][0] != MAX_RATE and rates and summary["between_runs"] is not None:
+                summary["between_runs_max_rate"] = _between_runs(
+                    MAX_RATE, rates, cert, prior if noise_prior_dof(readings.floor, prior) else None
+                )
         recommendation = study_recommendation(spec, records, best, objectives, ties=ties)
         measured = bool(best) and best[0].source != "simulated"
         drift = None
