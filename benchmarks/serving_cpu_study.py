@@ -4,6 +4,7 @@
     python benchmarks/serving_cpu_study.py --close --reference-rounds 3 --runs 2 [--json out.json]
     python benchmarks/serving_cpu_study.py --model-check [--rounds 3] [--from-run DIR ...] [--profile P]
     python benchmarks/serving_cpu_study.py --long --model-check --rounds 2 --profile P
+    python benchmarks/serving_cpu_study.py --long --reference-rounds 3 --runs 2 --profile P
 
 Measures every config of ``search_spaces/tiny_llama_serve_cpu.yaml``'s space (vLLM's CPU engine
 serving a tiny random-weight Llama under open-loop Poisson load; sampler ``exhaustive``), then
@@ -122,7 +123,9 @@ def long_prompts(data: dict) -> dict:
     the prediction and apart in the readings it is at most 0.894, whatever the model."""
     workload = close(data)["workload"]
     space = dict(data["space"], max_num_seqs=[2, 4, 8, 16], enable_chunked_prefill=[True])
-    return dict(data, workload=dict(workload, traffic=dict(workload["traffic"], rates=[2, 4, 8, 16, 32])), space=space)
+    traffic = dict(workload["traffic"], rates=[2, 4, 8, 16, 32])
+    # a study's budget as --close's (issue 44's acceptance on a space with a clear winner)
+    return dict(data, workload=dict(workload, traffic=traffic), space=space, search=dict(data["search"], n_trials=3))
 
 
 def acceptance(rounds: list, studies: list, lowest: float) -> dict:
