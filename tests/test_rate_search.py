@@ -305,9 +305,11 @@ def test_the_probe_finds_the_fake_engines_slo_cliff_within_the_tolerance(tmp_pat
     capacity nothing waits; above it by a share e, the queue grows so that a request arriving at t
     waits e x t. The p99 TTFT of a D-second run crosses the target when e x D reaches the margin
     (target - unqueued TTFT), so the cliff is capacity / service time x (1 + margin / D): about
-    126 req/s. Service time and unqueued TTFT are read from the run at the lowest rung (nothing
-    waits there): the machine's own overhead moves the cliff a little, not the search."""
-    capacity, duration_s, target_ms, tolerance = 50, 4.0, 260.0, 0.1
+    131 req/s. Service time and unqueued TTFT are read from the run at the lowest rung (nothing
+    waits there): the machine's own overhead moves the cliff a little, not the search. The margin
+    is 200 ms: with 60 ms, a CI host busy with the other test worker delayed more than 1 % of the
+    lowest rung's first tokens past the target, and that rung read "undecided" (CI, 2026-12-03)."""
+    capacity, duration_s, target_ms, tolerance = 50, 4.0, 400.0, 0.1
     trial = _trial(
         tmp_path,
         args=("--capacity", str(capacity), "--ttft-ms", "200", "--token-ms", "200"),
