@@ -152,6 +152,20 @@ def test_a_close_call_gives_way_to_a_new_config_worth_more_than_its_stake():
     assert explored is not None and not explored.remeasure and explored.index == 2
 
 
+def test_a_race_reading_of_the_drift_control_says_it_is_not_charged():
+    """With drift checks on, the control config's readings (the first measured) span the study and
+    are not the race's (``race_spent``); a race that measures it says so, as the certificate does."""
+    guide = flat_guide(2, drift_every=10)
+    # the control (config 0, trial 0) leads with one reading; its threat was read twice: the control next
+    obs = _readings([1010.0], [1000.0, 1004.0])
+    again = guide.close_call(obs)
+    assert again is not None and again.index == 0 and "re-measure (race)" in again.reason
+    assert "the control config (the first measured): not charged to search.confirm_budget" in again.reason
+    assert guide.race_spent(obs + [Observation(0, "ok", 1008.0, 1.0, number=30)]) == 1  # config 1's repeat only
+    other = guide.close_call(_readings([1000.0, 1004.0], [1010.0]))  # the threat is not the control
+    assert other is not None and other.index == 1 and "not charged" not in other.reason
+
+
 def _readings(*groups):
     """Observations of configs 0, 1, ... with the given readings each (numbered by config)."""
     return [Observation(i, "ok", v, 1.0, number=10 * i + k) for i, vs in enumerate(groups) for k, v in enumerate(vs)]

@@ -13,7 +13,7 @@ import pytest
 
 from autotune.objectives.race import certificate, p_within
 from autotune.study.recommend import recommend
-from autotune.study.records import best_certificate, certificate_sentence
+from autotune.study.records import best_certificate, certificate_sentence, control_rereadings, race_readings
 from support import measured_record
 
 
@@ -91,8 +91,14 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
     assert "NOT certified" in words and "rests on an assumed noise" in words
     # only the first measured config (the drift control) read twice: its readings span any drift
     control = [_record(0, 2, 800.0, 40.0), _record(1, 1, 1000.0, 50.0), _record(2, 2, 805.0, 40.0)]
-    cert, _ = best_certificate(control, [control[1]], objective, 0.02, 0.95)
+    cert, readings = best_certificate(control, [control[1]], objective, 0.02, 0.95)
     assert not cert.noise_measured and not cert.certified
+    # its second reading is not the race's (search.confirm_budget), and the words count it apart
+    assert race_readings(readings) == 0 and control_rereadings(readings) == 1
+    words = certificate_sentence(cert, readings.numbers, 0, 5, control_again=(0, control_rereadings(readings)))
+    assert "the race re-measured 0 of 5 allowed" in words
+    assert "the control config (trial 0, the first measured) 1 more time(s), not charged" in words
+    assert "control config" not in certificate_sentence(cert, readings.numbers, 0, 5, control_again=(0, 0))
     close = [_record(0, 1, 1000.0, 50.0), _record(1, 2, 995.0, 40.0)]
     cert, readings = best_certificate(close, [close[0]], objective, 0.02, 0.95)
     numbers = readings.numbers

@@ -137,6 +137,12 @@ class GuideRace:
                             f"re-measure (race): trial {numbers.get(leader)} leads ({a:.4g}, {len(values[leader])} "
                             f"reading(s)) but trial {numbers.get(threat)} ({b:.4g}, {len(values[threat])}) may beat "
                             f"it by more than {s.tie_tolerance:.0%} (P {1 - p:.0%}); {why}"
+                            + (
+                                "; the control config (the first measured): not charged to search.confirm_budget, "
+                                "its readings span the study for the drift check"
+                                if index == control
+                                else ""
+                            )
                         ),
                         remeasure=True,
                         stake=stake,

@@ -497,6 +497,16 @@ def race_readings(readings: StudyReadings) -> int:
     return kept + len(readings.set_aside)
 
 
+def control_rereadings(readings: StudyReadings) -> int:
+    """The control config's readings past its first (drift checks, and race readings where it led or
+    threatened): not charged to ``search.confirm_budget`` (:func:`race_readings`), since its readings
+    span the study for the drift check; the certificate's words count them apart, so that a trial
+    named "re-measure (race)" is not missing from "the race re-measured N"."""
+    if readings.control is None:
+        return 0
+    return max(0, len(readings.groups.get(readings.control, ())) - 1)
+
+
 def certificate_sentence(
     cert: Certificate,
     numbers: dict[str, int],
@@ -504,11 +514,13 @@ def certificate_sentence(
     allowed: int | None,
     floor: float = DEFAULT_NOISE,
     prior: NoisePrior | None = None,
+    control_again: tuple[int, int] | None = None,
 ) -> str:
     """The certificate in words, for the summary and the run's output (where no config was measured
     twice, the noise is the floor, and the words say so; ``floor``: :func:`study_noise_floor`, named
     where the readings' own steps gave it; ``prior``: the study's noise before its repeats, named where
-    the host's was measured)."""
+    the host's was measured; ``control_again``: the control's trial and its readings past its first,
+    :func:`control_rereadings`, named apart from the race's count)."""
     lead = numbers.get(cert.leader)
     once = "no config but the drift control was measured twice"
     if prior is not None and noise_prior_dof(floor, prior):
@@ -533,6 +545,12 @@ def certificate_sentence(
     race = f"; the race re-measured {remeasured}" + (
         f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
     )
+    if control_again and control_again[1]:
+        trial, again = control_again
+        race += (
+            f", and the control config (trial {trial}, the first measured) {again} more time(s), not charged: "
+            "its readings span the study for the drift check"
+        )
     unmeasured = (
         ""
         if cert.p_unmeasured is None

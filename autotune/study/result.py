@@ -20,6 +20,7 @@ from .records import (
     best_certificate,
     best_records,
     certificate_sentence,
+    control_rereadings,
     drift_sentence,
     guide_estimates,
     noise_prior_dof,
@@ -90,8 +91,15 @@ class StudyResult:
                 # guide's assumption
                 "noise_floor": round(readings.floor, 4),
                 "noise_floor_from": _floor_from(readings.floor, prior),
+                "control_remeasured": control_rereadings(readings),
                 "sentence": certificate_sentence(
-                    cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor, prior
+                    cert,
+                    numbers,
+                    remeasured,
+                    spec.search.confirm_readings(),
+                    readings.floor,
+                    prior,
+                    (numbers.get(readings.control, -1), control_rereadings(readings)) if readings.control else None,
                 ),
                 "between_runs": _between_runs(
                     objectives[0][0],
