@@ -773,7 +773,7 @@ class Guide(GuideMemory, GuideRace):
         candidates, p_fit = view.candidates, view.p_fit
         safest = ""
         if view.best is None or view.spent:
-            pool = candidates & (p_fit >= s.fit_confidence)
+            pool, threshold = candidates & (p_fit >= s.fit_confidence), s.fit_confidence
             if not pool.any() and view.spent and view.best is not None:
                 top = float(np.max(np.where(candidates, p_fit, 0.0)))
                 if top < s.min_fit_probability:
@@ -790,7 +790,7 @@ class Guide(GuideMemory, GuideRace):
                 pool = candidates & (p_fit >= 0.9 * top)
                 safest = f"the safest left (OOM allowance spent; none is {s.fit_confidence:.0%} likely to fit)"
         else:
-            pool = candidates & (p_fit >= floor)
+            pool, threshold = candidates & (p_fit >= floor), floor
         if not pool.any():
             top = float(np.max(np.where(candidates, p_fit, 0.0)))
             if top < s.give_up_probability:
@@ -803,7 +803,9 @@ class Guide(GuideMemory, GuideRace):
                     ),
                 )
             pool = candidates & (p_fit >= 0.9 * top)
-            safest = f"the safest left (none is {s.min_fit_probability:.0%} likely to fit)"
+            # the threshold the pool was held to: sure to fit before anything was measured, else the floor
+            first = "nothing measured yet and " if view.best is None else ""
+            safest = f"the safest left ({first}none is {threshold:.0%} likely to fit)"
         return pool, safest, ""
 
     def _choose(self, view: "_Picture", pool: np.ndarray, safest: str) -> tuple[int, int | None, int | None]:
