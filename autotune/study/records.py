@@ -497,14 +497,17 @@ def race_readings(readings: StudyReadings) -> int:
     return kept + len(readings.set_aside)
 
 
-def control_rereadings(readings: StudyReadings) -> int:
-    """The control config's readings past its first (drift checks, and race readings where it led or
-    threatened): not charged to ``search.confirm_budget`` (:func:`race_readings`), since its readings
-    span the study for the drift check; the certificate's words count them apart, so that a trial
-    named "re-measure (race)" is not missing from "the race re-measured N"."""
-    if readings.control is None:
-        return 0
-    return max(0, len(readings.groups.get(readings.control, ())) - 1)
+def control_rereadings(readings: StudyReadings) -> tuple[int, int] | None:
+    """(the control config's first trial, its readings past that one): drift checks, and race
+    readings where it led or threatened. Not charged to ``search.confirm_budget``
+    (:func:`race_readings`), since its readings span the study for the drift check; the certificate's
+    words count them apart, so that a trial named "re-measure (race)" is not missing from "the race
+    re-measured N". Read from the drift check (every reading of the control, normalised or not);
+    None where the control was read once."""
+    drift = readings.drift
+    if not drift:
+        return None
+    return int(drift["control_trial"]), int(drift["readings"]) - 1
 
 
 def certificate_sentence(
@@ -519,7 +522,7 @@ def certificate_sentence(
     """The certificate in words, for the summary and the run's output (where no config was measured
     twice, the noise is the floor, and the words say so; ``floor``: :func:`study_noise_floor`, named
     where the readings' own steps gave it; ``prior``: the study's noise before its repeats, named where
-    the host's was measured; ``control_again``: the control's trial and its readings past its first,
+    the host's was measured; ``control_again``: the control's first trial and its readings past it,
     :func:`control_rereadings`, named apart from the race's count)."""
     lead = numbers.get(cert.leader)
     once = "no config but the drift control was measured twice"

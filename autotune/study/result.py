@@ -91,7 +91,7 @@ class StudyResult:
                 # guide's assumption
                 "noise_floor": round(readings.floor, 4),
                 "noise_floor_from": _floor_from(readings.floor, prior),
-                "control_remeasured": control_rereadings(readings),
+                "control_remeasured": (control_rereadings(readings) or (0, 0))[1],
                 "sentence": certificate_sentence(
                     cert,
                     numbers,
@@ -99,7 +99,7 @@ class StudyResult:
                     spec.search.confirm_readings(),
                     readings.floor,
                     prior,
-                    (numbers.get(readings.control, -1), control_rereadings(readings)) if readings.control else None,
+                    control_rereadings(readings),
                 ),
                 "between_runs": _between_runs(
                     objectives[0][0],
