@@ -95,6 +95,7 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
     assert not cert.noise_measured and not cert.certified
     # its second reading is not the race's (search.confirm_budget), and the words count it apart
     assert race_readings(readings) == 0 and control_rereadings(readings) == (0, 1)  # its first trial, not its latest
+    assert race_readings(readings, drift_checks=False) == 1  # no drift checks: the race's, as the guide counts it
     words = certificate_sentence(cert, readings.numbers, 0, 5, control_again=control_rereadings(readings))
     assert "the race re-measured 0 of 5 allowed" in words
     assert "the control config (trial 0, the first measured) 1 more time(s), not charged" in words

@@ -490,10 +490,14 @@ def best_certificate(
     return cert, readings
 
 
-def race_readings(readings: StudyReadings) -> int:
-    """Re-measurements past each config's first reading, the control's drift checks apart (what
-    ``search.confirm_budget`` counts): a reading set aside as interference was spent all the same."""
+def race_readings(readings: StudyReadings, drift_checks: bool = True) -> int:
+    """Re-measurements past each config's first reading (what ``search.confirm_budget`` counts, as
+    the guide's ``race_spent`` does): a reading set aside as interference was spent all the same. With
+    drift checks on (``search.drift_every``) the control's readings are theirs and not counted
+    (:func:`control_rereadings`); without them every re-reading of the control was the race's."""
     kept = sum(len(v) - 1 for k, v in readings.groups.items() if k != readings.control)
+    if not drift_checks:
+        kept += (control_rereadings(readings) or (0, 0))[1]
     return kept + len(readings.set_aside)
 
 

@@ -77,7 +77,9 @@ class StudyResult:
                 cert.with_unmeasured(float(claim))  # the guide's word on the configs not measured
             numbers = readings.numbers
             ties = [r for r in records if any(r.number == numbers[k] for k in cert.ties)]
-            remeasured = race_readings(readings)
+            drift_checks = spec.search.drift_checks_every() > 0  # else the control's re-readings were the race's
+            remeasured = race_readings(readings, drift_checks)
+            control_again = control_rereadings(readings) if drift_checks else None
             summary = {
                 **cert.to_json(),
                 "best_trial": numbers[cert.leader],
@@ -91,15 +93,9 @@ class StudyResult:
                 # guide's assumption
                 "noise_floor": round(readings.floor, 4),
                 "noise_floor_from": _floor_from(readings.floor, prior),
-                "control_remeasured": (control_rereadings(readings) or (0, 0))[1],
+                "control_remeasured": (control_again or (0, 0))[1],
                 "sentence": certificate_sentence(
-                    cert,
-                    numbers,
-                    remeasured,
-                    spec.search.confirm_readings(),
-                    readings.floor,
-                    prior,
-                    control_rereadings(readings),
+                    cert, numbers, remeasured, spec.search.confirm_readings(), readings.floor, prior, control_again
                 ),
                 "between_runs": _between_runs(
                     objectives[0][0],
