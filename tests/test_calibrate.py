@@ -248,6 +248,31 @@ def test_a_bandwidth_no_link_reaches_is_not_reported():
     assert resolved["p2p"][1] is None and resolved["allreduce"] == (30e-6, 5e9)
 
 
+def test_a_latency_bound_all_reduce_still_writes_both_latencies():
+    """A loaded 2-core host's all-reduce times may never grow with the size (no bandwidth to
+    report): the latencies it measured still go into the profile, the tensor-parallel one with
+    the bytes priced at the device's copy bandwidth; the bandwidth and efficiencies stay the base
+    profile's. Once a CI run left ``tp_collective_latency_us`` out here."""
+    from autotune.workers.calibrate import collective_fields, resolved_bandwidths
+
+    ceiling = 20e9
+    fitted = {"allreduce": (80e-6, 1e15), "allgather": (30e-6, 1e15), "p2p": (20e-6, 1e15)}
+    tp_layer = {"tp": 2, "layers": 1, "rows": [{"sharded_s": 0.0105, "local_s": 0.0100, "allreduce_bytes": 1 << 20}]}
+    latency_bound = collective_fields(fitted, resolved_bandwidths(fitted, ceiling), tp_layer, ceiling)
+    assert set(latency_bound) == {"collective_latency_us", "tp_collective_latency_us"}
+    assert latency_bound["collective_latency_us"] == 40.0
+    assert latency_bound["tp_collective_latency_us"] >= latency_bound["collective_latency_us"]
+
+    resolved_fit = {"allreduce": (80e-6, 5e9), "allgather": (30e-6, 4e9)}
+    resolved = collective_fields(resolved_fit, resolved_bandwidths(resolved_fit, ceiling), tp_layer, ceiling)
+    assert resolved["intra_node_bandwidth_gbps"] == 5.0 and resolved["allgather_efficiency"] == 0.8
+    # the same layer rows leave less per collective once the bytes cost their measured bandwidth
+    assert resolved["tp_collective_latency_us"] <= latency_bound["tp_collective_latency_us"]
+    assert collective_fields({}, {}, {}, ceiling) == {}
+    no_layer = collective_fields(resolved_fit, resolved_bandwidths(resolved_fit, ceiling), {}, ceiling)
+    assert "tp_collective_latency_us" not in no_layer and no_layer["collective_latency_us"] == 40.0
+
+
 def test_missing_profile_file_is_a_spec_error(write_spec):
     path = write_spec(TINY_TRAIN.replace("devices_per_node: 2}", "devices_per_node: 2, profile: nope/host.yaml}"))
     with pytest.raises(SpecError) as exc:

@@ -88,6 +88,44 @@ def resolved_bandwidths(
     return {name: (lat, bw if 0 < bw <= ceiling_bytes_s else None) for name, (lat, bw) in fitted.items()}
 
 
+def collective_fields(
+    fitted: dict[str, tuple[float, float]],
+    resolved: dict[str, tuple[float, float | None]],
+    tp_layer: dict[str, Any] | None,
+    ceiling_bytes_s: float,
+) -> dict[str, float]:
+    """The profile's collective figures from the fits: ``collective_latency_us`` and
+    ``tp_collective_latency_us`` whenever collectives were measured, the bandwidth and the
+    efficiencies only where the all-reduce's bandwidth resolved. A latency-bound all-reduce (its
+    times never grew with the size, as on a loaded 2-core host) still measured its latency; its
+    bytes cost no more than a copy at the device's own bandwidth, which prices the tensor-parallel
+    layer's bytes term (dropping both latencies there left the base profile's figure in place of a
+    measurement, and no ``tp_collective_latency_us`` at all)."""
+    if not fitted or "allreduce" not in fitted:
+        return {}
+    ar_latency, ar_bw = fitted["allreduce"]
+    ag_latency = fitted["allgather"][0] if "allgather" in fitted else ar_latency / 2.0
+    # The simulator's collectives: t = latency + ring share * bytes / (intra bandwidth * efficiency)
+    # (an all-reduce pays the latency twice: reduce-scatter then all-gather).
+    fields: dict[str, float] = {"collective_latency_us": round(max(ar_latency / 2.0, ag_latency) * 1e6, 2)}
+    bytes_rate = ceiling_bytes_s
+    if resolved["allreduce"][1] is not None:
+        bytes_rate = ar_bw
+        fields["intra_node_bandwidth_gbps"] = _significant(ar_bw / 1e9)
+        fields["allreduce_efficiency"] = 1.0
+        # a quick run's all-gather fit (3 sizes, latency-bound) can put its bandwidth near zero or
+        # past any link: keep the ratio in the profile's valid range
+        ag_resolved = "allgather" in resolved and resolved["allgather"][1] is not None
+        ag_ratio = fitted["allgather"][1] / ar_bw if ag_resolved else 1.0
+        fields["allgather_efficiency"] = _significant(min(1.0, max(0.01, ag_ratio)))
+    if tp_layer and tp_layer.get("rows"):
+        # What a tensor-parallel layer's collectives pay in context (dispatch, skew), never less
+        # than what the idle ranks measured.
+        tp_latency = fit_tp_latency(tp_layer, bytes_rate)
+        fields["tp_collective_latency_us"] = round(max(tp_latency * 1e6, fields["collective_latency_us"]), 2)
+    return fields
+
+
 # ---------------------------------------------------------------------------------- measurements
 Shape = tuple[int, int, int]  # (m, k, n) of an (m x k) @ (k x n) matmul
 
@@ -329,22 +367,7 @@ def calibrate(
     profile["optimizer_us_per_tensor"] = _significant(optimizer_tensor_s * 1e6)
     if memory_gib:
         profile["device_memory_gib"] = round(memory_gib, 2)
-    if fitted and resolved["allreduce"][1] is not None:
-        # The simulator's collectives: t = latency + ring share * bytes / (intra bandwidth * efficiency)
-        # (an all-reduce pays the latency twice: reduce-scatter then all-gather).
-        ar_latency, ar_bw = fitted["allreduce"]
-        ag_latency, ag_bw = fitted["allgather"]
-        profile["intra_node_bandwidth_gbps"] = _significant(ar_bw / 1e9)
-        profile["allreduce_efficiency"] = 1.0
-        # a quick run's all-gather fit (3 sizes, latency-bound) can put its bandwidth near zero or
-        # past any link: keep the ratio in the profile's valid range
-        ag_ratio = ag_bw / ar_bw if resolved["allgather"][1] is not None else 1.0
-        profile["allgather_efficiency"] = _significant(min(1.0, max(0.01, ag_ratio)))
-        profile["collective_latency_us"] = round(max(ar_latency / 2.0, ag_latency) * 1e6, 2)
-        # What a tensor-parallel layer's collectives pay in context (dispatch, skew), never less
-        # than what the idle ranks measured.
-        tp_latency = fit_tp_latency(tp_layer, ar_bw)
-        profile["tp_collective_latency_us"] = round(max(tp_latency * 1e6, profile["collective_latency_us"]), 2)
+    profile.update(collective_fields(fitted, resolved, tp_layer, bandwidth * 1e9))
     validate_profile(profile, "the measured profile")  # a degenerate measurement fails here, not in a study
     measured = {
         "gemm_tflops": {k: {"x".join(map(str, shape)): v for shape, v in table.items()} for k, table in gemm.items()},
