@@ -120,6 +120,29 @@ def _two_search_runs(tmp: Path) -> None:
     (tmp / "after.json").write_text(json.dumps(after))
 
 
+def _two_runs_of_different_worlds(tmp: Path) -> None:
+    """Worlds 0-11 (``before.json``) and 12-23 (``later.json``) of two scenarios: 7b-8x32 right in the
+    later run's worlds 12-20 only, its misses named by two causes, one wrong certificate and a
+    tenth of its 40 probes out of memory in world 0 (2.5 % of its 160); a third file repeats world 0."""
+    first = {
+        "7b-8x64": {"autotune": [{"world": w, "final": 1.0} for w in range(12)]},
+        "7b-8x32": {"autotune": [{"world": w, "final": 0.95, "miss": "race"} for w in range(12)]},
+    }
+    first["7b-8x32"]["autotune"][0].update(probes=40, oom_share=0.1, certified=True)
+    later = {
+        "7b-8x64": {"autotune": [{"world": w, "final": 1.0} for w in range(12, 24)]},
+        "7b-8x32": {"autotune": [{"world": w, "final": 0.99, "probes": 10} for w in range(12, 24)]},
+    }
+    for row in later["7b-8x32"]["autotune"][9:]:
+        row.update(final=0.9, miss="model")
+    for name, data in (
+        ("before", first),
+        ("later", later),
+        ("again", {"7b-8x64": {"autotune": [{"world": 0, "final": 1}]}}),
+    ):
+        (tmp / f"{name}.json").write_text(json.dumps(data))
+
+
 SEARCH = ("--methods", "autotune", "--worlds", "1", "--scenarios", "7b-8x64", "--budget", "3")
 SEARCH_TABLE = (
     r"^7b-8x64 world 0 autotune .* full probes [1-9]",
@@ -139,6 +162,17 @@ FAST = [
             r"^pooled: 9 turned, 0 lost, p = 0\.00: a difference",
         ),
         prepare=_two_search_runs,
+    ),
+    Case(  # two runs of different worlds read as one sample: 7b-8x32 right in 9 of 24, two causes
+        "pool_search_runs.py",
+        ("{tmp}/before.json", "{tmp}/later.json"),
+        (
+            r"^2 run\(s\) pooled \(autotune\)",
+            r"^\| 7b-8x32 \| 24 \| 9/24 = 37\.5% \[19%-59%\] \| 9/24 = 37\.5% \[19%-59%\] \| 2\.5% \| 1 \(0\) \| "
+            r"race: 12; model: 3 \|$",
+            r"^\| all \| 48 \| 33/48 = 68\.8% \[54%-81%\] \|",
+        ),
+        prepare=_two_runs_of_different_worlds,
     ),
     Case(  # two studies of the search benchmark, each judged at its end by every rule
         "report_rules.py",
@@ -518,3 +552,18 @@ def test_every_script_has_a_smoke_test():
         ]
         assert importers, f"{helper} is imported by no benchmark script: give it a case of its own"
     assert len({c.id for c in FAST + SLOW}) == len(FAST + SLOW), "two cases with the same id"
+
+
+def test_pool_search_runs_refuses_a_world_counted_twice_and_names_a_file_it_cannot_read(tmp_path: Path):
+    """A pooled sample counts each world once: a world in two files is an error naming the file and
+    the world; a file that is not a search output is named; no study at all is exit 2."""
+    pool = _load("pool_search_runs.py")
+    _two_runs_of_different_worlds(tmp_path)
+    with pytest.raises(SystemExit, match=r"again.json: 7b-8x64 world 0 is in an earlier file too"):
+        pool.main([str(tmp_path / "before.json"), str(tmp_path / "again.json")])
+    (tmp_path / "c.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="c.json: not a search_efficiency.py --json output"):
+        pool.main([str(tmp_path / "c.json")])
+    assert pool.main([str(tmp_path / "later.json"), "--method", "random"]) == 2
+    with pytest.raises(SystemExit):
+        pool.main([str(tmp_path / "later.json"), "--within", "1.5"])
