@@ -10,7 +10,8 @@ it rather than from a calculation by hand:
     python benchmarks/pool_search_runs.py R0.json R30.json R90.json [--within 0.02 0.03]
 
 Per scenario and pooled: the worlds, the share within each tolerance of the optimum (95 %
-Clopper-Pearson interval), the OOM share of the full probes, the certified recommendations and how
+Clopper-Pearson interval), the OOM share of the full probes (each study's, averaged, as
+search_efficiency.py prints it), the certified recommendations and how
 many of them were truly within the first tolerance, and the misses (below the first tolerance) by
 the study's ``miss_cause``. A world that two files both hold (the same scenario and number) is an
 error: a pooled sample counts each world once.
@@ -65,8 +66,6 @@ def pooled_rows(rows: dict[tuple[str, int], dict[str, Any]], within: list[float]
     out = []
     for name in scenarios + ["all"]:
         picked = [r for (s, _), r in sorted(rows.items()) if name == "all" or s == name]
-        probes = sum(int(r.get("probes", 0)) for r in picked)
-        ooms = sum(float(r.get("oom_share", 0.0)) * int(r.get("probes", 0)) for r in picked)
         certified = [r for r in picked if r.get("certified")]
         misses = collections.Counter(str(r.get("miss") or "unnamed") for r in picked if r["final"] < 1.0 - within[0])
         out.append(
@@ -74,7 +73,8 @@ def pooled_rows(rows: dict[tuple[str, int], dict[str, Any]], within: list[float]
                 scenario=name,
                 worlds=len(picked),
                 right=[sum(r["final"] >= 1.0 - w for r in picked) for w in within],
-                oom=ooms / probes if probes else 0.0,
+                # each study's OOM share of its full probes, averaged, as search_efficiency.py prints it
+                oom=sum(float(r.get("oom_share", 0.0)) for r in picked) / len(picked) if picked else 0.0,
                 certified=len(certified),
                 certified_right=sum(r["final"] >= 1.0 - within[0] for r in certified),
                 misses=dict(misses.most_common()),

@@ -123,7 +123,7 @@ def _two_search_runs(tmp: Path) -> None:
 def _two_runs_of_different_worlds(tmp: Path) -> None:
     """Worlds 0-11 (``before.json``) and 12-23 (``later.json``) of two scenarios: 7b-8x32 right in the
     later run's worlds 12-20 only, its misses named by two causes, one wrong certificate and a
-    tenth of its 40 probes out of memory in world 0 (2.5 % of its 160); a third file repeats world 0."""
+    tenth of its probes out of memory in world 0 (0.4 %: the mean of its 24 studies' shares); a third file repeats world 0."""
     first = {
         "7b-8x64": {"autotune": [{"world": w, "final": 1.0} for w in range(12)]},
         "7b-8x32": {"autotune": [{"world": w, "final": 0.95, "miss": "race"} for w in range(12)]},
@@ -168,7 +168,7 @@ FAST = [
         ("{tmp}/before.json", "{tmp}/later.json"),
         (
             r"^2 run\(s\) pooled \(autotune\)",
-            r"^\| 7b-8x32 \| 24 \| 9/24 = 37\.5% \[19%-59%\] \| 9/24 = 37\.5% \[19%-59%\] \| 2\.5% \| 1 \(0\) \| "
+            r"^\| 7b-8x32 \| 24 \| 9/24 = 37\.5% \[19%-59%\] \| 9/24 = 37\.5% \[19%-59%\] \| 0\.4% \| 1 \(0\) \| "
             r"race: 12; model: 3 \|$",
             r"^\| all \| 48 \| 33/48 = 68\.8% \[54%-81%\] \|",
         ),

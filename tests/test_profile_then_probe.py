@@ -273,7 +273,7 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model():
         def fit_after_profile(self, *args):
             return 0.5, 30.0, 32.0
 
-        def oom_allowance_spent(self, study):
+        def oom_allowance_spent(self, study, at_least=1):
             return False
 
     profiler = MemoryProfiler(_profiler_spec(0.8), Guided())
@@ -345,7 +345,7 @@ def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decid
         def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
             return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
 
-        def oom_allowance_spent(self, study):
+        def oom_allowance_spent(self, study, at_least=1):
             return False
 
     profiler = MemoryProfiler(_profiler_spec(0.9), Guided())
@@ -379,3 +379,51 @@ def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decid
     # an 8-layer stage: half of it (4) is no farther than the second profile; undecided, it stops there
     actions, final, run = profile((1, 4), 2.3, static=10.6, stage_layers=8)
     assert len(actions) == 2 and run.trial.user_attrs[A.MEMORY_PROFILE]["layers_per_stage"] == [1, 4]
+
+
+def test_a_profiled_study_keeps_its_go_threshold_after_one_oom_and_needs_sure_fits_after_two():
+    """With 20 full probes, 5 % of OOMs rounds to one; after a profile said go, that one OOM is a near
+    miss at the wall, and with only it allowed it closed every config near the wall (13B world 154 of
+    the search benchmark: the optimum's profile at P(fits) 0.65 was not run). A profiled study may have
+    two (``PROFILED_OOM_ALLOWANCE``): after one OOM, a profile at P(fits) 0.65 still runs in full
+    (``search.profile_go_probability`` 0.4); after two, it needs ``search.fit_confidence``."""
+    from statistics import NormalDist
+
+    from autotune.guide.guided import Guide
+    from autotune.study.profiling import PROFILED_OOM_ALLOWANCE, MemoryProfiler, ProfileRun
+    from autotune.workers.protocol import ProbeResult, TrialRequest
+
+    rule = Guide.oom_allowance_spent.__get__(SimpleNamespace(settings=GuideSettings(max_oom_share=0.05)))
+
+    class Guided:  # P(fits) against a usable memory of 30 GiB; the study's OOMs so far in ``ooms``
+        guide = SimpleNamespace(settings=GuideSettings())
+        ooms = 0
+
+        def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
+            return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
+
+        def oom_allowance_spent(self, study, at_least=1):  # 20 probes: the share's count is one
+            return rule(self.ooms, 10, 10, at_least)
+
+    guided = Guided()
+    profiler = MemoryProfiler(_profiler_spec(0.4), guided)
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+
+    def verdict():
+        request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 8}, workload={}, cluster={})
+        run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", (1, 4))
+        while True:  # 10 + 2.47 x 8 = 29.76 GiB, 0.24 under the limit: P(fits) about 0.65
+            k = run.layers[run.done]
+            result = ProbeResult("ok", metrics={"peak_memory_gib": 10.0 + 2.47 * k})
+            action, final = profiler.take(study, run, result)
+            if action != "again":
+                return action, final, run
+
+    assert PROFILED_OOM_ALLOWANCE == 2 and rule(1, 10, 10) and not rule(1, 10, 10, 2) and rule(2, 10, 10, 2)
+    guided.ooms = 1
+    action, _, run = verdict()
+    assert action == "probe" and 0.4 <= run.trial.user_attrs[A.MEMORY_PROFILE]["p_fit"] < 0.95
+    guided.ooms = 2
+    action, final, run = verdict()
+    assert action == "stop" and final.status == "oom_predicted"
+    assert "below search.fit_confidence (OOM allowance spent) 0.95" in final.reason

@@ -510,7 +510,7 @@ class Guide(GuideMemory, GuideRace):
         z = (u - device) / max(math.hypot(float(sd_gib), u_sd), 1e-9)
         return float(_norm_cdf(np.array([z]))[0]), device, u
 
-    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
+    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None, at_least: int = 1) -> bool:
         """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
         budget (the probes so far plus those left), rounded up, at least one; never without the
         setting. On a cluster where a failed launch costs minutes or wedges a device, a team caps
@@ -518,12 +518,14 @@ class Guide(GuideMemory, GuideRace):
         the cap trades OOM probes for a near-limit optimum found later). Rounded up: a 25-probe
         study at 5 % may risk 2, not the 1 of a 20-probe one (rounded down, the first OOM closed
         every config near the wall to a study whose optimum sat there: 7B 8x32 world 5 of the
-        search benchmark ended at 0.938 of it, its profile of the optimum at P(fits) 0.84)."""
+        search benchmark ended at 0.938 of it, its profile of the optimum at P(fits) 0.84).
+        ``at_least``: the fewest OOMs allowed (a profile's verdict allows two:
+        ``autotune.study.profiling.PROFILED_OOM_ALLOWANCE``)."""
         share = self.settings.max_oom_share
         if not share:
             return False
         total = probes + (budget_left if budget_left is not None else max(probes, 20))
-        return ooms >= max(1, math.ceil(share * total - 1e-9))
+        return ooms >= max(1, at_least, math.ceil(share * total - 1e-9))
 
     def model_doubt(self, obs: list[Observation]) -> tuple[float, str]:
         """How far the simulator has been shown wrong in one direction for one family

@@ -76,7 +76,8 @@ class SearchSpec(Strict):
         gt=0,
         lt=1,
         description="sampler auto: cap on OOM probes, as a share "
-        "of n_trials (rounded up, at least one); past it only configs fit_confidence likely to fit "
+        "of n_trials (rounded up, at least one; two where memory profiles send the full probes); past it only "
+        "configs fit_confidence likely to fit "
         "are probed; null: no cap (benchmarks/README.md shows the trade-off)",
     )
     max_doubt_probes: int = Field(
