@@ -24,23 +24,30 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 from scipy.stats import binomtest
 
 
-def finals(paths: list[Path], method: str) -> dict[tuple[str, int], float]:
-    """(scenario, world) -> the final reported best over the optimum, from every file."""
-    out: dict[tuple[str, int], float] = {}
+def study_rows(paths: list[Path], method: str) -> Iterator[tuple[Path, str, dict[str, Any]]]:
+    """(file, scenario, row) of every ``method`` study with a world and a final best, file by file;
+    a file that is not a ``search_efficiency.py --json`` output is named (``pool_search_runs.py``
+    reads the runs so too)."""
     for path in paths:
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            runs = {scenario: (methods or {}).get(method, []) for scenario, methods in data.items()}
+        except (OSError, json.JSONDecodeError, AttributeError) as exc:
             raise SystemExit(f"{path}: not a search_efficiency.py --json output ({exc})") from None
-        for scenario, methods in data.items():
-            for row in (methods or {}).get(method, []):
+        for scenario, rows in runs.items():
+            for row in rows:
                 if "world" in row and "final" in row:
-                    out[(scenario, int(row["world"]))] = float(row["final"])
-    return out
+                    yield path, scenario, row
+
+
+def finals(paths: list[Path], method: str) -> dict[tuple[str, int], float]:
+    """(scenario, world) -> the final reported best over the optimum, from every file."""
+    return {(scenario, int(row["world"])): float(row["final"]) for _, scenario, row in study_rows(paths, method)}
 
 
 def compare(before: dict, after: dict, within: float) -> list[dict]:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.objectives.intervals import share_interval
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_search_runs import study_rows  # noqa: E402
+
+from autotune.objectives.intervals import share_interval  # noqa: E402
 
 
 def share_cell(k: int, n: int) -> str:
@@ -41,22 +43,13 @@ def share_cell(k: int, n: int) -> str:
 def studies(paths: list[Path], method: str) -> dict[tuple[str, int], dict[str, Any]]:
     """(scenario, world) -> the study's row, from every file; a world in two files is an error."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
-    for path in paths:
-        try:
-            data = json.loads(path.read_text())
-            runs = {scenario: (methods or {}).get(method, []) for scenario, methods in data.items()}
-        except (OSError, json.JSONDecodeError, AttributeError) as exc:
-            raise SystemExit(f"{path}: not a search_efficiency.py --json output ({exc})") from None
-        for scenario, rows in runs.items():
-            for row in rows:
-                if "world" not in row or "final" not in row:
-                    continue
-                key = (scenario, int(row["world"]))
-                if key in out:
-                    raise SystemExit(
-                        f"{path}: {scenario} world {key[1]} is in an earlier file too: pool runs of different worlds"
-                    )
-                out[key] = row
+    for path, scenario, row in study_rows(paths, method):
+        key = (scenario, int(row["world"]))
+        if key in out:
+            raise SystemExit(
+                f"{path}: {scenario} world {key[1]} is in an earlier file too: pool runs of different worlds"
+            )
+        out[key] = row
     return out
 
 

@@ -273,7 +273,7 @@ def test_a_profile_that_measured_both_sides_decides_without_the_model():
         def fit_after_profile(self, *args):
             return 0.5, 30.0, 32.0
 
-        def oom_allowance_spent(self, study, at_least=1):
+        def oom_allowance_spent(self, study):
             return False
 
     profiler = MemoryProfiler(_profiler_spec(0.8), Guided())
@@ -345,7 +345,7 @@ def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decid
         def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
             return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
 
-        def oom_allowance_spent(self, study, at_least=1):
+        def oom_allowance_spent(self, study):
             return False
 
     profiler = MemoryProfiler(_profiler_spec(0.9), Guided())
@@ -389,21 +389,19 @@ def test_a_profiled_study_keeps_its_go_threshold_after_one_oom_and_needs_sure_fi
     (``search.profile_go_probability`` 0.4); after two, it needs ``search.fit_confidence``."""
     from statistics import NormalDist
 
-    from autotune.guide.guided import Guide
-    from autotune.study.profiling import PROFILED_OOM_ALLOWANCE, MemoryProfiler, ProfileRun
+    from autotune.guide.guided import PROFILED_OOM_ALLOWANCE, Guide
+    from autotune.study.profiling import MemoryProfiler, ProfileRun
     from autotune.workers.protocol import ProbeResult, TrialRequest
 
-    rule = Guide.oom_allowance_spent.__get__(SimpleNamespace(settings=GuideSettings(max_oom_share=0.05)))
-
     class Guided:  # P(fits) against a usable memory of 30 GiB; the study's OOMs so far in ``ooms``
-        guide = SimpleNamespace(settings=GuideSettings())
+        guide = SimpleNamespace(settings=GuideSettings(max_oom_share=0.05))
         ooms = 0
 
         def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
             return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
 
-        def oom_allowance_spent(self, study, at_least=1):  # 20 probes: the share's count is one
-            return rule(self.ooms, 10, 10, at_least)
+        def oom_allowance_spent(self, study):  # 20 probes: the share's count is one
+            return Guide.oom_allowance_spent(self.guide, self.ooms, 10, 10)
 
     guided = Guided()
     profiler = MemoryProfiler(_profiler_spec(0.4), guided)
@@ -419,7 +417,11 @@ def test_a_profiled_study_keeps_its_go_threshold_after_one_oom_and_needs_sure_fi
             if action != "again":
                 return action, final, run
 
-    assert PROFILED_OOM_ALLOWANCE == 2 and rule(1, 10, 10) and not rule(1, 10, 10, 2) and rule(2, 10, 10, 2)
+    blind = SimpleNamespace(settings=GuideSettings(max_oom_share=0.05, memory_profiles=False))
+    profiled = SimpleNamespace(settings=GuideSettings(max_oom_share=0.05, memory_profiles=True))
+    assert PROFILED_OOM_ALLOWANCE == 2 and Guide.oom_allowance_spent(blind, 1, 10, 10)
+    assert not Guide.oom_allowance_spent(profiled, 1, 10, 10) and Guide.oom_allowance_spent(profiled, 2, 10, 10)
+    assert guided.guide.settings.memory_profiles  # the profiler told the guide its full probes follow profiles
     guided.ooms = 1
     action, _, run = verdict()
     assert action == "probe" and 0.4 <= run.trial.user_attrs[A.MEMORY_PROFILE]["p_fit"] < 0.95

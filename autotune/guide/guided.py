@@ -87,6 +87,8 @@ STEP_DERIVED = {"tokens_per_s_per_device": -1, "tokens_per_s": -1, "samples_per_
 # fold, and the simulator does not price it; environment variables get the narrow prior
 EXECUTION_PARAMS = ("mode", "jit_level", "graph_kernel_flags", "compile")
 _MAX_ONE_HOT_VALUES = 16
+# the fewest OOM full probes a study with memory profiles may have (Guide.oom_allowance_spent)
+PROFILED_OOM_ALLOWANCE = 2
 
 
 @dataclass
@@ -510,7 +512,7 @@ class Guide(GuideMemory, GuideRace):
         z = (u - device) / max(math.hypot(float(sd_gib), u_sd), 1e-9)
         return float(_norm_cdf(np.array([z]))[0]), device, u
 
-    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None, at_least: int = 1) -> bool:
+    def oom_allowance_spent(self, ooms: int, probes: int, budget_left: int | None) -> bool:
         """Whether the study has had the OOM probes it may risk: ``max_oom_share`` of its whole
         budget (the probes so far plus those left), rounded up, at least one; never without the
         setting. On a cluster where a failed launch costs minutes or wedges a device, a team caps
@@ -519,13 +521,18 @@ class Guide(GuideMemory, GuideRace):
         study at 5 % may risk 2, not the 1 of a 20-probe one (rounded down, the first OOM closed
         every config near the wall to a study whose optimum sat there: 7B 8x32 world 5 of the
         search benchmark ended at 0.938 of it, its profile of the optimum at P(fits) 0.84).
-        ``at_least``: the fewest OOMs allowed (a profile's verdict allows two:
-        ``autotune.study.profiling.PROFILED_OOM_ALLOWANCE``)."""
+        With memory profiles, at least ``PROFILED_OOM_ALLOWANCE``: a full probe runs only after its
+        profile said go, so its OOM is a near miss at the wall that also tells the guide where the
+        wall is; with one allowed (5 % of 20), that first near miss closed every config near the wall
+        for the rest of the study, optima included (13B world 154 of the search benchmark: the
+        optimum's profile at P(fits) 0.65, not run; benchmarks/README.md, "Two OOMs before the wall
+        closes"). Without profiles, launches are blind and the share's count stands."""
         share = self.settings.max_oom_share
         if not share:
             return False
         total = probes + (budget_left if budget_left is not None else max(probes, 20))
-        return ooms >= max(1, at_least, math.ceil(share * total - 1e-9))
+        least = PROFILED_OOM_ALLOWANCE if self.settings.memory_profiles else 1
+        return ooms >= max(least, math.ceil(share * total - 1e-9))
 
     def model_doubt(self, obs: list[Observation]) -> tuple[float, str]:
         """How far the simulator has been shown wrong in one direction for one family

@@ -374,13 +374,12 @@ class GuidedSampler(BaseSampler):
         )
         return int(math.floor(self.n_trials - spent + 1e-9))
 
-    def oom_allowance_spent(self, study: Study, at_least: int = 1) -> bool:
-        """Whether the study has had the OOM probes it may risk (:meth:`Guide.oom_allowance_spent`;
-        ``at_least``: the fewest it is allowed)."""
+    def oom_allowance_spent(self, study: Study) -> bool:
+        """Whether the study has had the OOM probes it may risk (:meth:`Guide.oom_allowance_spent`)."""
         trials = study.get_trials(deepcopy=False)
         obs = self.observations(trials)
         ooms = sum(1 for o in obs if o.status == "oom")
-        return self.guide.oom_allowance_spent(ooms, len(obs), self._budget_left(trials), at_least)
+        return self.guide.oom_allowance_spent(ooms, len(obs), self._budget_left(trials))
 
     def fit_after_profile(
         self, study: Study, number: int, peak_gib: float, sd_gib: float, counts: str, usable_gib: float | None = None

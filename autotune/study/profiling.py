@@ -57,16 +57,6 @@ BAND_SD = 3.0  # a profile's predicted band for the full probe's peak: mean ± t
 # even a peak read to 0.7 % would hardly change the verdict
 REFINE_FROM = 0.05
 
-# The OOM full probes a profiled study may have before its profiles' verdicts need
-# ``search.fit_confidence``, whatever ``search.max_oom_share`` of a short budget rounds to (5 % of 20
-# is one). A full probe runs only after its profile said go, so its OOM is a near miss at the wall
-# that also tells the guide where the wall is; with one allowed, that first near miss closed every
-# config near the wall for the rest of the study, optima included (13B world 154 of the search
-# benchmark: the optimum's profile at P(fits) 0.65, not run; benchmarks/README.md, "Two OOMs
-# before the wall closes"). Studies without profiles keep the share's count: their launches are
-# blind.
-PROFILED_OOM_ALLOWANCE = 2
-
 
 @dataclass
 class ProfileRun:
@@ -229,7 +219,7 @@ class MemoryProfiler:
             calibrated_by=len(residuals),
         )
         go = self.go
-        if self.guided.oom_allowance_spent(study, at_least=PROFILED_OOM_ALLOWANCE):  # only sure fits now
+        if self.guided.oom_allowance_spent(study):  # the OOMs it may risk are spent: only sure fits now
             go = max(go, self.fit_confidence)
         undecided = run.undecided_p_fit is None and REFINE_FROM <= p_fit < go
         third = refine_layers(run.request.model, run.config, run.layers) if undecided else None
