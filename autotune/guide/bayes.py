@@ -16,9 +16,10 @@ import numpy as np
 
 
 LOO_SCALE_QUANTILE = 0.1  # the model's sd scaled as its leave-one-out misses bear out, at this confidence ...
-# ... within these factors. The floor decides where the readings' noise hides the model's misses (at
-# 5 % noise a reading's miss is mostly noise, and the misses bear out any factor down to the floor):
-# at 0.5 a leave-one-out prediction half the model's sd outweighed single readings of the optimum,
+# ... within these factors. Where the readings' noise hides the model's misses (at 5 % noise a
+# reading's miss is mostly noise), the misses bear out any factor down to the floor, so the floor
+# decides how much a prediction outweighs a single reading: at 0.5 a leave-one-out prediction half
+# the model's sd outweighed single readings of the optimum,
 # and 6 of 102 certificates stated at P >= 0.95 on four families of the search benchmark were wrong;
 # at 0.65, 1 of 70, the reported configs unchanged (benchmarks/README.md, "The certificate's floor").
 LOO_SCALE_MIN, LOO_SCALE_MAX = 0.65, 10.0
