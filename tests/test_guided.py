@@ -272,6 +272,28 @@ def test_the_race_takes_on_the_worst_threat_first_and_stops_at_its_budget():
     assert guide.race_spent(spent) == 2 and guide.close_call(spent) is None
 
 
+def test_a_study_that_would_stop_with_budget_left_races_on_past_the_held_back_readings():
+    """The re-measurements held back for the race (``confirm_readings``) bound what it takes from
+    new configs; once no new config can win (the stopping rule) or none is left, the budget left
+    goes to the uncertified leader's race instead of back: a study with no budget, or none left,
+    still stops."""
+    guide = _race_guide(7, confirm_readings=1)
+    obs = _readings([1000.0, 1003.0], [1010.0], [1008.0], [995.0], [1001.0], [999.0])
+    assert guide.race_spent(obs) == 1 and guide.close_call(obs) is None
+    again, why = guide.propose(obs, best=1e6, budget_left=5)  # no new config can reach 1e6: would stop
+    assert again is not None and again.remeasure and again.index in (1, 2) and why == ""
+    assert "re-measure (race)" in again.reason and "past the re-measurements held back" in again.reason
+    for budget_left in (None, 0):
+        stopped, why = guide.propose(obs, best=1e6, budget_left=budget_left)
+        assert stopped is None and "no probe left can win" in why
+    every = _readings([1000.0, 1003.0], [1010.0], [1008.0])  # nothing left to probe
+    guide = _race_guide(3, confirm_readings=1)
+    again, _ = guide.propose(every, budget_left=2)
+    assert again is not None and again.remeasure
+    stopped, why = guide.propose(every, budget_left=None)
+    assert stopped is None and "every valid config" in why
+
+
 def test_the_race_leader_is_the_reported_best_the_estimate_choosing_within_the_noise():
     """The leader is the config the report names: among those whose mean reading the noise cannot
     tell from the best, the best estimate; a model that ranks a config far above what it read does

@@ -83,6 +83,10 @@ def test_the_study_certificate_names_its_trials_and_says_when_it_falls_short():
     assert cert.certified and cert.configs == 2 and cert.readings == 3 and numbers[cert.leader] == 2
     words = certificate_sentence(cert, numbers, 1, 5)
     assert "trial 2 is within 2% of the best of 2 measured configs" in words and "1 of 5 allowed" in words
+    # past the held-back re-measurements (a study that would have stopped with budget left races on)
+    words = certificate_sentence(cert, numbers, 7, 5)
+    assert "re-measured 7: 5 held back for it (search.confirm_budget), 2 from the budget the search" in words
+    assert "of 5 allowed" not in words
     # the same readings with one each: P as high, but on an assumed noise, which certifies nothing
     once = [_record(0, 2, 700.0, 40.0), _record(1, 1, 1000.0, 50.0)]
     cert, readings = best_certificate(once, [once[1]], objective, 0.02, 0.95)

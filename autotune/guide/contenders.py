@@ -65,11 +65,15 @@ class GuideRace:
         allowed: np.ndarray | None = None,
         estimate: np.ndarray | None = None,
         measure_noise: bool = True,
+        past_held_back: bool = False,
     ) -> Proposal | None:
         """Another measurement in the race of the contenders (issue 44), or None when the race is
         settled or may not go on. ``measure_noise``: whether a noise no repeat has measured is
         reason enough to race (before the study stops, where nothing else would use the budget;
-        not where a re-measurement competes with a new config).
+        not where a re-measurement competes with a new config). ``past_held_back``: the study would
+        stop with budget left (no new config can win, or none is left), so the race is not held to
+        ``confirm_readings``: the budget left goes to the leader's certificate rather than back
+        (``max_readings`` and the budget still bound it).
 
         The leader is what the study reports: among the measured configs whose mean reading the
         noise cannot tell from the best mean reading, the one with the best estimate
@@ -82,7 +86,8 @@ class GuideRace:
         threat above ``confidence`` left many threats of 0.97 each, a claim of 0.82, unraced). The
         less-measured of the two is measured again (A, B, A, B: a drift of the machine hits both).
         A config already has ``max_readings``, is running, or is not ``allowed``: the next threat.
-        The race spends at most ``confirm_readings`` re-measurements in the study. The noise is the
+        The race spends at most ``confirm_readings`` re-measurements in the study, more only
+        ``past_held_back``. The noise is the
         study's: the spread of the configs it measured more than once, never below ``noise``; while
         no config but the first
         measured (the drift control) was read twice it is assumed, nothing is certified, and the
@@ -90,7 +95,8 @@ class GuideRace:
         s = self.settings
         maximize = self.direction == "maximize"
         values = readings_of(obs)
-        if len(values) < 2 or self.race_spent(obs) >= s.confirm_readings:
+        spent = self.race_spent(obs)
+        if len(values) < 2 or (not past_held_back and spent >= s.confirm_readings):
             return None
         first = self._control(obs)  # the report's control, drift checks or not (records.best_certificate)
         control = first if s.drift_every > 0 else None
@@ -130,6 +136,11 @@ class GuideRace:
                         else f"the noise is assumed ({100 * noise:.2g}% per reading: no config was measured twice), "
                         "so no claim is certified before a repeat measures it"
                     )
+                    if spent >= s.confirm_readings:
+                        why += (
+                            "; past the re-measurements held back for the race (search.confirm_budget): the "
+                            "search would stop with budget left"
+                        )
                     return Proposal(
                         index,
                         configs[index],

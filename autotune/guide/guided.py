@@ -622,7 +622,8 @@ class Guide(GuideMemory, GuideRace):
             if again is not None and again.stake >= self._exploration_value(view):
                 return view.with_prediction(again, widened=False), ""
         if not view.candidates.any():
-            again = self.close_call(view.obs, view.exclude, allowed, view.mean)  # nothing new: the race may go on
+            # nothing new: the race may go on, with the budget left
+            again = self.close_call(view.obs, view.exclude, allowed, view.mean, past_held_back=view.budget_to_spend)
             if again is not None:
                 return view.with_prediction(again, widened=False), ""
             return None, (
@@ -758,7 +759,7 @@ class Guide(GuideMemory, GuideRace):
                 f"bound; with budget left and the OOM allowance unspent, one that may fit and could win"
             )
             return s.give_up_probability, stretch, None
-        again = self.close_call(view.obs, view.exclude, allowed, view.mean)
+        again = self.close_call(view.obs, view.exclude, allowed, view.mean, past_held_back=view.budget_to_spend)
         if again is not None:
             return floor, "", (view.with_prediction(again), "")
         return (
@@ -934,6 +935,12 @@ class _Picture:
     ooms: int
     spent: bool  # the OOM allowance
     stop_bound: np.ndarray  # the stopping rule's optimistic bound (``stop_kappa`` sd), signed to maximise
+
+    @property
+    def budget_to_spend(self) -> bool:
+        """Whether a budget was given and a full probe of it is left: what a study that would stop
+        early may spend on the race of the contenders past the re-measurements held back for it."""
+        return self.budget_left is not None and self.budget_left >= 1
 
     def with_prediction(self, proposal: Proposal, widened: bool = True) -> Proposal:
         """The proposal with what the guide predicts of it (trial attributes, the report's band);

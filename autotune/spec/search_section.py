@@ -106,7 +106,8 @@ class SearchSpec(Strict):
         gt=0,
         description="sampler auto: the re-measurements the race of the contenders may spend, a share of "
         "n_trials (below 1) or a count (a whole number, at most n_trials); held back at the end of the budget "
-        "while the recommendation is not certified, spent on new configs when it is",
+        "while the recommendation is not certified, spent on new configs when it is; a study that would stop "
+        "early with budget left races past it, with the budget left",
     )
     max_readings: int = Field(
         3, ge=2, le=10, description="sampler auto: the most readings the race of the contenders takes of one config"
