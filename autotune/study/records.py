@@ -549,16 +549,15 @@ def certificate_sentence(
         f"{cert.configs} measured configs ({cert.readings} readings, noise {cert.noise:.1%} per reading{assumed}"
         f"{model})"
     )
+    race = f"; the race re-measured {remeasured}"
     if allowed and remeasured > allowed:
         # past the held-back re-measurements: the search would have stopped with budget left (Guide.propose)
-        race = (
-            f"; the race re-measured {remeasured}: {allowed} held back for it (search.confirm_budget), "
+        race += (
+            f": {allowed} held back for it (search.confirm_budget), "
             f"{remeasured - allowed} from the budget the search would have left when it stopped"
         )
-    else:
-        race = f"; the race re-measured {remeasured}" + (
-            f" of {allowed} allowed (search.confirm_budget)" if allowed else ""
-        )
+    elif allowed:
+        race += f" of {allowed} allowed (search.confirm_budget)"
     if control_again and control_again[1]:
         trial, again = control_again
         race += (
