@@ -79,7 +79,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_ray_cluster import local_cluster  # noqa: E402
 import true_world  # noqa: E402
 from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: E402
-from true_world import FULL_PROBE_WALL_S, STRUCTURE_FAMILIES, World, probe_output, probe_wall_s  # noqa: E402
+from true_world import (  # noqa: E402
+    FULL_PROBE_WALL_S,
+    STRUCTURE_FAMILIES,
+    World,
+    oom_wall_s,
+    probe_output,
+    probe_wall_s,
+)
 from true_world import MIXED_OOM_FORMATS, OOM_FORMATS, PATHS  # noqa: E402
 
 from autotune.cli.assembly import study_runner  # noqa: E402
@@ -376,8 +383,11 @@ def run_autotune(
             out = truth.world.measure(
                 model, request.workload if profiled else c.workload, c.cluster, request.params, request.number
             )
-            # priced by what it runs: a profile with k layers per stage its share (true_world.probe_wall_s)
+            # priced by what it runs: a profile with k layers per stage its share (true_world.probe_wall_s),
+            # a full probe that runs out of memory its steps up to the one that fails (true_world.oom_wall_s)
             wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled)
+            if not profiled and out.get("failure") == "oom":
+                wall = oom_wall_s(truth.world, c.model, c.workload, c.cluster, request.params)
             # the launcher's lines, parsed as the command path parses them
             return parse_probe_output(*probe_output(out), wall)
 
@@ -407,7 +417,12 @@ def run_autotune(
             best = best_records([x for x in records if x.number <= r.number], objectives, guided.estimates(upto))
             reported = config_key(best[0].config) if best else None
         ran_full = ran_full_probe(r.budget_attrs())
-        cost = profile_cost(r.memory_profile, r.config, full_layers) + (1.0 if ran_full else 0.0)
+        # a full probe's modelled wall, an OOM's up to the step that failed (what it ran, not what it reported)
+        full = 1.0
+        if ran_full and not truth.fits.get(config_key(r.config), True):
+            c = truth.ctx
+            full = oom_wall_s(truth.world, c.model, c.workload, c.cluster, r.config) / FULL_PROBE_WALL_S
+        cost = profile_cost(r.memory_profile, r.config, full_layers) + (full if ran_full else 0.0)
         # an OOM: what the world says (a message the parser does not know makes it a crash in the study)
         oom = r.status == "oom" or not truth.fits.get(config_key(r.config), True)
         probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))

@@ -809,7 +809,8 @@ class World:
 # The probe's wall time in the benchmark (the in-process worlds take none): a full probe of the spec's
 # model 100 s, of which PROBE_STARTUP_SHARE is start-up (process, runtime, communicators, model build:
 # what a run of any size pays) and the rest its steps; a memory profile runs 2 steps where the full
-# probe runs 6, with its share of the layers. The 15 % start-up is an assumption for an NPU cluster,
+# probe runs 6, with its share of the layers; a full probe that runs out of memory, its start-up and its
+# steps up to the one that fails (oom_wall_s). The 15 % start-up is an assumption for an NPU cluster,
 # stated in benchmarks/README.md; a study measures the real walls (autotune.guide.memory_profile).
 FULL_PROBE_WALL_S = 100.0
 PROBE_STARTUP_SHARE = 0.15
@@ -822,6 +823,21 @@ def probe_wall_s(layers: int, full_layers: int, profiled: bool) -> float:
     """The modelled wall of a probe of ``layers`` layers of a ``full_layers`` model."""
     steps = PROFILE_STEPS_SHARE if profiled else 1.0
     return FULL_PROBE_WALL_S * (PROBE_STARTUP_SHARE + (1 - PROBE_STARTUP_SHARE) * steps * layers / full_layers)
+
+
+def oom_wall_s(world: "World", model: dict, workload: dict, cluster: dict, config: dict[str, Any]) -> float:
+    """The modelled wall of a full probe that runs out of memory: its start-up and its steps up to the
+    one that fails, counted whole (the first whose peak passes the limit: step 1 for most, later where
+    memory grows after the first step, ``late_growth``); the launcher exits on the error (autotune stops
+    one that does not, ``autotune.workers.command.OOM_EXIT_GRACE_S``)."""
+    steps = int(_steps_run(workload))
+    failed = steps
+    for k in range(1, steps + 1):
+        t = world.truth(model, {**workload, "warmup_steps": 0, "measured_steps": k}, cluster, [config])
+        if not t["fits"][0]:
+            failed = k
+            break
+    return FULL_PROBE_WALL_S * (PROBE_STARTUP_SHARE + (1 - PROBE_STARTUP_SHARE) * failed / steps)
 
 
 def oom_message(out: dict[str, Any]) -> str:
@@ -957,8 +973,11 @@ def main(argv: list[str]) -> int:
         layers = int(trial["model"]["num_hidden_layers"])
         full = int(os.environ.get(FULL_LAYERS_ENV) or layers)
         profiled = "memory_profile_layers_per_stage" in trial["workload"]
+        wall = probe_wall_s(layers, full, profiled)
+        if out.get("failure") == "oom" and not profiled:  # it ends at the step that fails
+            wall = oom_wall_s(world, trial["model"], trial["workload"], trial["cluster"], trial["params"])
         # the process's own start-up (interpreter, imports) is part of the wall: sleep only the rest
-        time.sleep(max(0.0, scale * probe_wall_s(layers, full, profiled) / FULL_PROBE_WALL_S - _process_age_s()))
+        time.sleep(max(0.0, scale * wall / FULL_PROBE_WALL_S - _process_age_s()))
     rc, lines = probe_output(out)
     if rc == 0 and node_rank != 0:
         print(f"node {node_rank}: step done", file=sys.stderr, flush=True)

@@ -177,6 +177,26 @@ def _record(number: int, config: dict, status: str, p_fit: float | None = None, 
     return measured_record(number, config, {}, status=status, predicted=predicted, memory_profile=profile or {})
 
 
+def test_a_full_probe_that_runs_out_of_memory_is_priced_up_to_the_step_that_fails(scenario):
+    """A probe's wall priced by what it runs (issue 41): start-up and the steps up to the failing one,
+    counted whole, not the six a full probe measures; memory that grows after step 1 fails later."""
+    _, _, configs, ctx = scenario
+    world = _world(scenario, "production")
+    over = _one(scenario, world, fits=False)
+    steps = tw._steps_run(ctx.workload)
+    one_step = tw.FULL_PROBE_WALL_S * (tw.PROBE_STARTUP_SHARE + (1 - tw.PROBE_STARTUP_SHARE) / steps)
+    assert tw.oom_wall_s(world, ctx.model, ctx.workload, ctx.cluster, over) == pytest.approx(one_step)
+    # a config over the limit only once the optimizer states' late growth lands (step 3): it fails there
+    grows = tw.World.draw(7, ctx.hardware, Space(scenario[0]).choices)
+    grows.structure = {"tracker-ooms": 1.0}
+    first = grows.truth(ctx.model, {**ctx.workload, "warmup_steps": 0, "measured_steps": 1}, ctx.cluster, configs)
+    full = grows.truth(ctx.model, ctx.workload, ctx.cluster, configs)
+    late = [c for c, v, f1, f in zip(configs, full["valid"], first["fits"], full["fits"]) if v and f1 and not f]
+    assert late, "no config that fits its first step and not its third in this world"
+    walls = {tw.oom_wall_s(grows, ctx.model, ctx.workload, ctx.cluster, c) for c in late}
+    assert min(walls) > one_step and max(walls) < tw.FULL_PROBE_WALL_S
+
+
 def test_repeat_check_counts_a_layout_probed_again_after_an_oom():
     base = {"tp": 2, "pp": 1, "micro_batch_size": 2, "precision": "bf16", "env.HCCL_BUFFSIZE": "200"}
     records = [

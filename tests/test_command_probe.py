@@ -124,6 +124,70 @@ def test_out_of_memory_exit_is_oom(tmp_path, trial_file):
     assert "step 1 ok" in result.log_tail  # stderr and stdout both reach the tail
 
 
+# one rank's OOM, as modelscope/FunASR issue 2006 logged it: the other ranks then wait in a collective
+_RANK_OOM = (
+    "[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 336.00 MiB. GPU 2 has a total capacity "
+    "of 79.15 GiB of which 141.25 MiB is free. Including non-PyTorch memory, this process has 78.99 GiB memory in "
+    "use. Of the allocated memory 77.21 GiB is allocated by PyTorch, and 283.51 MiB is reserved by PyTorch but "
+    "unallocated."
+)
+
+
+def test_an_oom_the_probe_does_not_exit_after_is_stopped_and_recorded_as_oom(tmp_path, trial_file):
+    pid_file = tmp_path / "grandchild.pid"
+    # a rank fails, and the launcher and its other ranks (a grandchild here) wait in a collective
+    argv = grandchild_probe(tmp_path, pid_file, f"print({_RANK_OOM!r}, flush=True)\ntime.sleep(60)")
+    result = run_probe_process(argv, {}, trial_file, 60, oom_exit_grace_s=0.5)
+    assert result.status == "oom", result
+    assert result.info["stopped_after_oom_s"] == 0.5
+    assert "Tried to allocate 336.00 MiB" in result.reason and "stopped the probe 0.5 s after" in result.reason
+    assert result.info["oom"]["requested"] == pytest.approx(336 / 1024, abs=1e-3)  # the allocator's numbers kept
+    assert wait_dead(read_pid(pid_file)), "a rank outlived the stop"
+
+
+def test_an_oom_the_launcher_recovers_from_or_a_warning_about_memory_is_not_stopped(tmp_path, trial_file):
+    argv = script(
+        tmp_path,
+        f"""
+        import json, time
+        print("WARNING: this config may run out of memory; try expandable_segments", flush=True)
+        print({_RANK_OOM!r}, flush=True)
+        time.sleep(0.1)  # caught, and the launcher goes on
+        print(json.dumps({{"event": "step", "step": 1, "step_time_s": 0.1}}), flush=True)
+        time.sleep(2.5)  # longer than the grace: the step cancelled the stop
+        print(json.dumps({{"metrics": {{"tokens_per_s": 10.0}}}}), flush=True)
+    """,
+    )
+    result = run_probe_process(argv, {}, trial_file, 30, oom_exit_grace_s=1.0)
+    assert result.status == "ok", result
+    assert "stopped_after_oom_s" not in result.info
+
+
+def test_an_oom_waits_for_the_deadline_when_the_grace_is_off(tmp_path, trial_file):
+    argv = script(tmp_path, f"import time\nprint({_RANK_OOM!r}, flush=True)\ntime.sleep(60)\n")
+    result = run_probe_process(argv, {}, trial_file, 1.5, oom_exit_grace_s=None)
+    assert result.status == "timeout" and "stopped_after_oom_s" not in result.info
+
+
+def test_device_oom_raised_reads_the_allocators_errors_not_warnings():
+    from autotune.workers.protocol import device_oom_raised
+
+    raised = [
+        _RANK_OOM,
+        "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; ...)",
+        "RuntimeError: CUDA error: out of memory",
+        "Out of Memory!!! Request memory size: 1073741824B, Memory Statistic:",
+        "E39999: Inner Error! EL0004: Failed to allocate memory.",
+    ]
+    not_raised = [
+        "WARNING: may run out of memory",
+        "set PYTORCH_NPU_ALLOC_CONF=expandable_segments:True to avoid out of memory",
+        "iteration 3 | memory (MB) | allocated: 51234 | max allocated: 60123",
+    ]
+    assert all(device_oom_raised(line) for line in raised)
+    assert not any(device_oom_raised(line) for line in not_raised)
+
+
 def test_failure_event_is_honoured(tmp_path, trial_file):
     code = """
         import json, sys

@@ -295,3 +295,41 @@ def test_stop_tasks_cancels_only_unfinished_and_forces_only_ignored_cancels(ray_
     assert stop_tasks(Recording, [done, ends, no_grace], grace_s=0.0) == [no_grace]
     assert cancels == [(no_grace, False), (no_grace, True)]
     ray.wait([no_grace], timeout=60)  # cancelled or ended: Ray ignores a force while the polite cancel is in flight
+
+
+@pytest.mark.parametrize(
+    "grace, expected", [("", 30.0), ("oom_exit_grace_s: 5", 5.0), ("oom_exit_grace_s: null", None)]
+)
+def test_the_specs_oom_exit_grace_reaches_the_probes_launch(write_spec, grace, expected):
+    """backend.oom_exit_grace_s (30 s by default) travels with the launch to the worker that runs it."""
+    from autotune.dispatch.backends import launch_for, select_backend
+    from autotune.dispatch.dispatcher import ProbeLaunch
+    from autotune.spec.load import load_spec
+    from autotune.spec.resolve import probe_context
+
+    spec = load_spec(
+        write_spec(
+            f"""
+            name: oom-grace
+            model: tiny-llama
+            workload: {{kind: train, seq_len: 256, global_batch_size: 8}}
+            cluster: {{accelerator: cpu, nodes: 1, devices_per_node: 2}}
+            backend:
+              kind: command
+              argv: [python, launch.py, --trial, "{{trial_file}}"]
+              {grace}
+            space: {{tp: [1], micro_batch_size: [1]}}
+            objectives: [tokens_per_s_per_device]
+            """
+        )
+    )
+    ctx = probe_context(spec)
+    request = TrialRequest(
+        params={"tp": 1, "pp": 1, "micro_batch_size": 1, "dp": 2},
+        model=ctx.model,
+        workload=ctx.workload,
+        cluster=ctx.cluster,
+    )
+    launch = launch_for(spec, select_backend(spec), request)
+    assert launch.oom_exit_grace_s == expected
+    assert ProbeLaunch(**json.loads(json.dumps(launch.to_json()))).oom_exit_grace_s == expected  # as Ray ships it

@@ -20,6 +20,7 @@ from autotune.guide.memory_profile import (
     ProfileEstimate,
     calibrate_estimate,
     cost_of_trials,
+    full_probe_cost_fpe,
     extrapolate_peak,
     plan_profile,
     profile_points,
@@ -85,6 +86,21 @@ def test_a_trials_cost_is_its_full_probe_and_its_profiles_share():
         {A.STATUS: "oom_predicted", A.WALL: 30.0, A.MEMORY_PROFILE: {**profile, "verdict": "oom_predicted"}},
     ]
     assert cost_of_trials(attrs) == pytest.approx(1 + 1 + 30 / 110 + 30 / 110)
+
+
+def test_a_full_probe_that_ran_out_of_memory_costs_the_wall_it_ran():
+    """It ended at the step that failed: start-up and a step of a 6-step probe is about a third of one."""
+    ok = [{A.STATUS: "ok", A.WALL: 100.0}, {A.STATUS: "ok", A.WALL: 120.0}]
+    oom = {A.STATUS: "oom", A.WALL: 33.0}
+    assert cost_of_trials([*ok, oom]) == pytest.approx(2 + 33 / 110)
+    assert cost_of_trials([oom]) == 1.0  # no full probe's wall to measure it against yet
+    assert full_probe_cost_fpe("oom", 500.0, 110.0) == 1.0  # sat on until its timeout: still one probe
+    assert full_probe_cost_fpe("crash", 20.0, 110.0) == 1.0  # only an OOM: a crash may be anything
+    # an OOM its memory profile caught ran no full probe: the profile's runs alone
+    profile = {"walls_s": [10.0], "layers_per_stage": [1], "full_layers_per_stage": 32, "verdict": "oom"}
+    assert cost_of_trials([*ok, {A.STATUS: "oom", A.WALL: 10.0, A.MEMORY_PROFILE: profile}]) == pytest.approx(
+        2 + 10 / 110
+    )
 
 
 def _guide(peaks, limit=32.0, profiles=True):

@@ -58,6 +58,29 @@ def test_budget_met_and_no_config_probed_twice(write_spec, tmp_path):
         assert not r.probed
 
 
+def test_a_probe_that_ran_out_of_memory_costs_the_budget_the_wall_it_ran(write_spec, tmp_path):
+    """An OOM ends at the step that failed (a quarter of a full probe's wall here): the budget counts
+    that, not a whole full probe, and the study probes more configs for the same budget."""
+    calls: list = []
+    probe = fake_probe(calls)
+
+    def timed(request):
+        result = probe(request)
+        result.wall_s = 25.0 if result.status == "oom" else 100.0
+        return result
+
+    spec = _spec(write_spec, n_trials=12, sampler="random")
+    outcome = study_runner(spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(timed)).run()
+    probed = [r for r in outcome.records if r.probed and r.status != "duplicate"]
+    ooms = [r for r in probed if r.status == "oom"]
+    assert ooms and len(probed) > 12  # the OOMs gave back budget, spent on more configs
+    first_ok = min(r.number for r in probed if r.status == "ok")
+    early = sum(1 for r in ooms if r.number < first_ok)  # before a full probe's wall was known: counted whole
+    assert outcome.probes_run == pytest.approx(len(probed) - len(ooms) + 0.25 * (len(ooms) - early) + early)
+    assert 12 <= outcome.probes_run < 13  # as with memory profiles: a full probe starts while any budget is left
+    assert outcome.stopped_because == "budget reached"
+
+
 def test_oom_and_rule_violations_reach_the_sampler_as_constraints(write_spec, tmp_path):
     calls: list = []
     spec = _spec(write_spec, n_trials=16, sampler="random")

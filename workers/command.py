@@ -13,8 +13,10 @@ the torch probe and the MindSpore probe alike. It
   parsed, everything else is kept as a bounded log tail and, optionally, scanned by regexes for
   metrics of launchers that cannot print JSON;
 - kills the whole group (SIGTERM, then SIGKILL after a grace period) at the deadline, when
-  ``should_stop()`` says so (pruning), or when the caller is interrupted; processes left in the
-  group after the probe's leader exits are killed too;
+  ``should_stop()`` says so (pruning), when a device allocator's out-of-memory error is not
+  followed by the probe's exit within ``oom_exit_grace_s`` (the ranks still alive would wait in a
+  collective until its timeout, holding the devices), or when the caller is interrupted; processes
+  left in the group after the probe's leader exits are killed too;
 - starts a tiny ``sh`` watchdog outside the group that kills the group if the process running
   this function dies without finishing (for instance a Ray worker killed by ``ray.cancel(force=True)``
   or by Ray's memory monitor: Ray then kills the worker's direct children only, and a probe's
@@ -55,12 +57,13 @@ from .protocol import (
     TRIAL_FILE_ENV,
     ProbeResult,
     classify_failure,
+    device_oom_raised,
     native_cause,
     oom_evidence,
     parse_output_line,
 )
 
-__all__ = ["run_probe_process", "kill_group", "MAX_LINE_BYTES", "KILL_GRACE_S"]
+__all__ = ["run_probe_process", "kill_group", "MAX_LINE_BYTES", "KILL_GRACE_S", "OOM_EXIT_GRACE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,13 @@ MAX_LOG_LINE_CHARS = 4000  # per line kept in the log tail
 MAX_STEPS = 100_000  # step events kept per trial; later ones still reach on_event
 KILL_GRACE_S = 3.0  # between SIGTERM and SIGKILL
 POLL_S = 0.05  # how often should_stop() and the deadline are checked
+# After a rank's device allocator raised out-of-memory, how long the probe has to exit on its own (its
+# launcher's teardown, its last lines) before its process group is stopped. A rank that failed leaves
+# the others waiting in their next collective until its timeout: 10 minutes for NCCL
+# (modelscope/FunASR issue 2006: one rank's "CUDA out of memory", seven ranks' watchdogs at 600 s),
+# 30 for HCCL (HCCL_EXEC_TIMEOUT 1836 s), and the devices stay held all the while. A step reported
+# after the error (a launcher that caught it and went on) cancels the stop.
+OOM_EXIT_GRACE_S = 30.0
 _CLASSIFY_LINES = 1000  # output lines kept for classifying a failure (>= log_tail_lines)
 _EOF = object()
 
@@ -119,6 +129,7 @@ def run_probe_process(
     kill_grace_s: float = KILL_GRACE_S,
     watchdog: bool = True,
     log_reader: Any = None,
+    oom_exit_grace_s: float | None = OOM_EXIT_GRACE_S,
 ) -> ProbeResult:
     """Run one probe process to completion and return what it produced.
 
@@ -135,7 +146,9 @@ def run_probe_process(
     cannot print JSON be a probe. ``log_reader`` (a :class:`~autotune.workers.stack_logs.StackLog`)
     reads a production stack's own log lines instead: its step events stream like the protocol's,
     its metrics come from the measured iterations, and its failure words decide the status where
-    the generic rules see only a crash.
+    the generic rules see only a crash. ``oom_exit_grace_s``: a probe that prints a device
+    allocator's out-of-memory error (``device_oom_raised``) and neither exits nor reports a step
+    within this long is stopped and recorded as ``oom`` (None: wait for its exit or the deadline).
 
     Status: ``ok`` when the probe exits 0 and reported metrics (a ``{"metrics": ...}`` line, or at
     least one metric extracted by ``metric_patterns``) and printed no failure event; ``pruned``
@@ -250,7 +263,9 @@ def run_probe_process(
                     stopped = True
                 elif deadline is not None and now >= deadline:
                     timed_out = True
-                if stopped or timed_out:
+                elif run.oom_unresolved(now, oom_exit_grace_s):
+                    run.stopped_after_oom_s = float(oom_exit_grace_s)
+                if stopped or timed_out or run.stopped_after_oom_s is not None:
                     signal_group(proc.pid, signal.SIGTERM)
                     run.signalled = True
                     term_at = now
@@ -308,6 +323,16 @@ class _Run:
         self.failure_line = ""
         self.signalled = False  # autotune sent the group a signal: an unterminated last line is cut
         self.last_line_at = 0.0  # monotonic time of the last line handled
+        self.oom_at: float | None = None  # when a device allocator's out-of-memory error was printed
+        self.stopped_after_oom_s: float | None = None  # the grace after which autotune stopped it
+
+    def oom_unresolved(self, now: float, grace_s: float | None) -> bool:
+        """A device OOM printed ``grace_s`` ago, and since then neither a step nor the metrics."""
+        return grace_s is not None and self.oom_at is not None and self.metrics is None and now - self.oom_at >= grace_s
+
+    def _saw_oom(self) -> None:
+        if self.oom_at is None:
+            self.oom_at = time.monotonic()
 
     def drain(self, lines: queue.Queue, wait_s: float) -> bool:
         """Handle the lines read so far (at most a batch, so that a probe printing without pause
@@ -336,6 +361,8 @@ class _Run:
         msg = parse_output_line(text)
         if msg is None:
             self.lines.append(text if len(text) <= MAX_LOG_LINE_CHARS else text[:MAX_LOG_LINE_CHARS] + " ...[cut]")
+            if device_oom_raised(text):
+                self._saw_oom()
             for name, pattern in self.patterns.items():
                 m = pattern.search(text)
                 if m:
@@ -357,6 +384,7 @@ class _Run:
     def _event(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")
         if event == "step":
+            self.oom_at = None  # a step after an OOM: the launcher caught it and went on
             if len(self.steps) < MAX_STEPS:
                 self.steps.append(msg)
             else:
@@ -364,6 +392,8 @@ class _Run:
         elif event == "failure":
             self.failure = msg
             self.failure_line = json.dumps(msg, default=str)
+            if msg.get("status") == "oom":
+                self._saw_oom()
         if self.on_event is not None:
             self.on_event(msg)
 
@@ -439,6 +469,12 @@ class _Run:
                 evidence = oom_evidence(output)
                 if evidence:
                     info["oom"] = evidence
+            if self.stopped_after_oom_s is not None:
+                info["stopped_after_oom_s"] = self.stopped_after_oom_s
+                reason = (
+                    f"{reason} (autotune stopped the probe {self.stopped_after_oom_s:g} s after this out-of-memory "
+                    "error: it had not exited, and its other ranks would have waited in a collective until its timeout)"
+                )[:2000]
         return ProbeResult(
             status, metrics=metrics, steps=self.steps, source=self.source, log_tail=tail, reason=reason, info=info
         )

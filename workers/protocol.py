@@ -31,6 +31,7 @@ __all__ = [
     "TrialRequest",
     "attach_requests_file",
     "classify_failure",
+    "device_oom_raised",
     "native_cause",
     "oom_evidence",
     "parse_output_line",
@@ -94,6 +95,17 @@ _OOM_PATTERNS = re.compile(
     r"on startup is less than (?:desired (?:GPU|CPU) memory utilization|the engine's budget)|"
     r"larger than the maximum number of tokens that can be stored in KV cache",
     re.IGNORECASE,
+)
+# The words of a device allocator's own out-of-memory error, as it raises it: the line that says a rank
+# has failed, not a warning that memory is short (``_OOM_PATTERNS`` reads a finished probe's output and
+# is wider). torch and torch_npu (c10/cuda/CUDACachingAllocator.cpp, NPUCachingAllocator.cpp: "CUDA out
+# of memory. Tried to allocate", the exception torch.OutOfMemoryError / torch.cuda.OutOfMemoryError),
+# the CUDA runtime's error string, MindSpore's memory adapter ("Out of Memory!!!", "memory isn't enough
+# and alloc failed", "Malloc device memory failed") and Ascend's EL0004 (the words of oom_messages.py).
+_DEVICE_OOM_RAISED = re.compile(
+    r"OutOfMemoryError|(?:CUDA|NPU|XPU|HIP) out of memory\. (?:Tried to allocate|Allocation was preemptively"
+    r"|NPUWorkspaceAllocator tried)|CUDA error: out of memory|Out of Memory!!!|Out of memory!!! total\["
+    r"|memory isn't enough and alloc failed|Malloc device memory failed|\bEL0004\b"
 )
 _NAN_PATTERNS = re.compile(r"\bloss is (nan|inf)\b|non-finite loss|loss=nan|loss: nan|\bNaN detected", re.IGNORECASE)
 _DECORATION = re.compile(r"^[=\-_*#~\s]+$")
@@ -221,6 +233,15 @@ def native_cause(lines: Iterable[str], reason: str = "") -> str | None:
         if text and _NATIVE_CAUSE.search(text) and text[:80] not in reason:
             return text[:300]
     return None
+
+
+def device_oom_raised(line: str) -> bool:
+    """Whether a probe's output line is a device allocator raising out-of-memory (not a warning about
+    memory): the rank that printed it has failed, and the probe will end as ``oom`` whatever follows.
+    The command runner stops a probe that does not exit soon after such a line
+    (:data:`autotune.workers.command.OOM_EXIT_GRACE_S`): the other ranks would otherwise wait in a
+    collective until its timeout (NCCL's 10 minutes, HCCL's 30) with the devices held."""
+    return bool(_DEVICE_OOM_RAISED.search(line))
 
 
 def classify_failure(returncode: int | None, output: Iterable[str] | str, timed_out: bool = False) -> tuple[str, str]:

@@ -173,6 +173,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
         if nodes > 1
         else {}
     )
+    spread["oom_exit_grace_s"] = backend.oom_exit_grace_s  # every process probe: an OOM that does not exit
     if choice.kind == "command":
         return ProbeLaunch(
             argv=fill_num_layers(backend.argv or [], request.model),

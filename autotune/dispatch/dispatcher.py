@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.workers.protocol import NODE_ENV, ProbeResult, TrialRequest, attach_requests_file, write_trial_file
+from autotune.workers.command import OOM_EXIT_GRACE_S
 
 __all__ = [
     "Dispatcher",
@@ -107,6 +108,8 @@ class ProbeLaunch:
     # the trial's result is node 0's as soon as it has one: the other nodes only serve it (a serving
     # instance across nodes, whose headless workers run until they are stopped)
     ends_with_node_0: bool = False
+    # a device OOM the probe does not exit after within this long: stopped (workers.command.OOM_EXIT_GRACE_S)
+    oom_exit_grace_s: float | None = OOM_EXIT_GRACE_S
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +182,7 @@ def run_probe(
         should_stop=should_stop,
         metric_patterns=launch.metric_patterns,
         log_reader=reader,
+        oom_exit_grace_s=launch.oom_exit_grace_s,
     )
     return attach_requests_file(result)
 

@@ -58,6 +58,7 @@ __all__ = [
     "median_full_wall",
     "profile_residuals",
     "calibrate_estimate",
+    "full_probe_cost_fpe",
     "ran_full_probe",
     "num_layers_of",
     "fill_num_layers",
@@ -291,10 +292,28 @@ def profile_cost_fpe(
     return sum(STARTUP_SHARE + k / max(per_stage, 1.0) for k in runs_layers)
 
 
-def trial_cost_fpe(profile: Mapping[str, Any] | None, full_probe: bool, full_wall_s: float | None) -> float:
-    """A trial's cost in full-probe equivalents: 1 for its full probe (if it ran one) plus its
-    memory profile's runs (``profile``: the trial's ``autotune.guide.memory_profile`` record)."""
-    cost = 1.0 if full_probe else 0.0
+def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None) -> float:
+    """A full probe's cost in full-probe equivalents: 1, except a probe that ran out of memory,
+    which ended at the step that failed (the command runner stops one that does not exit,
+    ``autotune.workers.command.OOM_EXIT_GRACE_S``): its wall over the median full probe's once one
+    has run to the end, at most 1 (an OOM the launcher sat on until its timeout costs no more than a
+    full probe; before the first full probe's wall is known, 1)."""
+    if status == "oom" and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
+        return min(1.0, float(wall_s) / full_wall_s)
+    return 1.0
+
+
+def trial_cost_fpe(
+    profile: Mapping[str, Any] | None,
+    full_probe: bool,
+    full_wall_s: float | None,
+    status: Any = None,
+    wall_s: Any = None,
+) -> float:
+    """A trial's cost in full-probe equivalents: its full probe (if it ran one: 1, or less where it
+    ran out of memory, :func:`full_probe_cost_fpe`; ``status`` and ``wall_s`` are the trial's) plus
+    its memory profile's runs (``profile``: the trial's ``autotune.guide.memory_profile`` record)."""
+    cost = full_probe_cost_fpe(status, wall_s, full_wall_s) if full_probe else 0.0
     if profile:
         cost += profile_cost_fpe(
             profile.get("walls_s") or [],
@@ -315,10 +334,14 @@ def ran_full_probe(attrs: Mapping[str, Any]) -> bool:
 def cost_of_trials(trials_attrs: Iterable[Mapping[str, Any]]) -> float:
     """Full-probe equivalents the given trials (their user attributes: the caller passes those
     that count against the budget) spent: each full probe 1, each memory profile its wall time
-    over the median full probe's (estimated from its layers before any full probe ran)."""
+    over the median full probe's (estimated from its layers before any full probe ran); a full probe
+    that ran out of memory, its wall over that median (:func:`full_probe_cost_fpe`)."""
     attrs = list(trials_attrs)
     median = median_full_wall(attrs)
-    return sum(trial_cost_fpe(a.get(A.MEMORY_PROFILE), ran_full_probe(a), median) for a in attrs)
+    return sum(
+        trial_cost_fpe(a.get(A.MEMORY_PROFILE), ran_full_probe(a), median, a.get(A.STATUS), a.get(A.WALL))
+        for a in attrs
+    )
 
 
 def median_full_wall(trials_attrs: Iterable[Mapping[str, Any]]) -> float | None:

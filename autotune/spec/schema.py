@@ -38,6 +38,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from autotune.workers.command import OOM_EXIT_GRACE_S
+
 from .models import PRESETS, ModelSpec
 from .fields import (
     ENV_NAME_RULE,
@@ -187,6 +189,14 @@ class BackendSpec(Strict):
     kind: BackendKind = "auto"
     argv: list[str] | None = None
     timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
+    oom_exit_grace_s: float | None = Field(
+        OOM_EXIT_GRACE_S,
+        ge=0,
+        description="a probe that prints a device allocator's out-of-memory error (torch, torch_npu, MindSpore) "
+        "and neither exits nor reports a step within this many seconds is stopped and recorded as oom: its "
+        "other ranks would otherwise wait in a collective until its timeout (NCCL 10 min, HCCL 30) with the "
+        "devices held; null: wait for the probe's exit or its timeout",
+    )
     env: Annotated[dict[EnvName, str], AfterValidator(_env_values_of_backend)] = Field(
         default_factory=dict,
         description="extra environment for every probe; values of "
