@@ -270,7 +270,15 @@ def test_what_a_peak_counts_reaches_the_guide(ranked):
         },
         {"peak_memory_gib": 31.0, "peak_memory_counts": "reserved"},
         {"peak_memory_gib": 33.0},
+        # the device's peak beside the reserved one, and what the allocator could use: compared like with like
+        {
+            A.STATUS: "ok",
+            A.METRICS: {"peak_memory_gib": 36.0, "peak_reserved_gib": 29.0},
+            A.INFO: {"usable_memory_gib": 30.5},
+        },
+        {A.STATUS: "ok", A.METRICS: {"peak_memory_gib": 36.0, "peak_reserved_gib": 29.0}},  # no usable: the device's
     ]
+    params = [ranking.enumeration.params_of(i) for i in range(len(attrs))]
     for p, ua in zip(params, attrs):
         study.add_trial(
             optuna.trial.create_trial(
@@ -283,6 +291,8 @@ def test_what_a_peak_counts_reaches_the_guide(ranked):
         (32.0, "reserved"),
         (31.0, "reserved"),
         (33.0, "device"),
+        (29.0, "reserved"),
+        (36.0, "device"),
     ]
 
 

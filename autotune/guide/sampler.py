@@ -262,8 +262,15 @@ class GuidedSampler(BaseSampler):
             profile_peak, profile_sd = profile.get("peak_gib"), profile.get("sd_gib")
             if not _finite(peak) and _finite(profile_peak):
                 counts = str(profile.get("counts") or counts)
-            if counts == "allocated" and _finite(metrics.get("peak_reserved_gib")):
-                # the allocator's reserve counts its fragmentation too: the closer figure to the device's
+            reports_usable = _finite((ua.get(A.INFO) or {}).get(USABLE_KEY))
+            if (counts == "allocated" or reports_usable) and _finite(metrics.get("peak_reserved_gib")):
+                # the allocator's reserve counts its fragmentation too: the closer figure to the device's.
+                # Where the probe reports what its allocator could use, its reserved peak is what that is
+                # compared with, even beside a device peak: the usable memory on the device's scale adds
+                # the model's guess of what the runtime and the communicators hold outside the allocator,
+                # which cancels only against a peak counted the same way (a device peak put a runtime
+                # that held 5.9 GiB at the model's 3: every config near the wall predicted over it, the
+                # optimum of a 7B 8x32 world of benchmarks/search_efficiency.py --path lab included)
                 peak, counts = metrics["peak_reserved_gib"], "reserved"
             evidence = (
                 ((ua.get(A.INFO) or {}).get("oom") or (t.system_attrs.get(OUTCOME_ATTR) or {}).get("oom") or {})
