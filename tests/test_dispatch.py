@@ -332,4 +332,8 @@ def test_the_specs_oom_exit_grace_reaches_the_probes_launch(write_spec, grace, e
     )
     launch = launch_for(spec, select_backend(spec), request)
     assert launch.oom_exit_grace_s == expected
+    if not grace:  # the spec's default is the runner's
+        from autotune.workers.command import OOM_EXIT_GRACE_S
+
+        assert expected == OOM_EXIT_GRACE_S
     assert ProbeLaunch(**json.loads(json.dumps(launch.to_json()))).oom_exit_grace_s == expected  # as Ray ships it

@@ -95,6 +95,7 @@ def test_a_full_probe_that_ran_out_of_memory_costs_the_wall_it_ran():
     assert cost_of_trials([*ok, oom]) == pytest.approx(2 + 33 / 110)
     assert cost_of_trials([oom]) == 1.0  # no full probe's wall to measure it against yet
     assert full_probe_cost_fpe("oom", 500.0, 110.0) == 1.0  # sat on until its timeout: still one probe
+    assert full_probe_cost_fpe("oom", 80.0, 110.0) == 1.0  # a late step: within a full probe's spread
     assert full_probe_cost_fpe("crash", 20.0, 110.0) == 1.0  # only an OOM: a crash may be anything
     # an OOM its memory profile caught ran no full probe: the profile's runs alone
     profile = {"walls_s": [10.0], "layers_per_stage": [1], "full_layers_per_stage": 32, "verdict": "oom"}

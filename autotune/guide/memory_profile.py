@@ -77,6 +77,9 @@ DEVICE_PROFILE_NOISE = 0.005
 # before any full probe has run, a profile run's cost in full-probe equivalents is estimated as the
 # share of the layers it runs plus this much start-up (process, runtime, communicators)
 STARTUP_SHARE = 0.1
+# an out-of-memory full probe whose wall is below this share of a full probe's stopped clearly early,
+# and costs the budget that share (full_probe_cost_fpe); above it, a whole full probe
+OOM_EARLY_SHARE = 0.6
 
 
 def _stages(params: Mapping[str, Any]) -> int:
@@ -293,13 +296,15 @@ def profile_cost_fpe(
 
 
 def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None) -> float:
-    """A full probe's cost in full-probe equivalents: 1, except a probe that ran out of memory,
-    which ended at the step that failed (the command runner stops one that does not exit,
-    ``autotune.workers.command.OOM_EXIT_GRACE_S``): its wall over the median full probe's once one
-    has run to the end, at most 1 (an OOM the launcher sat on until its timeout costs no more than a
-    full probe; before the first full probe's wall is known, 1)."""
+    """A full probe's cost in full-probe equivalents: 1, except a probe that ran out of memory and
+    ended clearly early, at the step that failed (the command runner stops one that does not exit,
+    ``autotune.workers.command.OOM_EXIT_GRACE_S``): its wall over the median full probe's, where
+    that is below ``OOM_EARLY_SHARE``. An OOM near a full probe's wall (a late step, a launcher that
+    sat on it) costs a whole one: the few percent a wall's spread would give back would only start a
+    full probe the budget cannot pay for. Before the first full probe's wall is known, 1."""
     if status == "oom" and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
-        return min(1.0, float(wall_s) / full_wall_s)
+        share = float(wall_s) / full_wall_s
+        return share if share < OOM_EARLY_SHARE else 1.0
     return 1.0
 
 

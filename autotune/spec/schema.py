@@ -38,8 +38,6 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from autotune.workers.command import OOM_EXIT_GRACE_S
-
 from .models import PRESETS, ModelSpec
 from .fields import (
     ENV_NAME_RULE,
@@ -190,7 +188,7 @@ class BackendSpec(Strict):
     argv: list[str] | None = None
     timeout_s: float | None = Field(None, gt=0, description="overrides workload.timeout_s")
     oom_exit_grace_s: float | None = Field(
-        OOM_EXIT_GRACE_S,
+        30.0,  # autotune.workers.command.OOM_EXIT_GRACE_S (a test holds them equal)
         ge=0,
         description="a probe that prints a device allocator's out-of-memory error (torch, torch_npu, MindSpore) "
         "and neither exits nor reports a step within this many seconds is stopped and recorded as oom: its "
