@@ -75,7 +75,7 @@ POLL_S = 0.05  # how often should_stop() and the deadline are checked
 # After a rank's device allocator raised out-of-memory, how long the probe has to exit on its own (its
 # launcher's teardown, its last lines) before its process group is stopped. A rank that failed leaves
 # the others waiting in their next collective until its timeout: 10 minutes for NCCL
-# (modelscope/FunASR issue 2006: one rank's "CUDA out of memory", seven ranks' watchdogs at 600 s),
+# (modelscope/FunASR issue 2006: one rank's "CUDA out of memory", the other ranks' watchdogs at 600 s),
 # 30 for HCCL (HCCL_EXEC_TIMEOUT 1836 s), and the devices stay held all the while. A step reported
 # after the error (a launcher that caught it and went on) cancels the stop.
 OOM_EXIT_GRACE_S = 30.0
