@@ -213,6 +213,7 @@ class Truth:
         roomy = t["fits"] & (t["peak_memory_gib"] <= (1.0 - ROOMY_HEADROOM) * t["limit"])
         self.roomy_optimum = max((float(v) for v, r in zip(t["tokens_per_s_per_device"], roomy) if r), default=0.0)
         self.oom_share_of_space = 1.0 - float(np.mean(t["fits"]))
+        self._oom_walls: dict[str, float] = {}
         # how close to its memory limit the optimum runs (its true peak over the usable memory): an
         # optimum at 0.99 is found only by a search that risks configs it cannot be sure of
         best = int(np.argmax(np.where(t["fits"], t["tokens_per_s_per_device"], -np.inf)))
@@ -223,6 +224,15 @@ class Truth:
     def measure(self, config: dict[str, Any], run: int) -> dict[str, Any]:
         c = self.ctx
         return self.world.measure(c.model, c.workload, c.cluster, config, run)
+
+    def oom_wall(self, config: dict[str, Any]) -> float:
+        """The modelled wall of this config's full probe if it runs out of memory (``true_world.oom_wall_s``),
+        once per config: the probe that ran it and the cost that counts it read the same figure."""
+        key = config_key(config)
+        if key not in self._oom_walls:
+            c = self.ctx
+            self._oom_walls[key] = oom_wall_s(self.world, c.model, c.workload, c.cluster, config)
+        return self._oom_walls[key]
 
 
 def curve(probes: list[tuple], truth: Truth, max_probes: int) -> dict[str, Any]:
@@ -387,7 +397,7 @@ def run_autotune(
             # a full probe that runs out of memory its steps up to the one that fails (true_world.oom_wall_s)
             wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled)
             if not profiled and out.get("failure") == "oom":
-                wall = oom_wall_s(truth.world, c.model, c.workload, c.cluster, request.params)
+                wall = truth.oom_wall(request.params)
             # the launcher's lines, parsed as the command path parses them
             return parse_probe_output(*probe_output(out), wall)
 
@@ -417,14 +427,12 @@ def run_autotune(
             best = best_records([x for x in records if x.number <= r.number], objectives, guided.estimates(upto))
             reported = config_key(best[0].config) if best else None
         ran_full = ran_full_probe(r.budget_attrs())
+        fits = truth.fits.get(config_key(r.config), True)
         # a full probe's modelled wall, an OOM's up to the step that failed (what it ran, not what it reported)
-        full = 1.0
-        if ran_full and not truth.fits.get(config_key(r.config), True):
-            c = truth.ctx
-            full = oom_wall_s(truth.world, c.model, c.workload, c.cluster, r.config) / FULL_PROBE_WALL_S
-        cost = profile_cost(r.memory_profile, r.config, full_layers) + (full if ran_full else 0.0)
+        full = 0.0 if not ran_full else 1.0 if fits else truth.oom_wall(r.config) / FULL_PROBE_WALL_S
+        cost = profile_cost(r.memory_profile, r.config, full_layers) + full
         # an OOM: what the world says (a message the parser does not know makes it a crash in the study)
-        oom = r.status == "oom" or not truth.fits.get(config_key(r.config), True)
+        oom = r.status == "oom" or not fits
         probes.append((config_key(r.config), value, oom and ran_full, reported, cost, ran_full))
     certificate = getattr(outcome.result, "certificate", None)  # how sure the study said it was (issue 44)
     if guided is not None:
