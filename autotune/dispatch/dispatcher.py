@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.workers.protocol import NODE_ENV, ProbeResult, TrialRequest, attach_requests_file, write_trial_file
-from autotune.workers.command import OOM_EXIT_GRACE_S, run_probe_process
+from autotune.workers.command import OOM_EXIT_GRACE_S
 
 __all__ = [
     "Dispatcher",
@@ -168,6 +168,10 @@ def run_probe(
     environment (:func:`probe_env`), and attach the serving probe's per-request records while the
     trial's folder still exists. The local pool and Ray's task run it alike; only what they do
     with the step events (``on_event``) and how they are stopped (``should_stop``) differ."""
+    # looked up at each call, not bound at import: tests replace workers.command.run_probe_process
+    # (tests/test_golden_study.py gives a profiled study walls by layers, so its budget is the same each run)
+    from autotune.workers.command import run_probe_process
+
     write_trial_file(request, trial_file)
     argv, reader = prepare_launch(launch, trial_file)
     result = run_probe_process(

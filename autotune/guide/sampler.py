@@ -262,7 +262,7 @@ class GuidedSampler(BaseSampler):
             profile_peak, profile_sd = profile.get("peak_gib"), profile.get("sd_gib")
             if not _finite(peak) and _finite(profile_peak):
                 counts = str(profile.get("counts") or counts)
-            reports_usable = _usable(ua, {}) is not None  # the probe's own report, not its profile's
+            reports_usable = _finite((ua.get(A.INFO) or {}).get(USABLE_KEY))
             if (counts == "allocated" or reports_usable) and _finite(metrics.get("peak_reserved_gib")):
                 # the allocator's reserve counts its fragmentation too: the closer figure to the device's.
                 # Where the probe reports what its allocator could use, its reserved peak is what that is
