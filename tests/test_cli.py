@@ -277,7 +277,7 @@ def test_sigkill_mid_study_then_rerun_completes_the_budget(write_spec, tmp_path)
     report = json.loads(_invoke("report", str(spec), "--run-dir", str(run_dir), "--json").stdout)
     finished = [t for t in report["trials"] if t["probed"] and t["status"] in ("ok", "oom")]
     statuses = [(t["number"], t["status"], t["probed"], t["failure"]) for t in report["trials"]]
-    assert len(finished) == 8, statuses  # the budget is complete
+    assert len(finished) == 8, "\n".join(map(str, statuses))  # the budget is complete (every trial shown)
     keys = [json.dumps(t["params"], sort_keys=True) for t in finished]
     assert len(set(keys)) == 8  # no config measured twice
     interrupted = [t for t in report["trials"] if t["status"] == "interrupted" and t["probed"]]

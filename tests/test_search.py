@@ -13,6 +13,7 @@ from autotune.cli.assembly import study_runner
 from autotune.study.storage import open_study
 from autotune.trial_attrs import A
 from autotune.spec.load import load_spec
+from autotune.spec.space import Space
 from autotune.workers.protocol import ProbeResult
 from support import TINY_TRAIN
 
@@ -169,6 +170,28 @@ def test_trial_killed_after_its_rule_rejection_is_closed_not_requeued(write_spec
     assert closed.status == "invalid" and "rejected by rules" in closed.reason and not closed.probed
     assert not [t for t in outcome.study.trials if t.user_attrs.get(A.REQUEUED_FROM) == rejected.number]
     assert bad not in calls
+
+
+def test_trial_killed_before_its_rule_verdict_is_judged_again_not_probed(write_spec, tmp_path):
+    """SIGKILL can land between the resolver's recording of a proposal's config and the rules'
+    verdict: a config, no key, no status. Queued again unjudged, the rejected config reached a
+    worker, came back invalid as a probe and cost the budget one (CI: 7 configs measured of 8)."""
+    calls: list = []
+    spec = _spec(write_spec, n_trials=3, sampler="random")
+    _runner(spec, tmp_path, calls).run()
+    study = open_study(spec, tmp_path / "run")
+    space = Space(spec)
+    bad = {"tp": 2, "pp": 2, "micro_batch_size": 2, "zero_stage": 0, "recompute": "none"}
+    study.enqueue_trial(bad)  # no attributes: the params as the sampler proposed them
+    killed = study.ask(space.distributions())
+    assert killed.params == bad and not space.resolve(bad).valid
+    killed.set_user_attr(A.CONFIG, space.resolve(bad).config)  # the resolver's first write; then SIGKILL
+    outcome = _runner(_spec(write_spec, n_trials=5, sampler="random"), tmp_path, calls).run()
+    closed = [r for r in outcome.records if r.number == killed.number][0]
+    assert closed.status == "invalid" and "rejected by rules" in closed.reason and not closed.probed
+    assert not [t for t in outcome.study.trials if t.user_attrs.get(A.REQUEUED_FROM) == killed.number]
+    assert not any(c["tp"] * c["pp"] > 2 for c in calls)
+    assert sum(1 for r in outcome.records if r.probed and r.status == "ok") == 5  # the budget, all measured
 
 
 def test_small_space_exhausts_without_reprobing(write_spec, tmp_path):

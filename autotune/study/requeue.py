@@ -24,7 +24,9 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
     plan); one killed while Optuna was still writing its proposal, param by param, has only
     some params and no probe behind it: it is closed and the sampler proposes afresh. One
     already answered without a probe (rejected by the rules, or a repeat) but killed before it
-    was told is closed with that answer: queued again, its config would skip the rules."""
+    was told is closed with that answer: queued again, its config would skip the rules. One killed
+    between the resolver's recording of its config and the rules' verdict (``_judged``) is judged
+    by the rules again first."""
     requeued = 0
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -32,6 +34,12 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             continue
         config = t.user_attrs.get(A.CONFIG)
+        if config and not _judged(t.user_attrs) and (violations := _rules_violated(space, config)):
+            storage.set_trial_user_attr(t._trial_id, A.STATUS, "invalid")
+            storage.set_trial_user_attr(t._trial_id, A.REASON, f"rejected by rules: {'; '.join(violations)}")
+            storage.set_trial_user_attr(t._trial_id, A.SOURCE, "rules")
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            continue
         storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")
         storage.set_trial_user_attr(
             t._trial_id,
@@ -85,6 +93,20 @@ def requeue_after_lost_capacity(
         f"the Ray cluster lost {', '.join(lost)}: the study stopped with its configs left unmeasured; bring the "
         "node(s) back and run the same command to resume them"
     )
+
+
+def _judged(user_attrs: dict[str, Any]) -> bool:
+    """Whether the rules' verdict on a trial's config is known: a valid proposal's key is recorded
+    right after its config, and every queued trial carries one; a trial sent to a probe passed."""
+    return A.KEY in user_attrs or bool(user_attrs.get(A.PROBED))
+
+
+def _rules_violated(space: Space, config: dict[str, Any]) -> list[str]:
+    """The rules a proposal's recorded config (the resolver's, so every searched value is one of the
+    space's) violates: what the resolver was about to record when the run was killed. Queued again
+    unjudged, such a config reached a worker, which answered it as invalid, a probe counted against
+    the budget (the SIGKILL-and-resume test's study ended one measurement short)."""
+    return space.resolve(params_for(space, config)).violations
 
 
 _ANSWERED_WITHOUT_PROBE = ("invalid", "duplicate")
