@@ -82,6 +82,33 @@ def test_a_probe_that_ran_out_of_memory_costs_the_budget_the_wall_it_ran(write_s
     assert outcome.stopped_because == "budget reached"
 
 
+def test_a_probe_the_pruner_stopped_costs_the_budget_the_wall_it_ran(write_spec, tmp_path):
+    """A pruned probe frees its devices where the pruner stopped it (a fifth of a full probe's wall
+    here): like an OOM, it costs that share, and the budget it did not run goes to more configs."""
+    calls: list = []
+    probe = fake_probe(calls)
+
+    def pruned_tp2(request):
+        result = probe(request)
+        if result.status == "ok" and request.params["tp"] == 2:
+            result = ProbeResult("pruned", metrics=result.metrics, reason="stopped early after 2 measured steps")
+            result.wall_s = 20.0
+        else:
+            result.wall_s = 100.0
+        return result
+
+    spec = _spec(write_spec, n_trials=10, sampler="random")
+    outcome = study_runner(spec, tmp_path / "run", MEASURED, dispatcher=InProcessDispatcher(pruned_tp2)).run()
+    probed = [r for r in outcome.records if r.probed and r.status != "duplicate"]
+    pruned = [r for r in probed if r.status == "pruned"]
+    first_ok = min(r.number for r in probed if r.status == "ok")
+    early = sum(1 for r in pruned if r.number < first_ok)  # before a full probe's wall was known: counted whole
+    assert len(pruned) > early and len(probed) > 10
+    assert outcome.probes_run == pytest.approx(len(probed) - 0.8 * (len(pruned) - early))
+    resumed = _runner(_spec(write_spec, n_trials=10, sampler="random"), tmp_path, calls).run()
+    assert resumed.stopped_because.startswith("already complete")  # the resume counts it the same
+
+
 def test_oom_and_rule_violations_reach_the_sampler_as_constraints(write_spec, tmp_path):
     calls: list = []
     spec = _spec(write_spec, n_trials=16, sampler="random")

@@ -58,6 +58,7 @@ __all__ = [
     "median_full_wall",
     "profile_residuals",
     "calibrate_estimate",
+    "ENDED_EARLY",
     "full_probe_cost_fpe",
     "ran_full_probe",
     "num_layers_of",
@@ -80,6 +81,9 @@ STARTUP_SHARE = 0.1
 # an out-of-memory full probe whose wall is below this share of a full probe's stopped clearly early,
 # and costs the budget that share (full_probe_cost_fpe); above it, a whole full probe
 OOM_EARLY_SHARE = 0.6
+# the statuses of a full probe that ends before its last step: at the step that ran out of memory,
+# or where the pruner stopped a probe that could not win (autotune.study.pruning)
+ENDED_EARLY = ("oom", "pruned")
 
 
 def _stages(params: Mapping[str, Any]) -> int:
@@ -296,13 +300,14 @@ def profile_cost_fpe(
 
 
 def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None) -> float:
-    """A full probe's cost in full-probe equivalents: 1, except a probe that ran out of memory and
-    ended clearly early, at the step that failed (the command runner stops one that does not exit,
-    ``autotune.workers.command.OOM_EXIT_GRACE_S``): its wall over the median full probe's, where
-    that is below ``OOM_EARLY_SHARE``. An OOM near a full probe's wall (a late step, a launcher that
-    sat on it) costs a whole one: the few percent a wall's spread would give back would only start a
-    full probe the budget cannot pay for. Before the first full probe's wall is known, 1."""
-    if status == "oom" and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
+    """A full probe's cost in full-probe equivalents: 1, except a probe that ended clearly early
+    (``ENDED_EARLY``): at the step that ran out of memory (the command runner stops one that does
+    not exit, ``autotune.workers.command.OOM_EXIT_GRACE_S``), or stopped by the pruner as unable to
+    win: its wall over the median full probe's, where that is below ``OOM_EARLY_SHARE``. One near a
+    full probe's wall (a late step, a launcher that sat on it) costs a whole one: the few percent a
+    wall's spread would give back would only start a full probe the budget cannot pay for. Before
+    the first full probe's wall is known, 1."""
+    if status in ENDED_EARLY and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
         share = float(wall_s) / full_wall_s
         return share if share < OOM_EARLY_SHARE else 1.0
     return 1.0

@@ -12,7 +12,7 @@ The budget (:attr:`LoopState.started <autotune.study.stop_conditions.LoopState.s
 equivalents) is counted in :func:`_count` only: a trial counts one full probe when it starts; a
 memory profile adds its share when it has run (:func:`autotune.guide.memory_profile.profile_cost_fpe`),
 and the full probe is taken back when the profile ends the trial without one; a full probe that ran
-out of memory gives back what it did not run (its wall against a full probe's,
+out of memory, or that the pruner stopped, gives back what it did not run (its wall against a full probe's,
 :func:`autotune.guide.memory_profile.full_probe_cost_fpe`); a trial the infrastructure failed (not the
 config) gives its full probe back.
 """
@@ -32,6 +32,7 @@ from ..spec.context import RequestSettings
 from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
 from ..guide.memory_profile import (
+    ENDED_EARLY,
     full_probe_cost_fpe,
     layers_per_stage,
     median_full_wall,
@@ -199,9 +200,9 @@ class TrialRunner:
                 del loop.seen[config_key(config)]
         else:
             loop.infra_in_a_row = 0
-            if record.status == "oom" and ran_full_probe(trial.user_attrs):  # it ended at the step that failed
+            if record.status in ENDED_EARLY and ran_full_probe(trial.user_attrs):  # an OOM, or pruned
                 median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
-                _count(loop, full_probe_cost_fpe("oom", result.wall_s, median) - 1.0)
+                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median) - 1.0)
         self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
 
     def _interpret_and_tell(
