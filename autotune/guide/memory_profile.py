@@ -78,12 +78,12 @@ DEVICE_PROFILE_NOISE = 0.005
 # before any full probe has run, a profile run's cost in full-probe equivalents is estimated as the
 # share of the layers it runs plus this much start-up (process, runtime, communicators)
 STARTUP_SHARE = 0.1
-# an out-of-memory full probe whose wall is below this share of a full probe's stopped clearly early,
-# and costs the budget that share (full_probe_cost_fpe); above it, a whole full probe
-OOM_EARLY_SHARE = 0.6
 # the statuses of a full probe that ends before its last step: at the step that ran out of memory,
 # or where the pruner stopped a probe that could not win (autotune.study.pruning)
 ENDED_EARLY = ("oom", "pruned")
+# such a full probe whose wall is below this share of a full probe's stopped clearly early, and costs
+# the budget that share (full_probe_cost_fpe); above it, a whole full probe
+EARLY_END_SHARE = 0.6
 
 
 def _stages(params: Mapping[str, Any]) -> int:
@@ -303,13 +303,13 @@ def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None) -> 
     """A full probe's cost in full-probe equivalents: 1, except a probe that ended clearly early
     (``ENDED_EARLY``): at the step that ran out of memory (the command runner stops one that does
     not exit, ``autotune.workers.command.OOM_EXIT_GRACE_S``), or stopped by the pruner as unable to
-    win: its wall over the median full probe's, where that is below ``OOM_EARLY_SHARE``. One near a
+    win: its wall over the median full probe's, where that is below ``EARLY_END_SHARE``. One near a
     full probe's wall (a late step, a launcher that sat on it) costs a whole one: the few percent a
     wall's spread would give back would only start a full probe the budget cannot pay for. Before
     the first full probe's wall is known, 1."""
     if status in ENDED_EARLY and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
         share = float(wall_s) / full_wall_s
-        return share if share < OOM_EARLY_SHARE else 1.0
+        return share if share < EARLY_END_SHARE else 1.0
     return 1.0
 
 
@@ -321,7 +321,7 @@ def trial_cost_fpe(
     wall_s: Any = None,
 ) -> float:
     """A trial's cost in full-probe equivalents: its full probe (if it ran one: 1, or less where it
-    ran out of memory, :func:`full_probe_cost_fpe`; ``status`` and ``wall_s`` are the trial's) plus
+    ended early, :func:`full_probe_cost_fpe`; ``status`` and ``wall_s`` are the trial's) plus
     its memory profile's runs (``profile``: the trial's ``autotune.guide.memory_profile`` record)."""
     cost = full_probe_cost_fpe(status, wall_s, full_wall_s) if full_probe else 0.0
     if profile:
@@ -345,7 +345,7 @@ def cost_of_trials(trials_attrs: Iterable[Mapping[str, Any]]) -> float:
     """Full-probe equivalents the given trials (their user attributes: the caller passes those
     that count against the budget) spent: each full probe 1, each memory profile its wall time
     over the median full probe's (estimated from its layers before any full probe ran); a full probe
-    that ran out of memory, its wall over that median (:func:`full_probe_cost_fpe`)."""
+    that ran out of memory or was pruned, its wall over that median (:func:`full_probe_cost_fpe`)."""
     attrs = list(trials_attrs)
     median = median_full_wall(attrs)
     return sum(
