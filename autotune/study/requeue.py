@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from ..spec.space import Space
 from .plan import params_for
+from .trial_resolve import rule_rejection
 from ..trial_attrs import A
 
 __all__ = ["recover_interrupted", "retry_after_infra", "requeue_after_lost_capacity"]
@@ -24,9 +25,9 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
     plan); one killed while Optuna was still writing its proposal, param by param, has only
     some params and no probe behind it: it is closed and the sampler proposes afresh. One
     already answered without a probe (rejected by the rules, or a repeat) but killed before it
-    was told is closed with that answer: queued again, its config would skip the rules. One killed
-    between the resolver's recording of its config and the rules' verdict (``_judged``) is judged
-    by the rules again first."""
+    was told is closed with that answer: queued again, its config would skip the rules. One with a
+    config and no verdict (``_judged``; the resolver writes a rejection before the config, but a study
+    killed under an earlier order may hold one) is judged by the rules again first."""
     requeued = 0
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -35,9 +36,8 @@ def recover_interrupted(study: optuna.Study, space: Space, say: Callable[[str], 
             continue
         config = t.user_attrs.get(A.CONFIG)
         if config and not _judged(t.user_attrs) and (violations := _rules_violated(space, config)):
-            storage.set_trial_user_attr(t._trial_id, A.STATUS, "invalid")
-            storage.set_trial_user_attr(t._trial_id, A.REASON, f"rejected by rules: {'; '.join(violations)}")
-            storage.set_trial_user_attr(t._trial_id, A.SOURCE, "rules")
+            for name, value in rule_rejection(violations).items():
+                storage.set_trial_user_attr(t._trial_id, name, value)
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             continue
         storage.set_trial_user_attr(t._trial_id, A.STATUS, "interrupted")

@@ -24,7 +24,7 @@ from ..spec.space import Space, config_key
 from .plan import predicted_of
 from ..trial_attrs import A
 
-__all__ = ["TrialResolver", "tell"]
+__all__ = ["TrialResolver", "rule_rejection", "tell"]
 
 
 def tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
@@ -37,6 +37,14 @@ def tell(study: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> None:
     except RuntimeError as exc:
         if "Study.stop" not in str(exc):
             raise
+
+
+def rule_rejection(violations: list[str]) -> dict[str, Any]:
+    """The user attributes of a proposal the rules rejected, in the order they are written: before
+    its config, so that a run killed between the writes never leaves a config without its verdict
+    (resumed, such a config was queued again, skipped the rules and reached a worker, which answered
+    it invalid as a probe of the budget: :func:`autotune.study.requeue.recover_interrupted`)."""
+    return {A.STATUS: "invalid", A.REASON: f"rejected by rules: {'; '.join(violations)}", A.SOURCE: "rules"}
 
 
 class TrialResolver:
@@ -68,10 +76,8 @@ class TrialResolver:
         if config is None:
             resolved = self.space.resolve(dict(trial.params))
             if not resolved.valid:
-                trial.set_user_attr(A.CONFIG, resolved.config)
-                trial.set_user_attr(A.STATUS, "invalid")
-                trial.set_user_attr(A.REASON, f"rejected by rules: {'; '.join(resolved.violations)}")
-                trial.set_user_attr(A.SOURCE, "rules")
+                for name, value in {**rule_rejection(resolved.violations), A.CONFIG: resolved.config}.items():
+                    trial.set_user_attr(name, value)  # the verdict first: see rule_rejection
                 trial.set_constraint("feasible", float(len(resolved.violations)))
                 tell(study, trial, penalty(self.objectives))
                 return None
