@@ -1,6 +1,6 @@
 """One contract over every dispatcher (issue #32): local process groups, Ray tasks, and Ray
 placement groups over two nodes. Each runs a probe and returns its result once, classifies a
-failure, stops a cancelled probe (its process group too), honours ``wait_any``'s timeout, counts
+failure, stops a cancelled probe (its process group too) and says how long it ran, honours ``wait_any``'s timeout, counts
 what is pending, and says a placeable trial can be placed."""
 
 from __future__ import annotations
@@ -113,12 +113,16 @@ def test_a_cancelled_probe_and_its_process_group_stop(dispatching, tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     # the grandchild would live ten minutes: on a loaded CI host (two test workers and two raylets on
     # two cores) the cancel's fallback path (a forced cancel 10 s on, then the watchdog) took over 30 s
+    submitted_at = time.monotonic()
     handle = d.submit(_request(7), _launch(grandchild_probe(tmp_path, pid_file, lives_s=600), extra))
     pid = read_pid(pid_file, within_s=60)
     d.cancel(handle)
     cancelled_at = time.monotonic()
     result = _drain(d)[7]
     assert result.status == "pruned", result
+    # the wall it ran, which the budget counts a pruned probe's share from (a Ray task cancelled
+    # returns no result of its own: the step sink timed it); 0 would count it a whole full probe
+    assert 0 < result.wall_s <= time.monotonic() - submitted_at, result
     died = wait_dead(pid, within_s=90)
     if not died:  # not left running for ten minutes after the failure
         with contextlib.suppress(OSError):

@@ -441,7 +441,7 @@ class RayDispatcher(Dispatcher):
                     or isinstance(exc, ray.exceptions.TaskCancelledError)
                     or isinstance(getattr(exc, "cause", None), ray.exceptions.TaskCancelledError)
                 ):
-                    result = ProbeResult("pruned", reason="cancelled by the driver")
+                    result = ProbeResult("pruned", reason="cancelled by the driver", wall_s=self._ran_for(handle))
                 elif isinstance(exc, _infrastructure_errors(ray)):
                     result = self._infra(handle, exc)
                 else:
@@ -452,6 +452,15 @@ class RayDispatcher(Dispatcher):
                     result.info["capacity_lost"] = lost
             out.append((handle, result))
         return out
+
+    def _ran_for(self, handle: Handle) -> float:
+        """How long a cancelled trial's task ran (the step sink's clock; 0 where it never started or
+        the sink cannot say): a pruned probe costs the budget that share of a full one, as it does
+        on the local dispatcher, whose probe returns its own wall."""
+        try:
+            return float(self._ray.get(self._sink.ran_for.remote(handle.number), timeout=5))
+        except Exception:
+            return 0.0
 
     def _infra(self, handle: Handle, exc: BaseException) -> ProbeResult:
         """The infrastructure failed under the trial (its worker or node died): not the config's

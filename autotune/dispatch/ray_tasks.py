@@ -40,6 +40,7 @@ class _StepSink:
     def __init__(self) -> None:
         self._events: list[tuple[int, dict[str, Any]]] = []
         self._where: dict[int, dict[str, Any]] = {}
+        self._since: dict[int, float] = {}  # trial -> when its task said it started (this actor's clock)
 
     def put(self, number: int, event: dict[str, Any]) -> None:
         self._events.append((number, event))
@@ -49,8 +50,18 @@ class _StepSink:
         self._events.extend((number, event) for event in events)
 
     def started(self, number: int, where: dict[str, Any]) -> None:
-        """Where trial ``number``'s task runs (node, worker pid): named when that node fails."""
+        """Where trial ``number``'s task runs (node, worker pid): named when that node fails; and
+        when it started, for :meth:`ran_for`."""
         self._where[number] = where
+        self._since[number] = time.monotonic()
+
+    def ran_for(self, number: int) -> float:
+        """Seconds since trial ``number``'s task started (0: it never said it did). A task the
+        driver cancelled returns no result, so no wall of its own: this is the wall a pruned
+        probe's share of the budget is counted from (``memory_profile.full_probe_cost_fpe``).
+        Measured on this actor's clock at both ends, so no two hosts' clocks are compared."""
+        since = self._since.get(number)
+        return time.monotonic() - since if since is not None else 0.0
 
     def where(self, number: int) -> dict[str, Any]:
         return self._where.get(number, {})
