@@ -52,7 +52,7 @@ def test_flags_show_as_plain_flags(command):
 
 
 def test_documented_options():
-    assert "--top <int> trials shown in the table" in _help("report")
+    assert "--top <int range> [x>=1] trials shown in the table" in _help("report")
     text = _help("run")
     assert "--no-tracking write no MLflow runs" in text
     text = _help("ui")

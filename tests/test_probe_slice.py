@@ -4,6 +4,7 @@ projected by the calibrated model; the input a slice cannot take is refused."""
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
@@ -83,7 +84,10 @@ def test_probes_run_on_the_slice_and_the_study_reads_them_at_the_target(write_sp
 
 
 def test_a_simulated_study_with_a_slice_predicts_the_target_directly(write_spec, tmp_path):
-    spec = _spec(write_spec, tmp_path)
+    """It predicts the target's size, over the layouts the slice can run: the space `plan` shows and a
+    real study would probe (tp 4 needs 4 devices, the slice has 2), never a pick the slice cannot hold."""
+    text = SPEC.replace("space: {{tp: [1, 2],", "space: {{tp: [1, 2, 4],").replace("n_trials: 4", "n_trials: 12")
+    spec = _spec(write_spec, tmp_path, text=text)
     run = tmp_path / "run"
     result = CliRunner().invoke(
         app, ["run", str(spec), "--run-dir", str(run), "--no-tracking", "--backend", "simulate", "--json"]
@@ -91,6 +95,11 @@ def test_a_simulated_study_with_a_slice_predicts_the_target_directly(write_spec,
     assert result.exit_code == 0, result.output
     assert "the simulator predicts the target's 4 nodes directly" in result.stderr
     assert not (tmp_path / "rec.jsonl").exists()
+    with open(run / "results.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    assert len(rows) == 6 and {r["tp"] for r in rows} == {"1", "2"}  # every layout the slice runs, no tp 4
+    plan = CliRunner().invoke(app, ["plan", str(spec), "--json"])
+    assert json.loads(plan.stdout)["valid"] == 6
 
 
 def test_a_slice_above_the_target_or_for_serving_is_refused(write_spec, tmp_path):
@@ -98,7 +107,7 @@ def test_a_slice_above_the_target_or_for_serving_is_refused(write_spec, tmp_path
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 2
     said = " ".join(result.output.split())
-    assert "probe_nodes" in said and "probe_nodes (5) is more than the target's nodes (4)" in said
+    assert "cluster.probe_nodes: probe_nodes (5) is more than the target's nodes (4)" in said  # the field, not the section
     infer = _spec(
         write_spec,
         tmp_path,
@@ -187,8 +196,8 @@ def test_confirm_top_without_a_slice_is_refused(write_spec, tmp_path):
     spec = _spec(write_spec, tmp_path, text=SPEC.replace("probe_nodes: {probe}}}", "confirm_top: 2}}"))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 2, result.output
-    assert "confirm_top (2) measures the best configs of a slice study again at full size" in " ".join(
-        result.output.split()
+    assert "cluster.confirm_top: confirm_top (2) measures the best configs of a slice study again at full size" in (
+        " ".join(result.output.split())
     )
 
 

@@ -319,11 +319,12 @@ def assemble_study(
 
     spec = measured_profile(spec, choice, voice)
     spec, usable_memory = with_usable_memory(spec, choice.simulated, voice.note)
+    space = Space(spec)  # a layout the probe slice cannot hold stays outside it, simulated or not (as `plan` says)
     if spec.cluster.probe_slice:
         if choice.simulated:  # the model predicts the target size directly: no slice to project from
             voice.note(
                 f"cluster.probe_nodes {spec.cluster.probe_nodes}: the simulator predicts the target's "
-                f"{spec.cluster.nodes} nodes directly"
+                f"{spec.cluster.nodes} nodes directly, over the layouts the slice can run"
             )
             spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"probe_nodes": None})})
         else:
@@ -359,7 +360,7 @@ def assemble_study(
     settings = loop_settings(spec, choice, context)
     runner = StudyRunner(
         settings,
-        StudyPlan(spec, Space(spec), context, settings.objectives),
+        StudyPlan(spec, space, context, settings.objectives),
         directory,
         dispatcher=dispatcher,
         launcher=launcher_for(spec, choice),

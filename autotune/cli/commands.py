@@ -36,6 +36,7 @@ import typer
 from rich.text import Text
 
 from .console import err, out
+from .console import json_failure as _json_failure
 from .console import error as _error, say as _say, setup_logging as _setup_logging, voice as _voice, warn as _warn
 from .exit_status import EXIT_INFRA, EXIT_INPUT, EXIT_INTERNAL, EXIT_NO_RESULT, EXIT_OK  # noqa: F401 (documented)
 from .exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated  # noqa: F401 (documented)
@@ -145,7 +146,7 @@ def validate(spec_path: Path = SpecArg, as_json: bool = JsonOpt) -> None:
 @app.command(cls=_Command)
 def plan(
     spec_path: Path = SpecArg,
-    top: int = typer.Option(10, help="configs to show"),
+    top: int = typer.Option(10, min=1, help="configs to show"),
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -390,7 +391,7 @@ def run(
     (exit 2) unless --fresh-study or a new --run-dir says what to do with the old study."""
     _setup_logging(verbose)
     spec = _load(spec_path)
-    spec = _with_overrides(spec, n_trials=n_trials, parallel_trials=parallel, seed=seed)
+    spec = _with_overrides(spec, spec_path, n_trials=n_trials, parallel_trials=parallel, seed=seed)
     if ray_address:
         spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"address": ray_address})})
     _refuse_empty(spec, spec_path)
@@ -402,6 +403,8 @@ def run(
         _error(str(exc))
         raise typer.Exit(EXIT_INPUT) from None
     err.print(Text.assemble((escape_text(f"backend: {choice.kind}"), "bold"), escape_text(f" — {choice.reason}")))
+    if ray_address and choice.simulated:
+        _warn(f"--ray-address {ray_address} is not used: the simulator runs in this process, without Ray")
     directory = _run_dir(spec, run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -576,7 +579,7 @@ def report(
     run_dir: Optional[Path] = RunDirOpt,
     as_json: bool = JsonOpt,
     top: int = typer.Option(
-        20, "--top", help="trials shown in the table, best first (failed ones last); the summary covers them all"
+        20, "--top", min=1, help="trials shown in the table, best first (failed ones last); the summary covers them all"
     ),
 ) -> None:
     """Every trial of the study with its status, metrics, config and why it was chosen or failed
@@ -731,6 +734,7 @@ def main() -> None:
         _exit_without_teardown(exc.code)
     except KeyboardInterrupt as exc:  # before the study started (imports, ranking): nothing to save yet
         _warn("terminated (SIGTERM)" if _was_terminated(exc) else "interrupted")
+        _json_failure(_interrupted_exit(exc))
         sys.exit(_interrupted_exit(exc))
     except Exception as exc:  # a bug: say so in one line, keep the traceback for AUTOTUNE_DEBUG=1
         if os.environ.get("AUTOTUNE_DEBUG"):
@@ -739,6 +743,7 @@ def main() -> None:
             f"internal error: {type(exc).__name__}: {exc} (a bug in autotune; AUTOTUNE_DEBUG=1 shows the "
             "traceback; please report it)"
         )
+        _json_failure(EXIT_INTERNAL)
         sys.exit(EXIT_INTERNAL)
 
 

@@ -19,10 +19,63 @@ from rich.text import Text
 
 from ..spec.errors import escape_text
 
-__all__ = ["err", "out", "error", "warn", "say", "setup_logging", "voice"]
+__all__ = [
+    "err",
+    "out",
+    "error",
+    "warn",
+    "say",
+    "setup_logging",
+    "voice",
+    "begin_command",
+    "json_failure",
+    "record_error",
+]
+
+
+class _DataConsole(Console):
+    """stdout, remembering whether the command wrote to it: a failed ``--json`` command whose own
+    object was never written gets :func:`json_failure`'s instead, and never two objects."""
+
+    wrote = False
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self.wrote = True
+        super().print(*args, **kwargs)
+
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # paths and commands stay copyable
-out = Console(highlight=False, soft_wrap=True)
+out = _DataConsole(highlight=False, soft_wrap=True)
+
+_said: dict[str, list[str]] = {"errors": [], "warnings": []}  # the command's error and warning lines
+_json_wanted = False
+
+
+def begin_command(json_wanted: bool) -> None:
+    """A command starts (the command line's group, :class:`autotune.cli.options.Group`): nothing said
+    or written yet, and whether ``--json`` was given, read from the arguments before their parse,
+    which an option error stops before any value is known."""
+    global _json_wanted
+    _json_wanted = json_wanted
+    _said["errors"], _said["warnings"] = [], []
+    out.wrote = False
+
+
+def record_error(text: str) -> None:
+    """An error another printed (click's option errors): kept for :func:`json_failure`."""
+    _said["errors"].append(escape_text(text))
+
+
+def json_failure(code: Any) -> None:
+    """A command given ``--json`` that ends with a non-zero exit code and wrote no object of its own:
+    ``{"ok": false, "exit_code": N, "errors": [...], "warnings": [...]}`` on stdout, the lines it
+    said on stderr, so a script reads why from stdout as it reads a result (``validate --json``'s
+    shape). Nothing where ``--json`` was not given, the command succeeded, or it wrote its object."""
+    import json
+
+    if not _json_wanted or not isinstance(code, int) or code == 0 or out.wrote:
+        return
+    out.print_json(json.dumps({"ok": False, "exit_code": code, **_said}))
 
 
 def error(text: str) -> None:
@@ -30,10 +83,12 @@ def error(text: str) -> None:
     which are full of brackets (``[rank0]:``, ``[tp for x in ...]``, ``[/bold]``); and its control,
     bidi and invisible characters are escapes (:func:`~autotune.spec.errors.escape_text`: an ESC
     is ``\\x1b``, a newline ``\\n``; text escaped already stays as it is)."""
+    _said["errors"].append(escape_text(text))
     err.print(Text.assemble(("error", "red"), " ", escape_text(text)))
 
 
 def warn(text: str) -> None:
+    _said["warnings"].append(escape_text(text))
     err.print(Text(escape_text(text), style="yellow"))
 
 

@@ -80,14 +80,32 @@ def load_run_or_spec(path: Path, run_dir: Optional[Path]) -> tuple[Spec, Optiona
     raise typer.Exit(EXIT_INPUT)
 
 
-def with_overrides(spec: Spec, **changes: Any) -> Spec:
-    search = spec.search.model_copy(update={k: v for k, v in changes.items() if v is not None})
+# the search section's fields that ``run``'s options override, and the options' names
+OVERRIDE_OPTIONS = {"n_trials": "--n-trials", "parallel_trials": "--parallel", "seed": "--seed"}
+
+
+def with_overrides(spec: Spec, spec_path: Path, **changes: Any) -> Spec:
+    """The spec with ``run``'s options in its search section, checked as the spec's own values are:
+    a bad one is said as the option (``--n-trials: expected > 0, got 0``); one the spec's other
+    fields refuse with it (a ``search.confirm_budget`` above ``--n-trials``) names both."""
+    from pydantic import ValidationError
+
     from ..spec.schema import SearchSpec
 
+    given = {k: v for k, v in changes.items() if v is not None}
+    search = spec.search.model_copy(update=given)
     try:
         search = SearchSpec.model_validate(search.model_dump())
-    except Exception as exc:
-        error(f"option: {exc}")
+    except ValidationError as exc:
+        for problem in exc.errors():
+            field = str(problem["loc"][0]) if problem.get("loc") else ""
+            message = str(problem.get("msg", "")).removeprefix("Value error, ")
+            if field in given:
+                error(f"{OVERRIDE_OPTIONS.get(field, field)}: {message} (got {given[field]!r})")
+            else:
+                options = ", ".join(f"{OVERRIDE_OPTIONS.get(k, k)} {v}" for k, v in given.items())
+                where = f"search.{field}" if field else "search"
+                error(f"{escape_text(str(spec_path))}: {where} with {options}: {message}")
         raise typer.Exit(EXIT_INPUT) from None
     return spec.model_copy(update={"search": search})
 

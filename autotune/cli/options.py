@@ -7,6 +7,7 @@ Apart from :mod:`autotune.cli.commands` so that the command line reads as its co
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
@@ -36,12 +37,39 @@ class PlainHelp:
         return option
 
 
-class Command(PlainHelp, TyperCommand):
+class KeepsOptionErrors:
+    """An option error (click's ``UsageError``, which click prints itself) kept for a ``--json``
+    failure's object."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)  # type: ignore[misc]
+        except Exception as exc:  # typer's own click (typer._click) raises its ClickException, not click's
+            if callable(getattr(exc, "format_message", None)):
+                from .console import record_error
+
+                record_error(exc.format_message())
+            raise
+
+
+class Command(KeepsOptionErrors, PlainHelp, TyperCommand):
     pass
 
 
-class Group(PlainHelp, TyperGroup):
-    pass
+class Group(KeepsOptionErrors, PlainHelp, TyperGroup):
+    """The ``autotune`` group: each command's run begins and ends here, so a command given ``--json``
+    that fails without writing its object ends with one saying why (:func:`autotune.cli.console.json_failure`)."""
+
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        from .console import begin_command, json_failure
+
+        argv = list(sys.argv[1:] if args is None else args)
+        begin_command("--json" in argv)
+        try:
+            return super().main(argv, *rest, **kwargs)
+        except SystemExit as exc:  # how every command ends in standalone mode
+            json_failure(exc.code)
+            raise
 
 
 SpecArg = typer.Argument(..., help="tuning spec (YAML)", show_default=False)

@@ -93,6 +93,7 @@ def calibrate_serving_engine(
         CalibrationInputError,
         calibrate_serving,
         check_calibratable,
+        read_readings,
         refit_serving,
     )
     from ..tracking.progress import phase
@@ -106,8 +107,10 @@ def calibrate_serving_engine(
         raise typer.Exit(EXIT_INPUT) from None
     err.print(Text.assemble(("backend: ", "bold"), escape_text(f"{choice.kind} — {choice.reason}")))
     try:
-        if readings is None:  # a refit runs no engine
+        if readings is None:  # a refit runs no engine, and reads its readings before the host's calibration
             check_calibratable(spec, choice)
+        else:
+            read_readings(spec, readings)
     except CalibrationInputError as exc:
         error(f"{escape_text(str(spec_path))}: {escape_text(str(exc))}")
         raise typer.Exit(EXIT_INPUT) from None

@@ -41,8 +41,16 @@ __all__ = ["MAX_SPEC_BYTES", "load_spec", "parse_spec", "parse_spec_text", "read
 def parse_spec(data: Any, file: str = "<spec>", base_dir: Path | None = None, root: yaml.Node | None = None) -> Spec:
     """Validate an already-parsed mapping (``load_spec`` reads the file and keeps line numbers)."""
     if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"{type(data).__name__} {short_value(data)}"
         raise SpecError(
-            file, [SpecProblem((), f"expected a mapping of sections at the top level, got {type(data).__name__}")]
+            file,
+            [
+                SpecProblem(
+                    (),
+                    f"expected a mapping of sections at the top level (name:, model:, workload:, cluster:, space:, "
+                    f"...), got {got}",
+                )
+            ],
         )
     problems = _oversized_ints(data)
     if problems:

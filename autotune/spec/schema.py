@@ -146,19 +146,31 @@ class ClusterSpec(Strict):
         """The nodes a probe runs on when smaller than the target (``probe_nodes``), else None."""
         return self.probe_nodes if self.probe_nodes is not None and self.probe_nodes < self.nodes else None
 
-    @model_validator(mode="after")
-    def _probe_slice_within_the_target(self) -> "ClusterSpec":
-        if self.probe_nodes is not None and self.probe_nodes > self.nodes:
+    # field validators, not a model validator: the error then names the field and its line
+    # (`cluster.probe_nodes`), not the section; `nodes` and `probe_nodes` are validated before them
+    @field_validator("probe_nodes")
+    @classmethod
+    def _probe_slice_within_the_target(cls, v: int | None, info: Any) -> int | None:
+        nodes = info.data.get("nodes")
+        if v is not None and nodes is not None and v > nodes:
             raise ValueError(
-                f"probe_nodes ({self.probe_nodes}) is more than the target's nodes ({self.nodes}): a probe slice "
+                f"probe_nodes ({v}) is more than the target's nodes ({nodes}): a probe slice "
                 "is a part of the cluster the study tunes for; give probe_nodes <= nodes"
             )
-        if self.confirm_top and self.probe_slice is None:
+        return v
+
+    @field_validator("confirm_top")
+    @classmethod
+    def _confirmation_needs_a_slice(cls, v: int, info: Any) -> int:
+        if "probe_nodes" not in info.data or "nodes" not in info.data:  # refused already, and said
+            return v
+        probe, nodes = info.data["probe_nodes"], info.data["nodes"]
+        if v and (probe is None or probe >= nodes):
             raise ValueError(
-                f"confirm_top ({self.confirm_top}) measures the best configs of a slice study again at full "
+                f"confirm_top ({v}) measures the best configs of a slice study again at full "
                 "size, and this cluster has no probe slice: give probe_nodes < nodes, or drop confirm_top"
             )
-        return self
+        return v
 
     @field_validator("profile")
     @classmethod

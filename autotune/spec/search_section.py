@@ -141,7 +141,7 @@ class SearchSpec(Strict):
     def _confirm_within_budget(cls, v: float, info: ValidationInfo) -> float:
         n = info.data.get("n_trials")
         if v >= 1 and v != int(v):
-            raise ValueError(f"a share of n_trials is below 1, a count is a whole number; got {v:g}")
+            raise ValueError("a share of n_trials is below 1, a count is a whole number")
         if n is not None and v > n:
             raise ValueError(f"{v:g} re-measurements is above the budget (n_trials {n}): give at most {n} or a share")
         return v

@@ -32,6 +32,7 @@ __all__ = [
     "calibration_spec",
     "calibrate_serving",
     "check_calibratable",
+    "read_readings",
     "refit_serving",
 ]
 
@@ -197,6 +198,24 @@ def _with_apart_shares(measured: dict[str, Any], record: Mapping[str, Any]) -> d
     return measured
 
 
+def read_readings(spec: Any, readings: Path) -> tuple[Path, list[str]]:
+    """The readings file a refit reads (``readings``: it, or the folder that holds it) and its lines;
+    :class:`CalibrationInputError` for a spec that does not serve or a file that cannot be read.
+    The command line calls it first, so a wrong path is said before the host is calibrated."""
+    if spec.workload.kind != "serve":
+        raise CalibrationInputError(
+            f"calibrate --serving refits a serving engine's readings; this spec's workload is {spec.workload.kind!r}"
+        )
+    path = readings / READINGS if readings.is_dir() else readings
+    try:
+        return path, path.read_text().splitlines()
+    except OSError as exc:
+        raise CalibrationInputError(
+            f"{path}: cannot read the calibration readings ({exc.strerror or exc}); expected the "
+            f"{READINGS} a `calibrate --serving` run kept in its <out>.serving-calibration folder"
+        ) from None
+
+
 def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
     """The fit again, on the readings an earlier ``calibrate --serving`` kept (``readings``: its
     ``readings.jsonl``, or the folder holding it), against the model as it is now and the profile
@@ -209,18 +228,7 @@ def refit_serving(spec: Spec, readings: Path) -> ServingCalibration:
 
     from ..spec.resolve import probe_context
 
-    if spec.workload.kind != "serve":
-        raise CalibrationInputError(
-            f"calibrate --serving refits a serving engine's readings; this spec's workload is {spec.workload.kind!r}"
-        )
-    path = readings / READINGS if readings.is_dir() else readings
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise CalibrationInputError(
-            f"{path}: cannot read the calibration readings ({exc.strerror or exc}); expected the "
-            f"{READINGS} a `calibrate --serving` run kept in its <out>.serving-calibration folder"
-        ) from None
+    path, lines = read_readings(spec, readings)
     config: dict[str, Any] | None = None
     runs: list[Any] = []
     failures: list[str] = []
