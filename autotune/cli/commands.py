@@ -5,7 +5,8 @@ scripts a stable object, and the exit codes are documented:
 
 ====  ==========================================================================
 0     success
-1     the study ran but no trial succeeded (see the report for the reasons)
+1     no result: the study ran but no trial succeeded (see the report for the reasons; ``export``
+      too), ``plan``: no config is predicted to fit, ``doctor``: the spec's largest trial cannot be placed
 2     bad input: the spec (or an edit of it that changes the study kept in the run directory),
       an option, or a run directory that holds no study
 3     infrastructure failure: Ray (a cluster that cannot place any trial, a node lost mid-study:
