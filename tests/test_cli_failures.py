@@ -118,3 +118,33 @@ def test_a_ray_address_the_simulator_does_not_use_is_said(write_spec, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "--ray-address 10.0.0.1:6379 is not used: the simulator runs in this process" in result.stderr
+
+
+@pytest.mark.parametrize("signal_name,code", [("Ctrl-C", 130), ("SIGTERM", 143)])
+def test_a_command_interrupted_ends_as_documented(monkeypatch, signal_name, code):
+    """typer makes any KeyboardInterrupt in a command exit 130; SIGTERM (a scheduler's stop) is 143."""
+    import autotune.cli.commands as commands
+    from autotune.cli.exit_status import Terminated
+
+    def stopped(*args, **kwargs):
+        raise Terminated() if signal_name == "SIGTERM" else KeyboardInterrupt()
+
+    monkeypatch.setattr(commands, "_load", stopped)
+    result = _invoke("plan", SPEC, "--json")
+    payload = _failure(result, code)
+    assert payload["warnings"] == ["terminated (SIGTERM)" if code == 143 else "interrupted"]
+
+
+def test_json_is_the_parsed_flag_not_a_word_on_the_line(tmp_path):
+    """``--json`` as another option's value, or after ``--``, is no request for JSON."""
+    result = _invoke("report", tmp_path / "nowhere", "--run-dir", "--json")
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    result = _invoke("plna", SPEC, "--json")  # a mistyped command: click's message kept
+    assert any("plna" in e for e in _failure(result, 2)["errors"])
+
+
+def test_plan_given_json_with_nothing_predicted_to_fit_exits_1_with_its_object(write_spec):
+    text = SPEC.read_text().replace("  # overrides: {device_memory_gib: 32}", "  overrides: {device_memory_gib: 4}")
+    result = _invoke("plan", write_spec(text, "tiny_memory.yaml"), "--json")
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout)["fit"] == 0  # its own object, not a second one

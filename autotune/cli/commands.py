@@ -6,7 +6,8 @@ scripts a stable object, and the exit codes are documented:
 ====  ==========================================================================
 0     success
 1     no result: the study ran but no trial succeeded (see the report for the reasons; ``export``
-      too), ``plan``: no config is predicted to fit, ``doctor``: the spec's largest trial cannot be placed
+      too), ``plan``: no config is predicted to fit, ``doctor``: the spec's largest trial cannot be
+      placed, ``scale``: no size was measured
 2     bad input: the spec (or an edit of it that changes the study kept in the run directory),
       an option, or a run directory that holds no study
 3     infrastructure failure: Ray (a cluster that cannot place any trial, a node lost mid-study:
@@ -406,6 +407,10 @@ def run(
     err.print(Text.assemble((escape_text(f"backend: {choice.kind}"), "bold"), escape_text(f" — {choice.reason}")))
     if ray_address and choice.simulated:
         _warn(f"--ray-address {ray_address} is not used: the simulator runs in this process, without Ray")
+    elif ray_address and not spec.ray.enabled:
+        _warn(
+            f"--ray-address {ray_address} is not used: the spec's ray.enabled is false (probes run as local processes)"
+        )
     directory = _run_dir(spec, run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -645,7 +650,7 @@ def export(
     else:
         chosen = result.chosen
         if chosen is None:
-            err.print("[red]error[/red] the study has no successful trial to export")
+            _error("the study has no successful trial to export")
             raise typer.Exit(EXIT_NO_RESULT)
         if result.recommendation is not None and result.recommendation.changed:
             _say(

@@ -61,6 +61,12 @@ def begin_command(json_wanted: bool) -> None:
     out.wrote = False
 
 
+def set_json(json_wanted: bool) -> None:
+    """The command's ``--json`` as its options were parsed (:class:`autotune.cli.options.Command`)."""
+    global _json_wanted
+    _json_wanted = json_wanted
+
+
 def record_error(text: str) -> None:
     """An error another printed (click's option errors): kept for :func:`json_failure`."""
     _said["errors"].append(escape_text(text))

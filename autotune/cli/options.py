@@ -37,38 +37,63 @@ class PlainHelp:
         return option
 
 
-class KeepsOptionErrors:
-    """An option error (click's ``UsageError``, which click prints itself) kept for a ``--json``
-    failure's object."""
+def _keep_click_error(exc: BaseException) -> None:
+    """A click error (``UsageError``: an unknown command or option, a bad value; click prints it
+    itself) kept for a ``--json`` failure's object. typer raises its own copy of click's classes
+    (``typer._click``), so the error is known by its ``format_message``."""
+    if callable(getattr(exc, "format_message", None)):
+        from .console import record_error
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)  # type: ignore[misc]
-        except Exception as exc:  # typer's own click (typer._click) raises its ClickException, not click's
-            if callable(getattr(exc, "format_message", None)):
-                from .console import record_error
-
-                record_error(exc.format_message())
-            raise
+        record_error(exc.format_message())
 
 
-class Command(KeepsOptionErrors, PlainHelp, TyperCommand):
-    pass
+class Command(PlainHelp, TyperCommand):
+    def invoke(self, ctx: Any) -> Any:
+        """The command runs: its ``--json`` as parsed decides (a ``--json`` that was another option's
+        value, or came after ``--``, is not the flag)."""
+        from .console import set_json
+
+        set_json(bool(ctx.params.get("as_json")))
+        return super().invoke(ctx)
 
 
-class Group(KeepsOptionErrors, PlainHelp, TyperGroup):
-    """The ``autotune`` group: each command's run begins and ends here, so a command given ``--json``
-    that fails without writing its object ends with one saying why (:func:`autotune.cli.console.json_failure`)."""
+class Group(PlainHelp, TyperGroup):
+    """The ``autotune`` group: each command's run begins and ends here. A command given ``--json``
+    that fails without writing its object ends with one saying why
+    (:func:`autotune.cli.console.json_failure`); Ctrl-C or SIGTERM in a command that does not handle
+    it (all but ``run``, which saves its study first) ends as documented, 130 or 143, said on stderr."""
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         from .console import begin_command, json_failure
 
         argv = list(sys.argv[1:] if args is None else args)
-        begin_command("--json" in argv)
+        # until the command's options are parsed (an option error stops the parse), the words decide
+        begin_command("--json" in (argv[: argv.index("--")] if "--" in argv else argv))
         try:
             return super().main(argv, *rest, **kwargs)
         except SystemExit as exc:  # how every command ends in standalone mode
             json_failure(exc.code)
+            raise
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # an option of the group itself
+            _keep_click_error(exc)
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        from .exit_status import interrupted_exit, was_terminated
+
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # typer would make any of them exit 130, SIGTERM too
+            from .console import warn
+
+            warn("terminated (SIGTERM)" if was_terminated(exc) else "interrupted")
+            raise SystemExit(interrupted_exit(exc)) from None
+        except Exception as exc:  # a command's name or options (its parse runs here) that click refuses
+            _keep_click_error(exc)
             raise
 
 

@@ -120,7 +120,7 @@ def print_plan(
             "knob_pricing": ranking.knob_pricing(list(space.choices)),
         }
         out.print_json(json.dumps(payload, default=json_default))
-        return True
+        return bool(ranking.fit)  # nothing predicted to fit: exit 1, as without --json
     say(out, spec_summary(spec))
     say(out, profile["line"])
     out.print(

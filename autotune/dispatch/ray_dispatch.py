@@ -454,9 +454,9 @@ class RayDispatcher(Dispatcher):
         return out
 
     def _ran_for(self, handle: Handle) -> float:
-        """How long a cancelled trial's task ran (the step sink's clock; 0 where it never started or
-        the sink cannot say): a pruned probe costs the budget that share of a full one, as it does
-        on the local dispatcher, whose probe returns its own wall."""
+        """How long a cancelled trial's task ran, from its start to the cancel (the step sink's clock;
+        0 where it never started or the sink cannot say): a pruned probe costs the budget that
+        share of a full one, as it does on the local dispatcher, whose probe returns its own wall."""
         try:
             return float(self._ray.get(self._sink.ran_for.remote(handle.number), timeout=5))
         except Exception:
@@ -512,6 +512,10 @@ class RayDispatcher(Dispatcher):
         # whole process group. ray.cancel(force=True) kills the worker and its direct children
         # only (grandchildren in the probe's own session survive it; the probe's watchdog then
         # cleans up): it is the fallback, _FORCE_CANCEL_AFTER_S later.
+        try:
+            self._sink.stopping.remote(handle.number)  # the end of its wall (_ran_for), not when it is collected
+        except Exception as exc:  # pragma: no cover - the wall is then counted to its collection
+            log.debug("could not time the cancel: %s", exc)
         try:
             self._ray.cancel(handle.ref, force=False)
         except Exception as exc:  # pragma: no cover

@@ -41,6 +41,7 @@ class _StepSink:
         self._events: list[tuple[int, dict[str, Any]]] = []
         self._where: dict[int, dict[str, Any]] = {}
         self._since: dict[int, float] = {}  # trial -> when its task said it started (this actor's clock)
+        self._stopping: dict[int, float] = {}  # trial -> when the driver cancelled it
 
     def put(self, number: int, event: dict[str, Any]) -> None:
         self._events.append((number, event))
@@ -55,13 +56,22 @@ class _StepSink:
         self._where[number] = where
         self._since[number] = time.monotonic()
 
+    def stopping(self, number: int) -> None:
+        """The driver cancelled trial ``number``: the end of its wall (:meth:`ran_for`)."""
+        self._stopping[number] = time.monotonic()
+
     def ran_for(self, number: int) -> float:
-        """Seconds since trial ``number``'s task started (0: it never said it did). A task the
-        driver cancelled returns no result, so no wall of its own: this is the wall a pruned
-        probe's share of the budget is counted from (``memory_profile.full_probe_cost_fpe``).
-        Measured on this actor's clock at both ends, so no two hosts' clocks are compared."""
-        since = self._since.get(number)
-        return time.monotonic() - since if since is not None else 0.0
+        """Seconds trial ``number``'s task ran, from its start to its cancel (to now where no cancel
+        was said; 0: it never said it started), and the trial forgotten. A task the driver cancelled
+        returns no result, so no wall of its own: this is the wall a pruned probe's share of the
+        budget is counted from (``memory_profile.full_probe_cost_fpe``). Both ends on this actor's
+        clock, so no two hosts' clocks are compared."""
+        since = self._since.pop(number, None)
+        end = self._stopping.pop(number, None)
+        self._where.pop(number, None)
+        if since is None:
+            return 0.0
+        return max(0.0, (end if end is not None else time.monotonic()) - since)
 
     def where(self, number: int) -> dict[str, Any]:
         return self._where.get(number, {})

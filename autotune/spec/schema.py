@@ -154,7 +154,7 @@ class ClusterSpec(Strict):
         nodes = info.data.get("nodes")
         if v is not None and nodes is not None and v > nodes:
             raise ValueError(
-                f"probe_nodes ({v}) is more than the target's nodes ({nodes}): a probe slice "
+                f"more than the target's nodes ({nodes}): a probe slice "
                 "is a part of the cluster the study tunes for; give probe_nodes <= nodes"
             )
         return v
@@ -167,8 +167,8 @@ class ClusterSpec(Strict):
         probe, nodes = info.data["probe_nodes"], info.data["nodes"]
         if v and (probe is None or probe >= nodes):
             raise ValueError(
-                f"confirm_top ({v}) measures the best configs of a slice study again at full "
-                "size, and this cluster has no probe slice: give probe_nodes < nodes, or drop confirm_top"
+                "a confirmation measures the best configs of a slice study again at full size, and this "
+                "cluster has no probe slice: give probe_nodes < nodes, or drop confirm_top"
             )
         return v
 
