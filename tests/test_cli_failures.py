@@ -148,3 +148,38 @@ def test_plan_given_json_with_nothing_predicted_to_fit_exits_1_with_its_object(w
     result = _invoke("plan", write_spec(text, "tiny_memory.yaml"), "--json")
     assert result.exit_code == 1, result.output
     assert json.loads(result.stdout)["fit"] == 0  # its own object, not a second one
+
+
+def test_an_export_of_a_trial_that_did_not_run_is_refused(tmp_path):
+    """``export --trial N`` of an out-of-memory or rule-rejected trial wrote its launch files with
+    nothing to say it failed; an export launches a config that ran."""
+    run = tmp_path / "run"
+    spec = REPO / "search_spaces" / "llama3_70b_32npu.yaml"
+    assert _invoke("run", spec, "--run-dir", run, "--no-tracking").exit_code == 0
+    trials = json.loads(_invoke("report", run, "--json").stdout)["trials"]
+    failed = next(t for t in trials if t["status"] == "oom")
+    ok = next(t for t in trials if t["status"] == "ok")
+    result = _invoke("export", run, "--trial", failed["number"], "--out", tmp_path / "failed")
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and f"--trial {failed['number']} did not run to a result (oom" in said, result.output
+    assert not (tmp_path / "failed").exists()
+    assert _invoke("export", run, "--trial", ok["number"], "--out", tmp_path / "ok").exit_code == 0
+
+
+def test_a_simulated_trial_logs_no_prediction_error_of_the_model_against_itself(tmp_path):
+    """Its figures are the model's: an error of 0 % beside them would read as the model checked."""
+    import mlflow
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["search"]["n_trials"] = 3
+    run = tmp_path / "run"
+    spec = tmp_path / "small.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert _invoke("run", spec, "--run-dir", run).exit_code == 0
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 3
+    for child in children:
+        assert child.data.tags["autotune.source"] == "simulated" and "tokens_per_s_per_device" in child.data.metrics
+        assert not any(k.startswith("predicted_") or "prediction_error" in k for k in child.data.metrics)

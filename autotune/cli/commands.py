@@ -614,6 +614,10 @@ def report(
 
 
 # --------------------------------------------------------------------------------------- export
+# a trial an export may launch: one that ran to its figures (a pruned one ran, slower than the best)
+EXPORTABLE_STATUSES = ("ok", "pruned")
+
+
 @app.command(cls=_Command)
 def export(
     spec_path: Path = RunOrSpecArg,
@@ -646,6 +650,13 @@ def export(
         chosen = result.record(trial)
         if chosen is None:
             _error(f"--trial {trial}: the study has trials 0..{len(result.records) - 1}")
+            raise typer.Exit(EXIT_INPUT)
+        if chosen.status not in EXPORTABLE_STATUSES:  # its launch would walk into what stopped it
+            why = f": {chosen.reason}" if chosen.reason else ""
+            _error(
+                f"--trial {trial} did not run to a result ({chosen.status}{why}); an export launches a "
+                "config that ran: choose a trial whose status is ok (`autotune report` lists them)"
+            )
             raise typer.Exit(EXIT_INPUT)
     else:
         chosen = result.chosen

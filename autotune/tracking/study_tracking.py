@@ -254,11 +254,14 @@ class StudyTracking(TrialListener):
         if not is_tracked(record):
             return
         metrics = {k: v for k, v in record.metrics.items() if _finite(v)}
+        # a simulated trial's figures are the model's own: beside them its prediction is the same
+        # number, and an error of 0 % would read as the model checked against a probe
+        simulated = record.source == "simulated"
         for k, v in record.predicted.items():
-            if _finite(v):
+            if _finite(v) and not simulated:
                 metrics[f"predicted_{k}"] = v
         first = self.objectives[0][0]
-        measured = record.metrics.get(first)
+        measured = None if simulated else record.metrics.get(first)
         for prefix in ("", "refit_"):
             predicted = record.predicted.get(prefix + first)
             if _finite(predicted) and _finite(measured) and measured:
