@@ -183,3 +183,19 @@ def test_a_simulated_trial_logs_no_prediction_error_of_the_model_against_itself(
     for child in children:
         assert child.data.tags["autotune.source"] == "simulated" and "tokens_per_s_per_device" in child.data.metrics
         assert not any(k.startswith("predicted_") or "prediction_error" in k for k in child.data.metrics)
+
+
+def test_a_simulated_study_whose_best_is_the_baseline_shows_its_memory_breakdown(tmp_path):
+    """The baseline is queued, not ranked: it carried no prediction, so the report of a study it won
+    had no memory breakdown (Llama-3-70B's: the layout MindSpeed-LLM publishes is the spec's baseline)."""
+    run = tmp_path / "run"
+    assert (
+        _invoke("run", REPO / "search_spaces" / "llama3_70b_32npu.yaml", "--run-dir", run, "--no-tracking").exit_code
+        == 0
+    )
+    report = json.loads(_invoke("report", run, "--json").stdout)
+    assert report["best"][0]["number"] == report["baseline"]["number"] == 0
+    memory = report["summary"]["memory"]
+    assert memory["predicted_gib"] and memory["predicted_peak_gib"] == pytest.approx(
+        sum(memory["predicted_gib"].values())
+    )

@@ -112,6 +112,8 @@ class TrialResolver:
             predicted = dict(ua.get(A.PREDICTED) or self.prediction(config))
             predicted.update(self.refit().apply(predicted))  # beside the raw prediction, never instead
             trial.set_user_attr(A.PREDICTED, predicted)
+        elif not ua.get(A.PREDICTED):  # a queued baseline: its memory breakdown, as every ranked trial has
+            trial.set_user_attr(A.PREDICTED, self.prediction(config))
         return config, why
 
     def prediction(self, config: dict[str, Any]) -> dict[str, float]:
