@@ -25,6 +25,7 @@ from support import REPO
 runner = CliRunner()
 INFER = REPO / "search_spaces" / "llama2_7b_infer_8npu.yaml"  # decode_tokens_per_s_per_device max, ttft_ms min
 TRAIN = REPO / "search_spaces" / "llama2_7b_8npu.yaml"  # allocator / HCCL env knobs the model cannot price
+SERVE = REPO / "search_spaces" / "llama2_7b_serve_8npu.yaml"  # seven serving figures, some with long names
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,24 @@ def test_metric_names_set_on_a_resumed_study_written_without_them(infer_study, t
     assert journal.read_text().count("metric_names") == 1  # named once, not again on every resume
 
 
+@pytest.fixture(scope="module")
+def serve_study(tmp_path_factory) -> tuple[Path, object]:
+    run_dir = tmp_path_factory.mktemp("serve") / "run"
+    result = runner.invoke(app, ["run", str(SERVE), "--run-dir", str(run_dir), "--no-tracking"])
+    assert result.exit_code == 0, result.output
+    return run_dir, result
+
+
+def test_a_serving_report_fits_120_columns_its_long_figure_names_over_two_lines(serve_study):
+    """Seven serving figures' names (cost_per_million_output_tokens) made its lines 152 columns."""
+    report = runner.invoke(app, ["report", str(serve_study[0])], env={"COLUMNS": "200"})
+    assert report.exit_code == 0, report.output
+    lines = report.stdout.splitlines()
+    assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
+    upper, lower = next((a, b) for a, b in zip(lines, lines[1:]) if b.startswith("trial "))
+    assert "cost_per_million_" in upper and "output_tokens" in lower and "goodput_rps_" in upper
+
+
 @pytest.mark.parametrize("which", ["infer", "train"])
 def test_report_fits_120_columns_and_cuts_no_word(which, infer_study, train_study):
     run_dir, _ = infer_study if which == "infer" else train_study
@@ -115,6 +134,7 @@ def test_report_fits_120_columns_and_cuts_no_word(which, infer_study, train_stud
     assert report.exit_code == 0, report.output
     lines = report.stdout.splitlines()
     assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
+    assert sum(line.startswith("trial ") for line in lines) == 1  # one header line where the names fit
     why = [line for line in lines if "why chosen:" in line]
     assert why and all("rank " in line or "baseline from the spec" in line for line in why)
     if which == "train":  # the knobs the model prices alike in speed: said once, not on every row

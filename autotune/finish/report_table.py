@@ -88,6 +88,24 @@ def _source_words(record: Any) -> str:
     return str(record.source)
 
 
+def _split_name(name: str) -> tuple[str, str]:
+    """A column's name over two header lines, cut after the underscore that best halves it
+    (``cost_per_million_`` / ``output_tokens``); a short or unbroken name stays on the second line."""
+    cuts = [i + 1 for i, ch in enumerate(name) if ch == "_" and 0 < i < len(name) - 1]
+    if len(name) <= 12 or not cuts:
+        return "", name
+    cut = min(cuts, key=lambda i: max(i, len(name) - i))
+    return name[:cut], name[cut:]
+
+
+def _widths(heads: list[tuple[str, str]], cells_of: dict[int, list[str]], shown: list[Any]) -> list[int]:
+    """Each column's width: its header lines' and its cells' longest."""
+    return [
+        max([len(first), len(second)] + [len(cells_of[r.number][i]) for r in shown])
+        for i, (first, second) in enumerate(heads)
+    ]
+
+
 def print_report_table(
     console: Console, rows: list[dict[str, Any]], records: list[Any], objectives: list[tuple[str, str]], top: int
 ) -> None:
@@ -118,15 +136,23 @@ def print_report_table(
         if peak:
             values.append(fmt_metric(rec.metrics.get("peak_memory_gib")))
         cells_of[rec.number] = values
-    widths = [max([len(c)] + [len(cells_of[r.number][i]) for r in shown]) for i, c in enumerate(columns)]
     status_of = {r.number: escape_text(str(r.status)) for r in shown}  # a trial record's: printed as text
     source_of = {r.number: escape_text(_source_words(r)) for r in shown}
     status_w = max([6] + [len(s) for s in status_of.values()])
     source_w = max([6] + [len(s) for s in source_of.values()])
-    head = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} " + "  ".join(
-        c.rjust(w) for c, w in zip(columns, widths)
-    )
-    console.print(head + "  config", markup=False)
+    lead = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} "
+    heads = [("", c) for c in columns]  # (upper line, lower line) of each column's name
+    widths = _widths(heads, cells_of, shown)
+    if len(lead) + sum(widths) + 2 * len(widths) > WIDTH:  # the serving figures' long names: each over two lines
+        heads = [_split_name(c) for c in columns]
+        widths = _widths(heads, cells_of, shown)
+    if any(upper for upper, _ in heads):
+        console.print(
+            (" " * len(lead) + "  ".join(u.rjust(w) for (u, _), w in zip(heads, widths))).rstrip(), markup=False
+        )
+    head = lead + "  ".join(lower.rjust(w) for (_, lower), w in zip(heads, widths))
+    # the config is the last column where it fits beside the figures; else on its own lines below each row
+    console.print(head + "  config" if len(head) + 8 <= WIDTH else head, markup=False)
     # the knobs most rows leave to the probes, said once at the end (~), as run's preview does
     named = [k for k in (undistinguished_of(r) for r in shown) if k]
     shared = max(sorted(set(named)), key=named.count) if named else ""
