@@ -4,6 +4,7 @@ Optuna's own log lines formatted like autotune's."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,13 @@ def test_the_run_prints_the_distinct_layouts_and_the_headroom_front(tmp_path):
     rows = [line for line in text.splitlines() if line[:1] in ("*", " ") and "tp=" in line and "GiB" not in line]
     assert len(rows) == 10 and any(line.startswith("*") for line in rows)
     assert "priced alike in speed by the model, its roomiest value taken (probe to choose on speed): env." in text
+    # each such note names the rows it is about: a knob priced alike in one layout may move another's speed
+    note = re.search(
+        r"its roomiest value taken \(probe to choose on speed\): env\.[^()]*\(trials? ([\d, ]+)\)",
+        " ".join(text.split()),
+    )
+    shown = {line.split()[1] if line.startswith("*") else line.split()[0] for line in rows}
+    assert note and set(re.findall(r"\d+", note.group(1))) <= shown, text
 
 
 def test_importances_agree_across_report_mlflow_and_plot(main_job):

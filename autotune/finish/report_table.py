@@ -88,22 +88,26 @@ def _source_words(record: Any) -> str:
     return str(record.source)
 
 
-def _split_name(name: str) -> tuple[str, str]:
-    """A column's name over two header lines, cut after the underscore that best halves it
-    (``cost_per_million_`` / ``output_tokens``); a short or unbroken name stays on the second line."""
-    cuts = [i + 1 for i, ch in enumerate(name) if ch == "_" and 0 < i < len(name) - 1]
-    if len(name) <= 12 or not cuts:
-        return "", name
-    cut = min(cuts, key=lambda i: max(i, len(name) - i))
-    return name[:cut], name[cut:]
-
-
-def _widths(heads: list[tuple[str, str]], cells_of: dict[int, list[str]], shown: list[Any]) -> list[int]:
-    """Each column's width: its header lines' and its cells' longest."""
-    return [
-        max([len(first), len(second)] + [len(cells_of[r.number][i]) for r in shown])
-        for i, (first, second) in enumerate(heads)
-    ]
+def _staggered(lead: str, columns: list[str], cells: list[int]) -> tuple[list[int], str, str]:
+    """Column widths and two header lines holding every name whole, alternately on the upper and the
+    lower line (the lower one after ``lead``), each right-aligned over its column and free to reach
+    left over its neighbour's, which names nothing on that line: a spec's metric names stay whole
+    and searchable (``cost_per_million_output_tokens``) where one line of them would pass
+    :data:`WIDTH`. ``cells``: each column's widest cell."""
+    widths, lines = [], [[" "] * len(lead), list(lead)]
+    ends = [0, len(lead.rstrip()) + 1]  # where each line is free from (one space after what it holds)
+    x = len(lead)
+    for i, (name, cell) in enumerate(zip(columns, cells)):
+        line = i % 2  # the first name on the upper line: it may reach back over the lead's blank there
+        width = max(cell, 1, len(name) - (x - ends[line]))  # its name may reach back to the line's free point
+        right = x + width
+        text = lines[line]
+        text.extend(" " * (right - len(text)))
+        text[right - len(name) : right] = list(name)
+        ends[line] = right + 1
+        widths.append(width)
+        x = right + 2
+    return widths, "".join(lines[0]).rstrip(), "".join(lines[1]).rstrip()
 
 
 def print_report_table(
@@ -141,16 +145,12 @@ def print_report_table(
     status_w = max([6] + [len(s) for s in status_of.values()])
     source_w = max([6] + [len(s) for s in source_of.values()])
     lead = f"{'trial':<6} {'status':<{status_w}} {'source':<{source_w}} "
-    heads = [("", c) for c in columns]  # (upper line, lower line) of each column's name
-    widths = _widths(heads, cells_of, shown)
-    if len(lead) + sum(widths) + 2 * len(widths) > WIDTH:  # the serving figures' long names: each over two lines
-        heads = [_split_name(c) for c in columns]
-        widths = _widths(heads, cells_of, shown)
-    if any(upper for upper, _ in heads):
-        console.print(
-            (" " * len(lead) + "  ".join(u.rjust(w) for (u, _), w in zip(heads, widths))).rstrip(), markup=False
-        )
-    head = lead + "  ".join(lower.rjust(w) for (_, lower), w in zip(heads, widths))
+    cell_widths = [max(len(cells_of[r.number][i]) for r in shown) if shown else 0 for i in range(len(columns))]
+    widths = [max(len(c), w) for c, w in zip(columns, cell_widths)]
+    head = lead + "  ".join(c.rjust(w) for c, w in zip(columns, widths))
+    if len(head) > WIDTH:  # the serving figures' long names: on two lines, staggered, each whole
+        widths, upper, head = _staggered(lead, columns, cell_widths)
+        console.print(upper, markup=False)
     # the config is the last column where it fits beside the figures; else on its own lines below each row
     console.print(head + "  config" if len(head) + 8 <= WIDTH else head, markup=False)
     # the knobs most rows leave to the probes, said once at the end (~), as run's preview does

@@ -293,8 +293,16 @@ def print_preview(
             console.print(text, markup=False)
     from ..trial_attrs import ROOMIEST, roomiest_in
 
-    for room in sorted({roomiest_in(r.chosen_because or "") for r, _, _ in shown} - {""}):
-        for text in wrap_line(f"  {ROOMIEST}{escape_text(room)}", WIDTH, indent=4):
+    # per layout: a knob the model prices alike in one layout may move another's speed (the rows say so),
+    # so each such note names the trials it is about
+    rooms: dict[str, list[int]] = {}
+    for r, _, _ in shown:
+        room = roomiest_in(r.chosen_because or "")
+        if room:
+            rooms.setdefault(room, []).append(r.number)
+    for room, numbers in sorted(rooms.items()):
+        which = f" (trial{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))})"
+        for text in wrap_line(f"  {ROOMIEST}{escape_text(room)}{which}", WIDTH, indent=4):
             console.print(text, markup=False)
 
 
