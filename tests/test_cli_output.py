@@ -25,7 +25,6 @@ from support import REPO
 runner = CliRunner()
 INFER = REPO / "search_spaces" / "llama2_7b_infer_8npu.yaml"  # decode_tokens_per_s_per_device max, ttft_ms min
 TRAIN = REPO / "search_spaces" / "llama2_7b_8npu.yaml"  # allocator / HCCL env knobs the model cannot price
-SERVE = REPO / "search_spaces" / "llama2_7b_serve_8npu.yaml"  # seven serving figures, some with long names
 
 
 @pytest.fixture(scope="module")
@@ -107,31 +106,6 @@ def test_metric_names_set_on_a_resumed_study_written_without_them(infer_study, t
     assert journal.read_text().count("metric_names") == 1
     open_study(spec, tmp_path)
     assert journal.read_text().count("metric_names") == 1  # named once, not again on every resume
-
-
-@pytest.fixture(scope="module")
-def serve_study(tmp_path_factory) -> tuple[Path, object]:
-    run_dir = tmp_path_factory.mktemp("serve") / "run"
-    result = runner.invoke(app, ["run", str(SERVE), "--run-dir", str(run_dir), "--no-tracking"])
-    assert result.exit_code == 0, result.output
-    return run_dir, result
-
-
-def test_a_serving_report_fits_120_columns_its_long_figure_names_staggered_whole(serve_study):
-    """Seven serving figures' names (cost_per_million_output_tokens) made its lines 152 columns: they
-    now alternate over two header lines, each whole (a spec's metric name stays searchable), each
-    ending where its column's figures end."""
-    report = runner.invoke(app, ["report", str(serve_study[0])], env={"COLUMNS": "200"})
-    assert report.exit_code == 0, report.output
-    lines = report.stdout.splitlines()
-    assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
-    at = next(i for i, line in enumerate(lines) if line.startswith("trial "))
-    upper, lower, row = lines[at - 1], lines[at], lines[at + 1]
-    names = ("goodput_rps_per_device", "max_rate_rps", "slo_attainment", "cost_per_million_output_tokens")
-    for name in names:
-        line = upper if name in upper else lower
-        end = line.index(name) + len(name)
-        assert name in upper + lower and row[end - 1] != " " and row[end : end + 1] in (" ", ""), (name, line, row)
 
 
 @pytest.mark.parametrize("which", ["infer", "train"])

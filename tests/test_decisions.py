@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli.commands import app
+from autotune.finish.run_output import WIDTH
 from autotune.spec.load import load_spec
 from support import REPO
 
@@ -104,6 +105,23 @@ def test_latency_bound_throughput_takes_the_largest_batch_meeting_the_bound():
 
 
 # --- serving: the figures a serving engineer reads ------------------------------------------------------
+
+
+def test_a_serving_report_fits_120_columns_its_long_figure_names_staggered_whole(serve_study):
+    """Seven serving figures' names (cost_per_million_output_tokens) made its lines 152 columns: they
+    now alternate over two header lines, each whole (a spec's metric name stays searchable), each
+    ending where its column's figures end."""
+    report = runner.invoke(app, ["report", str(serve_study[0])], env={"COLUMNS": "200"})
+    assert report.exit_code == 0, report.output
+    lines = report.stdout.splitlines()
+    assert all(len(line) <= WIDTH for line in lines), max(lines, key=len)
+    at = next(i for i, line in enumerate(lines) if line.startswith("trial "))
+    upper, lower, row = lines[at - 1], lines[at], lines[at + 1]
+    names = ("goodput_rps_per_device", "max_rate_rps", "slo_attainment", "cost_per_million_output_tokens")
+    for name in names:
+        line = upper if name in upper else lower
+        end = line.index(name) + len(name)
+        assert name in upper + lower and row[end - 1] != " " and row[end : end + 1] in (" ", ""), (name, line, row)
 
 
 def test_serving_run_and_report_show_the_decision_figures(serve_study):
