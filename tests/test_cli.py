@@ -135,8 +135,12 @@ def test_run_simulated_report_export_and_mlflow(write_spec, tmp_path):
 def test_rerun_of_a_finished_study_probes_nothing_more(write_spec, tmp_path):
     spec = write_spec(TINY_TRAIN)
     run_dir = tmp_path / "study"
-    assert _invoke("run", str(spec), "--run-dir", str(run_dir)).exit_code == 0
-    assert _run_json(spec, run_dir)[1]["probes"] == 6
+    first = _invoke("run", str(spec), "--run-dir", str(run_dir))
+    assert first.exit_code == 0 and "resuming the study" not in first.stderr
+    result, payload = _run_json(spec, run_dir)
+    assert payload["probes"] == 6
+    said = " ".join(result.stderr.split())  # the rerun says it resumed, and what the study had spent
+    assert f"resuming the study in {run_dir.resolve()}: 6 trial(s) so far, 6 of the budget's 6" in said, said
     parents, children = _mlflow_runs(run_dir, "tiny")
     assert len(parents) == 1 and len(children) == 6
 

@@ -279,6 +279,11 @@ class StudyRunner:
         budget = settings.n_trials
         simulated = settings.simulated
         left = int(math.floor(budget - probes_done + 1e-9))  # whole full probes left
+        if existing:  # the same command resumes a study: say so, and what it had spent, before it goes on
+            self.observer.on_message(
+                f"resuming the study in {self.run_dir}: {existing} trial(s) so far, {probes_done:.3g} of the "
+                f"budget's {budget} full-probe equivalents spent"
+            )
         plan.enqueue(study, ranking, left, simulated, self.guided is not None)
         refit = lambda: self.refits.refit  # noqa: E731 - the latest, read at each resolution
         self.resolver = TrialResolver(
