@@ -5,7 +5,12 @@ One place, so that the study loop, the guided sampler, reports and exports read 
 
 from __future__ import annotations
 
-__all__ = ["A", "UNDISTINGUISHED", "ROOMIEST", "undistinguished_in", "roomiest_in"]
+__all__ = ["A", "RAN", "UNDISTINGUISHED", "ROOMIEST", "undistinguished_in", "roomiest_in"]
+
+# the statuses (``A.STATUS``) of a probe that ran to its figures: ``ok``, and ``pruned`` (stopped once
+# its measured steps showed it slower than the best: its partial measurement is kept). What may be
+# exported, read as a measurement of speed and memory, and is no failure in MLflow
+RAN = ("ok", "pruned")
 
 # how a trial's reason (``A.CHOSEN``) names the knobs its layout leaves to the probes: the ranking
 # writes it, the run's preview, the report and best.env read it

@@ -43,7 +43,7 @@ from .console import error as _error, say as _say, setup_logging as _setup_loggi
 from .exit_status import EXIT_INFRA, EXIT_INPUT, EXIT_INTERNAL, EXIT_NO_RESULT, EXIT_OK  # noqa: F401 (documented)
 from .exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated  # noqa: F401 (documented)
 from .exit_status import exit_without_teardown as _exit_without_teardown, install_sigterm as _install_sigterm
-from .exit_status import interrupted_exit as _interrupted_exit, was_terminated as _was_terminated
+from .exit_status import interrupted_exit as _interrupted_exit, interrupted_words as _interrupted_words
 from .options import Command as _Command, Group as _Group, JsonOpt, RunDirOpt, RunOrSpecArg, SpecArg, VerboseOpt
 from .options import backend_kinds as _backend_kinds, flag as _flag, format_help as _format_help
 from .input import load as _load, load_run_or_spec as _load_run_or_spec, open_existing as _open_existing
@@ -53,6 +53,7 @@ from ..spec.schema import Spec
 from ..spec.errors import SpecError, escape_text
 from ..spec.load import load_spec
 from ..stacks import target_of
+from ..trial_attrs import RAN
 
 __all__ = ["app", "main"]
 
@@ -501,8 +502,7 @@ def _run_study(runner: Any) -> Any:
             outcome = runner.run()
         status = "FINISHED"
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if _was_terminated(exc) else "interrupted"
-        _warn(f"{what}: the study is saved; run the same command to resume")
+        _warn(f"{_interrupted_words(exc)}: the study is saved; run the same command to resume")
         status = "KILLED"
         raise typer.Exit(_interrupted_exit(exc)) from None
     except (StorageDamaged, Unplaceable) as exc:
@@ -614,10 +614,6 @@ def report(
 
 
 # --------------------------------------------------------------------------------------- export
-# a trial an export may launch: one that ran to its figures (a pruned one ran, slower than the best)
-EXPORTABLE_STATUSES = ("ok", "pruned")
-
-
 @app.command(cls=_Command)
 def export(
     spec_path: Path = RunOrSpecArg,
@@ -651,7 +647,7 @@ def export(
         if chosen is None:
             _error(f"--trial {trial}: the study has trials 0..{len(result.records) - 1}")
             raise typer.Exit(EXIT_INPUT)
-        if chosen.status not in EXPORTABLE_STATUSES:  # its launch would walk into what stopped it
+        if chosen.status not in RAN:  # its launch would walk into what stopped it
             why = f": {chosen.reason}" if chosen.reason else ""
             _error(
                 f"--trial {trial} did not run to a result ({chosen.status}{why}); an export launches a "
@@ -750,7 +746,7 @@ def main() -> None:
     except SystemExit as exc:  # how every command ends (typer's standalone mode)
         _exit_without_teardown(exc.code)
     except KeyboardInterrupt as exc:  # before the study started (imports, ranking): nothing to save yet
-        _warn("terminated (SIGTERM)" if _was_terminated(exc) else "interrupted")
+        _warn(_interrupted_words(exc))
         _json_failure(_interrupted_exit(exc))
         sys.exit(_interrupted_exit(exc))
     except Exception as exc:  # a bug: say so in one line, keep the traceback for AUTOTUNE_DEBUG=1

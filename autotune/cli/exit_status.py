@@ -26,6 +26,7 @@ __all__ = [
     "exit_without_teardown",
     "install_sigterm",
     "interrupted_exit",
+    "interrupted_words",
     "sigterm_received",
     "was_terminated",
 ]
@@ -68,6 +69,11 @@ def was_terminated(exc: KeyboardInterrupt) -> bool:
 
 def interrupted_exit(exc: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if was_terminated(exc) else EXIT_INTERRUPTED
+
+
+def interrupted_words(exc: KeyboardInterrupt) -> str:
+    """What stopped the command, as its last line says: SIGTERM or Ctrl-C."""
+    return "terminated (SIGTERM)" if was_terminated(exc) else "interrupted"
 
 
 def exit_without_teardown(code: Any) -> None:

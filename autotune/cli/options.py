@@ -83,14 +83,14 @@ class Group(PlainHelp, TyperGroup):
             raise
 
     def invoke(self, ctx: Any) -> Any:
-        from .exit_status import interrupted_exit, was_terminated
+        from .exit_status import interrupted_exit, interrupted_words
 
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:  # typer would make any of them exit 130, SIGTERM too
             from .console import warn
 
-            warn("terminated (SIGTERM)" if was_terminated(exc) else "interrupted")
+            warn(interrupted_words(exc))
             raise SystemExit(interrupted_exit(exc)) from None
         except Exception as exc:  # a command's name or options (its parse runs here) that click refuses
             _keep_click_error(exc)

@@ -45,7 +45,7 @@ from .memory_profile import cost_of_trials
 from .ranking import Ranking
 from ..sanity import is_finite_number as _finite
 from ..spec.space import Space, config_key
-from ..trial_attrs import A
+from ..trial_attrs import A, RAN
 from ..workers.protocol import PEAK_COUNTS_KEY, USABLE_KEY
 
 __all__ = ["GuidedSampler", "report_failure", "GUIDE_ATTR", "OUTCOME_ATTR"]
@@ -250,11 +250,11 @@ class GuidedSampler(BaseSampler):
                 continue
             ua = t.user_attrs
             # only a measurement that counts teaches times and peaks (a crash's metrics may be nonsense)
-            metrics = (ua.get(A.METRICS) or {}) if status in ("ok", "pruned") else {}
+            metrics = (ua.get(A.METRICS) or {}) if status in RAN else {}
             objective = metrics.get(metric)
             if not _finite(objective) and status == "ok" and t.values:
                 objective = t.values[0]
-            measured = status in ("ok", "pruned")
+            measured = status in RAN
             step = metrics.get("step_time_s", ua.get("step_time_s")) if measured else None
             peak = metrics.get("peak_memory_gib", ua.get("peak_memory_gib")) if measured else None
             counts = str((ua.get(A.INFO) or {}).get(PEAK_COUNTS_KEY) or ua.get(PEAK_COUNTS_KEY) or "device")

@@ -20,7 +20,7 @@ from autotune.workers.protocol import ProbeResult
 
 from .records import TrialRecord, trial_records
 from ..guide.refit import RIDGE_DATA_SHEET, RIDGE_MEASURED, Refit, fit_refit
-from ..trial_attrs import A
+from ..trial_attrs import A, RAN
 
 __all__ = [
     "observer_phase",
@@ -178,7 +178,7 @@ class GuideEstimatesListener(TrialListener):
         self.guide = guide
 
     def trial_finished(self, study: optuna.Study, record: TrialRecord, result: ProbeResult | None) -> None:
-        if record.status in ("ok", "pruned"):
+        if record.status in RAN:
             estimates = self.guide.estimates(study.get_trials(deepcopy=False))
             study.set_user_attr(
                 A.GUIDE_ESTIMATES, {k: [round(m, 6), round(s, 6), n] for k, (m, s, n) in estimates.items()}

@@ -33,7 +33,7 @@ from .serving_plots import PLOT_NAME, latency_vs_rate_plot
 from ..settings import Objectives
 from ..spec.schema import Spec
 from ..spec.resolve import objectives_of
-from ..trial_attrs import A
+from ..trial_attrs import A, RAN
 from .tracker import NOTE_TAG, TERMINAL_STATUSES, error_line, mlflow_key
 
 __all__ = ["StudyTracking"]
@@ -256,16 +256,8 @@ class StudyTracking(TrialListener):
         metrics = {k: v for k, v in record.metrics.items() if _finite(v)}
         # a simulated trial's figures are the model's own: beside them its prediction is the same
         # number, and an error of 0 % would read as the model checked against a probe
-        simulated = record.source == "simulated"
-        for k, v in record.predicted.items():
-            if _finite(v) and not simulated:
-                metrics[f"predicted_{k}"] = v
-        first = self.objectives[0][0]
-        measured = None if simulated else record.metrics.get(first)
-        for prefix in ("", "refit_"):
-            predicted = record.predicted.get(prefix + first)
-            if _finite(predicted) and _finite(measured) and measured:
-                metrics[f"{prefix}prediction_error_pct"] = 100.0 * (predicted - measured) / abs(measured)
+        if record.source != "simulated":
+            metrics.update(self._prediction_beside(record))
         tags = {
             "autotune.status": record.status,
             "autotune.source": record.source or "rules",
@@ -292,8 +284,20 @@ class StudyTracking(TrialListener):
             tags,
             steps=result.steps if result else None,
             artifacts=artifacts,
-            failed=record.status not in ("ok", "pruned"),
+            failed=record.status not in RAN,
         )
+
+    def _prediction_beside(self, record: TrialRecord) -> dict[str, float]:
+        """A measured trial's prediction (``predicted_*``) and how far the first objective's missed
+        its measurement (``prediction_error_pct``, and ``refit_`` for the refitted model's)."""
+        out = {f"predicted_{k}": v for k, v in record.predicted.items() if _finite(v)}
+        first = self.objectives[0][0]
+        measured = record.metrics.get(first)
+        for prefix in ("", "refit_"):
+            predicted = record.predicted.get(prefix + first)
+            if _finite(predicted) and _finite(measured) and measured:
+                out[f"{prefix}prediction_error_pct"] = 100.0 * (predicted - measured) / abs(measured)
+        return out
 
     def study_finished(self, ended: StudyEnded) -> None:
         """The parent run's closing content: the best, baseline and recommended configs, the
