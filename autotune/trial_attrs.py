@@ -55,6 +55,8 @@ class A:
     REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
     # a slice study's config measured again at the target's full size (cluster.confirm_top)
     AT_TARGET = "autotune.at_target"
+    # a re-measurement that ran this many timed steps, not the workload's (autotune.guide.short_remeasure)
+    SHORT_STEPS = "autotune.short_steps"
     INFRA_RETRY_OF = "autotune.infra_retry_of"  # the config again, after the infrastructure failed under it
     WALL = "autotune.wall_s"
     # the trial's memory profile (autotune.guide.memory_profile.ProfileRecord): the layers per stage run,

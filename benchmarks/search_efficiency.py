@@ -78,7 +78,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_ray_cluster import local_cluster  # noqa: E402
 import true_world  # noqa: E402
-from true_world import FULL_LAYERS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV  # noqa: E402
+from true_world import FULL_LAYERS_ENV, FULL_STEPS_ENV, STEP_NOISE_ENV, WALL_SCALE_ENV, steps_share  # noqa: E402
 from true_world import (  # noqa: E402
     FULL_PROBE_WALL_S,
     STRUCTURE_FAMILIES,
@@ -109,6 +109,7 @@ SCENARIOS = {
     "70b-32x64": dict(model="llama2-70b", nodes=4, memory=64, gbs=128, pp=[1, 2, 4, 8]),
 }
 LAUNCHER = Path(__file__).resolve().parent / "true_world.py"
+FULL_MEASURED_STEPS = 5  # the benchmark's workload times 5 steps after 2 warm-up (TrainWorkload's defaults)
 MODEL_LAYERS = {"llama2-7b": 32, "llama2-13b": 40, "llama2-70b": 80}
 ROOMY_HEADROOM = 0.03  # share of the usable memory a "roomy" optimum leaves free (Truth.roomy_optimum)
 # issue 41's checks. A layout: a config without these (precision, HCCL settings, graph / compile flags:
@@ -133,14 +134,24 @@ def spec_for(
     profile_go: float = 0.4,
     ray_address: str | None = None,
     wall_scale_s: float = 0.0,
+    remeasure_steps: int | None = 2,
 ) -> Spec:
     """The benchmark's study of a scenario. ``ray_address``: dispatch through that Ray cluster, a
     multi-node layout as one launcher per node (``--node-rank``); else no Ray. ``wall_scale_s``
     (> 0): each launcher lasts that many seconds per modelled full probe
     (``true_world.probe_wall_s``), so the study's measured walls, which its budget in full-probe
     equivalents is counted from, keep the modelled proportions."""
-    argv = [sys.executable, str(LAUNCHER), "{trial_file}", "--num-layers", "{num_layers}"]
-    env = {"AUTOTUNE_BENCH_WORLD": str(world_file or "")}
+    # {measured_steps}: the launcher times the steps the trial file says (fewer in a re-measurement)
+    argv = [
+        sys.executable,
+        str(LAUNCHER),
+        "{trial_file}",
+        "--num-layers",
+        "{num_layers}",
+        "--measured-steps",
+        "{measured_steps}",
+    ]
+    env = {"AUTOTUNE_BENCH_WORLD": str(world_file or ""), FULL_STEPS_ENV: str(FULL_MEASURED_STEPS)}
     if ray_address:
         argv += ["--node-rank", "{node_rank}"]
     if wall_scale_s > 0:
@@ -148,7 +159,14 @@ def spec_for(
     data = {
         "name": f"bench-{name}",
         "model": sc["model"],
-        "workload": {"kind": "train", "seq_len": 4096, "global_batch_size": sc["gbs"], "timeout_s": 60},
+        "workload": {
+            "kind": "train",
+            "seq_len": 4096,
+            "global_batch_size": sc["gbs"],
+            "warmup_steps": 2,
+            "measured_steps": FULL_MEASURED_STEPS,
+            "timeout_s": 60,
+        },
         "cluster": {
             "accelerator": "npu",
             "profile": "ascend-910b",
@@ -186,6 +204,7 @@ def spec_for(
             "min_fit_probability": min_fit,
             "max_oom_share": max_oom_share,
             "max_doubt_probes": max_doubt_probes,
+            "remeasure_steps": remeasure_steps,
             "memory_profiles": memory_profiles,
             "profile_go_probability": profile_go,
         },
@@ -390,12 +409,13 @@ def run_autotune(
             # a memory profile runs the layout with fewer layers (request.model), a full probe the spec's
             profiled = PROFILE_MARK in request.workload
             model = request.model if profiled else c.model
-            out = truth.world.measure(
-                model, request.workload if profiled else c.workload, c.cluster, request.params, request.number
-            )
+            full_steps = int(c.workload["measured_steps"])
+            out = truth.world.measure(model, request.workload, c.cluster, request.params, request.number, full_steps)
             # priced by what it runs: a profile with k layers per stage its share (true_world.probe_wall_s),
-            # a full probe that runs out of memory its steps up to the one that fails (true_world.oom_wall_s)
-            wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled)
+            # a full probe that runs out of memory its steps up to the one that fails (true_world.oom_wall_s),
+            # a short re-measurement its start-up and its steps
+            share = steps_share(request.workload, full_steps)
+            wall = probe_wall_s(int(model["num_hidden_layers"]), int(c.model["num_hidden_layers"]), profiled, share)
             if not profiled and out.get("failure") == "oom":
                 wall = truth.oom_wall(request.params)
             # the launcher's lines, parsed as the command path parses them
@@ -430,6 +450,16 @@ def run_autotune(
         fits = truth.fits.get(config_key(r.config), True)
         # a full probe's modelled wall, an OOM's up to the step that failed (what it ran, not what it reported)
         full = 0.0 if not ran_full else 1.0 if fits else truth.oom_wall(r.config) / FULL_PROBE_WALL_S
+        if ran_full and fits and r.short_steps:  # a re-measurement of fewer timed steps: its start-up and its steps
+            full = (
+                probe_wall_s(
+                    1,
+                    1,
+                    False,
+                    steps_share({**truth.ctx.workload, "measured_steps": r.short_steps}, FULL_MEASURED_STEPS),
+                )
+                / FULL_PROBE_WALL_S
+            )
         cost = profile_cost(r.memory_profile, r.config, full_layers) + full
         # an OOM: what the world says (a message the parser does not know makes it a crash in the study)
         oom = r.status == "oom" or not fits
@@ -761,6 +791,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="the guide's search.max_doubt_probes (probes of unmeasured families when the model is in doubt; 0: none)",
     )
     ap.add_argument(
+        "--remeasure-steps",
+        type=int,
+        default=2,
+        help="the guide's search.remeasure_steps (timed steps of a re-measurement; 0: the full probe's)",
+    )
+    ap.add_argument(
         "--ray-cluster",
         action="store_true",
         help="run multi-node scenarios (70b-32x64: 4 nodes x 8) through a local multi-node Ray cluster, "
@@ -923,6 +959,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         args.profile_go,
                         ray_address=address,
                         wall_scale_s=wall_scale(args, use_ray),
+                        remeasure_steps=args.remeasure_steps or None,
                     )
                     truth = Truth(world, spec, configs)
                     if args.device_check:

@@ -72,6 +72,7 @@ the worlds always gave, so the figures taken before issue 41 stay comparable.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 import sys
@@ -116,6 +117,15 @@ NOISE = float(os.environ.get(STEP_NOISE_ENV) or 0.02)
 OUTLIERS_ENV = "AUTOTUNE_BENCH_OUTLIERS"  # the launcher's copy of search_efficiency.py --outliers
 OUTLIER_SHARE = float(os.environ.get(OUTLIERS_ENV) or 0.0)
 OUTLIER_SLOWDOWN = 1.2
+# relative sd of one step's time within a run: NOISE is a whole probe's reading (its timed steps' median,
+# the launch's noise), so a reading of fewer timed steps (a short re-measurement, autotune.guide.
+# short_remeasure) adds what its few steps average out less: STEP_JITTER^2 (1/k - 1/K) of variance for k
+# of the full probe's K. 2 %: on the H200 the torch probe's steps spread 0.45 % within a run
+# (benchmarks/README.md, "Accelerator check"); Megatron-LM's per-iteration times on a busy cluster, 1-2 %
+STEP_JITTER = 0.02
+FULL_STEPS_ENV = (
+    "AUTOTUNE_BENCH_FULL_STEPS"  # the spec's workload's timed steps (a re-measurement's trial file has fewer)
+)
 
 # Memory that behaves unlike the simulator's structure, not only with other coefficients (issue #12):
 # each family adds a term the analytical model does not have, with a strength drawn per world.
@@ -708,10 +718,18 @@ class World:
         }
 
     def measure(
-        self, model: dict, workload: dict, cluster: dict, config: dict[str, Any], run: int = 0
+        self,
+        model: dict,
+        workload: dict,
+        cluster: dict,
+        config: dict[str, Any],
+        run: int = 0,
+        full_steps: int | None = None,
     ) -> dict[str, Any]:
         """One probe: the truth plus noise. The noise is fixed by world, config and ``run`` (the
-        trial number): a repeated benchmark sees the same numbers, a re-measurement new noise."""
+        trial number): a repeated benchmark sees the same numbers, a re-measurement new noise.
+        ``full_steps``: the full probe's timed steps, where the workload times fewer (a short
+        re-measurement), whose reading then carries its steps' own spread (``STEP_JITTER``)."""
         t = self.truth(model, workload, cluster, [config])
         if not t["valid"][0]:
             return {"failure": "invalid"}
@@ -743,6 +761,10 @@ class World:
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
         if OUTLIER_SHARE and rng.random() < OUTLIER_SHARE:
             noise *= OUTLIER_SLOWDOWN
+        steps = int(workload.get("measured_steps") or 1)
+        if full_steps and steps < full_steps:  # fewer timed steps average out less of the steps' spread
+            jitter = STEP_JITTER * math.sqrt(1.0 / steps - 1.0 / full_steps)
+            noise *= 1.0 + jitter * float(np.random.default_rng([self.seed, run, 7]).normal())
         step = float(t["step_time_s"][0]) * noise
         tps_dev = float(t["tokens_per_s_per_device"][0]) / noise
         peak = float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))
@@ -819,10 +841,18 @@ WALL_SCALE_ENV = "AUTOTUNE_BENCH_WALL_SCALE"  # the launcher sleeps this many se
 FULL_LAYERS_ENV = "AUTOTUNE_BENCH_FULL_LAYERS"  # the spec's model's layers (a profile's trial file has fewer)
 
 
-def probe_wall_s(layers: int, full_layers: int, profiled: bool) -> float:
-    """The modelled wall of a probe of ``layers`` layers of a ``full_layers`` model."""
-    steps = PROFILE_STEPS_SHARE if profiled else 1.0
+def probe_wall_s(layers: int, full_layers: int, profiled: bool, steps_share: float = 1.0) -> float:
+    """The modelled wall of a probe of ``layers`` layers of a ``full_layers`` model (``steps_share``:
+    the share of the full probe's steps a full-size run makes, less than 1 for a short re-measurement)."""
+    steps = PROFILE_STEPS_SHARE if profiled else steps_share
     return FULL_PROBE_WALL_S * (PROBE_STARTUP_SHARE + (1 - PROBE_STARTUP_SHARE) * steps * layers / full_layers)
+
+
+def steps_share(workload: dict, full_measured: int) -> float:
+    """The share of a full probe's steps (warm-up and timed) a run of ``workload`` makes, where the
+    full probe times ``full_measured`` steps."""
+    warmup = float(workload.get("warmup_steps", 2) or 0)
+    return (warmup + float(workload.get("measured_steps", 5) or 0)) / (warmup + full_measured)
 
 
 def oom_wall_s(world: "World", model: dict, workload: dict, cluster: dict, config: dict[str, Any]) -> float:
@@ -945,7 +975,8 @@ _IMPORTED_AT = time.monotonic()
 
 
 def main(argv: list[str]) -> int:
-    """``TRIAL_FILE [--num-layers N] [--node-rank N]``: one probe in the world (``AUTOTUNE_BENCH_WORLD``). With
+    """``TRIAL_FILE [--num-layers N] [--measured-steps N] [--node-rank N]``: one probe in the world
+    (``AUTOTUNE_BENCH_WORLD``). With
     ``--node-rank`` the launcher is one node of a multi-node trial: each node runs the same config;
     an OOM or an invalid config fails on every node in the same words; otherwise node 0 prints
     the metrics line and the others print none and exit 0 (the dispatch takes node 0's result)."""
@@ -954,6 +985,11 @@ def main(argv: list[str]) -> int:
     if "--node-rank" in args:
         i = args.index("--node-rank")
         node_rank = int(args[i + 1])
+        del args[i : i + 2]
+    steps = None
+    if "--measured-steps" in args:  # autotune's {measured_steps}: the timed steps (fewer in a re-measurement)
+        i = args.index("--measured-steps")
+        steps = int(args[i + 1])
         del args[i : i + 2]
     layers = None
     if "--num-layers" in args:  # autotune's {num_layers}: the model's layers (fewer in a memory profile)
@@ -964,16 +1000,20 @@ def main(argv: list[str]) -> int:
     if layers is not None and layers != int(trial["model"]["num_hidden_layers"]):
         print(f"--num-layers {layers} disagrees with the trial file's model", file=sys.stderr, flush=True)
         return 2
+    if steps is not None and steps != int(trial["workload"].get("measured_steps") or 0):
+        print(f"--measured-steps {steps} disagrees with the trial file's workload", file=sys.stderr, flush=True)
+        return 2
     world = World.from_json(json.loads(open(os.environ["AUTOTUNE_BENCH_WORLD"]).read()))
+    full_steps = int(os.environ.get(FULL_STEPS_ENV) or trial["workload"].get("measured_steps") or 1)
     out = world.measure(
-        trial["model"], trial["workload"], trial["cluster"], trial["params"], int(trial.get("number", 0))
+        trial["model"], trial["workload"], trial["cluster"], trial["params"], int(trial.get("number", 0)), full_steps
     )
     scale = float(os.environ.get(WALL_SCALE_ENV) or 0)
     if scale > 0:  # as long as the modelled probe, scaled: a study's walls (its profiles' cost) stay in proportion
         layers = int(trial["model"]["num_hidden_layers"])
         full = int(os.environ.get(FULL_LAYERS_ENV) or layers)
         profiled = "memory_profile_layers_per_stage" in trial["workload"]
-        wall = probe_wall_s(layers, full, profiled)
+        wall = probe_wall_s(layers, full, profiled, steps_share(trial["workload"], full_steps))
         if out.get("failure") == "oom" and not profiled:  # it ends at the step that fails
             wall = oom_wall_s(world, trial["model"], trial["workload"], trial["cluster"], trial["params"])
         # the process's own start-up (interpreter, imports) is part of the wall: sleep only the rest

@@ -197,6 +197,34 @@ def test_a_full_probe_that_runs_out_of_memory_is_priced_up_to_the_step_that_fail
     assert min(walls) > one_step and max(walls) < tw.FULL_PROBE_WALL_S
 
 
+def test_a_short_re_measurement_reads_noisier_and_costs_its_steps(tmp_path, scenario):
+    """A re-measurement of fewer timed steps (autotune.guide.short_remeasure) costs the world's
+    start-up and its steps, and its reading carries its few steps' spread on top of the launch's
+    noise; a full probe's reading is as before (no spread added where it times every step)."""
+    _, _, _, ctx = scenario
+    world = _world(scenario, "production")
+    config = _one(scenario, world, fits=True)
+    full = ctx.workload["measured_steps"]
+    short = {**ctx.workload, "measured_steps": 1}
+
+    def reading(workload, run):
+        out = world.measure(ctx.model, workload, ctx.cluster, config, run, full_steps=full)
+        return out["metrics"]["step_time_s"]
+
+    runs = range(400)
+    plain = [world.measure(ctx.model, ctx.workload, ctx.cluster, config, r)["metrics"]["step_time_s"] for r in runs]
+    assert [reading(ctx.workload, r) for r in runs] == plain
+    ratios = np.array([reading(short, r) / p for r, p in zip(runs, plain)])
+    extra = tw.STEP_JITTER * np.sqrt(1.0 - 1.0 / full)
+    assert np.std(ratios) == pytest.approx(extra, rel=0.2) and abs(np.mean(ratios) - 1.0) < 0.01
+    share = tw.steps_share(short, full)
+    assert share == pytest.approx(3 / 7)
+    assert tw.probe_wall_s(32, 32, False, share) == pytest.approx(100 * (0.15 + 0.85 * 3 / 7))
+    # the launcher checks what autotune's {measured_steps} says against the trial file
+    bad = _launch(tmp_path, scenario, world, config, "--measured-steps", "1")
+    assert bad.returncode == 2 and "disagrees with the trial file's workload" in bad.stderr
+
+
 def test_repeat_check_counts_a_layout_probed_again_after_an_oom():
     base = {"tp": 2, "pp": 1, "micro_batch_size": 2, "precision": "bf16", "env.HCCL_BUFFSIZE": "200"}
     records = [

@@ -145,9 +145,9 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
         rank_first=sp.sampler == "auto",
         memory_profiles=sp.memory_profiles,
         seed=sp.seed,
-        guide=guide_settings(spec, context),
+        guide=guide_settings(spec, context, backend.kind),
         prune=PruneSettings(prune=sp.prune, prune_margin=sp.prune_margin, prune_min_steps=sp.prune_min_steps),
-        request=request_settings(spec, context),
+        request=request_settings(spec, context, backend.kind),
         # a simulated study predicts the target directly (it has no slice): nothing to confirm
         confirm_top=0 if backend.simulated or not spec.cluster.probe_slice else spec.cluster.confirm_top,
     )

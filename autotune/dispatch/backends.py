@@ -157,12 +157,16 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     from .dispatcher import ProbeLaunch
 
     from ..guide.memory_profile import NUM_LAYERS_ENV, fill_num_layers, num_layers_of
+    from ..guide.short_remeasure import MEASURED_STEPS_ENV, fill_measured_steps
 
     backend = spec.backend
     timeout = backend.timeout_s or spec.workload.timeout_s
     # the layers of the model this trial runs: fewer than the spec's in a memory profile
-    # (autotune.guide.memory_profile), so a launcher that takes its own layer count is told
+    # (autotune.guide.memory_profile), so a launcher that takes its own layer count is told; and the
+    # timed steps it runs: fewer in a re-measurement (autotune.guide.short_remeasure)
     env = {**backend.env, **request.env(), NUM_LAYERS_ENV: str(num_layers_of(request.model))}
+    if request.workload.get("measured_steps"):
+        env[MEASURED_STEPS_ENV] = str(int(request.workload["measured_steps"]))
     placement = trial_placement(spec, trial_devices(spec.workload.kind, request.params))
     resources, nodes = placement["resources"], placement["nodes"]
     cwd = backend.cwd
@@ -176,7 +180,7 @@ def launch_for(spec: Spec, choice: BackendChoice, request: TrialRequest):
     spread["oom_exit_grace_s"] = backend.oom_exit_grace_s  # every process probe: an OOM that does not exit
     if choice.kind == "command":
         return ProbeLaunch(
-            argv=fill_num_layers(backend.argv or [], request.model),
+            argv=fill_measured_steps(fill_num_layers(backend.argv or [], request.model), request.workload),
             env=env,
             timeout_s=timeout,
             resources=resources,

@@ -402,6 +402,13 @@ class GuideRace:
         control = self._control(obs) if self.settings.drift_every > 0 else None
         return sum(n - 1 for i, n in seen.items() if i != control)
 
+    def _held_back(self, obs: list[Observation]) -> int:
+        """Full probes of the budget held back at its end for the race: the re-measurements it has
+        left (``confirm_readings`` less those spent), each at what one costs (``remeasure_cost``),
+        rounded up."""
+        left = self.settings.confirm_readings - self.race_spent(obs)
+        return math.ceil(left * self.settings.remeasure_cost - 1e-9) if left > 0 else 0
+
     @staticmethod
     def _control(obs: list[Observation]) -> int | None:
         """The drift checks' control: the first config measured (the baseline, where the spec has one:

@@ -612,9 +612,7 @@ class Guide(GuideMemory, GuideRace):
         suspect = self.suspect_reading(view.obs, view.exclude, allowed)
         if suspect is not None:
             return view.with_prediction(suspect, widened=False), ""
-        if budget_left is not None and budget_left <= max(
-            1, self.settings.confirm_readings - self.race_spent(view.obs)
-        ):
+        if budget_left is not None and budget_left <= max(1, self._held_back(view.obs)):
             # the budget held back for the race: the contenders are raced before anything new is probed
             # a repeat only to measure the noise does not compete with a new config (the golden
             # profiled study: it cost a config 1.8x faster than the one it re-measured)

@@ -299,14 +299,18 @@ def profile_cost_fpe(
     return sum(STARTUP_SHARE + k / max(per_stage, 1.0) for k in runs_layers)
 
 
-def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None) -> float:
+def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None, short: bool = False) -> float:
     """A full probe's cost in full-probe equivalents: 1, except a probe that ended clearly early
     (``ENDED_EARLY``): at the step that ran out of memory (the command runner stops one that does
     not exit, ``autotune.workers.command.OOM_EXIT_GRACE_S``), or stopped by the pruner as unable to
     win: its wall over the median full probe's, where that is below ``EARLY_END_SHARE``. One near a
     full probe's wall (a late step, a launcher that sat on it) costs a whole one: the few percent a
     wall's spread would give back would only start a full probe the budget cannot pay for. Before
-    the first full probe's wall is known, 1."""
+    the first full probe's wall is known, 1. A re-measurement made short on purpose (``short``:
+    fewer timed steps, :mod:`autotune.guide.short_remeasure`) costs its wall over that median,
+    whatever the share, at most 1."""
+    if short and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
+        return min(1.0, float(wall_s) / full_wall_s)
     if status in ENDED_EARLY and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
         share = float(wall_s) / full_wall_s
         return share if share < EARLY_END_SHARE else 1.0
@@ -319,11 +323,12 @@ def trial_cost_fpe(
     full_wall_s: float | None,
     status: Any = None,
     wall_s: Any = None,
+    short: bool = False,
 ) -> float:
     """A trial's cost in full-probe equivalents: its full probe (if it ran one: 1, or less where it
     ended early, :func:`full_probe_cost_fpe`; ``status`` and ``wall_s`` are the trial's) plus
     its memory profile's runs (``profile``: the trial's ``autotune.guide.memory_profile`` record)."""
-    cost = full_probe_cost_fpe(status, wall_s, full_wall_s) if full_probe else 0.0
+    cost = full_probe_cost_fpe(status, wall_s, full_wall_s, short) if full_probe else 0.0
     if profile:
         cost += profile_cost_fpe(
             profile.get("walls_s") or [],
@@ -345,11 +350,19 @@ def cost_of_trials(trials_attrs: Iterable[Mapping[str, Any]]) -> float:
     """Full-probe equivalents the given trials (their user attributes: the caller passes those
     that count against the budget) spent: each full probe 1, each memory profile its wall time
     over the median full probe's (estimated from its layers before any full probe ran); a full probe
-    that ran out of memory or was pruned, its wall over that median (:func:`full_probe_cost_fpe`)."""
+    that ran out of memory or was pruned, or a short re-measurement, its wall over that median
+    (:func:`full_probe_cost_fpe`)."""
     attrs = list(trials_attrs)
     median = median_full_wall(attrs)
     return sum(
-        trial_cost_fpe(a.get(A.MEMORY_PROFILE), ran_full_probe(a), median, a.get(A.STATUS), a.get(A.WALL))
+        trial_cost_fpe(
+            a.get(A.MEMORY_PROFILE),
+            ran_full_probe(a),
+            median,
+            a.get(A.STATUS),
+            a.get(A.WALL),
+            bool(a.get(A.SHORT_STEPS)),
+        )
         for a in attrs
     )
 
@@ -357,12 +370,14 @@ def cost_of_trials(trials_attrs: Iterable[Mapping[str, Any]]) -> float:
 def median_full_wall(trials_attrs: Iterable[Mapping[str, Any]]) -> float | None:
     """The median wall time of the full probes that ran to the end (``ok``) among these trials
     (None before the first): what a memory profile's wall is measured against (an OOM or a
-    pruned probe stopped early, and would make a profile look dearer than it is)."""
+    pruned probe stopped early, and would make a profile look dearer than it is; a short
+    re-measurement ran fewer steps on purpose)."""
     walls = [
         float(a[A.WALL])
         for a in trials_attrs
         if ran_full_probe(a)
         and a.get(A.STATUS) == "ok"
+        and not a.get(A.SHORT_STEPS)
         and isinstance(a.get(A.WALL), (int, float))
         and float(a[A.WALL]) > 0
     ]

@@ -33,11 +33,17 @@ def measured_noise(hardware: Mapping[str, Any]) -> NoisePrior | None:
     return NoisePrior(float(noise), int(dof), "autotune calibrate --serving's repeated probes on this host")
 
 
-def guide_settings(spec: Spec, context: ProbeContext | None = None) -> GuideSettings:
+def guide_settings(spec: Spec, context: ProbeContext | None = None, backend_kind: str | None = None) -> GuideSettings:
     """The guide's knobs from the spec's ``search:`` section (the same names), what the device
     check found usable on a device (``context``'s hardware), and for a serving study the noise
-    between runs ``autotune calibrate --serving`` measured on this host (:func:`measured_noise`)."""
+    between runs ``autotune calibrate --serving`` measured on this host (:func:`measured_noise`).
+    ``backend_kind``: the backend the study runs; where its re-measurements are short
+    (:mod:`autotune.guide.short_remeasure`), the race's share buys more of them."""
+    from ..spec.resolve import remeasure_steps_of
+    from .short_remeasure import remeasure_cost_estimate
+
     sp = spec.search
+    remeasure_cost = remeasure_cost_estimate(spec.workload.model_dump(), remeasure_steps_of(spec, backend_kind))
     hardware = (context if context is not None else probe_context(spec)).hardware
     noise = measured_noise(hardware) if spec.workload.kind == "serve" else None
     return GuideSettings(
@@ -51,7 +57,8 @@ def guide_settings(spec: Spec, context: ProbeContext | None = None) -> GuideSett
         tie_tolerance=sp.tie_tolerance,
         max_readings=sp.max_readings,
         confidence=sp.confidence,
-        confirm_readings=sp.confirm_readings(),
+        confirm_readings=sp.confirm_readings(remeasure_cost),
+        remeasure_cost=remeasure_cost,
         drift_every=sp.drift_checks_every(),
         device_usable_gib=hardware.get("usable_memory_gib"),
     )

@@ -41,6 +41,8 @@ class RequestSettings:
     backend: dict[str, Any]  # the spec's backend section, secret env values masked: the probe's settings, the cache key
     workload_kind: str  # train, infer or serve: a config's devices (parameters.trial_devices)
     secrets: tuple[str, ...] = ()  # every secret value the spec holds: scrubbed from what a probe printed
+    # the timed steps a re-measurement runs (autotune.guide.short_remeasure); None: the full probe
+    remeasure_steps: int | None = None
 
     def request(self, config: dict[str, Any], number: int) -> TrialRequest:
         """What the probe of trial ``number`` is told: the config, the model, workload and cluster,

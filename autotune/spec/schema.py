@@ -193,8 +193,9 @@ TargetName = Literal[(*STACK_NAMES, "none")]  # type: ignore[valid-type]  # the 
 class BackendSpec(Strict):
     """How a trial is measured. ``command`` runs ``argv`` (``{trial_file}`` is replaced by the
     trial file path, ``{num_layers}`` by the layers of the model the trial runs: fewer than the
-    model's in a memory profile, see autotune.guide.memory_profile) and reads the probe protocol's JSON
-    lines, or ``metric_patterns`` regexes."""
+    model's in a memory profile, see autotune.guide.memory_profile; ``{measured_steps}`` by the timed
+    steps it runs: fewer in a re-measurement, see autotune.guide.short_remeasure) and reads the probe
+    protocol's JSON lines, or ``metric_patterns`` regexes."""
 
     kind: BackendKind = "auto"
     argv: list[str] | None = None

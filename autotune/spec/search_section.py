@@ -105,9 +105,19 @@ class SearchSpec(Strict):
         0.25,
         gt=0,
         description="sampler auto: the re-measurements the race of the contenders may spend, a share of "
-        "n_trials (below 1) or a count (a whole number, at most n_trials); held back at the end of the budget "
+        "n_trials (below 1: full-probe equivalents, so more of them where a re-measurement is short, "
+        "remeasure_steps) or a count (a whole number, at most n_trials); held back at the end of the budget "
         "while the recommendation is not certified, spent on new configs when it is; a study that would stop "
         "early with budget left races past it, with the budget left",
+    )
+    remeasure_steps: int | None = Field(
+        2,
+        ge=1,
+        description="sampler auto, training: the timed steps a re-measurement (the race, a drift check, a suspect "
+        "reading) runs after the workload's warm-up: it reads the noise between runs, which a launch draws whatever "
+        "its length, at about 0.6 of a full probe (2 warm-up + 2 of 7 steps); the race's share (confirm_budget) buys "
+        "readings at that cost. null: the workload's measured_steps. Where the probe is not told its steps (a command "
+        "backend without {measured_steps}, a stack preset) a re-measurement is a full probe",
     )
     max_readings: int = Field(
         3, ge=2, le=10, description="sampler auto: the most readings the race of the contenders takes of one config"
@@ -159,11 +169,13 @@ class SearchSpec(Strict):
             return self.drift_every
         return DRIFT_EVERY_AUTO if self.n_trials >= DRIFT_AUTO_FROM else 0
 
-    def confirm_readings(self) -> int:
-        """``confirm_budget`` as a count of re-measurements (a share of ``n_trials``, at least one)."""
+    def confirm_readings(self, remeasure_cost: float = 1.0) -> int:
+        """``confirm_budget`` as a count of re-measurements: a count as given; a share of ``n_trials``
+        (full-probe equivalents) over what one re-measurement costs (``remeasure_cost``: 1 for a full
+        probe, about 0.5 for a short one, :mod:`autotune.guide.short_remeasure`), at least one."""
         if self.confirm_budget >= 1:
             return int(self.confirm_budget)
-        return max(1, math.floor(self.confirm_budget * self.n_trials + 1e-9))
+        return max(1, math.floor(self.confirm_budget * self.n_trials / max(remeasure_cost, 1e-9) + 1e-9))
 
 
 class RecommendSpec(Strict):

@@ -90,11 +90,13 @@ class TrialRecord:
     memory_profile: dict[str, Any] = field(
         default_factory=dict
     )  # its memory profile (autotune.study.profiling), if any
+    short_steps: int | None = None  # a re-measurement's timed steps, where fewer than the workload's
 
     def budget_attrs(self) -> dict[str, Any]:
         """The user attributes its cost against the budget is read from (status, wall, memory
         profile: :func:`autotune.guide.memory_profile.cost_of_trials`), for callers that hold records."""
-        return {A.STATUS: self.status, A.WALL: self.wall_s, A.MEMORY_PROFILE: self.memory_profile}
+        attrs = {A.STATUS: self.status, A.WALL: self.wall_s, A.MEMORY_PROFILE: self.memory_profile}
+        return {**attrs, A.SHORT_STEPS: self.short_steps} if self.short_steps else attrs
 
     def measured_where(self) -> dict[str, Any]:
         """Where a slice study's figure stands: measured on the probe slice and projected
@@ -116,6 +118,7 @@ class TrialRecord:
             "baseline": self.baseline,
             "chosen_because": self.chosen_because,
             **({"memory_profile": self.memory_profile} if self.memory_profile else {}),
+            **({"short_steps": self.short_steps} if self.short_steps else {}),
             **self.measured_where(),
             # measured, but missing the spec's constraints on metrics: why it is not the best
             **({"misses": self.reason} if self.status == "ok" and not self.feasible else {}),
@@ -172,6 +175,7 @@ def _record(t: optuna.trial.FrozenTrial) -> TrialRecord:
         info=ua.get(A.INFO) or {},
         wall_s=float(ua.get(A.WALL) or 0.0),
         memory_profile=dict(ua.get(A.MEMORY_PROFILE) or {}),
+        short_steps=int(ua[A.SHORT_STEPS]) if ua.get(A.SHORT_STEPS) else None,
     )
 
 

@@ -13,7 +13,8 @@ equivalents) is counted in :func:`_count` only: a trial counts one full probe wh
 memory profile adds its share when it has run (:func:`autotune.guide.memory_profile.profile_cost_fpe`),
 and the full probe is taken back when the profile ends the trial without one; a full probe that ran
 out of memory, or that the pruner stopped, gives back what it did not run (its wall against a full probe's,
-:func:`autotune.guide.memory_profile.full_probe_cost_fpe`); a trial the infrastructure failed (not the
+:func:`autotune.guide.memory_profile.full_probe_cost_fpe`), as does a re-measurement made short on purpose
+(:mod:`autotune.guide.short_remeasure`); a trial the infrastructure failed (not the
 config) gives its full probe back.
 """
 
@@ -39,6 +40,7 @@ from ..guide.memory_profile import (
     profile_cost_fpe,
     ran_full_probe,
 )
+from ..guide.short_remeasure import remeasure_request
 from ..guide.projection import project_result, reference_devices, scaling_figures
 from .profiling import MemoryProfiler, ProfileRun
 from .pruning import LoserPruner
@@ -136,10 +138,20 @@ class TrialRunner:
 
     def _request(self, trial: optuna.Trial, config: dict[str, Any]) -> TrialRequest:
         """What the probe is told: the config, the model, workload and cluster, the backend (masked);
-        at the target's full size for a slice study's confirmation (``cluster.confirm_top``)."""
+        at the target's full size for a slice study's confirmation (``cluster.confirm_top``); a
+        re-measurement, with ``search.remeasure_steps`` timed steps where the probe takes them
+        (:mod:`autotune.guide.short_remeasure`)."""
         if trial.user_attrs.get(A.AT_TARGET):
             return self.request.target_request(config, trial.number)
-        return self.request.request(config, trial.number)
+        request = self.request.request(config, trial.number)
+        steps = self.request.remeasure_steps
+        if steps and A.REMEASURE_OF in trial.user_attrs:  # a new launch's reading: warm-up and a few timed steps
+            trial.set_user_attr(A.SHORT_STEPS, int(steps))
+            said = trial.user_attrs.get(A.CHOSEN, "")
+            timed = f"{steps} timed step{'s' if steps != 1 else ''} after the warm-up (search.remeasure_steps)"
+            trial.set_user_attr(A.CHOSEN, f"{said}; {timed}" if said else timed)
+            return remeasure_request(request, steps)
+        return request
 
     def _submit_profile(self, loop: LoopState, run: ProfileRun) -> None:
         """Submit the profile's next run (the layers per stage it has not run yet)."""
@@ -200,9 +212,10 @@ class TrialRunner:
                 del loop.seen[config_key(config)]
         else:
             loop.infra_in_a_row = 0
-            if record.status in ENDED_EARLY and ran_full_probe(trial.user_attrs):  # an OOM, or pruned
+            short = bool(trial.user_attrs.get(A.SHORT_STEPS))
+            if (record.status in ENDED_EARLY or short) and ran_full_probe(trial.user_attrs):  # an OOM, pruned, short
                 median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
-                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median) - 1.0)
+                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median, short) - 1.0)
         self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
 
     def _interpret_and_tell(
