@@ -17,6 +17,7 @@ from autotune.guide.short_remeasure import (
     MEASURED_STEPS_ENV,
     remeasure_cost_estimate,
     remeasure_request,
+    remeasure_steps_of,
     short_remeasure_steps,
     why_no_short_remeasure,
 )
@@ -59,7 +60,7 @@ def test_which_backends_are_told_their_steps():
 
 
 def test_the_request_runs_fewer_timed_steps_and_leaves_the_trials_own_alone():
-    request = request_settings(_spec(), backend_kind="command").request({"tp": 1, "pp": 1}, 3)
+    request = request_settings(_spec(), remeasure_steps=2).request({"tp": 1, "pp": 1}, 3)
     short = remeasure_request(request, 2)
     assert short.workload["measured_steps"] == 2 and short.workload["warmup_steps"] == 2
     assert request.workload["measured_steps"] == 5
@@ -69,7 +70,7 @@ def test_the_request_runs_fewer_timed_steps_and_leaves_the_trials_own_alone():
 
 def test_a_command_launcher_is_told_the_steps_in_its_argv_and_environment():
     spec = _spec()
-    settings = request_settings(spec, backend_kind="command")
+    settings = request_settings(spec, remeasure_steps=remeasure_steps_of(spec, "command"))
     assert settings.remeasure_steps == 2
     launch = launch_for(spec, BackendChoice("command", "test"), remeasure_request(settings.request({"tp": 1}, 3), 2))
     assert launch.argv[-2:] == ["--steps", "2"] and launch.env[MEASURED_STEPS_ENV] == "2"

@@ -132,6 +132,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
     from ..study.pruning import PruneSettings
     from ..study.search import LoopSettings
     from ..guide.spec_settings import guide_settings
+    from ..guide.short_remeasure import remeasure_steps_of
     from ..spec.resolve import objectives_of, probe_context, request_settings
 
     context = context if context is not None else probe_context(spec, backend.kind)
@@ -147,7 +148,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
         seed=sp.seed,
         guide=guide_settings(spec, context, backend.kind),
         prune=PruneSettings(prune=sp.prune, prune_margin=sp.prune_margin, prune_min_steps=sp.prune_min_steps),
-        request=request_settings(spec, context, backend.kind),
+        request=request_settings(spec, context, remeasure_steps_of(spec, backend.kind)),
         # a simulated study predicts the target directly (it has no slice): nothing to confirm
         confirm_top=0 if backend.simulated or not spec.cluster.probe_slice else spec.cluster.confirm_top,
     )

@@ -37,6 +37,7 @@ __all__ = [
     "fill_measured_steps",
     "remeasure_cost_estimate",
     "remeasure_request",
+    "remeasure_steps_of",
     "short_remeasure_steps",
     "why_no_short_remeasure",
 ]
@@ -77,6 +78,15 @@ def short_remeasure_steps(steps: int | None, workload: Mapping[str, Any], backen
         return None
     measured = int(workload.get("measured_steps") or 1)
     return int(steps) if int(steps) < measured else None
+
+
+def remeasure_steps_of(spec: Any, backend_kind: str | None) -> int | None:
+    """The timed steps a re-measurement of the study ``spec`` runs on ``backend_kind`` (None: a
+    full probe, and where the backend is not named): :func:`short_remeasure_steps` of its settings."""
+    if backend_kind is None:
+        return None
+    argv = getattr(spec.backend, "argv", None)
+    return short_remeasure_steps(spec.search.remeasure_steps, spec.workload.model_dump(), backend_kind, argv)
 
 
 def remeasure_request(request: TrialRequest, steps: int) -> TrialRequest:

@@ -39,8 +39,7 @@ def guide_settings(spec: Spec, context: ProbeContext | None = None, backend_kind
     between runs ``autotune calibrate --serving`` measured on this host (:func:`measured_noise`).
     ``backend_kind``: the backend the study runs; where its re-measurements are short
     (:mod:`autotune.guide.short_remeasure`), the race's share buys more of them."""
-    from ..spec.resolve import remeasure_steps_of
-    from .short_remeasure import remeasure_cost_estimate
+    from .short_remeasure import remeasure_cost_estimate, remeasure_steps_of
 
     sp = spec.search
     remeasure_cost = remeasure_cost_estimate(spec.workload.model_dump(), remeasure_steps_of(spec, backend_kind))

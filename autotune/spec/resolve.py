@@ -52,28 +52,17 @@ def probe_context(spec: Spec, backend_kind: str | None = None) -> ProbeContext:
     return ProbeContext(spec.model.model_dump(), workload, cluster)
 
 
-def remeasure_steps_of(spec: Spec, backend_kind: str | None) -> int | None:
-    """The timed steps a re-measurement of this study runs on ``backend_kind`` (None: a full probe;
-    :func:`autotune.guide.short_remeasure.short_remeasure_steps`)."""
-    from ..guide.short_remeasure import short_remeasure_steps
-
-    if backend_kind is None:
-        return None
-    argv = getattr(spec.backend, "argv", None)
-    return short_remeasure_steps(spec.search.remeasure_steps, spec.workload.model_dump(), backend_kind, argv)
-
-
 def request_settings(
-    spec: Spec, context: ProbeContext | None = None, backend_kind: str | None = None
+    spec: Spec, context: ProbeContext | None = None, remeasure_steps: int | None = None
 ) -> RequestSettings:
     """The request builder's settings (``context``: the study's probe context, when made already;
-    ``backend_kind``: the backend the study runs, which decides whether a re-measurement can be
-    short, :func:`remeasure_steps_of`)."""
+    ``remeasure_steps``: the timed steps a re-measurement runs on the study's backend, None for a
+    full probe, :func:`autotune.guide.short_remeasure.remeasure_steps_of`)."""
     return RequestSettings(
         study=spec.name,
         context=context if context is not None else probe_context(spec),
         backend=masked_backend(spec.backend.model_dump()),
         workload_kind=spec.workload.kind,
         secrets=tuple(secret_values(spec.model_dump(mode="json"))),
-        remeasure_steps=remeasure_steps_of(spec, backend_kind),
+        remeasure_steps=remeasure_steps,
     )
