@@ -134,7 +134,7 @@ def spec_for(
     profile_go: float = 0.4,
     ray_address: str | None = None,
     wall_scale_s: float = 0.0,
-    remeasure_steps: int | None = 2,
+    remeasure_steps: int | None = None,
 ) -> Spec:
     """The benchmark's study of a scenario. ``ray_address``: dispatch through that Ray cluster, a
     multi-node layout as one launcher per node (``--node-rank``); else no Ray. ``wall_scale_s``
@@ -793,8 +793,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--remeasure-steps",
         type=int,
-        default=2,
-        help="the guide's search.remeasure_steps (timed steps of a re-measurement; 0: the full probe's)",
+        default=0,
+        help="the guide's search.remeasure_steps (timed steps of a re-measurement; 0, the default: the full probe's)",
     )
     ap.add_argument(
         "--ray-cluster",

@@ -33,6 +33,7 @@ TRAIN = {"kind": "train", "warmup_steps": 2, "measured_steps": 5}
 
 
 def _spec(argv=("launch", "{trial_file}", "--steps", "{measured_steps}"), **search):
+    search = {"remeasure_steps": 2, **search}
     # six configs within a few percent of each other: the study measures them all, then races
     space = {"tp": [1, 2, 4], "pp": [1], "micro_batch_size": [1, 2], "recompute": ["full"], "zero_stage": [1]}
     data = dict(
@@ -95,7 +96,7 @@ def test_what_a_short_re_measurement_costs():
 
 def test_the_races_share_buys_readings_at_what_one_costs():
     spec = _spec(n_trials=25)
-    short = guide_settings(spec, backend_kind="command")  # the default: two timed steps
+    short = guide_settings(spec, backend_kind="command")  # two timed steps
     full = guide_settings(_spec(n_trials=25, remeasure_steps=None), backend_kind="command")
     one = guide_settings(_spec(n_trials=25, remeasure_steps=1), backend_kind="command")
     assert full.confirm_readings == 6 and full.remeasure_cost == 1.0  # 0.25 of 25
@@ -112,9 +113,11 @@ def test_the_races_share_buys_readings_at_what_one_costs():
     assert guide._held_back(obs) == math.ceil(7 * short.remeasure_cost)  # three spent
 
 
-def test_remeasure_steps_is_checked():
+def test_remeasure_steps_is_checked_and_off_by_default():
     with pytest.raises(ValidationError, match="remeasure_steps"):
         _spec(remeasure_steps=0)
+    plain = Spec.model_validate({**GUIDED_SPEC, "backend": {"kind": "command", "argv": ["x", "{measured_steps}"]}})
+    assert plain.search.remeasure_steps is None and remeasure_steps_of(plain, "command") is None
 
 
 def _study(tmp_path, spec):
