@@ -458,17 +458,24 @@ def test_losing_probes_are_stopped_early(write_spec, tmp_path, ray):
 def test_reuse_cache_answers_configs_measured_by_an_earlier_study(write_spec, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache.sqlite"))
     spec = _command_spec(write_spec, tmp_path, n_trials=6, parallel=1, ray="ray: {enabled: false}", sleep=0.0)
+
+    def starts() -> int:
+        return len([e for e in _probe_log(tmp_path) if e["event"] == "start"])
+
     _run_json(spec, tmp_path / "first")
-    first_runs = len([e for e in _probe_log(tmp_path) if e["event"] == "start"])
-    assert first_runs == 6
+    # six, or one more where an OOM ended early enough to give back what it did not run (a busy machine's
+    # walls: the budget counts an OOM's wall against a full probe's)
+    first_runs = starts()
+    assert first_runs in (6, 7)
 
     # a second study of the same spec elsewhere: without --reuse-cache it probes again ...
     _run_json(spec, tmp_path / "second")
-    assert len([e for e in _probe_log(tmp_path) if e["event"] == "start"]) == 12
+    second_runs = starts()
+    assert second_runs - first_runs >= 6
     # ... with it, every config measured before is answered from the cache, with its origin
     result = _invoke("run", str(spec), "--run-dir", str(tmp_path / "third"), "--json", "--reuse-cache")
     assert result.exit_code == 0, result.output
-    assert len([e for e in _probe_log(tmp_path) if e["event"] == "start"]) == 12  # no new probe
+    assert starts() == second_runs  # no new probe
     report = json.loads(_invoke("report", str(spec), "--run-dir", str(tmp_path / "third"), "--json").stdout)
     probed = [t for t in report["trials"] if t["probed"]]
     assert len(probed) == 6
