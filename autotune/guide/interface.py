@@ -50,7 +50,7 @@ class GuideSettings:
     tie_tolerance: float = 0.02  # the leader is certified when within this share of the best measured ...
     confidence: float = 0.95  # ... with this probability (autotune.objectives.race)
     confirm_readings: int = 5  # re-measurements the race may spend in a study; held back for it at the end
-    # what one re-measurement costs in full-probe equivalents (about 0.5 where it runs fewer timed steps,
+    # what one re-measurement costs in full-probe equivalents (about 0.6 where it runs 2 of 5 timed steps,
     # autotune.guide.short_remeasure): the budget held back for the race is its readings at this cost
     remeasure_cost: float = 1.0
     drift_every: int = 0  # re-measure the control config (the first measured) after this many probes; 0: never

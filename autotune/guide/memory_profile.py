@@ -309,10 +309,12 @@ def full_probe_cost_fpe(status: Any, wall_s: Any, full_wall_s: float | None, sho
     the first full probe's wall is known, 1. A re-measurement made short on purpose (``short``:
     fewer timed steps, :mod:`autotune.guide.short_remeasure`) costs its wall over that median,
     whatever the share, at most 1."""
-    if short and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
-        return min(1.0, float(wall_s) / full_wall_s)
-    if status in ENDED_EARLY and full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0:
-        share = float(wall_s) / full_wall_s
+    if not (full_wall_s and isinstance(wall_s, (int, float)) and wall_s > 0):
+        return 1.0
+    share = float(wall_s) / full_wall_s
+    if short:
+        return min(1.0, share)
+    if status in ENDED_EARLY:
         return share if share < EARLY_END_SHARE else 1.0
     return 1.0
 

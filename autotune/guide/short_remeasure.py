@@ -8,8 +8,9 @@ the start-up and the warm-up (what makes a reading a steady-state one) and
 default: null). At the workload's default (2 warm-up, 5 timed) and two timed steps, a
 re-measurement is about 0.6 of a full probe, so the race takes 10 readings where it took 6 for the
 budget share it is given (``search.confirm_budget``). What a shorter reading adds, the spread of
-the steps inside a run, is measured with the noise: the study's noise is the spread of its repeated readings, short ones
-included, and a short reading's own within-run interval (two steps give one) raises its floor.
+the steps inside a run, is measured with the noise: the study's noise is the spread of its
+repeated readings, short ones included, and a short reading's own within-run interval (two steps
+give one) raises its floor.
 Two steps, not one, where it is on: on the search benchmark (benchmarks/README.md, "Short
 re-measurements") one timed step bought more at 5 % noise between runs but read the 2 % family's
 close calls worse and made the certificate over-claim (74 of 79 right). Off by default: two steps
@@ -32,6 +33,7 @@ import copy
 from typing import Any, Iterable, Mapping
 
 from ..workers.protocol import TrialRequest
+from .memory_profile import STARTUP_SHARE
 
 __all__ = [
     "MEASURED_STEPS_ENV",
@@ -46,9 +48,6 @@ __all__ = [
 
 MEASURED_STEPS_PLACEHOLDER = "{measured_steps}"  # a command backend's argv: the timed steps this trial runs
 MEASURED_STEPS_ENV = "AUTOTUNE_MEASURED_STEPS"  # ... and the same number in its environment
-# the share of a full probe its start-up takes, as the guide weighs a shorter one before any has run
-# (autotune.guide.memory_profile.STARTUP_SHARE for a profile); the budget counts the measured walls
-STARTUP_SHARE = 0.1
 
 
 def why_no_short_remeasure(backend_kind: str, argv: Iterable[Any] | None = None) -> str | None:
@@ -102,7 +101,8 @@ def remeasure_request(request: TrialRequest, steps: int) -> TrialRequest:
 
 def remeasure_cost_estimate(workload: Mapping[str, Any], steps: int | None) -> float:
     """What a re-measurement of ``steps`` timed steps costs in full-probe equivalents, before one
-    has run: the start-up, and its share of the steps (1 where it runs the full probe)."""
+    has run: the start-up (``memory_profile.STARTUP_SHARE``, as a profile's is weighed), and its share
+    of the steps (1 where it runs the full probe); the budget counts the measured walls."""
     if not steps:
         return 1.0
     warmup = int(workload.get("warmup_steps") or 0)

@@ -174,7 +174,7 @@ class SearchSpec(Strict):
     def confirm_readings(self, remeasure_cost: float = 1.0) -> int:
         """``confirm_budget`` as a count of re-measurements: a count as given; a share of ``n_trials``
         (full-probe equivalents) over what one re-measurement costs (``remeasure_cost``: 1 for a full
-        probe, about 0.5 for a short one, :mod:`autotune.guide.short_remeasure`), at least one."""
+        probe, about 0.6 for one of 2 of 5 timed steps, :mod:`autotune.guide.short_remeasure`), at least one."""
         if self.confirm_budget >= 1:
             return int(self.confirm_budget)
         return max(1, math.floor(self.confirm_budget * self.n_trials / max(remeasure_cost, 1e-9) + 1e-9))
