@@ -19,6 +19,7 @@ from autotune.guide.short_remeasure import (
     remeasure_request,
     remeasure_steps_of,
     short_remeasure_steps,
+    why_full_remeasure,
     why_no_short_remeasure,
 )
 from autotune.guide.spec_settings import guide_settings
@@ -58,6 +59,16 @@ def test_which_backends_are_told_their_steps():
     assert short_remeasure_steps(5, TRAIN, "torch", None) is None  # would save no step
     assert short_remeasure_steps(1, {**TRAIN, "kind": "serve"}, "torch", None) is None
     assert short_remeasure_steps(1, TRAIN, "command", ["run"]) is None
+
+
+def test_a_setting_that_changes_nothing_says_why():
+    assert why_full_remeasure(None, TRAIN, "command", ["run"]) is None  # nothing asked, nothing to say
+    assert why_full_remeasure(2, TRAIN, "torch", None) is None  # it runs
+    assert "{measured_steps}" in why_full_remeasure(2, TRAIN, "command", ["run"])
+    assert "rate" in why_full_remeasure(2, {**TRAIN, "kind": "serve"}, "torch", None)
+    assert "runs its own step count" in why_full_remeasure(2, TRAIN, "megatron", None)
+    why = why_full_remeasure(5, TRAIN, "torch", None)
+    assert "measured_steps (5)" in why and "below 5" in why
 
 
 def test_the_request_runs_fewer_timed_steps_and_leaves_the_trials_own_alone():
@@ -140,14 +151,28 @@ def _study(tmp_path, spec):
         result.wall_s = 10.0 + 90.0 * (2 + steps) / 7
         return result
 
+    messages: list[str] = []
+
+    class Observer:
+        def on_start(self, *a): ...
+        def on_trial_started(self, *a): ...
+        def on_trial_finished(self, *a): ...
+        def on_message(self, text):
+            messages.append(text)
+
     outcome = study_runner(
-        spec, tmp_path / "run", BackendChoice("command", "test"), dispatcher=InProcessDispatcher(probe)
+        spec,
+        tmp_path / "run",
+        BackendChoice("command", "test"),
+        dispatcher=InProcessDispatcher(probe),
+        observer=Observer(),
     ).run()
-    return outcome, asked
+    return outcome, asked, messages
 
 
 def test_a_study_re_measures_with_two_timed_steps_and_counts_what_it_ran(tmp_path):
-    outcome, asked = _study(tmp_path, _spec())
+    outcome, asked, messages = _study(tmp_path, _spec())
+    assert not any("re-measurements run the full probe" in m for m in messages)
     probed = [t for t in outcome.study.trials if t.user_attrs.get(A.PROBED)]
     again = [t for t in probed if A.REMEASURE_OF in t.user_attrs]
     assert again, "the race re-measured nothing: the test's noise is too small to race"
@@ -162,7 +187,9 @@ def test_a_study_re_measures_with_two_timed_steps_and_counts_what_it_ran(tmp_pat
 
 
 def test_a_launcher_not_told_its_steps_re_measures_in_full(tmp_path):
-    outcome, asked = _study(tmp_path, _spec(argv=("launch", "{trial_file}")))
+    outcome, asked, messages = _study(tmp_path, _spec(argv=("launch", "{trial_file}")))
+    said = [m for m in messages if m.startswith("re-measurements run the full probe")]
+    assert len(said) == 1 and "{measured_steps}" in said[0]  # said once, with the fix
     probed = [t for t in outcome.study.trials if t.user_attrs.get(A.PROBED)]
     assert any(A.REMEASURE_OF in t.user_attrs for t in probed)
     assert all(asked[t.number] == 5 and A.SHORT_STEPS not in t.user_attrs for t in probed)

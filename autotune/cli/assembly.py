@@ -132,7 +132,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
     from ..study.pruning import PruneSettings
     from ..study.search import LoopSettings
     from ..guide.spec_settings import guide_settings
-    from ..guide.short_remeasure import remeasure_steps_of
+    from ..guide.short_remeasure import remeasure_steps_of, why_full_remeasure_of
     from ..spec.resolve import objectives_of, probe_context, request_settings
 
     context = context if context is not None else probe_context(spec, backend.kind)
@@ -151,6 +151,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
         request=request_settings(spec, context, remeasure_steps_of(spec, backend.kind)),
         # a simulated study predicts the target directly (it has no slice): nothing to confirm
         confirm_top=0 if backend.simulated or not spec.cluster.probe_slice else spec.cluster.confirm_top,
+        full_remeasure_why=why_full_remeasure_of(spec, backend.kind),
     )
 
 

@@ -43,6 +43,8 @@ __all__ = [
     "remeasure_request",
     "remeasure_steps_of",
     "short_remeasure_steps",
+    "why_full_remeasure",
+    "why_full_remeasure_of",
     "why_no_short_remeasure",
 ]
 
@@ -69,16 +71,34 @@ def why_no_short_remeasure(backend_kind: str, argv: Iterable[Any] | None = None)
     return f"the {backend_kind} backend runs its own step count"
 
 
-def short_remeasure_steps(steps: int | None, workload: Mapping[str, Any], backend_kind: str, argv: Any) -> int | None:
-    """The timed steps a training re-measurement runs (``search.remeasure_steps``, at most the
-    workload's ``measured_steps``), or None where it runs the full probe: the spec turned it off,
-    the workload is not training, the backend cannot be told, or it would save no step."""
-    if not steps or workload.get("kind", "train") != "train":
+def why_full_remeasure(steps: int | None, workload: Mapping[str, Any], backend_kind: str, argv: Any) -> str | None:
+    """Why a study that asked for short re-measurements (``steps``: ``search.remeasure_steps``)
+    re-measures in full after all: the workload is not training, the backend cannot be told its
+    steps, or the steps asked save none. None where they run, or where none were asked: the study
+    says this once at its start, so that a setting which does nothing does not do it silently."""
+    if not steps:
         return None
-    if why_no_short_remeasure(backend_kind, argv) is not None:
-        return None
+    if workload.get("kind", "train") != "train":
+        return "a serving workload measures a rate, not timed steps"
+    why = why_no_short_remeasure(backend_kind, argv)
+    if why is not None:
+        return why
     measured = int(workload.get("measured_steps") or 1)
-    return int(steps) if int(steps) < measured else None
+    if int(steps) >= measured:
+        return (
+            f"search.remeasure_steps is {int(steps)}, not fewer than the workload's measured_steps ({measured}): "
+            f"set it below {measured}"
+        )
+    return None
+
+
+def short_remeasure_steps(steps: int | None, workload: Mapping[str, Any], backend_kind: str, argv: Any) -> int | None:
+    """The timed steps a training re-measurement runs (``search.remeasure_steps``, fewer than the
+    workload's ``measured_steps``), or None where it runs the full probe: the spec turned it off,
+    or :func:`why_full_remeasure` says why not."""
+    if not steps or why_full_remeasure(steps, workload, backend_kind, argv) is not None:
+        return None
+    return int(steps)
 
 
 def remeasure_steps_of(spec: Any, backend_kind: str | None) -> int | None:
@@ -88,6 +108,12 @@ def remeasure_steps_of(spec: Any, backend_kind: str | None) -> int | None:
         return None
     argv = getattr(spec.backend, "argv", None)
     return short_remeasure_steps(spec.search.remeasure_steps, spec.workload.model_dump(), backend_kind, argv)
+
+
+def why_full_remeasure_of(spec: Any, backend_kind: str) -> str | None:
+    """:func:`why_full_remeasure` of the study ``spec`` on ``backend_kind``."""
+    argv = getattr(spec.backend, "argv", None)
+    return why_full_remeasure(spec.search.remeasure_steps, spec.workload.model_dump(), backend_kind, argv)
 
 
 def remeasure_request(request: TrialRequest, steps: int) -> TrialRequest:

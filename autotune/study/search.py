@@ -94,6 +94,7 @@ class LoopSettings:
     prune: PruneSettings  # when a running probe is stopped as one that cannot win
     request: RequestSettings  # what each trial file says beside its config: the probe context, the study, the backend
     confirm_top: int = 0  # cluster.confirm_top: a slice study's best configs measured again at full size at the end
+    full_remeasure_why: str | None = None  # why search.remeasure_steps, set, changes nothing here (said at the start)
 
 
 class StudyRunner:
@@ -254,6 +255,8 @@ class StudyRunner:
         self.profiler = plan.memory_profiler(self.guided)
         if self.guided is not None and not self.profiler.available and settings.memory_profiles:
             self.observer.on_message(f"memory profiles off: {self.profiler.why_not}")
+        if self.guided is not None and settings.full_remeasure_why:
+            self.observer.on_message(f"re-measurements run the full probe: {settings.full_remeasure_why}")
         sampler = self.guided or plan.sampler(self.parallel)
         study = plan.open(self.run_dir, sampler)
         if self.definition is not None:
