@@ -182,7 +182,7 @@ def test_a_study_re_measures_with_two_timed_steps_and_counts_what_it_ran(tmp_pat
         assert t.user_attrs.get(A.SHORT_STEPS) == (2 if short else None)
         assert ("2 timed steps after the warm-up" in t.user_attrs[A.CHOSEN]) == short
     full = len(probed) - len(again)
-    assert outcome.probes_run == pytest.approx(full + len(again) * (10 + 90 * 4 / 7) / 100)
+    assert outcome.probes_run == pytest.approx(full + len(again) * (10 + 90 * 4 / 7) / 100, rel=1e-4)  # walls kept to ms
     assert outcome.probes_run < len(probed)  # each re-measurement about 0.6 of a full probe
 
 

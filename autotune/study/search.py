@@ -62,6 +62,7 @@ from .stop_conditions import (
     DEADLINE_REACHED,
     MAX_INFRA_IN_A_ROW,
     LoopState,
+    budget_fits_a_probe,
     budget_stop,
     deadline_reached,
     infrastructure_stop,
@@ -207,7 +208,7 @@ class StudyRunner:
                     break
                 self.trials.start(study, loop)
             if not loop.pending:
-                if loop.started >= loop.budget:
+                if not budget_fits_a_probe(loop):
                     loop.stopped = budget_stop(loop)
                 break
             for handle, result in self.dispatcher.wait_any(timeout=0.25):
@@ -332,7 +333,7 @@ class StudyRunner:
     def _may_start(self, loop: LoopState) -> bool:
         return (
             len(loop.pending) < self.parallel
-            and loop.started < loop.budget
+            and budget_fits_a_probe(loop)
             and loop.infra_in_a_row < MAX_INFRA_IN_A_ROW
             and not loop.infra_failure
         )

@@ -7,7 +7,7 @@ itself first, since they stop the study with exit 3.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -17,6 +17,7 @@ __all__ = [
     "ALREADY_COMPLETE",
     "LoopState",
     "MAX_INFRA_IN_A_ROW",
+    "budget_fits_a_probe",
     "budget_stop",
     "infrastructure_stop",
     "MAX_MISSES",
@@ -53,6 +54,7 @@ class LoopState:
     done_before: float = 0.0  # full-probe equivalents earlier runs of the study spent (a resumed study)
     infra_failure: str | None = None  # set when the cluster lost capacity (or failed trials in a row)
     confirming: bool = False  # running a slice study's confirmations at full size: no stop check applies
+    in_flight: dict[int, float] = field(default_factory=dict)  # trial -> what ``started`` counts of it so far
 
 
 DEADLINE_REACHED = "search timeout reached"
@@ -100,6 +102,20 @@ def infrastructure_stop(loop: LoopState) -> str | None:
     return None
 
 
+def budget_fits_a_probe(loop: LoopState) -> bool:
+    """Whether what is left of the budget pays for one more full probe. A trial starts only then:
+    one started with a fraction left (after memory profiles, OOMs or re-measurements that cost
+    less than a whole probe) would spend past ``search.n_trials``, the figure the user set, and
+    its reading would come after the budget a benchmark judges the study by."""
+    return loop.started + 1.0 <= loop.budget + 1e-9
+
+
 def budget_stop(loop: LoopState) -> str:
-    """Why a loop with nothing in flight and its budget started stops: spent now, or by earlier runs."""
-    return ALREADY_COMPLETE if loop.done_before >= loop.budget else "budget reached"
+    """Why a loop with nothing in flight and its budget started stops: spent now, or by earlier runs;
+    where less than a full probe is left, how much (unspent: another probe would overspend it)."""
+    if not budget_fits_a_probe(replace(loop, started=loop.done_before)):
+        return ALREADY_COMPLETE
+    left = loop.budget - loop.started
+    if left > 0.005:
+        return f"budget reached ({left:.2f} of a full probe left, too little for another)"
+    return "budget reached"

@@ -9,13 +9,17 @@ and several trials are in flight at once, so the sequence pauses where it waits 
 takes each result the loop collects and carries the trial on from there.
 
 The budget (:attr:`LoopState.started <autotune.study.stop_conditions.LoopState.started>`, full-probe
-equivalents) is counted in :func:`_count` only: a trial counts one full probe when it starts; a
+equivalents) is counted in :func:`_count` and :func:`_recount` only: a trial counts one full probe when it starts; a
 memory profile adds its share when it has run (:func:`autotune.guide.memory_profile.profile_cost_fpe`),
 and the full probe is taken back when the profile ends the trial without one; a full probe that ran
 out of memory, or that the pruner stopped, gives back what it did not run (its wall against a full probe's,
 :func:`autotune.guide.memory_profile.full_probe_cost_fpe`), as does a re-measurement made short on purpose
 (:mod:`autotune.guide.short_remeasure`); a trial the infrastructure failed (not the
-config) gives its full probe back.
+config) gives its full probe back. When a trial ends, the ended trials are counted again as a resumed
+study counts them (what was estimated before a full probe's wall was known, at the walls' median
+now), and a trial starts only where a whole full probe is left
+(:func:`autotune.study.stop_conditions.budget_fits_a_probe`): a study spends at most ``search.n_trials``,
+but for a memory profile's share.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
 from ..guide.memory_profile import (
     ENDED_EARLY,
+    cost_of_trials,
     full_probe_cost_fpe,
     layers_per_stage,
     median_full_wall,
@@ -49,6 +54,7 @@ from .records import (
     TrialRecord,
     best_records,
     guide_estimates,
+    is_tracked,
     noise_prior_of,
     jsonable,
     save_trial_files,
@@ -117,13 +123,14 @@ class TrialRunner:
         cached = None if A.REMEASURE_OF in trial.user_attrs else self.resolver.from_cache(config)
         trial.set_user_attr(A.PROBED, True)
         loop.seen[config_key(config)] = trial.number
-        _count(loop, 1)  # one full probe, until its profile or the infrastructure says otherwise
+        _count(loop, 1, trial.number)  # one full probe, until its profile or the infrastructure says otherwise
         if cached is not None:  # measured before, in this or another study: no probe
             result, origin = cached
             trial.set_user_attr(
                 A.CHOSEN, f"{why}; answered from the result cache (study {origin['study']}, trial {origin['trial']})"
             )
             record = self._interpret_and_tell(study, loop, trial, config, result)
+            _recount(study, loop, trial.number)
             self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
             return
         request = self._request(trial, config)
@@ -189,14 +196,14 @@ class TrialRunner:
         median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
         per_stage = layers_per_stage(run.request.model, run.config)
         cost = profile_cost_fpe(run.walls_s, run.layers[: run.done], per_stage, median)
-        _count(loop, cost)
+        _count(loop, cost, run.trial.number)
         if self.on_profile_cost is not None:
             self.on_profile_cost(cost)
         if action == "probe":
             self.pruner.live_steps.pop(run.trial.number, None)  # the profile's steps are not the probe's
             loop.pending[self.dispatcher.submit(run.request, self.launcher(run.request))] = (run.trial, run.config)
             return
-        _count(loop, -1)  # the profile ended the trial: no full probe
+        _count(loop, -1, run.trial.number)  # the profile ended the trial: no full probe
         self._end(study, loop, run.trial, run.config, final)
 
     # ---- the trial's end -----------------------------------------------------------------------
@@ -206,7 +213,7 @@ class TrialRunner:
         """The trial's own result (its full probe's, or its profile's verdict): told, then shown."""
         record = self._interpret_and_tell(study, loop, trial, config, result)
         if record.status == "infra":  # the machine failed, not the config: no budget spent,
-            _count(loop, -1)  # and its retry (queued by _interpret_and_tell) is no repeat
+            _count(loop, -1, trial.number)  # and its retry (queued by _interpret_and_tell) is no repeat
             loop.infra_in_a_row += 1
             if loop.seen.get(config_key(config)) == trial.number:
                 del loop.seen[config_key(config)]
@@ -215,7 +222,8 @@ class TrialRunner:
             short = bool(trial.user_attrs.get(A.SHORT_STEPS))
             if (record.status in ENDED_EARLY or short) and ran_full_probe(trial.user_attrs):  # an OOM, pruned, short
                 median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
-                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median, short) - 1.0)
+                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median, short) - 1.0, trial.number)
+        _recount(study, loop, trial.number)
         self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
 
     def _interpret_and_tell(
@@ -310,7 +318,26 @@ class TrialRunner:
         return best[0] if best else None
 
 
-def _count(loop: LoopState, fpe: float) -> None:
-    """The budget, counted here and nowhere else: ``fpe`` full-probe equivalents more (less, when a
-    trial turns out to cost less than it was counted at: see the module docstring)."""
+def _count(loop: LoopState, fpe: float, number: int) -> None:
+    """The budget, counted here and in :func:`_recount` only: ``fpe`` full-probe equivalents more for
+    trial ``number`` (less, when a trial turns out to cost less than it was counted at: see the
+    module docstring)."""
     loop.started += fpe
+    loop.in_flight[number] = loop.in_flight.get(number, 0.0) + fpe
+
+
+def _recount(study: optuna.Study, loop: LoopState, number: int) -> None:
+    """Trial ``number`` has ended: the budget spent is counted again, the study's ended trials as a
+    resumed study counts them (:func:`autotune.guide.memory_profile.cost_of_trials`, with the median
+    full probe's wall known now) and the trials in flight as counted so far. Why: a probe that ran
+    out of memory, or a memory profile, before any full probe's wall was known was counted at an
+    estimate (a whole probe; a profile's layers), and a trial starts only where a whole probe is
+    left (:func:`autotune.study.stop_conditions.budget_fits_a_probe`): a stale count would leave
+    budget unspent that the same study, resumed, would spend."""
+    loop.in_flight.pop(number, None)
+    ended = [
+        r.budget_attrs()
+        for r in trial_records(study)
+        if r.state != "RUNNING" and r.number not in loop.in_flight and is_tracked(r) and r.status != "infra"
+    ]
+    loop.started = cost_of_trials(ended) + sum(loop.in_flight.values())
