@@ -489,3 +489,20 @@ FAKE_SERVE_WORKLOAD = """workload:
   batch_sweep: [1]
   startup_timeout_s: 60
   timeout_s: 120"""
+
+
+class MessageObserver:
+    """A search observer (``autotune.study.listeners.SearchObserver``) that keeps what the study said
+    (``messages``) and ignores the rest."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def on_start(self, *args) -> None: ...
+
+    def on_trial_started(self, *args) -> None: ...
+
+    def on_trial_finished(self, *args) -> None: ...
+
+    def on_message(self, text: str) -> None:
+        self.messages.append(text)

@@ -10,7 +10,7 @@ from autotune.guide.refit import Refit, fit_refit
 from autotune.cli.assembly import study_runner
 from autotune.spec.load import load_spec
 from autotune.workers.protocol import ProbeResult
-from support import TINY_TRAIN
+from support import TINY_TRAIN, MessageObserver
 
 
 def _pred(compute: float, comm: float) -> dict[str, float]:
@@ -152,20 +152,14 @@ def test_the_search_loop_refits_after_each_measurement(write_spec, tmp_path, sam
         step = 3.0 * predicted["step_time_s"]
         return ProbeResult("ok", metrics={"step_time_s": step, "tokens_per_s_per_device": 1.0 / step})
 
-    messages: list[str] = []
-
-    class Observer:
-        def on_start(self, *a): ...
-        def on_trial_started(self, *a): ...
-        def on_trial_finished(self, *a): ...
-        def on_message(self, text):
-            messages.append(text)
+    observer = MessageObserver()
+    messages = observer.messages
 
     runner = study_runner(
         spec,
         tmp_path / "run",
         BackendChoice("command", "test"),
-        observer=Observer(),
+        observer=observer,
         dispatcher=InProcessDispatcher(probe),
     )
     runner_holder["runner"] = runner

@@ -28,7 +28,7 @@ from autotune.workers.simulate import columns_from_params, simulate_configs
 from autotune.spec.schema import Spec
 from autotune.trial_attrs import A
 from autotune.workers.protocol import ProbeResult
-from support import GUIDED_SPEC
+from support import GUIDED_SPEC, MessageObserver
 
 TRAIN = {"kind": "train", "warmup_steps": 2, "measured_steps": 5}
 
@@ -151,21 +151,15 @@ def _study(tmp_path, spec):
         result.wall_s = 10.0 + 90.0 * (2 + steps) / 7
         return result
 
-    messages: list[str] = []
-
-    class Observer:
-        def on_start(self, *a): ...
-        def on_trial_started(self, *a): ...
-        def on_trial_finished(self, *a): ...
-        def on_message(self, text):
-            messages.append(text)
+    observer = MessageObserver()
+    messages = observer.messages
 
     outcome = study_runner(
         spec,
         tmp_path / "run",
         BackendChoice("command", "test"),
         dispatcher=InProcessDispatcher(probe),
-        observer=Observer(),
+        observer=observer,
     ).run()
     return outcome, asked, messages
 
@@ -182,7 +176,9 @@ def test_a_study_re_measures_with_two_timed_steps_and_counts_what_it_ran(tmp_pat
         assert t.user_attrs.get(A.SHORT_STEPS) == (2 if short else None)
         assert ("2 timed steps after the warm-up" in t.user_attrs[A.CHOSEN]) == short
     full = len(probed) - len(again)
-    assert outcome.probes_run == pytest.approx(full + len(again) * (10 + 90 * 4 / 7) / 100, rel=1e-4)  # walls kept to ms
+    assert outcome.probes_run == pytest.approx(
+        full + len(again) * (10 + 90 * 4 / 7) / 100, rel=1e-4
+    )  # walls kept to ms
     assert outcome.probes_run < len(probed)  # each re-measurement about 0.6 of a full probe
 
 
