@@ -140,7 +140,8 @@ def spec_for(
     multi-node layout as one launcher per node (``--node-rank``); else no Ray. ``wall_scale_s``
     (> 0): each launcher lasts that many seconds per modelled full probe
     (``true_world.probe_wall_s``), so the study's measured walls, which its budget in full-probe
-    equivalents is counted from, keep the modelled proportions."""
+    equivalents is counted from, keep the modelled proportions. ``remeasure_steps``: None leaves
+    ``search.remeasure_steps`` at its default (2), 0 sets it null (full re-measurements)."""
     # {measured_steps}: the launcher times the steps the trial file says (fewer in a re-measurement)
     argv = [
         sys.executable,
@@ -204,7 +205,7 @@ def spec_for(
             "min_fit_probability": min_fit,
             "max_oom_share": max_oom_share,
             "max_doubt_probes": max_doubt_probes,
-            "remeasure_steps": remeasure_steps,
+            **({} if remeasure_steps is None else {"remeasure_steps": remeasure_steps or None}),
             "memory_profiles": memory_profiles,
             "profile_go_probability": profile_go,
         },
@@ -793,8 +794,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--remeasure-steps",
         type=int,
-        default=0,
-        help="the guide's search.remeasure_steps (timed steps of a re-measurement; 0, the default: the full probe's)",
+        default=None,
+        help="the guide's search.remeasure_steps (timed steps of a re-measurement; default: the spec's default, 2; "
+        "0: null, the full probe's)",
     )
     ap.add_argument(
         "--ray-cluster",
@@ -959,7 +961,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         args.profile_go,
                         ray_address=address,
                         wall_scale_s=wall_scale(args, use_ray),
-                        remeasure_steps=args.remeasure_steps or None,
+                        remeasure_steps=args.remeasure_steps,
                     )
                     truth = Truth(world, spec, configs)
                     if args.device_check:

@@ -20,6 +20,7 @@ from autotune.guide.short_remeasure import (
     remeasure_steps_of,
     short_remeasure_steps,
     why_full_remeasure,
+    why_full_remeasure_of,
     why_no_short_remeasure,
 )
 from autotune.guide.spec_settings import guide_settings
@@ -124,11 +125,24 @@ def test_the_races_share_buys_readings_at_what_one_costs():
     assert guide._held_back(obs) == math.ceil(7 * short.remeasure_cost)  # three spent
 
 
-def test_remeasure_steps_is_checked_and_off_by_default():
+def test_remeasure_steps_is_checked_and_two_by_default():
     with pytest.raises(ValidationError, match="remeasure_steps"):
         _spec(remeasure_steps=0)
-    plain = Spec.model_validate({**GUIDED_SPEC, "backend": {"kind": "command", "argv": ["x", "{measured_steps}"]}})
-    assert plain.search.remeasure_steps is None and remeasure_steps_of(plain, "command") is None
+    told = Spec.model_validate({**GUIDED_SPEC, "backend": {"kind": "command", "argv": ["x", "{measured_steps}"]}})
+    assert told.search.remeasure_steps == 2 and remeasure_steps_of(told, "command") == 2
+    off = Spec.model_validate({**GUIDED_SPEC, "search": {"remeasure_steps": None}})
+    assert remeasure_steps_of(off, "torch") is None and why_full_remeasure_of(off, "torch") is None
+
+
+def test_the_default_says_why_only_where_the_user_can_act():
+    """At the default, a command backend's launcher not told its steps is said (add the placeholder);
+    a stack preset or a serving study has nothing to change and is not. Set explicitly, every reason is said."""
+    blind = Spec.model_validate({**GUIDED_SPEC, "backend": {"kind": "command", "argv": ["x", "{trial_file}"]}})
+    assert "{measured_steps}" in why_full_remeasure_of(blind, "command")
+    preset = Spec.model_validate(GUIDED_SPEC)
+    assert why_full_remeasure_of(preset, "megatron") is None
+    asked = Spec.model_validate({**GUIDED_SPEC, "search": {"remeasure_steps": 2}})
+    assert "runs its own step count" in why_full_remeasure_of(asked, "megatron")
 
 
 def _study(tmp_path, spec):

@@ -111,15 +111,16 @@ class SearchSpec(Strict):
         "early with budget left races past it, with the budget left",
     )
     remeasure_steps: int | None = Field(
-        None,
+        2,
         ge=1,
         description="sampler auto, training: the timed steps a re-measurement (the race, a drift check, a suspect "
-        "reading) runs after the workload's warm-up, e.g. 2: it reads the noise between runs, which a launch draws "
+        "reading) runs after the workload's warm-up: it reads the noise between runs, which a launch draws "
         "whatever its length, at about 0.6 of a full probe (2 warm-up + 2 of 7 steps), and the race's share "
-        "(confirm_budget) buys readings at that cost. null (default): the workload's measured_steps. Where the probe "
-        "is not told its steps (a command backend without {measured_steps}, a stack preset) a re-measurement is a "
-        "full probe. On the search benchmark 2 took issue 44's 5 % noise family from 87.5 % to 90.3 % within 3 % of "
-        "the optimum and the 2 % family from 97.4 % to 96.4 % within 2 % (benchmarks/README.md)",
+        "(confirm_budget) buys readings at that cost. null: the workload's measured_steps (a full probe). Where the "
+        "probe is not told its steps (a command backend without {measured_steps}, a stack preset) a re-measurement "
+        "is a full probe, and a command backend's study says so. On the search benchmark (1,080 studies a family, "
+        "benchmarks/README.md) 2 against null: the 5 % noise family 90.1 % within 3 % of the optimum against 87.8 % "
+        "(p 0.01), the 2 % family 96.1 % within 2 % against 95.8 %, fewer full-probe equivalents in both",
     )
     max_readings: int = Field(
         3, ge=2, le=10, description="sampler auto: the most readings the race of the contenders takes of one config"
