@@ -108,14 +108,18 @@ def test_what_a_short_re_measurement_costs():
 
 def test_the_races_share_buys_readings_at_what_one_costs():
     spec = _spec(n_trials=25)
-    short = guide_settings(spec, backend_kind="command")  # two timed steps
-    full = guide_settings(_spec(n_trials=25, remeasure_steps=None), backend_kind="command")
-    one = guide_settings(_spec(n_trials=25, remeasure_steps=1), backend_kind="command")
+
+    def on_command(s):  # the settings the assembly makes for a command backend's study
+        return guide_settings(s, remeasure_steps=remeasure_steps_of(s, "command"))
+
+    short = on_command(spec)  # two timed steps
+    full = on_command(_spec(n_trials=25, remeasure_steps=None))
+    one = on_command(_spec(n_trials=25, remeasure_steps=1))
     assert full.confirm_readings == 6 and full.remeasure_cost == 1.0  # 0.25 of 25
     assert short.remeasure_cost == pytest.approx(0.1 + 0.9 * 4 / 7)
     assert short.confirm_readings == math.floor(6.25 / short.remeasure_cost) == 10
     assert one.confirm_readings == 12
-    assert guide_settings(spec).confirm_readings == 6  # no backend named: full re-measurements
+    assert guide_settings(spec).confirm_readings == 6  # no steps named: full re-measurements
     # the budget held back at the end is the readings left at that cost, rounded up
     guide = Guide.__new__(Guide)
     guide.settings = GuideSettings(confirm_readings=10, remeasure_cost=short.remeasure_cost)

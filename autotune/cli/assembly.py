@@ -136,6 +136,7 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
     from ..spec.resolve import objectives_of, probe_context, request_settings
 
     context = context if context is not None else probe_context(spec, backend.kind)
+    remeasure_steps = remeasure_steps_of(spec, backend.kind)  # the race's readings and the request's steps
     sp = spec.search
     return LoopSettings(
         objectives=objectives_of(spec),
@@ -146,9 +147,9 @@ def loop_settings(spec: Spec, backend: BackendChoice, context: Any = None) -> An
         rank_first=sp.sampler == "auto",
         memory_profiles=sp.memory_profiles,
         seed=sp.seed,
-        guide=guide_settings(spec, context, backend.kind),
+        guide=guide_settings(spec, context, remeasure_steps),
         prune=PruneSettings(prune=sp.prune, prune_margin=sp.prune_margin, prune_min_steps=sp.prune_min_steps),
-        request=request_settings(spec, context, remeasure_steps_of(spec, backend.kind)),
+        request=request_settings(spec, context, remeasure_steps),
         # a simulated study predicts the target directly (it has no slice): nothing to confirm
         confirm_top=0 if backend.simulated or not spec.cluster.probe_slice else spec.cluster.confirm_top,
         full_remeasure_why=why_full_remeasure_of(spec, backend.kind),

@@ -33,16 +33,19 @@ def measured_noise(hardware: Mapping[str, Any]) -> NoisePrior | None:
     return NoisePrior(float(noise), int(dof), "autotune calibrate --serving's repeated probes on this host")
 
 
-def guide_settings(spec: Spec, context: ProbeContext | None = None, backend_kind: str | None = None) -> GuideSettings:
+def guide_settings(
+    spec: Spec, context: ProbeContext | None = None, remeasure_steps: int | None = None
+) -> GuideSettings:
     """The guide's knobs from the spec's ``search:`` section (the same names), what the device
     check found usable on a device (``context``'s hardware), and for a serving study the noise
     between runs ``autotune calibrate --serving`` measured on this host (:func:`measured_noise`).
-    ``backend_kind``: the backend the study runs; where its re-measurements are short
-    (:mod:`autotune.guide.short_remeasure`), the race's share buys more of them."""
-    from .short_remeasure import remeasure_cost_estimate, remeasure_steps_of
+    ``remeasure_steps``: the timed steps a re-measurement runs on the study's backend
+    (:func:`autotune.guide.short_remeasure.remeasure_steps_of`, None: a full probe); where it is
+    short, the race's share buys more of them."""
+    from .short_remeasure import remeasure_cost_estimate
 
     sp = spec.search
-    remeasure_cost = remeasure_cost_estimate(spec.workload.model_dump(), remeasure_steps_of(spec, backend_kind))
+    remeasure_cost = remeasure_cost_estimate(spec.workload.model_dump(), remeasure_steps)
     hardware = (context if context is not None else probe_context(spec)).hardware
     noise = measured_noise(hardware) if spec.workload.kind == "serve" else None
     return GuideSettings(

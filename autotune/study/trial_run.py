@@ -9,15 +9,15 @@ and several trials are in flight at once, so the sequence pauses where it waits 
 takes each result the loop collects and carries the trial on from there.
 
 The budget (:attr:`LoopState.started <autotune.study.stop_conditions.LoopState.started>`, full-probe
-equivalents) is counted in :func:`_count` and :func:`_recount` only: a trial counts one full probe when it starts; a
-memory profile adds its share when it has run (:func:`autotune.guide.memory_profile.profile_cost_fpe`),
-and the full probe is taken back when the profile ends the trial without one; a full probe that ran
-out of memory, or that the pruner stopped, gives back what it did not run (its wall against a full probe's,
-:func:`autotune.guide.memory_profile.full_probe_cost_fpe`), as does a re-measurement made short on purpose
-(:mod:`autotune.guide.short_remeasure`); a trial the infrastructure failed (not the
-config) gives its full probe back. When a trial ends, the ended trials are counted again as a resumed
-study counts them (what was estimated before a full probe's wall was known, at the walls' median
-now), and a trial starts only where a whole full probe is left
+equivalents) is counted in :func:`_count` and :func:`_recount` only. While a trial runs it counts one
+full probe, and its memory profile's share once that has run
+(:func:`autotune.guide.memory_profile.profile_cost_fpe`). When it ends, every ended trial is counted
+again as a resumed study counts them (:func:`autotune.guide.memory_profile.cost_of_trials`, at the
+walls' median known now): no full probe where the profile ended the trial; a full probe that ran out
+of memory, that the pruner stopped, or a re-measurement made short on purpose
+(:mod:`autotune.guide.short_remeasure`), its wall against a full probe's
+(:func:`autotune.guide.memory_profile.full_probe_cost_fpe`); a trial the infrastructure failed (not
+the config), nothing. A trial starts only where a whole full probe is left
 (:func:`autotune.study.stop_conditions.budget_fits_a_probe`): a study spends at most ``search.n_trials``,
 but for a memory profile's share.
 """
@@ -36,15 +36,7 @@ from autotune.workers.parameters import trial_devices
 from ..spec.context import RequestSettings
 from .interpret import interpret, settle_pruned
 from .listeners import SearchObserver, TrialListener
-from ..guide.memory_profile import (
-    ENDED_EARLY,
-    cost_of_trials,
-    full_probe_cost_fpe,
-    layers_per_stage,
-    median_full_wall,
-    profile_cost_fpe,
-    ran_full_probe,
-)
+from ..guide.memory_profile import cost_of_trials, layers_per_stage, median_full_wall, profile_cost_fpe
 from ..guide.short_remeasure import remeasure_request
 from ..guide.projection import project_result, reference_devices, scaling_figures
 from .profiling import MemoryProfiler, ProfileRun
@@ -203,8 +195,7 @@ class TrialRunner:
             self.pruner.live_steps.pop(run.trial.number, None)  # the profile's steps are not the probe's
             loop.pending[self.dispatcher.submit(run.request, self.launcher(run.request))] = (run.trial, run.config)
             return
-        _count(loop, -1, run.trial.number)  # the profile ended the trial: no full probe
-        self._end(study, loop, run.trial, run.config, final)
+        self._end(study, loop, run.trial, run.config, final)  # no full probe: _recount counts the profile alone
 
     # ---- the trial's end -----------------------------------------------------------------------
     def _end(
@@ -212,17 +203,14 @@ class TrialRunner:
     ) -> None:
         """The trial's own result (its full probe's, or its profile's verdict): told, then shown."""
         record = self._interpret_and_tell(study, loop, trial, config, result)
-        if record.status == "infra":  # the machine failed, not the config: no budget spent,
-            _count(loop, -1, trial.number)  # and its retry (queued by _interpret_and_tell) is no repeat
-            loop.infra_in_a_row += 1
+        if record.status == "infra":  # the machine failed, not the config: no budget spent (_recount
+            loop.infra_in_a_row += 1  # leaves it out), and its retry (queued by _interpret_and_tell) is no repeat
             if loop.seen.get(config_key(config)) == trial.number:
                 del loop.seen[config_key(config)]
         else:
             loop.infra_in_a_row = 0
-            short = bool(trial.user_attrs.get(A.SHORT_STEPS))
-            if (record.status in ENDED_EARLY or short) and ran_full_probe(trial.user_attrs):  # an OOM, pruned, short
-                median = median_full_wall(t.user_attrs for t in study.get_trials(deepcopy=False))
-                _count(loop, full_probe_cost_fpe(record.status, result.wall_s, median, short) - 1.0, trial.number)
+        # what it cost, counted with every ended trial: an OOM, a pruned probe or a short re-measurement
+        # its wall against a full probe's (memory_profile.full_probe_cost_fpe), a profile its share
         _recount(study, loop, trial.number)
         self.observer.on_trial_finished(record, self.best(study), len(loop.pending))
 
