@@ -862,6 +862,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "to tell what the step noise costs from what the search misses",
     )
     ap.add_argument(
+        "--launch-noise",
+        choices=true_world.LAUNCH_NOISES,
+        default=None,
+        help="a trial's launches (its memory profiles and its full probe): one noise draw for all (trial, the "
+        "default) or one each (launch), the speed and the peak (true_world.LAUNCH_NOISE)",
+    )
+    ap.add_argument(
         "--no-memory-profiles",
         action="store_true",
         help="the guide without memory profiles (search.memory_profiles: false): every trial a full probe",
@@ -907,6 +914,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.outliers is not None:
         true_world.OUTLIER_SHARE = args.outliers
         os.environ[true_world.OUTLIERS_ENV] = str(args.outliers)
+    if args.launch_noise is not None:
+        true_world.LAUNCH_NOISE = args.launch_noise
+        os.environ[true_world.LAUNCH_NOISE_ENV] = args.launch_noise
     families = list(STRUCTURE_FAMILIES) if args.families == "all" else args.families.split(",")
     for family in families:
         if family != "none" and family not in STRUCTURE_FAMILIES:
@@ -1040,7 +1050,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"path {args.path}: peak only {path.peak_only}, usable below the nominal "
         f"{'%g-%g %%' % tuple(100 * x for x in path.usable_below) if path.usable_below else 'none'}, OOM formats "
         + ", ".join(f"{k} {v}" for k, v in sorted(formats.items()))
-        + f"; memory profiles {'off' if args.no_memory_profiles else 'on'}"
+        + f"; memory profiles {'off' if args.no_memory_profiles else 'on'}; noise drawn per {true_world.LAUNCH_NOISE}"
     )
     print(
         "| scenario | search | median best/opt @10 | @20 | worlds within 2 % by 20 | OOM full probes | "

@@ -123,6 +123,17 @@ OUTLIER_SLOWDOWN = 1.2
 # of the full probe's K. 2 %: on the H200 the torch probe's steps spread 0.45 % within a run
 # (benchmarks/README.md, "Accelerator check"); Megatron-LM's per-iteration times on a busy cluster, 1-2 %
 STEP_JITTER = 0.02
+# a trial's launches (its memory profiles, then its full probe) and their noise: "trial" (the default,
+# as every figure before 2026-12-05): one draw for all of them, the speed and the peak, so a profile
+# and the full probe of one trial err alike (the same devices, back to back); "launch": each launch
+# its own draw, as separate processes of different sizes would read. The guide's memory path learns
+# how far its profiles extrapolate from their full probes (memory_profile.calibrate_estimate), and a
+# shared draw makes that look better than a machine whose launches vary apart would
+LAUNCH_NOISE_ENV = "AUTOTUNE_BENCH_LAUNCH_NOISE"  # the launcher's copy of search_efficiency.py --launch-noise
+LAUNCH_NOISE = os.environ.get(LAUNCH_NOISE_ENV) or "trial"
+LAUNCH_NOISES = ("trial", "launch")
+# in a profile's workload: autotune.guide.memory_profile.PROFILE_MARK (the launcher does not import autotune)
+PROFILE_LAUNCH_KEY = "memory_profile_layers_per_stage"
 FULL_STEPS_ENV = (
     "AUTOTUNE_BENCH_FULL_STEPS"  # the spec's workload's timed steps (a re-measurement's trial file has fewer)
 )
@@ -757,14 +768,16 @@ class World:
                 "allocated": in_use - outside,
             }
         key = json.dumps(config, sort_keys=True, default=str)
-        rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run])
+        # one draw per trial, or per launch (LAUNCH_NOISE): a profile's launch by its layers per stage
+        launch = [int(workload.get(PROFILE_LAUNCH_KEY) or 0) + 1] if LAUNCH_NOISE == "launch" else []
+        rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run] + launch)
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
         if OUTLIER_SHARE and rng.random() < OUTLIER_SHARE:
             noise *= OUTLIER_SLOWDOWN
         steps = int(workload.get("measured_steps") or 1)
         if full_steps and steps < full_steps:  # fewer timed steps average out less of the steps' spread
             jitter = STEP_JITTER * math.sqrt(1.0 / steps - 1.0 / full_steps)
-            noise *= 1.0 + jitter * float(np.random.default_rng([self.seed, run, 7]).normal())
+            noise *= 1.0 + jitter * float(np.random.default_rng([self.seed, run, 7] + launch).normal())
         step = float(t["step_time_s"][0]) * noise
         tps_dev = float(t["tokens_per_s_per_device"][0]) / noise
         peak = float(t["peak_memory_gib"][0]) * float(rng.uniform(0.99, 1.01))
@@ -1012,7 +1025,7 @@ def main(argv: list[str]) -> int:
     if scale > 0:  # as long as the modelled probe, scaled: a study's walls (its profiles' cost) stay in proportion
         layers = int(trial["model"]["num_hidden_layers"])
         full = int(os.environ.get(FULL_LAYERS_ENV) or layers)
-        profiled = "memory_profile_layers_per_stage" in trial["workload"]
+        profiled = PROFILE_LAUNCH_KEY in trial["workload"]
         wall = probe_wall_s(layers, full, profiled, steps_share(trial["workload"], full_steps))
         if out.get("failure") == "oom" and not profiled:  # it ends at the step that fails
             wall = oom_wall_s(world, trial["model"], trial["workload"], trial["cluster"], trial["params"])

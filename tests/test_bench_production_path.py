@@ -225,6 +225,37 @@ def test_a_short_re_measurement_reads_noisier_and_costs_its_steps(tmp_path, scen
     assert bad.returncode == 2 and "disagrees with the trial file's workload" in bad.stderr
 
 
+def test_a_trials_launches_share_their_noise_or_draw_their_own(scenario, monkeypatch):
+    """--launch-noise: with one draw per trial (the default) a memory profile's peak and its full
+    probe's are off the truth by the same factor, so a profile's extrapolation checked against its
+    own trial's full probe looks exact; with one per launch each is off by its own, as separate
+    launches of different sizes read. A full probe's reading is the same either way but for its draw."""
+    from autotune.guide.memory_profile import PROFILE_MARK
+
+    assert tw.PROFILE_LAUNCH_KEY == PROFILE_MARK  # the world tells a profile's launch as autotune marks it
+    _, _, _, ctx = scenario
+    world = _world(scenario, "production")
+    config = _one(scenario, world, fits=True)
+    cut = {**ctx.model, "num_hidden_layers": 4}
+    profile = {**ctx.workload, "measured_steps": 1, PROFILE_MARK: 2}
+
+    def errors(noise: str) -> np.ndarray:
+        monkeypatch.setattr(tw, "LAUNCH_NOISE", noise)
+        out = []
+        for run in range(40):
+            pair = []
+            for model, workload in ((cut, profile), (ctx.model, ctx.workload)):
+                peak = world.measure(model, workload, ctx.cluster, config, run)["metrics"]["peak_memory_gib"]
+                pair.append(peak / float(world.truth(model, workload, ctx.cluster, [config])["peak_memory_gib"][0]))
+            out.append(pair)
+        return np.array(out)
+
+    shared, own = errors("trial"), errors("launch")
+    assert np.allclose(shared[:, 0], shared[:, 1])  # the same factor on both peaks
+    assert not np.allclose(own[:, 0], own[:, 1]) and np.all(np.abs(own - 1.0) <= 0.01 + 1e-12)
+    assert np.corrcoef(own[:, 0], own[:, 1])[0, 1] < 0.5
+
+
 def test_repeat_check_counts_a_layout_probed_again_after_an_oom():
     base = {"tp": 2, "pp": 1, "micro_batch_size": 2, "precision": "bf16", "env.HCCL_BUFFSIZE": "200"}
     records = [
