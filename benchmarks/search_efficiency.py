@@ -40,6 +40,9 @@ full probes of a layout after that layout ran out of memory that differ only in 
 settings or graph flags (``LAYOUT_FREE_KEYS``, ``LAYOUT_FREE_PREFIXES``; a study should make
 none), and the P(fits) the guide stated when it chose a full probe against whether it fitted, in
 ``P_FIT_BINS`` (issue 41's acceptance: among full probes at P(fits) >= 0.9, at least 90 % fit).
+``--launch-noise launch``: each launch of a trial (its memory profiles, its full probe) draws its own
+noise of speed and peak, where by default the trial's launches share one (``true_world.LAUNCH_NOISE``):
+the memory path's figures depend on it (benchmarks/README.md, "A trial's launches drew one noise").
 
 Every share of worlds carries its 95 % interval (``share_cell``: 30 worlds know a share of 90 % only
 to 73-98 %), and the studies whose reported best ended more than 2 % below the optimum are counted by
