@@ -82,6 +82,8 @@ from typing import Any
 
 import numpy as np
 
+from autotune.guide.memory_profile import PROFILE_MARK  # in a profile's workload: a launch of its own
+
 HW_FACTORS = {  # multiplicative ranges on profile fields
     "gemm_efficiency": (0.75, 1.12),
     "flash_attention_efficiency": (0.6, 1.4),
@@ -132,8 +134,6 @@ STEP_JITTER = 0.02
 LAUNCH_NOISE_ENV = "AUTOTUNE_BENCH_LAUNCH_NOISE"  # the launcher's copy of search_efficiency.py --launch-noise
 LAUNCH_NOISE = os.environ.get(LAUNCH_NOISE_ENV) or "trial"
 LAUNCH_NOISES = ("trial", "launch")
-# in a profile's workload: autotune.guide.memory_profile.PROFILE_MARK (the launcher does not import autotune)
-PROFILE_LAUNCH_KEY = "memory_profile_layers_per_stage"
 FULL_STEPS_ENV = (
     "AUTOTUNE_BENCH_FULL_STEPS"  # the spec's workload's timed steps (a re-measurement's trial file has fewer)
 )
@@ -769,7 +769,7 @@ class World:
             }
         key = json.dumps(config, sort_keys=True, default=str)
         # one draw per trial, or per launch (LAUNCH_NOISE): a profile's launch by its layers per stage
-        launch = [int(workload.get(PROFILE_LAUNCH_KEY) or 0) + 1] if LAUNCH_NOISE == "launch" else []
+        launch = [int(workload.get(PROFILE_MARK) or 0) + 1] if LAUNCH_NOISE == "launch" else []
         rng = np.random.default_rng([self.seed, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), run] + launch)
         noise = float(np.clip(rng.normal(1.0, NOISE), 0.9, 1.1))
         if OUTLIER_SHARE and rng.random() < OUTLIER_SHARE:
@@ -1025,7 +1025,7 @@ def main(argv: list[str]) -> int:
     if scale > 0:  # as long as the modelled probe, scaled: a study's walls (its profiles' cost) stay in proportion
         layers = int(trial["model"]["num_hidden_layers"])
         full = int(os.environ.get(FULL_LAYERS_ENV) or layers)
-        profiled = PROFILE_LAUNCH_KEY in trial["workload"]
+        profiled = PROFILE_MARK in trial["workload"]
         wall = probe_wall_s(layers, full, profiled, steps_share(trial["workload"], full_steps))
         if out.get("failure") == "oom" and not profiled:  # it ends at the step that fails
             wall = oom_wall_s(world, trial["model"], trial["workload"], trial["cluster"], trial["params"])

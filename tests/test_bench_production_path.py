@@ -232,7 +232,6 @@ def test_a_trials_launches_share_their_noise_or_draw_their_own(scenario, monkeyp
     launches of different sizes read. A full probe's reading is the same either way but for its draw."""
     from autotune.guide.memory_profile import PROFILE_MARK
 
-    assert tw.PROFILE_LAUNCH_KEY == PROFILE_MARK  # the world tells a profile's launch as autotune marks it
     _, _, _, ctx = scenario
     world = _world(scenario, "production")
     config = _one(scenario, world, fits=True)
