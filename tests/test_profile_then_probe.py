@@ -398,6 +398,53 @@ def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decid
     assert len(actions) == 2 and run.trial.user_attrs[A.MEMORY_PROFILE]["layers_per_stage"] == [1, 4]
 
 
+def test_a_profile_above_the_go_threshold_but_not_sure_reads_its_line_again_before_the_full_probe():
+    """At the default go threshold (0.4) a config two near profiles put at P(fits) 0.8 used to run in
+    full; where each launch reads its own noise such configs fitted 70-80 % of the time, and half the
+    OOM full probes of 7B 8x32 and 70B came from them (benchmarks/README.md, 2026-12-05). Below
+    ``search.fit_confidence`` a long stage now gets its third profile first: the same 29.2 GiB config
+    under 30 GiB is read again from 16 layers and goes in full, surely; one at 29.6 GiB whose
+    third profile reads 30.6 stops as oom_predicted without its full probe."""
+    from statistics import NormalDist
+
+    from autotune.study.profiling import MemoryProfiler, ProfileRun
+    from autotune.workers.protocol import ProbeResult, TrialRequest
+
+    class Guided:
+        guide = SimpleNamespace(settings=GuideSettings())
+
+        def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
+            return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
+
+        def oom_allowance_spent(self, study):
+            return False
+
+    profiler = MemoryProfiler(_profiler_spec(0.4), Guided())
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+
+    def profile(peak_at):
+        request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 32}, workload={}, cluster={})
+        run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", (1, 4))
+        actions = []
+        while True:
+            k = run.layers[run.done]
+            action, final = profiler.take(study, run, ProbeResult("ok", metrics={"peak_memory_gib": peak_at(k)}))
+            actions.append(action)
+            if action != "again":
+                return actions, final, run
+
+    actions, final, run = profile(lambda k: 10.0 + 0.6 * k)
+    record = run.trial.user_attrs[A.MEMORY_PROFILE]
+    assert actions == ["again", "again", "probe"] and record["layers_per_stage"] == [1, 4, 16]
+    assert 0.4 < record["undecided_p_fit"] < 0.95 < record["p_fit"]
+    assert "from the first 2 profiles): probed in full" in run.trial.user_attrs[A.CHOSEN]
+    # the line of the first two says 29.2 GiB (P about 0.6); the third reads a stage that bends upward
+    actions, final, run = profile(lambda k: 10.0 + 0.6 * k + (0.09 * (k - 4) if k > 4 else 0.0))
+    record = run.trial.user_attrs[A.MEMORY_PROFILE]
+    assert actions == ["again", "again", "stop"] and final.status == "oom_predicted"
+    assert 0.4 < record["undecided_p_fit"] < 0.95 and record["p_fit"] < 0.4
+
+
 def test_a_profiled_study_keeps_its_go_threshold_after_one_oom_and_needs_sure_fits_after_two():
     """With 20 full probes, 5 % of OOMs rounds to one; after a profile said go, that one OOM is a near
     miss at the wall, and with only it allowed it closed every config near the wall (13B world 154 of

@@ -6,9 +6,11 @@ blind: its own layout runs first with 1 and a few layers per pipeline stage
 peaks give the full model's peak by a line per stage (:func:`~autotune.guide.memory_profile.extrapolate_peak`),
 and the guide decides with that (:meth:`autotune.guide.sampler.GuidedSampler.fit_after_profile`):
 
-- P(fits) at least ``search.profile_go_probability``: the full probe runs, its ``chosen_because``
-  says what the profile predicted;
-- below, but not far below (``REFINE_FROM``): undecided; a third profile at half the stage
+- P(fits) at least ``search.profile_go_probability`` (and at least ``search.fit_confidence``, or
+  decided by a third profile as below): the full probe runs, its ``chosen_because`` says what the
+  profile predicted;
+- below ``search.fit_confidence``, but not far below the go threshold (``REFINE_FROM``): undecided; a
+  third profile at half the stage
   (:func:`~autotune.guide.memory_profile.refine_layers`) reads the line up to there, its band about
   1.3 % of the full model's peak where two near profiles leave about 3 %, and the verdict is taken
   again;
@@ -221,13 +223,17 @@ class MemoryProfiler:
         go = self.go
         if self.guided.oom_allowance_spent(study):  # the OOMs it may risk are spent: only sure fits now
             go = max(go, self.fit_confidence)
-        undecided = run.undecided_p_fit is None and REFINE_FROM <= p_fit < go
+        # undecided up to fit_confidence, not only below go: two near profiles read a long stage's peak to
+        # about 3 %, and where each launch reads its own noise a config they put at 0.4-0.9 fitted 70-80 %
+        # of the time (benchmarks/README.md, 2026-12-05); the third profile decides it for about 0.3 of a probe
+        sure = max(go, self.fit_confidence)
+        undecided = run.undecided_p_fit is None and REFINE_FROM <= p_fit < sure
         third = refine_layers(run.request.model, run.config, run.layers) if undecided else None
         if third is not None:
             # undecided: a far profile narrows the band from about 3 % to 1.3 % (StageMemoryFit)
             run.undecided_p_fit = p_fit
             run.layers = (*run.layers, third)
-            self._note(run, f"{words}, undecided below {go:g}: a third profile at {third} layers per stage")
+            self._note(run, f"{words}, undecided below {sure:g}: a third profile at {third} layers per stage")
             return "again", None
         if run.undecided_p_fit is not None:
             words += f" (P(fits) {run.undecided_p_fit:.2f} from the first {run.done - 1} profiles)"
