@@ -8,6 +8,7 @@ its profile predicted."""
 from __future__ import annotations
 
 import json
+from statistics import NormalDist
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,7 +28,9 @@ from autotune.guide.memory_profile import (
     profile_residuals,
     trial_cost_fpe,
 )
+from autotune.study.profiling import MemoryProfiler, ProfileRun
 from autotune.trial_attrs import A
+from autotune.workers.protocol import ProbeResult, TrialRequest
 
 TINY16 = (
     "{name: tiny-llama-16, hidden_size: 512, num_hidden_layers: 16, num_attention_heads: 8, "
@@ -346,40 +349,44 @@ def test_a_profile_that_gives_no_line_falls_back_to_the_full_probe():
     assert "Segmentation fault" in crashed.trial.user_attrs[A.MEMORY_PROFILE]["failure"]
 
 
+class _GuidedAt30:
+    """The guide as ``MemoryProfiler`` sees it: P(fits) against a usable memory of 30 GiB, known
+    exactly; the study's OOM allowance not spent."""
+
+    guide = SimpleNamespace(settings=GuideSettings())
+
+    def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
+        return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
+
+    def oom_allowance_spent(self, study):
+        return False
+
+
+def _profile_until_decided(profiler, layers, peak_at, stage_layers=32):
+    """A pp-1 trial's profile runs, each reading ``peak_at(layers)`` GiB, until the profiler decides:
+    (the actions it answered, the trial's own result where it ended the trial, the run)."""
+    request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": stage_layers}, workload={}, cluster={})
+    run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", layers)
+    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+    actions = []
+    while True:
+        action, final = profiler.take(
+            study, run, ProbeResult("ok", metrics={"peak_memory_gib": peak_at(run.layers[run.done])})
+        )
+        actions.append(action)
+        if action != "again":
+            return actions, final, run
+
+
 def test_an_undecided_profile_reads_its_line_again_from_half_the_stage_and_decides():
     """Two near profiles (1 and 4 layers) read a 32-layer stage's peak to about 3 %: a config 0.8 GiB
     under a 30 GiB limit is undecided at P(fits) 0.8. A third profile at 16 layers reads the line up
     to half the stage, and the verdict follows it (here: it fits, surely). A config clearly over the
     limit, or one whose stages are too short for a far profile, is decided without one."""
-    from statistics import NormalDist
-
-    from autotune.study.profiling import MemoryProfiler, ProfileRun
-    from autotune.workers.protocol import ProbeResult, TrialRequest
-
-    class Guided:  # P(fits) against a usable memory of 30 GiB, known exactly
-        guide = SimpleNamespace(settings=GuideSettings())
-
-        def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
-            return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
-
-        def oom_allowance_spent(self, study):
-            return False
-
-    profiler = MemoryProfiler(_profiler_spec(0.9), Guided())
-    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
+    profiler = MemoryProfiler(_profiler_spec(0.9), _GuidedAt30())
 
     def profile(layers, per_layer, static=10.0, stage_layers=32):
-        request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": stage_layers}, workload={}, cluster={})
-        run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", layers)
-        actions = []
-        while True:
-            k = run.layers[run.done]
-            action, final = profiler.take(
-                study, run, ProbeResult("ok", metrics={"peak_memory_gib": static + per_layer * k})
-            )
-            actions.append(action)
-            if action != "again":
-                return actions, final, run
+        return _profile_until_decided(profiler, layers, lambda k: static + per_layer * k, stage_layers)
 
     # 10 + 0.6 x 32 = 29.2 GiB: under the limit by 0.8
     actions, final, run = profile((1, 4), 0.6)
@@ -402,44 +409,20 @@ def test_a_profile_above_the_go_threshold_but_not_sure_reads_its_line_again_befo
     """At the default go threshold (0.4) a config two near profiles put at P(fits) 0.8 used to run in
     full; where each launch reads its own noise such configs fitted 70-80 % of the time, and half the
     OOM full probes of 7B 8x32 and 70B came from them (benchmarks/README.md, 2026-12-05). Below
-    ``search.fit_confidence`` a long stage now gets its third profile first: the same 29.2 GiB config
-    under 30 GiB is read again from 16 layers and goes in full, surely; one at 29.6 GiB whose
-    third profile reads 30.6 stops as oom_predicted without its full probe."""
-    from statistics import NormalDist
+    ``search.fit_confidence`` a long stage now gets its third profile first. Both configs here read
+    29.2 GiB of 30 from their first two profiles (P(fits) 0.79): the one whose stage is straight is
+    read again from 16 layers (29.2 GiB, P 0.99) and goes in full; the one whose stage bends upward
+    past 4 layers (31.7 GiB at 32) reads 31.5 from three and stops as oom_predicted without its full
+    probe."""
+    profiler = MemoryProfiler(_profiler_spec(0.4), _GuidedAt30())
 
-    from autotune.study.profiling import MemoryProfiler, ProfileRun
-    from autotune.workers.protocol import ProbeResult, TrialRequest
-
-    class Guided:
-        guide = SimpleNamespace(settings=GuideSettings())
-
-        def fit_after_profile(self, study, number, peak, sd, counts, usable=None):
-            return NormalDist().cdf((30.0 - peak) / sd), peak, 30.0
-
-        def oom_allowance_spent(self, study):
-            return False
-
-    profiler = MemoryProfiler(_profiler_spec(0.4), Guided())
-    study = SimpleNamespace(get_trials=lambda deepcopy=False: [])
-
-    def profile(peak_at):
-        request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 32}, workload={}, cluster={})
-        run = ProfileRun(_Trial(9), {"pp": 1}, request, "rank 1", (1, 4))
-        actions = []
-        while True:
-            k = run.layers[run.done]
-            action, final = profiler.take(study, run, ProbeResult("ok", metrics={"peak_memory_gib": peak_at(k)}))
-            actions.append(action)
-            if action != "again":
-                return actions, final, run
-
-    actions, final, run = profile(lambda k: 10.0 + 0.6 * k)
+    actions, final, run = _profile_until_decided(profiler, (1, 4), lambda k: 10.0 + 0.6 * k)
     record = run.trial.user_attrs[A.MEMORY_PROFILE]
     assert actions == ["again", "again", "probe"] and record["layers_per_stage"] == [1, 4, 16]
     assert 0.4 < record["undecided_p_fit"] < 0.95 < record["p_fit"]
     assert "from the first 2 profiles): probed in full" in run.trial.user_attrs[A.CHOSEN]
-    # the line of the first two says 29.2 GiB (P about 0.6); the third reads a stage that bends upward
-    actions, final, run = profile(lambda k: 10.0 + 0.6 * k + (0.09 * (k - 4) if k > 4 else 0.0))
+    bends = lambda k: 10.0 + 0.6 * k + (0.09 * (k - 4) if k > 4 else 0.0)  # noqa: E731
+    actions, final, run = _profile_until_decided(profiler, (1, 4), bends)
     record = run.trial.user_attrs[A.MEMORY_PROFILE]
     assert actions == ["again", "again", "stop"] and final.status == "oom_predicted"
     assert 0.4 < record["undecided_p_fit"] < 0.95 and record["p_fit"] < 0.4

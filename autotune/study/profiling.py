@@ -6,14 +6,13 @@ blind: its own layout runs first with 1 and a few layers per pipeline stage
 peaks give the full model's peak by a line per stage (:func:`~autotune.guide.memory_profile.extrapolate_peak`),
 and the guide decides with that (:meth:`autotune.guide.sampler.GuidedSampler.fit_after_profile`):
 
-- P(fits) at least ``search.profile_go_probability`` (and at least ``search.fit_confidence``, or
-  decided by a third profile as below): the full probe runs, its ``chosen_because`` says what the
+- P(fits) at least ``search.fit_confidence``, or at least ``search.profile_go_probability`` where no
+  third profile can run or one has: the full probe runs, its ``chosen_because`` says what the
   profile predicted;
-- below ``search.fit_confidence``, but not far below the go threshold (``REFINE_FROM``): undecided; a
-  third profile at half the stage
-  (:func:`~autotune.guide.memory_profile.refine_layers`) reads the line up to there, its band about
-  1.3 % of the full model's peak where two near profiles leave about 3 %, and the verdict is taken
-  again;
+- from ``REFINE_FROM`` up to ``search.fit_confidence``, on a stage long enough: undecided; a third
+  profile at half the stage (:func:`~autotune.guide.memory_profile.refine_layers`) reads the line up
+  to there, its band about 1.3 % of the full model's peak where two near profiles leave about 3 %,
+  and the verdict is taken again against the go threshold;
 - below: the trial ends as ``oom_predicted`` (no full probe; the guide learns the peak from the
   profile); a profile that itself ran out of memory ends it as ``oom`` (fewer layers than the
   full model already did not fit);
