@@ -53,6 +53,7 @@ class A:
     DUPLICATE_OF = "autotune.duplicate_of"
     REQUEUED_FROM = "autotune.requeued_from"
     REMEASURE_OF = "autotune.remeasure_of"  # a deliberate second measurement of a close call
+    GAMBLE_ON = "autotune.gamble_on"  # the full probe of a config the memory profile of this trial turned away
     # a slice study's config measured again at the target's full size (cluster.confirm_top)
     AT_TARGET = "autotune.at_target"
     # a re-measurement that ran this many timed steps, not the workload's (autotune.guide.short_remeasure)

@@ -281,6 +281,18 @@ def _profiler_spec(go: float):
     )
 
 
+def test_the_guides_last_gamble_and_a_re_measurement_run_in_full_without_a_profile():
+    """A config the guide is unsure of is profiled first; its re-measurement and the guide's last
+    gamble on a config a profile turned away (``A.GAMBLE_ON``) go straight to the full probe: the
+    profile already read what a profile can."""
+    profiler = MemoryProfiler(_profiler_spec(0.4), _GuidedAt30())
+    request = TrialRequest(params={"pp": 1}, model={"num_hidden_layers": 32}, workload={}, cluster={})
+    for extra, planned in (({}, True), ({A.REMEASURE_OF: 3}, False), ({A.GAMBLE_ON: 3}, False)):
+        trial = _Trial(9)
+        trial.user_attrs.update({A.PREDICTED: {"guided_p_fit": 0.3}, **extra})
+        assert (profiler.plan(trial, {"pp": 1}, request, "why") is not None) == planned, extra
+
+
 def test_a_profile_that_measured_both_sides_decides_without_the_model():
     """Reserved peaks and the usable memory from the profile's own runs: the verdict is theirs."""
     from autotune.guide.sampler import _profile_steps

@@ -329,3 +329,61 @@ def test_a_study_with_budget_left_risks_a_config_that_may_fit_and_could_win_befo
     # the last probe of the budget is not spent on a risk
     proposal, why = guide.propose(obs, best=best, budget_left=1)
     assert proposal is None or proposal.remeasure, why
+
+
+def _gamble_study(profile_p_fit):
+    """Configs 0-4 measured (4 the leader, read twice; 3 read twice, to measure the noise), config 5
+    (predicted best, at the memory's edge) turned away by its memory profile at ``profile_p_fit``,
+    config 6 far over the memory: nothing left that may fit could win."""
+    guide = _guide(EDGE, EDGE_PEAKS, max_oom_share=0.05, memory_profiles=True)
+    value = guide.objective_raw
+    obs = [
+        Observation(index=i, status="ok", objective=float(value[i]), step_time_s=float(2 - i / 5), number=i)
+        for i in range(5)
+    ]
+    obs += [
+        Observation(index=4, status="ok", objective=float(value[4]) * 1.004, step_time_s=1.2, number=5),
+        Observation(index=3, status="ok", objective=float(value[3]) * 0.996, step_time_s=1.4, number=6),
+        Observation(
+            index=5,
+            status="oom_predicted",
+            number=7,
+            profile_peak_gib=64.3,
+            profile_sd_gib=0.5,
+            profile_p_fit=profile_p_fit,
+        ),
+    ]
+    return guide, obs, float(np.mean([value[4], value[4] * 1.004]))
+
+
+def test_with_budget_left_a_config_its_profile_turned_away_near_the_wall_is_run_in_full_once():
+    """The study would stop with budget left (nothing left that may fit could win, the race
+    settled), and the config the model puts above the best measured was turned away by its memory
+    profile at P(fits) 0.3 (a profile's verdict near the wall is a coin: in the search benchmark's
+    70B world 5 the optimum's profile said 0.30, its full probe fitted). Its full probe runs, once,
+    without another profile (``gamble``); not where the profile said less than ``GAMBLE_FROM``, the
+    OOM allowance is spent, one full probe is left, or it has run in full already."""
+    from autotune.guide.guided import GAMBLE_FROM
+
+    guide, obs, best = _gamble_study(0.3)
+    proposal, why = guide.propose(obs, best=best, budget_left=5)
+    assert proposal is not None and proposal.gamble and proposal.index == 5, why
+    assert not proposal.remeasure
+    assert "a last gamble" in proposal.reason and "trial 7's memory profile" in proposal.reason
+    assert GAMBLE_FROM <= proposal.predicted["guided_p_fit"] <= 0.3
+    # the allowance spent (two OOMs with profiles on): the study stops instead
+    spent = [*obs, Observation(index=6, status="oom", number=8), Observation(index=6, status="oom", number=9)]
+    proposal, why = guide.propose(spent, best=best, budget_left=5)
+    assert proposal is None or not proposal.gamble, why
+    # the last full probe of the budget is not spent on a gamble
+    proposal, why = guide.propose(obs, best=best, budget_left=1)
+    assert proposal is None or not proposal.gamble, why
+    # a profile that said 0.1: no gamble
+    low, low_obs, best = _gamble_study(0.1)
+    proposal, why = low.propose(low_obs, best=best, budget_left=5)
+    assert proposal is None or not proposal.gamble, why
+    # run in full already (it fitted): not again, and its profile's "over" caps nothing now
+    ran = [*obs, Observation(index=5, status="ok", objective=float(guide.objective_raw[5]), step_time_s=1.0, number=8)]
+    proposal, why = guide.propose(ran, best=float(guide.objective_raw[5]), budget_left=5)
+    assert proposal is None or not proposal.gamble, why
+    assert guide.fit_probability(ran, *_mean_sd(guide, ran))[5] > guide.fit_probability(obs, *_mean_sd(guide, obs))[5]

@@ -133,6 +133,7 @@ class Proposal:
     remeasure: bool = False  # the same config again: the race of the contenders
     stake: float = 0.0  # a race re-measurement's: the expected relative loss of reporting the leader over the threat
     scout_for: int | None = None  # probed to learn the memory of this row, a promising config not yet sure to fit
+    gamble: bool = False  # the full probe of a config its memory profile turned away (Guide._last_gamble)
 
 
 def readings_of(obs: Iterable[Observation]) -> dict[int, list[float]]:

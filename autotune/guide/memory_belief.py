@@ -381,7 +381,11 @@ class GuideMemory:
         z = (usable - mem_mean) / np.maximum(np.sqrt(mem_sd**2 + usable_sd**2), 1e-9)
         p_fit = _norm_cdf(z) ** self.fit_correction(obs)
         relative = (usable - mem_mean) / np.maximum(usable, 1e-9)  # headroom as a share of what is usable
+        # a profile's "over" that its full probe then disproved (the guide's last gamble fitted) caps nothing
+        fitted = {o.index for o in obs if o.status == "ok"}
         for o in obs:
+            if o.status == "oom_predicted" and o.index in fitted:
+                continue
             if o.status in ("oom", "oom_predicted"):  # measured over, or profiled over, the limit
                 tighter = relative <= relative[o.index]
                 cap = p_fit[o.index]

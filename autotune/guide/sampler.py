@@ -156,7 +156,12 @@ class GuidedSampler(BaseSampler):
             if proposal is not None:
                 chosen = self.ranking.enumeration.params_of(proposal.index)
                 params = {n: chosen[n] for n in ours if _contains(search_space[n], chosen[n])}
-                said = {"reason": proposal.reason, "predicted": proposal.predicted, "remeasure": proposal.remeasure}
+                said = {
+                    "reason": proposal.reason,
+                    "predicted": proposal.predicted,
+                    "remeasure": proposal.remeasure,
+                    "gamble": proposal.gamble,
+                }
                 self._said[trial.number] = said  # what autotune's loop reads (GuidedSampler.proposal)
                 # for a plain Optuna objective, on the trial itself: a sampler hook gets a FrozenTrial,
                 # and Optuna has no public setter for it

@@ -127,9 +127,10 @@ class MemoryProfiler:
 
     def plan(self, trial: Any, config: dict[str, Any], request: TrialRequest, why: str) -> ProfileRun | None:
         """A profile for this trial, or None when it goes straight to its full probe: profiles
-        are off, the guide is sure enough it fits, it is a deliberate re-measurement, or its
-        stages hold too few layers for a profile to save anything."""
-        if not self.available or A.REMEASURE_OF in trial.user_attrs:
+        are off, the guide is sure enough it fits, it is a deliberate re-measurement or the full
+        probe of a config a profile turned away (the guide's last gamble), or its stages hold too
+        few layers for a profile to save anything."""
+        if not self.available or A.REMEASURE_OF in trial.user_attrs or A.GAMBLE_ON in trial.user_attrs:
             return None
         p_fit = (trial.user_attrs.get(A.PREDICTED) or {}).get("guided_p_fit")
         if not isinstance(p_fit, (int, float)) or p_fit >= self.fit_confidence:

@@ -89,12 +89,14 @@ class TrialResolver:
                 trial.set_user_attr(A.PREDICTED, {**self.prediction(config), **guided["predicted"]})
             if guided.get("remeasure") and resolved.key in seen:
                 trial.set_user_attr(A.REMEASURE_OF, seen[resolved.key])
+            if guided.get("gamble") and resolved.key in seen:
+                trial.set_user_attr(A.GAMBLE_ON, seen[resolved.key])
             why = guided.get("reason") or ua.get(A.CHOSEN) or f"proposed by the {type(study.sampler).__name__}"
             ua = trial.user_attrs
         else:
             why = ua.get(A.CHOSEN, "queued")
         key = config_key(config)
-        if key in seen and A.REMEASURE_OF not in ua:
+        if key in seen and A.REMEASURE_OF not in ua and A.GAMBLE_ON not in ua:
             original = frozen_trial(study, seen[key])
             trial.set_user_attr(A.DUPLICATE_OF, seen[key])
             trial.set_user_attr(A.STATUS, "duplicate")
