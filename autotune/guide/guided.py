@@ -785,10 +785,12 @@ class Guide(GuideMemory, GuideRace):
         optimistic bound still puts above the best measured, the one with the largest expected
         improvement times P(fits); None where there is none, the OOM allowance is spent or less
         than two full probes are left. A profile's verdict near the wall is a coin the study may
-        toss once with budget it would not spend: in the search benchmark's per-launch world,
-        7B 8x32 world 12 stopped at 16 of 25 full-probe equivalents with the optimum profiled at
-        P(fits) 0.22 (its true peak 0.01 GiB under the usable memory). Run without another profile
-        (``gamble``): its profile already read what a profile can."""
+        toss once with budget it would not spend: in the search benchmark's 70B world 5 the study
+        stopped at 21 of 25 full-probe equivalents at 0.962 of the optimum, which its profile had
+        turned away at P(fits) 0.30; run in full, it fitted and was reported. Below ``GAMBLE_FROM``
+        the coin is poor (a profile's verdict under 0.1 fitted 5 % of the time where each launch
+        draws its own noise; benchmarks/README.md). Run without another profile (``gamble``): its
+        profile already read what a profile can."""
         if not self.settings.memory_profiles or view.best is None:
             return None
         if view.budget_left is not None and view.budget_left <= 1:
