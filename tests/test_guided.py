@@ -1175,3 +1175,27 @@ def test_profiles_whose_steps_do_not_follow_their_layers_are_not_read(world):
     assert np.array_equal(plain, unread)
     one_size = obs + [Observation(profiled[0], "oom_predicted", profile_steps=((1, 0.5),))]
     assert guide._profile_rows(one_size) == []  # nothing shows yet that they follow the layers
+
+
+def test_without_profiles_the_memory_value_effects_scale_is_fitted_to_the_peaks(world):
+    """A world whose memory departs from the simulator only in a component (activations 15 % larger),
+    no parameter value moving the peak beyond it: without memory profiles the value effects' prior
+    scale is fitted to the measured peaks (empirical Bayes) and narrows, so configs with values no
+    measured config had are surer; their true peaks stay inside the band. With profiles (each
+    config near the wall read by its own) and with ``fit_value_sigma`` off, the prior stays fixed."""
+    ranking, step, mem, fits, value = world
+    settings = GuideSettings(memory_profiles=False)
+    blind = Guide(ranking, ("tokens_per_s_per_device", "maximize"), settings)
+    profiled = Guide(ranking, ("tokens_per_s_per_device", "maximize"), replace(settings, memory_profiles=True))
+    fixed = Guide(ranking, ("tokens_per_s_per_device", "maximize"), replace(settings, fit_value_sigma=False))
+    candidates = np.flatnonzero(blind.valid & fits)
+    measured = [int(i) for i in candidates[:: max(1, len(candidates) // 12)][:12]]
+    obs = [_measure(world, i) for i in measured]
+    rest = np.setdiff1d(np.flatnonzero(blind.valid & fits), measured)
+    fitted_mean, fitted_sd = blind._memory_model(obs)
+    wide_mean, wide_sd = profiled._memory_model(obs)
+    fixed_mean, fixed_sd = fixed._memory_model(obs)
+    assert np.median(fitted_sd[rest]) < 0.6 * np.median(wide_sd[rest])  # 0.43 here
+    assert np.allclose(fixed_sd, wide_sd) and np.allclose(fixed_mean, wide_mean)
+    z = np.abs(mem[rest] - fitted_mean[rest]) / fitted_sd[rest]
+    assert np.mean(z <= 3.0) >= 0.95
