@@ -122,8 +122,10 @@ class GuideMemory:
         peak for a value no measured config has (tp 1 in a study that measured tp 2-8) put a 70B
         optimum whose mean the components had right (58.6 GiB, true 59.2, of 60.0) at P(fits) 0.6,
         and a blind full probe there was not risked. Fitted, 70B without profiles reported a config
-        within 2 % of the optimum in 164 of 180 benchmark worlds instead of 156, with 3.2 % of its
-        full probes out of memory instead of 2.5 %. With profiles a config near the wall is read by
+        within 2 % of the optimum in 164 of 180 benchmark worlds instead of 156, with 3.1 % of its
+        full probes out of memory instead of 2.5 % (on worlds with memory terms the simulator lacks,
+        7B's rose from 5.3 to 6.9 %: peaks that look explained narrow it before such a term shows).
+        With profiles a config near the wall is read by
         its own profile before its full probe, and the fitted scale lost 10 worlds and turned 5 of
         360 there (p 0.30), so it keeps the fixed prior (benchmarks/README.md, "The memory model's
         value effects fitted to the peaks where no profile runs")."""
