@@ -1191,7 +1191,7 @@ def test_without_profiles_the_memory_value_effects_scale_is_fitted_to_the_peaks(
     candidates = np.flatnonzero(blind.valid & fits)
     measured = [int(i) for i in candidates[:: max(1, len(candidates) // 12)][:12]]
     obs = [_measure(world, i) for i in measured]
-    rest = np.setdiff1d(np.flatnonzero(blind.valid & fits), measured)
+    rest = np.setdiff1d(candidates, measured)
     fitted_mean, fitted_sd = blind._memory_model(obs)
     wide_mean, wide_sd = profiled._memory_model(obs)
     fixed_mean, fixed_sd = fixed._memory_model(obs)

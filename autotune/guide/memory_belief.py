@@ -125,10 +125,10 @@ class GuideMemory:
         within 2 % of the optimum in 164 of 180 benchmark worlds instead of 156, with 3.1 % of its
         full probes out of memory instead of 2.5 % (on worlds with memory terms the simulator lacks,
         7B's rose from 5.3 to 6.9 %: peaks that look explained narrow it before such a term shows).
-        With profiles a config near the wall is read by
-        its own profile before its full probe, and the fitted scale lost 10 worlds and turned 5 of
-        360 there (p 0.30), so it keeps the fixed prior (benchmarks/README.md, "The memory model's
-        value effects fitted to the peaks where no profile runs")."""
+        With profiles a config near the wall is read by its own profile before its full probe, and
+        the fitted scale lost 10 worlds and turned 5 of 360 there (p 0.30), so it keeps the fixed
+        prior (benchmarks/README.md, "The memory model's value effects fitted to the peaks where no
+        profile runs")."""
         prior = self._memory_prior()
         z = self._mem_design(idx, counts) / targets[:, None]
         ones = np.ones(len(idx))
