@@ -15,9 +15,9 @@ On one device (``--device auto``: CUDA, else an Ascend NPU, else the CPU), in or
 2. **calibrate**: ``python -m autotune.workers.calibrate --quick --ranks 1`` (GEMM plateaus per
    precision, memory bandwidth, attention, dispatch): the device profile the simulator would use;
    each sweep config's MFU is then read against the measured plateau;
-3. **memory_profile**: the reference config (the sweep's second) with 1 and then up to 4 layers
-   per stage (``memory_profile.plan_profile`` / ``profile_request``, one warm-up and one measured
-   step each), the line through their peaks read at the full model (``extrapolate_peak``, this
+3. **memory_profile**: the reference config (the sweep's second) with 1 and then a quarter of
+   its layers per stage, 4 at least (``memory_profile.plan_profile`` / ``profile_request``, one
+   warm-up and one measured step each), the line through their peaks read at the full model (``extrapolate_peak``, this
    accelerator's profile noise): the predicted peak and its band, mean +- ``profiling.BAND_SD`` sd,
    as a study records it; on a device also the allocator's reserved peak and P(fits) against the
    memory the allocator could use, as ``MemoryProfiler`` decides;

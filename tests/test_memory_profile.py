@@ -159,5 +159,7 @@ def test_a_third_far_profile_reads_the_line_closer():
     assert bent.predict(32)[1] > s3
     model = {"num_hidden_layers": 32}
     assert refine_layers(model, {"pp": 1}, (1, 4)) == 16
+    assert refine_layers(model, {"pp": 1}, (1, 8)) == 16  # the second at a quarter: the third at half
     assert refine_layers(model, {"pp": 4}, (1, 4)) is None  # 8 per stage: half of it is the second profile
-    assert refine_layers(model, {"pp": 2}, (1, 4)) is None  # 16 per stage: 8 is not past twice 4
+    assert refine_layers(model, {"pp": 2}, (1, 4)) == 8  # 16 per stage: 8 is past 1.5 times 4
+    assert refine_layers(model, {"pp": 2}, (1, 6)) is None  # ... 8 is not past 1.5 times 6

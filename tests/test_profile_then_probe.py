@@ -41,7 +41,10 @@ TINY16 = (
 # ------------------------------------------------------------------------------------ the pieces
 def test_a_profile_is_planned_only_where_the_stages_hold_enough_layers():
     model = {"num_hidden_layers": 32}
-    assert plan_profile(model, {"pp": 1}) == (1, 4)  # 32 per stage: read far past 4
+    assert plan_profile(model, {"pp": 1}) == (1, 8)  # 32 per stage: the second at a quarter of it
+    assert plan_profile(model, {"pp": 2}) == (1, 4)  # 16 per stage: a quarter is the fewest a second reads
+    assert plan_profile({"num_hidden_layers": 80}, {"pp": 1}) == (1, 20)  # 70B: leverage 6, not 36 from 4
+    assert plan_profile(model, {"pp": 4}) == (1, 4)  # 8 per stage: half of it
     assert plan_profile(model, {"pp": 4, "vpp": 2}) == (1, 2)  # 4 per virtual stage
     assert plan_profile(model, {"pp": 8, "vpp": 2}) is None  # 2 per stage: a profile costs a probe
     assert plan_profile(model, {"pp": 4, "first_stage_layers": 5}) is None  # stages unlike one another
