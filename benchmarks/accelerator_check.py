@@ -17,10 +17,11 @@ On one device (``--device auto``: CUDA, else an Ascend NPU, else the CPU), in or
    each sweep config's MFU is then read against the measured plateau;
 3. **memory_profile**: the reference config (the sweep's second) with 1 and then a quarter of
    its layers per stage, 4 at least (``memory_profile.plan_profile`` / ``profile_request``, one
-   warm-up and one measured step each), the line through their peaks read at the full model (``extrapolate_peak``, this
-   accelerator's profile noise): the predicted peak and its band, mean +- ``profiling.BAND_SD`` sd,
-   as a study records it; on a device also the allocator's reserved peak and P(fits) against the
-   memory the allocator could use, as ``MemoryProfiler`` decides;
+   warm-up and one measured step each), the line through their peaks read at the full model
+   (``extrapolate_peak``, this accelerator's profile noise): the predicted peak and its band,
+   mean +- ``profiling.BAND_SD`` sd, as a study records it; on a device also the allocator's
+   reserved peak and P(fits) against the memory the allocator could use, as ``MemoryProfiler``
+   decides;
 4. **full_probe**: the reference config in full, a fresh process;
 5. **comparison**: the full probe's measured peak against the band (in or out, the error, z).
 

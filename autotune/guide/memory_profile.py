@@ -153,10 +153,12 @@ class StageMemoryFit:
     ``sd`` is the fit's uncertainty at the full model, two parts in quadrature:
     - the line's own error: a share (``rel_sd``) of the layer part the line is read for, and where
       there are more than two profiles at least their residual times how far past them it is read.
-      With two near profiles (1 and 4 layers) the share is of the whole layer part: calibrated on
-      the benchmark worlds (``benchmarks/profile_extrapolation.py``: a peak under-predicted by more
-      than 1.645 sd in 4.3 % of 2,298 layouts, 5 % nominal), though wide on long stages (a band of
-      3.1 % for an error of 1.0 % rms). With a third, far profile (``refine_layers``: half the
+      With two profiles (1 layer and a quarter of the stage, :func:`plan_profile`) the share is
+      of the whole layer part: calibrated on the benchmark worlds
+      (``benchmarks/profile_extrapolation.py``: with the second at 4 layers, a peak under-predicted
+      by more than 1.645 sd in 4.3 % of 2,298 layouts, 5 % nominal; at a quarter of the stage, each
+      launch drawing its own noise, 5.1 % of 2,235, an error of 2.05 % rms in a band of 2.55 %),
+      though wide on long stages. With a third, far profile (``refine_layers``: half the
       stage) the line is measured up to it and the share is of the part past it: on those long
       stages an error of 0.67 % rms in a band of 1.3 %, 0.7 % under by more than 1.645 sd;
     - each profile's measurement noise (``noise_rel`` of its peak) carried to the full model by
@@ -211,7 +213,7 @@ def plan_profile(model: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[i
     ``1.4 * stage / (second - 1)`` for profiles at 1 and ``second`` layers. With the second at 4
     layers whatever the stage, a 70B stage of 80 layers read each profile's noise 36 times (a
     band of about 4.7 GiB where each launch draws its own noise), and its P(fits) rested on how
-    the study's other, shorter lines had erred; at a quarter of the stage (20 layers, about 0.05
+    the study's other, shorter lines had erred; at a quarter of the stage (20 layers, about 0.06
     more of a full probe's wall) the leverage is about 6 on every stage. On the search benchmark's
     worlds whose launches draw their own noise (benchmarks/README.md, "The second profile at a
     quarter of the stage"), budget 20: within 2 % of the optimum 658 -> 673 of 720 studies, 70B
